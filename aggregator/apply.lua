@@ -1,0 +1,170 @@
+-- Applies a batch of observations to one aggregate, atomically. Running it twice with the same
+-- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
+-- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
+--
+-- KEYS[1] hash  opportunity id -> "<class> <occurred_us> <assessed_us> <seq>"
+-- KEYS[2] zset  opportunity id scored by occurred_us (expiry and first/last)
+-- KEYS[3] hash  state: C P U (all-time counts), v (version), w (newest occurred_us),
+--               m<minute><class> and h<hour><class> bucket counts, pm ph (pruned up to)
+-- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
+-- then five per observation: id, class (C|P|U), occurred_us, assessed_us, seq.
+-- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
+-- outcomes has one letter per observation: N counted, R reassessed, D duplicate, S stale, E expired.
+local MIN, HOUR = 60000000, 3600000000
+local MKEEP, HKEEP = 70, 170 -- buckets kept behind the newest event: windows plus skew
+local opps, occz, st = KEYS[1], KEYS[2], KEYS[3]
+local ret = tonumber(ARGV[1])
+local at = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local floor = math.floor
+local w = tonumber(redis.call('HGET', st, 'w'))
+local mfloor, hfloor
+if w then mfloor, hfloor = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP end
+local changed = false
+
+local function bump(cls, occ, d)
+  redis.call('HINCRBY', st, cls, d)
+  local m = floor(occ / MIN)
+  if m >= mfloor then redis.call('HINCRBY', st, 'm' .. m .. cls, d) end
+  local h = floor(occ / HOUR)
+  if h >= hfloor then redis.call('HINCRBY', st, 'h' .. h .. cls, d) end
+end
+
+local function parse(rec)
+  local c, o, a, s = string.match(rec, '^(%a) (%d+) (%d+) (%d+)$')
+  return c, tonumber(o), tonumber(a), tonumber(s)
+end
+
+local function prune(prefix, from, to)
+  if to - from <= 300 and redis.call('HLEN', st) > 684 then
+    local f = {}
+    for b = from, to - 1 do
+      f[#f + 1] = prefix .. b .. 'C'; f[#f + 1] = prefix .. b .. 'P'; f[#f + 1] = prefix .. b .. 'U'
+    end
+    if #f > 0 then redis.call('HDEL', st, unpack(f)) end
+    return
+  end
+  for _, k in ipairs(redis.call('HKEYS', st)) do
+    if string.sub(k, 1, 1) == prefix then
+      local b = tonumber(string.sub(k, 2, -2))
+      if b and b < to then redis.call('HDEL', st, k) end
+    end
+  end
+end
+
+-- advance moves the watermark to occ: opportunities beyond retention leave every count, and buckets
+-- no window can reach any more are dropped.
+local function advance(occ)
+  if w and occ <= w then return end
+  w = occ
+  local nm, nh = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP
+  local old = redis.call('ZRANGEBYSCORE', occz, '-inf', '(' .. string.format('%.0f', w - ret))
+  for _, id in ipairs(old) do
+    local c, o = parse(redis.call('HGET', opps, id))
+    bump(c, o, -1)
+    redis.call('HDEL', opps, id)
+    redis.call('ZREM', occz, id)
+    changed = true
+  end
+  -- Buckets below the floors are never read or written again; deleting them is only garbage
+  -- collection, done in steps of an hour of minutes or a day of hours to keep it cheap.
+  local pm, ph = tonumber(redis.call('HGET', st, 'pm')), tonumber(redis.call('HGET', st, 'ph'))
+  if not pm then pm, ph = nm, nh; redis.call('HSET', st, 'pm', pm, 'ph', ph) end
+  if nm - pm >= 60 then prune('m', pm, nm); redis.call('HSET', st, 'pm', nm) end
+  if nh - ph >= 24 then prune('h', ph, nh); redis.call('HSET', st, 'ph', nh) end
+  mfloor, hfloor = nm, nh
+  redis.call('HSET', st, 'w', string.format('%.0f', w))
+end
+
+local out = {}
+local n = (#ARGV - 3) / 5
+for i = 0, n - 1 do
+  local b = 3 + i * 5
+  local id, cls, occs, asds, seqs = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local occ, asd, seq = tonumber(occs), tonumber(asds), tonumber(seqs)
+  advance(occ)
+  if occ < w - ret then
+    out[#out + 1] = 'E'
+  else
+    local rec = redis.call('HGET', opps, id)
+    local value = cls .. ' ' .. occs .. ' ' .. asds .. ' ' .. seqs
+    if not rec then
+      redis.call('HSET', opps, id, value)
+      redis.call('ZADD', occz, occs, id)
+      bump(cls, occ, 1)
+      changed = true
+      out[#out + 1] = 'N'
+    else
+      local oc, oo, oa, os = parse(rec)
+      if asd > oa or (asd == oa and seq > os) then
+        bump(oc, oo, -1)
+        bump(cls, occ, 1)
+        redis.call('HSET', opps, id, value)
+        if occ ~= oo then redis.call('ZADD', occz, occs, id) end
+        changed = true
+        out[#out + 1] = 'R'
+      elseif asd == oa and seq == os then
+        out[#out + 1] = 'D'
+      else
+        out[#out + 1] = 'S'
+      end
+    end
+  end
+end
+
+local v
+if changed then v = redis.call('HINCRBY', st, 'v', 1) else v = tonumber(redis.call('HGET', st, 'v') or '0') end
+if n > 0 and ttl > 0 then
+  redis.call('PEXPIRE', opps, ttl); redis.call('PEXPIRE', occz, ttl); redis.call('PEXPIRE', st, ttl)
+end
+
+-- windows at the observation time
+local res = {table.concat(out), v}
+local all = redis.call('HMGET', st, 'C', 'P', 'U')
+for i = 1, 3 do res[#res + 1] = tonumber(all[i] or '0') end
+local M, H = floor(at / MIN), floor(at / HOUR)
+local slot = {C = 1, P = 2, U = 3}
+local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
+local function add(prefix, b, j, x)
+  if prefix == 'm' then
+    if b <= M and b >= M - 59 then hr[j] = hr[j] + x end
+  elseif b <= H and b >= H - 167 then
+    wk[j] = wk[j] + x
+    if b >= H - 23 then dy[j] = dy[j] + x end
+  end
+end
+if redis.call('HLEN', st) <= 684 then
+  -- A small state hash (sparse traffic, often a listpack): one pass over what exists.
+  local kv = redis.call('HGETALL', st)
+  for i = 1, #kv, 2 do
+    local k = kv[i]
+    local p = string.sub(k, 1, 1)
+    if p == 'm' or p == 'h' then
+      local j = slot[string.sub(k, -1)]
+      local b = tonumber(string.sub(k, 2, -2))
+      if j and b then add(p, b, j, tonumber(kv[i + 1])) end
+    end
+  end
+else
+  -- A large one: look up exactly the buckets the windows cover.
+  local function get(prefix, from, to)
+    local f = {}
+    for b = from, to do
+      f[#f + 1] = prefix .. b .. 'C'; f[#f + 1] = prefix .. b .. 'P'; f[#f + 1] = prefix .. b .. 'U'
+    end
+    local v = redis.call('HMGET', st, unpack(f))
+    for i = 1, #v do
+      if v[i] then add(prefix, from + floor((i - 1) / 3), (i - 1) % 3 + 1, tonumber(v[i])) end
+    end
+  end
+  get('m', M - 59, M)
+  get('h', H - 167, H)
+end
+for _, c in ipairs({hr, dy, wk}) do
+  res[#res + 1] = c[1]; res[#res + 1] = c[2]; res[#res + 1] = c[3]
+end
+local first = redis.call('ZRANGE', occz, 0, 0, 'WITHSCORES')
+local last = redis.call('ZRANGE', occz, -1, -1, 'WITHSCORES')
+res[#res + 1] = first[2] or ''
+res[#res + 1] = last[2] or ''
+return res

@@ -1,0 +1,12 @@
+// Package aggregator holds the correction repeat-rate semantics of SPEC §3 and the Redis state that
+// makes them durable.
+//
+// Model is the pure, in-memory statement of the rules: opportunity identity, re-assessment order,
+// retention, windows, rates and Wilson intervals. It takes time as an argument and does no I/O;
+// replay runs on it and the Redis store is tested against it. Redis applies the same rules
+// atomically, one Lua script call per aggregate and batch, so that a retried or redelivered batch
+// changes nothing twice.
+//
+// The package does not read Kafka or publish anything: package consumer feeds it and package sink
+// carries its snapshots out.
+package aggregator

@@ -1,0 +1,291 @@
+package aggregator
+
+import (
+	"context"
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Class is the classification of one opportunity.
+type Class uint8
+
+// The three classes of SPEC §3.
+const (
+	Confirmed Class = iota + 1 // a confirmed repeat of the corrected mistake
+	Passed                     // the corrected behaviour held
+	Unscored                   // not scored; reported, never part of the rate
+)
+
+func (c Class) String() string {
+	switch c {
+	case Confirmed:
+		return "confirmed_repeat"
+	case Passed:
+		return "passed"
+	case Unscored:
+		return "unscored"
+	}
+	return "unknown"
+}
+
+// Outcome says what applying one observation did. Each value has its own metric series.
+type Outcome uint8
+
+// Outcomes of an apply.
+const (
+	Counted    Outcome = iota + 1 // a new opportunity was counted
+	Reassessed                    // a newer assessment moved an opportunity to its new class and time
+	Duplicate                     // the same assessment again: nothing changed
+	Stale                         // an older assessment than the one held: nothing changed
+	Expired                       // occurred beyond the retention behind the aggregate's newest event
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Counted:
+		return "counted"
+	case Reassessed:
+		return "reassessed"
+	case Duplicate:
+		return "duplicate"
+	case Stale:
+		return "stale"
+	case Expired:
+		return "expired"
+	}
+	return "unknown"
+}
+
+// Observation is one classified opportunity for one aggregate. Times are microseconds since the
+// Unix epoch, the precision every store keeps exactly.
+type Observation struct {
+	Key           Key
+	OpportunityID string
+	Class         Class
+	Occurred      int64 // µs, event time of the attempt; drives windows
+	Assessed      int64 // µs, time of the classification; orders re-assessments
+	Seq           int64 // assessment_seq; breaks ties of Assessed
+}
+
+// Micros converts t to microseconds since the Unix epoch.
+func Micros(t time.Time) int64 { return t.UnixMicro() }
+
+// FromLive maps a live attempt to its observation.
+func FromLive(a *schemas.LiveAttempt) Observation {
+	cl := Unscored
+	switch a.Outcome {
+	case schemas.OutcomeConfirmedRepeat:
+		cl = Confirmed
+	case schemas.OutcomePassed:
+		cl = Passed
+	}
+	return Observation{
+		Key:           Key{Scope: a.Scope, CorrectionID: a.CorrectionID, Source: Live},
+		OpportunityID: a.OpportunityID, Class: cl,
+		Occurred: Micros(a.OccurredAt), Assessed: Micros(a.AssessedAt), Seq: a.AssessmentSeq,
+	}
+}
+
+// FromEval maps a correction-check eval result to its observation: fail is a confirmed repeat, pass
+// is passed, and error (a grader failure, never a repeat) is unscored. ok is false when the result
+// is not a correction check.
+func FromEval(r *schemas.EvalResult) (o Observation, ok bool) {
+	if !r.IsCorrectionCheck() {
+		return Observation{}, false
+	}
+	cl := Unscored
+	switch r.Result {
+	case schemas.ResultFail:
+		cl = Confirmed
+	case schemas.ResultPass:
+		cl = Passed
+	}
+	return Observation{
+		Key:           Key{Scope: r.Scope, CorrectionID: r.CorrectionID, Source: Evaluation},
+		OpportunityID: r.OpportunityID, Class: cl,
+		Occurred: Micros(r.OccurredAt), Assessed: Micros(r.AssessedAt), Seq: r.AssessmentSeq,
+	}, true
+}
+
+// newer reports whether assessment (a, s) strictly follows (b, t).
+func newer(a, s, b, t int64) bool { return a > b || (a == b && s > t) }
+
+const (
+	minuteUS = int64(time.Minute / time.Microsecond)
+	hourUS   = int64(time.Hour / time.Microsecond)
+)
+
+// Tally is everything a snapshot needs about one aggregate at one observation time.
+type Tally struct {
+	All, Hour, Day, Week Counts
+	First, Last          int64 // µs; meaningful when any opportunity is retained
+	Version              int64
+}
+
+// Retained is the number of opportunities the aggregate currently holds.
+func (t Tally) Retained() int64 { return t.All.Confirmed + t.All.Passed + t.All.Unscored }
+
+// Snapshot renders the tally of key k as observed at the given time.
+func (t Tally) Snapshot(k Key, observed time.Time) schemas.Snapshot {
+	s := schemas.Snapshot{
+		Aggregate:  k.Aggregate(),
+		Windows:    schemas.Windows{All: t.All.Window(), Hour: t.Hour.Window(), Day: t.Day.Window(), Week: t.Week.Window()},
+		ObservedAt: observed.UTC(),
+		Version:    t.Version,
+	}
+	if t.Retained() > 0 {
+		s.OpportunityWindow = &schemas.Span{First: time.UnixMicro(t.First).UTC(), Last: time.UnixMicro(t.Last).UTC()}
+	}
+	return s
+}
+
+// windowOf reports which rolling windows at observation time at (µs) contain an opportunity that
+// occurred at occ (µs): 1h by minute buckets, 24h and 7d by hour buckets, each ending at the bucket
+// that holds at.
+func windowOf(occ, at int64) (hour, day, week bool) {
+	m, mt := occ/minuteUS, at/minuteUS
+	h, ht := occ/hourUS, at/hourUS
+	return m <= mt && m >= mt-59, h <= ht && h >= ht-23, h <= ht && h >= ht-167
+}
+
+// Model is the pure statement of the repeat-rate rules: it holds every retained opportunity in
+// memory. The zero value is not usable; call NewModel.
+type Model struct {
+	retention int64 // µs
+	aggs      map[Key]*modelAgg
+}
+
+type modelAgg struct {
+	opps      map[string]record
+	watermark int64 // greatest occurred seen, µs; valid when seen
+	seen      bool
+	version   int64
+	// minOcc is at most the smallest retained occurred time, so expiry scans run only when
+	// something may have expired.
+	minOcc int64
+}
+
+type record struct {
+	class              Class
+	occ, assessed, seq int64
+}
+
+// NewModel returns an empty model that retains opportunity identities for the given time behind
+// each aggregate's newest occurred_at.
+func NewModel(retention time.Duration) *Model {
+	return &Model{retention: int64(retention / time.Microsecond), aggs: make(map[Key]*modelAgg)}
+}
+
+// ApplyBatch applies observations in order and returns each one's outcome. The version of every
+// aggregate whose state changed grows by exactly one, as one Redis script call per aggregate does.
+func (m *Model) ApplyBatch(obs []Observation) []Outcome {
+	out := make([]Outcome, len(obs))
+	changed := make(map[*modelAgg]bool)
+	for i := range obs {
+		a := m.aggs[obs[i].Key]
+		if a == nil {
+			a = &modelAgg{opps: make(map[string]record)}
+			m.aggs[obs[i].Key] = a
+		}
+		var ch bool
+		out[i], ch = a.apply(&obs[i], m.retention)
+		changed[a] = changed[a] || ch
+	}
+	for a, ch := range changed {
+		if ch {
+			a.version++
+		}
+	}
+	return out
+}
+
+func (a *modelAgg) apply(o *Observation, retention int64) (Outcome, bool) {
+	changed := false
+	if !a.seen || o.Occurred > a.watermark {
+		a.watermark, a.seen = o.Occurred, true
+		if cut := a.watermark - retention; len(a.opps) > 0 && a.minOcc < cut {
+			a.minOcc = a.watermark
+			for id, r := range a.opps {
+				if r.occ < cut {
+					delete(a.opps, id)
+					changed = true
+				} else if r.occ < a.minOcc {
+					a.minOcc = r.occ
+				}
+			}
+		}
+	}
+	if o.Occurred < a.watermark-retention {
+		return Expired, changed
+	}
+	if len(a.opps) == 0 || o.Occurred < a.minOcc {
+		a.minOcc = o.Occurred
+	}
+	r, ok := a.opps[o.OpportunityID]
+	switch {
+	case !ok:
+		a.opps[o.OpportunityID] = record{o.Class, o.Occurred, o.Assessed, o.Seq}
+		return Counted, true
+	case newer(o.Assessed, o.Seq, r.assessed, r.seq):
+		a.opps[o.OpportunityID] = record{o.Class, o.Occurred, o.Assessed, o.Seq}
+		return Reassessed, true
+	case o.Assessed == r.assessed && o.Seq == r.seq:
+		return Duplicate, changed
+	default:
+		return Stale, changed
+	}
+}
+
+// Tally returns the state of aggregate k as observed at time at.
+func (m *Model) Tally(k Key, at time.Time) Tally {
+	a := m.aggs[k]
+	if a == nil {
+		return Tally{}
+	}
+	t := Tally{Version: a.version}
+	atUS := Micros(at)
+	first := true
+	for _, r := range a.opps {
+		t.All.add(r.class, 1)
+		hour, day, week := windowOf(r.occ, atUS)
+		if hour {
+			t.Hour.add(r.class, 1)
+		}
+		if day {
+			t.Day.add(r.class, 1)
+		}
+		if week {
+			t.Week.add(r.class, 1)
+		}
+		if first || r.occ < t.First {
+			t.First = r.occ
+		}
+		if first || r.occ > t.Last {
+			t.Last = r.occ
+		}
+		first = false
+	}
+	return t
+}
+
+// Keys returns every aggregate the model has seen, in no particular order.
+func (m *Model) Keys() []Key {
+	ks := make([]Key, 0, len(m.aggs))
+	for k := range m.aggs {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+// Apply applies a batch and returns outcomes and tallies at time at, in the same shape as the Redis
+// store, so the model can stand in for it where no Redis is wanted (replay, unit tests).
+func (m *Model) Apply(_ context.Context, obs []Observation, at time.Time) (Applied, error) {
+	outs := m.ApplyBatch(obs)
+	_, keys := groupByKey(obs)
+	res := Applied{Outcomes: outs, Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
+	for _, k := range keys {
+		res.Tallies[k] = m.Tally(k, at)
+	}
+	return res, nil
+}

@@ -1,0 +1,215 @@
+package aggregator
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func us(d time.Duration) int64 { return Micros(t0.Add(d)) }
+
+var scopeA = schemas.Scope{Workspace: "ws", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}
+var keyLive = Key{Scope: scopeA, CorrectionID: "fix-1", Source: Live}
+
+func obs(id string, cl Class, occ, asd time.Duration, seq int64) Observation {
+	return Observation{Key: keyLive, OpportunityID: id, Class: cl, Occurred: us(occ), Assessed: us(asd), Seq: seq}
+}
+
+func TestSeedExample(t *testing.T) {
+	// Seed 000's illustration: 4 confirmed repeats and 16 passed of 20 scored, 3 unscored shown.
+	m := NewModel(30 * 24 * time.Hour)
+	var batch []Observation
+	for i := 0; i < 23; i++ {
+		cl := Passed
+		switch {
+		case i < 4:
+			cl = Confirmed
+		case i >= 20:
+			cl = Unscored
+		}
+		batch = append(batch, obs(string(rune('a'+i)), cl, time.Duration(i)*time.Second, time.Duration(i)*time.Second, 0))
+	}
+	m.ApplyBatch(batch)
+	w := m.Tally(keyLive, t0.Add(time.Minute)).Snapshot(keyLive, t0).Windows.All
+	if w.ConfirmedRepeats != 4 || w.Passed != 16 || w.Unscored != 3 || w.Scored != 20 {
+		t.Fatalf("counts = %+v", w)
+	}
+	if w.Status != schemas.StatusMeasured || *w.Rate != 0.2 || math.Abs(*w.Percentage-20) > 1e-12 {
+		t.Fatalf("rate = %v %v %v", w.Status, *w.Rate, *w.Percentage)
+	}
+	// Reference Wilson interval for 4 of 20.
+	if math.Abs(w.CI95.Low-0.0807) > 5e-4 || math.Abs(w.CI95.High-0.4160) > 5e-4 {
+		t.Fatalf("ci95 = %+v, want about [0.0807, 0.4160]", *w.CI95)
+	}
+}
+
+func TestNotMeasured(t *testing.T) {
+	tests := []struct {
+		name  string
+		c     Counts
+		want  string
+		hasCI bool
+	}{
+		// Nothing at all.
+		{"empty", Counts{}, schemas.StatusNotMeasured, false},
+		// Unscored only: still not measured, but the unscored are reported.
+		{"unscored only", Counts{Unscored: 7}, schemas.StatusNotMeasured, false},
+		// One passed opportunity is a measurement (0 %), with a wide interval.
+		{"one passed", Counts{Passed: 1}, schemas.StatusMeasured, true},
+		// All confirmed: 100 %.
+		{"all confirmed", Counts{Confirmed: 3, Unscored: 2}, schemas.StatusMeasured, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := tc.c.Window()
+			if w.Status != tc.want || (w.CI95 != nil) != tc.hasCI || (w.Rate != nil) != tc.hasCI || (w.Percentage != nil) != tc.hasCI {
+				t.Fatalf("window = %+v", w)
+			}
+			if w.Unscored != tc.c.Unscored {
+				t.Fatalf("unscored = %d, want %d", w.Unscored, tc.c.Unscored)
+			}
+			if w.CI95 != nil && (w.CI95.Low > *w.Rate || w.CI95.High < *w.Rate || w.CI95.Low < 0 || w.CI95.High > 1) {
+				t.Fatalf("interval %+v does not hold rate %v", *w.CI95, *w.Rate)
+			}
+		})
+	}
+}
+
+func TestWilsonNarrowsWithN(t *testing.T) {
+	small, large := Wilson(1, 5), Wilson(200, 1000)
+	if small.High-small.Low <= large.High-large.Low {
+		t.Fatalf("5 trials gave %+v, 1000 gave %+v: the small one must be wider", small, large)
+	}
+	// Reference values: 0 of 10 → [0, 0.2775]; 10 of 10 → [0.7225, 1].
+	if z := Wilson(0, 10); z.Low != 0 || math.Abs(z.High-0.2775) > 5e-4 {
+		t.Fatalf("0/10: %+v", z)
+	}
+	if o := Wilson(10, 10); math.Abs(o.Low-0.7225) > 5e-4 || math.Abs(o.High-1) > 1e-9 {
+		t.Fatalf("10/10: %+v", o)
+	}
+}
+
+func TestReassessment(t *testing.T) {
+	h := time.Hour
+	tests := []struct {
+		name     string
+		events   []Observation
+		outcomes []Outcome
+		all      Counts
+	}{
+		{"newer assessment moves the class",
+			[]Observation{obs("x", Confirmed, 0, 0, 0), obs("x", Passed, 0, h, 0)},
+			[]Outcome{Counted, Reassessed}, Counts{Passed: 1}},
+		{"same assessment is a duplicate even with another class",
+			[]Observation{obs("x", Confirmed, 0, h, 1), obs("x", Passed, 0, h, 1)},
+			[]Outcome{Counted, Duplicate}, Counts{Confirmed: 1}},
+		{"older assessment is stale",
+			[]Observation{obs("x", Passed, 0, h, 0), obs("x", Confirmed, 0, 0, 5)},
+			[]Outcome{Counted, Stale}, Counts{Passed: 1}},
+		{"seq breaks a tie of assessed_at",
+			[]Observation{obs("x", Unscored, 0, h, 1), obs("x", Confirmed, 0, h, 2), obs("x", Passed, 0, h, 1)},
+			[]Outcome{Counted, Reassessed, Stale}, Counts{Confirmed: 1}},
+		{"absent seq counts as zero",
+			[]Observation{obs("x", Unscored, 0, h, 0), obs("x", Confirmed, 0, h, 0)},
+			[]Outcome{Counted, Duplicate}, Counts{Unscored: 1}},
+		{"other opportunities count separately",
+			[]Observation{obs("x", Confirmed, 0, 0, 0), obs("y", Confirmed, 0, 0, 0)},
+			[]Outcome{Counted, Counted}, Counts{Confirmed: 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewModel(30 * 24 * h)
+			var got []Outcome
+			for _, e := range tc.events {
+				got = append(got, m.ApplyBatch([]Observation{e})...)
+			}
+			for i := range got {
+				if got[i] != tc.outcomes[i] {
+					t.Fatalf("outcomes = %v, want %v", got, tc.outcomes)
+				}
+			}
+			if all := m.Tally(keyLive, t0).All; all != tc.all {
+				t.Fatalf("all = %+v, want %+v", all, tc.all)
+			}
+		})
+	}
+}
+
+func TestSameOpportunityOtherAggregate(t *testing.T) {
+	m := NewModel(time.Hour)
+	other := keyLive
+	other.Source = Evaluation
+	a := obs("x", Confirmed, 0, 0, 0)
+	b := a
+	b.Key = other
+	if got := m.ApplyBatch([]Observation{a, b}); got[0] != Counted || got[1] != Counted {
+		t.Fatalf("outcomes = %v: the same id under another aggregate is another opportunity", got)
+	}
+}
+
+func TestWindows(t *testing.T) {
+	h := time.Hour
+	m := NewModel(30 * 24 * h)
+	m.ApplyBatch([]Observation{
+		obs("now", Confirmed, 0, 0, 0),                // in every window
+		obs("59m", Passed, -59*time.Minute, 0, 0),     // last minute bucket of 1h
+		obs("61m", Passed, -61*time.Minute, 0, 0),     // out of 1h, in 24h
+		obs("23h", Unscored, -23*h, 0, 0),             // last hour bucket of 24h
+		obs("25h", Confirmed, -25*h, 0, 0),            // out of 24h, in 7d
+		obs("8d", Passed, -8*24*h, 0, 0),              // only in all
+		obs("future", Confirmed, 3*time.Minute, 0, 0), // later minute than the observation: out of 1h, but in its hour bucket
+	})
+	tl := m.Tally(keyLive, t0.Add(30*time.Second))
+	want := map[string]Counts{
+		"all": {Confirmed: 3, Passed: 3, Unscored: 1},
+		"1h":  {Confirmed: 1, Passed: 1},
+		"24h": {Confirmed: 2, Passed: 2, Unscored: 1},
+		"7d":  {Confirmed: 3, Passed: 2, Unscored: 1},
+	}
+	got := map[string]Counts{"all": tl.All, "1h": tl.Hour, "24h": tl.Day, "7d": tl.Week}
+	for w := range want {
+		if got[w] != want[w] {
+			t.Errorf("%s = %+v, want %+v", w, got[w], want[w])
+		}
+	}
+	if tl.First != us(-8*24*h) || tl.Last != us(3*time.Minute) {
+		t.Errorf("span = %d..%d", tl.First, tl.Last)
+	}
+}
+
+func TestRetention(t *testing.T) {
+	h := time.Hour
+	m := NewModel(48 * h)
+	got := m.ApplyBatch([]Observation{
+		obs("old", Confirmed, 0, 0, 0),
+		obs("new", Passed, 49*h, 49*h, 0),  // moves the watermark: "old" leaves every count
+		obs("late", Passed, 0, 50*h, 0),    // occurred beyond retention behind the watermark
+		obs("edge", Confirmed, h, 50*h, 0), // exactly at the retention edge: kept
+		obs("old", Confirmed, 0, 0, 0),     // its identity is gone, and it is expired too
+	})
+	want := []Outcome{Counted, Counted, Expired, Counted, Expired}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("outcomes = %v, want %v", got, want)
+		}
+	}
+	if all := m.Tally(keyLive, t0.Add(50*h)).All; all != (Counts{Confirmed: 1, Passed: 1}) {
+		t.Fatalf("all = %+v", all)
+	}
+}
+
+func TestVersionGrowsOncePerChangingBatch(t *testing.T) {
+	m := NewModel(time.Hour)
+	ctx := context.Background()
+	a, _ := m.Apply(ctx, []Observation{obs("x", Confirmed, 0, 0, 0), obs("y", Passed, 0, 0, 0)}, t0)
+	b, _ := m.Apply(ctx, []Observation{obs("x", Confirmed, 0, 0, 0)}, t0)
+	c, _ := m.Apply(ctx, []Observation{obs("x", Passed, 0, time.Second, 0)}, t0)
+	if v := []int64{a.Tallies[keyLive].Version, b.Tallies[keyLive].Version, c.Tallies[keyLive].Version}; v[0] != 1 || v[1] != 1 || v[2] != 2 {
+		t.Fatalf("versions = %v, want [1 1 2]", v)
+	}
+}

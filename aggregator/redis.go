@@ -1,0 +1,229 @@
+package aggregator
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed apply.lua
+var applySource string
+
+var applyScript = redis.NewScript(applySource)
+
+// Applied is the result of applying one batch: each observation's outcome, in input order, and the
+// tally of every aggregate the batch touched, in order of first appearance.
+type Applied struct {
+	Outcomes []Outcome
+	Keys     []Key
+	Tallies  map[Key]Tally
+}
+
+// RedisConfig configures a Redis store.
+type RedisConfig struct {
+	// Prefix starts every key, so several deployments (or a rebuild) can share one Redis.
+	Prefix string
+	// Retention is how long an opportunity identity is kept behind its aggregate's newest event.
+	Retention time.Duration
+	// IdleTTL drops an aggregate's keys after this long without any event (wall clock); 0 keeps
+	// them forever. It defaults to Retention.
+	IdleTTL time.Duration
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *RedisConfig) Validate() error {
+	if c.Prefix == "" {
+		c.Prefix = "rr"
+	}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return fmt.Errorf("redis key prefix %q must not contain braces", c.Prefix)
+	}
+	if c.Retention <= 0 {
+		return errors.New("retention must be positive")
+	}
+	if c.IdleTTL == 0 {
+		c.IdleTTL = c.Retention
+	}
+	return nil
+}
+
+// Redis is the durable store: the rules of Model applied by one Lua script per aggregate and batch.
+// The three keys of an aggregate share the hash tag {<key>}, so the script runs on Redis Cluster.
+type Redis struct {
+	client redis.UniversalClient
+	cfg    RedisConfig
+}
+
+// NewRedis returns a store on client.
+func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Redis{client: client, cfg: cfg}, nil
+}
+
+// keys returns the opportunity hash, occurrence index and state hash of k.
+func (r *Redis) keys(k Key) []string {
+	base := r.cfg.Prefix + ":{" + k.String() + "}:"
+	return []string{base + "o", base + "z", base + "s"}
+}
+
+// Apply applies obs in order, one script call per aggregate, all in one pipelined round trip, and
+// returns outcomes and tallies as observed at time at. A call that fails may have been applied in
+// part or whole; calling it again with the same observations is always safe.
+func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (Applied, error) {
+	groups, keys := groupByKey(obs)
+	head := []any{
+		strconv.FormatInt(int64(r.cfg.Retention/time.Microsecond), 10),
+		strconv.FormatInt(Micros(at), 10),
+		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
+	}
+	run := func() ([]redis.Cmder, error) {
+		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				idx := groups[k]
+				args := make([]any, 0, len(head)+5*len(idx))
+				args = append(args, head...)
+				for _, i := range idx {
+					o := &obs[i]
+					args = append(args, o.OpportunityID, classCode(o.Class),
+						strconv.FormatInt(o.Occurred, 10), strconv.FormatInt(o.Assessed, 10),
+						strconv.FormatInt(o.Seq, 10))
+				}
+				applyScript.EvalSha(ctx, p, r.keys(k), args...)
+			}
+			return nil
+		})
+	}
+	cmds, err := run()
+	if err != nil && isNoScript(err) {
+		// A restarted or new Redis has no scripts loaded: load it and run the batch again, which
+		// is safe because the script is idempotent.
+		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
+			return Applied{}, fmt.Errorf("load apply script: %w", lerr)
+		}
+		cmds, err = run()
+	}
+	if err != nil {
+		return Applied{}, fmt.Errorf("apply batch: %w", err)
+	}
+	res := Applied{Outcomes: make([]Outcome, len(obs)), Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
+	for n, k := range keys {
+		vals, err := cmds[n].(*redis.Cmd).Slice()
+		if err != nil {
+			return Applied{}, fmt.Errorf("apply %s: %w", k, err)
+		}
+		t, outs, err := parseReply(vals)
+		if err != nil {
+			return Applied{}, fmt.Errorf("apply %s: %w", k, err)
+		}
+		idx := groups[k]
+		if len(outs) != len(idx) {
+			return Applied{}, fmt.Errorf("apply %s: %d outcomes for %d observations", k, len(outs), len(idx))
+		}
+		for j, i := range idx {
+			res.Outcomes[i] = outs[j]
+		}
+		res.Tallies[k] = t
+	}
+	return res, nil
+}
+
+// Tally reads the state of aggregate k as observed at time at, changing nothing.
+func (r *Redis) Tally(ctx context.Context, k Key, at time.Time) (Tally, error) {
+	args := []any{
+		strconv.FormatInt(int64(r.cfg.Retention/time.Microsecond), 10),
+		strconv.FormatInt(Micros(at), 10), "0",
+	}
+	vals, err := applyScript.Run(ctx, r.client, r.keys(k), args...).Slice()
+	if err != nil {
+		return Tally{}, fmt.Errorf("read %s: %w", k, err)
+	}
+	t, _, err := parseReply(vals)
+	return t, err
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+func groupByKey(obs []Observation) (map[Key][]int, []Key) {
+	groups := make(map[Key][]int)
+	var keys []Key
+	for i := range obs {
+		k := obs[i].Key
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	return groups, keys
+}
+
+func classCode(c Class) string {
+	switch c {
+	case Confirmed:
+		return "C"
+	case Passed:
+		return "P"
+	}
+	return "U"
+}
+
+var outcomeCodes = map[byte]Outcome{'N': Counted, 'R': Reassessed, 'D': Duplicate, 'S': Stale, 'E': Expired}
+
+func parseReply(vals []any) (Tally, []Outcome, error) {
+	if len(vals) != 16 {
+		return Tally{}, nil, fmt.Errorf("apply script returned %d values, want 16", len(vals))
+	}
+	codes, _ := vals[0].(string)
+	outs := make([]Outcome, len(codes))
+	for i := 0; i < len(codes); i++ {
+		o, ok := outcomeCodes[codes[i]]
+		if !ok {
+			return Tally{}, nil, fmt.Errorf("apply script returned outcome %q", codes[i])
+		}
+		outs[i] = o
+	}
+	ints := make([]int64, 13)
+	for i := range ints {
+		n, ok := vals[1+i].(int64)
+		if !ok {
+			return Tally{}, nil, fmt.Errorf("apply script value %d is %T, want integer", 1+i, vals[1+i])
+		}
+		ints[i] = n
+	}
+	t := Tally{
+		Version: ints[0],
+		All:     Counts{ints[1], ints[2], ints[3]},
+		Hour:    Counts{ints[4], ints[5], ints[6]},
+		Day:     Counts{ints[7], ints[8], ints[9]},
+		Week:    Counts{ints[10], ints[11], ints[12]},
+	}
+	var err error
+	if t.First, err = parseScore(vals[14]); err != nil {
+		return Tally{}, nil, err
+	}
+	if t.Last, err = parseScore(vals[15]); err != nil {
+		return Tally{}, nil, err
+	}
+	return t, outs, nil
+}
+
+func parseScore(v any) (int64, error) {
+	s, _ := v.(string)
+	if s == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("apply script returned score %q: %w", s, err)
+	}
+	return int64(f), nil
+}

@@ -1,0 +1,7 @@
+// Package schemas defines the events repeatrate reads and writes: the two input event types of
+// SPEC §2, the snapshot of §8, their JSON Schemas, and the validation rules that decide which input
+// is quarantined and why.
+//
+// It does no I/O and knows nothing of Kafka: unwrapping CloudEvents from Kafka messages is done in
+// package consumer, which hands the event data to ParseLiveAttempt or ParseEvalResult.
+package schemas

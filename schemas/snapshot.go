@@ -1,0 +1,65 @@
+package schemas
+
+import "time"
+
+// Aggregate is the identity of one correction repeat rate (SPEC §3): a scope, a correction and a
+// source. Live and evaluation results are never pooled.
+type Aggregate struct {
+	Workspace    string `json:"workspace"`
+	Model        string `json:"model"`
+	Run          string `json:"run"`
+	Checkpoint   string `json:"checkpoint"`
+	Artifact     string `json:"artifact"`
+	CorrectionID string `json:"correction_id"`
+	Source       string `json:"source"`
+}
+
+// Snapshot is the data of a repeatrate.snapshot.v1 event: the current repeat rate of one aggregate
+// in every window. Version grows strictly with every change of the aggregate's state, so a
+// subscriber keeps the snapshot with the greatest version it has seen.
+type Snapshot struct {
+	Aggregate         Aggregate `json:"aggregate"`
+	Windows           Windows   `json:"windows"`
+	OpportunityWindow *Span     `json:"opportunity_window"`
+	ObservedAt        time.Time `json:"observed_at"`
+	Version           int64     `json:"version"`
+}
+
+// Windows holds the four rolling windows of SPEC §3.
+type Windows struct {
+	All  Window `json:"all"`
+	Hour Window `json:"1h"`
+	Day  Window `json:"24h"`
+	Week Window `json:"7d"`
+}
+
+// Status values of a window.
+const (
+	StatusMeasured    = "measured"
+	StatusNotMeasured = "not_measured"
+)
+
+// Window is the repeat rate over one window. Rate, Percentage and CI95 are null when nothing was
+// scored; Unscored is always reported.
+type Window struct {
+	ConfirmedRepeats int64     `json:"confirmed_repeats"`
+	Passed           int64     `json:"passed"`
+	Unscored         int64     `json:"unscored"`
+	Scored           int64     `json:"scored"`
+	Rate             *float64  `json:"rate"`
+	Percentage       *float64  `json:"percentage"`
+	Status           string    `json:"status"`
+	CI95             *Interval `json:"ci95"`
+}
+
+// Interval is a closed confidence interval for a rate.
+type Interval struct {
+	Low  float64 `json:"low"`
+	High float64 `json:"high"`
+}
+
+// Span is the first and last occurred_at over an aggregate's retained opportunities.
+type Span struct {
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+}
