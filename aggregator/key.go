@@ -1,10 +1,6 @@
 package aggregator
 
-import (
-	"strings"
-
-	"github.com/repeatrate/repeatrate/schemas"
-)
+import "github.com/repeatrate/repeatrate/schemas"
 
 // Source says where an observation came from. Sources are never pooled.
 type Source uint8
@@ -43,23 +39,9 @@ type Key struct {
 	Source       Source
 }
 
-// String is the aggregate's stable identity text, used as the Kafka message key and inside Redis
-// key names. Every part is escaped, so two distinct keys never give the same string and no part can
-// break out of a Redis hash tag: parts are joined by '|', and '%', '|', '{', '}', controls, spaces
-// and non-ASCII bytes are percent-encoded.
-func (k Key) String() string {
-	var b strings.Builder
-	b.Grow(len(k.Scope.Workspace) + len(k.Scope.Model) + len(k.Scope.Run) + len(k.Scope.Checkpoint) +
-		len(k.Scope.Artifact) + len(k.CorrectionID) + 16)
-	for i, p := range [...]string{k.Scope.Workspace, k.Scope.Model, k.Scope.Run, k.Scope.Checkpoint,
-		k.Scope.Artifact, k.CorrectionID, k.Source.String()} {
-		if i > 0 {
-			b.WriteByte('|')
-		}
-		escapeTo(&b, p)
-	}
-	return b.String()
-}
+// String is the aggregate's stable identity text (see schemas.Aggregate.ID): the Kafka message
+// key of its snapshots and the hash tag of its Redis keys.
+func (k Key) String() string { return k.Aggregate().ID() }
 
 // Aggregate returns the key in its published form.
 func (k Key) Aggregate() schemas.Aggregate {
@@ -67,20 +49,5 @@ func (k Key) Aggregate() schemas.Aggregate {
 		Workspace: k.Scope.Workspace, Model: k.Scope.Model, Run: k.Scope.Run,
 		Checkpoint: k.Scope.Checkpoint, Artifact: k.Scope.Artifact,
 		CorrectionID: k.CorrectionID, Source: k.Source.String(),
-	}
-}
-
-const hexDigits = "0123456789ABCDEF"
-
-func escapeTo(b *strings.Builder, s string) {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || c == '%' || c == '|' || c == '{' || c == '}' {
-			b.WriteByte('%')
-			b.WriteByte(hexDigits[c>>4])
-			b.WriteByte(hexDigits[c&15])
-			continue
-		}
-		b.WriteByte(c)
 	}
 }

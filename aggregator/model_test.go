@@ -213,3 +213,30 @@ func TestVersionGrowsOncePerChangingBatch(t *testing.T) {
 		t.Fatalf("versions = %v, want [1 1 2]", v)
 	}
 }
+
+func TestChooseBadge(t *testing.T) {
+	live := Counts{Confirmed: 4, Passed: 16, Unscored: 3}.Window()
+	eval := Counts{Confirmed: 1, Passed: 1}.Window()
+	none := Counts{Unscored: 2}.Window()
+	tests := []struct {
+		name       string
+		live, eval schemas.Window
+		source     string
+		value      string
+	}{
+		// Live wins whenever it is measured.
+		{"live measured", live, eval, "live", "20.0% live (4/20, 3 unscored)"},
+		// Evaluation stands in only when live is not measured.
+		{"only evaluation", none, eval, "evaluation", "50.0% evaluation (1/2, 0 unscored)"},
+		// Neither: say so, with the unscored counts of both.
+		{"neither", none, Counts{}.Window(), "", "not measured (live 2 unscored, evaluation 0 unscored)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := ChooseBadge(tc.live, tc.eval)
+			if b.Source != tc.source || b.Value != tc.value || b.Measured != (tc.source != "") {
+				t.Fatalf("badge = %+v", b)
+			}
+		})
+	}
+}

@@ -1,6 +1,9 @@
 package schemas
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Aggregate is the identity of one correction repeat rate (SPEC §3): a scope, a correction and a
 // source. Live and evaluation results are never pooled.
@@ -12,6 +15,42 @@ type Aggregate struct {
 	Artifact     string `json:"artifact"`
 	CorrectionID string `json:"correction_id"`
 	Source       string `json:"source"`
+}
+
+// ID is the aggregate's stable identity text: the Kafka message key of its snapshots and the hash
+// tag of its Redis keys. Every part is escaped, so two distinct aggregates never share an ID and no
+// part can break out of a Redis hash tag: parts are joined by '|', and '%', '|', '{', '}',
+// controls, spaces and non-ASCII bytes are percent-encoded.
+func (a Aggregate) ID() string {
+	parts := [...]string{a.Workspace, a.Model, a.Run, a.Checkpoint, a.Artifact, a.CorrectionID, a.Source}
+	n := len(parts)
+	for _, p := range parts {
+		n += len(p)
+	}
+	var b strings.Builder
+	b.Grow(n + 8)
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteByte('|')
+		}
+		escapeTo(&b, p)
+	}
+	return b.String()
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func escapeTo(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || c == '%' || c == '|' || c == '{' || c == '}' {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+			continue
+		}
+		b.WriteByte(c)
+	}
 }
 
 // Snapshot is the data of a repeatrate.snapshot.v1 event: the current repeat rate of one aggregate

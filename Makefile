@@ -1,0 +1,27 @@
+# The two commands of the README: `make dev` (the processor with demo traffic on embedded Kafka and
+# Redis) and `make test` (every test, on real Redis and Kafka that it starts and stops itself).
+.PHONY: dev test unit build services-up services-down fuzz
+
+dev:
+	go run ./cmd/repeatrate dev --demo
+
+test:
+	deploy/local/test.sh
+
+# Pure-logic tests only: no services needed (integration tests skip).
+unit:
+	go test -count=1 ./...
+
+build:
+	go build -o bin/repeatrate ./cmd/repeatrate
+
+services-up:
+	deploy/local/redis.sh start
+	deploy/local/kafka.sh start
+
+services-down:
+	deploy/local/kafka.sh stop
+	deploy/local/redis.sh stop
+
+fuzz:
+	go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./consumer

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+)
+
+func tlsConfig(c TLSConfig) (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca file %s holds no PEM certificate", c.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if c.CertFile != "" || c.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+func saslMechanism(c SASLConfig) (sasl.Mechanism, error) {
+	switch strings.ToLower(c.Mechanism) {
+	case "":
+		return nil, nil
+	case "plain":
+		return plain.Mechanism{Username: c.Username, Password: c.Password}, nil
+	case "scram-sha-256":
+		return scram.Mechanism(scram.SHA256, c.Username, c.Password)
+	case "scram-sha-512":
+		return scram.Mechanism(scram.SHA512, c.Username, c.Password)
+	}
+	return nil, fmt.Errorf("unknown sasl mechanism %q", c.Mechanism)
+}
+
+// kafkaClients holds what every Kafka connection of the process shares.
+type kafkaClients struct {
+	brokers   []string
+	dialer    *kafka.Dialer
+	transport *kafka.Transport
+}
+
+func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
+	t, err := tlsConfig(c.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	mech, err := saslMechanism(c.SASL)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	return &kafkaClients{
+		brokers:   c.Brokers,
+		dialer:    &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: t, SASLMechanism: mech},
+		transport: &kafka.Transport{TLS: t, SASL: mech, DialTimeout: 10 * time.Second},
+	}, nil
+}
+
+// writer returns a synchronous, fully acknowledged writer: WriteMessages returns once every replica
+// has the batch. Murmur2 places keys where Java clients would.
+func (k *kafkaClients) writer(topic string) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:         kafka.TCP(k.brokers...),
+		Topic:        topic,
+		Balancer:     &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    5000,
+		BatchBytes:   16 << 20,
+		BatchTimeout: 2 * time.Millisecond,
+		WriteTimeout: 30 * time.Second,
+		Transport:    k.transport,
+	}
+}
+
+// topicSpec is a topic to create when missing.
+type topicSpec struct {
+	name       string
+	partitions int
+	compacted  bool
+}
+
+// ensureTopics creates the topics that do not exist yet; existing ones are left as they are.
+func (k *kafkaClients) ensureTopics(ctx context.Context, specs []topicSpec) error {
+	client := &kafka.Client{Addr: kafka.TCP(k.brokers...), Transport: k.transport, Timeout: 30 * time.Second}
+	req := &kafka.CreateTopicsRequest{}
+	for _, s := range specs {
+		tc := kafka.TopicConfig{Topic: s.name, NumPartitions: s.partitions, ReplicationFactor: -1}
+		if s.compacted {
+			tc.ConfigEntries = []kafka.ConfigEntry{{ConfigName: "cleanup.policy", ConfigValue: "compact"}}
+		}
+		req.Topics = append(req.Topics, tc)
+	}
+	resp, err := client.CreateTopics(ctx, req)
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+	for name, err := range resp.Errors {
+		if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// partitions lists the partitions of topic.
+func (k *kafkaClients) partitions(ctx context.Context, topic string) ([]int, error) {
+	client := &kafka.Client{Addr: kafka.TCP(k.brokers...), Transport: k.transport, Timeout: 30 * time.Second}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("metadata %s: %w", topic, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return nil, fmt.Errorf("metadata %s: %w", topic, t.Error)
+		}
+		ps := make([]int, len(t.Partitions))
+		for i, p := range t.Partitions {
+			ps[i] = p.ID
+		}
+		return ps, nil
+	}
+	return nil, fmt.Errorf("topic %s not found", topic)
+}
+
+func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
+	t, err := tlsConfig(c.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:     c.Addrs,
+		Username:  c.Username,
+		Password:  c.Password,
+		DB:        c.DB,
+		TLSConfig: t,
+		// Retries are safe: the apply script is idempotent.
+		MaxRetries:  5,
+		DialTimeout: 5 * time.Second,
+	}), nil
+}
+
+func hostPort(addr string) (string, int, error) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	var port int
+	_, err = fmt.Sscanf(p, "%d", &port)
+	return h, port, err
+}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the processor's whole configuration. Precedence, lowest first: defaults, the YAML file
+// (--config or REPEATRATE_CONFIG), REPEATRATE_* environment variables, flags.
+type Config struct {
+	Kafka     KafkaConfig   `yaml:"kafka"`
+	Redis     RedisConfig   `yaml:"redis"`
+	Retention time.Duration `yaml:"retention"`
+	Batch     BatchConfig   `yaml:"batch"`
+	Limits    LimitsConfig  `yaml:"limits"`
+	HTTPAddr  string        `yaml:"http_addr"`
+	LogLevel  string        `yaml:"log_level"`
+}
+
+// KafkaConfig says where events come from and where results go.
+type KafkaConfig struct {
+	Brokers       []string   `yaml:"brokers"`
+	GroupID       string     `yaml:"group_id"`
+	InputTopics   []string   `yaml:"input_topics"`
+	SnapshotTopic string     `yaml:"snapshot_topic"`
+	DLQTopic      string     `yaml:"dlq_topic"`
+	CreateTopics  bool       `yaml:"create_topics"`
+	TLS           TLSConfig  `yaml:"tls"`
+	SASL          SASLConfig `yaml:"sasl"`
+}
+
+// SASLConfig selects Kafka SASL authentication: mechanism plain, scram-sha-256 or scram-sha-512.
+type SASLConfig struct {
+	Mechanism string `yaml:"mechanism"`
+	Username  string `yaml:"username"`
+	Password  string `yaml:"password"`
+}
+
+// TLSConfig turns TLS on for a connection; files are PEM.
+type TLSConfig struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// RedisConfig says where state lives. Several addresses mean Redis Cluster.
+type RedisConfig struct {
+	Addrs     []string  `yaml:"addrs"`
+	Username  string    `yaml:"username"`
+	Password  string    `yaml:"password"`
+	DB        int       `yaml:"db"`
+	KeyPrefix string    `yaml:"key_prefix"`
+	TLS       TLSConfig `yaml:"tls"`
+}
+
+// BatchConfig bounds a processing batch.
+type BatchConfig struct {
+	MaxMessages int           `yaml:"max_messages"`
+	Linger      time.Duration `yaml:"linger"`
+}
+
+// LimitsConfig bounds accepted input.
+type LimitsConfig struct {
+	MaxMessageBytes    int           `yaml:"max_message_bytes"`
+	MaxPredictionBytes int           `yaml:"max_prediction_bytes"`
+	MaxFutureSkew      time.Duration `yaml:"max_future_skew"`
+}
+
+// Default topic names (SPEC §6).
+const (
+	TopicLive      = "telemetry.live-attempts"
+	TopicEval      = "telemetry.eval-results"
+	TopicSnapshots = "repeatrate.snapshots"
+	TopicDLQ       = "repeatrate.dlq"
+)
+
+func defaultConfig() Config {
+	return Config{
+		Kafka: KafkaConfig{
+			Brokers: []string{"127.0.0.1:9092"}, GroupID: "repeatrate",
+			InputTopics:   []string{TopicLive, TopicEval},
+			SnapshotTopic: TopicSnapshots, DLQTopic: TopicDLQ,
+		},
+		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
+		Retention: 30 * 24 * time.Hour,
+		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond},
+		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
+		HTTPAddr:  "127.0.0.1:8080",
+		LogLevel:  "info",
+	}
+}
+
+// Validate reports every configuration error at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf(f, a...)) }
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers: at least one broker is required")
+	}
+	if c.Kafka.GroupID == "" {
+		bad("kafka.group_id is required")
+	}
+	if len(c.Kafka.InputTopics) == 0 {
+		bad("kafka.input_topics: at least one topic is required")
+	}
+	for _, t := range c.Kafka.InputTopics {
+		if t == c.Kafka.SnapshotTopic || t == c.Kafka.DLQTopic {
+			bad("kafka.input_topics: %q is also an output topic", t)
+		}
+	}
+	if c.Kafka.SnapshotTopic == "" || c.Kafka.DLQTopic == "" || c.Kafka.SnapshotTopic == c.Kafka.DLQTopic {
+		bad("kafka.snapshot_topic and kafka.dlq_topic are required and distinct")
+	}
+	switch strings.ToLower(c.Kafka.SASL.Mechanism) {
+	case "":
+	case "plain", "scram-sha-256", "scram-sha-512":
+		if c.Kafka.SASL.Username == "" {
+			bad("kafka.sasl.username is required with mechanism %s", c.Kafka.SASL.Mechanism)
+		}
+	default:
+		bad("kafka.sasl.mechanism %q is not plain, scram-sha-256 or scram-sha-512", c.Kafka.SASL.Mechanism)
+	}
+	if len(c.Redis.Addrs) == 0 {
+		bad("redis.addrs: at least one address is required")
+	}
+	if c.Retention < time.Hour {
+		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)
+	}
+	if c.Batch.MaxMessages <= 0 || c.Batch.Linger <= 0 {
+		bad("batch.max_messages and batch.linger must be positive")
+	}
+	if c.Limits.MaxMessageBytes <= 0 || c.Limits.MaxPredictionBytes <= 0 || c.Limits.MaxFutureSkew < 0 {
+		bad("limits must be positive")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level %q is not debug, info, warn or error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+// setting binds one configuration value to a flag and an environment variable.
+type setting struct {
+	name  string // flag name; the variable is REPEATRATE_ + upper(name with - as _)
+	usage string
+	set   func(string) error
+	get   func() string
+	bool  bool
+}
+
+func (s setting) env() string {
+	return "REPEATRATE_" + strings.ToUpper(strings.ReplaceAll(s.name, "-", "_"))
+}
+
+// settings lists every value that flags and environment can set.
+func (c *Config) settings() []setting {
+	str := func(name, usage string, p *string) setting {
+		return setting{name: name, usage: usage, set: func(v string) error { *p = v; return nil }, get: func() string { return *p }}
+	}
+	list := func(name, usage string, p *[]string) setting {
+		return setting{name: name, usage: usage + " (comma-separated)", set: func(v string) error {
+			*p = nil
+			for _, s := range strings.Split(v, ",") {
+				if s = strings.TrimSpace(s); s != "" {
+					*p = append(*p, s)
+				}
+			}
+			return nil
+		}, get: func() string { return strings.Join(*p, ",") }}
+	}
+	dur := func(name, usage string, p *time.Duration) setting {
+		return setting{name: name, usage: usage, set: func(v string) error {
+			d, err := parseDuration(v)
+			*p = d
+			return err
+		}, get: func() string { return p.String() }}
+	}
+	num := func(name, usage string, p *int) setting {
+		return setting{name: name, usage: usage, set: func(v string) error {
+			n, err := strconv.Atoi(v)
+			*p = n
+			return err
+		}, get: func() string { return strconv.Itoa(*p) }}
+	}
+	boolean := func(name, usage string, p *bool) setting {
+		return setting{name: name, usage: usage, bool: true, set: func(v string) error {
+			b, err := strconv.ParseBool(v)
+			*p = b
+			return err
+		}, get: func() string { return strconv.FormatBool(*p) }}
+	}
+	return []setting{
+		list("kafka-brokers", "Kafka bootstrap brokers", &c.Kafka.Brokers),
+		str("kafka-group-id", "consumer group id", &c.Kafka.GroupID),
+		list("kafka-input-topics", "input topics", &c.Kafka.InputTopics),
+		str("kafka-snapshot-topic", "snapshot topic", &c.Kafka.SnapshotTopic),
+		str("kafka-dlq-topic", "dead-letter topic", &c.Kafka.DLQTopic),
+		boolean("kafka-create-topics", "create missing topics at start (snapshot topic compacted)", &c.Kafka.CreateTopics),
+		boolean("kafka-tls", "use TLS to Kafka", &c.Kafka.TLS.Enabled),
+		str("kafka-tls-ca-file", "PEM CA bundle for Kafka", &c.Kafka.TLS.CAFile),
+		str("kafka-tls-cert-file", "PEM client certificate for Kafka", &c.Kafka.TLS.CertFile),
+		str("kafka-tls-key-file", "PEM client key for Kafka", &c.Kafka.TLS.KeyFile),
+		str("kafka-sasl-mechanism", "plain, scram-sha-256 or scram-sha-512", &c.Kafka.SASL.Mechanism),
+		str("kafka-sasl-username", "Kafka SASL user", &c.Kafka.SASL.Username),
+		str("kafka-sasl-password", "Kafka SASL password (prefer the environment variable)", &c.Kafka.SASL.Password),
+		list("redis-addrs", "Redis address; several mean Redis Cluster", &c.Redis.Addrs),
+		str("redis-username", "Redis ACL user", &c.Redis.Username),
+		str("redis-password", "Redis password (prefer the environment variable)", &c.Redis.Password),
+		num("redis-db", "Redis database (not with Cluster)", &c.Redis.DB),
+		str("redis-key-prefix", "prefix of every Redis key", &c.Redis.KeyPrefix),
+		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
+		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
+		dur("retention", "how long opportunity identities are kept (e.g. 30d); must exceed input topic retention", &c.Retention),
+		num("batch-max-messages", "messages per batch at most", &c.Batch.MaxMessages),
+		dur("batch-linger", "longest wait to fill a batch", &c.Batch.Linger),
+		num("max-message-bytes", "largest accepted message", &c.Limits.MaxMessageBytes),
+		num("max-prediction-bytes", "largest accepted prediction text", &c.Limits.MaxPredictionBytes),
+		dur("max-future-skew", "how far occurred_at may lie in the future", &c.Limits.MaxFutureSkew),
+		str("http-addr", "HTTP listen address (health, metrics, API); empty disables", &c.HTTPAddr),
+		str("log-level", "debug, info, warn or error", &c.LogLevel),
+	}
+}
+
+// parseDuration accepts Go durations plus a whole number of days ("30d").
+func parseDuration(v string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(v, "d"); ok {
+		n, err := strconv.Atoi(d)
+		if err != nil {
+			return 0, fmt.Errorf("duration %q: %w", v, err)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(v)
+}
+
+// loadConfig builds the configuration from defaults, file, environment and flags, in that order.
+func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (Config, error) {
+	cfg := defaultConfig()
+	file := fs.String("config", getenv("REPEATRATE_CONFIG"), "YAML configuration file")
+	flagVals := map[string]*string{}
+	flagBools := map[string]*bool{}
+	for _, s := range cfg.settings() {
+		if s.bool {
+			flagBools[s.name] = fs.Bool(s.name, false, s.usage+" (env "+s.env()+")")
+		} else {
+			flagVals[s.name] = fs.String(s.name, "", s.usage+" (env "+s.env()+", default "+s.get()+")")
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if *file != "" {
+		b, err := os.ReadFile(*file)
+		if err != nil {
+			return Config{}, fmt.Errorf("config file: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(&cfg); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", *file, err)
+		}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, s := range cfg.settings() {
+		if v := getenv(s.env()); v != "" {
+			if err := s.set(v); err != nil {
+				return Config{}, fmt.Errorf("%s: %w", s.env(), err)
+			}
+		}
+		if !set[s.name] {
+			continue
+		}
+		v := ""
+		if s.bool {
+			v = strconv.FormatBool(*flagBools[s.name])
+		} else {
+			v = *flagVals[s.name]
+		}
+		if err := s.set(v); err != nil {
+			return Config{}, fmt.Errorf("--%s: %w", s.name, err)
+		}
+	}
+	return cfg, cfg.Validate()
+}

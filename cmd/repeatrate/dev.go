@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/repeatrate/repeatrate/internal/synth"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kafkaAddr := fs.String("kafka-addr", "127.0.0.1:9092", "address of the embedded Kafka-protocol broker (port 0: any free port)")
+	redisAddr := fs.String("redis-addr", "127.0.0.1:6379", "address of the embedded Redis-protocol server (port 0: any free port)")
+	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HTTP address (health, metrics, API, badge)")
+	demo := fs.Bool("demo", false, "feed synthetic traffic and print snapshots as they change")
+	rate := fs.Int("rate", 20, "demo events per second")
+	logLevel := fs.String("log-level", "warn", "processor log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	_, kport, err := hostPort(*kafkaAddr)
+	if err != nil {
+		return fmt.Errorf("dev: --kafka-addr: %w", err)
+	}
+	if kport == 0 {
+		if kport, err = freePort(); err != nil {
+			return err
+		}
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(kport),
+		kfake.SeedTopics(4, TopicLive, TopicEval, TopicSnapshots), kfake.SeedTopics(1, TopicDLQ))
+	if err != nil {
+		return fmt.Errorf("dev: embedded kafka on port %d: %w", kport, err)
+	}
+	defer cluster.Close()
+	mr := miniredis.NewMiniRedis()
+	if err := mr.StartAddr(*redisAddr); err != nil {
+		return fmt.Errorf("dev: embedded redis on %s: %w", *redisAddr, err)
+	}
+	defer mr.Close()
+	brokers := cluster.ListenAddrs()
+	fmt.Fprintf(stdout, "embedded Kafka broker: %v\nembedded Redis:        %s\nHTTP:                  http://%s/metrics\n",
+		brokers, mr.Addr(), *httpAddr)
+	fmt.Fprintf(stdout, "input topics: %s, %s; snapshots: %s; dead letters: %s\n", TopicLive, TopicEval, TopicSnapshots, TopicDLQ)
+
+	cfg := defaultConfig()
+	cfg.Kafka.Brokers = brokers
+	cfg.Redis.Addrs = []string{mr.Addr()}
+	cfg.HTTPAddr = *httpAddr
+	cfg.LogLevel = *logLevel
+	cfg.Batch.Linger = 20 * time.Millisecond
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.LogLevel, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return runProcessor(gctx, cfg, log) })
+	if *demo {
+		kc, err := newKafkaClients(cfg.Kafka)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return demoTraffic(gctx, kc, *rate, log) })
+		g.Go(func() error { return printSnapshots(gctx, kc, stdout) })
+	}
+	return g.Wait()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// demoTraffic publishes synthetic events at rate per second until ctx ends.
+func demoTraffic(ctx context.Context, kc *kafkaClients, rate int, log *zap.Logger) error {
+	gen := synth.New(synth.Config{Seed: uint64(time.Now().UnixNano()), Workspaces: 2, Corrections: 2,
+		Duplicates: 0.1, Reassessed: 0.1, Poison: 0.02, EvalShare: 0.3})
+	w := kc.writer(TopicLive)
+	w.Topic = ""
+	defer w.Close()
+	tick := time.NewTicker(time.Second / time.Duration(max(1, rate)))
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		line, _ := gen.Line(time.Now())
+		topic := TopicLive
+		if i%3 == 0 {
+			topic = TopicEval // any input topic accepts either type
+		}
+		if _, err := produce(ctx, bytesReader(line), topicWriter{w, topic}); err != nil && ctx.Err() == nil {
+			log.Warn("demo produce", zap.Error(err))
+		}
+	}
+}
+
+// topicWriter directs a topic-less writer's messages to one topic.
+type topicWriter struct {
+	w     *kafka.Writer
+	topic string
+}
+
+func (t topicWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	for i := range msgs {
+		msgs[i].Topic = t.topic
+	}
+	return t.w.WriteMessages(ctx, msgs...)
+}
+
+// printSnapshots prints one line per published snapshot until ctx ends.
+func printSnapshots(ctx context.Context, kc *kafkaClients, out io.Writer) error {
+	err := tail(ctx, kc, TopicSnapshots, 24*time.Hour, func(m kafka.Message) error {
+		var ev struct {
+			Data schemas.Snapshot `json:"data"`
+		}
+		if err := json.Unmarshal(m.Value, &ev); err != nil {
+			return nil
+		}
+		s := ev.Data
+		fmt.Fprintf(out, "%s v%-4d %-58s all %s | 1h %s\n", s.ObservedAt.Format("15:04:05"), s.Version,
+			s.Aggregate.ID(), describe(s.Windows.All), describe(s.Windows.Hour))
+		return nil
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func describe(w schemas.Window) string {
+	if w.Status != schemas.StatusMeasured {
+		return fmt.Sprintf("not measured (%d unscored)", w.Unscored)
+	}
+	return fmt.Sprintf("%5.1f%% of %-4s ci95 [%.2f, %.2f] %d unscored", *w.Percentage, strconv.FormatInt(w.Scored, 10),
+		w.CI95.Low, w.CI95.High, w.Unscored)
+}

@@ -1,0 +1,60 @@
+// Command repeatrate is the repeat-rate stream processor and its tools: run (the processor), dev
+// (everything in one process on embedded Kafka and Redis), replay (the same aggregation offline),
+// produce and tail (NDJSON in and out of a topic).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "repeatrate:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: repeatrate <command> [flags]
+
+commands:
+  run      the processor: Kafka in, Redis state, snapshots and dead letters out
+  dev      everything in one process on an embedded Kafka and Redis (--demo feeds traffic)
+  replay   the same aggregation offline over NDJSON CloudEvents
+  produce  publish NDJSON CloudEvents to a topic
+  tail     print a topic as NDJSON until it is idle
+
+"repeatrate <command> -h" lists a command's flags.`
+
+// run dispatches a subcommand. It is main without the process: tests call it directly.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage)
+		return fmt.Errorf("no command")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return runCommand(ctx, rest, getenv, stderr)
+	case "dev":
+		return devCommand(ctx, rest, stdout, stderr)
+	case "replay":
+		return replayCommand(ctx, rest, stdin, stdout, stderr)
+	case "produce":
+		return produceCommand(ctx, rest, stdin, stderr)
+	case "tail":
+		return tailCommand(ctx, rest, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
+	fmt.Fprintln(stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}

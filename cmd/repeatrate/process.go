@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+)
+
+func runCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg, err := loadConfig(fs, args, getenv)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.LogLevel, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	return runProcessor(ctx, cfg, log)
+}
+
+func newLogger(level string, w io.Writer) (*zap.Logger, error) {
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, err
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)
+	return zap.New(core), nil
+}
+
+// runProcessor runs the processor until ctx ends, then shuts down in order: stop fetching, finish
+// and commit the batch in hand, flush the writers, close Redis.
+func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
+	log.Info("starting", zap.Strings("brokers", cfg.Kafka.Brokers), zap.String("group", cfg.Kafka.GroupID),
+		zap.Strings("inputs", cfg.Kafka.InputTopics), zap.Strings("redis", cfg.Redis.Addrs),
+		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled), zap.String("kafka_sasl", cfg.Kafka.SASL.Mechanism),
+		zap.Bool("redis_tls", cfg.Redis.TLS.Enabled), zap.Bool("redis_auth", cfg.Redis.Password != ""),
+		zap.Duration("retention", cfg.Retention))
+	kc, err := newKafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	rdb, err := newRedisClient(cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = rdb.Ping(pctx).Err()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
+	}
+	store, err := aggregator.NewRedis(rdb, aggregator.RedisConfig{Prefix: cfg.Redis.KeyPrefix, Retention: cfg.Retention})
+	if err != nil {
+		return err
+	}
+	if cfg.Kafka.CreateTopics {
+		var specs []topicSpec
+		for _, t := range cfg.Kafka.InputTopics {
+			specs = append(specs, topicSpec{name: t, partitions: 4})
+		}
+		specs = append(specs, topicSpec{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true},
+			topicSpec{name: cfg.Kafka.DLQTopic, partitions: 1})
+		if err := kc.ensureTopics(ctx, specs); err != nil {
+			return err
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := consumer.NewMetrics(reg)
+	snapWriter, dlqWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.DLQTopic)
+	defer func() {
+		// Writers are synchronous, so nothing is buffered; Close only releases connections.
+		if err := errors.Join(snapWriter.Close(), dlqWriter.Close()); err != nil {
+			log.Warn("close writers", zap.Error(err))
+		}
+	}()
+	dec, err := consumer.NewDecoder(consumer.DecoderConfig{
+		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		Limits:          schemas.Limits{MaxPredictionBytes: cfg.Limits.MaxPredictionBytes, MaxFutureSkew: cfg.Limits.MaxFutureSkew},
+	})
+	if err != nil {
+		return err
+	}
+	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{}, dec, store, sink.NewKafka(snapWriter),
+		consumer.NewDeadLetters(dlqWriter), time.Now, log.Named("processor"), metrics)
+	if err != nil {
+		return err
+	}
+	group, err := consumer.NewGroup(consumer.GroupConfig{
+		Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, Topics: cfg.Kafka.InputTopics,
+		Dialer: kc.dialer, MaxBatch: cfg.Batch.MaxMessages, Linger: cfg.Batch.Linger,
+	}, proc, log.Named("consumer"), metrics)
+	if err != nil {
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return group.Run(gctx) })
+	if cfg.HTTPAddr != "" {
+		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+			store, reg, time.Now, log.Named("http"))
+		g.Go(func() error { return srv.Run(gctx) })
+		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))
+	}
+	err = g.Wait()
+	log.Info("stopped", zap.Error(err))
+	return err
+}

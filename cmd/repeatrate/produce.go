@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/sink"
+)
+
+func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr io.Writer) error {
+	fs := flag.NewFlagSet("produce", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	brokers := fs.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers (comma-separated)")
+	topic := fs.String("topic", TopicLive, "topic to publish to")
+	in := fs.String("in", "-", "NDJSON file of structured CloudEvents (- for standard input)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	r := stdin
+	if *in != "-" {
+		f, err := os.Open(*in)
+		if err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*brokers, ",")})
+	if err != nil {
+		return err
+	}
+	w := kc.writer(*topic)
+	w.AllowAutoTopicCreation = true
+	defer w.Close()
+	n, err := produce(ctx, r, w)
+	fmt.Fprintf(stderr, "produced %d messages to %s\n", n, *topic)
+	return err
+}
+
+// produce publishes every non-empty line as it is, in structured mode. The key is the aggregate
+// identity when the line decodes as a repeat-rate event, so one aggregate stays on one partition;
+// other lines (including poison) are published unkeyed.
+func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, error) {
+	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	if err != nil {
+		return 0, err
+	}
+	lr := newLineReader(r, 64<<20)
+	batch := make([]kafka.Message, 0, 1000)
+	total := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		if err := w.WriteMessages(ctx, batch...); err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		total += len(batch)
+		batch = batch[:0]
+		return nil
+	}
+	now := time.Now()
+	for {
+		line, _, err := lr.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return total, err
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		m := kafka.Message{Value: slices.Clone(line), Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
+		if ev, err := dec.DecodeStructured(line, now); err == nil {
+			if k, ok := eventKey(ev); ok {
+				m.Key = []byte(k.String())
+			}
+		}
+		batch = append(batch, m)
+		if len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return total, err
+			}
+		}
+	}
+	return total, flush()
+}
+
+func eventKey(ev consumer.Event) (aggregator.Key, bool) {
+	switch {
+	case ev.Live != nil:
+		return aggregator.FromLive(ev.Live).Key, true
+	case ev.Eval != nil:
+		o, ok := aggregator.FromEval(ev.Eval)
+		return o.Key, ok
+	}
+	return aggregator.Key{}, false
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

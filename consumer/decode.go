@@ -1,0 +1,210 @@
+package consumer
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Event is one decoded, validated input event. Exactly one of Live and Eval is set.
+type Event struct {
+	ID     string
+	Source string
+	Type   string
+	Live   *schemas.LiveAttempt
+	Eval   *schemas.EvalResult
+}
+
+// DecoderConfig bounds what the decoder accepts.
+type DecoderConfig struct {
+	// MaxMessageBytes caps key, value and headers together (SPEC default 1 MiB).
+	MaxMessageBytes int
+	// Limits holds the per-field limits of package schemas.
+	Limits schemas.Limits
+}
+
+// DefaultDecoderConfig holds the SPEC §2 defaults.
+var DefaultDecoderConfig = DecoderConfig{MaxMessageBytes: 1 << 20, Limits: schemas.DefaultLimits}
+
+// Validate checks the configuration.
+func (c DecoderConfig) Validate() error {
+	if c.MaxMessageBytes <= 0 || c.Limits.MaxPredictionBytes <= 0 || c.Limits.MaxFutureSkew < 0 {
+		return fmt.Errorf("decoder limits must be positive: %+v", c)
+	}
+	return nil
+}
+
+// Decoder turns Kafka messages into validated events. It is safe for concurrent use.
+type Decoder struct {
+	cfg DecoderConfig
+}
+
+// NewDecoder returns a decoder with the given limits.
+func NewDecoder(cfg DecoderConfig) (*Decoder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Decoder{cfg: cfg}, nil
+}
+
+const (
+	headerContentType = "content-type"
+	headerPrefix      = "ce_"
+	structuredType    = "application/cloudevents"
+)
+
+// Decode unwraps and validates the CloudEvent in m, received at now. A message with a
+// content-type of application/cloudevents* is read in structured mode, one with ce_specversion in
+// binary mode; any other message is tried as a structured event, the form `produce` and most tools
+// write. Every error wraps schemas.ErrInvalid and carries a schemas.Reason.
+func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
+	if size := messageSize(m); size > d.cfg.MaxMessageBytes {
+		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "message is %d bytes, limit %d", size, d.cfg.MaxMessageBytes)
+	}
+	var e event.Event
+	var err error
+	if ct := header(m, headerContentType); !strings.HasPrefix(strings.ToLower(ct), structuredType) && header(m, headerPrefix+"specversion") != "" {
+		e, err = binaryEvent(m, ct)
+	} else {
+		e, err = structuredEvent(m.Value)
+	}
+	if err != nil {
+		return Event{}, err
+	}
+	return d.Data(e, now)
+}
+
+// DecodeStructured decodes one structured-mode CloudEvent (a JSON object), as replay and produce
+// read them from NDJSON.
+func (d *Decoder) DecodeStructured(value []byte, now time.Time) (Event, error) {
+	if len(value) > d.cfg.MaxMessageBytes {
+		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "event is %d bytes, limit %d", len(value), d.cfg.MaxMessageBytes)
+	}
+	e, err := structuredEvent(value)
+	if err != nil {
+		return Event{}, err
+	}
+	return d.Data(e, now)
+}
+
+// Data validates the data of a CloudEvent by its type.
+func (d *Decoder) Data(e event.Event, now time.Time) (Event, error) {
+	if ct := e.DataContentType(); ct != "" && !isJSON(ct) {
+		return Event{}, schemas.Invalid(schemas.ReasonBadDataFormat, "datacontenttype %q is not JSON", clipHeader(ct))
+	}
+	out := Event{ID: e.ID(), Source: e.Source(), Type: e.Type()}
+	switch e.Type() {
+	case schemas.TypeLiveAttempt:
+		a, err := schemas.ParseLiveAttempt(e.Data(), now, d.cfg.Limits)
+		if err != nil {
+			return Event{}, err
+		}
+		out.Live = &a
+	case schemas.TypeEvalResult:
+		r, err := schemas.ParseEvalResult(e.Data(), now, d.cfg.Limits)
+		if err != nil {
+			return Event{}, err
+		}
+		out.Eval = &r
+	default:
+		return Event{}, schemas.Invalid(schemas.ReasonUnknownType, "type %q is not consumed by repeatrate", clipHeader(e.Type()))
+	}
+	return out, nil
+}
+
+func structuredEvent(value []byte) (event.Event, error) {
+	value = bytes.TrimSpace(value)
+	if len(value) == 0 || value[0] != '{' {
+		return event.Event{}, schemas.Invalid(schemas.ReasonUndecodable, "value is not a JSON CloudEvent")
+	}
+	var e event.Event
+	if err := e.UnmarshalJSON(value); err != nil {
+		return event.Event{}, schemas.Invalid(schemas.ReasonUndecodable, "structured CloudEvent: %s", clipHeader(err.Error()))
+	}
+	if err := e.Validate(); err != nil {
+		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(err.Error()))
+	}
+	return e, nil
+}
+
+func binaryEvent(m *kafka.Message, contentType string) (event.Event, error) {
+	if v := header(m, headerPrefix+"specversion"); v != event.CloudEventsVersionV1 {
+		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "ce_specversion %q is not 1.0", clipHeader(v))
+	}
+	e := event.New(event.CloudEventsVersionV1)
+	for _, h := range m.Headers {
+		name := strings.ToLower(h.Key)
+		if !strings.HasPrefix(name, headerPrefix) {
+			continue
+		}
+		attr, v := name[len(headerPrefix):], string(h.Value)
+		switch attr {
+		case "specversion":
+		case "id":
+			e.SetID(v)
+		case "source":
+			e.SetSource(v)
+		case "type":
+			e.SetType(v)
+		case "subject":
+			e.SetSubject(v)
+		case "dataschema":
+			e.SetDataSchema(v)
+		case "time":
+			t, perr := time.Parse(time.RFC3339Nano, v)
+			if perr != nil {
+				return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "ce_time %q is not RFC 3339", clipHeader(v))
+			}
+			e.SetTime(t)
+		default:
+			e.SetExtension(attr, v)
+		}
+	}
+	if contentType != "" {
+		e.SetDataContentType(contentType)
+	}
+	if err := e.Validate(); err != nil {
+		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(err.Error()))
+	}
+	e.DataEncoded = m.Value
+	return e, nil
+}
+
+func isJSON(ct string) bool {
+	ct = strings.ToLower(strings.TrimSpace(strings.SplitN(ct, ";", 2)[0]))
+	return ct == "application/json" || ct == "text/json" || strings.HasSuffix(ct, "+json")
+}
+
+func header(m *kafka.Message, name string) string {
+	for _, h := range m.Headers {
+		if strings.EqualFold(h.Key, name) {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func messageSize(m *kafka.Message) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+func clipHeader(s string) string {
+	const max = 200
+	if len(s) > max {
+		s = s[:max]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
+// MaxMessageBytes is the largest message the decoder accepts.
+func (d *Decoder) MaxMessageBytes() int { return d.cfg.MaxMessageBytes }

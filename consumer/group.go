@@ -1,0 +1,247 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+)
+
+// Handler processes one batch; a nil return lets the batch's offsets be committed.
+// *Processor is one.
+type Handler interface {
+	Handle(ctx context.Context, msgs []kafka.Message) error
+}
+
+// GroupConfig configures a Group.
+type GroupConfig struct {
+	Brokers []string
+	GroupID string
+	Topics  []string
+	Dialer  *kafka.Dialer // TLS and SASL; nil for plaintext
+
+	// MaxBatch and Linger bound a batch: it is processed when it holds MaxBatch messages or Linger
+	// after its first message arrived, whichever comes first.
+	MaxBatch int
+	Linger   time.Duration
+	// DrainTimeout bounds finishing the batch in hand once shutdown or a rebalance begins.
+	DrainTimeout time.Duration
+
+	SessionTimeout    time.Duration
+	RebalanceTimeout  time.Duration
+	HeartbeatInterval time.Duration
+}
+
+// Validate checks the configuration and fills defaults.
+func (c *GroupConfig) Validate() error {
+	if len(c.Brokers) == 0 || c.GroupID == "" || len(c.Topics) == 0 {
+		return errors.New("consumer group needs brokers, a group id and topics")
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 2000
+	}
+	if c.Linger <= 0 {
+		c.Linger = 50 * time.Millisecond
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.RebalanceTimeout <= 0 {
+		c.RebalanceTimeout = 30 * time.Second
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	return nil
+}
+
+// Group consumes the input topics in a Kafka consumer group. It uses kafka-go's ConsumerGroup API
+// rather than a group Reader so that it sees every generation end: the batch in hand is finished
+// and committed under the generation that fetched it, and nothing of an old generation runs when a
+// new one starts. Offsets are committed after the handler returns nil and cover exactly the
+// messages of that batch; each partition's messages arrive in order, so that is a contiguous prefix.
+type Group struct {
+	cfg     GroupConfig
+	handler Handler
+	log     *zap.Logger
+	metrics *Metrics
+}
+
+// NewGroup returns a consumer group runner.
+func NewGroup(cfg GroupConfig, h Handler, log *zap.Logger, m *Metrics) (*Group, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Group{cfg: cfg, handler: h, log: log, metrics: m}, nil
+}
+
+// Run consumes until ctx ends, then finishes and commits the batch in hand, leaves the group and
+// returns nil. It returns an error only when the group cannot be created.
+func (g *Group) Run(ctx context.Context) error {
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                g.cfg.GroupID,
+		Brokers:           g.cfg.Brokers,
+		Dialer:            g.cfg.Dialer,
+		Topics:            g.cfg.Topics,
+		StartOffset:       kafka.FirstOffset,
+		SessionTimeout:    g.cfg.SessionTimeout,
+		RebalanceTimeout:  g.cfg.RebalanceTimeout,
+		HeartbeatInterval: g.cfg.HeartbeatInterval,
+		JoinGroupBackoff:  time.Second,
+		ErrorLogger:       kafka.LoggerFunc(func(f string, a ...any) { g.log.Warn("kafka group", zap.String("detail", fmt.Sprintf(f, a...))) }),
+	})
+	if err != nil {
+		return fmt.Errorf("consumer group %s: %w", g.cfg.GroupID, err)
+	}
+	defer cg.Close()
+	for {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+				return nil
+			}
+			g.log.Warn("join group failed, retrying", zap.Error(err))
+			continue
+		}
+		g.log.Info("generation started", zap.Int32("generation", gen.ID), zap.String("member", gen.MemberID),
+			zap.Int("partitions", countPartitions(gen)))
+		g.runGeneration(ctx, gen)
+	}
+}
+
+func countPartitions(gen *kafka.Generation) int {
+	n := 0
+	for _, as := range gen.Assignments {
+		n += len(as)
+	}
+	return n
+}
+
+// runGeneration starts one fetcher per assigned partition and one batch loop, all owned by gen:
+// kafka-go waits for every one of them to return before the member joins the next generation.
+func (g *Group) runGeneration(ctx context.Context, gen *kafka.Generation) {
+	// Bounded: fetchers block when the batch loop is busy, which is the back-pressure we want.
+	msgs := make(chan kafka.Message, g.cfg.MaxBatch)
+	for topic, assigned := range gen.Assignments {
+		for _, a := range assigned {
+			topic, a := topic, a
+			gen.Start(func(gctx context.Context) { g.fetch(gctx, topic, a, msgs) })
+		}
+	}
+	gen.Start(func(gctx context.Context) { g.batches(ctx, gctx, gen, msgs) })
+}
+
+func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssignment, out chan<- kafka.Message) {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:   g.cfg.Brokers,
+		Dialer:    g.cfg.Dialer,
+		Topic:     topic,
+		Partition: a.ID,
+		MinBytes:  1,
+		MaxBytes:  16 << 20,
+		MaxWait:   250 * time.Millisecond,
+		ErrorLogger: kafka.LoggerFunc(func(f string, args ...any) {
+			g.log.Warn("kafka reader", zap.String("topic", topic), zap.Int("partition", a.ID), zap.String("detail", fmt.Sprintf(f, args...)))
+		}),
+	})
+	defer r.Close()
+	if err := r.SetOffset(a.Offset); err != nil {
+		g.log.Error("set offset", zap.String("topic", topic), zap.Int("partition", a.ID), zap.Int64("offset", a.Offset), zap.Error(err))
+		return
+	}
+	for {
+		m, err := r.FetchMessage(gctx)
+		if err != nil {
+			if gctx.Err() == nil {
+				g.log.Warn("fetch failed; ending generation", zap.String("topic", topic), zap.Int("partition", a.ID), zap.Error(err))
+			}
+			return
+		}
+		select {
+		case out <- m:
+		case <-gctx.Done():
+			return
+		}
+	}
+}
+
+// batches collects, handles and commits batches until the generation or ctx ends. A batch that is
+// being collected when either ends is still handled and committed (a drain), within DrainTimeout.
+func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-chan kafka.Message) {
+	batch := make([]kafka.Message, 0, g.cfg.MaxBatch)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		batch = batch[:0]
+		select {
+		case m := <-in:
+			batch = append(batch, m)
+		case <-gctx.Done():
+			return
+		case <-ctx.Done():
+			return
+		}
+		start := time.Now()
+		timer.Reset(g.cfg.Linger)
+		stopping := false
+	fill:
+		for len(batch) < g.cfg.MaxBatch {
+			select {
+			case m := <-in:
+				batch = append(batch, m)
+			case <-timer.C:
+				break fill
+			case <-gctx.Done():
+				stopping = true
+				break fill
+			case <-ctx.Done():
+				stopping = true
+				break fill
+			}
+		}
+		timer.Stop()
+		if !g.process(gctx, gen, batch, start) || stopping {
+			return
+		}
+	}
+}
+
+// process handles and commits one batch; false means the generation must end.
+func (g *Group) process(gctx context.Context, gen *kafka.Generation, batch []kafka.Message, start time.Time) bool {
+	// The batch in hand is finished even when the generation ends meanwhile: its effects are
+	// idempotent, and committing it (if the generation still stands) spares the next owner the work.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), g.cfg.DrainTimeout)
+	defer cancel()
+	if err := g.handler.Handle(hctx, batch); err != nil {
+		g.log.Error("batch not processed; it will be redelivered", zap.Int("messages", len(batch)), zap.Error(err))
+		return false
+	}
+	offsets := make(map[string]map[int]int64)
+	for i := range batch {
+		m := &batch[i]
+		if offsets[m.Topic] == nil {
+			offsets[m.Topic] = make(map[int]int64)
+		}
+		if next := m.Offset + 1; next > offsets[m.Topic][m.Partition] {
+			offsets[m.Topic][m.Partition] = next
+		}
+		g.metrics.Lag.WithLabelValues(m.Topic, partitionLabel(m.Partition)).Set(float64(max(0, m.HighWaterMark-m.Offset-1)))
+	}
+	if err := gen.CommitOffsets(offsets); err != nil {
+		g.metrics.Commits.WithLabelValues("error").Inc()
+		g.log.Warn("commit failed; the batch will be redelivered and applied idempotently", zap.Int32("generation", gen.ID), zap.Error(err))
+		return false
+	}
+	g.metrics.Commits.WithLabelValues("ok").Inc()
+	g.metrics.BatchSize.Observe(float64(len(batch)))
+	g.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
+	last := &batch[len(batch)-1]
+	g.metrics.LastEvent.WithLabelValues(last.Topic).Set(float64(last.Time.Unix()))
+	return true
+}

@@ -1,0 +1,67 @@
+package consumer
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the consumer's Prometheus series. Label sets are bounded: reasons, outcomes and
+// event types are fixed enumerations; partitions are those of the input topics.
+type Metrics struct {
+	Events       *prometheus.CounterVec   // decoded input events by type
+	DeadLetters  *prometheus.CounterVec   // quarantined messages by reason
+	Outcomes     *prometheus.CounterVec   // repeat-rate observations by apply outcome
+	Transport    prometheus.Counter       // transport duplicates: a CloudEvent source+id seen again in one batch
+	BatchSize    prometheus.Histogram     // messages per processed batch
+	BatchSeconds prometheus.Histogram     // time from a batch's first fetch to its commit
+	Retries      *prometheus.CounterVec   // retried batch stages by stage
+	Commits      *prometheus.CounterVec   // offset commits by result
+	Lag          *prometheus.GaugeVec     // messages behind the high-water mark by topic and partition
+	LastEvent    *prometheus.GaugeVec     // unix time of the newest message processed, by topic
+}
+
+// NewMetrics registers the consumer's series on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_events_total", Help: "Input events decoded, by CloudEvent type.",
+		}, []string{"type"}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_dead_letters_total", Help: "Messages sent to the dead-letter topic, by reason.",
+		}, []string{"reason"}),
+		Outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_observations_total", Help: "Repeat-rate observations applied, by outcome.",
+		}, []string{"outcome"}),
+		Transport: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "repeatrate_transport_duplicates_total", Help: "Events whose CloudEvent source and id repeat within a batch.",
+		}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "repeatrate_batch_messages", Help: "Messages per processed batch.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 8),
+		}),
+		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "repeatrate_batch_seconds", Help: "Time to process and commit one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10),
+		}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_batch_retries_total", Help: "Batch stages retried after an error, by stage.",
+		}, []string{"stage"}),
+		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_offset_commits_total", Help: "Offset commits, by result.",
+		}, []string{"result"}),
+		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "repeatrate_consumer_lag_messages", Help: "Messages behind the partition's high-water mark after the last batch.",
+		}, []string{"topic", "partition"}),
+		LastEvent: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "repeatrate_last_message_timestamp_seconds", Help: "Kafka timestamp of the newest processed message.",
+		}, []string{"topic"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.Transport, m.BatchSize, m.BatchSeconds,
+			m.Retries, m.Commits, m.Lag, m.LastEvent)
+	}
+	return m
+}
+
+func partitionLabel(p int) string { return strconv.Itoa(p) }

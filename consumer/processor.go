@@ -1,0 +1,169 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Store applies observations durably and returns their outcomes and the touched aggregates'
+// tallies. Applying the same observations again must change nothing; aggregator.Redis is one.
+type Store interface {
+	Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error)
+}
+
+// Publisher publishes snapshots and returns once they are acknowledged; sink.Kafka is one.
+type Publisher interface {
+	Publish(ctx context.Context, snaps []schemas.Snapshot) error
+}
+
+// DeadLetterSender quarantines messages and returns once they are acknowledged.
+type DeadLetterSender interface {
+	Send(ctx context.Context, dls []DeadLetter) error
+}
+
+// ProcessorConfig configures a Processor.
+type ProcessorConfig struct {
+	// RetryMin and RetryMax bound the backoff between retries of a failing stage.
+	RetryMin, RetryMax time.Duration
+}
+
+// Validate fills defaults.
+func (c *ProcessorConfig) Validate() error {
+	if c.RetryMin <= 0 {
+		c.RetryMin = 50 * time.Millisecond
+	}
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = 5 * time.Second
+	}
+	return nil
+}
+
+// Processor handles one batch of input messages: decode, apply, publish snapshots, quarantine bad
+// input. It is the unit between fetch and commit.
+type Processor struct {
+	cfg     ProcessorConfig
+	decoder *Decoder
+	store   Store
+	pub     Publisher
+	dlq     DeadLetterSender
+	now     func() time.Time
+	log     *zap.Logger
+	metrics *Metrics
+}
+
+// NewProcessor returns a processor. now is the clock that stamps observation times and judges
+// future-dated events; pass time.Now outside tests.
+func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, p Publisher, dlq DeadLetterSender, now func() time.Time, log *zap.Logger, m *Metrics) (*Processor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d == nil || s == nil || p == nil || dlq == nil || now == nil || log == nil || m == nil {
+		return nil, errors.New("processor: every dependency is required")
+	}
+	return &Processor{cfg: cfg, decoder: d, store: s, pub: p, dlq: dlq, now: now, log: log, metrics: m}, nil
+}
+
+// Handle processes msgs completely or not at all as far as the caller is concerned: it returns nil
+// only when every observation is applied, every touched aggregate's snapshot published and every
+// bad message dead-lettered, so the caller may commit. A failing stage is retried with backoff
+// until it succeeds or ctx ends; stages already done are not repeated within the call.
+func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
+	recv := p.now()
+	obs := make([]aggregator.Observation, 0, len(msgs))
+	var dls []DeadLetter
+	seen := make(map[[2]string]struct{}, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		ev, err := p.decoder.Decode(m, recv)
+		if err != nil {
+			var ie *schemas.InvalidError
+			if !errors.As(err, &ie) {
+				return fmt.Errorf("decode %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err)
+			}
+			dls = append(dls, DeadLetter{Message: *m, Reason: ie.Reason, Detail: ie.Detail})
+			p.metrics.DeadLetters.WithLabelValues(string(ie.Reason)).Inc()
+			continue
+		}
+		p.metrics.Events.WithLabelValues(ev.Type).Inc()
+		id := [2]string{ev.Source, ev.ID}
+		if _, dup := seen[id]; dup {
+			// Counted for visibility only: the opportunity identity, not the CloudEvent id, decides.
+			p.metrics.Transport.Inc()
+		}
+		seen[id] = struct{}{}
+		switch {
+		case ev.Live != nil:
+			obs = append(obs, aggregator.FromLive(ev.Live))
+		case ev.Eval != nil:
+			if o, ok := aggregator.FromEval(ev.Eval); ok {
+				obs = append(obs, o)
+			}
+		}
+	}
+
+	var applied aggregator.Applied
+	var at time.Time
+	stages := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"dead_letter", func(ctx context.Context) error { return p.dlq.Send(ctx, dls) }},
+		{"apply", func(ctx context.Context) error {
+			if len(obs) == 0 {
+				return nil
+			}
+			at = p.now()
+			var err error
+			applied, err = p.store.Apply(ctx, obs, at)
+			return err
+		}},
+		{"publish", func(ctx context.Context) error {
+			if len(applied.Keys) == 0 {
+				return nil
+			}
+			snaps := make([]schemas.Snapshot, len(applied.Keys))
+			for i, k := range applied.Keys {
+				snaps[i] = applied.Tallies[k].Snapshot(k, at)
+			}
+			return p.pub.Publish(ctx, snaps)
+		}},
+	}
+	for _, st := range stages {
+		if err := p.retry(ctx, st.name, st.run); err != nil {
+			return err
+		}
+	}
+	for _, o := range applied.Outcomes {
+		p.metrics.Outcomes.WithLabelValues(o.String()).Inc()
+	}
+	return nil
+}
+
+func (p *Processor) retry(ctx context.Context, stage string, fn func(context.Context) error) error {
+	wait := p.cfg.RetryMin
+	for {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", stage, err)
+		}
+		p.metrics.Retries.WithLabelValues(stage).Inc()
+		p.log.Warn("batch stage failed, retrying", zap.String("stage", stage), zap.Duration("backoff", wait), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", stage, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, p.cfg.RetryMax)
+	}
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the whole test suite against real services: installs and starts Redis and Apache Kafka on
+# loopback (deploy/local/redis.sh, deploy/local/kafka.sh), runs `go test`, and stops whatever this
+# script started, also when the tests fail or are interrupted. Services that were already running
+# are used and left running.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=deploy/local
+
+started=()
+cleanup() {
+  local rc=$?
+  for s in "${started[@]}"; do "$here/$s.sh" stop >/dev/null 2>&1 || true; done
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+for s in redis kafka; do
+  if ! "$here/$s.sh" status >/dev/null 2>&1; then
+    "$here/$s.sh" start
+    started+=("$s")
+  else
+    echo "$s: already running, using it"
+  fi
+done
+
+export REPEATRATE_TEST_REDIS=127.0.0.1:${REDIS_PORT:-16379}
+export REPEATRATE_TEST_KAFKA=127.0.0.1:${KAFKA_PORT:-19092}
+go vet ./...
+go test -count=1 -timeout 40m "${@:-./...}"
