@@ -9,16 +9,16 @@ import (
 // Metrics are the consumer's Prometheus series. Label sets are bounded: reasons, outcomes and
 // event types are fixed enumerations; partitions are those of the input topics.
 type Metrics struct {
-	Events       *prometheus.CounterVec   // decoded input events by type
-	DeadLetters  *prometheus.CounterVec   // quarantined messages by reason
-	Outcomes     *prometheus.CounterVec   // repeat-rate observations by apply outcome
-	Transport    prometheus.Counter       // transport duplicates: a CloudEvent source+id seen again in one batch
-	BatchSize    prometheus.Histogram     // messages per processed batch
-	BatchSeconds prometheus.Histogram     // time from a batch's first fetch to its commit
-	Retries      *prometheus.CounterVec   // retried batch stages by stage
-	Commits      *prometheus.CounterVec   // offset commits by result
-	Lag          *prometheus.GaugeVec     // messages behind the high-water mark by topic and partition
-	LastEvent    *prometheus.GaugeVec     // unix time of the newest message processed, by topic
+	Events       *prometheus.CounterVec // decoded input events by type
+	DeadLetters  *prometheus.CounterVec // quarantined messages by reason
+	Outcomes     *prometheus.CounterVec // repeat-rate observations by apply outcome
+	Transport    prometheus.Counter     // transport duplicates: a CloudEvent source+id seen again in one batch
+	BatchSize    prometheus.Histogram   // messages per processed batch
+	BatchSeconds prometheus.Histogram   // time from a batch's first fetch to its commit
+	Retries      *prometheus.CounterVec // retried batch stages by stage
+	Commits      *prometheus.CounterVec // offset commits by result
+	Lag          *prometheus.GaugeVec   // messages behind the high-water mark by topic and partition
+	LastEvent    *prometheus.GaugeVec   // unix time of the newest message processed, by topic
 }
 
 // NewMetrics registers the consumer's series on reg.

@@ -78,11 +78,11 @@ func (g *Generator) Line(now time.Time) (line []byte, poison bool) {
 	}
 	occ := now.Add(-time.Duration(g.r.IntN(30_000)) * time.Millisecond)
 	a := attempt{
-		live:  g.r.Float64() >= g.cfg.EvalShare,
-		ws:    fmt.Sprintf("ws-%d", g.r.IntN(g.cfg.Workspaces)),
-		model: []string{"m:large", "m|small"}[g.r.IntN(2)],
-		corr:  fmt.Sprintf("fix-%d", g.r.IntN(g.cfg.Corrections)),
-		opp:   fmt.Sprintf("opp-%d", g.n),
+		live:     g.r.Float64() >= g.cfg.EvalShare,
+		ws:       fmt.Sprintf("ws-%d", g.r.IntN(g.cfg.Workspaces)),
+		model:    []string{"m:large", "m|small"}[g.r.IntN(2)],
+		corr:     fmt.Sprintf("fix-%d", g.r.IntN(g.cfg.Corrections)),
+		opp:      fmt.Sprintf("opp-%d", g.n),
 		occurred: occ, assessed: occ.Add(time.Duration(g.r.IntN(5000)) * time.Millisecond),
 	}
 	switch q := g.r.Float64(); {
@@ -143,8 +143,12 @@ func (g *Generator) render(a *attempt, id string) []byte {
 // poisonKinds covers every class of bad input of SPEC §2.
 var poisonKinds = []func(now time.Time) string{
 	func(time.Time) string { return "not json at all" },
-	func(time.Time) string { return `{"specversion":"1.0","id":"x","source":"s","type":"unknown.type","data":{}}` },
-	func(time.Time) string { return `{"specversion":"1.0","source":"s","type":"repeatrate.live.attempt.v1","data":{}}` },
+	func(time.Time) string {
+		return `{"specversion":"1.0","id":"x","source":"s","type":"unknown.type","data":{}}`
+	},
+	func(time.Time) string {
+		return `{"specversion":"1.0","source":"s","type":"repeatrate.live.attempt.v1","data":{}}`
+	},
 	func(now time.Time) string {
 		return fmt.Sprintf(`{"specversion":"1.0","id":"p","source":"s","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o","correction_id":"c","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
 			now.Format(time.RFC3339), now.Format(time.RFC3339))

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/synth"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// comparable strips what legitimately differs between streaming and replay: the observation
+// time and the version (streaming bumps it once per batch, replay once per event).
+func comparable(s schemas.Snapshot) schemas.Snapshot {
+	s.ObservedAt = time.Time{}
+	s.Version = 0
+	return s
+}
+
+func snapshotJSON(s schemas.Snapshot) string {
+	b, _ := json.Marshal(comparable(s))
+	return string(b)
+}
+
+// latestSnapshots keeps the greatest-version snapshot of every aggregate seen on a topic.
+type latestSnapshots struct {
+	mu   sync.Mutex
+	by   map[string]schemas.Snapshot
+	seen int
+}
+
+func (l *latestSnapshots) add(m kafka.Message) error {
+	var ev struct {
+		Type string           `json:"type"`
+		Data schemas.Snapshot `json:"data"`
+	}
+	if err := json.Unmarshal(m.Value, &ev); err != nil {
+		return fmt.Errorf("snapshot message is not a CloudEvent: %w", err)
+	}
+	if ev.Type != schemas.TypeSnapshot || string(m.Key) != ev.Data.Aggregate.ID() {
+		return fmt.Errorf("snapshot type %q key %q for %q", ev.Type, m.Key, ev.Data.Aggregate.ID())
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen++
+	if cur, ok := l.by[string(m.Key)]; !ok || ev.Data.Version >= cur.Version {
+		l.by[string(m.Key)] = ev.Data
+	}
+	return nil
+}
+
+func (l *latestSnapshots) equal(want map[string]string) (bool, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.by) != len(want) {
+		return false, fmt.Sprintf("%d aggregates, want %d", len(l.by), len(want))
+	}
+	for k, w := range want {
+		got, ok := l.by[k]
+		if !ok {
+			return false, "missing " + k
+		}
+		if g := snapshotJSON(got); g != w {
+			return false, fmt.Sprintf("%s:\n got %s\nwant %s", k, g, w)
+		}
+	}
+	return true, ""
+}
+
+func TestEndToEndMatchesReplay(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	const events = 20000
+	gen := synth.New(synth.Config{Seed: 42, Workspaces: 4, Corrections: 3, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.01, EvalShare: 0.3})
+	var input bytes.Buffer
+	poison := 0
+	start := time.Now()
+	for i := 0; i < events; i++ {
+		line, bad := gen.Line(start)
+		if bad {
+			poison++
+		}
+		input.Write(line)
+		input.WriteByte('\n')
+	}
+	file := filepath.Join(t.TempDir(), "in.ndjson")
+	if err := os.WriteFile(file, input.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// What replay says.
+	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	want, err := replay(ctx, bytes.NewReader(input.Bytes()), dec, 30*24*time.Hour, time.Time{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want.deadLetters) != poison {
+		t.Fatalf("replay dead-lettered %d lines, the generator made %d poison", len(want.deadLetters), poison)
+	}
+	wantJSON := map[string]string{}
+	for _, s := range want.snapshots {
+		wantJSON[s.Aggregate.ID()] = snapshotJSON(s)
+	}
+
+	// Streaming through real Kafka and Redis.
+	name := testenv.Name(t, "e2e")
+	cfg := defaultConfig()
+	cfg.Kafka.Brokers = brokers
+	cfg.Kafka.GroupID = name
+	cfg.Kafka.InputTopics = []string{name + ".in"}
+	cfg.Kafka.SnapshotTopic = name + ".snapshots"
+	cfg.Kafka.DLQTopic = name + ".dlq"
+	cfg.Kafka.CreateTopics = true
+	cfg.Redis.Addrs = []string{redisAddr}
+	cfg.Redis.KeyPrefix = name
+	cfg.HTTPAddr = ""
+	testenv.CleanPrefix(t, testenv.Redis(t), name)
+	kc, err := newKafkaClients(cfg.Kafka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kc.ensureTopics(ctx, []topicSpec{{name: name + ".in", partitions: 4},
+		{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true}, {name: cfg.Kafka.DLQTopic, partitions: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	w := kc.writer(name + ".in")
+	n, err := produce(ctx, bytes.NewReader(input.Bytes()), w)
+	w.Close()
+	if err != nil || n != events {
+		t.Fatalf("produced %d of %d: %v", n, events, err)
+	}
+
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	procStart := time.Now()
+	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
+
+	// Collect snapshots and dead letters until the snapshots equal replay's.
+	got := &latestSnapshots{by: map[string]schemas.Snapshot{}}
+	var firstSnap time.Time
+	var matchedAt time.Time
+	tailErr := make(chan error, 1)
+	tctx, stopTail := context.WithCancel(ctx)
+	go func() {
+		tailErr <- tail(tctx, kc, cfg.Kafka.SnapshotTopic, 3*time.Minute, func(m kafka.Message) error {
+			if firstSnap.IsZero() {
+				firstSnap = time.Now()
+			}
+			return got.add(m)
+		})
+	}()
+	deadline := time.Now().Add(3 * time.Minute)
+	var why string
+	for ok := false; !ok; {
+		select {
+		case err := <-tailErr:
+			t.Fatalf("tail snapshots: %v", err)
+		case err := <-done:
+			t.Fatalf("processor stopped early: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshots did not converge to replay's: %s", why)
+		}
+		time.Sleep(200 * time.Millisecond)
+		ok, why = got.equal(wantJSON)
+		matchedAt = time.Now()
+	}
+	stopTail()
+	<-tailErr
+
+	// Shut down: SIGTERM's path. The processor drains, commits and returns nil.
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("processor: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("processor did not stop within 30s of cancellation")
+	}
+
+	var dls []kafka.Message
+	if err := tail(ctx, kc, cfg.Kafka.DLQTopic, 3*time.Second, func(m kafka.Message) error { dls = append(dls, m); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != poison {
+		t.Fatalf("dead-letter topic holds %d messages, want exactly the %d poison", len(dls), poison)
+	}
+	reasons := map[string]int{}
+	for _, m := range dls {
+		for _, h := range m.Headers {
+			if h.Key == consumer.HeaderDLQReason {
+				reasons[string(h.Value)]++
+			}
+		}
+	}
+	for _, d := range want.deadLetters {
+		reasons[d.Reason]--
+	}
+	for r, n := range reasons {
+		if n != 0 {
+			t.Errorf("dead-letter reason %s: streaming and replay differ by %d", r, n)
+		}
+	}
+	elapsed := matchedAt.Sub(procStart)
+	t.Logf("%d events (%d poison, %d aggregates, %d snapshots published): converged %.2fs after start (%.0f events/s), %.2fs after the first snapshot",
+		events, poison, len(wantJSON), got.seen, elapsed.Seconds(), float64(events)/elapsed.Seconds(), matchedAt.Sub(firstSnap).Seconds())
+}

@@ -1,0 +1,127 @@
+package consumer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+const liveData = `{"scope":{"workspace":"w","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o","correction_id":"fix","occurred_at":"2026-11-29T11:00:00Z","assessed_at":"2026-11-29T11:00:00Z","outcome":"confirmed_repeat"}`
+
+const structured = `{"specversion":"1.0","id":"e1","source":"src","type":"repeatrate.live.attempt.v1","datacontenttype":"application/json","data":` + liveData + `}`
+
+func hdr(kv ...string) []kafka.Header {
+	var hs []kafka.Header
+	for i := 0; i < len(kv); i += 2 {
+		hs = append(hs, kafka.Header{Key: kv[i], Value: []byte(kv[i+1])})
+	}
+	return hs
+}
+
+func binaryHeaders(typ string) []kafka.Header {
+	return hdr("ce_specversion", "1.0", "ce_id", "e2", "ce_source", "src", "ce_type", typ, "content-type", "application/json")
+}
+
+func newTestDecoder(t testing.TB) *Decoder {
+	d, err := NewDecoder(DefaultDecoderConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestDecodeModes(t *testing.T) {
+	d := newTestDecoder(t)
+	tests := []struct {
+		name string
+		msg  kafka.Message
+		id   string
+	}{
+		// Structured mode with its content type.
+		{"structured", kafka.Message{Value: []byte(structured), Headers: hdr("content-type", "application/cloudevents+json; charset=utf-8")}, "e1"},
+		// Structured without any header, as plain tools write it.
+		{"structured bare", kafka.Message{Value: []byte(structured)}, "e1"},
+		// Binary mode: attributes in ce_ headers, data in the value.
+		{"binary", kafka.Message{Value: []byte(liveData), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, "e2"},
+		// Binary with an extension and a time attribute.
+		{"binary extension", kafka.Message{Value: []byte(liveData), Headers: append(binaryHeaders(schemas.TypeLiveAttempt),
+			hdr("ce_time", "2026-11-29T11:00:00Z", "ce_tenant", "t1")...)}, "e2"},
+		// Structured data carried as base64.
+		{"data_base64", kafka.Message{Value: []byte(`{"specversion":"1.0","id":"e3","source":"s","type":"repeatrate.live.attempt.v1","data_base64":"` + b64(liveData) + `"}`)}, "e3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ev, err := d.Decode(&tc.msg, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.ID != tc.id || ev.Live == nil || ev.Live.Outcome != schemas.OutcomeConfirmedRepeat || ev.Live.Scope.Artifact != "a" {
+				t.Fatalf("event = %+v %+v", ev, ev.Live)
+			}
+		})
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	d := newTestDecoder(t)
+	big := kafka.Message{Value: []byte(strings.Repeat(" ", 1<<20) + structured)}
+	tests := []struct {
+		name   string
+		msg    kafka.Message
+		reason schemas.Reason
+	}{
+		{"bytes", kafka.Message{Value: []byte{0xff, 0x00, 0x13}}, schemas.ReasonUndecodable},
+		{"empty", kafka.Message{}, schemas.ReasonUndecodable},
+		{"broken json", kafka.Message{Value: []byte(structured[:50])}, schemas.ReasonUndecodable},
+		{"no id", kafka.Message{Value: []byte(strings.Replace(structured, `"id":"e1",`, "", 1))}, schemas.ReasonBadEnvelope},
+		{"wrong specversion", kafka.Message{Value: []byte(liveData), Headers: append(hdr("ce_specversion", "0.3"), binaryHeaders("x")[1:]...)}, schemas.ReasonBadEnvelope},
+		{"binary without source", kafka.Message{Value: []byte(liveData), Headers: hdr("ce_specversion", "1.0", "ce_id", "x", "ce_type", schemas.TypeLiveAttempt)}, schemas.ReasonBadEnvelope},
+		{"binary bad time", kafka.Message{Value: []byte(liveData), Headers: append(binaryHeaders(schemas.TypeLiveAttempt), hdr("ce_time", "noon")...)}, schemas.ReasonBadEnvelope},
+		{"unknown type", kafka.Message{Value: []byte(liveData), Headers: binaryHeaders("com.example.other")}, schemas.ReasonUnknownType},
+		{"xml data", kafka.Message{Value: []byte("<a/>"), Headers: append(binaryHeaders(schemas.TypeLiveAttempt)[:4], hdr("content-type", "application/xml")...)}, schemas.ReasonBadDataFormat},
+		{"bad data", kafka.Message{Value: []byte(`{"x":1}`), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, schemas.ReasonMissingField},
+		{"too large", big, schemas.ReasonTooLarge},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := d.Decode(&tc.msg, now)
+			if !errors.Is(err, schemas.ErrInvalid) || schemas.ReasonOf(err) != tc.reason {
+				t.Fatalf("err = %v, want reason %s", err, tc.reason)
+			}
+		})
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(structured), false)
+	f.Add([]byte(liveData), true)
+	f.Add([]byte(`{"specversion":"1.0","id":"e3","source":"s","type":"repeatrate.eval.result.v1","data":{}}`), false)
+	f.Add([]byte(`{"data_base64":"!!"}`), false)
+	d := newTestDecoder(f)
+	f.Fuzz(func(t *testing.T, value []byte, binary bool) {
+		m := kafka.Message{Value: value}
+		if binary {
+			m.Headers = binaryHeaders(schemas.TypeLiveAttempt)
+		}
+		ev, err := d.Decode(&m, now)
+		if err != nil {
+			if !errors.Is(err, schemas.ErrInvalid) || schemas.ReasonOf(err) == "" {
+				t.Fatalf("error without a dead-letter reason: %v", err)
+			}
+			return
+		}
+		if (ev.Live == nil) == (ev.Eval == nil) {
+			t.Fatalf("decoded event carries %v live, %v eval", ev.Live != nil, ev.Eval != nil)
+		}
+		if ev.Live != nil && (ev.Live.Scope.Workspace == "" || ev.Live.OpportunityID == "" || ev.Live.OccurredAt.After(now.Add(5*time.Minute))) {
+			t.Fatalf("accepted an invalid live attempt: %+v", ev.Live)
+		}
+	})
+}

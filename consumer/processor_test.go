@@ -1,0 +1,130 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// flakyStore fails its first n applies, then applies to the pure model.
+type flakyStore struct {
+	fails int
+	calls int
+	model *aggregator.Model
+}
+
+func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
+	s.calls++
+	if s.calls <= s.fails {
+		return aggregator.Applied{}, errors.New("connection reset")
+	}
+	return s.model.Apply(ctx, obs, at)
+}
+
+type recordingPublisher struct{ snaps []schemas.Snapshot }
+
+func (p *recordingPublisher) Publish(_ context.Context, s []schemas.Snapshot) error {
+	p.snaps = append(p.snaps, s...)
+	return nil
+}
+
+type recordingDLQ struct {
+	sends int
+	dls   []DeadLetter
+}
+
+func (d *recordingDLQ) Send(_ context.Context, dls []DeadLetter) error {
+	d.sends++
+	d.dls = append(d.dls, dls...)
+	return nil
+}
+
+func TestProcessorHandle(t *testing.T) {
+	store := &flakyStore{fails: 2, model: aggregator.NewModel(30 * 24 * time.Hour)}
+	pub, dlq := &recordingPublisher{}, &recordingDLQ{}
+	metrics := NewMetrics(prometheus.NewRegistry())
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, pub, dlq,
+		func() time.Time { return now }, zap.NewNop(), metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evalCheck := strings.NewReplacer(`"id":"e1"`, `"id":"e-check"`, `"type":"repeatrate.live.attempt.v1"`, `"type":"repeatrate.eval.result.v1"`,
+		`"outcome":"confirmed_repeat"`, `"suite":"s","case_id":"k","version":"v1","version_seq":1,"run_index":0,"runs":1,"result":"error"`).Replace(structured)
+	evalOnly := strings.NewReplacer(`"id":"e-check"`, `"id":"e-only"`, `"opportunity_id":"o","correction_id":"fix",`, "").Replace(evalCheck)
+	msgs := []kafka.Message{
+		{Topic: "in", Partition: 0, Offset: 10, Value: []byte(structured)},
+		{Topic: "in", Partition: 0, Offset: 11, Value: []byte("garbage"), Headers: hdr("trace", "abc")},
+		{Topic: "in", Partition: 1, Offset: 5, Value: []byte(structured)}, // the same event again: a duplicate
+		{Topic: "in", Partition: 1, Offset: 6, Value: []byte(evalCheck)},
+		{Topic: "in", Partition: 1, Offset: 7, Value: []byte(evalOnly)},
+	}
+	if err := p.Handle(context.Background(), msgs); err != nil {
+		t.Fatal(err)
+	}
+	if store.calls != 3 {
+		t.Fatalf("store called %d times, want 2 failures and 1 success", store.calls)
+	}
+	if dlq.sends != 1 || len(dlq.dls) != 1 || dlq.dls[0].Reason != schemas.ReasonUndecodable {
+		t.Fatalf("dead letters sent %d times: %+v", dlq.sends, dlq.dls)
+	}
+	rec := dlq.dls[0].Record()
+	want := map[string]string{"trace": "abc", HeaderDLQReason: "undecodable", HeaderDLQTopic: "in", HeaderDLQPartition: "0", HeaderDLQOffset: "11"}
+	for _, h := range rec.Headers {
+		if v, ok := want[h.Key]; ok && v == string(h.Value) {
+			delete(want, h.Key)
+		}
+	}
+	if len(want) != 0 || string(rec.Value) != "garbage" {
+		t.Fatalf("dead letter lacks %v or its original value: %+v", want, rec)
+	}
+	if len(pub.snaps) != 2 {
+		t.Fatalf("published %d snapshots, want one per touched aggregate (live and evaluation)", len(pub.snaps))
+	}
+	for _, s := range pub.snaps {
+		switch s.Aggregate.Source {
+		case "live":
+			if w := s.Windows.All; w.ConfirmedRepeats != 1 || w.Scored != 1 || s.Version != 1 {
+				t.Fatalf("live snapshot %+v", s)
+			}
+		case "evaluation":
+			if w := s.Windows.All; w.Unscored != 1 || w.Status != schemas.StatusNotMeasured {
+				t.Fatalf("evaluation snapshot: an error result must be unscored: %+v", w)
+			}
+		}
+	}
+	for outcome, n := range map[string]float64{"counted": 2, "duplicate": 1} {
+		if got := testutil.ToFloat64(metrics.Outcomes.WithLabelValues(outcome)); got != n {
+			t.Errorf("outcome %s = %v, want %v", outcome, got, n)
+		}
+	}
+	if got := testutil.ToFloat64(metrics.Retries.WithLabelValues("apply")); got != 2 {
+		t.Errorf("apply retries = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(metrics.Transport); got != 1 {
+		t.Errorf("transport duplicates = %v, want 1", got)
+	}
+}
+
+func TestProcessorGivesUpWhenCancelled(t *testing.T) {
+	store := &flakyStore{fails: 1 << 30, model: aggregator.NewModel(time.Hour)}
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, &recordingPublisher{}, &recordingDLQ{},
+		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := p.Handle(ctx, []kafka.Message{{Value: []byte(structured)}}); err == nil {
+		t.Fatal("Handle returned nil although the store never succeeded: the batch would be committed")
+	}
+}
