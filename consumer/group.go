@@ -107,6 +107,11 @@ func (g *Group) Run(ctx context.Context) error {
 				return nil
 			}
 			g.log.Warn("join group failed, retrying", zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
 			continue
 		}
 		g.log.Info("generation started", zap.Int32("generation", gen.ID), zap.String("member", gen.MemberID),

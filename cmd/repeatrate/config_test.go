@@ -1,0 +1,77 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigPrecedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(file, []byte("kafka:\n  group_id: from-file\n  brokers: [f1:9092]\nretention: 1000h\nredis:\n  addrs: [r1:6379]\n"), 0o600)
+	env := map[string]string{
+		"REPEATRATE_CONFIG":         file,
+		"REPEATRATE_KAFKA_GROUP_ID": "from-env",
+		"REPEATRATE_REDIS_PASSWORD": "s3cret",
+		"REPEATRATE_RETENTION":      "40d",
+	}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg, err := loadConfig(fs, []string{"--kafka-group-id", "from-flag", "--kafka-create-topics"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"flag beats env and file", cfg.Kafka.GroupID, "from-flag"},
+		{"file beats default", cfg.Kafka.Brokers[0], "f1:9092"},
+		{"env beats file", cfg.Retention, 40 * 24 * time.Hour},
+		{"env sets secrets", cfg.Redis.Password, "s3cret"},
+		{"bool flag", cfg.Kafka.CreateTopics, true},
+		{"default kept", cfg.Kafka.SnapshotTopic, TopicSnapshots},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--nope"}, "flag provided but not defined"},
+		{"bad duration", []string{"--retention", "soon"}, "--retention"},
+		{"output as input", []string{"--kafka-input-topics", "repeatrate.snapshots"}, "also an output topic"},
+		{"bad sasl", []string{"--kafka-sasl-mechanism", "kerberos"}, "kafka.sasl.mechanism"},
+		{"sasl without user", []string{"--kafka-sasl-mechanism", "scram-sha-512"}, "kafka.sasl.username"},
+		{"short retention", []string{"--retention", "10m"}, "retention"},
+		{"bad level", []string{"--log-level", "loud"}, "log_level"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("run", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			_, err := loadConfig(fs, tc.args, func(string) string { return "" })
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+	// An unknown key in the file is an error, not silently ignored.
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(file, []byte("kafka:\n  brokerz: [x]\n"), 0o600)
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	if _, err := loadConfig(fs, []string{"--config", file}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "brokerz") {
+		t.Fatalf("err = %v, want unknown field brokerz", err)
+	}
+}
