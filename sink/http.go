@@ -130,16 +130,26 @@ func (a *api) current(ctx context.Context, sc schemas.Scope, corr string) (live,
 	return live, eval, err
 }
 
-func (a *api) snapshots(w http.ResponseWriter, req *http.Request) {
+// read answers a request's scope with both sources' snapshots; ok is false when it already
+// answered with an error.
+func (a *api) read(w http.ResponseWriter, req *http.Request) (live, eval *schemas.Snapshot, ok bool) {
 	sc, corr, err := scopeQuery(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
+		return nil, nil, false
 	}
-	live, eval, err := a.current(req.Context(), sc, corr)
+	live, eval, err = a.current(req.Context(), sc, corr)
 	if err != nil {
-		a.log.Warn("read snapshots", zap.Error(err))
+		a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
 		http.Error(w, "state unavailable", http.StatusServiceUnavailable)
+		return nil, nil, false
+	}
+	return live, eval, true
+}
+
+func (a *api) snapshots(w http.ResponseWriter, req *http.Request) {
+	live, eval, ok := a.read(w, req)
+	if !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -150,15 +160,8 @@ func (a *api) snapshots(w http.ResponseWriter, req *http.Request) {
 }
 
 func (a *api) badge(w http.ResponseWriter, req *http.Request) {
-	sc, corr, err := scopeQuery(req)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	live, eval, err := a.current(req.Context(), sc, corr)
-	if err != nil {
-		a.log.Warn("read badge", zap.Error(err))
-		http.Error(w, "state unavailable", http.StatusServiceUnavailable)
+	live, eval, ok := a.read(w, req)
+	if !ok {
 		return
 	}
 	var lw, ew schemas.Window
