@@ -12,6 +12,8 @@ type Metrics struct {
 	Events       *prometheus.CounterVec // decoded input events by type
 	DeadLetters  *prometheus.CounterVec // quarantined messages by reason
 	Outcomes     *prometheus.CounterVec // repeat-rate observations by apply outcome
+	RunOutcomes  *prometheus.CounterVec // graded runs by apply outcome
+	Alerts       *prometheus.CounterVec // alert events published by kind
 	Transport    prometheus.Counter     // transport duplicates: a CloudEvent source+id seen again in one batch
 	BatchSize    prometheus.Histogram   // messages per processed batch
 	BatchSeconds prometheus.Histogram   // time from a batch's first fetch to its commit
@@ -33,6 +35,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "repeatrate_observations_total", Help: "Repeat-rate observations applied, by outcome.",
 		}, []string{"outcome"}),
+		RunOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_graded_runs_total", Help: "Graded eval runs applied to suite state, by outcome.",
+		}, []string{"outcome"}),
+		Alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_alerts_total", Help: "Alert events published, by kind.",
+		}, []string{"kind"}),
 		Transport: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "repeatrate_transport_duplicates_total", Help: "Events whose CloudEvent source and id repeat within a batch.",
 		}),
@@ -58,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"topic"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.Transport, m.BatchSize, m.BatchSeconds,
+		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.RunOutcomes, m.Alerts, m.Transport, m.BatchSize, m.BatchSeconds,
 			m.Retries, m.Commits, m.Lag, m.LastEvent)
 	}
 	return m

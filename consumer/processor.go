@@ -19,9 +19,17 @@ type Store interface {
 	Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error)
 }
 
-// Publisher publishes snapshots and returns once they are acknowledged; sink.Kafka is one.
+// Publisher publishes results and returns once they are acknowledged; sink.Kafka is one.
 type Publisher interface {
 	Publish(ctx context.Context, snaps []schemas.Snapshot) error
+	PublishSuites(ctx context.Context, o aggregator.SuiteOutput, at time.Time) error
+}
+
+// SuiteStore stores graded runs durably and returns every touched suite's runs. Applying the same
+// runs again must change nothing; aggregator.RedisSuites is one.
+type SuiteStore interface {
+	Apply(ctx context.Context, obs []aggregator.RunObservation) (aggregator.SuiteApplied, error)
+	MarkAnnounced(ctx context.Context, k aggregator.SuiteKey, cases []string) error
 }
 
 // DeadLetterSender quarantines messages and returns once they are acknowledged.
@@ -33,6 +41,8 @@ type DeadLetterSender interface {
 type ProcessorConfig struct {
 	// RetryMin and RetryMax bound the backoff between retries of a failing stage.
 	RetryMin, RetryMax time.Duration
+	// Suite configures suite discrimination and stability.
+	Suite aggregator.SuiteConfig
 }
 
 // Validate fills defaults.
@@ -43,7 +53,7 @@ func (c *ProcessorConfig) Validate() error {
 	if c.RetryMax < c.RetryMin {
 		c.RetryMax = 5 * time.Second
 	}
-	return nil
+	return c.Suite.Validate()
 }
 
 // Processor handles one batch of input messages: decode, apply, publish snapshots, quarantine bad
@@ -52,6 +62,7 @@ type Processor struct {
 	cfg     ProcessorConfig
 	decoder *Decoder
 	store   Store
+	suites  SuiteStore
 	pub     Publisher
 	dlq     DeadLetterSender
 	now     func() time.Time
@@ -61,14 +72,14 @@ type Processor struct {
 
 // NewProcessor returns a processor. now is the clock that stamps observation times and judges
 // future-dated events; pass time.Now outside tests.
-func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, p Publisher, dlq DeadLetterSender, now func() time.Time, log *zap.Logger, m *Metrics) (*Processor, error) {
+func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, suites SuiteStore, p Publisher, dlq DeadLetterSender, now func() time.Time, log *zap.Logger, m *Metrics) (*Processor, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if d == nil || s == nil || p == nil || dlq == nil || now == nil || log == nil || m == nil {
+	if d == nil || s == nil || suites == nil || p == nil || dlq == nil || now == nil || log == nil || m == nil {
 		return nil, errors.New("processor: every dependency is required")
 	}
-	return &Processor{cfg: cfg, decoder: d, store: s, pub: p, dlq: dlq, now: now, log: log, metrics: m}, nil
+	return &Processor{cfg: cfg, decoder: d, store: s, suites: suites, pub: p, dlq: dlq, now: now, log: log, metrics: m}, nil
 }
 
 // Handle processes msgs completely or not at all as far as the caller is concerned: it returns nil
@@ -78,6 +89,7 @@ func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, p Publisher, dlq Dea
 func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 	recv := p.now()
 	obs := make([]aggregator.Observation, 0, len(msgs))
+	var runs []aggregator.RunObservation
 	var dls []DeadLetter
 	seen := make(map[[2]string]struct{}, len(msgs))
 	for i := range msgs {
@@ -106,11 +118,14 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			if o, ok := aggregator.FromEval(ev.Eval); ok {
 				obs = append(obs, o)
 			}
+			runs = append(runs, aggregator.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
 		}
 	}
 
 	var applied aggregator.Applied
+	var suites aggregator.SuiteApplied
 	var at time.Time
+	var out aggregator.SuiteOutput
 	stages := []struct {
 		name string
 		run  func(context.Context) error
@@ -135,6 +150,37 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			}
 			return p.pub.Publish(ctx, snaps)
 		}},
+		{"suite_apply", func(ctx context.Context) error {
+			if len(runs) == 0 {
+				return nil
+			}
+			var err error
+			suites, err = p.suites.Apply(ctx, runs)
+			if err == nil {
+				out = aggregator.BuildSuiteOutput(suites, runs, suites.Outcomes, p.cfg.Suite, p.now())
+			}
+			return err
+		}},
+		{"suite_publish", func(ctx context.Context) error {
+			if len(runs) == 0 {
+				return nil
+			}
+			return p.pub.PublishSuites(ctx, out, p.now())
+		}},
+		{"suite_announce", func(ctx context.Context) error {
+			// After publishing: a crash in between re-publishes the revived event with the same id.
+			byKey := map[aggregator.SuiteKey][]string{}
+			for _, r := range out.Revived {
+				k := aggregator.SuiteKey{Workspace: r.Workspace, Suite: r.Suite}
+				byKey[k] = append(byKey[k], r.CaseID)
+			}
+			for k, cases := range byKey {
+				if err := p.suites.MarkAnnounced(ctx, k, cases); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
 	}
 	for _, st := range stages {
 		if err := p.retry(ctx, st.name, st.run); err != nil {
@@ -144,6 +190,11 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 	for _, o := range applied.Outcomes {
 		p.metrics.Outcomes.WithLabelValues(o.String()).Inc()
 	}
+	for _, o := range suites.Outcomes {
+		p.metrics.RunOutcomes.WithLabelValues(o.String()).Inc()
+	}
+	p.metrics.Alerts.WithLabelValues("revived").Add(float64(len(out.Revived)))
+	p.metrics.Alerts.WithLabelValues("abnormal_sample").Add(float64(len(out.Abnormal)))
 	return nil
 }
 

@@ -31,10 +31,18 @@ func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at
 	return s.model.Apply(ctx, obs, at)
 }
 
-type recordingPublisher struct{ snaps []schemas.Snapshot }
+type recordingPublisher struct {
+	snaps  []schemas.Snapshot
+	suites []aggregator.SuiteOutput
+}
 
 func (p *recordingPublisher) Publish(_ context.Context, s []schemas.Snapshot) error {
 	p.snaps = append(p.snaps, s...)
+	return nil
+}
+
+func (p *recordingPublisher) PublishSuites(_ context.Context, o aggregator.SuiteOutput, _ time.Time) error {
+	p.suites = append(p.suites, o)
 	return nil
 }
 
@@ -53,7 +61,7 @@ func TestProcessorHandle(t *testing.T) {
 	store := &flakyStore{fails: 2, model: aggregator.NewModel(30 * 24 * time.Hour)}
 	pub, dlq := &recordingPublisher{}, &recordingDLQ{}
 	metrics := NewMetrics(prometheus.NewRegistry())
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, pub, dlq,
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, aggregator.NewMemorySuites(), pub, dlq,
 		func() time.Time { return now }, zap.NewNop(), metrics)
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +118,13 @@ func TestProcessorHandle(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.Retries.WithLabelValues("apply")); got != 2 {
 		t.Errorf("apply retries = %v, want 2", got)
 	}
+	// Both eval results (the correction check and the plain one) are graded runs of suite s.
+	if len(pub.suites) != 1 || len(pub.suites[0].Discrimination) != 1 || len(pub.suites[0].Stability) != 1 {
+		t.Fatalf("suite outputs = %+v", pub.suites)
+	}
+	if got := testutil.ToFloat64(metrics.RunOutcomes.WithLabelValues("counted")); got != 1 {
+		t.Errorf("graded runs counted = %v, want 1 (the second result is the same run, graded again)", got)
+	}
 	if got := testutil.ToFloat64(metrics.Transport); got != 1 {
 		t.Errorf("transport duplicates = %v, want 1", got)
 	}
@@ -117,7 +132,7 @@ func TestProcessorHandle(t *testing.T) {
 
 func TestProcessorGivesUpWhenCancelled(t *testing.T) {
 	store := &flakyStore{fails: 1 << 30, model: aggregator.NewModel(time.Hour)}
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, &recordingPublisher{}, &recordingDLQ{},
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, aggregator.NewMemorySuites(), &recordingPublisher{}, &recordingDLQ{},
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)

@@ -68,6 +68,10 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 		{"live_attempt.v1.schema.json", reflect.TypeOf(LiveAttempt{}), nil},
 		{"eval_result.v1.schema.json", reflect.TypeOf(EvalResult{}), nil},
 		{"snapshot.v1.schema.json", reflect.TypeOf(Snapshot{}), nil},
+		{"suite_discrimination.v1.schema.json", reflect.TypeOf(SuiteDiscrimination{}), nil},
+		{"suite_stability.v1.schema.json", reflect.TypeOf(SuiteStability{}), nil},
+		{"case_revived.v1.schema.json", reflect.TypeOf(CaseRevived{}), nil},
+		{"sample_abnormal.v1.schema.json", reflect.TypeOf(AbnormalSample{}), nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
@@ -200,4 +204,14 @@ func TestParseEvalResultRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+func FuzzJoinSplitEscaped(f *testing.F) {
+	f.Add("a|b", "%7C", "{x}")
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		got, err := SplitEscaped(JoinEscaped(a, b, c))
+		if err != nil || !slices.Equal(got, []string{a, b, c}) {
+			t.Fatalf("%q %q %q → %q %v", a, b, c, got, err)
+		}
+	})
 }

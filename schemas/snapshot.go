@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"fmt"
 	"strings"
 	"time"
 )
@@ -22,7 +23,12 @@ type Aggregate struct {
 // part can break out of a Redis hash tag: parts are joined by '|', and '%', '|', '{', '}',
 // controls, spaces and non-ASCII bytes are percent-encoded.
 func (a Aggregate) ID() string {
-	parts := [...]string{a.Workspace, a.Model, a.Run, a.Checkpoint, a.Artifact, a.CorrectionID, a.Source}
+	return JoinEscaped(a.Workspace, a.Model, a.Run, a.Checkpoint, a.Artifact, a.CorrectionID, a.Source)
+}
+
+// JoinEscaped joins parts with '|' after percent-encoding '%', '|', '{', '}', controls, spaces and
+// non-ASCII bytes in each: distinct part lists never give the same text.
+func JoinEscaped(parts ...string) string {
 	n := len(parts)
 	for _, p := range parts {
 		n += len(p)
@@ -101,4 +107,38 @@ type Interval struct {
 type Span struct {
 	First time.Time `json:"first"`
 	Last  time.Time `json:"last"`
+}
+
+// SplitEscaped is the inverse of JoinEscaped.
+func SplitEscaped(s string) ([]string, error) {
+	parts := strings.Split(s, "|")
+	for i, p := range parts {
+		if !strings.Contains(p, "%") {
+			continue
+		}
+		var b strings.Builder
+		for j := 0; j < len(p); j++ {
+			if p[j] != '%' {
+				b.WriteByte(p[j])
+				continue
+			}
+			if j+2 >= len(p) || unhex(p[j+1]) < 0 || unhex(p[j+2]) < 0 {
+				return nil, fmt.Errorf("bad escape in %q", s)
+			}
+			b.WriteByte(byte(unhex(p[j+1])<<4 | unhex(p[j+2])))
+			j += 2
+		}
+		parts[i] = b.String()
+	}
+	return parts, nil
+}
+
+func unhex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
 }

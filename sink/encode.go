@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -17,24 +18,72 @@ const Source = "urn:repeatrate"
 // ContentType is the Kafka content-type header of a structured-mode CloudEvent.
 const ContentType = "application/cloudevents+json"
 
-// EncodeSnapshot renders a snapshot as a structured CloudEvent. Its id is derived from the
-// aggregate, version and observation time, so the same snapshot always has the same id and a
-// subscriber can drop exact repeats; subject is the aggregate ID, the message key.
-func EncodeSnapshot(s *schemas.Snapshot) ([]byte, error) {
-	key := s.Aggregate.ID()
-	sum := sha256.Sum256([]byte(key + "\x00" + strconv.FormatInt(s.Version, 10) + "\x00" + s.ObservedAt.Format("2006-01-02T15:04:05.999999999Z07:00")))
+// Out is one output event before encoding: its type, subject (also the Kafka key), time and data.
+// IDSeed decides the CloudEvent id: the same seed always gives the same id, so a subscriber can
+// drop an event published twice (after a redelivery) by id.
+type Out struct {
+	Type    string
+	Subject string
+	Time    time.Time
+	IDSeed  string
+	Data    any
+}
+
+// Encode renders an output event as a structured CloudEvent.
+func Encode(o *Out) ([]byte, error) {
+	sum := sha256.Sum256([]byte(o.Type + "\x00" + o.Subject + "\x00" + o.IDSeed))
 	e := event.New(event.CloudEventsVersionV1)
 	e.SetID(hex.EncodeToString(sum[:16]))
 	e.SetSource(Source)
-	e.SetType(schemas.TypeSnapshot)
-	e.SetSubject(key)
-	e.SetTime(s.ObservedAt)
-	if err := e.SetData(event.ApplicationJSON, s); err != nil {
-		return nil, fmt.Errorf("encode snapshot %s: %w", key, err)
+	e.SetType(o.Type)
+	e.SetSubject(o.Subject)
+	e.SetTime(o.Time)
+	if err := e.SetData(event.ApplicationJSON, o.Data); err != nil {
+		return nil, fmt.Errorf("encode %s %s: %w", o.Type, o.Subject, err)
 	}
 	b, err := e.MarshalJSON()
 	if err != nil {
-		return nil, fmt.Errorf("encode snapshot %s: %w", key, err)
+		return nil, fmt.Errorf("encode %s %s: %w", o.Type, o.Subject, err)
 	}
 	return b, nil
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// SnapshotOut is the output event of a repeat-rate snapshot, keyed by aggregate ID.
+func SnapshotOut(s *schemas.Snapshot) Out {
+	return Out{Type: schemas.TypeSnapshot, Subject: s.Aggregate.ID(), Time: s.ObservedAt,
+		IDSeed: strconv.FormatInt(s.Version, 10) + "@" + stamp(s.ObservedAt), Data: s}
+}
+
+// EncodeSnapshot renders a snapshot as a structured CloudEvent.
+func EncodeSnapshot(s *schemas.Snapshot) ([]byte, error) {
+	o := SnapshotOut(s)
+	return Encode(&o)
+}
+
+// DiscriminationOut is the output event of a suite discrimination snapshot, keyed "d|<ws>|<suite>"
+// so it never shares a compacted key with a stability snapshot.
+func DiscriminationOut(d *schemas.SuiteDiscrimination) Out {
+	return Out{Type: schemas.TypeSuiteDiscrimination, Subject: "d|" + schemas.JoinEscaped(d.Workspace, d.Suite),
+		Time: d.ObservedAt, IDSeed: stamp(d.ObservedAt), Data: d}
+}
+
+// StabilityOut is the output event of a suite stability snapshot, keyed "s|<ws>|<suite>|<version>".
+func StabilityOut(s *schemas.SuiteStability) Out {
+	return Out{Type: schemas.TypeSuiteStability, Subject: "s|" + schemas.JoinEscaped(s.Workspace, s.Suite, s.Version),
+		Time: s.ObservedAt, IDSeed: stamp(s.ObservedAt), Data: s}
+}
+
+// RevivedOut is the output event of a revived case; its id depends only on the flip.
+func RevivedOut(r *schemas.CaseRevived, at time.Time) Out {
+	return Out{Type: schemas.TypeCaseRevived, Subject: schemas.JoinEscaped(r.Workspace, r.Suite, r.CaseID),
+		Time: at, IDSeed: r.Version + "|" + r.From + "|" + r.To, Data: r}
+}
+
+// AbnormalOut is the output event of an abnormal sample; its id depends only on the run and metric.
+func AbnormalOut(a *schemas.AbnormalSample, at time.Time) Out {
+	return Out{Type: schemas.TypeSampleAbnormal,
+		Subject: schemas.JoinEscaped(a.Workspace, a.Suite, a.Version, a.CaseID, strconv.FormatInt(a.RunIndex, 10)),
+		Time:    at, IDSeed: a.Metric + "|" + strconv.Itoa(a.Tokens) + "|" + strconv.FormatFloat(a.GzipRatio, 'g', -1, 64), Data: a}
 }

@@ -3,9 +3,11 @@ package sink
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -15,31 +17,72 @@ type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Kafka publishes snapshots to a (compacted) topic, keyed by aggregate ID, so that the topic
-// keeps the latest snapshot of every aggregate.
+// Kafka publishes repeat-rate snapshots, suite snapshots and alerts, each to its own topic through
+// its own writer. Snapshot topics are compacted and keyed by subject, so they keep the latest
+// snapshot of everything.
 type Kafka struct {
-	w MessageWriter
+	snapshots, suites, alerts MessageWriter
 }
 
-// NewKafka returns a snapshot publisher on w.
-func NewKafka(w MessageWriter) *Kafka { return &Kafka{w: w} }
+// NewKafka returns a publisher on the three writers.
+func NewKafka(snapshots, suites, alerts MessageWriter) *Kafka {
+	return &Kafka{snapshots: snapshots, suites: suites, alerts: alerts}
+}
 
-// Publish writes snaps in one call and returns once all are acknowledged.
-func (k *Kafka) Publish(ctx context.Context, snaps []schemas.Snapshot) error {
-	msgs := make([]kafka.Message, len(snaps))
-	for i := range snaps {
-		b, err := EncodeSnapshot(&snaps[i])
+func write(ctx context.Context, w MessageWriter, outs []Out) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	msgs := make([]kafka.Message, len(outs))
+	for i := range outs {
+		b, err := Encode(&outs[i])
 		if err != nil {
 			return err
 		}
 		msgs[i] = kafka.Message{
-			Key:     []byte(snaps[i].Aggregate.ID()),
+			Key:     []byte(outs[i].Subject),
 			Value:   b,
 			Headers: []kafka.Header{{Key: "content-type", Value: []byte(ContentType)}},
 		}
 	}
-	if err := k.w.WriteMessages(ctx, msgs...); err != nil {
-		return fmt.Errorf("publish %d snapshots: %w", len(msgs), err)
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("publish %d %s events: %w", len(msgs), outs[0].Type, err)
 	}
 	return nil
+}
+
+// Publish writes repeat-rate snapshots and returns once all are acknowledged.
+func (k *Kafka) Publish(ctx context.Context, snaps []schemas.Snapshot) error {
+	outs := make([]Out, len(snaps))
+	for i := range snaps {
+		outs[i] = SnapshotOut(&snaps[i])
+	}
+	return write(ctx, k.snapshots, outs)
+}
+
+// PublishSuites writes suite snapshots to the suite topic and revived and abnormal events to the
+// alerts topic, and returns once all are acknowledged.
+func (k *Kafka) PublishSuites(ctx context.Context, o aggregator.SuiteOutput, at time.Time) error {
+	snaps, alerts := SuiteOuts(o, at)
+	if err := write(ctx, k.suites, snaps); err != nil {
+		return err
+	}
+	return write(ctx, k.alerts, alerts)
+}
+
+// SuiteOuts renders suite outputs as output events: snapshots, then alerts.
+func SuiteOuts(o aggregator.SuiteOutput, at time.Time) (snaps, alerts []Out) {
+	for i := range o.Discrimination {
+		snaps = append(snaps, DiscriminationOut(&o.Discrimination[i]))
+	}
+	for i := range o.Stability {
+		snaps = append(snaps, StabilityOut(&o.Stability[i]))
+	}
+	for i := range o.Revived {
+		alerts = append(alerts, RevivedOut(&o.Revived[i], at))
+	}
+	for i := range o.Abnormal {
+		alerts = append(alerts, AbnormalOut(&o.Abnormal[i], at))
+	}
+	return snaps, alerts
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/repeatrate/repeatrate/aggregator"
 )
 
 // Config is the processor's whole configuration. Precedence, lowest first: defaults, the YAML file
@@ -21,6 +23,7 @@ type Config struct {
 	Retention time.Duration `yaml:"retention"`
 	Batch     BatchConfig   `yaml:"batch"`
 	Limits    LimitsConfig  `yaml:"limits"`
+	Suite     SuiteConfig   `yaml:"suite"`
 	HTTPAddr  string        `yaml:"http_addr"`
 	LogLevel  string        `yaml:"log_level"`
 }
@@ -31,6 +34,8 @@ type KafkaConfig struct {
 	GroupID       string     `yaml:"group_id"`
 	InputTopics   []string   `yaml:"input_topics"`
 	SnapshotTopic string     `yaml:"snapshot_topic"`
+	SuiteTopic    string     `yaml:"suite_topic"`
+	AlertsTopic   string     `yaml:"alerts_topic"`
 	DLQTopic      string     `yaml:"dlq_topic"`
 	CreateTopics  bool       `yaml:"create_topics"`
 	TLS           TLSConfig  `yaml:"tls"`
@@ -70,6 +75,15 @@ type BatchConfig struct {
 	Linger      time.Duration `yaml:"linger"`
 }
 
+// SuiteConfig configures suite discrimination and repeated-sampling stability (SPEC §4, §5).
+type SuiteConfig struct {
+	MinHistory        int           `yaml:"min_history"`
+	JudgeLastVersions int           `yaml:"judge_last_versions"`
+	PassAtK           []string      `yaml:"pass_at_k"`
+	ReplyMode         string        `yaml:"reply_mode"`
+	MissingAfter      time.Duration `yaml:"missing_after"`
+}
+
 // LimitsConfig bounds accepted input.
 type LimitsConfig struct {
 	MaxMessageBytes    int           `yaml:"max_message_bytes"`
@@ -82,6 +96,8 @@ const (
 	TopicLive      = "telemetry.live-attempts"
 	TopicEval      = "telemetry.eval-results"
 	TopicSnapshots = "repeatrate.snapshots"
+	TopicSuites    = "repeatrate.suite-snapshots"
+	TopicAlerts    = "repeatrate.alerts"
 	TopicDLQ       = "repeatrate.dlq"
 )
 
@@ -90,8 +106,9 @@ func defaultConfig() Config {
 		Kafka: KafkaConfig{
 			Brokers: []string{"127.0.0.1:9092"}, GroupID: "repeatrate",
 			InputTopics:   []string{TopicLive, TopicEval},
-			SnapshotTopic: TopicSnapshots, DLQTopic: TopicDLQ,
+			SnapshotTopic: TopicSnapshots, SuiteTopic: TopicSuites, AlertsTopic: TopicAlerts, DLQTopic: TopicDLQ,
 		},
+		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", MissingAfter: time.Hour},
 		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
 		Retention: 30 * 24 * time.Hour,
 		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond},
@@ -114,13 +131,21 @@ func (c *Config) Validate() error {
 	if len(c.Kafka.InputTopics) == 0 {
 		bad("kafka.input_topics: at least one topic is required")
 	}
+	outputs := map[string]bool{}
+	for _, t := range []string{c.Kafka.SnapshotTopic, c.Kafka.SuiteTopic, c.Kafka.AlertsTopic, c.Kafka.DLQTopic} {
+		if t == "" || outputs[t] {
+			bad("kafka.snapshot_topic, suite_topic, alerts_topic and dlq_topic are required and distinct")
+			break
+		}
+		outputs[t] = true
+	}
 	for _, t := range c.Kafka.InputTopics {
-		if t == c.Kafka.SnapshotTopic || t == c.Kafka.DLQTopic {
+		if outputs[t] {
 			bad("kafka.input_topics: %q is also an output topic", t)
 		}
 	}
-	if c.Kafka.SnapshotTopic == "" || c.Kafka.DLQTopic == "" || c.Kafka.SnapshotTopic == c.Kafka.DLQTopic {
-		bad("kafka.snapshot_topic and kafka.dlq_topic are required and distinct")
+	if _, err := c.Suite.aggregator(); err != nil {
+		bad("suite: %v", err)
 	}
 	switch strings.ToLower(c.Kafka.SASL.Mechanism) {
 	case "":
@@ -206,6 +231,8 @@ func (c *Config) settings() []setting {
 		str("kafka-group-id", "consumer group id", &c.Kafka.GroupID),
 		list("kafka-input-topics", "input topics", &c.Kafka.InputTopics),
 		str("kafka-snapshot-topic", "snapshot topic", &c.Kafka.SnapshotTopic),
+		str("kafka-suite-topic", "suite snapshot topic", &c.Kafka.SuiteTopic),
+		str("kafka-alerts-topic", "alerts topic (revived cases, abnormal samples)", &c.Kafka.AlertsTopic),
 		str("kafka-dlq-topic", "dead-letter topic", &c.Kafka.DLQTopic),
 		boolean("kafka-create-topics", "create missing topics at start (snapshot topic compacted)", &c.Kafka.CreateTopics),
 		boolean("kafka-tls", "use TLS to Kafka", &c.Kafka.TLS.Enabled),
@@ -228,9 +255,38 @@ func (c *Config) settings() []setting {
 		num("max-message-bytes", "largest accepted message", &c.Limits.MaxMessageBytes),
 		num("max-prediction-bytes", "largest accepted prediction text", &c.Limits.MaxPredictionBytes),
 		dur("max-future-skew", "how far occurred_at may lie in the future", &c.Limits.MaxFutureSkew),
+		num("suite-min-history", "versions with an outcome before a case is judged", &c.Suite.MinHistory),
+		num("suite-judge-last-versions", "judge cases over only the last R versions (0: all)", &c.Suite.JudgeLastVersions),
+		list("suite-pass-at-k", "pass@k levels", &c.Suite.PassAtK),
+		str("suite-reply-mode", "reply repetition rules: default or opencompass", &c.Suite.ReplyMode),
+		dur("suite-missing-after", "planned runs count as missing this long after a case's first run", &c.Suite.MissingAfter),
 		str("http-addr", "HTTP listen address (health, metrics, API); empty disables", &c.HTTPAddr),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
+}
+
+// aggregator converts the suite settings.
+func (s SuiteConfig) aggregator() (aggregator.SuiteConfig, error) {
+	out := aggregator.SuiteConfig{MinHistory: s.MinHistory, JudgeLastVersions: s.JudgeLastVersions, MissingAfter: s.MissingAfter}
+	if s.MinHistory < 1 || s.JudgeLastVersions < 0 || s.MissingAfter <= 0 {
+		return out, fmt.Errorf("min_history must be ≥ 1, judge_last_versions ≥ 0, missing_after positive")
+	}
+	for _, k := range s.PassAtK {
+		n, err := strconv.Atoi(k)
+		if err != nil || n < 1 {
+			return out, fmt.Errorf("pass_at_k %q is not a positive integer", k)
+		}
+		out.Ks = append(out.Ks, n)
+	}
+	switch s.ReplyMode {
+	case "default":
+		out.ReplyMode = aggregator.ReplyDefault
+	case "opencompass":
+		out.ReplyMode = aggregator.ReplyOpenCompass
+	default:
+		return out, fmt.Errorf("reply_mode %q is not default or opencompass", s.ReplyMode)
+	}
+	return out, out.Validate()
 }
 
 // parseDuration accepts Go durations plus a whole number of days ("30d").

@@ -42,7 +42,7 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(kport),
-		kfake.SeedTopics(4, TopicLive, TopicEval, TopicSnapshots), kfake.SeedTopics(1, TopicDLQ))
+		kfake.SeedTopics(4, TopicLive, TopicEval, TopicSnapshots, TopicSuites), kfake.SeedTopics(1, TopicAlerts, TopicDLQ))
 	if err != nil {
 		return fmt.Errorf("dev: embedded kafka on port %d: %w", kport, err)
 	}
@@ -55,7 +55,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	brokers := cluster.ListenAddrs()
 	fmt.Fprintf(stdout, "embedded Kafka broker: %v\nembedded Redis:        %s\nHTTP:                  http://%s/metrics\n",
 		brokers, mr.Addr(), *httpAddr)
-	fmt.Fprintf(stdout, "input topics: %s, %s; snapshots: %s; dead letters: %s\n", TopicLive, TopicEval, TopicSnapshots, TopicDLQ)
+	fmt.Fprintf(stdout, "input topics: %s, %s; snapshots: %s, %s; alerts: %s; dead letters: %s\n",
+		TopicLive, TopicEval, TopicSnapshots, TopicSuites, TopicAlerts, TopicDLQ)
 
 	cfg := defaultConfig()
 	cfg.Kafka.Brokers = brokers

@@ -80,8 +80,7 @@ func (l *latestSnapshots) equal(want map[string]string) (bool, string) {
 }
 
 func TestEndToEndMatchesReplay(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
+	testenv.KafkaBrokers(t) // skip before generating anything when Kafka is absent
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
@@ -105,7 +104,8 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 
 	// What replay says.
 	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
-	want, err := replay(ctx, bytes.NewReader(input.Bytes()), dec, 30*24*time.Hour, time.Time{}, time.Now())
+	suiteCfg, _ := defaultConfig().Suite.aggregator()
+	want, err := replay(ctx, bytes.NewReader(input.Bytes()), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,37 +118,8 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 	}
 
 	// Streaming through real Kafka and Redis.
-	name := testenv.Name(t, "e2e")
-	cfg := defaultConfig()
-	cfg.Kafka.Brokers = brokers
-	cfg.Kafka.GroupID = name
-	cfg.Kafka.InputTopics = []string{name + ".in"}
-	cfg.Kafka.SnapshotTopic = name + ".snapshots"
-	cfg.Kafka.DLQTopic = name + ".dlq"
-	cfg.Kafka.CreateTopics = true
-	cfg.Redis.Addrs = []string{redisAddr}
-	cfg.Redis.KeyPrefix = name
-	cfg.HTTPAddr = ""
-	testenv.CleanPrefix(t, testenv.Redis(t), name)
-	kc, err := newKafkaClients(cfg.Kafka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kc.ensureTopics(ctx, []topicSpec{{name: name + ".in", partitions: 4},
-		{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true}, {name: cfg.Kafka.DLQTopic, partitions: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	w := kc.writer(name + ".in")
-	n, err := produce(ctx, bytes.NewReader(input.Bytes()), w)
-	w.Close()
-	if err != nil || n != events {
-		t.Fatalf("produced %d of %d: %v", n, events, err)
-	}
-
-	pctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	procStart := time.Now()
-	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
+	h := startPipeline(ctx, t, input.Bytes(), events)
+	cfg, kc, done, stop, procStart := h.cfg, h.kc, h.done, h.stop, h.start
 
 	// Collect snapshots and dead letters until the snapshots equal replay's.
 	got := &latestSnapshots{by: map[string]schemas.Snapshot{}}
@@ -221,4 +192,53 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 	elapsed := matchedAt.Sub(procStart)
 	t.Logf("%d events (%d poison, %d aggregates, %d snapshots published): converged %.2fs after start (%.0f events/s), %.2fs after the first snapshot",
 		events, poison, len(wantJSON), got.seen, elapsed.Seconds(), float64(events)/elapsed.Seconds(), matchedAt.Sub(firstSnap).Seconds())
+}
+
+// pipeline is a processor running in this process on real Kafka and Redis, on topics, a group
+// and a key prefix of its own.
+type pipeline struct {
+	cfg   Config
+	kc    *kafkaClients
+	done  chan error
+	stop  context.CancelFunc
+	start time.Time
+}
+
+// startPipeline creates the topics, produces input (n lines) and starts the processor.
+func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipeline {
+	t.Helper()
+	name := testenv.Name(t, "e2e")
+	cfg := defaultConfig()
+	cfg.Kafka.Brokers = testenv.KafkaBrokers(t)
+	cfg.Kafka.GroupID = name
+	cfg.Kafka.InputTopics = []string{name + ".in"}
+	cfg.Kafka.SnapshotTopic = name + ".snapshots"
+	cfg.Kafka.SuiteTopic = name + ".suites"
+	cfg.Kafka.AlertsTopic = name + ".alerts"
+	cfg.Kafka.DLQTopic = name + ".dlq"
+	cfg.Kafka.CreateTopics = true
+	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
+	cfg.Redis.KeyPrefix = name
+	cfg.HTTPAddr = ""
+	testenv.CleanPrefix(t, testenv.Redis(t), name)
+	kc, err := newKafkaClients(cfg.Kafka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kc.ensureTopics(ctx, []topicSpec{{name: name + ".in", partitions: 4},
+		{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true}, {name: cfg.Kafka.SuiteTopic, partitions: 4, compacted: true},
+		{name: cfg.Kafka.AlertsTopic, partitions: 1}, {name: cfg.Kafka.DLQTopic, partitions: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	w := kc.writer(name + ".in")
+	produced, err := produce(ctx, bytes.NewReader(input), w)
+	w.Close()
+	if err != nil || produced != n {
+		t.Fatalf("produced %d of %d: %v", produced, n, err)
+	}
+	pctx, stop := context.WithCancel(ctx)
+	p := &pipeline{cfg: cfg, kc: kc, done: make(chan error, 1), stop: stop, start: time.Now()}
+	go func() { p.done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
+	t.Cleanup(stop)
+	return p
 }

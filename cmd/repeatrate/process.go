@@ -69,7 +69,16 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
 	}
-	store, err := aggregator.NewRedis(rdb, aggregator.RedisConfig{Prefix: cfg.Redis.KeyPrefix, Retention: cfg.Retention})
+	rcfg := aggregator.RedisConfig{Prefix: cfg.Redis.KeyPrefix, Retention: cfg.Retention}
+	store, err := aggregator.NewRedis(rdb, rcfg)
+	if err != nil {
+		return err
+	}
+	suites, err := aggregator.NewRedisSuites(rdb, rcfg)
+	if err != nil {
+		return err
+	}
+	suiteCfg, err := cfg.Suite.aggregator()
 	if err != nil {
 		return err
 	}
@@ -79,6 +88,8 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 			specs = append(specs, topicSpec{name: t, partitions: 4})
 		}
 		specs = append(specs, topicSpec{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true},
+			topicSpec{name: cfg.Kafka.SuiteTopic, partitions: 4, compacted: true},
+			topicSpec{name: cfg.Kafka.AlertsTopic, partitions: 1},
 			topicSpec{name: cfg.Kafka.DLQTopic, partitions: 1})
 		if err := kc.ensureTopics(ctx, specs); err != nil {
 			return err
@@ -88,10 +99,11 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := consumer.NewMetrics(reg)
-	snapWriter, dlqWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.DLQTopic)
+	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
+	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
 	defer func() {
 		// Writers are synchronous, so nothing is buffered; Close only releases connections.
-		if err := errors.Join(snapWriter.Close(), dlqWriter.Close()); err != nil {
+		if err := errors.Join(snapWriter.Close(), suiteWriter.Close(), alertWriter.Close(), dlqWriter.Close()); err != nil {
 			log.Warn("close writers", zap.Error(err))
 		}
 	}()
@@ -102,7 +114,8 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{}, dec, store, sink.NewKafka(snapWriter),
+	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: suiteCfg}, dec, store, suites,
+		sink.NewKafka(snapWriter, suiteWriter, alertWriter),
 		consumer.NewDeadLetters(dlqWriter), time.Now, log.Named("processor"), metrics)
 	if err != nil {
 		return err

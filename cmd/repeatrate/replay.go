@@ -39,11 +39,22 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	dlq := fs.String("dlq", "", "write dead letters here instead of standard error")
 	retention := fs.String("retention", "30d", "opportunity identity retention, as for run")
 	maxMsg := fs.Int("max-message-bytes", consumer.DefaultDecoderConfig.MaxMessageBytes, "largest accepted event")
+	sc := defaultConfig().Suite
+	fs.IntVar(&sc.MinHistory, "min-history", sc.MinHistory, "versions with an outcome before a case is judged")
+	fs.IntVar(&sc.JudgeLastVersions, "judge-last-versions", 0, "judge cases over only the last R versions (0: all)")
+	passAtK := fs.String("pass-at-k", strings.Join(sc.PassAtK, ","), "pass@k levels")
+	fs.StringVar(&sc.ReplyMode, "reply-mode", sc.ReplyMode, "reply repetition rules: default or opencompass")
+	fs.DurationVar(&sc.MissingAfter, "missing-after", sc.MissingAfter, "planned runs count as missing this long after a case's first run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *in == "" {
 		return errors.New("replay: --in is required")
+	}
+	sc.PassAtK = strings.Split(*passAtK, ",")
+	suiteCfg, err := sc.aggregator()
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
 	}
 	ret, err := parseDuration(*retention)
 	if err != nil || ret <= 0 {
@@ -81,13 +92,13 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	if err != nil {
 		return err
 	}
-	res, err := replay(ctx, r, dec, ret, at, time.Now())
+	res, err := replay(ctx, r, dec, ret, suiteCfg, at, time.Now())
 	if err != nil {
 		return err
 	}
 	bw := bufio.NewWriter(snapOut)
-	for i := range res.snapshots {
-		b, err := sink.EncodeSnapshot(&res.snapshots[i])
+	for i := range res.outs {
+		b, err := sink.Encode(&res.outs[i])
 		if err != nil {
 			return err
 		}
@@ -119,16 +130,26 @@ func createOr(path string, def io.Writer) (io.Writer, func(), error) {
 
 type replayResult struct {
 	snapshots   []schemas.Snapshot // sorted by aggregate ID
+	suites      aggregator.SuiteOutput
+	outs        []Out // every output event in print order
 	deadLetters []replayDeadLetter
 	events      int
 }
 
-// replay runs the aggregation offline with the pure model, one event at a time in file order.
+// Out is an output event as replay prints it.
+type Out = sink.Out
+
+// replay runs the aggregation offline with the pure models, one event at a time in file order.
 // Snapshots are observed at asOf, or at the largest occurred_at when asOf is zero; received is
 // the time future-dated events are judged against. Versions count the changes of each aggregate.
-func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, asOf, received time.Time) (replayResult, error) {
+// Suite outputs are computed once, over the final runs: a discrimination snapshot per suite, a
+// stability snapshot per version, a revived event per revived case and an abnormal-sample event
+// per final run over threshold.
+func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, suiteCfg aggregator.SuiteConfig, asOf, received time.Time) (replayResult, error) {
 	var res replayResult
 	model := aggregator.NewModel(retention)
+	suites := aggregator.NewSuiteModel()
+	winners := map[aggregator.RunKey]aggregator.RunObservation{}
 	var maxOcc time.Time
 	lr := newLineReader(r, dec.MaxMessageBytes())
 	for n := 1; ; n++ {
@@ -169,6 +190,13 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 			o = aggregator.FromLive(ev.Live)
 		case ev.Eval != nil:
 			o, ok = aggregator.FromEval(ev.Eval)
+			run := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
+			if out := suites.Apply([]aggregator.RunObservation{run}); out[0] == aggregator.Counted || out[0] == aggregator.Reassessed {
+				winners[run.Key] = run
+			}
+			if t := ev.Eval.OccurredAt; t.After(maxOcc) {
+				maxOcc = t
+			}
 		}
 		if !ok {
 			continue
@@ -190,7 +218,24 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 	slices.SortFunc(keys, func(a, b aggregator.Key) int { return strings.Compare(ids[a], ids[b]) })
 	for _, k := range keys {
 		res.snapshots = append(res.snapshots, model.Tally(k, at).Snapshot(k, at))
+		res.outs = append(res.outs, sink.SnapshotOut(&res.snapshots[len(res.snapshots)-1]))
 	}
+	applied := aggregator.SuiteApplied{Suites: suites.Suites(), Runs: map[aggregator.SuiteKey][]aggregator.RunEntry{}}
+	var finals []aggregator.RunObservation
+	for _, k := range applied.Suites {
+		applied.Runs[k] = suites.Runs(k)
+		for _, e := range applied.Runs[k] {
+			finals = append(finals, winners[e.Key])
+		}
+	}
+	counted := make([]aggregator.Outcome, len(finals))
+	for i := range counted {
+		counted[i] = aggregator.Counted
+	}
+	res.suites = aggregator.BuildSuiteOutput(applied, finals, counted, suiteCfg, at)
+	snaps, alerts := sink.SuiteOuts(res.suites, at)
+	res.outs = append(res.outs, snaps...)
+	res.outs = append(res.outs, alerts...)
 	return res, nil
 }
 

@@ -1,0 +1,199 @@
+package aggregator
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+//go:embed suite.lua
+var suiteSource string
+
+var suiteScript = redis.NewScript(suiteSource)
+
+// SuiteApplied is the result of applying runs: each run's outcome in input order, and for every
+// touched suite all of its runs after the apply and the revived cases already announced.
+type SuiteApplied struct {
+	Outcomes  []Outcome
+	Suites    []SuiteKey
+	Runs      map[SuiteKey][]RunEntry
+	Announced map[SuiteKey]map[string]bool
+}
+
+// RedisSuites stores graded runs, one hash per suite under the hash tag {s|<suite id>}, merged by
+// one idempotent script call per suite and batch.
+type RedisSuites struct {
+	client redis.UniversalClient
+	cfg    RedisConfig
+}
+
+// NewRedisSuites returns a suite store on client; cfg.IdleTTL drops a suite that sees no result.
+func NewRedisSuites(client redis.UniversalClient, cfg RedisConfig) (*RedisSuites, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &RedisSuites{client: client, cfg: cfg}, nil
+}
+
+func (r *RedisSuites) keys(k SuiteKey) (runs, announced string) {
+	base := r.cfg.Prefix + ":{s|" + k.ID() + "}:"
+	return base + "r", base + "rv"
+}
+
+func runField(k RunKey) string {
+	return schemas.JoinEscaped(k.Version, k.Case, strconv.FormatInt(k.RunIndex, 10))
+}
+
+func encodeRun(r *RunRecord) string {
+	trigger := r.Trigger
+	if trigger == "" {
+		trigger = "-"
+	}
+	reply := 0
+	if r.Reply {
+		reply = 1
+	}
+	return fmt.Sprintf("%c %d %d %d %d %d %d %d %s %s", r.Result, r.Assessed, r.Seq, r.VersionSeq, r.Runs, r.Occurred,
+		reply, r.Tokens, strconv.FormatFloat(r.GzipRatio, 'g', -1, 64), trigger)
+}
+
+func decodeRun(sk SuiteKey, field, value string) (RunEntry, error) {
+	parts, err := schemas.SplitEscaped(field)
+	if err != nil || len(parts) != 3 {
+		return RunEntry{}, fmt.Errorf("run field %q", field)
+	}
+	idx, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		return RunEntry{}, fmt.Errorf("run field %q: %w", field, err)
+	}
+	f := strings.Fields(value)
+	if len(f) != 10 || len(f[0]) != 1 {
+		return RunEntry{}, fmt.Errorf("run value %q", value)
+	}
+	e := RunEntry{Key: RunKey{SuiteKey: sk, Version: parts[0], Case: parts[1], RunIndex: idx}}
+	r := &e.Record
+	r.Result = f[0][0]
+	var ints [7]int64
+	for i := range ints {
+		if ints[i], err = strconv.ParseInt(f[1+i], 10, 64); err != nil {
+			return RunEntry{}, fmt.Errorf("run value %q: %w", value, err)
+		}
+	}
+	r.Assessed, r.Seq, r.VersionSeq, r.Runs, r.Occurred, r.Reply, r.Tokens = ints[0], ints[1], ints[2], ints[3], ints[4], ints[5] == 1, int(ints[6])
+	if r.GzipRatio, err = strconv.ParseFloat(f[8], 64); err != nil {
+		return RunEntry{}, fmt.Errorf("run value %q: %w", value, err)
+	}
+	if f[9] != "-" {
+		r.Trigger = f[9]
+	}
+	return e, nil
+}
+
+// Apply merges obs and reads back every touched suite, in one pipelined round trip. Calling it again
+// with the same observations changes nothing.
+func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApplied, error) {
+	groups := map[SuiteKey][]int{}
+	var suites []SuiteKey
+	for i := range obs {
+		k := obs[i].Key.SuiteKey
+		if _, ok := groups[k]; !ok {
+			suites = append(suites, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	ttl := strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10)
+	type reads struct {
+		apply *redis.Cmd
+		runs  *redis.MapStringStringCmd
+		ann   *redis.StringSliceCmd
+	}
+	run := func() ([]reads, error) {
+		rs := make([]reads, len(suites))
+		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for n, k := range suites {
+				runsKey, annKey := r.keys(k)
+				args := make([]any, 0, 1+4*len(groups[k]))
+				args = append(args, ttl)
+				for _, i := range groups[k] {
+					o := &obs[i]
+					args = append(args, runField(o.Key), strconv.FormatInt(o.Record.Assessed, 10),
+						strconv.FormatInt(o.Record.Seq, 10), encodeRun(&o.Record))
+				}
+				rs[n].apply = suiteScript.EvalSha(ctx, p, []string{runsKey}, args...)
+				rs[n].runs = p.HGetAll(ctx, runsKey)
+				rs[n].ann = p.SMembers(ctx, annKey)
+			}
+			return nil
+		})
+		return rs, err
+	}
+	rs, err := run()
+	if err != nil && isNoScript(err) {
+		if lerr := suiteScript.Load(ctx, r.client).Err(); lerr != nil {
+			return SuiteApplied{}, fmt.Errorf("load suite script: %w", lerr)
+		}
+		rs, err = run()
+	}
+	if err != nil {
+		return SuiteApplied{}, fmt.Errorf("apply runs: %w", err)
+	}
+	res := SuiteApplied{Outcomes: make([]Outcome, len(obs)), Suites: suites,
+		Runs: map[SuiteKey][]RunEntry{}, Announced: map[SuiteKey]map[string]bool{}}
+	for n, k := range suites {
+		codes, err := rs[n].apply.Text()
+		if err != nil || len(codes) != len(groups[k]) {
+			return SuiteApplied{}, fmt.Errorf("apply runs of %s: %q %v", k.ID(), codes, err)
+		}
+		for j, i := range groups[k] {
+			res.Outcomes[i] = outcomeCodes[codes[j]]
+		}
+		fields, err := rs[n].runs.Result()
+		if err != nil {
+			return SuiteApplied{}, fmt.Errorf("read runs of %s: %w", k.ID(), err)
+		}
+		es := make([]RunEntry, 0, len(fields))
+		for f, v := range fields {
+			e, err := decodeRun(k, f, v)
+			if err != nil {
+				return SuiteApplied{}, fmt.Errorf("suite %s: %w", k.ID(), err)
+			}
+			es = append(es, e)
+		}
+		SortRuns(es)
+		res.Runs[k] = es
+		ann := map[string]bool{}
+		for _, c := range rs[n].ann.Val() {
+			ann[c] = true
+		}
+		res.Announced[k] = ann
+	}
+	return res, nil
+}
+
+// MarkAnnounced records that the revived events of cases were published.
+func (r *RedisSuites) MarkAnnounced(ctx context.Context, k SuiteKey, cases []string) error {
+	if len(cases) == 0 {
+		return nil
+	}
+	_, key := r.keys(k)
+	members := make([]any, len(cases))
+	for i, c := range cases {
+		members[i] = c
+	}
+	if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, key, members...)
+		if r.cfg.IdleTTL > 0 {
+			p.PExpire(ctx, key, r.cfg.IdleTTL)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("mark revived of %s: %w", k.ID(), err)
+	}
+	return nil
+}

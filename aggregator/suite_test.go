@@ -1,0 +1,190 @@
+package aggregator
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+var suiteK = SuiteKey{"ws", "regressions"}
+
+func run(version string, seq int64, c string, idx int64, result byte) RunEntry {
+	return RunEntry{Key: RunKey{SuiteKey: suiteK, Version: version, Case: c, RunIndex: idx},
+		Record: RunRecord{Result: result, VersionSeq: seq, Runs: 1}}
+}
+
+func TestDiscriminationToyRows(t *testing.T) {
+	// The source document's rows: case_a always passes, case_b varies, case_c always fails, and
+	// case_d has three versions of history: too new, in no other bucket.
+	rows := []struct {
+		v    int64
+		c    string
+		pass bool
+	}{
+		{1, "case_a", true}, {2, "case_a", true}, {3, "case_a", true}, {4, "case_a", true}, {5, "case_a", true},
+		{1, "case_b", true}, {2, "case_b", false}, {3, "case_b", true}, {4, "case_b", true}, {5, "case_b", false},
+		{1, "case_c", false}, {2, "case_c", false}, {3, "case_c", false}, {4, "case_c", false}, {5, "case_c", false},
+		{3, "case_d", true}, {4, "case_d", true}, {5, "case_d", false},
+	}
+	var runs []RunEntry
+	for _, r := range rows {
+		res := byte('f')
+		if r.pass {
+			res = 'p'
+		}
+		runs = append(runs, run(fmt.Sprint("v", r.v), r.v, r.c, 0, res))
+	}
+	cfg := SuiteConfig{}
+	cfg.Validate()
+	d, revived := Discrimination(suiteK, runs, cfg, t0)
+	if d.AlwaysPass != 1 || d.AlwaysFail != 1 || d.Discriminating != 1 || d.TooNew != 1 || d.Judged != 3 || d.VersionsSeen != 5 {
+		t.Fatalf("buckets = %+v", d)
+	}
+	if *d.Floor != 1.0/3 || *d.Ceiling != 2.0/3 || *d.AchievableRange != 1.0/3 || d.LatestVersion != "v5" {
+		t.Fatalf("ratios = %v %v %v latest %s", *d.Floor, *d.Ceiling, *d.AchievableRange, d.LatestVersion)
+	}
+	// In v5: a passes, b fails, c fails → 1/3 over judged, 0/1 over discriminating.
+	if *d.LatestPassRate != 1.0/3 || *d.LatestPassRateDiscriminating != 0 {
+		t.Fatalf("latest = %v %v", *d.LatestPassRate, *d.LatestPassRateDiscriminating)
+	}
+	if len(revived) != 0 {
+		t.Fatalf("revived = %+v: case_b never had a streak of 5", revived)
+	}
+}
+
+func TestDiscriminationSeedCounts(t *testing.T) {
+	// A suite built to the document's counts over 23 versions: 356 always-pass, 59 always-fail,
+	// 113 discriminating and 83 too-new cases → floor 67.4 %, ceiling 88.8 %, range 21.4 %.
+	var runs []RunEntry
+	add := func(prefix string, n int, versions int, result func(i, v int) byte) {
+		for i := 0; i < n; i++ {
+			for v := 23 - versions + 1; v <= 23; v++ {
+				runs = append(runs, run(fmt.Sprintf("v%02d", v), int64(v), fmt.Sprintf("%s-%d", prefix, i), 0, result(i, v)))
+			}
+		}
+	}
+	add("pass", 356, 23, func(int, int) byte { return 'p' })
+	add("fail", 59, 23, func(int, int) byte { return 'f' })
+	add("disc", 113, 23, func(i, v int) byte { return "pf"[(i+v)%2] })
+	add("new", 83, 4, func(i, v int) byte { return "pf"[(i+v)%2] })
+	cfg := SuiteConfig{}
+	cfg.Validate()
+	d, _ := Discrimination(suiteK, runs, cfg, t0)
+	if d.AlwaysPass != 356 || d.AlwaysFail != 59 || d.Discriminating != 113 || d.TooNew != 83 || d.Judged != 528 || d.VersionsSeen != 23 {
+		t.Fatalf("buckets = %+v", d)
+	}
+	pct := func(p *float64) float64 { return math.Round(*p*1000) / 10 }
+	if pct(d.Floor) != 67.4 || pct(d.Ceiling) != 88.8 || pct(d.AchievableRange) != 21.4 {
+		t.Fatalf("floor %v ceiling %v range %v", pct(d.Floor), pct(d.Ceiling), pct(d.AchievableRange))
+	}
+	if math.Abs(*d.Ceiling-*d.Floor-*d.AchievableRange) > 1e-12 {
+		t.Fatal("range must equal ceiling − floor")
+	}
+}
+
+func TestDiscriminationRules(t *testing.T) {
+	cfg := SuiteConfig{MinHistory: 3}
+	cfg.Validate()
+	tests := []struct {
+		name    string
+		runs    []RunEntry
+		revived []string
+		bucket  func(d *schemas.SuiteDiscrimination) int
+	}{
+		// A fail in any scored run of a version makes the version's outcome fail.
+		{"one failing run fails the version", []RunEntry{
+			run("v1", 1, "x", 0, 'p'), run("v1", 1, "x", 1, 'f'),
+			run("v2", 2, "x", 0, 'f'), run("v3", 3, "x", 0, 'f')}, nil, func(d *schemas.SuiteDiscrimination) int { return d.AlwaysFail }},
+		// A version whose runs all errored gives no outcome: history 2 → too new.
+		{"all errors give no outcome", []RunEntry{
+			run("v1", 1, "x", 0, 'p'), run("v2", 2, "x", 0, 'e'), run("v3", 3, "x", 0, 'p')}, nil, func(d *schemas.SuiteDiscrimination) int { return d.TooNew }},
+		// Three passes then a fail: revived, and a regression.
+		{"revived", []RunEntry{
+			run("v1", 1, "x", 0, 'p'), run("v2", 2, "x", 0, 'p'), run("v3", 3, "x", 0, 'p'), run("v4", 4, "x", 0, 'f')},
+			[]string{"x"}, func(d *schemas.SuiteDiscrimination) int { return d.Discriminating }},
+		// Version order is version_seq, not arrival or label order.
+		{"version_seq orders", []RunEntry{
+			run("b", 4, "x", 0, 'f'), run("a", 1, "x", 0, 'p'), run("c", 2, "x", 0, 'p'), run("d", 3, "x", 0, 'p')},
+			[]string{"x"}, func(d *schemas.SuiteDiscrimination) int { return d.Discriminating }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, rv := Discrimination(suiteK, tc.runs, cfg, t0)
+			if tc.bucket(&d) != 1 || !slices.Equal(d.Revived, append([]string{}, tc.revived...)) && !(len(d.Revived) == 0 && len(tc.revived) == 0) {
+				t.Fatalf("discrimination = %+v", d)
+			}
+			if len(rv) > 0 && (!rv[0].Regression || rv[0].From != "pass" || rv[0].To != "fail" || rv[0].Streak != 3) {
+				t.Fatalf("revived event = %+v", rv[0])
+			}
+		})
+	}
+	// Judging over the last R versions lets a dead case revive into discriminating.
+	runs := []RunEntry{run("v1", 1, "x", 0, 'f'), run("v2", 2, "x", 0, 'p'), run("v3", 3, "x", 0, 'p'), run("v4", 4, "x", 0, 'p')}
+	last := SuiteConfig{MinHistory: 3, JudgeLastVersions: 3}
+	last.Validate()
+	if d, _ := Discrimination(suiteK, runs, last, t0); d.AlwaysPass != 1 {
+		t.Fatalf("last 3 versions all pass: %+v", d)
+	}
+}
+
+func TestStability(t *testing.T) {
+	cfg := SuiteConfig{Ks: []int{1, 2, 4}}
+	cfg.Validate()
+	var runs []RunEntry
+	// Four runs planned per case. a passes runs 0-2 and fails 3; b passes run 0 only and its run 3
+	// errored; c has only runs 0 and 1 (2 and 3 never arrived).
+	results := map[string]string{"a": "pppf", "b": "pffe", "c": "pp"}
+	for c, rs := range results {
+		for i := range rs {
+			e := run("v7", 7, c, int64(i), rs[i])
+			e.Record.Runs = 4
+			e.Record.Occurred = Micros(t0)
+			e.Record.Reply, e.Record.Tokens = true, 10*(i+1)
+			runs = append(runs, e)
+		}
+	}
+	runs[0].Record.Trigger = "gzip_ratio"
+	runs[0].Record.Tokens = 1000
+	s := Stability(suiteK, "v7", runs, cfg, t0.Add(2*time.Hour))
+	if s.Runs != 4 || s.Cases != 3 {
+		t.Fatalf("runs %d cases %d", s.Runs, s.Cases)
+	}
+	// Run scores: r0 3/3, r1 2/3, r2 1/2, r3 0/1 (b's error left out).
+	want := []float64{1, 2.0 / 3, 0.5, 0}
+	if !slices.EqualFunc(s.RunScores, want, func(a, b float64) bool { return math.Abs(a-b) < 1e-12 }) {
+		t.Fatalf("run scores %v", s.RunScores)
+	}
+	mean := (1 + 2.0/3 + 0.5) / 4
+	var ss float64
+	for _, x := range want {
+		ss += (x - mean) * (x - mean)
+	}
+	if math.Abs(*s.Mean-mean) > 1e-12 || math.Abs(*s.StdDev-math.Sqrt(ss/3)) > 1e-12 || *s.Min != 0 || *s.Max != 1 {
+		t.Fatalf("mean %v stddev %v min %v max %v", *s.Mean, *s.StdDev, *s.Min, *s.Max)
+	}
+	// pass@1 over all three: a 3/4, b 1/3, c 2/2. pass@4: only a has 4 scored runs → 1.
+	if math.Abs(*s.PassAtK["1"]-(0.75+1.0/3+1)/3) > 1e-12 || *s.PassAtK["4"] != 1 {
+		t.Fatalf("pass@k %v %v", *s.PassAtK["1"], *s.PassAtK["4"])
+	}
+	if s.GPassAtK["1"]["0.5"] == nil || s.MGPassAtK["2"] == nil {
+		t.Fatal("G-Pass@k and mG-Pass@k must be reported")
+	}
+	if s.AbnormalSamples != 1 || s.ReplyLength.Count != 10 {
+		t.Fatalf("abnormal %d replies %d", s.AbnormalSamples, s.ReplyLength.Count)
+	}
+	if len(s.MissingRuns) != 1 || s.MissingRuns[0].CaseID != "c" || !slices.Equal(s.MissingRuns[0].RunIndexes, []int64{2, 3}) {
+		t.Fatalf("missing %+v", s.MissingRuns)
+	}
+	// Before the deadline nothing is missing yet.
+	if s := Stability(suiteK, "v7", runs, cfg, t0.Add(time.Minute)); len(s.MissingRuns) != 0 {
+		t.Fatalf("missing before the deadline: %+v", s.MissingRuns)
+	}
+	// One run: no standard deviation.
+	if s := Stability(suiteK, "v7", runs[:1], cfg, t0); s.StdDev != nil || len(s.RunScores) != 1 {
+		t.Fatalf("one run: %+v", s)
+	}
+}

@@ -1,0 +1,101 @@
+package schemas
+
+import "time"
+
+// CloudEvent types of the suite-health outputs (SPEC §4, §5).
+const (
+	TypeSuiteDiscrimination = "repeatrate.suite.discrimination.v1"
+	TypeSuiteStability      = "repeatrate.suite.stability.v1"
+	TypeCaseRevived         = "repeatrate.case.revived.v1"
+	TypeSampleAbnormal      = "repeatrate.sample.abnormal.v1"
+)
+
+// SuiteDiscrimination is the data of a repeatrate.suite.discrimination.v1 event: which cases of a
+// suite still tell shipped versions apart. Ratios are fractions in [0,1], null when judged is 0.
+type SuiteDiscrimination struct {
+	Workspace                    string    `json:"workspace"`
+	Suite                        string    `json:"suite"`
+	MinHistory                   int       `json:"min_history"`
+	JudgeLastVersions            int       `json:"judge_last_versions"`
+	VersionsSeen                 int       `json:"versions_seen"`
+	AlwaysPass                   int       `json:"always_pass"`
+	AlwaysFail                   int       `json:"always_fail"`
+	Discriminating               int       `json:"discriminating"`
+	TooNew                       int       `json:"too_new"`
+	Judged                       int       `json:"judged"`
+	Floor                        *float64  `json:"floor"`
+	Ceiling                      *float64  `json:"ceiling"`
+	AchievableRange              *float64  `json:"achievable_range"`
+	LatestVersion                string    `json:"latest_version"`
+	LatestPassRate               *float64  `json:"latest_pass_rate"`
+	LatestPassRateDiscriminating *float64  `json:"latest_pass_rate_discriminating"`
+	Revived                      []string  `json:"revived"`
+	ObservedAt                   time.Time `json:"observed_at"`
+}
+
+// SuiteStability is the data of a repeatrate.suite.stability.v1 event: repeated-sampling stability
+// of one suite version. StdDev is the sample standard deviation (n−1), null for one run.
+// PassAtK[k] is the mean pass@k over cases with at least k scored runs, null when there are none.
+type SuiteStability struct {
+	Workspace       string                         `json:"workspace"`
+	Suite           string                         `json:"suite"`
+	Version         string                         `json:"version"`
+	Runs            int64                          `json:"runs"`
+	Cases           int                            `json:"cases"`
+	RunScores       []float64                      `json:"run_scores"`
+	Mean            *float64                       `json:"mean"`
+	StdDev          *float64                       `json:"stddev"`
+	Min             *float64                       `json:"min"`
+	Max             *float64                       `json:"max"`
+	PassAtK         map[string]*float64            `json:"pass_at_k"`
+	GPassAtK        map[string]map[string]*float64 `json:"g_pass_at_k"`
+	MGPassAtK       map[string]*float64            `json:"mg_pass_at_k"`
+	ReplyLength     ReplyLength                    `json:"reply_length"`
+	AbnormalSamples int                            `json:"abnormal_samples"`
+	MissingRuns     []MissingRuns                  `json:"missing_runs"`
+	ObservedAt      time.Time                      `json:"observed_at"`
+}
+
+// ReplyLength summarises reply lengths in whitespace-separated tokens; percentile q is the sorted
+// lengths' element at index floor(N·q). All null when no reply was seen.
+type ReplyLength struct {
+	Count int      `json:"count"`
+	Mean  *float64 `json:"mean"`
+	P75   *float64 `json:"p75"`
+	P90   *float64 `json:"p90"`
+}
+
+// MissingRuns names the planned runs of one case that had not arrived by the deadline.
+type MissingRuns struct {
+	CaseID     string  `json:"case_id"`
+	RunIndexes []int64 `json:"run_indexes"`
+}
+
+// CaseRevived is the data of a repeatrate.case.revived.v1 event: a case whose first MinHistory or
+// more outcomes were identical flipped. Regression is true for pass → fail.
+type CaseRevived struct {
+	Workspace  string `json:"workspace"`
+	Suite      string `json:"suite"`
+	CaseID     string `json:"case_id"`
+	Version    string `json:"version"`
+	From       string `json:"from"`
+	To         string `json:"to"`
+	Streak     int    `json:"streak"`
+	Regression bool   `json:"regression"`
+}
+
+// AbnormalSample is the data of a repeatrate.sample.abnormal.v1 event: one reply over a
+// repetition threshold.
+type AbnormalSample struct {
+	Workspace     string  `json:"workspace"`
+	Suite         string  `json:"suite"`
+	Version       string  `json:"version"`
+	CaseID        string  `json:"case_id"`
+	RunIndex      int64   `json:"run_index"`
+	Metric        string  `json:"metric"`
+	Tokens        int     `json:"tokens"`
+	GzipRatio     float64 `json:"gzip_ratio"`
+	Fragment      string  `json:"fragment"`
+	Repeats       int     `json:"repeats"`
+	FragmentShare float64 `json:"fragment_share"`
+}
