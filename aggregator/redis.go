@@ -34,6 +34,9 @@ type RedisConfig struct {
 	// IdleTTL drops an aggregate's keys after this long without any event (wall clock); 0 keeps
 	// them forever. It defaults to Retention.
 	IdleTTL time.Duration
+	// Epoch, when set, is checked with every batch: a Redis whose epoch marker is gone or
+	// different has lost the state, and Apply fails with ErrStateLost.
+	Epoch string
 }
 
 // Validate checks the configuration and fills defaults.
@@ -86,6 +89,9 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 	}
 	run := func() ([]redis.Cmder, error) {
 		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if r.cfg.Epoch != "" {
+				p.Get(ctx, epochKey(r.cfg.Prefix))
+			}
 			for _, k := range keys {
 				idx := groups[k]
 				args := make([]any, 0, len(head)+5*len(idx))
@@ -110,8 +116,15 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		}
 		cmds, err = run()
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return Applied{}, fmt.Errorf("apply batch: %w", err)
+	}
+	if r.cfg.Epoch != "" {
+		if got, _ := cmds[0].(*redis.StringCmd).Result(); got != r.cfg.Epoch {
+			return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+				ErrStateLost, r.cfg.Prefix, got, r.cfg.Epoch)
+		}
+		cmds = cmds[1:]
 	}
 	res := Applied{Outcomes: make([]Outcome, len(obs)), Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
 	for n, k := range keys {
@@ -226,4 +239,21 @@ func parseScore(v any) (int64, error) {
 		return 0, fmt.Errorf("apply script returned score %q: %w", s, err)
 	}
 	return int64(f), nil
+}
+
+// SeedVersion raises aggregate k's version to at least v, so that versions keep growing across a
+// rebuild into a fresh namespace: subscribers drop snapshots whose version they have passed.
+func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
+	st := r.keys(k)[2]
+	cur, err := r.client.HGet(ctx, st, "v").Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("seed version of %s: %w", k, err)
+	}
+	if cur >= v {
+		return nil
+	}
+	if err := r.client.HSet(ctx, st, "v", v).Err(); err != nil {
+		return fmt.Errorf("seed version of %s: %w", k, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -113,9 +114,13 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 		runs  *redis.MapStringStringCmd
 		ann   *redis.StringSliceCmd
 	}
+	var epoch *redis.StringCmd
 	run := func() ([]reads, error) {
 		rs := make([]reads, len(suites))
 		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if r.cfg.Epoch != "" {
+				epoch = p.Get(ctx, epochKey(r.cfg.Prefix))
+			}
 			for n, k := range suites {
 				runsKey, annKey := r.keys(k)
 				args := make([]any, 0, 1+4*len(groups[k]))
@@ -140,8 +145,12 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 		}
 		rs, err = run()
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return SuiteApplied{}, fmt.Errorf("apply runs: %w", err)
+	}
+	if epoch != nil && epoch.Val() != r.cfg.Epoch {
+		return SuiteApplied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+			ErrStateLost, r.cfg.Prefix, epoch.Val(), r.cfg.Epoch)
 	}
 	res := SuiteApplied{Outcomes: make([]Outcome, len(obs)), Suites: suites,
 		Runs: map[SuiteKey][]RunEntry{}, Announced: map[SuiteKey]map[string]bool{}}
@@ -157,15 +166,10 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 		if err != nil {
 			return SuiteApplied{}, fmt.Errorf("read runs of %s: %w", k.ID(), err)
 		}
-		es := make([]RunEntry, 0, len(fields))
-		for f, v := range fields {
-			e, err := decodeRun(k, f, v)
-			if err != nil {
-				return SuiteApplied{}, fmt.Errorf("suite %s: %w", k.ID(), err)
-			}
-			es = append(es, e)
+		es, err := decodeRuns(k, fields)
+		if err != nil {
+			return SuiteApplied{}, err
 		}
-		SortRuns(es)
 		res.Runs[k] = es
 		ann := map[string]bool{}
 		for _, c := range rs[n].ann.Val() {
@@ -196,4 +200,27 @@ func (r *RedisSuites) MarkAnnounced(ctx context.Context, k SuiteKey, cases []str
 		return fmt.Errorf("mark revived of %s: %w", k.ID(), err)
 	}
 	return nil
+}
+
+// Read returns every run of suite k.
+func (r *RedisSuites) Read(ctx context.Context, k SuiteKey) ([]RunEntry, error) {
+	runsKey, _ := r.keys(k)
+	fields, err := r.client.HGetAll(ctx, runsKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read runs of %s: %w", k.ID(), err)
+	}
+	return decodeRuns(k, fields)
+}
+
+func decodeRuns(k SuiteKey, fields map[string]string) ([]RunEntry, error) {
+	es := make([]RunEntry, 0, len(fields))
+	for f, v := range fields {
+		e, err := decodeRun(k, f, v)
+		if err != nil {
+			return nil, fmt.Errorf("suite %s: %w", k.ID(), err)
+		}
+		es = append(es, e)
+	}
+	SortRuns(es)
+	return es, nil
 }

@@ -29,6 +29,9 @@ type GroupConfig struct {
 	Linger   time.Duration
 	// DrainTimeout bounds finishing the batch in hand once shutdown or a rebalance begins.
 	DrainTimeout time.Duration
+	// CommitDelay holds a batch's offsets back until its Redis writes are durable: at least the
+	// AOF fsync interval (everysec: one second). Zero commits at once.
+	CommitDelay time.Duration
 
 	SessionTimeout    time.Duration
 	RebalanceTimeout  time.Duration
@@ -71,6 +74,7 @@ type Group struct {
 	handler Handler
 	log     *zap.Logger
 	metrics *Metrics
+	fatal   func(error) // stops Run with a fatal handler error
 }
 
 // NewGroup returns a consumer group runner.
@@ -84,6 +88,9 @@ func NewGroup(cfg GroupConfig, h Handler, log *zap.Logger, m *Metrics) (*Group, 
 // Run consumes until ctx ends, then finishes and commits the batch in hand, leaves the group and
 // returns nil. It returns an error only when the group cannot be created.
 func (g *Group) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g.fatal = func(err error) { cancel(err) }
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                g.cfg.GroupID,
 		Brokers:           g.cfg.Brokers,
@@ -104,12 +111,12 @@ func (g *Group) Run(ctx context.Context) error {
 		gen, err := cg.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
-				return nil
+				return fatalCause(ctx)
 			}
 			g.log.Warn("join group failed, retrying", zap.Error(err))
 			select {
 			case <-ctx.Done():
-				return nil
+				return fatalCause(ctx)
 			case <-time.After(time.Second):
 			}
 			continue
@@ -118,6 +125,14 @@ func (g *Group) Run(ctx context.Context) error {
 			zap.Int("partitions", countPartitions(gen)))
 		g.runGeneration(ctx, gen)
 	}
+}
+
+// fatalCause returns the fatal error that ended ctx, or nil for an ordinary shutdown.
+func fatalCause(ctx context.Context) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrFatal) {
+		return cause
+	}
+	return nil
 }
 
 func countPartitions(gen *kafka.Generation) int {
@@ -139,7 +154,7 @@ func (g *Group) runGeneration(ctx context.Context, gen *kafka.Generation) {
 			gen.Start(func(gctx context.Context) { g.fetch(gctx, topic, a, msgs) })
 		}
 	}
-	gen.Start(func(gctx context.Context) { g.batches(ctx, gctx, gen, msgs) })
+	gen.Start(func(gctx context.Context) { g.batches(ctx, gctx, gen, msgs, g.fatal) })
 }
 
 func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssignment, out chan<- kafka.Message) {
@@ -176,17 +191,40 @@ func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssig
 	}
 }
 
+// ErrFatal marks a handler error that no retry or redelivery can fix (Redis state lost, say): the
+// group stops and Run returns it.
+var ErrFatal = errors.New("fatal")
+
+// pendingCommit is a processed batch whose offsets wait for its Redis writes to become durable.
+type pendingCommit struct {
+	offsets map[string]map[int]int64
+	ready   time.Time
+}
+
 // batches collects, handles and commits batches until the generation or ctx ends. A batch that is
-// being collected when either ends is still handled and committed (a drain), within DrainTimeout.
-func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-chan kafka.Message) {
+// being collected when either ends is still handled (a drain). Offsets are committed CommitDelay
+// after their batch was applied, so that Redis has fsynced the writes they stand for (AOF everysec
+// syncs once a second); commits still pending when the loop ends are made before it returns.
+func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-chan kafka.Message, fatal func(error)) {
 	batch := make([]kafka.Message, 0, g.cfg.MaxBatch)
+	var pending []pendingCommit
+	defer func() { g.commitPending(gen, &pending, true) }()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
 		batch = batch[:0]
+		var due <-chan time.Time
+		if len(pending) > 0 {
+			due = time.After(time.Until(pending[0].ready))
+		}
 		select {
 		case m := <-in:
 			batch = append(batch, m)
+		case <-due:
+			if !g.commitPending(gen, &pending, false) {
+				return
+			}
+			continue
 		case <-gctx.Done():
 			return
 		case <-ctx.Done():
@@ -211,21 +249,64 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 			}
 		}
 		timer.Stop()
-		if !g.process(gctx, gen, batch, start) || stopping {
+		offsets, err := g.process(gctx, batch, start)
+		if err != nil {
+			if errors.Is(err, ErrFatal) {
+				fatal(err)
+			}
+			return
+		}
+		pending = append(pending, pendingCommit{offsets: offsets, ready: time.Now().Add(g.cfg.CommitDelay)})
+		if !g.commitPending(gen, &pending, false) || stopping {
 			return
 		}
 	}
 }
 
-// process handles and commits one batch; false means the generation must end.
-func (g *Group) process(gctx context.Context, gen *kafka.Generation, batch []kafka.Message, start time.Time) bool {
+// commitPending commits the offsets of every pending batch that is ready (all of them, after
+// waiting, when final); false means the generation is over.
+func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, final bool) bool {
+	ps := *pending
+	n := 0
+	for n < len(ps) && (final || !ps[n].ready.After(time.Now())) {
+		n++
+	}
+	if n == 0 {
+		return true
+	}
+	if wait := time.Until(ps[n-1].ready); final && wait > 0 {
+		time.Sleep(min(wait, g.cfg.DrainTimeout))
+	}
+	merged := make(map[string]map[int]int64)
+	for _, p := range ps[:n] {
+		for t, parts := range p.offsets {
+			if merged[t] == nil {
+				merged[t] = make(map[int]int64)
+			}
+			for part, off := range parts {
+				merged[t][part] = max(merged[t][part], off)
+			}
+		}
+	}
+	*pending = ps[n:]
+	if err := gen.CommitOffsets(merged); err != nil {
+		g.metrics.Commits.WithLabelValues("error").Inc()
+		g.log.Warn("commit failed; the batches will be redelivered and applied idempotently", zap.Int32("generation", gen.ID), zap.Error(err))
+		return false
+	}
+	g.metrics.Commits.WithLabelValues("ok").Inc()
+	return true
+}
+
+// process handles one batch and returns the offsets to commit for it.
+func (g *Group) process(gctx context.Context, batch []kafka.Message, start time.Time) (map[string]map[int]int64, error) {
 	// The batch in hand is finished even when the generation ends meanwhile: its effects are
 	// idempotent, and committing it (if the generation still stands) spares the next owner the work.
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), g.cfg.DrainTimeout)
 	defer cancel()
 	if err := g.handler.Handle(hctx, batch); err != nil {
 		g.log.Error("batch not processed; it will be redelivered", zap.Int("messages", len(batch)), zap.Error(err))
-		return false
+		return nil, err
 	}
 	offsets := make(map[string]map[int]int64)
 	for i := range batch {
@@ -238,15 +319,9 @@ func (g *Group) process(gctx context.Context, gen *kafka.Generation, batch []kaf
 		}
 		g.metrics.Lag.WithLabelValues(m.Topic, partitionLabel(m.Partition)).Set(float64(max(0, m.HighWaterMark-m.Offset-1)))
 	}
-	if err := gen.CommitOffsets(offsets); err != nil {
-		g.metrics.Commits.WithLabelValues("error").Inc()
-		g.log.Warn("commit failed; the batch will be redelivered and applied idempotently", zap.Int32("generation", gen.ID), zap.Error(err))
-		return false
-	}
-	g.metrics.Commits.WithLabelValues("ok").Inc()
 	g.metrics.BatchSize.Observe(float64(len(batch)))
 	g.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
 	last := &batch[len(batch)-1]
 	g.metrics.LastEvent.WithLabelValues(last.Topic).Set(float64(last.Time.Unix()))
-	return true
+	return offsets, nil
 }

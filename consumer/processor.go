@@ -138,6 +138,9 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			at = p.now()
 			var err error
 			applied, err = p.store.Apply(ctx, obs, at)
+			if errors.Is(err, aggregator.ErrStateLost) {
+				return fmt.Errorf("%w: %w", ErrFatal, err)
+			}
 			return err
 		}},
 		{"publish", func(ctx context.Context) error {
@@ -156,6 +159,9 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			}
 			var err error
 			suites, err = p.suites.Apply(ctx, runs)
+			if errors.Is(err, aggregator.ErrStateLost) {
+				return fmt.Errorf("%w: %w", ErrFatal, err)
+			}
 			if err == nil {
 				out = aggregator.BuildSuiteOutput(suites, runs, suites.Outcomes, p.cfg.Suite, p.now())
 			}
@@ -204,6 +210,9 @@ func (p *Processor) retry(ctx context.Context, stage string, fn func(context.Con
 		err := fn(ctx)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, ErrFatal) {
+			return fmt.Errorf("%s: %w", stage, err)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", stage, err)

@@ -176,3 +176,79 @@ func hostPort(addr string) (string, int, error) {
 	_, err = fmt.Sscanf(p, "%d", &port)
 	return h, port, err
 }
+
+func (k *kafkaClients) client() *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(k.brokers...), Transport: k.transport, Timeout: 30 * time.Second}
+}
+
+// topicPartitions lists the partitions of every topic.
+func (k *kafkaClients) topicPartitions(ctx context.Context, topics []string) (map[string][]int, error) {
+	out := map[string][]int{}
+	for _, t := range topics {
+		ps, err := k.partitions(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		out[t] = ps
+	}
+	return out, nil
+}
+
+// committed returns the group's committed offsets of topics; partitions without one are absent.
+func (k *kafkaClients) committed(ctx context.Context, group string, topics []string) (map[string]map[int]int64, error) {
+	parts, err := k.topicPartitions(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := k.client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: parts})
+	if err != nil {
+		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, err)
+	}
+	if resp.Error != nil {
+		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, resp.Error)
+	}
+	out := map[string]map[int]int64{}
+	for t, ps := range resp.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return nil, fmt.Errorf("fetch offsets of group %s, %s/%d: %w", group, t, p.Partition, p.Error)
+			}
+			if p.CommittedOffset >= 0 {
+				if out[t] == nil {
+					out[t] = map[int]int64{}
+				}
+				out[t][p.Partition] = p.CommittedOffset
+			}
+		}
+	}
+	return out, nil
+}
+
+// endOffsets returns the next offset to be written of every partition of topics.
+func (k *kafkaClients) endOffsets(ctx context.Context, topics []string) (map[string]map[int]int64, error) {
+	parts, err := k.topicPartitions(ctx, topics)
+	if err != nil {
+		return nil, err
+	}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for t, ps := range parts {
+		for _, p := range ps {
+			req.Topics[t] = append(req.Topics[t], kafka.LastOffsetOf(p))
+		}
+	}
+	resp, err := k.client().ListOffsets(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("list offsets: %w", err)
+	}
+	out := map[string]map[int]int64{}
+	for t, ps := range resp.Topics {
+		out[t] = map[int]int64{}
+		for _, p := range ps {
+			if p.Error != nil {
+				return nil, fmt.Errorf("list offsets %s/%d: %w", t, p.Partition, p.Error)
+			}
+			out[t][p.Partition] = p.LastOffset
+		}
+	}
+	return out, nil
+}

@@ -30,16 +30,17 @@ type Config struct {
 
 // KafkaConfig says where events come from and where results go.
 type KafkaConfig struct {
-	Brokers       []string   `yaml:"brokers"`
-	GroupID       string     `yaml:"group_id"`
-	InputTopics   []string   `yaml:"input_topics"`
-	SnapshotTopic string     `yaml:"snapshot_topic"`
-	SuiteTopic    string     `yaml:"suite_topic"`
-	AlertsTopic   string     `yaml:"alerts_topic"`
-	DLQTopic      string     `yaml:"dlq_topic"`
-	CreateTopics  bool       `yaml:"create_topics"`
-	TLS           TLSConfig  `yaml:"tls"`
-	SASL          SASLConfig `yaml:"sasl"`
+	Brokers       []string      `yaml:"brokers"`
+	GroupID       string        `yaml:"group_id"`
+	InputTopics   []string      `yaml:"input_topics"`
+	SnapshotTopic string        `yaml:"snapshot_topic"`
+	SuiteTopic    string        `yaml:"suite_topic"`
+	AlertsTopic   string        `yaml:"alerts_topic"`
+	DLQTopic      string        `yaml:"dlq_topic"`
+	CreateTopics  bool          `yaml:"create_topics"`
+	Session       time.Duration `yaml:"session_timeout"`
+	TLS           TLSConfig     `yaml:"tls"`
+	SASL          SASLConfig    `yaml:"sasl"`
 }
 
 // SASLConfig selects Kafka SASL authentication: mechanism plain, scram-sha-256 or scram-sha-512.
@@ -73,6 +74,7 @@ type RedisConfig struct {
 type BatchConfig struct {
 	MaxMessages int           `yaml:"max_messages"`
 	Linger      time.Duration `yaml:"linger"`
+	CommitDelay time.Duration `yaml:"commit_delay"`
 }
 
 // SuiteConfig configures suite discrimination and repeated-sampling stability (SPEC §4, §5).
@@ -105,13 +107,13 @@ func defaultConfig() Config {
 	return Config{
 		Kafka: KafkaConfig{
 			Brokers: []string{"127.0.0.1:9092"}, GroupID: "repeatrate",
-			InputTopics:   []string{TopicLive, TopicEval},
+			InputTopics: []string{TopicLive, TopicEval}, Session: 10 * time.Second,
 			SnapshotTopic: TopicSnapshots, SuiteTopic: TopicSuites, AlertsTopic: TopicAlerts, DLQTopic: TopicDLQ,
 		},
 		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", MissingAfter: time.Hour},
 		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
 		Retention: 30 * 24 * time.Hour,
-		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond},
+		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
 		LogLevel:  "info",
@@ -162,8 +164,11 @@ func (c *Config) Validate() error {
 	if c.Retention < time.Hour {
 		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)
 	}
-	if c.Batch.MaxMessages <= 0 || c.Batch.Linger <= 0 {
-		bad("batch.max_messages and batch.linger must be positive")
+	if c.Batch.MaxMessages <= 0 || c.Batch.Linger <= 0 || c.Batch.CommitDelay < 0 {
+		bad("batch.max_messages and batch.linger must be positive, batch.commit_delay not negative")
+	}
+	if c.Kafka.Session < 6*time.Second {
+		bad("kafka.session_timeout %s is below the broker minimum of 6s", c.Kafka.Session)
 	}
 	if c.Limits.MaxMessageBytes <= 0 || c.Limits.MaxPredictionBytes <= 0 || c.Limits.MaxFutureSkew < 0 {
 		bad("limits must be positive")
@@ -234,6 +239,7 @@ func (c *Config) settings() []setting {
 		str("kafka-suite-topic", "suite snapshot topic", &c.Kafka.SuiteTopic),
 		str("kafka-alerts-topic", "alerts topic (revived cases, abnormal samples)", &c.Kafka.AlertsTopic),
 		str("kafka-dlq-topic", "dead-letter topic", &c.Kafka.DLQTopic),
+		dur("kafka-session-timeout", "consumer group session timeout", &c.Kafka.Session),
 		boolean("kafka-create-topics", "create missing topics at start (snapshot topic compacted)", &c.Kafka.CreateTopics),
 		boolean("kafka-tls", "use TLS to Kafka", &c.Kafka.TLS.Enabled),
 		str("kafka-tls-ca-file", "PEM CA bundle for Kafka", &c.Kafka.TLS.CAFile),
@@ -252,6 +258,7 @@ func (c *Config) settings() []setting {
 		dur("retention", "how long opportunity identities are kept (e.g. 30d); must exceed input topic retention", &c.Retention),
 		num("batch-max-messages", "messages per batch at most", &c.Batch.MaxMessages),
 		dur("batch-linger", "longest wait to fill a batch", &c.Batch.Linger),
+		dur("batch-commit-delay", "hold offsets this long after their batch is applied, until Redis has fsynced it (AOF everysec: ≥ 1s; 0 with WAIT-free setups that accept loss)", &c.Batch.CommitDelay),
 		num("max-message-bytes", "largest accepted message", &c.Limits.MaxMessageBytes),
 		num("max-prediction-bytes", "largest accepted prediction text", &c.Limits.MaxPredictionBytes),
 		dur("max-future-skew", "how far occurred_at may lie in the future", &c.Limits.MaxFutureSkew),

@@ -27,6 +27,7 @@ const usage = `usage: repeatrate <command> [flags]
 commands:
   run      the processor: Kafka in, Redis state, snapshots and dead letters out
   dev      everything in one process on an embedded Kafka and Redis (--demo feeds traffic)
+  rebuild  recompute lost Redis state from the input topics into a fresh namespace and cut over
   replay   the same aggregation offline over NDJSON CloudEvents
   produce  publish NDJSON CloudEvents to a topic
   tail     print a topic as NDJSON until it is idle
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return runCommand(ctx, rest, getenv, stderr)
 	case "dev":
 		return devCommand(ctx, rest, stdout, stderr)
+	case "rebuild":
+		return rebuildCommand(ctx, rest, getenv, stderr)
 	case "replay":
 		return replayCommand(ctx, rest, stdin, stdout, stderr)
 	case "produce":

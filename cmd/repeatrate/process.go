@@ -69,7 +69,22 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
 	}
-	rcfg := aggregator.RedisConfig{Prefix: cfg.Redis.KeyPrefix, Retention: cfg.Retention}
+	// Topics first: the state check below asks the group's committed offsets of the input topics.
+	if cfg.Kafka.CreateTopics {
+		if err := kc.ensureTopics(ctx, topicSpecs(cfg)); err != nil {
+			return err
+		}
+	}
+	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	if err != nil {
+		return err
+	}
+	state, err := aggregator.OpenState(ctx, rdb, cfg.Redis.KeyPrefix, len(committed) > 0)
+	if err != nil {
+		return err
+	}
+	log.Info("state", zap.String("namespace", state.Namespace), zap.String("epoch", state.Epoch))
+	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch}
 	store, err := aggregator.NewRedis(rdb, rcfg)
 	if err != nil {
 		return err
@@ -81,19 +96,6 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	suiteCfg, err := cfg.Suite.aggregator()
 	if err != nil {
 		return err
-	}
-	if cfg.Kafka.CreateTopics {
-		var specs []topicSpec
-		for _, t := range cfg.Kafka.InputTopics {
-			specs = append(specs, topicSpec{name: t, partitions: 4})
-		}
-		specs = append(specs, topicSpec{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true},
-			topicSpec{name: cfg.Kafka.SuiteTopic, partitions: 4, compacted: true},
-			topicSpec{name: cfg.Kafka.AlertsTopic, partitions: 1},
-			topicSpec{name: cfg.Kafka.DLQTopic, partitions: 1})
-		if err := kc.ensureTopics(ctx, specs); err != nil {
-			return err
-		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -123,6 +125,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	group, err := consumer.NewGroup(consumer.GroupConfig{
 		Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, Topics: cfg.Kafka.InputTopics,
 		Dialer: kc.dialer, MaxBatch: cfg.Batch.MaxMessages, Linger: cfg.Batch.Linger,
+		CommitDelay: cfg.Batch.CommitDelay, SessionTimeout: cfg.Kafka.Session,
 	}, proc, log.Named("consumer"), metrics)
 	if err != nil {
 		return err
@@ -139,4 +142,16 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	err = g.Wait()
 	log.Info("stopped", zap.Error(err))
 	return err
+}
+
+// topicSpecs lists every topic the processor reads or writes, as create_topics creates them.
+func topicSpecs(cfg Config) []topicSpec {
+	var specs []topicSpec
+	for _, t := range cfg.Kafka.InputTopics {
+		specs = append(specs, topicSpec{name: t, partitions: 4})
+	}
+	return append(specs, topicSpec{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true},
+		topicSpec{name: cfg.Kafka.SuiteTopic, partitions: 4, compacted: true},
+		topicSpec{name: cfg.Kafka.AlertsTopic, partitions: 1},
+		topicSpec{name: cfg.Kafka.DLQTopic, partitions: 1})
 }

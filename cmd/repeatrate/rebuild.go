@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+)
+
+func rebuildCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rebuild", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg, err := loadConfig(fs, args, getenv)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.LogLevel, stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	return rebuild(ctx, cfg, log)
+}
+
+// rebuild recomputes the whole state from the input topics into a fresh Redis namespace and cuts
+// over to it, with the processors stopped:
+//
+//  1. note the input topics' end offsets: the rebuild covers everything before them;
+//  2. read the snapshot topic, so every aggregate's version continues above what was published;
+//  3. apply every input message from the beginning, in batches, with the processor's own stores
+//     (dead letters are not sent again: the dead-letter topic has them);
+//  4. publish the rebuilt snapshots, mark revived cases announced, cut over to the new namespace,
+//     and commit the group's offsets at the noted end, where `run` takes over.
+func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
+	kc, err := newKafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	rdb, err := newRedisClient(cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	groups, err := kc.client().DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{cfg.Kafka.GroupID}})
+	if err != nil {
+		return fmt.Errorf("describe group %s: %w", cfg.Kafka.GroupID, err)
+	}
+	for _, g := range groups.Groups {
+		if len(g.Members) > 0 {
+			return fmt.Errorf("group %s has %d active members: stop every processor before a rebuild", cfg.Kafka.GroupID, len(g.Members))
+		}
+	}
+	end, err := kc.endOffsets(ctx, cfg.Kafka.InputTopics)
+	if err != nil {
+		return err
+	}
+	state, err := aggregator.NewNamespace(ctx, rdb, cfg.Redis.KeyPrefix)
+	if err != nil {
+		return err
+	}
+	log.Info("rebuilding", zap.String("namespace", state.Namespace), zap.Any("end_offsets", end))
+	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch}
+	store, err := aggregator.NewRedis(rdb, rcfg)
+	if err != nil {
+		return err
+	}
+	suites, err := aggregator.NewRedisSuites(rdb, rcfg)
+	if err != nil {
+		return err
+	}
+	suiteCfg, err := cfg.Suite.aggregator()
+	if err != nil {
+		return err
+	}
+
+	// Versions published so far, from the compacted snapshot topic.
+	published := map[aggregator.Key]int64{}
+	if err := tail(ctx, kc, cfg.Kafka.SnapshotTopic, 3*time.Second, func(m kafka.Message) error {
+		var ev struct {
+			Data schemas.Snapshot `json:"data"`
+		}
+		if json.Unmarshal(m.Value, &ev) != nil {
+			return nil
+		}
+		a := ev.Data.Aggregate
+		src, ok := aggregator.ParseSource(a.Source)
+		if !ok {
+			return nil
+		}
+		k := aggregator.Key{Scope: schemas.Scope{Workspace: a.Workspace, Model: a.Model, Run: a.Run, Checkpoint: a.Checkpoint,
+			Artifact: a.Artifact}, CorrectionID: a.CorrectionID, Source: src}
+		published[k] = max(published[k], ev.Data.Version)
+		return nil
+	}); err != nil && !strings.Contains(err.Error(), "not found") {
+		return err
+	}
+	for k, v := range published {
+		if err := store.SeedVersion(ctx, k, v); err != nil {
+			return err
+		}
+	}
+
+	dec, err := consumer.NewDecoder(consumer.DecoderConfig{MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		Limits: schemas.Limits{MaxPredictionBytes: cfg.Limits.MaxPredictionBytes, MaxFutureSkew: cfg.Limits.MaxFutureSkew}})
+	if err != nil {
+		return err
+	}
+	touched := map[aggregator.Key]bool{}
+	touchedSuites := map[aggregator.SuiteKey]bool{}
+	total := 0
+	for topic, parts := range end {
+		for part, last := range parts {
+			n, err := rebuildPartition(ctx, kc, topic, part, last, func(batch []kafka.Message) error {
+				var obs []aggregator.Observation
+				var runs []aggregator.RunObservation
+				now := time.Now()
+				for i := range batch {
+					// Future-dated events are judged against the time Kafka took the message: the
+					// nearest record of when the processor first received it.
+					recv := batch[i].Time
+					if recv.IsZero() {
+						recv = now
+					}
+					ev, err := dec.Decode(&batch[i], recv)
+					if err != nil {
+						continue // dead-lettered when it was first consumed
+					}
+					if o, ok := eventObservation(ev); ok {
+						obs = append(obs, o)
+						touched[o.Key] = true
+					}
+					if ev.Eval != nil {
+						r := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
+						runs = append(runs, r)
+						touchedSuites[r.Key.SuiteKey] = true
+					}
+				}
+				if len(obs) > 0 {
+					if _, err := store.Apply(ctx, obs, now); err != nil {
+						return err
+					}
+				}
+				if len(runs) > 0 {
+					if _, err := suites.Apply(ctx, runs); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			total += n
+		}
+	}
+
+	// Publish the rebuilt state, then cut over and hand the group its offsets.
+	w := kc.writer(cfg.Kafka.SnapshotTopic)
+	sw, aw := kc.writer(cfg.Kafka.SuiteTopic), kc.writer(cfg.Kafka.AlertsTopic)
+	defer w.Close()
+	defer sw.Close()
+	defer aw.Close()
+	pub := sink.NewKafka(w, sw, aw)
+	now := time.Now()
+	var snaps []schemas.Snapshot
+	for k := range touched {
+		t, err := store.Tally(ctx, k, now)
+		if err != nil {
+			return err
+		}
+		snaps = append(snaps, t.Snapshot(k, now))
+	}
+	if err := pub.Publish(ctx, snaps); err != nil {
+		return err
+	}
+	for k := range touchedSuites {
+		applied, err := suites.Read(ctx, k)
+		if err != nil {
+			return err
+		}
+		d, revived := aggregator.Discrimination(k, applied, suiteCfg, now)
+		out := aggregator.SuiteOutput{Discrimination: []schemas.SuiteDiscrimination{d}}
+		versions := map[string]bool{}
+		for _, e := range applied {
+			versions[e.Key.Version] = true
+		}
+		for v := range versions {
+			out.Stability = append(out.Stability, aggregator.Stability(k, v, aggregator.VersionRuns(applied, v), suiteCfg, now))
+		}
+		if err := pub.PublishSuites(ctx, out, now); err != nil {
+			return err
+		}
+		var cases []string
+		for _, r := range revived {
+			cases = append(cases, r.CaseID)
+		}
+		if err := suites.MarkAnnounced(ctx, k, cases); err != nil {
+			return err
+		}
+	}
+	if err := aggregator.CutOver(ctx, rdb, cfg.Redis.KeyPrefix, state); err != nil {
+		return err
+	}
+	commit := &kafka.OffsetCommitRequest{GroupID: cfg.Kafka.GroupID, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{}}
+	for topic, parts := range end {
+		for part, off := range parts {
+			commit.Topics[topic] = append(commit.Topics[topic], kafka.OffsetCommit{Partition: part, Offset: off})
+		}
+	}
+	resp, err := kc.client().OffsetCommit(ctx, commit)
+	if err != nil {
+		return fmt.Errorf("commit rebuilt offsets: %w", err)
+	}
+	for t, ps := range resp.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return fmt.Errorf("commit rebuilt offsets %s/%d: %w", t, p.Partition, p.Error)
+			}
+		}
+	}
+	log.Info("rebuilt", zap.String("namespace", state.Namespace), zap.Int("messages", total),
+		zap.Int("aggregates", len(touched)), zap.Int("suites", len(touchedSuites)))
+	return nil
+}
+
+// eventObservation is the repeat-rate observation of an event, if it has one.
+func eventObservation(ev consumer.Event) (aggregator.Observation, bool) {
+	switch {
+	case ev.Live != nil:
+		return aggregator.FromLive(ev.Live), true
+	case ev.Eval != nil:
+		return aggregator.FromEval(ev.Eval)
+	}
+	return aggregator.Observation{}, false
+}
+
+// rebuildPartition feeds every message of one partition before offset end to fn, in batches.
+func rebuildPartition(ctx context.Context, kc *kafkaClients, topic string, part int, end int64, fn func([]kafka.Message) error) (int, error) {
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.brokers, Dialer: kc.dialer, Topic: topic, Partition: part,
+		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
+	if err := r.SetOffset(kafka.FirstOffset); err != nil {
+		return 0, err
+	}
+	total := 0
+	batch := make([]kafka.Message, 0, 5000)
+	for {
+		if len(batch) > 0 && (len(batch) == cap(batch) || batch[len(batch)-1].Offset+1 >= end) {
+			if err := fn(batch); err != nil {
+				return total, err
+			}
+			total += len(batch)
+			if batch[len(batch)-1].Offset+1 >= end {
+				return total, nil
+			}
+			batch = batch[:0]
+		}
+		if total == 0 && len(batch) == 0 {
+			if first, err := firstOffset(ctx, kc, topic, part); err != nil || first >= end {
+				return 0, err
+			}
+		}
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			return total, fmt.Errorf("rebuild read %s/%d: %w", topic, part, err)
+		}
+		batch = append(batch, m)
+	}
+}
+
+func firstOffset(ctx context.Context, kc *kafkaClients, topic string, part int) (int64, error) {
+	resp, err := kc.client().ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(part)}}})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range resp.Topics[topic] {
+		return p.FirstOffset, p.Error
+	}
+	return 0, fmt.Errorf("no offsets for %s/%d", topic, part)
+}
