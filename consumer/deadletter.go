@@ -48,22 +48,47 @@ type MessageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// DeadLetters writes dead letters to a topic through a MessageWriter.
+// DeadLetters writes dead letters to a topic through a MessageWriter, each input message at most
+// once: before writing it reads what the topic gained since it last looked (log may be nil to
+// skip this, for tests) and leaves out messages that already have their letter.
 type DeadLetters struct {
-	w MessageWriter
+	w   MessageWriter
+	idx *dlqIndex
 }
 
-// NewDeadLetters returns a dead-letter sender on w.
-func NewDeadLetters(w MessageWriter) *DeadLetters { return &DeadLetters{w: w} }
+// NewDeadLetters returns a dead-letter sender on w that deduplicates against log.
+func NewDeadLetters(w MessageWriter, log DeadLetterLog) *DeadLetters {
+	d := &DeadLetters{w: w}
+	if log != nil {
+		d.idx = &dlqIndex{log: log, pos: map[int]int64{}, seen: map[origin]struct{}{}}
+	}
+	return d
+}
 
 // Send writes dls and returns when all are acknowledged.
 func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 	if len(dls) == 0 {
 		return nil
 	}
-	msgs := make([]kafka.Message, len(dls))
+	if s.idx != nil {
+		s.idx.mu.Lock()
+		defer s.idx.mu.Unlock()
+		if err := s.idx.sync(ctx); err != nil {
+			return err
+		}
+	}
+	msgs := make([]kafka.Message, 0, len(dls))
 	for i := range dls {
-		msgs[i] = dls[i].Record()
+		m := &dls[i].Message
+		if s.idx != nil {
+			if _, done := s.idx.seen[origin{m.Topic, m.Partition, m.Offset}]; done {
+				continue
+			}
+		}
+		msgs = append(msgs, dls[i].Record())
+	}
+	if len(msgs) == 0 {
+		return nil
 	}
 	return s.w.WriteMessages(ctx, msgs...)
 }

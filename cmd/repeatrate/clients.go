@@ -204,6 +204,9 @@ func (k *kafkaClients) committed(ctx context.Context, group string, topics []str
 	if err != nil {
 		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, err)
 	}
+	if errors.Is(resp.Error, kafka.GroupIdNotFound) {
+		return map[string]map[int]int64{}, nil // a group that never committed
+	}
 	if resp.Error != nil {
 		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, resp.Error)
 	}

@@ -118,7 +118,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: suiteCfg}, dec, store, suites,
 		sink.NewKafka(snapWriter, suiteWriter, alertWriter),
-		consumer.NewDeadLetters(dlqWriter), time.Now, log.Named("processor"), metrics)
+		consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Brokers: kc.brokers, Dialer: kc.dialer, Client: kc.client(), Topic: cfg.Kafka.DLQTopic}), time.Now, log.Named("processor"), metrics)
 	if err != nil {
 		return err
 	}
