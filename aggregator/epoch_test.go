@@ -56,3 +56,29 @@ func TestStateLossIsDetected(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSealDetectsLostWrites(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	prefix := testenv.Name(t, "seal")
+	testenv.CleanPrefix(t, client, prefix)
+	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := store.Seal(ctx); err != nil {
+			t.Fatalf("seal %d: %v", i, err)
+		}
+	}
+	// A retried seal after a lost reply finds its own mark: fine.
+	store.sealSeq--
+	if err := store.Seal(ctx); err != nil {
+		t.Fatalf("retried seal: %v", err)
+	}
+	// Redis restarted and lost the last second: the mark went back.
+	client.Set(ctx, store.sealKey, "1", 0)
+	if err := store.Seal(ctx); !errors.Is(err, ErrWritesLost) {
+		t.Fatalf("seal after lost writes: %v, want ErrWritesLost", err)
+	}
+}

@@ -289,3 +289,6 @@ func (m *Model) Apply(_ context.Context, obs []Observation, at time.Time) (Appli
 	}
 	return res, nil
 }
+
+// Seal is a no-op: memory loses nothing it acknowledged.
+func (m *Model) Seal(context.Context) error { return nil }

@@ -2,11 +2,14 @@ package aggregator
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -61,6 +64,10 @@ func (c *RedisConfig) Validate() error {
 type Redis struct {
 	client redis.UniversalClient
 	cfg    RedisConfig
+
+	sealMu  sync.Mutex
+	sealKey string
+	sealSeq int64
 }
 
 // NewRedis returns a store on client.
@@ -255,5 +262,35 @@ func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
 	if err := r.client.HSet(ctx, st, "v", v).Err(); err != nil {
 		return fmt.Errorf("seed version of %s: %w", k, err)
 	}
+	return nil
+}
+
+// ErrWritesLost means Redis no longer holds writes it acknowledged earlier in this process's life
+// (it restarted and recovered less than everything from its AOF). The batches since the last
+// committed offsets must be consumed again: they are applied idempotently.
+var ErrWritesLost = errors.New("redis lost acknowledged writes")
+
+// Seal marks the end of a batch: it writes this process's batch counter to Redis and checks that
+// the previous value is still there. Redis persists writes in order, so a surviving previous mark
+// means every write before it survived too; a missing one means recent writes were lost, and
+// Seal returns ErrWritesLost. The first Seal of a process checks nothing. A Seal retried after a
+// lost reply finds its own value, which is fine.
+func (r *Redis) Seal(ctx context.Context) error {
+	r.sealMu.Lock()
+	defer r.sealMu.Unlock()
+	if r.sealKey == "" {
+		b := make([]byte, 8)
+		rand.Read(b)
+		r.sealKey = r.cfg.Prefix + ":seal:" + hex.EncodeToString(b)
+	}
+	next := strconv.FormatInt(r.sealSeq+1, 10)
+	prev, err := r.client.SetArgs(ctx, r.sealKey, next, redis.SetArgs{Get: true, TTL: 24 * time.Hour}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("seal batch: %w", err)
+	}
+	if r.sealSeq > 0 && prev != strconv.FormatInt(r.sealSeq, 10) && prev != next {
+		return fmt.Errorf("%w: batch mark is %q, want %d", ErrWritesLost, prev, r.sealSeq)
+	}
+	r.sealSeq++
 	return nil
 }

@@ -195,6 +195,10 @@ func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssig
 // group stops and Run returns it.
 var ErrFatal = errors.New("fatal")
 
+// ErrRewind marks a handler error that requires consuming again from the committed offsets: the
+// generation ends without committing anything pending, and the member rejoins.
+var ErrRewind = errors.New("rewind to committed offsets")
+
 // pendingCommit is a processed batch whose offsets wait for its Redis writes to become durable.
 type pendingCommit struct {
 	offsets map[string]map[int]int64
@@ -251,6 +255,8 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 		timer.Stop()
 		offsets, err := g.process(gctx, batch, start)
 		if err != nil {
+			// Nothing pending is committed: those batches are consumed again, idempotently.
+			pending = nil
 			if errors.Is(err, ErrFatal) {
 				fatal(err)
 			}

@@ -17,6 +17,9 @@ import (
 // tallies. Applying the same observations again must change nothing; aggregator.Redis is one.
 type Store interface {
 	Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error)
+	// Seal ends a batch: it fails with aggregator.ErrWritesLost when the store lost writes it
+	// acknowledged for earlier batches.
+	Seal(ctx context.Context) error
 }
 
 // Publisher publishes results and returns once they are acknowledged; sink.Kafka is one.
@@ -173,6 +176,13 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			}
 			return p.pub.PublishSuites(ctx, out, p.now())
 		}},
+		{"seal", func(ctx context.Context) error {
+			err := p.store.Seal(ctx)
+			if errors.Is(err, aggregator.ErrWritesLost) {
+				return fmt.Errorf("%w: %w", ErrRewind, err)
+			}
+			return err
+		}},
 		{"suite_announce", func(ctx context.Context) error {
 			// After publishing: a crash in between re-publishes the revived event with the same id.
 			byKey := map[aggregator.SuiteKey][]string{}
@@ -211,7 +221,7 @@ func (p *Processor) retry(ctx context.Context, stage string, fn func(context.Con
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrFatal) {
+		if errors.Is(err, ErrFatal) || errors.Is(err, ErrRewind) {
 			return fmt.Errorf("%s: %w", stage, err)
 		}
 		if ctx.Err() != nil {

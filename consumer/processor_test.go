@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +19,10 @@ import (
 
 // flakyStore fails its first n applies, then applies to the pure model.
 type flakyStore struct {
-	fails int
-	calls int
-	model *aggregator.Model
+	sealErr error
+	fails   int
+	calls   int
+	model   *aggregator.Model
 }
 
 func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
@@ -30,6 +32,8 @@ func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at
 	}
 	return s.model.Apply(ctx, obs, at)
 }
+
+func (s *flakyStore) Seal(ctx context.Context) error { return s.sealErr }
 
 type recordingPublisher struct {
 	snaps  []schemas.Snapshot
@@ -141,5 +145,19 @@ func TestProcessorGivesUpWhenCancelled(t *testing.T) {
 	defer cancel()
 	if err := p.Handle(ctx, []kafka.Message{{Value: []byte(structured)}}); err == nil {
 		t.Fatal("Handle returned nil although the store never succeeded: the batch would be committed")
+	}
+}
+
+func TestProcessorRewindsWhenWritesWereLost(t *testing.T) {
+	store := &flakyStore{model: aggregator.NewModel(time.Hour), sealErr: fmt.Errorf("seal: %w", aggregator.ErrWritesLost)}
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, aggregator.NewMemorySuites(), &recordingPublisher{}, &recordingDLQ{},
+		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not retried in place: the batch must be consumed again from the committed offsets.
+	err = p.Handle(context.Background(), []kafka.Message{{Value: []byte(structured)}})
+	if !errors.Is(err, ErrRewind) {
+		t.Fatalf("err = %v, want ErrRewind", err)
 	}
 }

@@ -2,7 +2,8 @@
 # Starts or stops a local single-node Apache Kafka (KRaft, broker+controller) on loopback for tests.
 # The broker jars are resolved by Maven from deploy/local/kafka/pom.xml into .cache/kafka/libs
 # (git-ignored); Java 17 runs kafka.Kafka from there. Idempotent: "start" on a running broker is a no-op.
-# Usage: deploy/local/kafka.sh start|stop|status   (KAFKA_PORT, default 19092; controller on +1)
+# "restart" stops the broker cleanly and starts it again on the same data.
+# Usage: deploy/local/kafka.sh start|stop|restart|status   (KAFKA_PORT, default 19092; controller on +1)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -31,7 +32,21 @@ java_run() { java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true \
   -Dlog4j2.configurationFile="$here/kafka/log4j2.properties" -Dkafka.logs.dir="$dir/logs" \
   -cp "$libs/*" "$@"; }
 
+halt() {
+  if running; then
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+    echo "kafka.sh: stopped"
+  fi
+}
+
 case "${1:-}" in
+restart)
+  halt
+  "$0" start
+  ;;
 start)
   if running && listening; then echo "kafka.sh: already running on 127.0.0.1:$port"; exit 0; fi
   resolve
@@ -77,18 +92,12 @@ PROPS
   exit 1
   ;;
 stop)
-  if running; then
-    pid=$(cat "$pidfile")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -9 "$pid" 2>/dev/null || true
-    echo "kafka.sh: stopped"
-  fi
+  halt
   rm -rf "$dir"
   ;;
 status)
   running && listening && echo "kafka.sh: running on 127.0.0.1:$port" || { echo "kafka.sh: not running"; exit 1; }
   ;;
 *)
-  echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  echo "usage: $0 start|stop|restart|status" >&2; exit 2 ;;
 esac

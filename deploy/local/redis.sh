@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts or stops a local Redis for tests: Debian's redis-server on loopback, AOF on
 # (appendfsync everysec), data under .cache/redis. Idempotent: "start" on a running server is a no-op.
-# Usage: deploy/local/redis.sh start|stop|status   (REDIS_PORT, default 16379)
+# "crash" SIGKILLs the server and keeps its data: a later "start" recovers from the AOF.
+# Usage: deploy/local/redis.sh start|stop|crash|status   (REDIS_PORT, default 16379)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -40,9 +41,17 @@ stop)
   fi
   rm -rf "$dir"
   ;;
+crash)
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    pid=$(cat "$pidfile")
+    kill -9 "$pid"
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    echo "redis.sh: killed (data kept)"
+  fi
+  ;;
 status)
   ping && echo "redis.sh: running on 127.0.0.1:$port" || { echo "redis.sh: not running"; exit 1; }
   ;;
 *)
-  echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  echo "usage: $0 start|stop|crash|status" >&2; exit 2 ;;
 esac
