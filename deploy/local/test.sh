@@ -27,4 +27,11 @@ done
 export REPEATRATE_TEST_REDIS=127.0.0.1:${REDIS_PORT:-16379}
 export REPEATRATE_TEST_KAFKA=127.0.0.1:${KAFKA_PORT:-19092}
 go vet ./...
-go test -count=1 -timeout 40m "${@:-./...}"
+if [ $# -gt 0 ]; then
+  go test -count=1 -timeout 40m "$@"
+  exit
+fi
+# Every package but the fault suite, then the fault suite alone: it kills and restarts the shared
+# Redis and Kafka, so nothing else may run beside it.
+go test -count=1 -timeout 30m $(go list ./... | grep -v /test/faults)
+go test -count=1 -timeout 40m -p 1 -v ./test/faults
