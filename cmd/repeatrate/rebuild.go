@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -38,8 +39,9 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 //
 //  1. note the input topics' end offsets: the rebuild covers everything before them;
 //  2. read the snapshot topic, so every aggregate's version continues above what was published;
-//  3. apply every input message from the beginning, in batches, with the processor's own stores
-//     (dead letters are not sent again: the dead-letter topic has them);
+//  3. apply every input message from the beginning, in batches, with the processor's own stores;
+//     bad input is dead-lettered unless the dead-letter topic already has it (the processor may
+//     have stopped before reaching it);
 //  4. publish the rebuilt snapshots, mark revived cases announced, cut over to the new namespace,
 //     and commit the group's offsets at the noted end, where `run` takes over.
 func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
@@ -116,6 +118,10 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	dlqWriter := kc.writer(cfg.Kafka.DLQTopic)
+	defer dlqWriter.Close()
+	dlq := consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Brokers: kc.brokers, Dialer: kc.dialer,
+		Client: kc.client(), Topic: cfg.Kafka.DLQTopic})
 	touched := map[aggregator.Key]bool{}
 	touchedSuites := map[aggregator.SuiteKey]bool{}
 	total := 0
@@ -124,6 +130,7 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 			n, err := rebuildPartition(ctx, kc, topic, part, last, func(batch []kafka.Message) error {
 				var obs []aggregator.Observation
 				var runs []aggregator.RunObservation
+				var dls []consumer.DeadLetter
 				now := time.Now()
 				for i := range batch {
 					// Future-dated events are judged against the time Kafka took the message: the
@@ -134,7 +141,11 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 					}
 					ev, err := dec.Decode(&batch[i], recv)
 					if err != nil {
-						continue // dead-lettered when it was first consumed
+						var ie *schemas.InvalidError
+						if errors.As(err, &ie) {
+							dls = append(dls, consumer.DeadLetter{Message: batch[i], Reason: ie.Reason, Detail: ie.Detail})
+						}
+						continue
 					}
 					if o, ok := eventObservation(ev); ok {
 						obs = append(obs, o)
@@ -145,6 +156,9 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 						runs = append(runs, r)
 						touchedSuites[r.Key.SuiteKey] = true
 					}
+				}
+				if err := dlq.Send(ctx, dls); err != nil {
+					return err
 				}
 				if len(obs) > 0 {
 					if _, err := store.Apply(ctx, obs, now); err != nil {
