@@ -200,15 +200,28 @@ func (k *kafkaClients) committed(ctx context.Context, group string, topics []str
 	if err != nil {
 		return nil, err
 	}
-	resp, err := k.client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: parts})
-	if err != nil {
+	var resp *kafka.OffsetFetchResponse
+	// A new broker answers "coordinator not available" until its offsets topic exists.
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		resp, err = k.client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: parts})
+		if err == nil && resp.Error != nil {
+			err = resp.Error
+		}
+		var kerr kafka.Error
+		if err == nil || errors.Is(err, kafka.GroupIdNotFound) || !errors.As(err, &kerr) || !kerr.Temporary() {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	if err != nil && !errors.Is(err, kafka.GroupIdNotFound) {
 		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, err)
 	}
-	if errors.Is(resp.Error, kafka.GroupIdNotFound) {
+	if err != nil {
 		return map[string]map[int]int64{}, nil // a group that never committed
-	}
-	if resp.Error != nil {
-		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, resp.Error)
 	}
 	out := map[string]map[int]int64{}
 	for t, ps := range resp.Topics {

@@ -108,7 +108,11 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("suite snapshots did not converge to replay's: %s", diff)
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case err := <-p.done:
+			t.Fatalf("processor stopped early: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	stopTail()
 	<-tailDone
