@@ -1,12 +1,16 @@
 # The two commands of the README: `make dev` (the processor with demo traffic on embedded Kafka and
 # Redis) and `make test` (every test, on real Redis and Kafka that it starts and stops itself).
-.PHONY: dev test unit build services-up services-down fuzz
+.PHONY: dev test unit bench build services-up services-down fuzz
 
 dev:
 	go run ./cmd/repeatrate dev --demo
 
 test:
 	deploy/local/test.sh
+
+# Throughput, latency and memory on real services; see BENCHMARKS.md.
+bench:
+	deploy/local/bench.sh
 
 # Pure-logic tests only: no services needed (integration tests skip).
 unit:

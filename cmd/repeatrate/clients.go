@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
@@ -267,4 +268,23 @@ func (k *kafkaClients) endOffsets(ctx context.Context, topics []string) (map[str
 		}
 	}
 	return out, nil
+}
+
+// roundTrips counts Redis round trips: one per command sent alone, one per pipeline.
+type roundTrips struct{ c prometheus.Counter }
+
+func (h roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.c.Inc()
+		return next(ctx, cmd)
+	}
+}
+
+func (h roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.c.Inc()
+		return next(ctx, cmds)
+	}
 }

@@ -63,6 +63,12 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer rdb.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rt := prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_redis_roundtrips_total",
+		Help: "Redis round trips: commands sent alone plus pipelines."})
+	reg.MustRegister(rt)
+	rdb.AddHook(roundTrips{rt})
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err = rdb.Ping(pctx).Err()
 	cancel()
@@ -98,8 +104,6 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := consumer.NewMetrics(reg)
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)

@@ -2,7 +2,8 @@
 # Starts or stops a local Redis for tests: Debian's redis-server on loopback, AOF on
 # (appendfsync everysec), data under .cache/redis. Idempotent: "start" on a running server is a no-op.
 # "crash" SIGKILLs the server and keeps its data: a later "start" recovers from the AOF.
-# Usage: deploy/local/redis.sh start|stop|crash|status   (REDIS_PORT, default 16379)
+# Usage: deploy/local/redis.sh start|stop|crash|status   (REDIS_PORT, default 16379;
+#        REDIS_AOF=no starts it without persistence, as the benchmark's comparison needs)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -27,7 +28,7 @@ start)
   mkdir -p "$dir"
   redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$dir" \
     --pidfile "$pidfile" --logfile "$dir/redis.log" --save "" \
-    --appendonly yes --appendfsync everysec --protected-mode yes
+    --appendonly "${REDIS_AOF:-yes}" --appendfsync everysec --protected-mode yes
   for _ in $(seq 1 50); do ping && { echo "redis.sh: up on 127.0.0.1:$port"; exit 0; }; sleep 0.1; done
   echo "redis.sh: redis did not answer on port $port; log follows" >&2
   tail -n 20 "$dir/redis.log" >&2 || true

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the benchmark harness (test/bench) on real services: Redis with AOF everysec (16379), a
+# second Redis without persistence (16380) for the AOF comparison, and Kafka; then the Go
+# micro-benchmarks. Stops whatever it started. BENCH_EVENTS sizes the run (default 1 000 000).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=deploy/local
+
+started=()
+cleanup() {
+  local rc=$?
+  for s in "${started[@]}"; do
+    case "$s" in
+      redis-noaof) REDIS_PORT=16380 "$here/redis.sh" stop >/dev/null 2>&1 || true ;;
+      *) "$here/$s.sh" stop >/dev/null 2>&1 || true ;;
+    esac
+  done
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+for s in redis kafka; do
+  if ! "$here/$s.sh" status >/dev/null 2>&1; then "$here/$s.sh" start; started+=("$s"); fi
+done
+if ! REDIS_PORT=16380 "$here/redis.sh" status >/dev/null 2>&1; then
+  REDIS_PORT=16380 REDIS_AOF=no "$here/redis.sh" start
+  started+=("redis-noaof")
+fi
+export REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_TEST_KAFKA=127.0.0.1:19092 BENCH_REDIS_NOAOF=127.0.0.1:16380
+
+echo "== Go micro-benchmarks"
+go test -run '^$' -bench . -benchmem -benchtime 2s ./consumer ./aggregator
+echo "== end-to-end harness (BENCH_EVENTS=${BENCH_EVENTS:-1000000})"
+go run ./test/bench
