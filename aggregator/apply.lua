@@ -5,7 +5,8 @@
 -- KEYS[1] hash  opportunity id -> "<class> <occurred_us> <assessed_us> <seq>"
 -- KEYS[2] zset  opportunity id scored by occurred_us (expiry and first/last)
 -- KEYS[3] hash  state: C P U (all-time counts), v (version), w (newest occurred_us),
---               m<minute><class> and h<hour><class> bucket counts, pm ph (pruned up to)
+--               m<minute><class> and h<hour><class> bucket counts, pm ph (pruned up to),
+--               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
 -- then five per observation: id, class (C|P|U), occurred_us, assessed_us, seq.
 -- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
@@ -22,12 +23,44 @@ local mfloor, hfloor
 if w then mfloor, hfloor = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP end
 local changed = false
 
+-- Window sums at the observation time. They are cached per (minute, hour) of that time and kept
+-- up to date by every bucket change, so a batch recomputes them from the buckets only when its
+-- observation time enters a new minute (or buckets were pruned); otherwise it costs 11 fields.
+local M, H = floor(at / MIN), floor(at / HOUR)
+local slot = {C = 1, P = 2, U = 3}
+local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
+local cache = redis.call('HMGET', st, 'cm', 'ch', 'x1', 'x2', 'x3', 'x4', 'x5', 'x6', 'x7', 'x8', 'x9')
+local cached = tonumber(cache[1]) == M and tonumber(cache[2]) == H
+if cached then
+  for j = 1, 3 do
+    hr[j], dy[j], wk[j] = tonumber(cache[2 + j]), tonumber(cache[5 + j]), tonumber(cache[8 + j])
+  end
+end
+local cacheDirty = false
+
+local function inWindows(prefix, b, j, d)
+  if prefix == 'm' then
+    if b <= M and b >= M - 59 then hr[j] = hr[j] + d; return true end
+  elseif b <= H and b >= H - 167 then
+    wk[j] = wk[j] + d
+    if b >= H - 23 then dy[j] = dy[j] + d end
+    return true
+  end
+  return false
+end
+
 local function bump(cls, occ, d)
   redis.call('HINCRBY', st, cls, d)
   local m = floor(occ / MIN)
-  if m >= mfloor then redis.call('HINCRBY', st, 'm' .. m .. cls, d) end
+  if m >= mfloor then
+    redis.call('HINCRBY', st, 'm' .. m .. cls, d)
+    if cached and inWindows('m', m, slot[cls], d) then cacheDirty = true end
+  end
   local h = floor(occ / HOUR)
-  if h >= hfloor then redis.call('HINCRBY', st, 'h' .. h .. cls, d) end
+  if h >= hfloor then
+    redis.call('HINCRBY', st, 'h' .. h .. cls, d)
+    if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
+  end
 end
 
 local function parse(rec)
@@ -70,8 +103,8 @@ local function advance(occ)
   -- collection, done in steps of an hour of minutes or a day of hours to keep it cheap.
   local pm, ph = tonumber(redis.call('HGET', st, 'pm')), tonumber(redis.call('HGET', st, 'ph'))
   if not pm then pm, ph = nm, nh; redis.call('HSET', st, 'pm', pm, 'ph', ph) end
-  if nm - pm >= 60 then prune('m', pm, nm); redis.call('HSET', st, 'pm', nm) end
-  if nh - ph >= 24 then prune('h', ph, nh); redis.call('HSET', st, 'ph', nh) end
+  if nm - pm >= 60 then prune('m', pm, nm); redis.call('HSET', st, 'pm', nm); cached = false end
+  if nh - ph >= 24 then prune('h', ph, nh); redis.call('HSET', st, 'ph', nh); cached = false end
   mfloor, hfloor = nm, nh
   redis.call('HSET', st, 'w', string.format('%.0f', w))
 end
@@ -122,18 +155,17 @@ end
 local res = {table.concat(out), v}
 local all = redis.call('HMGET', st, 'C', 'P', 'U')
 for i = 1, 3 do res[#res + 1] = tonumber(all[i] or '0') end
-local M, H = floor(at / MIN), floor(at / HOUR)
-local slot = {C = 1, P = 2, U = 3}
-local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
-local function add(prefix, b, j, x)
-  if prefix == 'm' then
-    if b <= M and b >= M - 59 then hr[j] = hr[j] + x end
-  elseif b <= H and b >= H - 167 then
-    wk[j] = wk[j] + x
-    if b >= H - 23 then dy[j] = dy[j] + x end
+local add = inWindows
+if cached then
+  if cacheDirty and n > 0 then
+    redis.call('HSET', st, 'x1', hr[1], 'x2', hr[2], 'x3', hr[3], 'x4', dy[1], 'x5', dy[2], 'x6', dy[3],
+      'x7', wk[1], 'x8', wk[2], 'x9', wk[3])
   end
+else
+  hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = 0, 0, 0, 0, 0, 0, 0, 0, 0
 end
-if redis.call('HLEN', st) <= 684 then
+if cached then
+elseif redis.call('HLEN', st) <= 684 then
   -- A small state hash (sparse traffic, often a listpack): one pass over what exists.
   local kv = redis.call('HGETALL', st)
   for i = 1, #kv, 2 do
@@ -159,6 +191,10 @@ else
   end
   get('m', M - 59, M)
   get('h', H - 167, H)
+end
+if not cached and n > 0 then
+  redis.call('HSET', st, 'cm', M, 'ch', H, 'x1', hr[1], 'x2', hr[2], 'x3', hr[3], 'x4', dy[1], 'x5', dy[2],
+    'x6', dy[3], 'x7', wk[1], 'x8', wk[2], 'x9', wk[3])
 end
 for _, c in ipairs({hr, dy, wk}) do
   res[#res + 1] = c[1]; res[#res + 1] = c[2]; res[#res + 1] = c[3]

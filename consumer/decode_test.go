@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -122,6 +123,27 @@ func FuzzDecode(f *testing.F) {
 		}
 		if ev.Live != nil && (ev.Live.Scope.Workspace == "" || ev.Live.OpportunityID == "" || ev.Live.OccurredAt.After(now.Add(5*time.Minute))) {
 			t.Fatalf("accepted an invalid live attempt: %+v", ev.Live)
+		}
+	})
+}
+
+func FuzzFastPathAgreesWithSDK(f *testing.F) {
+	f.Add([]byte(structured))
+	f.Add([]byte(`{"specversion":"1.0","id":"a","source":"b","type":"t","time":"2026-11-29T11:00:00Z","subject":"s","data":{"x":1}}`))
+	f.Add([]byte(`{"specversion":"1.0","id":"a","source":"%zz","type":"t","data":{}}`))
+	f.Add([]byte(`{"specversion":"1.0","id":"a","source":"b","type":"t","data":{},"data":{"y":2}}`))
+	f.Fuzz(func(t *testing.T, value []byte) {
+		fast, ok := fastStructured(value)
+		if !ok {
+			return
+		}
+		slow, err := sdkStructured(value)
+		if err != nil {
+			t.Fatalf("fast path accepted what the SDK rejects (%v): %q", err, value)
+		}
+		if fast.ID() != slow.ID() || fast.Source() != slow.Source() || fast.Type() != slow.Type() ||
+			fast.Subject() != slow.Subject() || !fast.Time().Equal(slow.Time()) || !bytes.Equal(fast.Data(), slow.Data()) {
+			t.Fatalf("fast path and SDK disagree on %q:\nfast %v %q\nsdk  %v %q", value, fast, fast.Data(), slow, slow.Data())
 		}
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+
+	fastjson "github.com/goccy/go-json"
 	"math"
 	"strings"
 	"time"
@@ -209,12 +211,14 @@ func unmarshalObject(data []byte, v any) error {
 	if len(data) == 0 || data[0] != '{' {
 		return Invalid(ReasonBadDataFormat, "data is not a JSON object")
 	}
-	if err := json.Unmarshal(data, v); err != nil {
-		var te *json.UnmarshalTypeError
+	// goccy/go-json: the same semantics as encoding/json at a fraction of the cost (the decode is
+	// most of the processor's CPU); the fuzz test of the decoder holds it to the same outcomes.
+	if err := fastjson.Unmarshal(data, v); err != nil {
+		var te *fastjson.UnmarshalTypeError
 		if errors.As(err, &te) {
 			return Invalid(ReasonBadValue, "field %s has the wrong JSON type %s", te.Field, te.Value)
 		}
-		return Invalid(ReasonBadDataFormat, "data is not valid JSON: %v", err)
+		return Invalid(ReasonBadDataFormat, "data is not valid JSON: %s", clip(err.Error()))
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -27,6 +28,8 @@ type HTTPConfig struct {
 	Addr string
 	// Ready reports whether the processor can serve; nil means always ready.
 	Ready func(ctx context.Context) error
+	// Pprof serves Go's profiler under /debug/pprof/. Off by default: it exposes internals.
+	Pprof bool
 }
 
 // HTTP serves /healthz, /readyz, /metrics, the snapshot read API and the R badge.
@@ -55,6 +58,12 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	api := &api{r: r, now: now, log: log}
 	mux.HandleFunc("GET /v1/snapshots", api.snapshots)
 	mux.HandleFunc("GET /v1/badge.svg", api.badge)
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if len(req.URL.RawQuery) > maxQueryBytes {
 			http.Error(w, "query too long", http.StatusRequestURITooLong)

@@ -34,6 +34,7 @@ func write(ctx context.Context, w MessageWriter, outs []Out) error {
 		return nil
 	}
 	msgs := make([]kafka.Message, len(outs))
+	now := time.Now()
 	for i := range outs {
 		b, err := Encode(&outs[i])
 		if err != nil {
@@ -42,6 +43,7 @@ func write(ctx context.Context, w MessageWriter, outs []Out) error {
 		msgs[i] = kafka.Message{
 			Key:     []byte(outs[i].Subject),
 			Value:   b,
+			Time:    now,
 			Headers: []kafka.Header{{Key: "content-type", Value: []byte(ContentType)}},
 		}
 	}

@@ -25,6 +25,7 @@ type Config struct {
 	Limits    LimitsConfig  `yaml:"limits"`
 	Suite     SuiteConfig   `yaml:"suite"`
 	HTTPAddr  string        `yaml:"http_addr"`
+	Pprof     bool          `yaml:"pprof"`
 	LogLevel  string        `yaml:"log_level"`
 }
 
@@ -268,6 +269,7 @@ func (c *Config) settings() []setting {
 		str("suite-reply-mode", "reply repetition rules: default or opencompass", &c.Suite.ReplyMode),
 		dur("suite-missing-after", "planned runs count as missing this long after a case's first run", &c.Suite.MissingAfter),
 		str("http-addr", "HTTP listen address (health, metrics, API); empty disables", &c.HTTPAddr),
+		boolean("pprof", "serve /debug/pprof on the HTTP address (exposes internals; off by default)", &c.Pprof),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
 }

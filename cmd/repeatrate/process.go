@@ -138,7 +138,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return group.Run(gctx) })
 	if cfg.HTTPAddr != "" {
-		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
 			store, reg, time.Now, log.Named("http"))
 		g.Go(func() error { return srv.Run(gctx) })
 		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))

@@ -41,8 +41,11 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 	if err != nil {
 		return err
 	}
+	// A missing topic is created with 4 partitions, like the processor's own input topics.
+	if err := kc.ensureTopics(ctx, []topicSpec{{name: *topic, partitions: 4}}); err != nil {
+		return err
+	}
 	w := kc.writer(*topic)
-	w.AllowAutoTopicCreation = true
 	defer w.Close()
 	n, err := produce(ctx, r, w)
 	fmt.Fprintf(stderr, "produced %d messages to %s\n", n, *topic)

@@ -490,30 +490,36 @@ func (e *env) latency(ctx context.Context, rate float64) (float64, float64, erro
 	}
 	time.Sleep(3 * time.Second)
 
+	// 200 aggregates; every event is a new opportunity, so the k-th event of an aggregate is in
+	// the first snapshot of it that counts k opportunities.
+	const aggs = 200
 	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: name + ".in", Balancer: &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 100}
-	defer w.Close()
-	total := int(math.Min(rate*8, 200000))
-	sent := map[string]time.Time{}
-	interval := time.Duration(float64(time.Second) / rate * 100) // 100 events per tick
-	tick := time.NewTicker(interval)
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
+	total := int(math.Min(rate*10, 300000))
+	sent := make([][]time.Time, aggs)
+	var mu sync.Mutex
+	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for i := 0; i < total; i += 100 {
+	perTick := max(1, int(rate/100))
+	for i := 0; i < total; {
 		<-tick.C
 		var msgs []kafka.Message
-		for j := i; j < min(i+100, total); j++ {
+		for end := min(i+perTick, total); i < end; i++ {
 			now := time.Now().UTC()
-			key := fmt.Sprintf("lat|m|r|c|a|fix-%d|live", j)
-			line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
-				j, j, now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
-			msgs = append(msgs, kafka.Message{Key: []byte(key), Value: []byte(line), Time: now})
-			sent[key] = now
+			a := i % aggs
+			line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
+				i, i, a, now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", a)), Value: []byte(line), Time: now})
+			mu.Lock()
+			sent[a] = append(sent[a], now)
+			mu.Unlock()
 		}
-		go w.WriteMessages(ctx, msgs...) // at the rate, not at the writer's pace
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			return 0, 0, err
+		}
 	}
-	// Read the snapshots: one per aggregate, version 1.
 	var lat []float64
-	var mu sync.Mutex
+	resolved := make([]int, aggs)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -528,12 +534,30 @@ func (e *env) latency(ctx context.Context, rate float64) (float64, float64, erro
 				if err != nil {
 					return
 				}
-				mu.Lock()
-				if t0, ok := sent[string(m.Key)]; ok {
-					lat = append(lat, float64(m.Time.Sub(t0).Microseconds())/1000)
-					delete(sent, string(m.Key))
+				var ev struct {
+					Data struct {
+						Aggregate struct {
+							CorrectionID string `json:"correction_id"`
+						} `json:"aggregate"`
+						Windows struct {
+							All struct {
+								Passed int `json:"passed"`
+							} `json:"all"`
+						} `json:"windows"`
+					} `json:"data"`
 				}
-				done := len(sent) == 0
+				if json.Unmarshal(m.Value, &ev) != nil {
+					continue
+				}
+				a, err := strconv.Atoi(strings.TrimPrefix(ev.Data.Aggregate.CorrectionID, "fix-"))
+				if err != nil || a < 0 || a >= aggs {
+					continue
+				}
+				mu.Lock()
+				for ; resolved[a] < ev.Data.Windows.All.Passed && resolved[a] < len(sent[a]); resolved[a]++ {
+					lat = append(lat, float64(m.Time.Sub(sent[a][resolved[a]]).Microseconds())/1000)
+				}
+				done := len(lat) == total
 				mu.Unlock()
 				if done {
 					cancel()
@@ -543,8 +567,8 @@ func (e *env) latency(ctx context.Context, rate float64) (float64, float64, erro
 		}()
 	}
 	wg.Wait()
-	if len(lat) < total*9/10 {
-		return 0, 0, fmt.Errorf("latency: %d of %d snapshots seen", len(lat), total)
+	if len(lat) < total {
+		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
 	}
 	slices.Sort(lat)
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
