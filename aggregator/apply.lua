@@ -18,10 +18,19 @@ local ret = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local floor = math.floor
-local w = tonumber(redis.call('HGET', st, 'w'))
+local head = redis.call('HMGET', st, 'w', 'pm', 'ph')
+local w, pm, ph = tonumber(head[1]), tonumber(head[2]), tonumber(head[3])
+local w0 = w
 local mfloor, hfloor
 if w then mfloor, hfloor = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP end
 local changed = false
+-- The smallest retained occurred time, read once: expiry needs a look at the index only when the
+-- retention cut passes it.
+local minocc
+do
+  local first = redis.call('ZRANGE', occz, 0, 0, 'WITHSCORES')
+  minocc = tonumber(first[2])
+end
 
 -- Window sums at the observation time. They are cached per (minute, hour) of that time and kept
 -- up to date by every bucket change, so a batch recomputes them from the buckets only when its
@@ -49,16 +58,30 @@ local function inWindows(prefix, b, j, d)
   return false
 end
 
+-- Count changes are summed here and written once per field (flush): a batch touches few buckets.
+local deltas, dirty = {}, {}
+local function addDelta(field, d)
+  local x = deltas[field]
+  if x == nil then dirty[#dirty + 1] = field; x = 0 end
+  deltas[field] = x + d
+end
+local function flush()
+  for _, f in ipairs(dirty) do
+    if deltas[f] ~= 0 then redis.call('HINCRBY', st, f, deltas[f]) end
+  end
+  deltas, dirty = {}, {}
+end
+
 local function bump(cls, occ, d)
-  redis.call('HINCRBY', st, cls, d)
+  addDelta(cls, d)
   local m = floor(occ / MIN)
   if m >= mfloor then
-    redis.call('HINCRBY', st, 'm' .. m .. cls, d)
+    addDelta('m' .. m .. cls, d)
     if cached and inWindows('m', m, slot[cls], d) then cacheDirty = true end
   end
   local h = floor(occ / HOUR)
   if h >= hfloor then
-    redis.call('HINCRBY', st, 'h' .. h .. cls, d)
+    addDelta('h' .. h .. cls, d)
     if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
   end
 end
@@ -85,32 +108,69 @@ local function prune(prefix, from, to)
   end
 end
 
+local held, flushWrites -- defined with the main loop below; advance's expiry sweep uses them
+
 -- advance moves the watermark to occ: opportunities beyond retention leave every count, and buckets
 -- no window can reach any more are dropped.
 local function advance(occ)
   if w and occ <= w then return end
   w = occ
   local nm, nh = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP
-  local old = redis.call('ZRANGEBYSCORE', occz, '-inf', '(' .. string.format('%.0f', w - ret))
-  for _, id in ipairs(old) do
-    local c, o = parse(redis.call('HGET', opps, id))
-    bump(c, o, -1)
-    redis.call('HDEL', opps, id)
-    redis.call('ZREM', occz, id)
-    changed = true
+  if minocc and minocc < w - ret then
+    flushWrites()
+    local old = redis.call('ZRANGEBYSCORE', occz, '-inf', '(' .. string.format('%.0f', w - ret))
+    for _, id in ipairs(old) do
+      local c, o = parse(redis.call('HGET', opps, id))
+      bump(c, o, -1)
+      redis.call('HDEL', opps, id)
+      redis.call('ZREM', occz, id)
+      if held then held[id] = false end
+      changed = true
+    end
+    local first = redis.call('ZRANGE', occz, 0, 0, 'WITHSCORES')
+    minocc = tonumber(first[2])
   end
   -- Buckets below the floors are never read or written again; deleting them is only garbage
   -- collection, done in steps of an hour of minutes or a day of hours to keep it cheap.
-  local pm, ph = tonumber(redis.call('HGET', st, 'pm')), tonumber(redis.call('HGET', st, 'ph'))
   if not pm then pm, ph = nm, nh; redis.call('HSET', st, 'pm', pm, 'ph', ph) end
-  if nm - pm >= 60 then prune('m', pm, nm); redis.call('HSET', st, 'pm', nm); cached = false end
-  if nh - ph >= 24 then prune('h', ph, nh); redis.call('HSET', st, 'ph', nh); cached = false end
+  if nm - pm >= 60 then flush(); prune('m', pm, nm); pm = nm; redis.call('HSET', st, 'pm', nm); cached = false end
+  if nh - ph >= 24 then flush(); prune('h', ph, nh); ph = nh; redis.call('HSET', st, 'ph', nh); cached = false end
   mfloor, hfloor = nm, nh
-  redis.call('HSET', st, 'w', string.format('%.0f', w))
+end
+
+local n = (#ARGV - 3) / 5
+
+-- Held records of the batch's opportunities, fetched in one call; writes are collected and made
+-- in one HSET and one ZADD at the end (or before an expiry sweep, which reads the index).
+held = {}
+if n > 0 then
+  local ids = {}
+  for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 5] end
+  local got = redis.call('HMGET', opps, unpack(ids))
+  for i = 1, n do
+    if held[ids[i]] == nil then held[ids[i]] = got[i] end
+  end
+end
+local pendRec, pendOcc, pendIds = {}, {}, {}
+flushWrites = function()
+  if #pendIds == 0 then return end
+  local h, z = {}, {}
+  for _, id in ipairs(pendIds) do
+    h[#h + 1] = id; h[#h + 1] = pendRec[id]
+    if pendOcc[id] then z[#z + 1] = pendOcc[id]; z[#z + 1] = id end
+  end
+  redis.call('HSET', opps, unpack(h))
+  if #z > 0 then redis.call('ZADD', occz, unpack(z)) end
+  pendRec, pendOcc, pendIds = {}, {}, {}
+end
+local function write(id, value, occs)
+  if pendRec[id] == nil then pendIds[#pendIds + 1] = id end
+  pendRec[id] = value
+  held[id] = value
+  if occs then pendOcc[id] = occs end
 end
 
 local out = {}
-local n = (#ARGV - 3) / 5
 for i = 0, n - 1 do
   local b = 3 + i * 5
   local id, cls, occs, asds, seqs = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
@@ -119,11 +179,11 @@ for i = 0, n - 1 do
   if occ < w - ret then
     out[#out + 1] = 'E'
   else
-    local rec = redis.call('HGET', opps, id)
+    local rec = held[id]
     local value = cls .. ' ' .. occs .. ' ' .. asds .. ' ' .. seqs
     if not rec then
-      redis.call('HSET', opps, id, value)
-      redis.call('ZADD', occz, occs, id)
+      write(id, value, occs)
+      if not minocc or occ < minocc then minocc = occ end
       bump(cls, occ, 1)
       changed = true
       out[#out + 1] = 'N'
@@ -132,8 +192,12 @@ for i = 0, n - 1 do
       if asd > oa or (asd == oa and seq > os) then
         bump(oc, oo, -1)
         bump(cls, occ, 1)
-        redis.call('HSET', opps, id, value)
-        if occ ~= oo then redis.call('ZADD', occz, occs, id) end
+        if occ ~= oo then
+          write(id, value, occs)
+          if occ < minocc then minocc = occ end
+        else
+          write(id, value, nil)
+        end
         changed = true
         out[#out + 1] = 'R'
       elseif asd == oa and seq == os then
@@ -145,6 +209,9 @@ for i = 0, n - 1 do
   end
 end
 
+flushWrites()
+flush()
+if w and w ~= w0 then redis.call('HSET', st, 'w', string.format('%.0f', w)) end
 local v
 if changed then v = redis.call('HINCRBY', st, 'v', 1) else v = tonumber(redis.call('HGET', st, 'v') or '0') end
 if n > 0 and ttl > 0 then
