@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	jsoniter "github.com/json-iterator/go"
+	fastjson "github.com/goccy/go-json"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/segmentio/kafka-go"
@@ -132,12 +133,101 @@ type envelope struct {
 	Subject         *string             `json:"subject"`
 	Time            *string             `json:"time"`
 	DataContentType *string             `json:"datacontenttype"`
-	Data            jsoniter.RawMessage `json:"data"`
+	Data            fastjson.RawMessage `json:"data"`
 }
 
-// envelopeJSON matches attribute names exactly, as CloudEvents requires, and refuses any other
-// member, which sends the event to the SDK's reader.
-var envelopeJSON = jsoniter.Config{CaseSensitive: true, DisallowUnknownFields: true}.Froze()
+// envelopeKeys are the members the fast path reads; exactKeys checks a value has no others.
+var envelopeKeys = [...]string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"}
+
+// exactKeys reports whether every top-level member name of the JSON object b is one of
+// envelopeKeys, spelled exactly (CloudEvents attribute names are case-sensitive, JSON decoders are
+// not) and at most once. It does not validate the JSON: the decoder after it does.
+func exactKeys(b []byte) bool {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	seen := 0
+	for i++; ; {
+		i = skipSpace(b, i)
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		j := i + 1
+		for j < len(b) && b[j] != '"' {
+			if b[j] == '\\' {
+				return false
+			}
+			j++
+		}
+		if j >= len(b) {
+			return false
+		}
+		k := slices.Index(envelopeKeys[:], string(b[i+1:j]))
+		if k < 0 || seen&(1<<k) != 0 {
+			return false
+		}
+		seen |= 1 << k
+		if i = skipSpace(b, j+1); i >= len(b) || b[i] != ':' {
+			return false
+		}
+		var ok bool
+		if i, ok = skipValue(b, skipSpace(b, i+1)); !ok {
+			return false
+		}
+		i = skipSpace(b, i)
+		switch {
+		case i < len(b) && b[i] == ',':
+			i++
+		case i < len(b) && b[i] == '}':
+			return skipSpace(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the index after the JSON value starting at i.
+func skipValue(b []byte, i int) (int, bool) {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(b) {
+				return i, false
+			}
+			if depth == 0 {
+				return i + 1, true
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i, true
+			}
+			if depth--; depth == 0 {
+				return i + 1, true
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i, true
+			}
+		}
+	}
+	return i, depth == 0
+}
 
 // fastStructured decodes the common case of a structured CloudEvent without the SDK: the
 // attributes above and JSON object data. ok is false whenever the event has anything else
@@ -145,7 +235,8 @@ var envelopeJSON = jsoniter.Config{CaseSensitive: true, DisallowUnknownFields: t
 // accepts, the SDK accepts with the same attributes and data (FuzzFastPathAgreesWithSDK).
 func fastStructured(value []byte) (e event.Event, ok bool) {
 	var env envelope
-	if envelopeJSON.Unmarshal(value, &env) != nil {
+	// Invalid UTF-8 is left to the SDK: decoders differ in how they repair it.
+	if !utf8.Valid(value) || !exactKeys(value) || fastjson.Unmarshal(value, &env) != nil {
 		return event.Event{}, false
 	}
 	optional := func(p *string) bool { return p == nil || (*p != "" && utf8.ValidString(*p)) }
@@ -172,8 +263,8 @@ func fastStructured(value []byte) (e event.Event, ok bool) {
 		e.SetTime(t)
 	}
 	if env.DataContentType != nil {
-		if !isJSON(*env.DataContentType) {
-			return event.Event{}, false
+		if *env.DataContentType != event.ApplicationJSON {
+			return event.Event{}, false // other spellings: the SDK decides whether data is JSON
 		}
 		e.SetDataContentType(*env.DataContentType)
 	}
