@@ -2,7 +2,8 @@
 -- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
 -- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
 --
--- KEYS[1] hash  opportunity id -> "<class> <occurred_us> <assessed_us> <seq>"
+-- KEYS[1] hash  opportunity id -> "<class><assessed_us in base 36>[,<seq in base 36>]"; occurred_us
+--               is the record's score in KEYS[2]
 -- KEYS[2] zset  opportunity id scored by occurred_us (expiry and first/last)
 -- KEYS[3] hash  state: C P U (all-time counts), v (version), w (newest occurred_us),
 --               m<minute><class> and h<hour><class> bucket counts, pm ph (pruned up to),
@@ -86,9 +87,27 @@ local function bump(cls, occ, d)
   end
 end
 
+local DIGITS = '0123456789abcdefghijklmnopqrstuvwxyz'
+local function b36(x)
+  if x == 0 then return '0' end
+  local t = {}
+  while x > 0 do
+    local d = x % 36
+    t[#t + 1] = string.sub(DIGITS, d + 1, d + 1)
+    x = (x - d) / 36
+  end
+  return string.reverse(table.concat(t))
+end
+
+local function encode(cls, asd, seq)
+  if seq == 0 then return cls .. b36(asd) end
+  return cls .. b36(asd) .. ',' .. b36(seq)
+end
+
+-- parse returns class, assessed and seq of a record (its occurred time is its index score).
 local function parse(rec)
-  local c, o, a, s = string.match(rec, '^(%a) (%d+) (%d+) (%d+)$')
-  return c, tonumber(o), tonumber(a), tonumber(s)
+  local c, a, s = string.match(rec, '^(%a)(%w+),?(%w*)$')
+  return c, tonumber(a, 36), (s ~= '' and tonumber(s, 36)) or 0
 end
 
 local function prune(prefix, from, to)
@@ -120,8 +139,8 @@ local function advance(occ)
     flushWrites()
     local old = redis.call('ZRANGEBYSCORE', occz, '-inf', '(' .. string.format('%.0f', w - ret))
     for _, id in ipairs(old) do
-      local c, o = parse(redis.call('HGET', opps, id))
-      bump(c, o, -1)
+      local c = parse(redis.call('HGET', opps, id))
+      bump(c, tonumber(redis.call('ZSCORE', occz, id)), -1)
       redis.call('HDEL', opps, id)
       redis.call('ZREM', occz, id)
       if held then held[id] = false end
@@ -163,11 +182,12 @@ flushWrites = function()
   if #z > 0 then redis.call('ZADD', occz, unpack(z)) end
   pendRec, pendOcc, pendIds = {}, {}, {}
 end
-local function write(id, value, occs)
+local pendOccNum = {} -- occurred of records written in this batch, for their re-assessment
+local function write(id, value, occs, occ)
   if pendRec[id] == nil then pendIds[#pendIds + 1] = id end
   pendRec[id] = value
   held[id] = value
-  if occs then pendOcc[id] = occs end
+  if occs then pendOcc[id] = occs; pendOccNum[id] = occ end
 end
 
 local out = {}
@@ -180,23 +200,24 @@ for i = 0, n - 1 do
     out[#out + 1] = 'E'
   else
     local rec = held[id]
-    local value = cls .. ' ' .. occs .. ' ' .. asds .. ' ' .. seqs
+    local value = encode(cls, asd, seq)
     if not rec then
-      write(id, value, occs)
+      write(id, value, occs, occ)
       if not minocc or occ < minocc then minocc = occ end
       bump(cls, occ, 1)
       changed = true
       out[#out + 1] = 'N'
     else
-      local oc, oo, oa, os = parse(rec)
+      local oc, oa, os = parse(rec)
       if asd > oa or (asd == oa and seq > os) then
+        local oo = pendOccNum[id] or tonumber(redis.call('ZSCORE', occz, id))
         bump(oc, oo, -1)
         bump(cls, occ, 1)
         if occ ~= oo then
-          write(id, value, occs)
-          if occ < minocc then minocc = occ end
+          write(id, value, occs, occ)
+          if not minocc or occ < minocc then minocc = occ end
         else
-          write(id, value, nil)
+          write(id, value, nil, nil)
         end
         changed = true
         out[#out + 1] = 'R'
