@@ -2,7 +2,7 @@
 -- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
 -- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
 --
--- KEYS[1] hash  opportunity id -> "<class><assessed_us in base 36>[,<seq in base 36>]"; occurred_us
+-- KEYS[1] hash  opportunity id -> "<class><assessed_us in hex>[,<seq in hex>]"; occurred_us
 --               is the record's score in KEYS[2]
 -- KEYS[2] zset  opportunity id scored by occurred_us (expiry and first/last)
 -- KEYS[3] hash  state: C P U (all-time counts), v (version), w (newest occurred_us),
@@ -87,27 +87,15 @@ local function bump(cls, occ, d)
   end
 end
 
-local DIGITS = '0123456789abcdefghijklmnopqrstuvwxyz'
-local function b36(x)
-  if x == 0 then return '0' end
-  local t = {}
-  while x > 0 do
-    local d = x % 36
-    t[#t + 1] = string.sub(DIGITS, d + 1, d + 1)
-    x = (x - d) / 36
-  end
-  return string.reverse(table.concat(t))
-end
-
 local function encode(cls, asd, seq)
-  if seq == 0 then return cls .. b36(asd) end
-  return cls .. b36(asd) .. ',' .. b36(seq)
+  if seq == 0 then return cls .. string.format('%x', asd) end
+  return cls .. string.format('%x,%x', asd, seq)
 end
 
 -- parse returns class, assessed and seq of a record (its occurred time is its index score).
 local function parse(rec)
-  local c, a, s = string.match(rec, '^(%a)(%w+),?(%w*)$')
-  return c, tonumber(a, 36), (s ~= '' and tonumber(s, 36)) or 0
+  local c, a, s = string.match(rec, '^(%a)(%x+),?(%x*)$')
+  return c, tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0
 end
 
 local function prune(prefix, from, to)
