@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
@@ -21,7 +22,13 @@ import (
 )
 
 func runCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	return configured(ctx, "run", args, getenv, stderr, runProcessor)
+}
+
+// configured runs fn with the configuration of flags, file and environment, and a logger.
+func configured(ctx context.Context, name string, args []string, getenv func(string) string, stderr io.Writer,
+	fn func(context.Context, Config, *zap.Logger) error) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg, err := loadConfig(fs, args, getenv)
 	if err != nil {
@@ -32,7 +39,35 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	defer log.Sync()
-	return runProcessor(ctx, cfg, log)
+	return fn(ctx, cfg, log)
+}
+
+// stores are the Redis stores of one namespace and the suite settings they are used with.
+type stores struct {
+	rates    *aggregator.Redis
+	suites   *aggregator.RedisSuites
+	suiteCfg aggregator.SuiteConfig
+	decoder  *consumer.Decoder
+}
+
+func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
+	var s stores
+	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch}
+	var err error
+	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
+		return s, err
+	}
+	if s.suites, err = aggregator.NewRedisSuites(rdb, rcfg); err != nil {
+		return s, err
+	}
+	if s.suiteCfg, err = cfg.Suite.aggregator(); err != nil {
+		return s, err
+	}
+	s.decoder, err = consumer.NewDecoder(consumer.DecoderConfig{
+		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
+		Limits:          schemas.Limits{MaxPredictionBytes: cfg.Limits.MaxPredictionBytes, MaxFutureSkew: cfg.Limits.MaxFutureSkew},
+	})
+	return s, err
 }
 
 func newLogger(level string, w io.Writer) (*zap.Logger, error) {
@@ -90,16 +125,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	log.Info("state", zap.String("namespace", state.Namespace), zap.String("epoch", state.Epoch))
-	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch}
-	store, err := aggregator.NewRedis(rdb, rcfg)
-	if err != nil {
-		return err
-	}
-	suites, err := aggregator.NewRedisSuites(rdb, rcfg)
-	if err != nil {
-		return err
-	}
-	suiteCfg, err := cfg.Suite.aggregator()
+	st, err := openStores(rdb, state, cfg)
 	if err != nil {
 		return err
 	}
@@ -113,14 +139,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 			log.Warn("close writers", zap.Error(err))
 		}
 	}()
-	dec, err := consumer.NewDecoder(consumer.DecoderConfig{
-		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
-		Limits:          schemas.Limits{MaxPredictionBytes: cfg.Limits.MaxPredictionBytes, MaxFutureSkew: cfg.Limits.MaxFutureSkew},
-	})
-	if err != nil {
-		return err
-	}
-	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: suiteCfg}, dec, store, suites,
+	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: st.suiteCfg}, st.decoder, st.rates, st.suites,
 		sink.NewKafka(snapWriter, suiteWriter, alertWriter),
 		consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Brokers: kc.brokers, Dialer: kc.dialer, Client: kc.client(), Topic: cfg.Kafka.DLQTopic}), time.Now, log.Named("processor"), metrics)
 	if err != nil {
@@ -139,7 +158,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	g.Go(func() error { return group.Run(gctx) })
 	if cfg.HTTPAddr != "" {
 		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
-			store, reg, time.Now, log.Named("http"))
+			st.rates, reg, time.Now, log.Named("http"))
 		g.Go(func() error { return srv.Run(gctx) })
 		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))
 	}

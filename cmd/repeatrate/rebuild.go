@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -20,18 +19,7 @@ import (
 )
 
 func rebuildCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("rebuild", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg, err := loadConfig(fs, args, getenv)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(cfg.LogLevel, stderr)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
-	return rebuild(ctx, cfg, log)
+	return configured(ctx, "rebuild", args, getenv, stderr, rebuild)
 }
 
 // rebuild recomputes the whole state from the input topics into a fresh Redis namespace and cuts
@@ -72,19 +60,11 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	log.Info("rebuilding", zap.String("namespace", state.Namespace), zap.Any("end_offsets", end))
-	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch}
-	store, err := aggregator.NewRedis(rdb, rcfg)
+	st, err := openStores(rdb, state, cfg)
 	if err != nil {
 		return err
 	}
-	suites, err := aggregator.NewRedisSuites(rdb, rcfg)
-	if err != nil {
-		return err
-	}
-	suiteCfg, err := cfg.Suite.aggregator()
-	if err != nil {
-		return err
-	}
+	store, suites, suiteCfg, dec := st.rates, st.suites, st.suiteCfg, st.decoder
 
 	// Versions published so far, from the compacted snapshot topic.
 	published := map[aggregator.Key]int64{}
@@ -113,11 +93,6 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		}
 	}
 
-	dec, err := consumer.NewDecoder(consumer.DecoderConfig{MaxMessageBytes: cfg.Limits.MaxMessageBytes,
-		Limits: schemas.Limits{MaxPredictionBytes: cfg.Limits.MaxPredictionBytes, MaxFutureSkew: cfg.Limits.MaxFutureSkew}})
-	if err != nil {
-		return err
-	}
 	dlqWriter := kc.writer(cfg.Kafka.DLQTopic)
 	defer dlqWriter.Close()
 	dlq := consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Brokers: kc.brokers, Dialer: kc.dialer,

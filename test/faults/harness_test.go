@@ -171,8 +171,8 @@ type scenario struct {
 
 func newScenario(t *testing.T) *scenario {
 	t.Helper()
-	s := &scenario{t: t, name: testenv.Name(t, "fault"), in: sharedInput(t), brokers: testenv.KafkaBrokers(t),
-		redis: testenv.RedisAddr(t)}
+	s := &scenario{t: t, name: testenv.Name(t, "fault"), brokers: testenv.KafkaBrokers(t), redis: testenv.RedisAddr(t)}
+	s.in = sharedInput(t) // after the service checks: a skipped scenario generates nothing
 	ctx := context.Background()
 	client := &kafka.Client{Addr: kafka.TCP(s.brokers...), Timeout: 30 * time.Second}
 	var topics []kafka.TopicConfig
