@@ -174,7 +174,8 @@ func newScenario(t *testing.T) *scenario {
 	s := &scenario{t: t, name: testenv.Name(t, "fault"), brokers: testenv.KafkaBrokers(t), redis: testenv.RedisAddr(t)}
 	s.in = sharedInput(t) // after the service checks: a skipped scenario generates nothing
 	ctx := context.Background()
-	client := &kafka.Client{Addr: kafka.TCP(s.brokers...), Timeout: 30 * time.Second}
+	// A transport of its own: a pooled connection may have died with a restarted broker.
+	client := &kafka.Client{Addr: kafka.TCP(s.brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}}
 	var topics []kafka.TopicConfig
 	for _, suffix := range []string{"in", "snapshots", "suites", "alerts", "dlq"} {
 		parts := 4
@@ -183,7 +184,14 @@ func newScenario(t *testing.T) *scenario {
 		}
 		topics = append(topics, kafka.TopicConfig{Topic: s.topic(suffix), NumPartitions: parts, ReplicationFactor: 1})
 	}
-	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: topics}); err != nil {
+	var err error
+	for try := 0; try < 10; try++ { // a broker restarted by the previous scenario may still be settling
+		if _, err = client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: topics}); err == nil {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	produce := exec.Command(bin, "produce", "--brokers", strings.Join(s.brokers, ","), "--topic", s.topic("in"), "--in", s.in.file)
