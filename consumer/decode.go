@@ -14,6 +14,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -371,3 +372,15 @@ func clipHeader(s string) string {
 
 // MaxMessageBytes is the largest message the decoder accepts.
 func (d *Decoder) MaxMessageBytes() int { return d.cfg.MaxMessageBytes }
+
+// Observation is the event's repeat-rate observation: every live attempt, and eval results that
+// are correction checks. ok is false for any other event.
+func (e Event) Observation() (o aggregator.Observation, ok bool) {
+	switch {
+	case e.Live != nil:
+		return aggregator.FromLive(e.Live), true
+	case e.Eval != nil:
+		return aggregator.FromEval(e.Eval)
+	}
+	return aggregator.Observation{}, false
+}

@@ -114,13 +114,10 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			p.metrics.Transport.Inc()
 		}
 		seen[id] = struct{}{}
-		switch {
-		case ev.Live != nil:
-			obs = append(obs, aggregator.FromLive(ev.Live))
-		case ev.Eval != nil:
-			if o, ok := aggregator.FromEval(ev.Eval); ok {
-				obs = append(obs, o)
-			}
+		if o, ok := ev.Observation(); ok {
+			obs = append(obs, o)
+		}
+		if ev.Eval != nil {
 			runs = append(runs, aggregator.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
 		}
 	}

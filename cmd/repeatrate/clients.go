@@ -288,3 +288,16 @@ func (h roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
+
+// openClients builds the Kafka clients and the Redis client of a configuration.
+func openClients(cfg Config) (*kafkaClients, redis.UniversalClient, error) {
+	kc, err := newKafkaClients(cfg.Kafka)
+	if err != nil {
+		return nil, nil, err
+	}
+	rdb, err := newRedisClient(cfg.Redis)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kc, rdb, nil
+}

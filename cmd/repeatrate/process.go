@@ -89,11 +89,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled), zap.String("kafka_sasl", cfg.Kafka.SASL.Mechanism),
 		zap.Bool("redis_tls", cfg.Redis.TLS.Enabled), zap.Bool("redis_auth", cfg.Redis.Password != ""),
 		zap.Duration("retention", cfg.Retention))
-	kc, err := newKafkaClients(cfg.Kafka)
-	if err != nil {
-		return err
-	}
-	rdb, err := newRedisClient(cfg.Redis)
+	kc, rdb, err := openClients(cfg)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/sink"
 )
@@ -88,8 +87,8 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 		}
 		m := kafka.Message{Value: slices.Clone(line), Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
 		if ev, err := dec.DecodeStructured(line, now); err == nil {
-			if k, ok := eventKey(ev); ok {
-				m.Key = []byte(k.String())
+			if o, ok := ev.Observation(); ok {
+				m.Key = []byte(o.Key.String())
 			}
 		}
 		batch = append(batch, m)
@@ -100,17 +99,6 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 		}
 	}
 	return total, flush()
-}
-
-func eventKey(ev consumer.Event) (aggregator.Key, bool) {
-	switch {
-	case ev.Live != nil:
-		return aggregator.FromLive(ev.Live).Key, true
-	case ev.Eval != nil:
-		o, ok := aggregator.FromEval(ev.Eval)
-		return o.Key, ok
-	}
-	return aggregator.Key{}, false
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

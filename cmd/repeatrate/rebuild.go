@@ -33,11 +33,7 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 //  4. publish the rebuilt snapshots, mark revived cases announced, cut over to the new namespace,
 //     and commit the group's offsets at the noted end, where `run` takes over.
 func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
-	kc, err := newKafkaClients(cfg.Kafka)
-	if err != nil {
-		return err
-	}
-	rdb, err := newRedisClient(cfg.Redis)
+	kc, rdb, err := openClients(cfg)
 	if err != nil {
 		return err
 	}
@@ -122,7 +118,7 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 						}
 						continue
 					}
-					if o, ok := eventObservation(ev); ok {
+					if o, ok := ev.Observation(); ok {
 						obs = append(obs, o)
 						touched[o.Key] = true
 					}
@@ -221,17 +217,6 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	log.Info("rebuilt", zap.String("namespace", state.Namespace), zap.Int("messages", total),
 		zap.Int("aggregates", len(touched)), zap.Int("suites", len(touchedSuites)))
 	return nil
-}
-
-// eventObservation is the repeat-rate observation of an event, if it has one.
-func eventObservation(ev consumer.Event) (aggregator.Observation, bool) {
-	switch {
-	case ev.Live != nil:
-		return aggregator.FromLive(ev.Live), true
-	case ev.Eval != nil:
-		return aggregator.FromEval(ev.Eval)
-	}
-	return aggregator.Observation{}, false
 }
 
 // rebuildPartition feeds every message of one partition before offset end to fn, in batches.

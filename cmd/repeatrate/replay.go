@@ -183,13 +183,8 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 			continue
 		}
 		res.events++
-		var o aggregator.Observation
-		ok := true
-		switch {
-		case ev.Live != nil:
-			o = aggregator.FromLive(ev.Live)
-		case ev.Eval != nil:
-			o, ok = aggregator.FromEval(ev.Eval)
+		o, ok := ev.Observation()
+		if ev.Eval != nil {
 			run := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
 			if out := suites.Apply([]aggregator.RunObservation{run}); out[0] == aggregator.Counted || out[0] == aggregator.Reassessed {
 				winners[run.Key] = run

@@ -281,13 +281,8 @@ func (e *env) redisOnly(ctx context.Context, in *input) (float64, error) {
 		if err != nil {
 			continue
 		}
-		switch {
-		case ev.Live != nil:
-			obs = append(obs, aggregator.FromLive(ev.Live))
-		case ev.Eval != nil:
-			if o, ok := aggregator.FromEval(ev.Eval); ok {
-				obs = append(obs, o)
-			}
+		if o, ok := ev.Observation(); ok {
+			obs = append(obs, o)
 		}
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: e.redisAOF})
