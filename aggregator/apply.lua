@@ -2,40 +2,63 @@
 -- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
 -- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
 --
--- KEYS[1] hash  opportunity id -> "<class><assessed_us in hex>[,<seq in hex>]"; occurred_us
---               is the record's score in KEYS[2]
--- KEYS[2] zset  opportunity id scored by occurred_us (expiry and first/last)
--- KEYS[3] hash  state: C P U (all-time counts), v (version), w (newest occurred_us),
---               m<minute><class> and h<hour><class> bucket counts, pm ph (pruned up to),
+-- KEYS[1] hash  opportunity id -> "<class><occurred_us hex>,<assessed_us hex>[,<seq hex>]"
+-- KEYS[2] hash  state: C P U (retained counts), v (version), w (newest occurred_us),
+--               h<hour><class> counts of every retained hour, a<hour> b<hour> its least and
+--               greatest occurred_us, m<minute><class> counts of the last 70 minutes, pm (minute
+--               buckets pruned up to), f l (first and last retained occurred_us), g (lowest hour
+--               whose id list may still hold expired ids), t (last TTL refresh of the lists, s),
 --               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch
+-- KEYS[3] prefix of the id lists: KEYS[3] .. <hour> lists the ids counted in (or moved into) that
+--               hour, so that when the hour expires its records can be found and deleted
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
 -- then five per observation: id, class (C|P|U), occurred_us, assessed_us, seq.
 -- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
 -- outcomes has one letter per observation: N counted, R reassessed, D duplicate, S stale, E expired.
+--
+-- Retention is by whole hours: hour h is retained while h >= floor((w - retention) / 1h). When an
+-- hour leaves, its bucket counts leave C P U at once; its records are deleted a little per batch
+-- (garbage collection from its id list), and until then a record of an expired hour reads as absent.
 local MIN, HOUR = 60000000, 3600000000
-local MKEEP, HKEEP = 70, 170 -- buckets kept behind the newest event: windows plus skew
-local opps, occz, st = KEYS[1], KEYS[2], KEYS[3]
+local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
+local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
+local opps, st, lists = KEYS[1], KEYS[2], KEYS[3]
 local ret = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local floor = math.floor
-local head = redis.call('HMGET', st, 'w', 'pm', 'ph')
-local w, pm, ph = tonumber(head[1]), tonumber(head[2]), tonumber(head[3])
-local w0 = w
-local mfloor, hfloor
-if w then mfloor, hfloor = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP end
+local function num(x) return string.format('%.0f', x) end
+
+local head = redis.call('HMGET', st, 'w', 'pm', 'f', 'l', 'g')
+local w, pm, f, l, g = tonumber(head[1]), tonumber(head[2]), tonumber(head[3]), tonumber(head[4]), tonumber(head[5])
+local w0, f0, l0, g0 = w, f, l, g
+local cutH, mfloor -- first retained hour, first minute with a bucket
+if w then cutH, mfloor = floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
 local changed = false
--- The smallest retained occurred time, read once: expiry needs a look at the index only when the
--- retention cut passes it.
-local minocc
-do
-  local first = redis.call('ZRANGE', occz, 0, 0, 'WITHSCORES')
-  minocc = tonumber(first[2])
+local fDirty, lDirty = false, false -- f or l may no longer be exact: recompute from a/b at the end
+
+-- hmget reads fields of key in chunks, returning one value (or false) per field.
+local function hmget(key, fields)
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = {}
+    for j = i, math.min(i + CHUNK - 1, #fields) do part[#part + 1] = fields[j] end
+    local got = redis.call('HMGET', key, unpack(part))
+    for j = 1, #got do out[#out + 1] = got[j] end
+  end
+  return out
+end
+local function hdel(key, fields)
+  for i = 1, #fields, CHUNK do
+    local part = {}
+    for j = i, math.min(i + CHUNK - 1, #fields) do part[#part + 1] = fields[j] end
+    redis.call('HDEL', key, unpack(part))
+  end
 end
 
 -- Window sums at the observation time. They are cached per (minute, hour) of that time and kept
 -- up to date by every bucket change, so a batch recomputes them from the buckets only when its
--- observation time enters a new minute (or buckets were pruned); otherwise it costs 11 fields.
+-- observation time enters a new minute (or buckets were dropped); otherwise it costs 11 fields.
 local M, H = floor(at / MIN), floor(at / HOUR)
 local slot = {C = 1, P = 2, U = 3}
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
@@ -67,8 +90,8 @@ local function addDelta(field, d)
   deltas[field] = x + d
 end
 local function flush()
-  for _, f in ipairs(dirty) do
-    if deltas[f] ~= 0 then redis.call('HINCRBY', st, f, deltas[f]) end
+  for _, k in ipairs(dirty) do
+    if deltas[k] ~= 0 then redis.call('HINCRBY', st, k, deltas[k]) end
   end
   deltas, dirty = {}, {}
 end
@@ -81,150 +104,295 @@ local function bump(cls, occ, d)
     if cached and inWindows('m', m, slot[cls], d) then cacheDirty = true end
   end
   local h = floor(occ / HOUR)
-  if h >= hfloor then
-    addDelta('h' .. h .. cls, d)
-    if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
-  end
+  addDelta('h' .. h .. cls, d)
+  if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
 end
 
-local function encode(cls, asd, seq)
-  if seq == 0 then return cls .. string.format('%x', asd) end
-  return cls .. string.format('%x,%x', asd, seq)
+local function encode(cls, occ, asd, seq)
+  if seq == 0 then return cls .. string.format('%x,%x', occ, asd) end
+  return cls .. string.format('%x,%x,%x', occ, asd, seq)
 end
 
--- parse returns class, assessed and seq of a record (its occurred time is its index score).
+-- parse returns class, occurred, assessed and seq of a record.
 local function parse(rec)
-  local c, a, s = string.match(rec, '^(%a)(%x+),?(%x*)$')
-  return c, tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0
+  local c, o, a, s = string.match(rec, '^(%a)(%x+),(%x+),?(%x*)$')
+  return c, tonumber(o, 16), tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0
 end
 
-local function prune(prefix, from, to)
+local function pruneMinutes(from, to)
   if to - from <= 300 and redis.call('HLEN', st) > 684 then
-    local f = {}
-    for b = from, to - 1 do
-      f[#f + 1] = prefix .. b .. 'C'; f[#f + 1] = prefix .. b .. 'P'; f[#f + 1] = prefix .. b .. 'U'
-    end
-    if #f > 0 then redis.call('HDEL', st, unpack(f)) end
+    local fs = {}
+    for b = from, to - 1 do fs[#fs + 1] = 'm' .. b .. 'C'; fs[#fs + 1] = 'm' .. b .. 'P'; fs[#fs + 1] = 'm' .. b .. 'U' end
+    if #fs > 0 then hdel(st, fs) end
     return
   end
+  local old = {}
   for _, k in ipairs(redis.call('HKEYS', st)) do
-    if string.sub(k, 1, 1) == prefix then
+    if string.sub(k, 1, 1) == 'm' then
       local b = tonumber(string.sub(k, 2, -2))
-      if b and b < to then redis.call('HDEL', st, k) end
+      if b and b < to then old[#old + 1] = k end
     end
+  end
+  if #old > 0 then hdel(st, old) end
+end
+
+-- expireHours drops the hours below newCut: their counts leave C P U, their buckets and bounds
+-- are deleted. Only hours between the first and last retained ones can hold anything.
+local function expireHours(newCut)
+  if not f then return end
+  local lo, hi = math.max(cutH, floor(f / HOUR)), math.min(newCut - 1, floor(l / HOUR))
+  if lo > hi then return end
+  flush()
+  local fs = {}
+  for h = lo, hi do fs[#fs + 1] = 'h' .. h .. 'C'; fs[#fs + 1] = 'h' .. h .. 'P'; fs[#fs + 1] = 'h' .. h .. 'U' end
+  local v = hmget(st, fs)
+  local gone = {}
+  for i = 0, hi - lo do
+    local h = lo + i
+    local c, p, u = tonumber(v[3 * i + 1]) or 0, tonumber(v[3 * i + 2]) or 0, tonumber(v[3 * i + 3]) or 0
+    if c + p + u > 0 then
+      addDelta('C', -c); addDelta('P', -p); addDelta('U', -u)
+      changed = true
+      gone[#gone + 1] = 'h' .. h .. 'C'; gone[#gone + 1] = 'h' .. h .. 'P'; gone[#gone + 1] = 'h' .. h .. 'U'
+      gone[#gone + 1] = 'a' .. h; gone[#gone + 1] = 'b' .. h
+      if pm and (h + 1) * 60 > pm then -- a short retention: the hour still has minute buckets
+        for m = h * 60, h * 60 + 59 do gone[#gone + 1] = 'm' .. m .. 'C'; gone[#gone + 1] = 'm' .. m .. 'P'; gone[#gone + 1] = 'm' .. m .. 'U' end
+      end
+    end
+  end
+  if #gone > 0 then hdel(st, gone); cached = false end
+  flush()
+  if l < newCut * HOUR then
+    f, l, fDirty, lDirty = nil, nil, false, false
+  elseif f < newCut * HOUR then
+    fDirty = true
   end
 end
 
-local held, flushWrites -- defined with the main loop below; advance's expiry sweep uses them
-
--- advance moves the watermark to occ: opportunities beyond retention leave every count, and buckets
+-- advance moves the watermark to occ: hours beyond retention leave every count, and minute buckets
 -- no window can reach any more are dropped.
 local function advance(occ)
   if w and occ <= w then return end
   w = occ
-  local nm, nh = floor(w / MIN) - MKEEP, floor(w / HOUR) - HKEEP
-  if minocc and minocc < w - ret then
-    flushWrites()
-    local old = redis.call('ZRANGEBYSCORE', occz, '-inf', '(' .. string.format('%.0f', w - ret))
-    for _, id in ipairs(old) do
-      local c = parse(redis.call('HGET', opps, id))
-      bump(c, tonumber(redis.call('ZSCORE', occz, id)), -1)
-      redis.call('HDEL', opps, id)
-      redis.call('ZREM', occz, id)
-      if held then held[id] = false end
-      changed = true
-    end
-    local first = redis.call('ZRANGE', occz, 0, 0, 'WITHSCORES')
-    minocc = tonumber(first[2])
-  end
-  -- Buckets below the floors are never read or written again; deleting them is only garbage
-  -- collection, done in steps of an hour of minutes or a day of hours to keep it cheap.
-  if not pm then pm, ph = nm, nh; redis.call('HSET', st, 'pm', pm, 'ph', ph) end
-  if nm - pm >= 60 then flush(); prune('m', pm, nm); pm = nm; redis.call('HSET', st, 'pm', nm); cached = false end
-  if nh - ph >= 24 then flush(); prune('h', ph, nh); ph = nh; redis.call('HSET', st, 'ph', nh); cached = false end
-  mfloor, hfloor = nm, nh
+  local nc = floor((w - ret) / HOUR)
+  if cutH and nc > cutH then expireHours(nc) end
+  cutH = nc
+  local nm = floor(w / MIN) - MKEEP
+  -- Minute buckets below the floor are never read or written again; deleting them is only
+  -- garbage collection, done in steps of an hour of minutes to keep it cheap.
+  if not pm then pm = nm; redis.call('HSET', st, 'pm', pm) end
+  if nm - pm >= 60 then flush(); pruneMinutes(pm, nm); pm = nm; redis.call('HSET', st, 'pm', nm); cached = false end
+  mfloor = nm
+end
+
+-- Per hour touched by the batch: least and greatest occurred inserted (lo, hi) and removed (rlo, rhi).
+local touched, touchedList = {}, {}
+local function touch(h)
+  local t = touched[h]
+  if not t then t = {}; touched[h] = t; touchedList[#touchedList + 1] = h end
+  return t
+end
+local function insertOcc(occ)
+  local t = touch(floor(occ / HOUR))
+  if not t.lo or occ < t.lo then t.lo = occ end
+  if not t.hi or occ > t.hi then t.hi = occ end
+  if not f or occ < f then f = occ end
+  if not l or occ > l then l = occ end
+end
+local function removeOcc(occ)
+  local t = touch(floor(occ / HOUR))
+  if not t.rlo or occ < t.rlo then t.rlo = occ end
+  if not t.rhi or occ > t.rhi then t.rhi = occ end
+  if occ <= f then fDirty = true end
+  if occ >= l then lDirty = true end
 end
 
 local n = (#ARGV - 3) / 5
 
 -- Held records of the batch's opportunities, fetched in one call; writes are collected and made
--- in one HSET and one ZADD at the end (or before an expiry sweep, which reads the index).
-held = {}
+-- at the end: one HSET for the records, one RPUSH per hour for the id lists.
+local held = {}
 if n > 0 then
   local ids = {}
   for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 5] end
-  local got = redis.call('HMGET', opps, unpack(ids))
+  local got = hmget(opps, ids)
   for i = 1, n do
     if held[ids[i]] == nil then held[ids[i]] = got[i] end
   end
 end
-local pendRec, pendOcc, pendIds = {}, {}, {}
-flushWrites = function()
-  if #pendIds == 0 then return end
-  local h, z = {}, {}
-  for _, id in ipairs(pendIds) do
-    h[#h + 1] = id; h[#h + 1] = pendRec[id]
-    if pendOcc[id] then z[#z + 1] = pendOcc[id]; z[#z + 1] = id end
-  end
-  redis.call('HSET', opps, unpack(h))
-  if #z > 0 then redis.call('ZADD', occz, unpack(z)) end
-  pendRec, pendOcc, pendIds = {}, {}, {}
-end
-local pendOccNum = {} -- occurred of records written in this batch, for their re-assessment
-local function write(id, value, occs, occ)
+local pendRec, pendIds, pushes, pushHours = {}, {}, {}, {}
+local function write(id, value, pushHour)
   if pendRec[id] == nil then pendIds[#pendIds + 1] = id end
   pendRec[id] = value
   held[id] = value
-  if occs then pendOcc[id] = occs; pendOccNum[id] = occ end
+  if pushHour then
+    local p = pushes[pushHour]
+    if not p then p = {}; pushes[pushHour] = p; pushHours[#pushHours + 1] = pushHour end
+    p[#p + 1] = id
+    if not g or pushHour < g then g = pushHour end
+  end
 end
 
 local out = {}
 for i = 0, n - 1 do
   local b = 3 + i * 5
-  local id, cls, occs, asds, seqs = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
-  local occ, asd, seq = tonumber(occs), tonumber(asds), tonumber(seqs)
+  local id, cls = ARGV[b + 1], ARGV[b + 2]
+  local occ, asd, seq = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   advance(occ)
-  if occ < w - ret then
+  if occ < cutH * HOUR then
     out[#out + 1] = 'E'
   else
     local rec = held[id]
-    local value = encode(cls, asd, seq)
+    local oc, oo, oa, os
+    if rec then
+      oc, oo, oa, os = parse(rec)
+      if oo < cutH * HOUR then rec = nil end -- its hour expired: the record is garbage
+    end
+    local value = encode(cls, occ, asd, seq)
     if not rec then
-      write(id, value, occs, occ)
-      if not minocc or occ < minocc then minocc = occ end
+      write(id, value, floor(occ / HOUR))
+      insertOcc(occ)
       bump(cls, occ, 1)
       changed = true
       out[#out + 1] = 'N'
+    elseif asd > oa or (asd == oa and seq > os) then
+      bump(oc, oo, -1)
+      bump(cls, occ, 1)
+      local h, oh = floor(occ / HOUR), floor(oo / HOUR)
+      write(id, value, h ~= oh and h or nil)
+      if occ ~= oo then removeOcc(oo); insertOcc(occ) end
+      changed = true
+      out[#out + 1] = 'R'
+    elseif asd == oa and seq == os then
+      out[#out + 1] = 'D'
     else
-      local oc, oa, os = parse(rec)
-      if asd > oa or (asd == oa and seq > os) then
-        local oo = pendOccNum[id] or tonumber(redis.call('ZSCORE', occz, id))
-        bump(oc, oo, -1)
-        bump(cls, occ, 1)
-        if occ ~= oo then
-          write(id, value, occs, occ)
-          if not minocc or occ < minocc then minocc = occ end
-        else
-          write(id, value, nil, nil)
-        end
-        changed = true
-        out[#out + 1] = 'R'
-      elseif asd == oa and seq == os then
-        out[#out + 1] = 'D'
-      else
-        out[#out + 1] = 'S'
-      end
+      out[#out + 1] = 'S'
     end
   end
 end
 
-flushWrites()
+if #pendIds > 0 then
+  local h = {}
+  for _, id in ipairs(pendIds) do h[#h + 1] = id; h[#h + 1] = pendRec[id] end
+  for i = 1, #h, CHUNK do
+    redis.call('HSET', opps, unpack(h, i, math.min(i + CHUNK - 1, #h)))
+  end
+end
+for _, hour in ipairs(pushHours) do
+  local ids = pushes[hour]
+  for i = 1, #ids, CHUNK do redis.call('RPUSH', lists .. hour, unpack(ids, i, math.min(i + CHUNK - 1, #ids))) end
+  if ttl > 0 then redis.call('PEXPIRE', lists .. hour, 2 * ttl) end
+end
 flush()
-if w and w ~= w0 then redis.call('HSET', st, 'w', string.format('%.0f', w)) end
+
+-- scanHour returns the least and greatest occurred of hour h's records, reading its id list.
+local function scanHour(h)
+  local ids = redis.call('LRANGE', lists .. h, 0, -1)
+  local lo, hi
+  local recs = hmget(opps, ids)
+  for j = 1, #recs do
+    if recs[j] then
+      local _, o = parse(recs[j])
+      if floor(o / HOUR) == h then
+        if not lo or o < lo then lo = o end
+        if not hi or o > hi then hi = o end
+      end
+    end
+  end
+  return lo, hi
+end
+
+-- Bounds of the touched hours: merged with what was held, or recomputed from the id list when
+-- an opportunity holding one moved out.
+if #touchedList > 0 then
+  local hs, fs = {}, {}
+  for _, h in ipairs(touchedList) do
+    if h >= cutH then hs[#hs + 1] = h; fs[#fs + 1] = 'a' .. h; fs[#fs + 1] = 'b' .. h end
+  end
+  local ab = hmget(st, fs)
+  local set, del = {}, {}
+  for i, h in ipairs(hs) do
+    local t = touched[h]
+    local a, z = tonumber(ab[2 * i - 1]), tonumber(ab[2 * i])
+    if t.lo then
+      if not a or t.lo < a then a = t.lo end
+      if not z or t.hi > z then z = t.hi end
+    end
+    if t.rlo and (not a or t.rlo <= a or t.rhi >= z) then a, z = scanHour(h) end
+    if a then
+      set[#set + 1] = 'a' .. h; set[#set + 1] = num(a); set[#set + 1] = 'b' .. h; set[#set + 1] = num(z)
+    else
+      del[#del + 1] = 'a' .. h; del[#del + 1] = 'b' .. h
+    end
+  end
+  if #set > 0 then redis.call('HSET', st, unpack(set)) end
+  if #del > 0 then hdel(st, del) end
+end
+
+-- First and last: the least bound of the lowest retained hour, the greatest of the highest.
+if (fDirty or lDirty) and w then
+  local fs = {}
+  local top = floor(w / HOUR)
+  for h = cutH, top do fs[#fs + 1] = 'a' .. h; fs[#fs + 1] = 'b' .. h end
+  local ab = hmget(st, fs)
+  f, l = nil, nil
+  for i = 1, #ab, 2 do
+    if ab[i] then f = tonumber(ab[i]); break end
+  end
+  for i = #ab, 2, -2 do
+    if ab[i] then l = tonumber(ab[i]); break end
+  end
+end
+
+-- Garbage collection: delete the records of expired hours, a bounded number per batch (at least
+-- twice what the batch can add), from the lowest list up.
+if n > 0 and g and g < cutH then
+  local budget, steps = math.min(2 * n + 100, CHUNK), 0
+  while g < cutH and budget > 0 and steps < 256 do
+    steps = steps + 1
+    local ids = redis.call('LPOP', lists .. g, budget)
+    if not ids then
+      g = g + 1
+    else
+      local recs = hmget(opps, ids)
+      local del = {}
+      for j = 1, #recs do
+        if recs[j] then
+          local _, o = parse(recs[j])
+          if floor(o / HOUR) == g then del[#del + 1] = ids[j] end
+        end
+      end
+      if #del > 0 then hdel(opps, del) end
+      if #ids < budget then g = g + 1 end
+      budget = budget - #ids
+    end
+  end
+end
+
+local sets, dels = {}, {}
+if w and w ~= w0 then sets[#sets + 1] = 'w'; sets[#sets + 1] = num(w) end
+if g and g ~= g0 then sets[#sets + 1] = 'g'; sets[#sets + 1] = num(g) end
+if f then
+  if f ~= f0 then sets[#sets + 1] = 'f'; sets[#sets + 1] = num(f) end
+  if l ~= l0 then sets[#sets + 1] = 'l'; sets[#sets + 1] = num(l) end
+elseif f0 then
+  dels = {'f', 'l'}
+end
+if #sets > 0 then redis.call('HSET', st, unpack(sets)) end
+if #dels > 0 then redis.call('HDEL', st, unpack(dels)) end
+
 local v
 if changed then v = redis.call('HINCRBY', st, 'v', 1) else v = tonumber(redis.call('HGET', st, 'v') or '0') end
 if n > 0 and ttl > 0 then
-  redis.call('PEXPIRE', opps, ttl); redis.call('PEXPIRE', occz, ttl); redis.call('PEXPIRE', st, ttl)
+  redis.call('PEXPIRE', opps, ttl); redis.call('PEXPIRE', st, ttl)
+  -- The id lists live twice the idle TTL and are all refreshed every half TTL (server clock), so
+  -- none expires while its aggregate is alive, and none outlives a dropped aggregate for long.
+  local now = tonumber(redis.call('TIME')[1])
+  local last = tonumber(redis.call('HGET', st, 't') or '0')
+  if now - last >= ttl / 2000 and g and w then
+    for h = g, floor(w / HOUR) do redis.call('PEXPIRE', lists .. h, 2 * ttl) end
+    redis.call('HSET', st, 't', now)
+  end
 end
 
 -- windows at the observation time
@@ -256,11 +424,11 @@ elseif redis.call('HLEN', st) <= 684 then
 else
   -- A large one: look up exactly the buckets the windows cover.
   local function get(prefix, from, to)
-    local f = {}
+    local fs = {}
     for b = from, to do
-      f[#f + 1] = prefix .. b .. 'C'; f[#f + 1] = prefix .. b .. 'P'; f[#f + 1] = prefix .. b .. 'U'
+      fs[#fs + 1] = prefix .. b .. 'C'; fs[#fs + 1] = prefix .. b .. 'P'; fs[#fs + 1] = prefix .. b .. 'U'
     end
-    local v = redis.call('HMGET', st, unpack(f))
+    local v = hmget(st, fs)
     for i = 1, #v do
       if v[i] then add(prefix, from + floor((i - 1) / 3), (i - 1) % 3 + 1, tonumber(v[i])) end
     end
@@ -275,8 +443,6 @@ end
 for _, c in ipairs({hr, dy, wk}) do
   res[#res + 1] = c[1]; res[#res + 1] = c[2]; res[#res + 1] = c[3]
 end
-local first = redis.call('ZRANGE', occz, 0, 0, 'WITHSCORES')
-local last = redis.call('ZRANGE', occz, -1, -1, 'WITHSCORES')
-res[#res + 1] = first[2] or ''
-res[#res + 1] = last[2] or ''
+res[#res + 1] = f and num(f) or ''
+res[#res + 1] = l and num(l) or ''
 return res

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,6 +24,11 @@ type State struct {
 	Epoch     string
 }
 
+// stateLayout names the layout of the keys a namespace holds; it ends every epoch marker, so a
+// namespace written by a build with another layout is refused rather than misread. Version 2:
+// records carry their occurred time, expiry by per-hour id lists.
+const stateLayout = "/layout2"
+
 func pointerKey(prefix string) string { return prefix + ":ns" }
 func epochKey(ns string) string       { return ns + ":epoch" }
 
@@ -39,6 +45,9 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 	}
 	epoch, err := c.Get(ctx, epochKey(ns)).Result()
 	switch {
+	case err == nil && !strings.HasSuffix(epoch, stateLayout):
+		return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
+			"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
 	case err == nil:
 		return State{Namespace: ns, Epoch: epoch}, nil
 	case !errors.Is(err, redis.Nil):
@@ -53,7 +62,7 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State, error) {
 	b := make([]byte, 8)
 	rand.Read(b)
-	epoch := time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b)
+	epoch := time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b) + stateLayout
 	// NX: when several instances start at once, all adopt the first one's epoch.
 	if err := c.SetNX(ctx, epochKey(ns), epoch, 0).Err(); err != nil {
 		return State{}, fmt.Errorf("create epoch: %w", err)

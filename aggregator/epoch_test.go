@@ -55,6 +55,12 @@ func TestStateLossIsDetected(t *testing.T) {
 	if err := store.SeedVersion(ctx, keyLive, 41); err != nil {
 		t.Fatal(err)
 	}
+
+	// A namespace written in an older state layout is refused, never read in the new one.
+	client.Set(ctx, epochKey(fresh.Namespace), "20261129T230000Z-00ff00ff00ff00ff", 0)
+	if _, err := OpenState(ctx, client, prefix, true); !errors.Is(err, ErrStateLost) {
+		t.Fatalf("open of an old-layout namespace: %v, want ErrStateLost", err)
+	}
 }
 
 func TestSealDetectsLostWrites(t *testing.T) {

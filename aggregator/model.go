@@ -38,7 +38,7 @@ const (
 	Reassessed                    // a newer assessment moved an opportunity to its new class and time
 	Duplicate                     // the same assessment again: nothing changed
 	Stale                         // an older assessment than the one held: nothing changed
-	Expired                       // occurred beyond the retention behind the aggregate's newest event
+	Expired                       // occurred in an hour retention no longer covers (see Model)
 )
 
 func (o Outcome) String() string {
@@ -149,6 +149,21 @@ func windowOf(occ, at int64) (hour, day, week bool) {
 	return m <= mt && m >= mt-59, h <= ht && h >= ht-23, h <= ht && h >= ht-167
 }
 
+// retainedFrom returns the first retained instant when the aggregate's newest occurred_at is w:
+// the start of the hour that holds w − retention. Retention is hour-granular so that the Redis
+// store can expire a whole hour at once: an opportunity is kept at least retention, and less than
+// an hour longer.
+func retainedFrom(w, retention int64) int64 { return floorDiv(w-retention, hourUS) * hourUS }
+
+// floorDiv is a / b rounded toward negative infinity (b > 0), as Lua's math.floor(a / b).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
+}
+
 // Model is the pure statement of the repeat-rate rules: it holds every retained opportunity in
 // memory. The zero value is not usable; call NewModel.
 type Model struct {
@@ -172,7 +187,7 @@ type record struct {
 }
 
 // NewModel returns an empty model that retains opportunity identities for the given time behind
-// each aggregate's newest occurred_at.
+// each aggregate's newest occurred_at, rounded out to whole hours (see retainedFrom).
 func NewModel(retention time.Duration) *Model {
 	return &Model{retention: int64(retention / time.Microsecond), aggs: make(map[Key]*modelAgg)}
 }
@@ -204,7 +219,7 @@ func (a *modelAgg) apply(o *Observation, retention int64) (Outcome, bool) {
 	changed := false
 	if !a.seen || o.Occurred > a.watermark {
 		a.watermark, a.seen = o.Occurred, true
-		if cut := a.watermark - retention; len(a.opps) > 0 && a.minOcc < cut {
+		if cut := retainedFrom(a.watermark, retention); len(a.opps) > 0 && a.minOcc < cut {
 			a.minOcc = a.watermark
 			for id, r := range a.opps {
 				if r.occ < cut {
@@ -216,7 +231,7 @@ func (a *modelAgg) apply(o *Observation, retention int64) (Outcome, bool) {
 			}
 		}
 	}
-	if o.Occurred < a.watermark-retention {
+	if o.Occurred < retainedFrom(a.watermark, retention) {
 		return Expired, changed
 	}
 	if len(a.opps) == 0 || o.Occurred < a.minOcc {

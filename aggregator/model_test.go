@@ -191,14 +191,19 @@ func TestRetention(t *testing.T) {
 		obs("late", Passed, 0, 50*h, 0),    // occurred beyond retention behind the watermark
 		obs("edge", Confirmed, h, 50*h, 0), // exactly at the retention edge: kept
 		obs("old", Confirmed, 0, 0, 0),     // its identity is gone, and it is expired too
+		// Retention is hour-granular: 49h30m moves the watermark, but the cut stays at the start
+		// of hour 1 (the hour of 1h30m), so an opportunity 48h10m behind is still kept.
+		obs("newer", Passed, 49*h+30*time.Minute, 50*h, 0),
+		obs("hour", Confirmed, h+20*time.Minute, 50*h, 0),
+		obs("before", Confirmed, h-time.Microsecond, 50*h, 0), // the hour before the cut
 	})
-	want := []Outcome{Counted, Counted, Expired, Counted, Expired}
+	want := []Outcome{Counted, Counted, Expired, Counted, Expired, Counted, Counted, Expired}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("outcomes = %v, want %v", got, want)
 		}
 	}
-	if all := m.Tally(keyLive, t0.Add(50*h)).All; all != (Counts{Confirmed: 1, Passed: 1}) {
+	if all := m.Tally(keyLive, t0.Add(50*h)).All; all != (Counts{Confirmed: 2, Passed: 2}) {
 		t.Fatalf("all = %+v", all)
 	}
 }

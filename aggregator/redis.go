@@ -60,7 +60,8 @@ func (c *RedisConfig) Validate() error {
 }
 
 // Redis is the durable store: the rules of Model applied by one Lua script per aggregate and batch.
-// The three keys of an aggregate share the hash tag {<key>}, so the script runs on Redis Cluster.
+// Every key of an aggregate (records, state, per-hour id lists) shares the hash tag {<key>}, so
+// the script runs on Redis Cluster.
 type Redis struct {
 	client redis.UniversalClient
 	cfg    RedisConfig
@@ -78,10 +79,11 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	return &Redis{client: client, cfg: cfg}, nil
 }
 
-// keys returns the opportunity hash, occurrence index and state hash of k.
+// keys returns the record hash and state hash of k, and the prefix of its per-hour id lists
+// (the script appends the hour).
 func (r *Redis) keys(k Key) []string {
 	base := r.cfg.Prefix + ":{" + k.String() + "}:"
-	return []string{base + "o", base + "z", base + "s"}
+	return []string{base + "o", base + "s", base + "e"}
 }
 
 // Apply applies obs in order, one script call per aggregate, all in one pipelined round trip, and
@@ -251,7 +253,7 @@ func parseScore(v any) (int64, error) {
 // SeedVersion raises aggregate k's version to at least v, so that versions keep growing across a
 // rebuild into a fresh namespace: subscribers drop snapshots whose version they have passed.
 func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
-	st := r.keys(k)[2]
+	st := r.keys(k)[1]
 	cur, err := r.client.HGet(ctx, st, "v").Int64()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("seed version of %s: %w", k, err)

@@ -21,14 +21,17 @@ var collisionScopes = []schemas.Scope{
 	{Workspace: "a%7Cb", Model: "c", Run: "r", Checkpoint: "k", Artifact: "x"},
 }
 
-// randomStream returns n observations with duplicates, re-assessments, stale re-assessments,
-// late and far-too-late events, in shuffled order, over a clock that moves about 10 days.
+// randomStream returns n observations with duplicates, re-assessments (some moving the
+// opportunity's occurred time), stale re-assessments, late and far-too-late events, in shuffled
+// order, over a clock that moves about 10 days.
 func randomStream(r *rand.Rand, n int) []Observation {
-	return randomStreamOver(r, n, 10*24*time.Hour)
+	return randomStreamOver(r, n, 10*24*time.Hour, 0)
 }
 
-// randomStreamOver is randomStream with the clock moving over span instead of 10 days.
-func randomStreamOver(r *rand.Rand, n int, span time.Duration) []Observation {
+// randomStreamOver is randomStream with the clock moving over span instead of 10 days, and with
+// one event in jumpEvery (0: none) occurring far ahead of the clock, so that its aggregate's
+// watermark leaps and everything it held expires at once.
+func randomStreamOver(r *rand.Rand, n int, span time.Duration, jumpEvery int) []Observation {
 	var keys []Key
 	for _, sc := range collisionScopes {
 		for _, corr := range []string{"fix-1", "fix|2"} {
@@ -48,6 +51,9 @@ func randomStreamOver(r *rand.Rand, n int, span time.Duration) []Observation {
 			o.Class = Class(1 + r.IntN(3))
 			o.Assessed += int64(r.IntN(7200)-1800) * 1e6
 			o.Seq = int64(r.IntN(3))
+			if r.IntN(3) == 0 { // the correction moved the attempt's time, often across an hour
+				o.Occurred += int64(r.IntN(4*3600)-2*3600) * 1e6
+			}
 			out = append(out, o)
 		default:
 			back := int64(r.ExpFloat64() * float64(20*time.Minute/time.Microsecond))
@@ -55,6 +61,9 @@ func randomStreamOver(r *rand.Rand, n int, span time.Duration) []Observation {
 				back = int64(r.IntN(6*24)) * int64(time.Hour/time.Microsecond) // days late
 			}
 			occ := clock - back
+			if jumpEvery > 0 && r.IntN(jumpEvery) == 0 {
+				occ = clock + int64(span/time.Microsecond)/3
+			}
 			out = append(out, Observation{
 				Key:           keys[r.IntN(len(keys))],
 				OpportunityID: fmt.Sprintf("o%d", r.IntN(n/3+1)),
@@ -77,22 +86,30 @@ func TestRedisMatchesModel(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
-		seed uint64
-		span time.Duration // how far the stream's clock moves
+		seed      uint64
+		span      time.Duration // how far the stream's clock moves
+		retention time.Duration
+		jumpEvery int
 	}{
 		// Days: expiry, pruning, every window boundary; the observation minute changes every batch.
-		{1, 10 * 24 * time.Hour}, {2, 10 * 24 * time.Hour}, {3, 10 * 24 * time.Hour},
+		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0}, {2, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0},
+		{3, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0},
 		// Minutes: many batches share an observation minute, so the cached window sums are used
 		// and updated in place.
-		{4, 20 * time.Minute}, {5, 3 * time.Hour},
+		{4, 20 * time.Minute, 3 * 24 * time.Hour, 0}, {5, 3 * time.Hour, 3 * 24 * time.Hour, 0},
+		// Watermark leaps: whole aggregates expire at once, then fill again.
+		{6, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 500},
+		// The shortest retention: hours expire inside the 24h window and while their minute
+		// buckets still exist.
+		{7, 12 * time.Hour, time.Hour, 0}, {8, 2 * time.Hour, time.Hour, 700},
 	} {
 		seed := tc.seed
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 99))
-			stream := randomStreamOver(r, 10000, tc.span)
+			stream := randomStreamOver(r, 10000, tc.span, tc.jumpEvery)
 			prefix := testenv.Name(t, "model")
 			testenv.CleanPrefix(t, client, prefix)
-			retention := 3 * 24 * time.Hour // short, so expiry happens inside the stream
+			retention := tc.retention // short, so expiry happens inside the stream
 			store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: retention})
 			if err != nil {
 				t.Fatal(err)
@@ -108,6 +125,9 @@ func TestRedisMatchesModel(t *testing.T) {
 					maxOcc = max(maxOcc, o.Occurred)
 				}
 				at := time.UnixMicro(maxOcc + int64(r.IntN(120))*1e6)
+				if r.IntN(4) == 0 { // events slightly ahead of the observer's clock (within the skew the minute buckets keep)
+					at = time.UnixMicro(maxOcc - int64(r.IntN(9*60))*1e6)
+				}
 				got, err := store.Apply(ctx, batch, at)
 				if err != nil {
 					t.Fatal(err)
@@ -203,4 +223,96 @@ func indexByte(s string, c byte) int {
 		}
 	}
 	return -1
+}
+
+func TestRedisShortRetentionExpiresInsideTheHourWindow(t *testing.T) {
+	// Retention 1h: 14:05 expires hour 12, whose last minute is still inside the 1h window of an
+	// observer at 13:58 (seven minutes behind the newest event). Its minute bucket must go too.
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	prefix := testenv.Name(t, "short")
+	testenv.CleanPrefix(t, client, prefix)
+	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := NewModel(time.Hour)
+	h, m := time.Hour, time.Minute
+	for _, step := range []struct {
+		obs []Observation
+		at  time.Duration
+	}{
+		{[]Observation{obs("a", Confirmed, 59*m+30*time.Second, h, 0), obs("b", Passed, 58*m, h, 0)}, h},
+		{[]Observation{obs("c", Passed, 2*h+5*m, 2*h+5*m, 0)}, h + 58*m},
+		{[]Observation{obs("d", Confirmed, 2*h+6*m, 2*h+6*m, 0)}, 2*h + 6*m},
+	} {
+		got, err := store.Apply(ctx, step.obs, t0.Add(step.at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := model.Apply(ctx, step.obs, t0.Add(step.at))
+		if got.Tallies[keyLive] != want.Tallies[keyLive] {
+			t.Fatalf("at %v:\nredis %+v\nmodel %+v", step.at, got.Tallies[keyLive], want.Tallies[keyLive])
+		}
+	}
+}
+
+func TestRedisCollectsExpiredRecords(t *testing.T) {
+	// Ten hours of 300 opportunities each under 2h retention: by the end, the records of the
+	// expired hours are gone from the record hash and their id lists are gone, while every list
+	// left carries a TTL.
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	prefix := testenv.Name(t, "gc")
+	testenv.CleanPrefix(t, client, prefix)
+	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: 2 * time.Hour, IdleTTL: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := NewModel(2 * time.Hour)
+	var last Observation
+	for hour := 0; hour < 10; hour++ {
+		for b := 0; b < 3; b++ {
+			var batch []Observation
+			for i := 0; i < 100; i++ {
+				occ := time.Duration(hour)*time.Hour + time.Duration(b*100+i)*10*time.Second
+				last = obs(fmt.Sprintf("o%d-%d", hour, b*100+i), Class(1+i%3), occ, occ, 0)
+				batch = append(batch, last)
+			}
+			at := time.UnixMicro(last.Occurred)
+			got, err := store.Apply(ctx, batch, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, _ := model.Apply(ctx, batch, at); got.Tallies[keyLive] != want.Tallies[keyLive] {
+				t.Fatalf("hour %d: redis %+v, model %+v", hour, got.Tallies[keyLive], want.Tallies[keyLive])
+			}
+		}
+	}
+	keys := store.keys(keyLive)
+	retained := model.Tally(keyLive, t0).Retained()
+	// Hours 7, 8, 9 are retained (the cut is the hour of 9:49:50 − 2h); the garbage of the
+	// expired hours is collected a batch-sized amount at a time, so at most a few hundred remain.
+	if retained != 900 {
+		t.Fatalf("model retains %d, want 900", retained)
+	}
+	n, err := client.HLen(ctx, keys[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < retained || n > retained+300 {
+		t.Fatalf("record hash holds %d records for %d retained opportunities", n, retained)
+	}
+	lists, err := client.Keys(ctx, keys[2]+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lists) > 4 {
+		t.Fatalf("%d id lists remain (%v), want at most the 3 retained hours and one being collected", len(lists), lists)
+	}
+	for _, k := range lists {
+		if ttl := client.PTTL(ctx, k).Val(); ttl <= 24*time.Hour {
+			t.Fatalf("list %s has TTL %v, want more than the idle TTL", k, ttl)
+		}
+	}
 }
