@@ -29,8 +29,9 @@ local ttl = tonumber(ARGV[3])
 local floor = math.floor
 local function num(x) return string.format('%.0f', x) end
 
-local head = redis.call('HMGET', st, 'w', 'pm', 'f', 'l', 'g')
+local head = redis.call('HMGET', st, 'w', 'pm', 'f', 'l', 'g', 't')
 local w, pm, f, l, g = tonumber(head[1]), tonumber(head[2]), tonumber(head[3]), tonumber(head[4]), tonumber(head[5])
+local refreshed = tonumber(head[6]) or 0
 local w0, f0, l0, g0 = w, f, l, g
 local cutH, mfloor -- first retained hour, first minute with a bucket
 if w then cutH, mfloor = floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
@@ -388,8 +389,7 @@ if n > 0 and ttl > 0 then
   -- The id lists live twice the idle TTL and are all refreshed every half TTL (server clock), so
   -- none expires while its aggregate is alive, and none outlives a dropped aggregate for long.
   local now = tonumber(redis.call('TIME')[1])
-  local last = tonumber(redis.call('HGET', st, 't') or '0')
-  if now - last >= ttl / 2000 and g and w then
+  if now - refreshed >= ttl / 2000 and g and w then
     for h = g, floor(w / HOUR) do redis.call('PEXPIRE', lists .. h, 2 * ttl) end
     redis.call('HSET', st, 't', now)
   end
