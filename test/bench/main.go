@@ -95,33 +95,45 @@ func run() error {
 		return err
 	}
 
-	consumeEPS, err := e.consumeOnly(ctx, in20)
-	if err != nil {
-		return err
+	// The limits, like the pipeline below, are the faster of two runs.
+	var consumeEPS, redisEPS float64
+	for round := 1; round <= 2; round++ {
+		c, err := e.consumeOnly(ctx, in20)
+		if err != nil {
+			return err
+		}
+		r, err := e.redisOnly(ctx, in20)
+		if err != nil {
+			return err
+		}
+		logf("round %d consume-only: %.0f events/s, redis-only: %.0f events/s", round, c, r)
+		consumeEPS, redisEPS = math.Max(consumeEPS, c), math.Max(redisEPS, r)
 	}
-	logf("consume-only: %.0f events/s", consumeEPS)
-	redisEPS, err := e.redisOnly(ctx, in20)
-	if err != nil {
-		return err
-	}
-	logf("redis-only: %.0f events/s", redisEPS)
 
-	p20, err := e.pipeline(ctx, in20, e.redisAOF)
-	if err != nil {
-		return err
+	// The three pipeline configurations run twice, interleaved, and each keeps its faster run: a
+	// single run on two shared cores can lose a quarter of its speed to an AOF rewrite, the JVM or
+	// another process, and the comparisons below are between configurations, not disturbances.
+	var p20, p0, pNone pipelineResult
+	for round := 1; round <= 2; round++ {
+		r20, err := e.pipeline(ctx, in20, e.redisAOF)
+		if err != nil {
+			return err
+		}
+		logf("round %d pipeline dup20 aof: %.0f events/s, %.4f round trips/event, %.5f commits/event, %.1f µs CPU/event, peak RSS %.0f MB",
+			round, r20.eps, r20.roundTrips, r20.commits, r20.cpuMicros, r20.rssMB)
+		r0, err := e.pipeline(ctx, in0, e.redisAOF)
+		if err != nil {
+			return err
+		}
+		logf("round %d pipeline dup0 aof: %.0f events/s", round, r0.eps)
+		rNone, err := e.pipeline(ctx, in20, e.redisNone)
+		if err != nil {
+			return err
+		}
+		logf("round %d pipeline dup20 no-aof: %.0f events/s", round, rNone.eps)
+		p20, p0, pNone = faster(p20, r20), faster(p0, r0), faster(pNone, rNone)
 	}
-	logf("pipeline dup20 aof: %.0f events/s, %.4f round trips/event, %.5f commits/event, %.1f µs CPU/event, peak RSS %.0f MB",
-		p20.eps, p20.roundTrips, p20.commits, p20.cpuMicros, p20.rssMB)
-	p0, err := e.pipeline(ctx, in0, e.redisAOF)
-	if err != nil {
-		return err
-	}
-	logf("pipeline dup0 aof: %.0f events/s", p0.eps)
-	pNone, err := e.pipeline(ctx, in20, e.redisNone)
-	if err != nil {
-		return err
-	}
-	logf("pipeline dup20 no-aof: %.0f events/s", pNone.eps)
+	logf("best of two: dup20 aof %.0f, dup0 aof %.0f, dup20 no-aof %.0f events/s", p20.eps, p0.eps, pNone.eps)
 
 	p50, p99, err := e.latency(ctx, p20.eps/2)
 	if err != nil {
@@ -153,6 +165,14 @@ func run() error {
 	b, _ := json.Marshal(out)
 	fmt.Println(string(b))
 	return nil
+}
+
+// faster returns whichever of two runs of one configuration processed events faster.
+func faster(a, b pipelineResult) pipelineResult {
+	if b.eps > a.eps {
+		return b
+	}
+	return a
 }
 
 func round(x float64, digits int) float64 {
