@@ -12,7 +12,8 @@
 -- KEYS[3] prefix of the id lists: KEYS[3] .. <hour> lists the ids counted in (or moved into) that
 --               hour, so that when the hour expires its records can be found and deleted
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
--- then five per observation: id, class (C|P|U), occurred_us, assessed_us, seq.
+-- then three per observation: id, occurred_us, and its record as KEYS[1] stores it (encoded by
+-- the caller, so a byte-identical duplicate is recognised by one string comparison).
 -- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
 -- outcomes has one letter per observation: N counted, R reassessed, D duplicate, S stale, E expired.
 --
@@ -109,11 +110,6 @@ local function bump(cls, occ, d)
   if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
 end
 
-local function encode(cls, occ, asd, seq)
-  if seq == 0 then return cls .. string.format('%x,%x', occ, asd) end
-  return cls .. string.format('%x,%x,%x', occ, asd, seq)
-end
-
 -- parse returns class, occurred, assessed and seq of a record.
 local function parse(rec)
   local c, o, a, s = string.match(rec, '^(%a)(%x+),(%x+),?(%x*)$')
@@ -208,14 +204,14 @@ local function removeOcc(occ)
   if occ >= l then lDirty = true end
 end
 
-local n = (#ARGV - 3) / 5
+local n = (#ARGV - 3) / 3
 
 -- Held records of the batch's opportunities, fetched in one call; writes are collected and made
 -- at the end: one HSET for the records, one RPUSH per hour for the id lists.
 local held = {}
 if n > 0 then
   local ids = {}
-  for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 5] end
+  for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 3] end
   local got = hmget(opps, ids)
   for i = 1, n do
     if held[ids[i]] == nil then held[ids[i]] = got[i] end
@@ -236,20 +232,22 @@ end
 
 local out = {}
 for i = 0, n - 1 do
-  local b = 3 + i * 5
-  local id, cls = ARGV[b + 1], ARGV[b + 2]
-  local occ, asd, seq = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local b = 3 + i * 3
+  local id, occ, value = ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
   advance(occ)
+  local rec = held[id]
   if occ < cutH * HOUR then
     out[#out + 1] = 'E'
+  elseif rec == value then
+    -- The same assessment, byte for byte, of a record whose occurred time (occ) is retained.
+    out[#out + 1] = 'D'
   else
-    local rec = held[id]
+    local cls, _, asd, seq = parse(value)
     local oc, oo, oa, os
     if rec then
       oc, oo, oa, os = parse(rec)
       if oo < cutH * HOUR then rec = nil end -- its hour expired: the record is garbage
     end
-    local value = encode(cls, occ, asd, seq)
     if not rec then
       write(id, value, floor(occ / HOUR))
       insertOcc(occ)

@@ -96,6 +96,7 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		strconv.FormatInt(Micros(at), 10),
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
+	recs := encodeRecords(obs)
 	run := func() ([]redis.Cmder, error) {
 		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
@@ -103,13 +104,10 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 			}
 			for _, k := range keys {
 				idx := groups[k]
-				args := make([]any, 0, len(head)+5*len(idx))
+				args := make([]any, 0, len(head)+3*len(idx))
 				args = append(args, head...)
 				for _, i := range idx {
-					o := &obs[i]
-					args = append(args, o.OpportunityID, classCode(o.Class),
-						strconv.FormatInt(o.Occurred, 10), strconv.FormatInt(o.Assessed, 10),
-						strconv.FormatInt(o.Seq, 10))
+					args = append(args, obs[i].OpportunityID, recs.occurred(i), recs.record(i))
 				}
 				applyScript.EvalSha(ctx, p, r.keys(k), args...)
 			}
@@ -171,6 +169,44 @@ func (r *Redis) Tally(ctx context.Context, k Key, at time.Time) (Tally, error) {
 	return t, err
 }
 
+// records holds the script arguments of a batch's observations, all in one string: for each, its
+// occurred time in decimal and its record as the script stores it,
+// "<class><occurred hex>,<assessed hex>[,<seq hex>]". Times are validated to 1970..2200, so every
+// value is non-negative and exact in Lua's doubles.
+type records struct {
+	s    string
+	ends []int // per observation: end of its occurred time, end of its record
+}
+
+func encodeRecords(obs []Observation) records {
+	buf := make([]byte, 0, len(obs)*48)
+	ends := make([]int, 0, 2*len(obs))
+	for i := range obs {
+		o := &obs[i]
+		buf = strconv.AppendInt(buf, o.Occurred, 10)
+		ends = append(ends, len(buf))
+		buf = append(buf, classCode(o.Class))
+		buf = strconv.AppendInt(buf, o.Occurred, 16)
+		buf = append(buf, ',')
+		buf = strconv.AppendInt(buf, o.Assessed, 16)
+		if o.Seq != 0 {
+			buf = append(buf, ',')
+			buf = strconv.AppendInt(buf, o.Seq, 16)
+		}
+		ends = append(ends, len(buf))
+	}
+	return records{s: string(buf), ends: ends}
+}
+
+func (r records) start(j int) int {
+	if j == 0 {
+		return 0
+	}
+	return r.ends[j-1]
+}
+func (r records) occurred(i int) string { return r.s[r.start(2*i):r.ends[2*i]] }
+func (r records) record(i int) string   { return r.s[r.ends[2*i]:r.ends[2*i+1]] }
+
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
@@ -188,14 +224,14 @@ func groupByKey(obs []Observation) (map[Key][]int, []Key) {
 	return groups, keys
 }
 
-func classCode(c Class) string {
+func classCode(c Class) byte {
 	switch c {
 	case Confirmed:
-		return "C"
+		return 'C'
 	case Passed:
-		return "P"
+		return 'P'
 	}
-	return "U"
+	return 'U'
 }
 
 var outcomeCodes = map[byte]Outcome{'N': Counted, 'R': Reassessed, 'D': Duplicate, 'S': Stale, 'E': Expired}
