@@ -131,8 +131,8 @@ func run() error {
 			if err != nil {
 				return err
 			}
-			logf("pipeline %s: %.0f events/s, %.4f round trips/event, %.5f commits/event, %.1f µs CPU/event, peak RSS %.0f MB",
-				cf.name, r.eps, r.roundTrips, r.commits, r.cpuMicros, r.rssMB)
+			logf("pipeline %s: %.0f events/s, %.4f round trips/event, %.5f commits/event, %.1f µs CPU/event, peak RSS %.0f MB, %d AOF rewrites",
+				cf.name, r.eps, r.roundTrips, r.commits, r.cpuMicros, r.rssMB, r.aofRewrites)
 			*cf.best = faster(*cf.best, r)
 		}
 	}
@@ -348,6 +348,22 @@ func cleanup(rdb *redis.Client, prefix string) {
 
 type pipelineResult struct {
 	eps, roundTrips, commits, cpuMicros, rssMB float64
+	aofRewrites                                int // AOF rewrites Redis started during the run
+}
+
+// aofRewrites returns how many AOF rewrites the Redis at addr has done since it started (0 when
+// AOF is off or the figure is unavailable).
+func aofRewrites(ctx context.Context, addr string) int {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s, _ := rdb.Info(ctx, "persistence").Result()
+	for _, l := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(l, "aof_rewrites:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
 }
 
 // pipeline runs the processor binary over the input topic and measures from its first processed
@@ -385,6 +401,7 @@ func (e *env) pipeline(ctx context.Context, in *input, redisAddr string) (pipeli
 	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	var first time.Time
 	var cpu0 float64
+	rewrites0 := aofRewrites(ctx, redisAddr)
 	deadline := time.Now().Add(30 * time.Minute)
 	for {
 		if time.Now().After(deadline) {
@@ -405,6 +422,7 @@ func (e *env) pipeline(ctx context.Context, in *input, redisAddr string) (pipeli
 					commits:    m[`repeatrate_offset_commits_total{result="ok"}`] / float64(in.n),
 					cpuMicros:  cpu / float64(in.n) * 1e6,
 					rssMB:      peakRSS(cmd.Process.Pid),
+					aofRewrites: aofRewrites(ctx, redisAddr) - rewrites0,
 				}, nil
 			}
 		}
