@@ -417,11 +417,11 @@ func (e *env) pipeline(ctx context.Context, in *input, redisAddr string) (pipeli
 				el := time.Since(first).Seconds()
 				cpu := cpuSeconds(cmd.Process.Pid) - cpu0
 				return pipelineResult{
-					eps:        float64(in.n) / el,
-					roundTrips: m["repeatrate_redis_roundtrips_total"] / float64(in.n),
-					commits:    m[`repeatrate_offset_commits_total{result="ok"}`] / float64(in.n),
-					cpuMicros:  cpu / float64(in.n) * 1e6,
-					rssMB:      peakRSS(cmd.Process.Pid),
+					eps:         float64(in.n) / el,
+					roundTrips:  m["repeatrate_redis_roundtrips_total"] / float64(in.n),
+					commits:     m[`repeatrate_offset_commits_total{result="ok"}`] / float64(in.n),
+					cpuMicros:   cpu / float64(in.n) * 1e6,
+					rssMB:       peakRSS(cmd.Process.Pid),
 					aofRewrites: aofRewrites(ctx, redisAddr) - rewrites0,
 				}, nil
 			}
