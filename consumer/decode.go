@@ -73,17 +73,20 @@ func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
 	if size := messageSize(m); size > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "message is %d bytes, limit %d", size, d.cfg.MaxMessageBytes)
 	}
-	var e event.Event
-	var err error
+	var a attributes
 	if ct := header(m, headerContentType); !strings.HasPrefix(strings.ToLower(ct), structuredType) && header(m, headerPrefix+"specversion") != "" {
-		e, err = binaryEvent(m, ct)
+		e, err := binaryEvent(m, ct)
+		if err != nil {
+			return Event{}, err
+		}
+		a = attributesOf(e)
 	} else {
-		e, err = structuredEvent(m.Value)
+		var err error
+		if a, err = structuredEvent(m.Value); err != nil {
+			return Event{}, err
+		}
 	}
-	if err != nil {
-		return Event{}, err
-	}
-	return d.Data(e, now)
+	return d.data(a, now)
 }
 
 // DecodeStructured decodes one structured-mode CloudEvent (a JSON object), as replay and produce
@@ -92,34 +95,47 @@ func (d *Decoder) DecodeStructured(value []byte, now time.Time) (Event, error) {
 	if len(value) > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "event is %d bytes, limit %d", len(value), d.cfg.MaxMessageBytes)
 	}
-	e, err := structuredEvent(value)
+	a, err := structuredEvent(value)
 	if err != nil {
 		return Event{}, err
 	}
-	return d.Data(e, now)
+	return d.data(a, now)
 }
 
-// Data validates the data of a CloudEvent by its type.
-func (d *Decoder) Data(e event.Event, now time.Time) (Event, error) {
-	if ct := e.DataContentType(); ct != "" && !isJSON(ct) {
+// attributes are what repeatrate reads of a valid CloudEvent. The fast structured path fills them
+// straight from JSON; every other path converts the SDK's event (attributesOf).
+type attributes struct {
+	id, source, typ, subject, contentType string
+	time                                  time.Time // zero when absent
+	data                                  []byte
+}
+
+func attributesOf(e event.Event) attributes {
+	return attributes{id: e.ID(), source: e.Source(), typ: e.Type(), subject: e.Subject(),
+		contentType: e.DataContentType(), time: e.Time(), data: e.Data()}
+}
+
+// data validates the data of a CloudEvent by its type.
+func (d *Decoder) data(e attributes, now time.Time) (Event, error) {
+	if ct := e.contentType; ct != "" && !isJSON(ct) {
 		return Event{}, schemas.Invalid(schemas.ReasonBadDataFormat, "datacontenttype %q is not JSON", clipHeader(ct))
 	}
-	out := Event{ID: e.ID(), Source: e.Source(), Type: e.Type()}
-	switch e.Type() {
+	out := Event{ID: e.id, Source: e.source, Type: e.typ}
+	switch e.typ {
 	case schemas.TypeLiveAttempt:
-		a, err := schemas.ParseLiveAttempt(e.Data(), now, d.cfg.Limits)
+		a, err := schemas.ParseLiveAttempt(e.data, now, d.cfg.Limits)
 		if err != nil {
 			return Event{}, err
 		}
 		out.Live = &a
 	case schemas.TypeEvalResult:
-		r, err := schemas.ParseEvalResult(e.Data(), now, d.cfg.Limits)
+		r, err := schemas.ParseEvalResult(e.data, now, d.cfg.Limits)
 		if err != nil {
 			return Event{}, err
 		}
 		out.Eval = &r
 	default:
-		return Event{}, schemas.Invalid(schemas.ReasonUnknownType, "type %q is not consumed by repeatrate", clipHeader(e.Type()))
+		return Event{}, schemas.Invalid(schemas.ReasonUnknownType, "type %q is not consumed by repeatrate", clipHeader(e.typ))
 	}
 	return out, nil
 }
@@ -234,54 +250,55 @@ func skipValue(b []byte, i int) (int, bool) {
 // attributes above and JSON object data. ok is false whenever the event has anything else
 // (extensions, data_base64, dataschema, odd values), and the caller lets the SDK decide. What it
 // accepts, the SDK accepts with the same attributes and data (FuzzFastPathAgreesWithSDK).
-func fastStructured(value []byte) (e event.Event, ok bool) {
+func fastStructured(value []byte) (a attributes, ok bool) {
 	var env envelope
 	// Invalid UTF-8 is left to the SDK: decoders differ in how they repair it.
 	if !utf8.Valid(value) || !exactKeys(value) || fastjson.Unmarshal(value, &env) != nil {
-		return event.Event{}, false
+		return attributes{}, false
 	}
 	optional := func(p *string) bool { return p == nil || (*p != "" && utf8.ValidString(*p)) }
 	if env.SpecVersion != event.CloudEventsVersionV1 || env.ID == "" || env.Source == "" || env.Type == "" ||
 		!utf8.ValidString(env.ID+env.Source+env.Type) || !optional(env.Subject) || !optional(env.Time) ||
 		!optional(env.DataContentType) || len(env.Data) == 0 || env.Data[0] != '{' {
-		return event.Event{}, false
+		return attributes{}, false
 	}
+	// The SDK keeps source as a parsed URI reference: accept only what survives that unchanged.
 	if u, err := url.Parse(env.Source); err != nil || u.String() != env.Source {
-		return event.Event{}, false
+		return attributes{}, false
 	}
-	e = event.New(event.CloudEventsVersionV1)
-	e.SetID(env.ID)
-	e.SetSource(env.Source)
-	e.SetType(env.Type)
+	a = attributes{id: env.ID, source: env.Source, typ: env.Type, data: env.Data}
 	if env.Subject != nil {
-		e.SetSubject(*env.Subject)
+		a.subject = *env.Subject
 	}
 	if env.Time != nil {
 		t, err := time.Parse(time.RFC3339Nano, *env.Time)
 		if err != nil {
-			return event.Event{}, false
+			return attributes{}, false
 		}
-		e.SetTime(t)
+		a.time = t
 	}
 	if env.DataContentType != nil {
 		if *env.DataContentType != event.ApplicationJSON {
-			return event.Event{}, false // other spellings: the SDK decides whether data is JSON
+			return attributes{}, false // other spellings: the SDK decides whether data is JSON
 		}
-		e.SetDataContentType(*env.DataContentType)
+		a.contentType = *env.DataContentType
 	}
-	e.DataEncoded = env.Data
-	return e, true
+	return a, true
 }
 
-func structuredEvent(value []byte) (event.Event, error) {
+func structuredEvent(value []byte) (attributes, error) {
 	value = bytes.TrimSpace(value)
 	if len(value) == 0 || value[0] != '{' {
-		return event.Event{}, schemas.Invalid(schemas.ReasonUndecodable, "value is not a JSON CloudEvent")
+		return attributes{}, schemas.Invalid(schemas.ReasonUndecodable, "value is not a JSON CloudEvent")
 	}
-	if e, ok := fastStructured(value); ok {
-		return e, nil
+	if a, ok := fastStructured(value); ok {
+		return a, nil
 	}
-	return sdkStructured(value)
+	e, err := sdkStructured(value)
+	if err != nil {
+		return attributes{}, err
+	}
+	return attributesOf(e), nil
 }
 
 // sdkStructured reads a structured CloudEvent with the SDK: every attribute and encoding the
