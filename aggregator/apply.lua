@@ -158,7 +158,6 @@ local function expireHours(newCut)
     end
   end
   if #gone > 0 then hdel(st, gone); cached = false end
-  flush()
   if l < newCut * HOUR then
     f, l, fDirty, lDirty = nil, nil, false, false
   elseif f < newCut * HOUR then

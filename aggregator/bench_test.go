@@ -6,20 +6,12 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
-
-	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // go test -run '^$' -bench ApplyBatch -benchmem ./aggregator   (needs the test Redis)
 func BenchmarkApplyBatch(b *testing.B) {
-	client := testenv.Redis(b)
 	ctx := context.Background()
-	prefix := testenv.Name(b, "bench")
-	testenv.CleanPrefix(b, client, prefix)
-	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour})
-	if err != nil {
-		b.Fatal(err)
-	}
+	store, _ := testStore(b, "bench", RedisConfig{Retention: 30 * 24 * time.Hour})
 	const batch = 2000
 	r := rand.New(rand.NewPCG(1, 2))
 	var keys []Key

@@ -64,14 +64,8 @@ func TestStateLossIsDetected(t *testing.T) {
 }
 
 func TestSealDetectsLostWrites(t *testing.T) {
-	client := testenv.Redis(t)
 	ctx := context.Background()
-	prefix := testenv.Name(t, "seal")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, client := testStore(t, "seal", RedisConfig{Retention: time.Hour})
 	for i := 0; i < 3; i++ {
 		if err := store.Seal(ctx); err != nil {
 			t.Fatalf("seal %d: %v", i, err)

@@ -96,7 +96,7 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		strconv.FormatInt(Micros(at), 10),
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
-	recs := encodeRecords(obs)
+	occurred, recs := encodeRecords(obs)
 	run := func() ([]redis.Cmder, error) {
 		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
@@ -107,7 +107,7 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 				args := make([]any, 0, len(head)+3*len(idx))
 				args = append(args, head...)
 				for _, i := range idx {
-					args = append(args, obs[i].OpportunityID, recs.occurred(i), recs.record(i))
+					args = append(args, obs[i].OpportunityID, occurred[i], recs[i])
 				}
 				applyScript.EvalSha(ctx, p, r.keys(k), args...)
 			}
@@ -169,16 +169,12 @@ func (r *Redis) Tally(ctx context.Context, k Key, at time.Time) (Tally, error) {
 	return t, err
 }
 
-// records holds the script arguments of a batch's observations, all in one string: for each, its
-// occurred time in decimal and its record as the script stores it,
-// "<class><occurred hex>,<assessed hex>[,<seq hex>]". Times are validated to 1970..2200, so every
-// value is non-negative and exact in Lua's doubles.
-type records struct {
-	s    string
-	ends []int // per observation: end of its occurred time, end of its record
-}
-
-func encodeRecords(obs []Observation) records {
+// encodeRecords returns the script arguments of a batch's observations besides their ids: each
+// one's occurred time in decimal and its record as the script stores it,
+// "<class><occurred hex>,<assessed hex>[,<seq hex>]". All are slices of one string, one
+// allocation per batch. Times are validated to 1970..2200, so every value is non-negative and
+// exact in Lua's doubles.
+func encodeRecords(obs []Observation) (occurred, recs []string) {
 	buf := make([]byte, 0, len(obs)*48)
 	ends := make([]int, 0, 2*len(obs))
 	for i := range obs {
@@ -195,17 +191,15 @@ func encodeRecords(obs []Observation) records {
 		}
 		ends = append(ends, len(buf))
 	}
-	return records{s: string(buf), ends: ends}
-}
-
-func (r records) start(j int) int {
-	if j == 0 {
-		return 0
+	s := string(buf)
+	occurred, recs = make([]string, len(obs)), make([]string, len(obs))
+	from := 0
+	for i := range obs {
+		occurred[i], recs[i] = s[from:ends[2*i]], s[ends[2*i]:ends[2*i+1]]
+		from = ends[2*i+1]
 	}
-	return r.ends[j-1]
+	return occurred, recs
 }
-func (r records) occurred(i int) string { return r.s[r.start(2*i):r.ends[2*i]] }
-func (r records) record(i int) string   { return r.s[r.ends[2*i]:r.ends[2*i+1]] }
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")

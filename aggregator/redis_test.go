@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 )
@@ -82,8 +84,21 @@ func randomStreamOver(r *rand.Rand, n int, span time.Duration, jumpEvery int) []
 	return out
 }
 
-func TestRedisMatchesModel(t *testing.T) {
+// testStore returns a store on the test Redis under a fresh, emptied prefix named after what
+// (cfg.Prefix is set here), and the client it uses.
+func testStore(t testing.TB, what string, cfg RedisConfig) (*Redis, *redis.Client) {
+	t.Helper()
 	client := testenv.Redis(t)
+	cfg.Prefix = testenv.Name(t, what)
+	testenv.CleanPrefix(t, client, cfg.Prefix)
+	store, err := NewRedis(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, client
+}
+
+func TestRedisMatchesModel(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		seed      uint64
@@ -107,13 +122,8 @@ func TestRedisMatchesModel(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 99))
 			stream := randomStreamOver(r, 10000, tc.span, tc.jumpEvery)
-			prefix := testenv.Name(t, "model")
-			testenv.CleanPrefix(t, client, prefix)
 			retention := tc.retention // short, so expiry happens inside the stream
-			store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: retention})
-			if err != nil {
-				t.Fatal(err)
-			}
+			store, _ := testStore(t, "model", RedisConfig{Retention: retention})
 			model := NewModel(retention)
 			var maxOcc int64
 			counts := map[Outcome]int{}
@@ -169,14 +179,8 @@ func TestRedisMatchesModel(t *testing.T) {
 func TestRedisApplyTwiceIsApplyOnce(t *testing.T) {
 	// A retried script (go-redis after a lost reply) or a redelivered batch runs the same arguments
 	// again: it must change nothing, not even the version.
-	client := testenv.Redis(t)
 	ctx := context.Background()
-	prefix := testenv.Name(t, "twice")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, _ := testStore(t, "twice", RedisConfig{Retention: 30 * 24 * time.Hour})
 	batch := randomStream(rand.New(rand.NewPCG(7, 7)), 500)
 	at := t0.Add(11 * 24 * time.Hour)
 	first, err := store.Apply(ctx, batch, at)
@@ -228,14 +232,8 @@ func indexByte(s string, c byte) int {
 func TestRedisShortRetentionExpiresInsideTheHourWindow(t *testing.T) {
 	// Retention 1h: 14:05 expires hour 12, whose last minute is still inside the 1h window of an
 	// observer at 13:58 (seven minutes behind the newest event). Its minute bucket must go too.
-	client := testenv.Redis(t)
 	ctx := context.Background()
-	prefix := testenv.Name(t, "short")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, _ := testStore(t, "short", RedisConfig{Retention: time.Hour})
 	model := NewModel(time.Hour)
 	h, m := time.Hour, time.Minute
 	for _, step := range []struct {
@@ -261,14 +259,8 @@ func TestRedisCollectsExpiredRecords(t *testing.T) {
 	// Ten hours of 300 opportunities each under 2h retention: by the end, the records of the
 	// expired hours are gone from the record hash and their id lists are gone, while every list
 	// left carries a TTL.
-	client := testenv.Redis(t)
 	ctx := context.Background()
-	prefix := testenv.Name(t, "gc")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: 2 * time.Hour, IdleTTL: 24 * time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, client := testStore(t, "gc", RedisConfig{Retention: 2 * time.Hour, IdleTTL: 24 * time.Hour})
 	model := NewModel(2 * time.Hour)
 	var last Observation
 	for hour := 0; hour < 10; hour++ {
