@@ -7,6 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/local
 
+# go.mod and go.sum must be what `go mod tidy` makes of the imports: fail (and show the difference)
+# before starting anything when they are not.
+if ! go mod tidy -diff; then
+  echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result" >&2
+  exit 1
+fi
+
 started=()
 cleanup() {
   local rc=$?
