@@ -269,7 +269,7 @@ func Stability(k SuiteKey, version string, runs []RunEntry, cfg SuiteConfig, at 
 		n, c     int
 		planned  int64
 		firstOcc int64
-		arrived  map[int64]bool
+		arrived  []int64 // run indexes held, one per stored run
 	}
 	cases := map[string]*caseState{}
 	type runScore struct{ pass, n int }
@@ -279,12 +279,12 @@ func Stability(k SuiteKey, version string, runs []RunEntry, cfg SuiteConfig, at 
 		r := e.Record
 		cs := cases[e.Key.Case]
 		if cs == nil {
-			cs = &caseState{firstOcc: r.Occurred, arrived: map[int64]bool{}}
+			cs = &caseState{firstOcc: r.Occurred}
 			cases[e.Key.Case] = cs
 		}
 		cs.planned = max(cs.planned, r.Runs)
 		cs.firstOcc = min(cs.firstOcc, r.Occurred)
-		cs.arrived[e.Key.RunIndex] = true
+		cs.arrived = append(cs.arrived, e.Key.RunIndex)
 		s.Runs = max(s.Runs, r.Runs)
 		if r.Reply {
 			lengths = append(lengths, r.Tokens)
@@ -391,17 +391,40 @@ func Stability(k SuiteKey, version string, runs []RunEntry, cfg SuiteConfig, at 
 		if cs.firstOcc > deadline {
 			continue
 		}
-		var missing []int64
-		for i := int64(0); i < cs.planned; i++ {
-			if !cs.arrived[i] {
-				missing = append(missing, i)
-			}
-		}
-		if len(missing) > 0 {
-			s.MissingRuns = append(s.MissingRuns, schemas.MissingRuns{CaseID: c, RunIndexes: missing})
+		if n, sample := missingRuns(cs.planned, cs.arrived); n > 0 {
+			s.MissingRuns = append(s.MissingRuns, schemas.MissingRuns{CaseID: c, Count: n, RunIndexes: sample})
+			s.MissingRunsTotal += n
 		}
 	}
 	return s
+}
+
+// missingRuns returns how many of the planned run indexes 0 … planned−1 are not among arrived,
+// and the smallest of them, at most schemas.MaxMissingRunIndexes. Time and memory grow with
+// len(arrived), never with planned (up to 2^31−1): the count is planned minus the distinct arrived
+// indexes below planned, and the sample walks the gaps between sorted arrived indexes. It sorts
+// arrived in place.
+func missingRuns(planned int64, arrived []int64) (int64, []int64) {
+	slices.Sort(arrived)
+	arrived = slices.Compact(arrived)
+	lo, _ := slices.BinarySearch(arrived, 0)
+	hi, _ := slices.BinarySearch(arrived, planned)
+	n := planned - int64(hi-lo)
+	if n <= 0 {
+		return 0, nil
+	}
+	sample := make([]int64, 0, min(n, schemas.MaxMissingRunIndexes))
+	next := int64(0) // smallest index not yet known to be arrived or sampled
+	for _, a := range arrived[lo:hi] {
+		for ; next < a && len(sample) < cap(sample); next++ {
+			sample = append(sample, next)
+		}
+		next = a + 1
+	}
+	for ; next < planned && len(sample) < cap(sample); next++ {
+		sample = append(sample, next)
+	}
+	return n, sample
 }
 
 // AbnormalGate reports whether a run's abnormal trigger counts under mode, given its version's

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -176,8 +177,9 @@ func TestStability(t *testing.T) {
 	if s.AbnormalSamples != 1 || s.ReplyLength.Count != 10 {
 		t.Fatalf("abnormal %d replies %d", s.AbnormalSamples, s.ReplyLength.Count)
 	}
-	if len(s.MissingRuns) != 1 || s.MissingRuns[0].CaseID != "c" || !slices.Equal(s.MissingRuns[0].RunIndexes, []int64{2, 3}) {
-		t.Fatalf("missing %+v", s.MissingRuns)
+	if len(s.MissingRuns) != 1 || s.MissingRuns[0].CaseID != "c" || s.MissingRuns[0].Count != 2 ||
+		!slices.Equal(s.MissingRuns[0].RunIndexes, []int64{2, 3}) || s.MissingRunsTotal != 2 {
+		t.Fatalf("missing %+v total %d", s.MissingRuns, s.MissingRunsTotal)
 	}
 	// Before the deadline nothing is missing yet.
 	if s := Stability(suiteK, "v7", runs, cfg, t0.Add(time.Minute)); len(s.MissingRuns) != 0 {
@@ -186,5 +188,66 @@ func TestStability(t *testing.T) {
 	// One run: no standard deviation.
 	if s := Stability(suiteK, "v7", runs[:1], cfg, t0); s.StdDev != nil || len(s.RunScores) != 1 {
 		t.Fatalf("one run: %+v", s)
+	}
+}
+
+func TestMissingRuns(t *testing.T) {
+	tests := []struct {
+		name    string
+		planned int64
+		arrived []int64
+		count   int64
+		sample  []int64
+	}{
+		// Everything arrived: nothing missing, and no sample.
+		{"complete", 3, []int64{2, 0, 1}, 0, nil},
+		// Nothing arrived below planned but one index past it (a result that planned more runs).
+		{"only beyond planned", 3, []int64{5}, 3, []int64{0, 1, 2}},
+		// Duplicated arrivals count once.
+		{"duplicates", 4, []int64{1, 1, 3, 3}, 2, []int64{0, 2}},
+		// The gaps between arrivals, in order.
+		{"gaps", 8, []int64{6, 0, 3}, 5, []int64{1, 2, 4, 5, 7}},
+		// More missing than the cap: the count is exact, the sample the smallest indexes.
+		{"capped", 100, []int64{0, 2, 4, 6, 8, 10, 12}, 93, []int64{1, 3, 5, 7, 9, 11, 13, 14, 15, 16}},
+		// The cap is reached inside the last gap.
+		{"capped after the last arrival", 1<<31 - 1, []int64{1}, 1<<31 - 2, []int64{0, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n, sample := missingRuns(tc.planned, slices.Clone(tc.arrived))
+			if n != tc.count || !slices.Equal(sample, tc.sample) {
+				t.Fatalf("missing = %d %v, want %d %v", n, sample, tc.count, tc.sample)
+			}
+		})
+	}
+}
+
+// One eval result that plans 2^31−1 runs, whose case's first run is past the deadline: stability
+// must report the count without listing (or allocating) one entry per planned run.
+func TestStabilityHugeRunsIsBounded(t *testing.T) {
+	cfg := SuiteConfig{}
+	cfg.Validate()
+	// 2^20 first: a regression fails here at about 50 MB rather than exhausting memory at 2^31.
+	for _, planned := range []int64{1 << 20, 1<<31 - 1} {
+		e := run("v1", 1, "huge", 0, 'p')
+		e.Record.Runs, e.Record.Occurred = planned, Micros(t0)
+		runs := []RunEntry{e}
+		at := t0.Add(cfg.MissingAfter + time.Hour)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s := Stability(suiteK, "v1", runs, cfg, at)
+		runtime.ReadMemStats(&after)
+		if b := after.TotalAlloc - before.TotalAlloc; b > 64<<10 {
+			t.Fatalf("runs=%d: Stability allocated %d bytes, want under 64 KiB", planned, b)
+		}
+		want := []schemas.MissingRuns{{CaseID: "huge", Count: planned - 1, RunIndexes: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}}
+		if !slices.EqualFunc(s.MissingRuns, want, func(a, b schemas.MissingRuns) bool {
+			return a.CaseID == b.CaseID && a.Count == b.Count && slices.Equal(a.RunIndexes, b.RunIndexes)
+		}) || s.MissingRunsTotal != planned-1 || s.Runs != planned {
+			t.Fatalf("runs=%d: missing %+v total %d runs %d", planned, s.MissingRuns, s.MissingRunsTotal, s.Runs)
+		}
+		if allocs := testing.AllocsPerRun(10, func() { Stability(suiteK, "v1", runs, cfg, at) }); allocs > 100 {
+			t.Fatalf("runs=%d: %v allocations per Stability call", planned, allocs)
+		}
 	}
 }

@@ -52,8 +52,12 @@ type SuiteStability struct {
 	MGPassAtK       map[string]*float64            `json:"mg_pass_at_k"`
 	ReplyLength     ReplyLength                    `json:"reply_length"`
 	AbnormalSamples int                            `json:"abnormal_samples"`
-	MissingRuns     []MissingRuns                  `json:"missing_runs"`
-	ObservedAt      time.Time                      `json:"observed_at"`
+	// MissingRuns lists, per case (in case order), the planned runs that had not arrived by the
+	// deadline: only cases with at least one missing run appear.
+	MissingRuns []MissingRuns `json:"missing_runs"`
+	// MissingRunsTotal is the sum of MissingRuns' counts over every case of the version.
+	MissingRunsTotal int64     `json:"missing_runs_total"`
+	ObservedAt       time.Time `json:"observed_at"`
 }
 
 // ReplyLength summarises reply lengths in whitespace-separated tokens; percentile q is the sorted
@@ -65,9 +69,18 @@ type ReplyLength struct {
 	P90   *float64 `json:"p90"`
 }
 
-// MissingRuns names the planned runs of one case that had not arrived by the deadline.
+// MaxMissingRunIndexes caps MissingRuns.RunIndexes: a case may plan up to 2^31−1 runs, and a
+// snapshot must not grow (nor its computation allocate) with the number planned.
+const MaxMissingRunIndexes = 10
+
+// MissingRuns describes the planned runs of one case that had not arrived by the deadline: planned
+// run indexes are 0 … runs−1, where runs is the largest planned count among the case's results.
+// Count is how many of them are missing (at least 1); RunIndexes holds the smallest missing
+// indexes in ascending order, at most MaxMissingRunIndexes of them, so it is complete exactly when
+// Count ≤ MaxMissingRunIndexes.
 type MissingRuns struct {
 	CaseID     string  `json:"case_id"`
+	Count      int64   `json:"count"`
 	RunIndexes []int64 `json:"run_indexes"`
 }
 
