@@ -3,6 +3,7 @@ package aggregator
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -75,10 +76,19 @@ type SuiteConfig struct {
 	ReplyMode         ReplyMode
 }
 
-// Validate fills defaults.
+// Validate fills defaults and rejects a JudgeLastVersions window that is negative or shorter than
+// MinHistory: a case can have at most JudgeLastVersions judged outcomes, so every case would stay
+// too_new forever.
 func (c *SuiteConfig) Validate() error {
 	if c.MinHistory <= 0 {
 		c.MinHistory = 5
+	}
+	if c.JudgeLastVersions < 0 {
+		return fmt.Errorf("suite judge_last_versions %d must be 0 (judge every version) or positive", c.JudgeLastVersions)
+	}
+	if c.JudgeLastVersions > 0 && c.JudgeLastVersions < c.MinHistory {
+		return fmt.Errorf("suite judge_last_versions %d is below min_history %d: no case could ever be judged (every case would stay too_new); use 0 to judge every version or at least %d",
+			c.JudgeLastVersions, c.MinHistory, c.MinHistory)
 	}
 	if len(c.Ks) == 0 {
 		c.Ks = []int{1, 5, 10}

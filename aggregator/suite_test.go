@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,5 +250,37 @@ func TestStabilityHugeRunsIsBounded(t *testing.T) {
 		if allocs := testing.AllocsPerRun(10, func() { Stability(suiteK, "v1", runs, cfg, at) }); allocs > 100 {
 			t.Fatalf("runs=%d: %v allocations per Stability call", planned, allocs)
 		}
+	}
+}
+
+func TestSuiteConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  SuiteConfig
+		err  bool
+	}{
+		// Judging every version works with any history.
+		{"all versions", SuiteConfig{MinHistory: 5}, false},
+		// A window as long as the history needed can judge.
+		{"window equals min_history", SuiteConfig{MinHistory: 5, JudgeLastVersions: 5}, false},
+		{"window above min_history", SuiteConfig{MinHistory: 3, JudgeLastVersions: 10}, false},
+		// A window shorter than min_history leaves every case too_new.
+		{"window below min_history", SuiteConfig{MinHistory: 5, JudgeLastVersions: 4}, true},
+		// The default min_history (5) is what the window is held to.
+		{"window below default min_history", SuiteConfig{JudgeLastVersions: 3}, true},
+		// A negative window means nothing.
+		{"negative window", SuiteConfig{JudgeLastVersions: -1}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if (err != nil) != tc.err {
+				t.Fatalf("Validate() = %v, want error %v", err, tc.err)
+			}
+			if err != nil && tc.cfg.JudgeLastVersions > 0 &&
+				(!strings.Contains(err.Error(), "judge_last_versions") || !strings.Contains(err.Error(), "min_history")) {
+				t.Fatalf("error %q must name judge_last_versions and min_history", err)
+			}
+		})
 	}
 }
