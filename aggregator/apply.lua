@@ -2,15 +2,18 @@
 -- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
 -- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
 --
--- KEYS[1] hash  opportunity id -> "<class><occurred_us hex>,<assessed_us hex>[,<seq hex>]"
+-- KEYS[1] hash  opportunity id -> "<class><occurred_us hex>,<assessed_us hex>[,<seq hex>][;<horizon_us hex>]":
+--               the winning assessment, and its horizon (the greatest occurred_us of every assessment
+--               applied while retained) when that is above the winner's occurred_us
 -- KEYS[2] hash  state: C P U (retained counts), v (version), w (newest occurred_us),
 --               h<hour><class> counts of every retained hour, a<hour> b<hour> its least and
 --               greatest occurred_us, m<minute><class> counts of the last 70 minutes, pm (minute
 --               buckets pruned up to), f l (first and last retained occurred_us), g (lowest hour
 --               whose id list may still hold expired ids), t (last TTL refresh of the lists, s),
 --               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch
--- KEYS[3] prefix of the id lists: KEYS[3] .. <hour> lists the ids counted in (or moved into) that
---               hour, so that when the hour expires its records can be found and deleted
+-- KEYS[3] prefix of the id lists: KEYS[3] .. <hour> lists the ids whose winner or horizon entered
+--               that hour, so that a record can be found from the hour of its winner (to recompute the
+--               hour's bounds) and from the hour of its horizon (to delete it once that hour expires)
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
 -- then three per observation: id, occurred_us, and its record as KEYS[1] stores it (encoded by
 -- the caller, so a byte-identical duplicate is recognised by one string comparison).
@@ -18,8 +21,10 @@
 -- outcomes has one letter per observation: N counted, R reassessed, D duplicate, S stale, E expired.
 --
 -- Retention is by whole hours: hour h is retained while h >= floor((w - retention) / 1h). When an
--- hour leaves, its bucket counts leave C P U at once; its records are deleted a little per batch
--- (garbage collection from its id list), and until then a record of an expired hour reads as absent.
+-- hour leaves, its bucket counts leave C P U at once. A record is kept while its horizon is retained
+-- (docs/semantics.md#retention), so a redelivered older assessment still meets the identity; records
+-- whose horizon expired are deleted a little per batch (garbage collection from the id lists), and
+-- until then they read as absent.
 local MIN, HOUR = 60000000, 3600000000
 local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
@@ -110,10 +115,17 @@ local function bump(cls, occ, d)
   if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
 end
 
--- parse returns class, occurred, assessed and seq of a record.
+-- parse returns class, occurred, assessed, seq and horizon of a record, and the record without
+-- its horizon.
 local function parse(rec)
-  local c, o, a, s = string.match(rec, '^(%a)(%x+),(%x+),?(%x*)$')
-  return c, tonumber(o, 16), tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0
+  local base, c, o, a, s, z = string.match(rec, '^((%a)(%x+),(%x+),?(%x*));?(%x*)$')
+  o = tonumber(o, 16)
+  return c, o, tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0, (z ~= '' and tonumber(z, 16)) or o, base
+end
+-- withHorizon returns record base (no horizon) of an assessment that occurred at occ, with horizon z.
+local function withHorizon(base, occ, z)
+  if z > occ then return base .. ';' .. string.format('%x', z) end
+  return base
 end
 
 local function pruneMinutes(from, to)
@@ -217,16 +229,19 @@ if n > 0 then
   end
 end
 local pendRec, pendIds, pushes, pushHours = {}, {}, {}, {}
-local function write(id, value, pushHour)
+local function push(id, hour)
+  local p = pushes[hour]
+  if not p then p = {}; pushes[hour] = p; pushHours[#pushHours + 1] = hour end
+  p[#p + 1] = id
+  if not g or hour < g then g = hour end
+end
+-- write records value for id and lists id under each given hour that is not nil.
+local function write(id, value, h1, h2)
   if pendRec[id] == nil then pendIds[#pendIds + 1] = id end
   pendRec[id] = value
   held[id] = value
-  if pushHour then
-    local p = pushes[pushHour]
-    if not p then p = {}; pushes[pushHour] = p; pushHours[#pushHours + 1] = pushHour end
-    p[#p + 1] = id
-    if not g or pushHour < g then g = pushHour end
-  end
+  if h1 then push(id, h1) end
+  if h2 and h2 ~= h1 then push(id, h2) end
 end
 
 local out = {}
@@ -234,37 +249,47 @@ for i = 0, n - 1 do
   local b = 3 + i * 3
   local id, occ, value = ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
   advance(occ)
+  local cut = cutH * HOUR
   local rec = held[id]
-  if occ < cutH * HOUR then
-    out[#out + 1] = 'E'
-  elseif rec == value then
-    -- The same assessment, byte for byte, of a record whose occurred time (occ) is retained.
+  if rec == value and occ >= cut then
+    -- The same assessment, byte for byte, of a record whose winner (and so horizon) is retained.
     out[#out + 1] = 'D'
   else
     local cls, _, asd, seq = parse(value)
-    local oc, oo, oa, os
+    local oc, oo, oa, os, oz, obase
     if rec then
-      oc, oo, oa, os = parse(rec)
-      if oo < cutH * HOUR then rec = nil end -- its hour expired: the record is garbage
+      oc, oo, oa, os, oz, obase = parse(rec)
+      if oz < cut then rec = nil end -- its horizon expired: the record is garbage
     end
-    if not rec then
+    local isNewer = rec and (asd > oa or (asd == oa and seq > os))
+    if occ < cut then
+      -- Changes nothing, even when newer than the held winner (docs/semantics.md#retention).
+      out[#out + 1] = 'E'
+    elseif not rec then
       write(id, value, floor(occ / HOUR))
       insertOcc(occ)
       bump(cls, occ, 1)
       changed = true
       out[#out + 1] = 'N'
-    elseif asd > oa or (asd == oa and seq > os) then
-      bump(oc, oo, -1)
+    elseif isNewer then
+      if oo >= cut then bump(oc, oo, -1) end
       bump(cls, occ, 1)
-      local h, oh = floor(occ / HOUR), floor(oo / HOUR)
-      write(id, value, h ~= oh and h or nil)
-      if occ ~= oo then removeOcc(oo); insertOcc(occ) end
+      local z = math.max(oz, occ)
+      local h, oh, zh, ozh = floor(occ / HOUR), floor(oo / HOUR), floor(z / HOUR), floor(oz / HOUR)
+      write(id, withHorizon(value, occ, z), h ~= oh and h or nil, zh ~= ozh and zh or nil)
+      if oo < cut then
+        insertOcc(occ)
+      elseif occ ~= oo then
+        removeOcc(oo); insertOcc(occ)
+      end
       changed = true
       out[#out + 1] = 'R'
-    elseif asd == oa and seq == os then
-      out[#out + 1] = 'D'
     else
-      out[#out + 1] = 'S'
+      if occ > oz then -- the horizon grows: list the id under its new hour
+        local zh = floor(occ / HOUR)
+        write(id, withHorizon(obase, oo, occ), zh ~= floor(oz / HOUR) and zh or nil)
+      end
+      out[#out + 1] = (asd == oa and seq == os) and 'D' or 'S'
     end
   end
 end
@@ -356,8 +381,8 @@ if n > 0 and g and g < cutH then
       local del = {}
       for j = 1, #recs do
         if recs[j] then
-          local _, o = parse(recs[j])
-          if floor(o / HOUR) == g then del[#del + 1] = ids[j] end
+          local _, _, _, _, z = parse(recs[j])
+          if floor(z / HOUR) == g then del[#del + 1] = ids[j] end
         end
       end
       if #del > 0 then hdel(opps, del) end

@@ -176,14 +176,17 @@ type modelAgg struct {
 	watermark int64 // greatest occurred seen, µs; valid when seen
 	seen      bool
 	version   int64
-	// minOcc is at most the smallest retained occurred time, so expiry scans run only when
-	// something may have expired.
+	// minOcc is at most the smallest occurred time of any held record, so expiry scans run only
+	// when something may have expired.
 	minOcc int64
 }
 
+// record is what is held of one opportunity: its winning assessment and its horizon, the greatest
+// occurred time of every assessment applied while retained (never below occ). The opportunity
+// counts while occ is retained; its identity is kept while horizon is (docs/semantics.md#retention).
 type record struct {
-	class              Class
-	occ, assessed, seq int64
+	class                       Class
+	occ, assessed, seq, horizon int64
 }
 
 // NewModel returns an empty model that retains opportunity identities for the given time behind
@@ -193,7 +196,8 @@ func NewModel(retention time.Duration) *Model {
 }
 
 // ApplyBatch applies observations in order and returns each one's outcome. The version of every
-// aggregate whose state changed grows by exactly one, as one Redis script call per aggregate does.
+// aggregate whose counts or bounds changed grows by exactly one, as one Redis script call per
+// aggregate does.
 func (m *Model) ApplyBatch(obs []Observation) []Outcome {
 	out := make([]Outcome, len(obs))
 	changed := make(map[*modelAgg]bool)
@@ -215,41 +219,66 @@ func (m *Model) ApplyBatch(obs []Observation) []Outcome {
 	return out
 }
 
-func (a *modelAgg) apply(o *Observation, retention int64) (Outcome, bool) {
-	changed := false
-	if !a.seen || o.Occurred > a.watermark {
-		a.watermark, a.seen = o.Occurred, true
-		if cut := retainedFrom(a.watermark, retention); len(a.opps) > 0 && a.minOcc < cut {
-			a.minOcc = a.watermark
-			for id, r := range a.opps {
-				if r.occ < cut {
-					delete(a.opps, id)
-					changed = true
-				} else if r.occ < a.minOcc {
-					a.minOcc = r.occ
-				}
-			}
-		}
+// advance moves the watermark to occ when it is newer, and reports whether counted opportunities
+// left the retained range. Records whose horizon left it are forgotten.
+func (a *modelAgg) advance(occ, retention int64) bool {
+	if a.seen && occ <= a.watermark {
+		return false
 	}
-	if o.Occurred < retainedFrom(a.watermark, retention) {
+	old := retainedFrom(a.watermark, retention)
+	first := !a.seen
+	a.watermark, a.seen = occ, true
+	cut := retainedFrom(a.watermark, retention)
+	if first {
+		a.minOcc = occ
+		return false
+	}
+	if cut == old || len(a.opps) == 0 || a.minOcc >= cut {
+		return false
+	}
+	changed := false
+	a.minOcc = a.watermark
+	for id, r := range a.opps {
+		if r.occ < cut && r.occ >= old {
+			changed = true // its counts leave
+		}
+		if r.horizon < cut {
+			delete(a.opps, id)
+			continue
+		}
+		a.minOcc = min(a.minOcc, r.occ)
+	}
+	return changed
+}
+
+// apply applies one observation (docs/semantics.md#retention) and reports its outcome and whether
+// the aggregate's counts or bounds changed.
+func (a *modelAgg) apply(o *Observation, retention int64) (Outcome, bool) {
+	changed := a.advance(o.Occurred, retention)
+	cut := retainedFrom(a.watermark, retention)
+	r, held := a.opps[o.OpportunityID]
+	win := record{o.Class, o.Occurred, o.Assessed, o.Seq, o.Occurred}
+	if o.Occurred < cut {
+		// Changes nothing, even when newer than the held winner: whether it arrived before or
+		// after the cut passed it must not matter to a redelivery (docs/semantics.md#retention).
 		return Expired, changed
 	}
-	if len(a.opps) == 0 || o.Occurred < a.minOcc {
-		a.minOcc = o.Occurred
-	}
-	r, ok := a.opps[o.OpportunityID]
+	a.minOcc = min(a.minOcc, o.Occurred)
 	switch {
-	case !ok:
-		a.opps[o.OpportunityID] = record{o.Class, o.Occurred, o.Assessed, o.Seq}
+	case !held:
+		a.opps[o.OpportunityID] = win
 		return Counted, true
 	case newer(o.Assessed, o.Seq, r.assessed, r.seq):
-		a.opps[o.OpportunityID] = record{o.Class, o.Occurred, o.Assessed, o.Seq}
+		win.horizon = max(r.horizon, o.Occurred)
+		a.opps[o.OpportunityID] = win
 		return Reassessed, true
-	case o.Assessed == r.assessed && o.Seq == r.seq:
-		return Duplicate, changed
-	default:
-		return Stale, changed
 	}
+	r.horizon = max(r.horizon, o.Occurred)
+	a.opps[o.OpportunityID] = r
+	if o.Assessed == r.assessed && o.Seq == r.seq {
+		return Duplicate, changed
+	}
+	return Stale, changed
 }
 
 // Tally returns the state of aggregate k as observed at time at.
@@ -260,8 +289,12 @@ func (m *Model) Tally(k Key, at time.Time) Tally {
 	}
 	t := Tally{Version: a.version}
 	atUS := Micros(at)
+	cut := retainedFrom(a.watermark, m.retention)
 	first := true
 	for _, r := range a.opps {
+		if r.occ < cut {
+			continue // held for its identity only
+		}
 		t.All.add(r.class, 1)
 		hour, day, week := windowOf(r.occ, atUS)
 		if hour {

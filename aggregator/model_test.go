@@ -245,3 +245,89 @@ func TestChooseBadge(t *testing.T) {
 		})
 	}
 }
+
+// fault5Batch is a batch whose second apply used to count an opportunity again: X′ re-assesses o
+// into hour 90, Y moves the watermark so a 24 h retention cuts at hour 96, and X (older, hour 100)
+// met no identity on redelivery because o's record sat in an expired hour.
+func fault5Batch() []Observation {
+	h := time.Hour
+	return []Observation{
+		obs("o", Confirmed, 100*h, 100*h, 0), // X
+		obs("o", Passed, 90*h, 101*h, 0),     // X′: newer, moves o to hour 90
+		obs("y", Passed, 120*h, 120*h, 0),    // Y: the cut moves to hour 96
+	}
+}
+
+func TestRedeliveryAfterReassessmentIntoExpiredHour(t *testing.T) {
+	ctx := context.Background()
+	at := t0.Add(120 * time.Hour)
+	for _, name := range []string{"model", "redis"} {
+		var s applier = NewModel(24 * time.Hour)
+		if name == "redis" {
+			s, _ = testStore(t, "fault5", RedisConfig{Retention: 24 * time.Hour})
+		}
+		first, err := s.Apply(ctx, fault5Batch(), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := s.Apply(ctx, fault5Batch(), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := first.Tallies[keyLive]; got.All != (Counts{Passed: 1}) {
+			t.Fatalf("%s, first apply: all = %+v, want only y passed", name, got.All)
+		}
+		if first.Tallies[keyLive] != second.Tallies[keyLive] {
+			t.Fatalf("%s: the second apply changed the aggregate:\n%+v\n%+v", name, first.Tallies[keyLive], second.Tallies[keyLive])
+		}
+		for i, o := range second.Outcomes {
+			if o == Counted || o == Reassessed {
+				t.Fatalf("%s, second apply: event %d was %v", name, i, o)
+			}
+		}
+	}
+}
+
+func TestRetentionKeepsIdentityWhileHorizonRetained(t *testing.T) {
+	h := time.Hour
+	tests := []struct {
+		name     string
+		events   []Observation
+		outcomes []Outcome
+		all      Counts
+	}{
+		// A newer assessment whose occurred time is already expired changes nothing.
+		{"newer expired assessment changes nothing",
+			[]Observation{obs("y", Passed, 120*h, 120*h, 0), obs("o", Confirmed, 100*h, 100*h, 0), obs("o", Passed, 90*h, 121*h, 0)},
+			[]Outcome{Counted, Counted, Expired}, Counts{Confirmed: 1, Passed: 1}},
+		// An older assessment stays stale even when it is the only one in a retained hour.
+		{"stale after the winner expired",
+			[]Observation{obs("o", Passed, 90*h, 101*h, 0), obs("o", Confirmed, 100*h, 100*h, 0), obs("y", Passed, 120*h, 120*h, 0), obs("o", Confirmed, 100*h, 100*h, 0)},
+			[]Outcome{Counted, Stale, Counted, Stale}, Counts{Passed: 1}},
+		// Once the horizon too has left, the identity is forgotten: the event is expired.
+		{"identity forgotten with its horizon",
+			[]Observation{obs("o", Passed, 90*h, 101*h, 0), obs("y", Passed, 200*h, 200*h, 0), obs("o", Confirmed, 100*h, 100*h, 0)},
+			[]Outcome{Counted, Counted, Expired}, Counts{Passed: 1}},
+		// A re-assessment back into a retained hour counts again.
+		{"newer assessment into a retained hour",
+			[]Observation{obs("o", Passed, 90*h, 101*h, 0), obs("o", Confirmed, 100*h, 100*h, 0), obs("y", Passed, 120*h, 120*h, 0), obs("o", Confirmed, 110*h, 130*h, 0)},
+			[]Outcome{Counted, Stale, Counted, Reassessed}, Counts{Confirmed: 1, Passed: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewModel(24 * h)
+			var got []Outcome
+			for _, e := range tc.events {
+				got = append(got, m.ApplyBatch([]Observation{e})...)
+			}
+			for i := range got {
+				if got[i] != tc.outcomes[i] {
+					t.Fatalf("outcomes = %v, want %v", got, tc.outcomes)
+				}
+			}
+			if all := m.Tally(keyLive, t0.Add(200*h)).All; all != tc.all {
+				t.Fatalf("all = %+v, want %+v", all, tc.all)
+			}
+		})
+	}
+}
