@@ -19,7 +19,8 @@ var suiteSource string
 var suiteScript = redis.NewScript(suiteSource)
 
 // SuiteApplied is the result of applying runs: each run's outcome in input order, and for every
-// touched suite all of its runs after the apply and the revived cases already announced.
+// touched suite all of its runs after the apply (ordered as SortRuns orders them) and the revived
+// cases already announced.
 type SuiteApplied struct {
 	Outcomes  []Outcome
 	Suites    []SuiteKey

@@ -108,3 +108,62 @@ func TestRedisSuitesMatchModel(t *testing.T) {
 		})
 	}
 }
+
+// suiteStores returns the in-memory store and a Redis store under a fresh prefix.
+func suiteStores(t *testing.T, cfg RedisConfig) map[string]interface {
+	Apply(context.Context, []RunObservation) (SuiteApplied, error)
+} {
+	client := testenv.Redis(t)
+	cfg.Prefix = testenv.Name(t, "suite")
+	testenv.CleanPrefix(t, client, cfg.Prefix)
+	rs, err := NewRedisSuites(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]interface {
+		Apply(context.Context, []RunObservation) (SuiteApplied, error)
+	}{"memory": NewMemorySuites(), "redis": rs}
+}
+
+// Every output a batch causes is caused again when the same batch is applied again (a redelivery
+// after a crash past the suite apply, or a script call re-run by a client retry), abnormal
+// samples included, although every run of the second apply is a duplicate.
+func TestSuiteRedeliveryRepublishes(t *testing.T) {
+	ctx := context.Background()
+	cfg := SuiteConfig{MinHistory: 3}
+	cfg.Validate()
+	for name, store := range suiteStores(t, RedisConfig{Retention: time.Hour}) {
+		t.Run(name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(7, 7))
+			stream := randomRuns(r, 3000)
+			at := t0.Add(3 * time.Hour)
+			abnormal := 0
+			for i := 0; i < len(stream); {
+				batch := stream[i:min(i+1+r.IntN(200), len(stream))]
+				i += len(batch)
+				first, err := store.Apply(ctx, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := BuildSuiteOutput(first, batch, cfg, at)
+				again, err := store.Apply(ctx, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, o := range again.Outcomes {
+					if o != Duplicate && o != Stale {
+						t.Fatalf("second apply of event %d: outcome %v", i-len(batch)+j, o)
+					}
+				}
+				if got := BuildSuiteOutput(again, batch, cfg, at); !reflect.DeepEqual(got, want) {
+					t.Fatalf("outputs of the batch ending at event %d differ when applied again:\nabnormal %+v\nwant     %+v\nrevived %+v\nwant    %+v",
+						i, got.Abnormal, want.Abnormal, got.Revived, want.Revived)
+				}
+				abnormal += len(want.Abnormal)
+			}
+			if abnormal == 0 {
+				t.Fatal("the stream raised no abnormal sample: the test checks nothing")
+			}
+		})
+	}
+}

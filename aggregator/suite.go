@@ -553,10 +553,15 @@ type SuiteOutput struct {
 	Abnormal       []schemas.AbnormalSample
 }
 
-// BuildSuiteOutput computes the outputs of applied runs: a discrimination snapshot per touched
-// suite, a stability snapshot per touched version, revived events for newly revived cases, and an
-// abnormal-sample event per run that was counted or re-assessed with a reply over threshold.
-func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, outcomes []Outcome, cfg SuiteConfig, at time.Time) SuiteOutput {
+// BuildSuiteOutput computes the outputs of applied runs from the stored state they left, so that
+// applying the same batch again (a redelivery, or a script call re-run by a client retry) yields
+// the same outputs again and subscribers drop the copies by their deterministic ids: a
+// discrimination snapshot per touched suite, a stability snapshot per touched version, revived
+// events for revived cases not yet announced, and an abnormal-sample event for every run of the
+// batch whose held record is the batch's own observation of it (counted, re-assessed or a
+// duplicate: the outcome does not matter) and is abnormal under AbnormalGate. A run whose held
+// record came from another observation (this one was stale) is raised by that observation's batch.
+func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, cfg SuiteConfig, at time.Time) SuiteOutput {
 	var out SuiteOutput
 	stab := map[RunKey]int{} // index in out.Stability by (suite, version), case and run zero
 	for _, k := range a.Suites {
@@ -582,19 +587,36 @@ func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, outcomes []Outcome, 
 			out.Stability = append(out.Stability, s)
 		}
 	}
-	for i, o := range obs {
-		if outcomes[i] != Counted && outcomes[i] != Reassessed {
+	raised := map[RunKey]bool{}
+	for _, o := range obs {
+		if raised[o.Key] {
+			continue
+		}
+		held, ok := heldRun(a.Runs[o.Key.SuiteKey], o.Key)
+		if !ok || held != o.Record {
 			continue
 		}
 		j, ok := stab[RunKey{SuiteKey: o.Key.SuiteKey, Version: o.Key.Version}]
-		if !ok || !AbnormalGate(o.Record, cfg.ReplyMode, &out.Stability[j]) {
+		if !ok || !AbnormalGate(held, cfg.ReplyMode, &out.Stability[j]) {
 			continue
 		}
+		raised[o.Key] = true
 		out.Abnormal = append(out.Abnormal, schemas.AbnormalSample{
 			Workspace: o.Key.Workspace, Suite: o.Key.Suite, Version: o.Key.Version, CaseID: o.Key.Case,
-			RunIndex: o.Key.RunIndex, Metric: o.Record.Trigger, Tokens: o.Stats.Tokens, GzipRatio: o.Stats.GzipRatio,
+			RunIndex: o.Key.RunIndex, Metric: held.Trigger, Tokens: o.Stats.Tokens, GzipRatio: o.Stats.GzipRatio,
 			Fragment: o.Stats.Fragment, Repeats: o.Stats.Repeats, FragmentShare: o.Stats.Share,
 		})
 	}
 	return out
+}
+
+// heldRun finds run k's record in runs, which SortRuns ordered.
+func heldRun(runs []RunEntry, k RunKey) (RunRecord, bool) {
+	i, ok := slices.BinarySearchFunc(runs, k, func(e RunEntry, k RunKey) int {
+		return cmp.Or(cmp.Compare(e.Key.Version, k.Version), cmp.Compare(e.Key.Case, k.Case), cmp.Compare(e.Key.RunIndex, k.RunIndex))
+	})
+	if !ok {
+		return RunRecord{}, false
+	}
+	return runs[i].Record, true
 }

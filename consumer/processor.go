@@ -163,7 +163,9 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 				return fmt.Errorf("%w: %w", ErrFatal, err)
 			}
 			if err == nil {
-				out = aggregator.BuildSuiteOutput(suites, runs, suites.Outcomes, p.cfg.Suite, p.now())
+				// From the stored state, not the outcomes: a redelivered batch (all duplicates)
+				// publishes the same alerts again, with the same ids.
+				out = aggregator.BuildSuiteOutput(suites, runs, p.cfg.Suite, p.now())
 			}
 			return err
 		}},

@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 // flakyStore fails its first n applies, then applies to the pure model.
@@ -48,6 +51,13 @@ func (p *recordingPublisher) Publish(_ context.Context, s []schemas.Snapshot) er
 func (p *recordingPublisher) PublishSuites(_ context.Context, o aggregator.SuiteOutput, _ time.Time) error {
 	p.suites = append(p.suites, o)
 	return nil
+}
+
+// downPublisher publishes snapshots but never gets suite outputs acknowledged.
+type downPublisher struct{ recordingPublisher }
+
+func (p *downPublisher) PublishSuites(context.Context, aggregator.SuiteOutput, time.Time) error {
+	return errors.New("broker not available")
 }
 
 type recordingDLQ struct {
@@ -159,5 +169,88 @@ func TestProcessorRewindsWhenWritesWereLost(t *testing.T) {
 	err = p.Handle(context.Background(), []kafka.Message{{Value: []byte(structured)}})
 	if !errors.Is(err, ErrRewind) {
 		t.Fatalf("err = %v, want ErrRewind", err)
+	}
+}
+
+// evalMessage is an eval result of case k in suite s, run 0 of 1, as a structured CloudEvent.
+func evalMessage(id, version string, seq int, result, prediction string) kafka.Message {
+	data := fmt.Sprintf(`{"scope":{"workspace":"w","model":"m","run":"r","checkpoint":"c","artifact":"a"},"suite":"s","case_id":"k",`+
+		`"version":%q,"version_seq":%d,"run_index":0,"runs":1,"result":%q,"prediction":%q,`+
+		`"occurred_at":"2026-11-29T11:00:00Z","assessed_at":"2026-11-29T11:00:00Z"}`, version, seq, result, prediction)
+	return kafka.Message{Topic: "in", Value: []byte(`{"specversion":"1.0","id":"` + id + `","source":"src",` +
+		`"type":"repeatrate.eval.result.v1","datacontenttype":"application/json","data":` + data + `}`)}
+}
+
+// alertIDs returns the CloudEvent ids of a suite output's alerts, revived then abnormal.
+func alertIDs(t *testing.T, o aggregator.SuiteOutput) []string {
+	t.Helper()
+	_, alerts := sink.SuiteOuts(o, now)
+	ids := make([]string, len(alerts))
+	for i := range alerts {
+		b, err := sink.Encode(&alerts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct{ ID, Type string }
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = e.Type + " " + e.ID
+	}
+	return ids
+}
+
+// A batch redelivered after a crash past the suite apply, and again after it was fully handled,
+// publishes its abnormal sample (and its revived case, until announced) every time, with the same
+// ids, although every run in it is then a duplicate.
+func TestProcessorRepublishesAlertsOnRedelivery(t *testing.T) {
+	suites := aggregator.NewMemorySuites()
+	cfg := ProcessorConfig{RetryMin: time.Millisecond, Suite: aggregator.SuiteConfig{MinHistory: 1}}
+	msgs := []kafka.Message{
+		evalMessage("r1", "v1", 1, "pass", strings.Repeat("and then again ", 60)), // abnormal reply
+		evalMessage("r2", "v2", 2, "fail", "no"),                                  // pass → fail: revived
+	}
+	handle := func(pub Publisher) error {
+		p, err := NewProcessor(cfg, newTestDecoder(t), &flakyStore{model: aggregator.NewModel(time.Hour)}, suites, pub, &recordingDLQ{},
+			func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		return p.Handle(ctx, msgs)
+	}
+	// The suite apply succeeds, the suite publish never does: the batch is not committed.
+	if err := handle(&downPublisher{}); err == nil {
+		t.Fatal("Handle returned nil although suite outputs were never published")
+	}
+	want := []string{schemas.TypeCaseRevived, schemas.TypeSampleAbnormal}
+	var first []string
+	for n, announced := range []bool{false, true} {
+		pub := &recordingPublisher{}
+		if err := handle(pub); err != nil {
+			t.Fatal(err)
+		}
+		if len(pub.suites) != 1 {
+			t.Fatalf("redelivery %d: %d suite publishes", n+1, len(pub.suites))
+		}
+		got := alertIDs(t, pub.suites[0])
+		if announced {
+			// The first redelivery announced the revived case; it is not announced twice.
+			want = want[1:]
+			first = first[1:]
+		}
+		if len(got) != len(want) {
+			t.Fatalf("redelivery %d: alerts %v, want one of each of %v", n+1, got, want)
+		}
+		for i, w := range want {
+			if !strings.HasPrefix(got[i], w+" ") {
+				t.Fatalf("redelivery %d: alerts %v, want one of each of %v", n+1, got, want)
+			}
+		}
+		if first != nil && !slices.Equal(got, first) {
+			t.Fatalf("redelivery %d: alert ids %v, first published as %v", n+1, got, first)
+		}
+		first = got
 	}
 }

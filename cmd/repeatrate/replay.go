@@ -223,11 +223,7 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 			finals = append(finals, winners[e.Key])
 		}
 	}
-	counted := make([]aggregator.Outcome, len(finals))
-	for i := range counted {
-		counted[i] = aggregator.Counted
-	}
-	res.suites = aggregator.BuildSuiteOutput(applied, finals, counted, suiteCfg, at)
+	res.suites = aggregator.BuildSuiteOutput(applied, finals, suiteCfg, at)
 	snaps, alerts := sink.SuiteOuts(res.suites, at)
 	res.outs = append(res.outs, snaps...)
 	res.outs = append(res.outs, alerts...)
