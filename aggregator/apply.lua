@@ -5,7 +5,7 @@
 -- KEYS[1] hash  opportunity id -> "<class><occurred_us hex>,<assessed_us hex>[,<seq hex>][;<horizon_us hex>]":
 --               the winning assessment, and its horizon (the greatest occurred_us of every assessment
 --               applied while retained) when that is above the winner's occurred_us
--- KEYS[2] hash  state: C P U (retained counts), v (version), w (newest occurred_us),
+-- KEYS[2] hash  state: C P U (retained counts), v (version, see below), w (newest occurred_us),
 --               h<hour><class> counts of every retained hour, a<hour> b<hour> its least and
 --               greatest occurred_us, m<minute><class> counts of the last 70 minutes, pm (minute
 --               buckets pruned up to), f l (first and last retained occurred_us), g (lowest hour
@@ -404,8 +404,13 @@ end
 if #sets > 0 then redis.call('HSET', st, unpack(sets)) end
 if #dels > 0 then redis.call('HDEL', st, unpack(dels)) end
 
-local v
-if changed then v = redis.call('HINCRBY', st, 'v', 1) else v = tonumber(redis.call('HGET', st, 'v') or '0') end
+-- The version: one more than before, or the observation time when that is greater, so a version
+-- published before Redis lost recent writes is never named again for other content.
+local v = tonumber(redis.call('HGET', st, 'v') or '0')
+if changed then
+  v = math.max(v + 1, at)
+  redis.call('HSET', st, 'v', num(v))
+end
 if n > 0 and ttl > 0 then
   redis.call('PEXPIRE', opps, ttl); redis.call('PEXPIRE', st, ttl)
   -- The id lists live twice the idle TTL and are all refreshed every half TTL (server clock), so

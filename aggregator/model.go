@@ -196,9 +196,13 @@ func NewModel(retention time.Duration) *Model {
 }
 
 // ApplyBatch applies observations in order and returns each one's outcome. The version of every
-// aggregate whose counts or bounds changed grows by exactly one, as one Redis script call per
-// aggregate does.
-func (m *Model) ApplyBatch(obs []Observation) []Outcome {
+// aggregate whose counts or bounds changed grows by exactly one.
+func (m *Model) ApplyBatch(obs []Observation) []Outcome { return m.applyBatch(obs, 0) }
+
+// applyBatch is ApplyBatch where a changed aggregate's version becomes the greater of its version
+// plus one and at (µs), as one Redis script call per aggregate does: versions then stay above
+// every version published before, even after a store lost recent writes (docs/semantics.md#versions).
+func (m *Model) applyBatch(obs []Observation, at int64) []Outcome {
 	out := make([]Outcome, len(obs))
 	changed := make(map[*modelAgg]bool)
 	for i := range obs {
@@ -213,7 +217,7 @@ func (m *Model) ApplyBatch(obs []Observation) []Outcome {
 	}
 	for a, ch := range changed {
 		if ch {
-			a.version++
+			a.version = max(a.version+1, at)
 		}
 	}
 	return out
@@ -329,7 +333,7 @@ func (m *Model) Keys() []Key {
 // Apply applies a batch and returns outcomes and tallies at time at, in the same shape as the Redis
 // store, so the model can stand in for it where no Redis is wanted (replay, unit tests).
 func (m *Model) Apply(_ context.Context, obs []Observation, at time.Time) (Applied, error) {
-	outs := m.ApplyBatch(obs)
+	outs := m.applyBatch(obs, Micros(at))
 	_, keys := groupByKey(obs)
 	res := Applied{Outcomes: outs, Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
 	for _, k := range keys {
