@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-
-	fastjson "github.com/goccy/go-json"
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	fastjson "github.com/goccy/go-json"
 )
 
 // CloudEvent types consumed and produced by repeatrate.
@@ -49,7 +50,8 @@ type Scope struct {
 type Limits struct {
 	// MaxPredictionBytes caps the prediction text of an eval result (SPEC default 64 KiB).
 	MaxPredictionBytes int
-	// MaxFutureSkew is how far occurred_at may lie ahead of the receiving clock (SPEC: 5 minutes).
+	// MaxFutureSkew is how far occurred_at and assessed_at may lie ahead of the receiving clock
+	// (default 5 minutes).
 	MaxFutureSkew time.Duration
 }
 
@@ -125,7 +127,7 @@ type evalWire struct {
 // ParseLiveAttempt decodes and validates live-attempt data received at now. Errors wrap ErrInvalid.
 func ParseLiveAttempt(data []byte, now time.Time, lim Limits) (LiveAttempt, error) {
 	var w liveWire
-	if err := unmarshalObject(data, &w); err != nil {
+	if err := unmarshalObject(data, &w, false); err != nil {
 		return LiveAttempt{}, err
 	}
 	a := LiveAttempt{
@@ -139,6 +141,9 @@ func ParseLiveAttempt(data []byte, now time.Time, lim Limits) (LiveAttempt, erro
 		return LiveAttempt{}, err
 	}
 	if err = required("opportunity_id", a.OpportunityID, "correction_id", a.CorrectionID); err != nil {
+		return LiveAttempt{}, err
+	}
+	if err = bounded("opportunity_id", a.OpportunityID, "correction_id", a.CorrectionID); err != nil {
 		return LiveAttempt{}, err
 	}
 	switch a.Outcome {
@@ -157,7 +162,7 @@ func ParseLiveAttempt(data []byte, now time.Time, lim Limits) (LiveAttempt, erro
 // ParseEvalResult decodes and validates eval-result data received at now. Errors wrap ErrInvalid.
 func ParseEvalResult(data []byte, now time.Time, lim Limits) (EvalResult, error) {
 	var w evalWire
-	if err := unmarshalObject(data, &w); err != nil {
+	if err := unmarshalObject(data, &w, true); err != nil {
 		return EvalResult{}, err
 	}
 	r := EvalResult{
@@ -172,6 +177,10 @@ func ParseEvalResult(data []byte, now time.Time, lim Limits) (EvalResult, error)
 	if err = required("suite", r.Suite, "case_id", r.CaseID, "version", r.Version); err != nil {
 		return EvalResult{}, err
 	}
+	if err = bounded("suite", r.Suite, "case_id", r.CaseID, "version", r.Version,
+		"correction_id", r.CorrectionID, "opportunity_id", r.OpportunityID); err != nil {
+		return EvalResult{}, err
+	}
 	if r.VersionSeq, err = integer("version_seq", w.VersionSeq, true, 0, MaxAssessmentSeq); err != nil {
 		return EvalResult{}, err
 	}
@@ -180,6 +189,9 @@ func ParseEvalResult(data []byte, now time.Time, lim Limits) (EvalResult, error)
 	}
 	if r.Runs, err = integer("runs", w.Runs, true, 1, 1<<31-1); err != nil {
 		return EvalResult{}, err
+	}
+	if r.Runs > MaxRuns {
+		return EvalResult{}, Invalid(ReasonBadValue, "runs %d is above the limit of %d planned runs", r.Runs, MaxRuns)
 	}
 	if r.RunIndex >= r.Runs {
 		return EvalResult{}, Invalid(ReasonBadValue, "run_index %d is not below runs %d", r.RunIndex, r.Runs)
@@ -206,10 +218,18 @@ func ParseEvalResult(data []byte, now time.Time, lim Limits) (EvalResult, error)
 	return r, nil
 }
 
-func unmarshalObject(data []byte, v any) error {
+func unmarshalObject(data []byte, v any, eval bool) error {
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 || data[0] != '{' {
 		return Invalid(ReasonBadDataFormat, "data is not a JSON object")
+	}
+	// Decoders turn invalid UTF-8 and lone surrogate escapes into U+FFFD, so two distinct byte
+	// strings would name one identity: identity fields are checked on their raw JSON first. The
+	// one-pass test keeps the usual, clean input off that path.
+	if !utf8.Valid(data) || hasSurrogateEscape(data) {
+		if err := checkRawIdentities(data, eval); err != nil {
+			return err
+		}
 	}
 	// goccy/go-json: the same semantics as encoding/json at a fraction of the cost (the decode is
 	// most of the processor's CPU); the fuzz test of the decoder holds it to the same outcomes.
@@ -223,13 +243,138 @@ func unmarshalObject(data []byte, v any) error {
 	return nil
 }
 
+// rawIdentities holds the identity fields of either input type as raw JSON.
+type rawIdentities struct {
+	Scope *struct {
+		Workspace  json.RawMessage `json:"workspace"`
+		Model      json.RawMessage `json:"model"`
+		Run        json.RawMessage `json:"run"`
+		Checkpoint json.RawMessage `json:"checkpoint"`
+		Artifact   json.RawMessage `json:"artifact"`
+	} `json:"scope"`
+	OpportunityID json.RawMessage `json:"opportunity_id"`
+	CorrectionID  json.RawMessage `json:"correction_id"`
+	Suite         json.RawMessage `json:"suite"`
+	CaseID        json.RawMessage `json:"case_id"`
+	Version       json.RawMessage `json:"version"`
+}
+
+// checkRawIdentities rejects identity fields whose JSON string is not valid UTF-8 or holds an
+// unpaired surrogate escape. Anything else wrong with data is left to the typed decode.
+func checkRawIdentities(data []byte, eval bool) error {
+	var r rawIdentities
+	if fastjson.Unmarshal(data, &r) != nil {
+		return nil
+	}
+	fields := []string{"opportunity_id", "correction_id"}
+	raws := []json.RawMessage{r.OpportunityID, r.CorrectionID}
+	if eval {
+		fields = append(fields, "suite", "case_id", "version")
+		raws = append(raws, r.Suite, r.CaseID, r.Version)
+	}
+	if s := r.Scope; s != nil {
+		fields = append(fields, "scope.workspace", "scope.model", "scope.run", "scope.checkpoint", "scope.artifact")
+		raws = append(raws, s.Workspace, s.Model, s.Run, s.Checkpoint, s.Artifact)
+	}
+	for i, raw := range raws {
+		if len(raw) > 0 && raw[0] == '"' && !validJSONText(raw) {
+			return Invalid(ReasonBadValue, "%s is not valid UTF-8 text (invalid bytes or an unpaired surrogate escape)", fields[i])
+		}
+	}
+	return nil
+}
+
+// hasSurrogateEscape reports whether b holds something that looks like a \uD800–\uDFFF escape.
+func hasSurrogateEscape(b []byte) bool {
+	for i := 0; ; i++ {
+		j := bytes.Index(b[i:], []byte(`\u`))
+		if j < 0 {
+			return false
+		}
+		i += j
+		if i+3 < len(b) && (b[i+2] == 'd' || b[i+2] == 'D') && isSurrogateHex(b[i+3]) {
+			return true
+		}
+	}
+}
+
+func isSurrogateHex(c byte) bool {
+	return c >= '8' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+// validJSONText reports whether the JSON string token s is valid UTF-8 and every surrogate escape
+// in it is half of a high-low pair.
+func validJSONText(s []byte) bool {
+	if !utf8.Valid(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		if i+1 < len(s) && s[i+1] != 'u' {
+			i++
+			continue
+		}
+		v, ok := hex4(s, i+2)
+		switch {
+		case !ok:
+			return false // not valid JSON: the typed decode reports it
+		case v >= 0xDC00 && v <= 0xDFFF:
+			return false // a low half without its high half
+		case v >= 0xD800 && v <= 0xDBFF:
+			if w, ok := hex4(s, i+8); i+7 >= len(s) || s[i+6] != '\\' || s[i+7] != 'u' || !ok || w < 0xDC00 || w > 0xDFFF {
+				return false // a high half without its low half
+			}
+			i += 11
+		default:
+			i += 5
+		}
+	}
+	return true
+}
+
+// hex4 reads four hex digits at s[i:].
+func hex4(s []byte, i int) (rune, bool) {
+	if i+4 > len(s) {
+		return 0, false
+	}
+	var v rune
+	for _, c := range s[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			v = v<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			v = v<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
+}
+
 func checkScope(s *Scope) (Scope, error) {
 	if s == nil {
 		return Scope{}, Invalid(ReasonMissingField, "scope is required")
 	}
-	err := required("scope.workspace", s.Workspace, "scope.model", s.Model, "scope.run", s.Run,
-		"scope.checkpoint", s.Checkpoint, "scope.artifact", s.Artifact)
-	return *s, err
+	pairs := []string{"scope.workspace", s.Workspace, "scope.model", s.Model, "scope.run", s.Run,
+		"scope.checkpoint", s.Checkpoint, "scope.artifact", s.Artifact}
+	if err := required(pairs...); err != nil {
+		return Scope{}, err
+	}
+	return *s, bounded(pairs...)
+}
+
+// bounded takes name, value pairs and names the first one longer than MaxIdentityBytes.
+func bounded(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if n := len(pairs[i+1]); n > MaxIdentityBytes {
+			return Invalid(ReasonTooLarge, "%s is %d bytes, limit %d", pairs[i], n, MaxIdentityBytes)
+		}
+	}
+	return nil
 }
 
 // required takes name, value pairs and names the first empty one.
@@ -254,6 +399,11 @@ func checkTimes(occurred, assessed string, seqRaw json.RawMessage, now time.Time
 	asd, err := parseTime("assessed_at", assessed)
 	if err != nil {
 		return time.Time{}, time.Time{}, 0, err
+	}
+	// A far-future assessment would win against every later re-assessment of its opportunity.
+	if asd.After(now.Add(lim.MaxFutureSkew)) {
+		return time.Time{}, time.Time{}, 0, Invalid(ReasonFutureEvent, "assessed_at %s is more than %s after %s",
+			asd.Format(time.RFC3339), lim.MaxFutureSkew, now.UTC().Format(time.RFC3339))
 	}
 	seq, err := integer("assessment_seq", seqRaw, false, 0, MaxAssessmentSeq)
 	if err != nil {

@@ -22,7 +22,7 @@ const (
 	ReasonMissingField  Reason = "missing_field"  // a required data field absent or empty
 	ReasonBadEnum       Reason = "bad_enum"       // a value outside its enumeration
 	ReasonBadTime       Reason = "bad_time"       // a time that is not RFC 3339
-	ReasonFutureEvent   Reason = "future_event"   // occurred_at beyond the allowed clock skew
+	ReasonFutureEvent   Reason = "future_event"   // occurred_at or assessed_at beyond the allowed clock skew
 	ReasonBadValue      Reason = "bad_value"      // a number out of range or a field of the wrong JSON type
 	ReasonBadDataFormat Reason = "bad_data"       // data that is not a JSON object
 )

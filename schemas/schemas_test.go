@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -214,4 +215,171 @@ func FuzzJoinSplitEscaped(f *testing.F) {
 			t.Fatalf("%q %q %q → %q %v", a, b, c, got, err)
 		}
 	})
+}
+
+// setField returns data with the JSON string value of field (a top-level name, or scope.<part>)
+// replaced by the raw JSON token tok.
+func setField(t *testing.T, data []byte, field, tok string) []byte {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	if part, ok := strings.CutPrefix(field, "scope."); ok {
+		var s map[string]json.RawMessage
+		if err := json.Unmarshal(m["scope"], &s); err != nil {
+			t.Fatal(err)
+		}
+		s[part] = json.RawMessage(tok)
+		b, _ := json.Marshal(s)
+		m["scope"] = b
+	} else {
+		m[field] = json.RawMessage(tok)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// identityFields are the fields each input type bounds by MaxIdentityBytes.
+var identityFields = map[string][]string{
+	"live": {"scope.workspace", "scope.model", "scope.run", "scope.checkpoint", "scope.artifact", "correction_id", "opportunity_id"},
+	"eval": {"scope.workspace", "scope.model", "scope.run", "scope.checkpoint", "scope.artifact", "correction_id", "opportunity_id",
+		"suite", "case_id", "version"},
+}
+
+func parseAny(kind string, data []byte) error {
+	if kind == "live" {
+		_, err := ParseLiveAttempt(data, now, DefaultLimits)
+		return err
+	}
+	_, err := ParseEvalResult(data, now, DefaultLimits)
+	return err
+}
+
+func inputs(t *testing.T) map[string][]byte {
+	eval, err := os.ReadFile("testdata/eval_result.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string][]byte{"live": []byte(validLive), "eval": eval}
+}
+
+// TestIdentityLimits: every identity field is accepted at MaxIdentityBytes bytes and dead-lettered
+// as too_large one byte over, counting bytes of UTF-8, not characters.
+func TestIdentityLimits(t *testing.T) {
+	for kind, data := range inputs(t) {
+		for _, f := range identityFields[kind] {
+			t.Run(kind+"/"+f, func(t *testing.T) {
+				tests := []struct {
+					value  string
+					reason Reason // "" means accepted
+				}{
+					{strings.Repeat("x", MaxIdentityBytes), ""},
+					{strings.Repeat("x", MaxIdentityBytes+1), ReasonTooLarge},
+					// 2-byte characters: 256 of them are 512 bytes, one more ASCII byte is over.
+					{strings.Repeat("é", MaxIdentityBytes/2), ""},
+					{strings.Repeat("é", MaxIdentityBytes/2) + "x", ReasonTooLarge},
+				}
+				for _, tc := range tests {
+					tok, _ := json.Marshal(tc.value)
+					err := parseAny(kind, setField(t, data, f, string(tok)))
+					if ReasonOf(err) != tc.reason || (tc.reason == "") != (err == nil) {
+						t.Fatalf("%d bytes: err = %v, want reason %q", len(tc.value), err, tc.reason)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestIdentityUTF8: an identity field that decoders would repair into U+FFFD (invalid bytes, an
+// unpaired surrogate escape) is dead-lettered as bad_value, so two distinct byte strings never
+// share an aggregate; valid text, escaped or not, is accepted unchanged.
+func TestIdentityUTF8(t *testing.T) {
+	tests := []struct {
+		name   string
+		tok    string
+		want   string // the decoded value when accepted
+		reason Reason
+	}{
+		// A byte that is not UTF-8 at all.
+		{"invalid byte", "\"w\xff\"", "", ReasonBadValue},
+		// A truncated multi-byte sequence.
+		{"truncated sequence", "\"w\xc3\"", "", ReasonBadValue},
+		// Lone surrogate halves, high and low, in either case of hex.
+		{"lone high", `"w\ud800"`, "", ReasonBadValue},
+		{"lone low", `"w\uDC00x"`, "", ReasonBadValue},
+		{"high then non-low", `"\ud83d\u0041"`, "", ReasonBadValue},
+		// Valid: a surrogate pair, a literal U+FFFD, an escaped backslash before "ud800".
+		{"pair", `"\ud83d\ude00"`, "😀", ""},
+		{"replacement char", `"w\ufffd"`, "w\ufffd", ""},
+		{"escaped backslash", `"\\ud800"`, `\ud800`, ""},
+	}
+	for kind, data := range inputs(t) {
+		for _, f := range identityFields[kind] {
+			for _, tc := range tests {
+				t.Run(kind+"/"+f+"/"+tc.name, func(t *testing.T) {
+					in := setField(t, data, f, "\"PLACEHOLDER\"")
+					in = bytes.Replace(in, []byte(`"PLACEHOLDER"`), []byte(tc.tok), 1)
+					err := parseAny(kind, in)
+					if ReasonOf(err) != tc.reason || (tc.reason == "") != (err == nil) {
+						t.Fatalf("err = %v, want reason %q", err, tc.reason)
+					}
+				})
+			}
+		}
+	}
+	// Invalid text elsewhere (a prediction) is not an identity and is left to the decoder.
+	eval := inputs(t)["eval"]
+	in := bytes.Replace(eval, []byte(`"You can return it within 90 days."`), []byte("\"bad \xff reply \\ud800\""), 1)
+	if _, err := ParseEvalResult(in, now, DefaultLimits); err != nil {
+		t.Fatalf("invalid UTF-8 in a prediction: %v", err)
+	}
+}
+
+// TestRunsLimit: runs up to MaxRuns is accepted, above it dead-lettered as bad_value with the limit
+// in the detail.
+func TestRunsLimit(t *testing.T) {
+	eval := inputs(t)["eval"]
+	set := func(runs int) []byte { return setField(t, eval, "runs", strconv.Itoa(runs)) }
+	if _, err := ParseEvalResult(set(MaxRuns), now, DefaultLimits); err != nil {
+		t.Fatalf("runs = MaxRuns: %v", err)
+	}
+	for _, runs := range []int{MaxRuns + 1, 20000000, 1<<31 - 1} {
+		_, err := ParseEvalResult(set(runs), now, DefaultLimits)
+		var ie *InvalidError
+		if !errors.As(err, &ie) || ie.Reason != ReasonBadValue || !strings.Contains(ie.Detail, strconv.Itoa(MaxRuns)) {
+			t.Fatalf("runs = %d: err = %v, want bad_value naming %d", runs, err, MaxRuns)
+		}
+	}
+	// run_index stays below runs, so below MaxRuns.
+	in := setField(t, set(MaxRuns), "run_index", strconv.Itoa(MaxRuns))
+	if _, err := ParseEvalResult(in, now, DefaultLimits); ReasonOf(err) != ReasonBadValue {
+		t.Fatalf("run_index = MaxRuns: err = %v", err)
+	}
+}
+
+// TestAssessedInFuture: assessed_at obeys the same skew rule as occurred_at, for both types.
+func TestAssessedInFuture(t *testing.T) {
+	for kind, data := range inputs(t) {
+		tests := []struct {
+			assessed string
+			reason   Reason
+		}{
+			{"2026-11-29T12:05:00Z", ""},                       // exactly at the skew limit
+			{"2026-11-29T12:05:00.000001Z", ReasonFutureEvent}, // just past it
+			{"2199-12-31T00:00:00Z", ReasonFutureEvent},        // far future, pinning the opportunity
+		}
+		for _, tc := range tests {
+			t.Run(kind+"/"+tc.assessed, func(t *testing.T) {
+				err := parseAny(kind, setField(t, data, "assessed_at", `"`+tc.assessed+`"`))
+				if ReasonOf(err) != tc.reason || (tc.reason == "") != (err == nil) {
+					t.Fatalf("err = %v, want reason %q", err, tc.reason)
+				}
+			})
+		}
+	}
 }
