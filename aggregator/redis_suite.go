@@ -18,6 +18,22 @@ var suiteSource string
 
 var suiteScript = redis.NewScript(suiteSource)
 
+// announceScript adds revived cases to a suite's announced set (KEYS[2]) and gives the set the
+// remaining lifetime of the suite's run hash (KEYS[1]), so that neither outlives the other: a set
+// that expired first would have every revived case announced again, one that outlived a dropped
+// suite would silence the revivals of its next history.
+var announceScript = redis.NewScript(`
+for i = 1, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[2], ttl)
+elseif ttl == -1 then
+  redis.call('PERSIST', KEYS[2])
+else
+  redis.call('DEL', KEYS[2])
+end
+return ttl`)
+
 // SuiteApplied is the result of applying runs: each run's outcome in input order, and for every
 // touched suite all of its runs after the apply (ordered as SortRuns orders them) and the revived
 // cases already announced.
@@ -35,7 +51,9 @@ type RedisSuites struct {
 	cfg    RedisConfig
 }
 
-// NewRedisSuites returns a suite store on client; cfg.IdleTTL drops a suite that sees no result.
+// NewRedisSuites returns a suite store on client; cfg.IdleTTL drops a suite (its runs and its
+// announced revived cases, together) once it has seen no result for that long of wall-clock time.
+// The in-memory SuiteModel, which replay uses, has no wall clock and keeps every suite.
 func NewRedisSuites(client redis.UniversalClient, cfg RedisConfig) (*RedisSuites, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -131,7 +149,7 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 					args = append(args, runField(o.Key), strconv.FormatInt(o.Record.Assessed, 10),
 						strconv.FormatInt(o.Record.Seq, 10), encodeRun(&o.Record))
 				}
-				rs[n].apply = suiteScript.EvalSha(ctx, p, []string{runsKey}, args...)
+				rs[n].apply = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, args...)
 				rs[n].runs = p.HGetAll(ctx, runsKey)
 				rs[n].ann = p.SMembers(ctx, annKey)
 			}
@@ -181,23 +199,18 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 	return res, nil
 }
 
-// MarkAnnounced records that the revived events of cases were published.
+// MarkAnnounced records that the revived events of cases were published. The announced set then
+// expires with the suite's runs (every Apply refreshes both).
 func (r *RedisSuites) MarkAnnounced(ctx context.Context, k SuiteKey, cases []string) error {
 	if len(cases) == 0 {
 		return nil
 	}
-	_, key := r.keys(k)
+	runsKey, annKey := r.keys(k)
 	members := make([]any, len(cases))
 	for i, c := range cases {
 		members[i] = c
 	}
-	if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, key, members...)
-		if r.cfg.IdleTTL > 0 {
-			p.PExpire(ctx, key, r.cfg.IdleTTL)
-		}
-		return nil
-	}); err != nil {
+	if err := announceScript.Run(ctx, r.client, []string{runsKey, annKey}, members...).Err(); err != nil {
 		return fmt.Errorf("mark revived of %s: %w", k.ID(), err)
 	}
 	return nil

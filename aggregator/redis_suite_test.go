@@ -167,3 +167,93 @@ func TestSuiteRedeliveryRepublishes(t *testing.T) {
 		})
 	}
 }
+
+// The announced set lives exactly as long as the suite's runs: applies without new announcements
+// refresh both, so on an active suite the set never expires first and no revived case is announced
+// again. The idle TTL is a parameter: two stores on one prefix with different TTLs stand in for
+// time passing (the set marked under a 1 h TTL must take the 10 h one the later applies give the
+// runs), and a short real TTL shows the set surviving past its own first expiry.
+func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
+	ctx := context.Background()
+	client := testenv.Redis(t)
+	prefix := testenv.Name(t, "suite")
+	testenv.CleanPrefix(t, client, prefix)
+	store := func(ttl time.Duration) *RedisSuites {
+		s, err := NewRedisSuites(client, RedisConfig{Prefix: prefix, Retention: time.Hour, IdleTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	k := SuiteKey{"ws", "ttl"}
+	obs := func(i int) []RunObservation {
+		return []RunObservation{{Key: RunKey{SuiteKey: k, Version: fmt.Sprint("v", i), Case: "c"},
+			Record: RunRecord{Result: 'p', VersionSeq: int64(i), Runs: 1, Assessed: int64(i)}}}
+	}
+	runsKey, annKey := store(time.Hour).keys(k)
+	pttl := func() (runs, ann time.Duration) {
+		return client.PTTL(ctx, runsKey).Val(), client.PTTL(ctx, annKey).Val()
+	}
+	// Within a second of each other: the two keys' TTLs are set a few commands apart.
+	tied := func(step string, atLeast time.Duration) {
+		t.Helper()
+		runs, ann := pttl()
+		if runs < atLeast || ann < runs-time.Second || ann > runs {
+			t.Fatalf("%s: runs PTTL %v, announced PTTL %v: want both at least %v and the set's within a second below the runs'", step, runs, ann, atLeast)
+		}
+	}
+
+	short, long := store(time.Hour), store(10*time.Hour)
+	if _, err := short.Apply(ctx, obs(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := short.MarkAnnounced(ctx, k, []string{"c"}); err != nil {
+		t.Fatal(err)
+	}
+	tied("announced under 1h", 59*time.Minute)
+	// Applies without announcements refresh the set with the runs.
+	for i := 2; i <= 3; i++ {
+		if _, err := long.Apply(ctx, obs(i)); err != nil {
+			t.Fatal(err)
+		}
+		tied(fmt.Sprint("apply ", i, " under 10h"), 9*time.Hour)
+	}
+	// An announcement under a shorter TTL does not cut the set below the runs' lifetime.
+	if err := short.MarkAnnounced(ctx, k, []string{"d"}); err != nil {
+		t.Fatal(err)
+	}
+	tied("announced again under 1h", 9*time.Hour)
+
+	// Real expiry, small TTL: announced at 0, applied at about 0.6 s, read at about 1.2 s: the set
+	// would have expired at 1 s had the apply not refreshed it.
+	testenv.CleanPrefix(t, client, prefix)
+	quick := store(time.Second)
+	if _, err := quick.Apply(ctx, obs(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := quick.MarkAnnounced(ctx, k, []string{"c"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= 3; i++ {
+		time.Sleep(600 * time.Millisecond)
+		got, err := quick.Apply(ctx, obs(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got.Announced[k]["c"] {
+			runs, ann := pttl()
+			t.Fatalf("apply %d: case c is no longer announced (runs PTTL %v, announced PTTL %v): it would be announced again", i, runs, ann)
+		}
+	}
+	// A suite left idle drops its runs and its announcements together.
+	if err := client.PExpire(ctx, runsKey, time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if err := quick.MarkAnnounced(ctx, k, []string{"e"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(ctx, runsKey, annKey).Val(); n != 0 {
+		t.Fatalf("%d keys of a dropped suite remain", n)
+	}
+}

@@ -2,9 +2,11 @@
 -- newer assessment (assessed_us, then seq); running the same call twice changes nothing.
 --
 -- KEYS[1] hash  run field "<version>|<case>|<run_index>" -> "<result> <assessed_us> <seq> <rest…>"
+-- KEYS[2] set   revived cases already announced; it expires with the hash, never before it (else
+--               every revived case of an active suite would be announced again)
 -- ARGV[1] key ttl in ms (0: none), then four per run: field, assessed_us, seq, value.
 -- Returns one letter per run: N counted, R reassessed, D duplicate, S stale.
-local runs = KEYS[1]
+local runs, announced = KEYS[1], KEYS[2]
 local out = {}
 local n = (#ARGV - 1) / 4
 for i = 0, n - 1 do
@@ -28,5 +30,8 @@ for i = 0, n - 1 do
   end
 end
 local ttl = tonumber(ARGV[1])
-if n > 0 and ttl > 0 then redis.call('PEXPIRE', runs, ttl) end
+if n > 0 and ttl > 0 then
+  redis.call('PEXPIRE', runs, ttl)
+  redis.call('PEXPIRE', announced, ttl) -- no-op while nothing was announced
+end
 return table.concat(out)
