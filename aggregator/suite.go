@@ -24,7 +24,8 @@ func (k SuiteKey) ID() string {
 	return schemas.JoinEscaped(k.Workspace, k.Suite)
 }
 
-// RunKey names one graded run: (workspace, suite, case, version, run_index) per SPEC §4.
+// RunKey names one graded run: (workspace, suite, case, version, run_index); see
+// docs/semantics.md (suite discrimination).
 type RunKey struct {
 	SuiteKey
 	Version, Case string
@@ -108,7 +109,7 @@ type RunEntry struct {
 	Record RunRecord
 }
 
-// MergeRun applies the re-assessment rule of SPEC §4 to one run: the record with the greater
+// MergeRun applies the re-assessment rule of docs/semantics.md to one run: the record with the greater
 // (Assessed, Seq) wins; an equal one is a duplicate.
 func MergeRun(held *RunRecord, ok bool, in RunRecord) (RunRecord, Outcome) {
 	switch {
@@ -448,6 +449,16 @@ func AbnormalGate(r RunRecord, mode ReplyMode, s *schemas.SuiteStability) bool {
 
 // SuiteModel holds every run of every suite in memory under the rule of MergeRun: the pure
 // reference that replay uses and the Redis suite store is tested against.
+//
+// It keeps a suite forever, where RedisSuites drops it: the processor's store re-arms a suite's
+// expiry (RedisConfig.IdleTTL, by default the retention) on every batch with a result for that
+// suite, so a suite that sees no result for IdleTTL of wall-clock time loses every run and
+// announcement, and its next result starts a new history (discrimination, stability, missing runs
+// and revivals computed from that result on). The model has no wall clock: replay reads an NDJSON
+// file without arrival times, and occurred_at is the producer's time, neither ordered nor the time
+// the processor would have seen the result, so replay cannot apply the same rule exactly and does
+// not approximate it. Replay's suite outputs therefore equal the processor's only when no suite
+// went IdleTTL without a result while the processor ran.
 type SuiteModel struct {
 	suites map[SuiteKey]map[RunKey]RunRecord
 }

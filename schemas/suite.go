@@ -2,7 +2,8 @@ package schemas
 
 import "time"
 
-// CloudEvent types of the suite-health outputs (SPEC §4, §5).
+// CloudEvent types of the suite-health outputs (docs/semantics.md: suite discrimination and
+// repeated-sampling stability).
 const (
 	TypeSuiteDiscrimination = "repeatrate.suite.discrimination.v1"
 	TypeSuiteStability      = "repeatrate.suite.stability.v1"

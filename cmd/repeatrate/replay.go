@@ -144,7 +144,8 @@ type Out = sink.Out
 // the time future-dated events are judged against. Versions count the changes of each aggregate.
 // Suite outputs are computed once, over the final runs: a discrimination snapshot per suite, a
 // stability snapshot per version, a revived event per revived case and an abnormal-sample event
-// per final run over threshold.
+// per final run over threshold. Suites are never dropped for idleness, unlike in the processor's
+// Redis store (see aggregator.SuiteModel).
 func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, suiteCfg aggregator.SuiteConfig, asOf, received time.Time) (replayResult, error) {
 	var res replayResult
 	model := aggregator.NewModel(retention)
