@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,9 @@ func TestStateLossIsDetected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := Retire(ctx, client, prefix, fresh); err != nil {
+		t.Fatal(err)
+	}
 	if err := CutOver(ctx, client, prefix, fresh); err != nil {
 		t.Fatal(err)
 	}
@@ -63,22 +67,110 @@ func TestStateLossIsDetected(t *testing.T) {
 	}
 }
 
-func TestSealDetectsLostWrites(t *testing.T) {
+// A rebuild retires the namespace in use before it commits and cuts over: from then on a
+// processor still running on the old namespace fails its next batch (rates and suites) with
+// ErrStateLost, and a processor that starts refuses, until the cut-over; after it, starting
+// finds the new namespace while the old stores keep failing.
+func TestCutOverStopsProcessorsOnOldNamespace(t *testing.T) {
+	client := testenv.Redis(t)
 	ctx := context.Background()
-	store, client := testStore(t, "seal", RedisConfig{Retention: time.Hour})
-	for i := 0; i < 3; i++ {
-		if err := store.Seal(ctx); err != nil {
-			t.Fatalf("seal %d: %v", i, err)
+	prefix := testenv.Name(t, "cutover")
+	testenv.CleanPrefix(t, client, prefix)
+
+	old, err := OpenState(ctx, client, prefix, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := RedisConfig{Prefix: old.Namespace, Retention: time.Hour, Epoch: old.Epoch}
+	rates, err := NewRedis(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suites, err := NewRedisSuites(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := []Observation{obs("x", Confirmed, 0, 0, 0)}
+	runs := []RunObservation{{Key: RunKey{SuiteKey: SuiteKey{Workspace: "w", Suite: "s"}, Version: "v1", Case: "c"},
+		Record: RunRecord{Result: 'p', Runs: 1}}}
+	if _, err := rates.Apply(ctx, batch, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := suites.Apply(ctx, runs); err != nil {
+		t.Fatal(err)
+	}
+	stopped := func(when string) {
+		t.Helper()
+		if _, err := rates.Apply(ctx, batch, t0); !errors.Is(err, ErrStateLost) || !strings.Contains(err.Error(), "rebuild") {
+			t.Errorf("%s: apply on the old namespace: %v, want ErrStateLost naming the rebuild", when, err)
+		}
+		if _, err := suites.Apply(ctx, runs); !errors.Is(err, ErrStateLost) {
+			t.Errorf("%s: suite apply on the old namespace: %v, want ErrStateLost", when, err)
 		}
 	}
-	// A retried seal after a lost reply finds its own mark: fine.
-	store.sealSeq--
-	if err := store.Seal(ctx); err != nil {
-		t.Fatalf("retried seal: %v", err)
+
+	fresh, err := NewNamespace(ctx, client, prefix)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Redis restarted and lost the last second: the mark went back.
-	client.Set(ctx, store.sealKey, "1", 0)
-	if err := store.Seal(ctx); !errors.Is(err, ErrWritesLost) {
-		t.Fatalf("seal after lost writes: %v, want ErrWritesLost", err)
+	// Not retired in its favour: the cut-over refuses and moves nothing.
+	if err := CutOver(ctx, client, prefix, fresh); err == nil {
+		t.Fatal("cut-over without retiring the namespace in use succeeded")
+	}
+	if s, err := OpenState(ctx, client, prefix, true); err != nil || s != old {
+		t.Fatalf("open after a refused cut-over: %+v %v, want %+v", s, err, old)
+	}
+
+	retired, err := Retire(ctx, client, prefix, fresh)
+	if err != nil || retired != old.Namespace {
+		t.Fatalf("retire: %q %v, want %q", retired, err, old.Namespace)
+	}
+	stopped("after retire")
+	if _, err := OpenState(ctx, client, prefix, true); !errors.Is(err, ErrStateLost) || !strings.Contains(err.Error(), "rebuild") {
+		t.Fatalf("start during the rebuild: %v, want ErrStateLost naming the rebuild", err)
+	}
+
+	// A second rebuild retires it again in favour of its own namespace: the first one's cut-over
+	// must then refuse.
+	second, err := NewNamespace(ctx, client, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Retire(ctx, client, prefix, second); err != nil {
+		t.Fatal(err)
+	}
+	if err := CutOver(ctx, client, prefix, fresh); err == nil {
+		t.Fatal("a superseded rebuild cut over")
+	}
+	if err := CutOver(ctx, client, prefix, second); err != nil {
+		t.Fatal(err)
+	}
+	if err := CutOver(ctx, client, prefix, second); err != nil {
+		t.Fatalf("repeated cut-over: %v", err)
+	}
+	stopped("after cut-over")
+	s, err := OpenState(ctx, client, prefix, true)
+	if err != nil || s != second {
+		t.Fatalf("open after cut-over: %+v %v, want %+v", s, err, second)
+	}
+	moved, err := NewRedis(client, RedisConfig{Prefix: s.Namespace, Retention: time.Hour, Epoch: s.Epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := moved.Apply(ctx, batch, t0); err != nil {
+		t.Fatalf("apply on the new namespace: %v", err)
+	}
+
+	// A namespace that lost its epoch while being rebuilt is never cut over to.
+	third, err := NewNamespace(ctx, client, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Retire(ctx, client, prefix, third); err != nil {
+		t.Fatal(err)
+	}
+	client.Del(ctx, epochKey(third.Namespace))
+	if err := CutOver(ctx, client, prefix, third); !errors.Is(err, ErrStateLost) {
+		t.Fatalf("cut-over to a namespace that lost its epoch: %v, want ErrStateLost", err)
 	}
 }

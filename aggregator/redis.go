@@ -66,9 +66,10 @@ type Redis struct {
 	client redis.UniversalClient
 	cfg    RedisConfig
 
-	sealMu  sync.Mutex
-	sealKey string
-	sealSeq int64
+	sealMu   sync.Mutex
+	sealKey  string
+	sealSeq  int64 // the last batch mark written
+	verified int64 // the last batch mark Verify confirmed before a commit
 }
 
 // NewRedis returns a store on client.
@@ -298,16 +299,18 @@ func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
 }
 
 // ErrWritesLost means Redis no longer holds writes it acknowledged earlier in this process's life
-// (it restarted and recovered less than everything from its AOF). The batches since the last
-// committed offsets must be consumed again: they are applied idempotently.
+// (it restarted and recovered less than everything, or failed over to a replica that lagged), but
+// none that offsets were committed for: the batches since the last committed offsets must be
+// consumed again, and are applied idempotently.
 var ErrWritesLost = errors.New("redis lost acknowledged writes")
 
-// Seal marks the end of a batch: it writes this process's batch counter to Redis and checks that
-// the previous value is still there. Redis persists writes in order, so a surviving previous mark
-// means every write before it survived too; a missing one means recent writes were lost, and
-// Seal returns ErrWritesLost. The first Seal of a process checks nothing. A Seal retried after a
-// lost reply finds its own value, which is fine.
-func (r *Redis) Seal(ctx context.Context) error {
+// Seal marks the end of a batch: it writes this process's next batch mark to Redis and checks
+// that the previous mark is still there. Redis persists writes in order, so a surviving previous
+// mark means every write before it survived too. A missing or older one means recent writes were
+// lost: Seal returns ErrWritesLost, or ErrStateLost when the loss reaches a mark that Verify had
+// confirmed (offsets may have been committed for it). The first Seal of a process checks nothing.
+// A Seal retried after a lost reply finds its own mark, which is fine.
+func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	if r.sealKey == "" {
@@ -315,14 +318,68 @@ func (r *Redis) Seal(ctx context.Context) error {
 		rand.Read(b)
 		r.sealKey = r.cfg.Prefix + ":seal:" + hex.EncodeToString(b)
 	}
-	next := strconv.FormatInt(r.sealSeq+1, 10)
-	prev, err := r.client.SetArgs(ctx, r.sealKey, next, redis.SetArgs{Get: true, TTL: 24 * time.Hour}).Result()
+	next := r.sealSeq + 1
+	// No expiry: a mark that vanished must mean a loss, however long the process was idle. Close
+	// deletes it; a crashed process leaves one small key behind.
+	prev, err := r.client.SetArgs(ctx, r.sealKey, next, redis.SetArgs{Get: true}).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("seal batch: %w", err)
+		return 0, fmt.Errorf("seal batch: %w", err)
 	}
-	if r.sealSeq > 0 && prev != strconv.FormatInt(r.sealSeq, 10) && prev != next {
-		return fmt.Errorf("%w: batch mark is %q, want %d", ErrWritesLost, prev, r.sealSeq)
+	first := r.sealSeq == 0
+	want := r.sealSeq
+	r.sealSeq = next // the new baseline, whatever the check finds
+	if first {
+		return next, nil
 	}
-	r.sealSeq++
+	return next, r.lost(prev, want, next)
+}
+
+// Verify confirms that the last batch mark is still in Redis, immediately before offsets are
+// committed for the batches sealed up to mark upTo; from then on a loss of those writes is
+// ErrStateLost. Redis keeps writes in order, so the last mark stands for every write before it.
+// How durable the writes are on disk is the persistence setting's business: the commit delay
+// covers AOF everysec.
+func (r *Redis) Verify(ctx context.Context, upTo int64) error {
+	r.sealMu.Lock()
+	defer r.sealMu.Unlock()
+	if r.sealSeq == 0 {
+		return nil
+	}
+	got, err := r.client.Get(ctx, r.sealKey).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("verify batch mark: %w", err)
+	}
+	if err := r.lost(got, r.sealSeq, r.sealSeq); err != nil {
+		// Put the mark back, so the batches consumed again are checked against it.
+		if serr := r.client.Set(ctx, r.sealKey, r.sealSeq, 0).Err(); serr != nil {
+			return errors.Join(err, fmt.Errorf("reset batch mark: %w", serr))
+		}
+		return err
+	}
+	r.verified = max(r.verified, min(upTo, r.sealSeq))
 	return nil
+}
+
+// lost classifies the mark found in Redis against the one expected (or own, when a retried write
+// finds itself).
+func (r *Redis) lost(found string, want, own int64) error {
+	n, _ := strconv.ParseInt(found, 10, 64) // a missing mark reads as 0
+	switch {
+	case n == want || n == own:
+		return nil
+	case n < r.verified:
+		return fmt.Errorf("%w: redis lost writes that consumer offsets were committed for (batch mark %d, confirmed %d); "+
+			"run `repeatrate rebuild`", ErrStateLost, n, r.verified)
+	}
+	return fmt.Errorf("%w: batch mark is %d, want %d", ErrWritesLost, n, want)
+}
+
+// Close removes this process's batch mark. It does not close the client.
+func (r *Redis) Close(ctx context.Context) error {
+	r.sealMu.Lock()
+	defer r.sealMu.Unlock()
+	if r.sealKey == "" {
+		return nil
+	}
+	return r.client.Del(ctx, r.sealKey).Err()
 }

@@ -10,10 +10,17 @@ import (
 	"go.uber.org/zap"
 )
 
-// Handler processes one batch; a nil return lets the batch's offsets be committed.
-// *Processor is one.
+// Handler processes batches for the group; *Processor is one.
 type Handler interface {
+	// Handle processes one batch; a nil return lets its offsets be committed once Verify confirms
+	// that its work is still held.
 	Handle(ctx context.Context, msgs []kafka.Message) error
+	// Mark names the work of the last batch Handle completed.
+	Mark() int64
+	// Verify confirms, immediately before a commit, that the work of every batch up to mark is
+	// still held: ErrRewind when recent work was lost (consume again from the committed offsets),
+	// ErrFatal when work whose offsets may be committed was lost.
+	Verify(ctx context.Context, mark int64) error
 }
 
 // GroupConfig configures a Group.
@@ -202,6 +209,7 @@ var ErrRewind = errors.New("rewind to committed offsets")
 // pendingCommit is a processed batch whose offsets wait for its Redis writes to become durable.
 type pendingCommit struct {
 	offsets map[string]map[int]int64
+	mark    int64 // the handler's mark of the batch
 	ready   time.Time
 }
 
@@ -262,7 +270,7 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 			}
 			return
 		}
-		pending = append(pending, pendingCommit{offsets: offsets, ready: time.Now().Add(g.cfg.CommitDelay)})
+		pending = append(pending, pendingCommit{offsets: offsets, mark: g.handler.Mark(), ready: time.Now().Add(g.cfg.CommitDelay)})
 		if !g.commitPending(gen, &pending, false) || stopping {
 			return
 		}
@@ -270,7 +278,9 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 }
 
 // commitPending commits the offsets of every pending batch that is ready (all of them, after
-// waiting, when final); false means the generation is over.
+// waiting, when final), once the handler confirmed that their work is still held; false means the
+// generation is over. A loss found then drops every pending batch (they are consumed again) or,
+// when it reaches committed work, stops the group.
 func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, final bool) bool {
 	ps := *pending
 	n := 0
@@ -282,6 +292,21 @@ func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, f
 	}
 	if wait := time.Until(ps[n-1].ready); final && wait > 0 {
 		time.Sleep(min(wait, g.cfg.DrainTimeout))
+	}
+	vctx, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
+	err := g.handler.Verify(vctx, ps[n-1].mark)
+	cancel()
+	if err != nil {
+		g.metrics.Commits.WithLabelValues("unverified").Inc()
+		*pending = nil
+		if errors.Is(err, ErrFatal) {
+			g.log.Error("committed work was lost; stopping", zap.Int32("generation", gen.ID), zap.Error(err))
+			g.fatal(err)
+		} else {
+			g.log.Warn("work not confirmed before commit; consuming again from the committed offsets",
+				zap.Int32("generation", gen.ID), zap.Error(err))
+		}
+		return false
 	}
 	merged := make(map[string]map[int]int64)
 	for _, p := range ps[:n] {

@@ -17,9 +17,13 @@ import (
 // tallies. Applying the same observations again must change nothing; aggregator.Redis is one.
 type Store interface {
 	Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error)
-	// Seal ends a batch: it fails with aggregator.ErrWritesLost when the store lost writes it
-	// acknowledged for earlier batches.
-	Seal(ctx context.Context) error
+	// Seal ends a batch and returns its mark: it fails with aggregator.ErrWritesLost when the
+	// store lost writes it acknowledged for earlier batches, and with aggregator.ErrStateLost when
+	// the loss reaches a mark that Verify confirmed.
+	Seal(ctx context.Context) (int64, error)
+	// Verify confirms, immediately before a commit, that the store still holds every write up to
+	// the batch of mark upTo, with the same errors as Seal.
+	Verify(ctx context.Context, upTo int64) error
 }
 
 // Publisher publishes results and returns once they are acknowledged; sink.Kafka is one.
@@ -71,6 +75,7 @@ type Processor struct {
 	now     func() time.Time
 	log     *zap.Logger
 	metrics *Metrics
+	mark    int64 // the store's mark of the last batch handled; used by one goroutine, the group's
 }
 
 // NewProcessor returns a processor. now is the clock that stamps observation times and judges
@@ -176,11 +181,11 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			return p.pub.PublishSuites(ctx, out, p.now())
 		}},
 		{"seal", func(ctx context.Context) error {
-			err := p.store.Seal(ctx)
-			if errors.Is(err, aggregator.ErrWritesLost) {
-				return fmt.Errorf("%w: %w", ErrRewind, err)
+			mark, err := p.store.Seal(ctx)
+			if err == nil {
+				p.mark = mark
 			}
-			return err
+			return durability(err)
 		}},
 		{"suite_announce", func(ctx context.Context) error {
 			// After publishing: a crash in between re-publishes the revived event with the same id.
@@ -211,6 +216,27 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 	p.metrics.Alerts.WithLabelValues("revived").Add(float64(len(out.Revived)))
 	p.metrics.Alerts.WithLabelValues("abnormal_sample").Add(float64(len(out.Abnormal)))
 	return nil
+}
+
+// Mark returns the store's mark of the last batch Handle completed.
+func (p *Processor) Mark() int64 { return p.mark }
+
+// Verify confirms that the store still holds the work of every batch up to mark; the group calls
+// it immediately before committing their offsets.
+func (p *Processor) Verify(ctx context.Context, mark int64) error {
+	return durability(p.store.Verify(ctx, mark))
+}
+
+// durability maps the store's loss errors to what the group does about them: consume again from
+// the committed offsets, or stop because committed work is gone.
+func durability(err error) error {
+	switch {
+	case errors.Is(err, aggregator.ErrStateLost):
+		return fmt.Errorf("%w: %w", ErrFatal, err)
+	case errors.Is(err, aggregator.ErrWritesLost):
+		return fmt.Errorf("%w: %w", ErrRewind, err)
+	}
+	return err
 }
 
 func (p *Processor) retry(ctx context.Context, stage string, fn func(context.Context) error) error {

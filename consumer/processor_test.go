@@ -36,7 +36,9 @@ func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at
 	return s.model.Apply(ctx, obs, at)
 }
 
-func (s *flakyStore) Seal(ctx context.Context) error { return s.sealErr }
+func (s *flakyStore) Seal(ctx context.Context) (int64, error) { return 1, s.sealErr }
+
+func (s *flakyStore) Verify(ctx context.Context, upTo int64) error { return s.sealErr }
 
 type recordingPublisher struct {
 	snaps  []schemas.Snapshot
@@ -115,7 +117,7 @@ func TestProcessorHandle(t *testing.T) {
 	for _, s := range pub.snaps {
 		switch s.Aggregate.Source {
 		case "live":
-			if w := s.Windows.All; w.ConfirmedRepeats != 1 || w.Scored != 1 || s.Version != 1 {
+			if w := s.Windows.All; w.ConfirmedRepeats != 1 || w.Scored != 1 || s.Version != s.ObservedAt.UnixMicro() {
 				t.Fatalf("live snapshot %+v", s)
 			}
 		case "evaluation":

@@ -159,6 +159,14 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))
 	}
 	err = g.Wait()
+	if err == nil {
+		// The group committed what it processed: this process's batch mark is no longer needed.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if cerr := st.rates.Close(cctx); cerr != nil {
+			log.Warn("remove batch mark", zap.Error(cerr))
+		}
+		cancel()
+	}
 	log.Info("stopped", zap.Error(err))
 	return err
 }

@@ -1,0 +1,96 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestSealAndVerifyDetectLostWrites(t *testing.T) {
+	ctx := context.Background()
+	seal := func(s *Redis) (int64, error) { return s.Seal(ctx) }
+	tests := []struct {
+		name string
+		// run seals and verifies as a consumer does, then loses writes by setting the mark back
+		// to lostTo, and returns what the next check says.
+		run  func(s *Redis) (lostTo int64, check func() error)
+		want error
+	}{
+		// Lost, but nothing verified for a commit: consume again from the committed offsets.
+		{"loss before any commit", func(s *Redis) (int64, func() error) {
+			seal(s)
+			seal(s)
+			return 1, func() error { _, err := seal(s); return err }
+		}, ErrWritesLost},
+		// Verify finds the loss before the offsets of the lost batches are committed.
+		{"loss found by verify", func(s *Redis) (int64, func() error) {
+			m1, _ := seal(s)
+			s.Verify(ctx, m1)
+			m2, _ := seal(s)
+			return m1, func() error { return s.Verify(ctx, m2) }
+		}, ErrWritesLost},
+		// The loss reaches a batch whose offsets may be committed: the state is lost.
+		{"loss below a verified mark", func(s *Redis) (int64, func() error) {
+			seal(s)
+			m2, _ := seal(s)
+			s.Verify(ctx, m2)
+			seal(s)
+			return m2 - 1, func() error { _, err := seal(s); return err }
+		}, ErrStateLost},
+		// A Redis restarted empty (or from a snapshot older than this process) lost the mark.
+		{"mark gone after a commit", func(s *Redis) (int64, func() error) {
+			m1, _ := seal(s)
+			s.Verify(ctx, m1)
+			return 0, func() error { return s.Verify(ctx, m1) }
+		}, ErrStateLost},
+		// A retried seal after a lost reply finds its own mark.
+		{"retried seal", func(s *Redis) (int64, func() error) {
+			seal(s)
+			m2, _ := seal(s)
+			s.sealSeq--
+			return m2, func() error { _, err := seal(s); return err }
+		}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			store, client := testStore(t, "seal", RedisConfig{Retention: time.Hour})
+			lostTo, check := tc.run(store)
+			if lostTo == 0 {
+				client.Del(ctx, store.sealKey)
+			} else {
+				client.Set(ctx, store.sealKey, lostTo, 0)
+			}
+			if err := check(); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+				t.Fatalf("check = %v, want %v", err, tc.want)
+			}
+			if tc.want == nil {
+				return
+			}
+			// After the loss is reported, the batches consumed again are checked against a
+			// mark that holds: no endless rewinds.
+			m, err := seal(store)
+			if err != nil {
+				t.Fatalf("seal after the loss was reported: %v", err)
+			}
+			if err := store.Verify(ctx, m); err != nil {
+				t.Fatalf("verify after the loss was reported: %v", err)
+			}
+		})
+	}
+}
+
+func TestCloseRemovesTheMark(t *testing.T) {
+	ctx := context.Background()
+	store, client := testStore(t, "sealclose", RedisConfig{Retention: time.Hour})
+	store.Seal(ctx)
+	if n := client.Exists(ctx, store.sealKey).Val(); n != 1 {
+		t.Fatalf("mark missing after seal")
+	}
+	if err := store.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(ctx, store.sealKey).Val(); n != 0 {
+		t.Fatalf("mark left after close")
+	}
+}
