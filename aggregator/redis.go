@@ -98,10 +98,18 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
 	occurred, recs := encodeRecords(obs)
+	// The batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent
+	// writes is found before any tally computed on the lost state is published.
+	r.sealMu.Lock()
+	defer r.sealMu.Unlock()
+	markKey, mark := r.sealKey, r.sealSeq
 	run := func() ([]redis.Cmder, error) {
 		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				p.Get(ctx, epochKey(r.cfg.Prefix))
+			}
+			if mark > 0 {
+				p.Get(ctx, markKey)
 			}
 			for _, k := range keys {
 				idx := groups[k]
@@ -131,6 +139,13 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		if got, _ := cmds[0].(*redis.StringCmd).Result(); got != r.cfg.Epoch {
 			return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
 				ErrStateLost, r.cfg.Prefix, got, r.cfg.Epoch)
+		}
+		cmds = cmds[1:]
+	}
+	if mark > 0 {
+		got, _ := cmds[0].(*redis.StringCmd).Result()
+		if err := r.checkMark(ctx, got); err != nil {
+			return Applied{}, err
 		}
 		cmds = cmds[1:]
 	}
@@ -349,15 +364,25 @@ func (r *Redis) Verify(ctx context.Context, upTo int64) error {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("verify batch mark: %w", err)
 	}
-	if err := r.lost(got, r.sealSeq, r.sealSeq); err != nil {
-		// Put the mark back, so the batches consumed again are checked against it.
-		if serr := r.client.Set(ctx, r.sealKey, r.sealSeq, 0).Err(); serr != nil {
-			return errors.Join(err, fmt.Errorf("reset batch mark: %w", serr))
-		}
+	if err := r.checkMark(ctx, got); err != nil {
 		return err
 	}
 	r.verified = max(r.verified, min(upTo, r.sealSeq))
 	return nil
+}
+
+// checkMark compares the mark found in Redis with the last one written. On a loss it puts the
+// mark back, so that the batches consumed again are checked against a mark that holds. The
+// caller holds sealMu.
+func (r *Redis) checkMark(ctx context.Context, found string) error {
+	err := r.lost(found, r.sealSeq, r.sealSeq)
+	if err == nil {
+		return nil
+	}
+	if serr := r.client.Set(ctx, r.sealKey, r.sealSeq, 0).Err(); serr != nil {
+		return errors.Join(err, fmt.Errorf("reset batch mark: %w", serr))
+	}
+	return err
 }
 
 // lost classifies the mark found in Redis against the one expected (or own, when a retried write

@@ -44,6 +44,19 @@ func TestSealAndVerifyDetectLostWrites(t *testing.T) {
 			s.Verify(ctx, m1)
 			return 0, func() error { return s.Verify(ctx, m1) }
 		}, ErrStateLost},
+		// The next batch's apply finds the loss before its tallies can be published.
+		{"loss found by the next apply", func(s *Redis) (int64, func() error) {
+			m1, _ := seal(s)
+			s.Verify(ctx, m1)
+			seal(s)
+			return m1, func() error {
+				got, err := s.Apply(ctx, []Observation{obs("x", Confirmed, 0, 0, 0)}, t0)
+				if len(got.Keys) > 0 {
+					t.Errorf("apply on lost writes returned tallies %+v", got.Tallies)
+				}
+				return err
+			}
+		}, ErrWritesLost},
 		// A retried seal after a lost reply finds its own mark.
 		{"retried seal", func(s *Redis) (int64, func() error) {
 			seal(s)

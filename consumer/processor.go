@@ -143,10 +143,7 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			at = p.now()
 			var err error
 			applied, err = p.store.Apply(ctx, obs, at)
-			if errors.Is(err, aggregator.ErrStateLost) {
-				return fmt.Errorf("%w: %w", ErrFatal, err)
-			}
-			return err
+			return durability(err)
 		}},
 		{"publish", func(ctx context.Context) error {
 			if len(applied.Keys) == 0 {
