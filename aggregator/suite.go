@@ -88,7 +88,8 @@ func (c *SuiteConfig) Validate() error {
 		return fmt.Errorf("suite judge_last_versions %d must be 0 (judge every version) or positive", c.JudgeLastVersions)
 	}
 	if c.JudgeLastVersions > 0 && c.JudgeLastVersions < c.MinHistory {
-		return fmt.Errorf("suite judge_last_versions %d is below min_history %d: no case could ever be judged (every case would stay too_new); use 0 to judge every version or at least %d",
+		return fmt.Errorf("suite judge_last_versions %d is below min_history %d: no case could ever be judged "+
+			"(every case would stay too_new); use 0 to judge every version, or at least %d",
 			c.JudgeLastVersions, c.MinHistory, c.MinHistory)
 	}
 	if len(c.Ks) == 0 {
@@ -109,8 +110,8 @@ type RunEntry struct {
 	Record RunRecord
 }
 
-// MergeRun applies the re-assessment rule of docs/semantics.md to one run: the record with the greater
-// (Assessed, Seq) wins; an equal one is a duplicate.
+// MergeRun applies the re-assessment rule of docs/semantics.md to one run: the record with the
+// greater (Assessed, Seq) wins; an equal one is a duplicate.
 func MergeRun(held *RunRecord, ok bool, in RunRecord) (RunRecord, Outcome) {
 	switch {
 	case !ok:
