@@ -278,8 +278,10 @@ func fastStructured(value []byte) (a attributes, ok bool) {
 		a.time = t
 	}
 	if env.DataContentType != nil {
-		if *env.DataContentType != event.ApplicationJSON {
-			return attributes{}, false // other spellings: the SDK decides whether data is JSON
+		// Media types are case-insensitive and may carry parameters: any JSON one will do for
+		// object data (sdkStructured agrees). Other types: the SDK decides what data is.
+		if !isJSON(*env.DataContentType) {
+			return attributes{}, false
 		}
 		a.contentType = *env.DataContentType
 	}
@@ -304,14 +306,107 @@ func structuredEvent(value []byte) (attributes, error) {
 // sdkStructured reads a structured CloudEvent with the SDK: every attribute and encoding the
 // specification allows, with its precise complaint when something is wrong.
 func sdkStructured(value []byte) (event.Event, error) {
+	value, ct, renamed := sdkJSONMediaType(value)
 	var e event.Event
 	if err := e.UnmarshalJSON(value); err != nil {
 		return event.Event{}, schemas.Invalid(schemas.ReasonUndecodable, "structured CloudEvent: %s", clipHeader(err.Error()))
+	}
+	if renamed {
+		e.SetDataContentType(ct)
 	}
 	if err := e.Validate(); err != nil {
 		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(err.Error()))
 	}
 	return e, nil
+}
+
+// sdkJSONMediaType returns value as the SDK should read it. The SDK takes data as a JSON value
+// only for a few media types spelled exactly (application/json, text/json, …) and otherwise
+// expects a string; but media types are case-insensitive and any */*+json type is JSON. When value
+// has object data and a datacontenttype that is JSON by those rules but not by the SDK's, it is
+// returned with datacontenttype "application/json", with the original ct and renamed true so the
+// caller can restore it. Any other value is returned as it is.
+func sdkJSONMediaType(value []byte) (out []byte, ct string, renamed bool) {
+	spans, ok := topMembers(value)
+	if !ok {
+		return value, "", false
+	}
+	cs, hasCT := spans["datacontenttype"]
+	ds, hasData := spans["data"]
+	if !hasCT || !hasData || value[cs[0]] != '"' || value[ds[0]] != '{' {
+		return value, "", false
+	}
+	if err := fastjson.Unmarshal(value[cs[0]:cs[1]], &ct); err != nil || !isJSON(ct) || sdkTakesJSON(ct) {
+		return value, "", false
+	}
+	out = make([]byte, 0, len(value))
+	out = append(out, value[:cs[0]]...)
+	out = append(out, `"`+event.ApplicationJSON+`"`...)
+	out = append(out, value[cs[1]:]...)
+	return out, ct, true
+}
+
+// sdkTakesJSON reports whether the SDK reads data of media type ct as a JSON value (the rule of
+// its unexported isJSON and GetDataMediaType).
+func sdkTakesJSON(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = strings.TrimSpace(ct[:i])
+	}
+	switch ct {
+	case event.ApplicationJSON, event.TextJSON, event.ApplicationCloudEventsJSON, event.ApplicationCloudEventsBatchJSON:
+		return true
+	}
+	return false
+}
+
+// topMembers returns the value span [start, end) of each top-level member of the JSON object b.
+// ok is false when b is not a plain object: a member name with an escape or given twice, or
+// anything unbalanced. It does not validate values.
+func topMembers(b []byte) (spans map[string][2]int, ok bool) {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil, false
+	}
+	spans = map[string][2]int{}
+	if i = skipSpace(b, i+1); i < len(b) && b[i] == '}' {
+		return spans, skipSpace(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return nil, false
+		}
+		j := i + 1
+		for j < len(b) && b[j] != '"' {
+			if b[j] == '\\' {
+				return nil, false
+			}
+			j++
+		}
+		if j >= len(b) {
+			return nil, false
+		}
+		name := string(b[i+1 : j])
+		if _, dup := spans[name]; dup {
+			return nil, false
+		}
+		if i = skipSpace(b, j+1); i >= len(b) || b[i] != ':' {
+			return nil, false
+		}
+		start := skipSpace(b, i+1)
+		end, ok := skipValue(b, start)
+		if !ok || end <= start {
+			return nil, false
+		}
+		spans[name] = [2]int{start, end}
+		switch i = skipSpace(b, end); {
+		case i < len(b) && b[i] == ',':
+			i = skipSpace(b, i+1)
+		case i < len(b) && b[i] == '}':
+			return spans, skipSpace(b, i+1) == len(b)
+		default:
+			return nil, false
+		}
+	}
 }
 
 func binaryEvent(m *kafka.Message, contentType string) (event.Event, error) {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
 
@@ -54,6 +55,15 @@ func TestDecodeModes(t *testing.T) {
 		// Binary with an extension and a time attribute.
 		{"binary extension", kafka.Message{Value: []byte(liveData), Headers: append(binaryHeaders(schemas.TypeLiveAttempt),
 			hdr("ce_time", "2026-11-29T11:00:00Z", "ce_tenant", "t1")...)}, "e2"},
+		// Media types are case-insensitive and take parameters: the fast path takes these...
+		{"structured Application/JSON", kafka.Message{Value: []byte(withCT(structured, "Application/JSON"))}, "e1"},
+		{"structured +json", kafka.Message{Value: []byte(withCT(structured, "application/vnd.acme.event+JSON"))}, "e1"},
+		// ...and the SDK path (here for an extension attribute) too.
+		{"structured extension APPLICATION/JSON; charset", kafka.Message{Value: []byte(withCT(strings.Replace(structured, `"id":"e1"`, `"id":"e1","tenant":"t1"`, 1),
+			"APPLICATION/JSON; charset=UTF-8"))}, "e1"},
+		{"structured header case", kafka.Message{Value: []byte(structured), Headers: hdr("Content-Type", "Application/CloudEvents+JSON; charset=UTF-8")}, "e1"},
+		{"binary Application/JSON; charset", kafka.Message{Value: []byte(liveData), Headers: append(binaryHeaders(schemas.TypeLiveAttempt)[:4],
+			hdr("Content-Type", "Application/JSON; charset=utf-8")...)}, "e2"},
 		// Structured data carried as base64.
 		{"data_base64", kafka.Message{Value: []byte(`{"specversion":"1.0","id":"e3","source":"s","type":"repeatrate.live.attempt.v1","data_base64":"` + b64(liveData) + `"}`)}, "e3"},
 	}
@@ -89,6 +99,15 @@ func TestDecodeRejects(t *testing.T) {
 		{"xml data", kafka.Message{Value: []byte("<a/>"), Headers: append(binaryHeaders(schemas.TypeLiveAttempt)[:4], hdr("content-type", "application/xml")...)}, schemas.ReasonBadDataFormat},
 		{"bad data", kafka.Message{Value: []byte(`{"x":1}`), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, schemas.ReasonMissingField},
 		{"too large", big, schemas.ReasonTooLarge},
+		// Identity text that a decoder would repair into U+FFFD, in both modes: structured invalid
+		// bytes take the SDK path, a lone surrogate escape the fast path.
+		{"structured invalid UTF-8", kafka.Message{Value: []byte(strings.Replace(structured, `"workspace":"w"`, "\"workspace\":\"w\xff\"", 1))}, schemas.ReasonBadValue},
+		{"structured lone surrogate", kafka.Message{Value: []byte(strings.Replace(structured, `"workspace":"w"`, `"workspace":"w\udc80"`, 1))}, schemas.ReasonBadValue},
+		{"binary invalid UTF-8", kafka.Message{Value: []byte(strings.Replace(liveData, `"opportunity_id":"o"`, "\"opportunity_id\":\"o\xc3\"", 1)), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, schemas.ReasonBadValue},
+		{"binary lone surrogate", kafka.Message{Value: []byte(strings.Replace(liveData, `"correction_id":"fix"`, `"correction_id":"fix\ud800"`, 1)), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, schemas.ReasonBadValue},
+		// A far-future assessment, in both modes.
+		{"structured future assessment", kafka.Message{Value: []byte(strings.Replace(structured, `"assessed_at":"2026-11-29T11:00:00Z"`, `"assessed_at":"2030-01-01T00:00:00Z"`, 1))}, schemas.ReasonFutureEvent},
+		{"binary future assessment", kafka.Message{Value: []byte(strings.Replace(liveData, `"assessed_at":"2026-11-29T11:00:00Z"`, `"assessed_at":"2026-11-29T12:05:01Z"`, 1)), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, schemas.ReasonFutureEvent},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,11 +119,19 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
+// withCT returns the structured event v with datacontenttype ct.
+func withCT(v, ct string) string {
+	return strings.Replace(v, `"datacontenttype":"application/json"`, `"datacontenttype":"`+ct+`"`, 1)
+}
+
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(structured), false)
 	f.Add([]byte(liveData), true)
 	f.Add([]byte(`{"specversion":"1.0","id":"e3","source":"s","type":"repeatrate.eval.result.v1","data":{}}`), false)
 	f.Add([]byte(`{"data_base64":"!!"}`), false)
+	f.Add([]byte(withCT(structured, "Application/JSON; charset=utf-8")), false)
+	f.Add([]byte(strings.Replace(structured, `"workspace":"w"`, "\"workspace\":\"w\xff\"", 1)), false)
+	f.Add([]byte(strings.Replace(liveData, `"model":"m"`, `"model":"m\ud83d\ude00"`, 1)), true)
 	d := newTestDecoder(f)
 	f.Fuzz(func(t *testing.T, value []byte, binary bool) {
 		m := kafka.Message{Value: value}
@@ -121,8 +148,17 @@ func FuzzDecode(f *testing.F) {
 		if (ev.Live == nil) == (ev.Eval == nil) {
 			t.Fatalf("decoded event carries %v live, %v eval", ev.Live != nil, ev.Eval != nil)
 		}
-		if ev.Live != nil && (ev.Live.Scope.Workspace == "" || ev.Live.OpportunityID == "" || ev.Live.OccurredAt.After(now.Add(5*time.Minute))) {
+		if ev.Live != nil && (ev.Live.Scope.Workspace == "" || ev.Live.OpportunityID == "" || ev.Live.OccurredAt.After(now.Add(5*time.Minute)) ||
+			ev.Live.AssessedAt.After(now.Add(5*time.Minute))) {
 			t.Fatalf("accepted an invalid live attempt: %+v", ev.Live)
+		}
+		if ev.Live != nil {
+			s := ev.Live.Scope
+			for _, v := range []string{s.Workspace, s.Model, s.Run, s.Checkpoint, s.Artifact, ev.Live.CorrectionID, ev.Live.OpportunityID} {
+				if len(v) > schemas.MaxIdentityBytes || !utf8.ValidString(v) {
+					t.Fatalf("accepted an identity field of %d bytes, valid UTF-8 %v", len(v), utf8.ValidString(v))
+				}
+			}
 		}
 	})
 }
@@ -132,6 +168,8 @@ func FuzzFastPathAgreesWithSDK(f *testing.F) {
 	f.Add([]byte(`{"specversion":"1.0","id":"a","source":"b","type":"t","time":"2026-11-29T11:00:00Z","subject":"s","data":{"x":1}}`))
 	f.Add([]byte(`{"specversion":"1.0","id":"a","source":"%zz","type":"t","data":{}}`))
 	f.Add([]byte(`{"specversion":"1.0","id":"a","source":"b","type":"t","data":{},"data":{"y":2}}`))
+	f.Add([]byte(withCT(structured, "Application/JSON")))
+	f.Add([]byte(withCT(structured, "text/plain")))
 	f.Fuzz(func(t *testing.T, value []byte) {
 		fast, ok := fastStructured(value)
 		if !ok {
