@@ -35,7 +35,8 @@ func epochKey(ns string) string       { return ns + ":epoch" }
 // OpenState finds the current namespace under prefix and its epoch. A namespace without an epoch
 // is new when nothing was ever consumed (hadProgress false): its epoch is created. When the
 // consumer group already committed offsets, a missing epoch means the state was lost, and
-// OpenState returns ErrStateLost instead of starting over silently.
+// OpenState returns ErrStateLost instead of starting over silently. A namespace that a rebuild
+// retired (Retire) is refused with ErrStateLost too, until that rebuild cuts over.
 func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadProgress bool) (State, error) {
 	ns, err := c.Get(ctx, pointerKey(prefix)).Result()
 	if errors.Is(err, redis.Nil) {
@@ -45,6 +46,9 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 	}
 	epoch, err := c.Get(ctx, epochKey(ns)).Result()
 	switch {
+	case err == nil && strings.HasPrefix(epoch, retiredMark):
+		return State{}, fmt.Errorf("%w: namespace %q is retired (%s): a rebuild is running or was interrupted; "+
+			"let it finish, or run `repeatrate rebuild` again", ErrStateLost, ns, epoch)
 	case err == nil && !strings.HasSuffix(epoch, stateLayout):
 		return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
 			"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
@@ -80,10 +84,78 @@ func NewNamespace(ctx context.Context, c redis.UniversalClient, prefix string) (
 	return createEpoch(ctx, c, fmt.Sprintf("%s:r%d", prefix, time.Now().UnixNano()))
 }
 
-// CutOver makes s the namespace every processor under prefix uses from its next start.
-func CutOver(ctx context.Context, c redis.UniversalClient, prefix string, s State) error {
-	if err := c.Set(ctx, pointerKey(prefix), s.Namespace, 0).Err(); err != nil {
-		return fmt.Errorf("cut over to %s: %w", s.Namespace, err)
+// retiredMark starts the epoch marker of a namespace that a rebuild retired. The marker names the
+// namespace the rebuild moves to and says what to do, because a running processor's error (the
+// epoch check of every batch) quotes it.
+const retiredMark = "retired: repeatrate rebuild moves to "
+
+func retiredEpoch(next string) string {
+	return retiredMark + next + "; restart the processor once the rebuild has finished"
+}
+
+// current returns the namespace the pointer under prefix names (prefix itself when unset).
+func current(ctx context.Context, c redis.UniversalClient, prefix string) (string, error) {
+	ns, err := c.Get(ctx, pointerKey(prefix)).Result()
+	if errors.Is(err, redis.Nil) {
+		return prefix, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read namespace pointer: %w", err)
+	}
+	return ns, nil
+}
+
+// Retire takes the namespace in use under prefix out of service in favour of next, a namespace
+// from NewNamespace that a rebuild is about to fill: its epoch marker is replaced by one naming
+// next. From then on every processor still running on it fails its next batch with ErrStateLost
+// (the per-batch epoch check), and a processor that starts refuses (OpenState), until CutOver
+// points the installation at next. Retiring again for another rebuild is allowed: the last one
+// wins. It returns the retired namespace.
+func Retire(ctx context.Context, c redis.UniversalClient, prefix string, next State) (string, error) {
+	ns, err := current(ctx, c, prefix)
+	if err != nil {
+		return "", err
+	}
+	if ns == next.Namespace {
+		return "", fmt.Errorf("retire %s: it is already the namespace in use", ns)
+	}
+	if err := c.Set(ctx, epochKey(ns), retiredEpoch(next.Namespace), 0).Err(); err != nil {
+		return "", fmt.Errorf("retire namespace %s: %w", ns, err)
+	}
+	return ns, nil
+}
+
+// CutOver makes next the namespace every processor under prefix uses from its next start. The
+// namespace in use must have been retired in favour of next (Retire), and next must still hold
+// its epoch; otherwise another rebuild took over meanwhile, or Redis lost next, and CutOver fails
+// without moving anything. Cutting over to the namespace already in use is a no-op, so a rebuild
+// may repeat it. The checks and the move are separate commands (the keys live in different Redis
+// Cluster slots): two rebuilds racing to the last step are not fenced.
+func CutOver(ctx context.Context, c redis.UniversalClient, prefix string, next State) error {
+	ns, err := current(ctx, c, prefix)
+	if err != nil {
+		return err
+	}
+	if ns == next.Namespace {
+		return nil
+	}
+	mark, err := c.Get(ctx, epochKey(ns)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("cut over to %s: read epoch of %s: %w", next.Namespace, ns, err)
+	}
+	if mark != retiredEpoch(next.Namespace) {
+		return fmt.Errorf("cut over to %s: namespace %s in use is not retired in its favour (epoch %q): "+
+			"another rebuild started meanwhile, or Redis lost the retirement", next.Namespace, ns, mark)
+	}
+	epoch, err := c.Get(ctx, epochKey(next.Namespace)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("cut over to %s: read its epoch: %w", next.Namespace, err)
+	}
+	if epoch != next.Epoch {
+		return fmt.Errorf("%w: cut over to %s: its epoch marker is %q, want %q", ErrStateLost, next.Namespace, epoch, next.Epoch)
+	}
+	if err := c.Set(ctx, pointerKey(prefix), next.Namespace, 0).Err(); err != nil {
+		return fmt.Errorf("cut over to %s: %w", next.Namespace, err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"time"
 
@@ -25,13 +26,36 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 // rebuild recomputes the whole state from the input topics into a fresh Redis namespace and cuts
 // over to it, with the processors stopped:
 //
-//  1. note the input topics' end offsets: the rebuild covers everything before them;
-//  2. read the snapshot topic, so every aggregate's version continues above what was published;
-//  3. apply every input message from the beginning, in batches, with the processor's own stores;
+//  1. check that the group has no member, create the fresh namespace and retire the one in use
+//     (aggregator.Retire): from here on a processor on the old namespace fails its next batch and a
+//     starting one refuses, so nothing publishes or commits from the old state any more;
+//  2. note the group's committed offsets and the input topics' end offsets: the rebuild covers
+//     everything before the end offsets;
+//  3. read the snapshot topic, so every aggregate's version continues above what was published;
+//  4. apply every input message from the beginning, in batches, with the processor's own stores;
 //     bad input is dead-lettered unless the dead-letter topic already has it (the processor may
 //     have stopped before reaching it);
-//  4. publish the rebuilt snapshots, mark revived cases announced, cut over to the new namespace,
-//     and commit the group's offsets at the noted end, where `run` takes over.
+//  5. publish the rebuilt snapshots, mark revived cases announced, wait out the commit delay so
+//     that Redis has made the writes durable, check that nobody committed meanwhile, commit the
+//     group's offsets at the noted end, and only then cut over to the new namespace, where `run`
+//     takes over.
+//
+// Why this order loses nothing and counts nothing twice when the rebuild stops at any step:
+//   - before the commit, the group's offsets are what they were (a processor resuming would
+//     re-read everything the rebuild covered), and the old namespace is retired, so no processor
+//     resumes on it: the error says to run the rebuild again, which starts over in another fresh
+//     namespace. The half-built namespace is never used.
+//   - between the commit and the cut-over, the group stands at the end offsets but the pointer
+//     still names the retired namespace: again every processor refuses, and the next rebuild
+//     recomputes from the beginning up to the (unchanged or later) end offsets and commits those.
+//   - after the cut-over the new namespace holds exactly the messages before the committed
+//     offsets, and `run` continues from there.
+//
+// Committing first and cutting over last means the namespace in use and the committed offsets
+// never disagree in the one direction that loses data (a namespace that lacks messages the group
+// has passed). The other order would rely on re-applying the messages between the old committed
+// offsets and the end offsets, which is harmless only because applying is idempotent, and would
+// lose messages of partitions that had no committed offset at all.
 func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	kc, rdb, err := openClients(cfg)
 	if err != nil {
@@ -47,15 +71,26 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return fmt.Errorf("group %s has %d active members: stop every processor before a rebuild", cfg.Kafka.GroupID, len(g.Members))
 		}
 	}
-	end, err := kc.endOffsets(ctx, cfg.Kafka.InputTopics)
-	if err != nil {
-		return err
-	}
 	state, err := aggregator.NewNamespace(ctx, rdb, cfg.Redis.KeyPrefix)
 	if err != nil {
 		return err
 	}
-	log.Info("rebuilding", zap.String("namespace", state.Namespace), zap.Any("end_offsets", end))
+	retired, err := aggregator.Retire(ctx, rdb, cfg.Redis.KeyPrefix, state)
+	if err != nil {
+		return err
+	}
+	// After the retirement: no processor commits from here on, so these are the offsets up to
+	// which every output of the input was published.
+	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	if err != nil {
+		return err
+	}
+	end, err := kc.endOffsets(ctx, cfg.Kafka.InputTopics)
+	if err != nil {
+		return err
+	}
+	log.Info("rebuilding", zap.String("namespace", state.Namespace), zap.String("retired", retired),
+		zap.Any("end_offsets", end))
 	st, err := openStores(rdb, state, cfg)
 	if err != nil {
 		return err
@@ -194,9 +229,26 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return err
 		}
 	}
-	if err := aggregator.CutOver(ctx, rdb, cfg.Redis.KeyPrefix, state); err != nil {
+	// Durable before committed, as the processor holds its offsets: wait out the commit delay
+	// (AOF everysec syncs once a second). CutOver checks that the new namespace kept its epoch.
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(cfg.Batch.CommitDelay):
+	}
+	// A processor that joined after the check above and committed meanwhile published from the
+	// old state, beyond what the versions were seeded from: start over rather than guess.
+	again, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	if err != nil {
 		return err
 	}
+	if !reflect.DeepEqual(again, committed) {
+		return fmt.Errorf("group %s committed offsets during the rebuild (%v, then %v): stop every processor and run the rebuild again",
+			cfg.Kafka.GroupID, committed, again)
+	}
+	// Commit, then cut over (see the order above). The broker accepts a commit without a
+	// generation only while the group has no member, so a processor that joined meanwhile makes
+	// this step fail rather than race it.
 	commit := &kafka.OffsetCommitRequest{GroupID: cfg.Kafka.GroupID, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{}}
 	for topic, parts := range end {
 		for part, off := range parts {
@@ -205,14 +257,17 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	resp, err := kc.client().OffsetCommit(ctx, commit)
 	if err != nil {
-		return fmt.Errorf("commit rebuilt offsets: %w", err)
+		return fmt.Errorf("commit rebuilt offsets: %w; run the rebuild again", err)
 	}
 	for t, ps := range resp.Topics {
 		for _, p := range ps {
 			if p.Error != nil {
-				return fmt.Errorf("commit rebuilt offsets %s/%d: %w", t, p.Partition, p.Error)
+				return fmt.Errorf("commit rebuilt offsets %s/%d: %w; run the rebuild again", t, p.Partition, p.Error)
 			}
 		}
+	}
+	if err := aggregator.CutOver(ctx, rdb, cfg.Redis.KeyPrefix, state); err != nil {
+		return fmt.Errorf("%w; run the rebuild again", err)
 	}
 	log.Info("rebuilt", zap.String("namespace", state.Namespace), zap.Int("messages", total),
 		zap.Int("aggregates", len(touched)), zap.Int("suites", len(touchedSuites)))
