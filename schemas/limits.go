@@ -25,6 +25,10 @@ const (
 	// order. Their totals are reported beside them, so a subscriber sees when a list was cut.
 	MaxListedCases = 100
 
+	// MaxPassAtK is the most pass@k levels a stability snapshot reports (the processor's
+	// configuration is checked against it); each k is at most MaxRuns.
+	MaxPassAtK = 16
+
 	// MaxFragmentBytes is the longest repeated fragment an abnormal-sample event quotes, in bytes;
 	// a longer one is cut at a character boundary.
 	MaxFragmentBytes = 200

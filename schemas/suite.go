@@ -13,6 +13,9 @@ const (
 
 // SuiteDiscrimination is the data of a repeatrate.suite.discrimination.v1 event: which cases of a
 // suite still tell shipped versions apart. Ratios are fractions in [0,1], null when judged is 0.
+// Revived lists revived case ids in case order, at most MaxListedCases of them (the rest are cut
+// when the snapshot is published; each revived case is also its own case.revived event);
+// RevivedTotal counts them all.
 type SuiteDiscrimination struct {
 	Workspace                    string    `json:"workspace"`
 	Suite                        string    `json:"suite"`
@@ -31,6 +34,7 @@ type SuiteDiscrimination struct {
 	LatestPassRate               *float64  `json:"latest_pass_rate"`
 	LatestPassRateDiscriminating *float64  `json:"latest_pass_rate_discriminating"`
 	Revived                      []string  `json:"revived"`
+	RevivedTotal                 int       `json:"revived_total"`
 	ObservedAt                   time.Time `json:"observed_at"`
 }
 
@@ -54,7 +58,8 @@ type SuiteStability struct {
 	ReplyLength     ReplyLength                    `json:"reply_length"`
 	AbnormalSamples int                            `json:"abnormal_samples"`
 	// MissingRuns lists, per case (in case order), the planned runs that had not arrived by the
-	// deadline: only cases with at least one missing run appear.
+	// deadline: only cases with at least one missing run appear, at most MaxListedCases of them
+	// (the rest are cut when the snapshot is published; MissingRunsTotal still counts them).
 	MissingRuns []MissingRuns `json:"missing_runs"`
 	// MissingRunsTotal is the sum of MissingRuns' counts over every case of the version.
 	MissingRunsTotal int64     `json:"missing_runs_total"`

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -63,16 +64,27 @@ func EncodeSnapshot(s *schemas.Snapshot) ([]byte, error) {
 }
 
 // DiscriminationOut is the output event of a suite discrimination snapshot, keyed "d|<ws>|<suite>"
-// so it never shares a compacted key with a stability snapshot.
+// so it never shares a compacted key with a stability snapshot. It lists at most
+// schemas.MaxListedCases revived cases and counts them all in revived_total.
 func DiscriminationOut(d *schemas.SuiteDiscrimination) Out {
+	c := *d
+	c.RevivedTotal = max(c.RevivedTotal, len(c.Revived))
+	if len(c.Revived) > schemas.MaxListedCases {
+		c.Revived = c.Revived[:schemas.MaxListedCases]
+	}
 	return Out{Type: schemas.TypeSuiteDiscrimination, Subject: "d|" + schemas.JoinEscaped(d.Workspace, d.Suite),
-		Time: d.ObservedAt, IDSeed: stamp(d.ObservedAt), Data: d}
+		Time: d.ObservedAt, IDSeed: stamp(d.ObservedAt), Data: &c}
 }
 
 // StabilityOut is the output event of a suite stability snapshot, keyed "s|<ws>|<suite>|<version>".
+// It lists the missing runs of at most schemas.MaxListedCases cases; missing_runs_total counts all.
 func StabilityOut(s *schemas.SuiteStability) Out {
+	c := *s
+	if len(c.MissingRuns) > schemas.MaxListedCases {
+		c.MissingRuns = c.MissingRuns[:schemas.MaxListedCases]
+	}
 	return Out{Type: schemas.TypeSuiteStability, Subject: "s|" + schemas.JoinEscaped(s.Workspace, s.Suite, s.Version),
-		Time: s.ObservedAt, IDSeed: stamp(s.ObservedAt), Data: s}
+		Time: s.ObservedAt, IDSeed: stamp(s.ObservedAt), Data: &c}
 }
 
 // RevivedOut is the output event of a revived case; its id depends only on the flip.
@@ -82,8 +94,13 @@ func RevivedOut(r *schemas.CaseRevived, at time.Time) Out {
 }
 
 // AbnormalOut is the output event of an abnormal sample; its id depends only on the run and metric.
+// It quotes at most schemas.MaxFragmentBytes of the repeated fragment.
 func AbnormalOut(a *schemas.AbnormalSample, at time.Time) Out {
+	c := *a
+	if len(c.Fragment) > schemas.MaxFragmentBytes {
+		c.Fragment = strings.ToValidUTF8(c.Fragment[:schemas.MaxFragmentBytes], "")
+	}
 	return Out{Type: schemas.TypeSampleAbnormal,
 		Subject: schemas.JoinEscaped(a.Workspace, a.Suite, a.Version, a.CaseID, strconv.FormatInt(a.RunIndex, 10)),
-		Time:    at, IDSeed: a.Metric + "|" + strconv.Itoa(a.Tokens) + "|" + strconv.FormatFloat(a.GzipRatio, 'g', -1, 64), Data: a}
+		Time:    at, IDSeed: a.Metric + "|" + strconv.Itoa(a.Tokens) + "|" + strconv.FormatFloat(a.GzipRatio, 'g', -1, 64), Data: &c}
 }

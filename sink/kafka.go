@@ -36,15 +36,9 @@ func write(ctx context.Context, w MessageWriter, outs []Out) error {
 	msgs := make([]kafka.Message, len(outs))
 	now := time.Now()
 	for i := range outs {
-		b, err := Encode(&outs[i])
-		if err != nil {
+		var err error
+		if msgs[i], err = Record(&outs[i], now); err != nil {
 			return err
-		}
-		msgs[i] = kafka.Message{
-			Key:     []byte(outs[i].Subject),
-			Value:   b,
-			Time:    now,
-			Headers: []kafka.Header{{Key: "content-type", Value: []byte(ContentType)}},
 		}
 	}
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
