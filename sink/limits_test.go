@@ -20,8 +20,8 @@ var limitsNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 // Worst-case values of the fields that are not input text: the longest JSON numbers and times.
 var (
 	worstTime  = time.Date(2199, 12, 31, 23, 59, 59, 999999999, time.UTC) // 30 characters in RFC 3339
-	worstFloat = -2.2250738585072014e-308                                  // 24 characters in JSON
-	worstInt   = math.MaxInt64                                             // 19 digits
+	worstFloat = -2.2250738585072014e-308                                 // 24 characters in JSON
+	worstInt   = math.MaxInt64                                            // 19 digits
 )
 
 func worstF() *float64 { f := worstFloat; return &f }
