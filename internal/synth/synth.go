@@ -70,7 +70,13 @@ func (g *Generator) Line(now time.Time) (line []byte, poison bool) {
 	case p < g.cfg.Poison+g.cfg.Duplicates+g.cfg.Reassessed && len(g.past) > 0:
 		a := g.past[g.r.IntN(len(g.past))]
 		a.class = g.r.IntN(3)
-		a.assessed = a.assessed.Add(time.Duration(g.r.IntN(600)-200) * time.Second)
+		// Assessed no later than now: a grader cannot have judged in the future, and an
+		// assessed_at beyond the allowed skew is poison.
+		if t := a.assessed.Add(time.Duration(g.r.IntN(600)-200) * time.Second); t.Before(now) {
+			a.assessed = t
+		} else {
+			a.assessed = now
+		}
 		a.seq = g.r.IntN(3)
 		a.line = g.render(&a, fmt.Sprintf("re-%d", g.n))
 		g.remember(a)
