@@ -20,6 +20,11 @@ var applySource string
 
 var applyScript = redis.NewScript(applySource)
 
+// MaxFutureSkew is the most an event's occurred_at may lie ahead of the observer's clock: the
+// apply script keeps minute buckets for 70 minutes behind the newest event, the 1h window plus
+// this much skew, so a larger skew would drop buckets the 1h window still covers.
+const MaxFutureSkew = 10 * time.Minute
+
 // Applied is the result of applying one batch: each observation's outcome, in input order, and the
 // tally of every aggregate the batch touched, in order of first appearance.
 type Applied struct {

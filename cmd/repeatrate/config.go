@@ -174,6 +174,10 @@ func (c *Config) Validate() error {
 	if c.Limits.MaxMessageBytes <= 0 || c.Limits.MaxPredictionBytes <= 0 || c.Limits.MaxFutureSkew < 0 {
 		bad("limits must be positive")
 	}
+	if c.Limits.MaxFutureSkew > aggregator.MaxFutureSkew {
+		bad("limits.max_future_skew %s is above %s: the store keeps minute buckets for the 1h window plus that much skew",
+			c.Limits.MaxFutureSkew, aggregator.MaxFutureSkew)
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

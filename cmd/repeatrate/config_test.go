@@ -56,6 +56,8 @@ func TestConfigErrors(t *testing.T) {
 		{"sasl without user", []string{"--kafka-sasl-mechanism", "scram-sha-512"}, "kafka.sasl.username"},
 		{"short retention", []string{"--retention", "10m"}, "retention"},
 		{"bad level", []string{"--log-level", "loud"}, "log_level"},
+		// A skew beyond what the minute buckets keep would undercount the 1h window.
+		{"skew above the minute buckets", []string{"--max-future-skew", "11m"}, "max_future_skew"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
