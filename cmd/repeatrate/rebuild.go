@@ -34,11 +34,12 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 //  3. read the snapshot topic, so every aggregate's version continues above what was published;
 //  4. apply every input message from the beginning, in batches, with the processor's own stores;
 //     bad input is dead-lettered unless the dead-letter topic already has it (the processor may
-//     have stopped before reaching it);
-//  5. publish the rebuilt snapshots, mark revived cases announced, wait out the commit delay so
-//     that Redis has made the writes durable, check that nobody committed meanwhile, commit the
-//     group's offsets at the noted end, and only then cut over to the new namespace, where `run`
-//     takes over.
+//     have stopped before reaching it); each batch publishes the alerts it raises (revived cases,
+//     and abnormal samples of runs past the committed offsets) before marking cases announced;
+//  5. publish the rebuilt snapshots and suite snapshots, wait until Redis has made the writes
+//     durable (the commit delay, then the batch mark), check that nobody committed meanwhile,
+//     commit the group's offsets at the noted end, and only then cut over to the new namespace,
+//     where `run` takes over.
 //
 // Why this order loses nothing and counts nothing twice when the rebuild stops at any step:
 //   - before the commit, the group's offsets are what they were (a processor resuming would
@@ -97,25 +98,8 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	store, suites, suiteCfg, dec := st.rates, st.suites, st.suiteCfg, st.decoder
 
-	// Versions published so far, from the compacted snapshot topic.
-	published := map[aggregator.Key]int64{}
-	if err := tail(ctx, kc, cfg.Kafka.SnapshotTopic, 3*time.Second, func(m kafka.Message) error {
-		var ev struct {
-			Data schemas.Snapshot `json:"data"`
-		}
-		if json.Unmarshal(m.Value, &ev) != nil {
-			return nil
-		}
-		a := ev.Data.Aggregate
-		src, ok := aggregator.ParseSource(a.Source)
-		if !ok {
-			return nil
-		}
-		k := aggregator.Key{Scope: schemas.Scope{Workspace: a.Workspace, Model: a.Model, Run: a.Run, Checkpoint: a.Checkpoint,
-			Artifact: a.Artifact}, CorrectionID: a.CorrectionID, Source: src}
-		published[k] = max(published[k], ev.Data.Version)
-		return nil
-	}); err != nil && !strings.Contains(err.Error(), "not found") {
+	published, err := publishedVersions(ctx, kc, cfg.Kafka.SnapshotTopic)
+	if err != nil {
 		return err
 	}
 	for k, v := range published {
@@ -128,14 +112,24 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	defer dlqWriter.Close()
 	dlq := consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Brokers: kc.brokers, Dialer: kc.dialer,
 		Client: kc.client(), Topic: cfg.Kafka.DLQTopic})
+	w := kc.writer(cfg.Kafka.SnapshotTopic)
+	sw, aw := kc.writer(cfg.Kafka.SuiteTopic), kc.writer(cfg.Kafka.AlertsTopic)
+	defer w.Close()
+	defer sw.Close()
+	defer aw.Close()
+	pub := sink.NewKafka(w, sw, aw)
+	defer store.Close(context.WithoutCancel(ctx))
+
 	touched := map[aggregator.Key]bool{}
 	touchedSuites := map[aggregator.SuiteKey]bool{}
-	total := 0
+	total, revivedN, abnormalN := 0, 0, 0
+	var mark int64
 	for topic, parts := range end {
 		for part, last := range parts {
-			n, err := rebuildPartition(ctx, kc, topic, part, last, func(batch []kafka.Message) error {
+			from, seen := committed[topic][part]
+			n, err := readPartition(ctx, kc, topic, part, last, rebuildBatch, func(batch []kafka.Message) error {
 				var obs []aggregator.Observation
-				var runs []aggregator.RunObservation
+				var runs, unseen []aggregator.RunObservation
 				var dls []consumer.DeadLetter
 				now := time.Now()
 				for i := range batch {
@@ -161,6 +155,9 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 						r := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
 						runs = append(runs, r)
 						touchedSuites[r.Key.SuiteKey] = true
+						if !seen || batch[i].Offset >= from {
+							unseen = append(unseen, r)
+						}
 					}
 				}
 				if err := dlq.Send(ctx, dls); err != nil {
@@ -172,26 +169,40 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 					}
 				}
 				if len(runs) > 0 {
-					if _, err := suites.Apply(ctx, runs); err != nil {
+					applied, err := suites.Apply(ctx, runs)
+					if err != nil {
 						return err
 					}
+					// The alerts these runs raise, as the processor raises them batch by batch:
+					// every revived case (the new namespace has announced none; the events'
+					// ids are deterministic, so one the processor published before is a
+					// recognisable copy), and the abnormal samples of the runs past the
+					// committed offsets, whose alerts the processor may not have published.
+					// Published before they are marked announced, as the processor does.
+					out := aggregator.BuildSuiteOutput(applied, unseen, suiteCfg, now)
+					alerts := aggregator.SuiteOutput{Revived: out.Revived, Abnormal: out.Abnormal}
+					if err := pub.PublishSuites(ctx, alerts, now); err != nil {
+						return err
+					}
+					if err := markAnnounced(ctx, suites, out.Revived); err != nil {
+						return err
+					}
+					revivedN += len(out.Revived)
+					abnormalN += len(out.Abnormal)
 				}
-				return nil
+				// A Redis that lost writes of an earlier batch fails here or in the next apply.
+				var err error
+				mark, err = store.Seal(ctx)
+				return err
 			})
 			if err != nil {
-				return err
+				return fmt.Errorf("rebuild %s/%d: %w; run the rebuild again", topic, part, err)
 			}
 			total += n
 		}
 	}
 
-	// Publish the rebuilt state, then cut over and hand the group its offsets.
-	w := kc.writer(cfg.Kafka.SnapshotTopic)
-	sw, aw := kc.writer(cfg.Kafka.SuiteTopic), kc.writer(cfg.Kafka.AlertsTopic)
-	defer w.Close()
-	defer sw.Close()
-	defer aw.Close()
-	pub := sink.NewKafka(w, sw, aw)
+	// Publish the rebuilt state.
 	now := time.Now()
 	var snaps []schemas.Snapshot
 	for k := range touched {
@@ -209,7 +220,7 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
-		d, revived := aggregator.Discrimination(k, applied, suiteCfg, now)
+		d, _ := aggregator.Discrimination(k, applied, suiteCfg, now)
 		out := aggregator.SuiteOutput{Discrimination: []schemas.SuiteDiscrimination{d}}
 		versions := map[string]bool{}
 		for _, e := range applied {
@@ -221,20 +232,17 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		if err := pub.PublishSuites(ctx, out, now); err != nil {
 			return err
 		}
-		var cases []string
-		for _, r := range revived {
-			cases = append(cases, r.CaseID)
-		}
-		if err := suites.MarkAnnounced(ctx, k, cases); err != nil {
-			return err
-		}
 	}
 	// Durable before committed, as the processor holds its offsets: wait out the commit delay
-	// (AOF everysec syncs once a second). CutOver checks that the new namespace kept its epoch.
+	// (AOF everysec syncs once a second), then check that Redis still holds the last batch mark,
+	// which stands for every write before it. CutOver checks that the new namespace kept its epoch.
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(cfg.Batch.CommitDelay):
+	}
+	if err := store.Verify(ctx, mark); err != nil {
+		return fmt.Errorf("rebuild: %w; run the rebuild again", err)
 	}
 	// A processor that joined after the check above and committed meanwhile published from the
 	// old state, beyond what the versions were seeded from: start over rather than guess.
@@ -270,51 +278,202 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return fmt.Errorf("%w; run the rebuild again", err)
 	}
 	log.Info("rebuilt", zap.String("namespace", state.Namespace), zap.Int("messages", total),
-		zap.Int("aggregates", len(touched)), zap.Int("suites", len(touchedSuites)))
+		zap.Int("aggregates", len(touched)), zap.Int("suites", len(touchedSuites)),
+		zap.Int("revived_published", revivedN), zap.Int("abnormal_published", abnormalN))
 	return nil
 }
 
-// rebuildPartition feeds every message of one partition before offset end to fn, in batches.
-func rebuildPartition(ctx context.Context, kc *kafkaClients, topic string, part int, end int64, fn func([]kafka.Message) error) (int, error) {
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.brokers, Dialer: kc.dialer, Topic: topic, Partition: part,
-		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 200 * time.Millisecond})
-	defer r.Close()
-	if err := r.SetOffset(kafka.FirstOffset); err != nil {
-		return 0, err
+// markAnnounced records revived events as published, per suite.
+func markAnnounced(ctx context.Context, suites *aggregator.RedisSuites, revived []schemas.CaseRevived) error {
+	byKey := map[aggregator.SuiteKey][]string{}
+	for _, r := range revived {
+		k := aggregator.SuiteKey{Workspace: r.Workspace, Suite: r.Suite}
+		byKey[k] = append(byKey[k], r.CaseID)
 	}
-	total := 0
-	batch := make([]kafka.Message, 0, 5000)
+	for k, cases := range byKey {
+		if err := suites.MarkAnnounced(ctx, k, cases); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rebuildBatch is the most input messages the rebuild applies in one batch.
+const rebuildBatch = 5000
+
+// publishedVersions returns the greatest version the snapshot topic holds for every aggregate: each
+// partition is read from its start up to its high-water mark as noted on entry, however long that
+// takes (a stalled fetch delays the rebuild; it never ends the reading early). A missing topic has
+// published nothing. Messages that are not snapshots are skipped.
+func publishedVersions(ctx context.Context, kc *kafkaClients, topic string) (map[aggregator.Key]int64, error) {
+	published := map[aggregator.Key]int64{}
+	ends, err := kc.endOffsets(ctx, []string{topic})
+	if errors.Is(err, kafka.UnknownTopicOrPartition) || err != nil && strings.Contains(err.Error(), "not found") {
+		return published, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for part, end := range ends[topic] {
+		if _, err := readPartition(ctx, kc, topic, part, end, rebuildBatch, func(batch []kafka.Message) error {
+			for i := range batch {
+				var ev struct {
+					Data schemas.Snapshot `json:"data"`
+				}
+				if json.Unmarshal(batch[i].Value, &ev) != nil {
+					continue
+				}
+				a := ev.Data.Aggregate
+				src, ok := aggregator.ParseSource(a.Source)
+				if !ok {
+					continue
+				}
+				k := aggregator.Key{Scope: schemas.Scope{Workspace: a.Workspace, Model: a.Model, Run: a.Run,
+					Checkpoint: a.Checkpoint, Artifact: a.Artifact}, CorrectionID: a.CorrectionID, Source: src}
+				published[k] = max(published[k], ev.Data.Version)
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return published, nil
+}
+
+// Reading one partition to a fixed offset.
+const (
+	fetchMaxBytes = 16 << 20
+	fetchMaxWait  = 500 * time.Millisecond
+	fetchTimeout  = 30 * time.Second // one fetch round trip, reading included
+	fetchAttempts = 5                // failed fetches in a row before readPartition gives up
+)
+
+// readPartition feeds fn every message of topic/part below offset end, in offset order, in slices
+// of at most maxBatch, and returns how many it fed. It stops at end and never waits for silence:
+// a fetch that returns no message while the partition's high-water mark is at or past end proves
+// that nothing is left below end (records removed by compaction, transaction markers); while the
+// high-water mark is below end (a new leader catching up) it keeps fetching until ctx ends.
+// Records that retention deletes before they are read are skipped, as they are for every consumer;
+// a log truncated below the position (unclean leader election) is an error. A failing fetch is
+// retried on a new connection a few times.
+func readPartition(ctx context.Context, kc *kafkaClients, topic string, part int, end int64, maxBatch int,
+	fn func([]kafka.Message) error) (int, error) {
+	var conn *kafka.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	total, failures := 0, 0
+	pos := int64(-1) // the next offset to read; -1: the partition's first
 	for {
-		if len(batch) > 0 && (len(batch) == cap(batch) || batch[len(batch)-1].Offset+1 >= end) {
-			if err := fn(batch); err != nil {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		from := pos
+		var msgs []kafka.Message
+		var hwm int64
+		err := func() error {
+			if conn == nil {
+				c, err := dialLeader(ctx, kc, topic, part)
+				if err != nil {
+					return err
+				}
+				conn = c
+			}
+			if pos < 0 {
+				conn.SetDeadline(time.Now().Add(fetchTimeout))
+				first, err := conn.ReadFirstOffset()
+				if err != nil {
+					return err
+				}
+				pos, from = first, first
+			}
+			if pos >= end {
+				return nil
+			}
+			var err error
+			msgs, hwm, pos, err = fetchTo(conn, pos, end)
+			return err
+		}()
+		if errors.Is(err, kafka.OffsetOutOfRange) && conn != nil {
+			conn.SetDeadline(time.Now().Add(fetchTimeout))
+			first, ferr := conn.ReadFirstOffset()
+			if ferr == nil && first > pos {
+				pos = first // retention deleted what was not read yet
+				continue
+			}
+			return total, fmt.Errorf("read %s/%d at %d (first offset %d, end %d): %w", topic, part, pos, first, end, errors.Join(err, ferr))
+		}
+		if err != nil {
+			failures++
+			if failures >= fetchAttempts {
+				return total, fmt.Errorf("read %s/%d at %d: %w", topic, part, pos, err)
+			}
+			if conn != nil {
+				conn.Close()
+				conn = nil
+			}
+			select {
+			case <-ctx.Done():
+				return total, ctx.Err()
+			case <-time.After(time.Duration(failures) * 200 * time.Millisecond):
+			}
+			continue
+		}
+		failures = 0
+		if pos >= end || (len(msgs) == 0 && pos == from && hwm >= end) {
+			// Read up to end, or nothing is left below it (see above).
+			pos = max(pos, end)
+		}
+		for len(msgs) > 0 {
+			n := min(len(msgs), maxBatch)
+			if err := fn(msgs[:n]); err != nil {
 				return total, err
 			}
-			total += len(batch)
-			if batch[len(batch)-1].Offset+1 >= end {
-				return total, nil
-			}
-			batch = batch[:0]
+			total += n
+			msgs = msgs[n:]
 		}
-		if total == 0 && len(batch) == 0 {
-			if first, err := firstOffset(ctx, kc, topic, part); err != nil || first >= end {
-				return 0, err
-			}
+		if pos >= end {
+			return total, nil
 		}
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			return total, fmt.Errorf("rebuild read %s/%d: %w", topic, part, err)
-		}
-		batch = append(batch, m)
 	}
 }
 
-func firstOffset(ctx context.Context, kc *kafkaClients, topic string, part int) (int64, error) {
-	resp, err := kc.client().ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.FirstOffsetOf(part)}}})
-	if err != nil {
-		return 0, err
+// fetchTo makes one fetch at offset pos and returns its messages below end, the partition's
+// high-water mark, and the offset to read next (past records the fetch showed were compacted away).
+func fetchTo(conn *kafka.Conn, pos, end int64) ([]kafka.Message, int64, int64, error) {
+	if _, err := conn.Seek(pos, kafka.SeekAbsolute|kafka.SeekDontCheck); err != nil {
+		return nil, 0, pos, err
 	}
-	for _, p := range resp.Topics[topic] {
-		return p.FirstOffset, p.Error
+	conn.SetDeadline(time.Now().Add(fetchTimeout))
+	b := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: fetchMaxWait})
+	var msgs []kafka.Message
+	next := pos
+	for {
+		m, err := b.ReadMessage()
+		if err != nil || m.Offset >= end {
+			break
+		}
+		msgs = append(msgs, m)
+		next = m.Offset + 1
 	}
-	return 0, fmt.Errorf("no offsets for %s/%d", topic, part)
+	hwm := b.HighWaterMark()
+	if err := b.Close(); err != nil {
+		return nil, hwm, pos, err
+	}
+	return msgs, hwm, max(next, b.Offset()), nil
+}
+
+// dialLeader connects to the leader of topic/part through the first broker that answers.
+func dialLeader(ctx context.Context, kc *kafkaClients, topic string, part int) (*kafka.Conn, error) {
+	var errs []error
+	for _, b := range kc.brokers {
+		c, err := kc.dialer.DialLeader(ctx, "tcp", b, topic, part)
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("connect to the leader of %s/%d: %w", topic, part, errors.Join(errs...))
 }
