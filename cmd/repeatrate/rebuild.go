@@ -120,6 +120,17 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	pub := sink.NewKafka(w, sw, aw)
 	defer store.Close(context.WithoutCancel(ctx))
 
+	// Future-dated events: the processor judged each event against its clock when the batch
+	// arrived, a time no record keeps. The message's own timestamp is the closest reproducible
+	// stand-in: the producer stamps it before the broker appends the message and before any
+	// processor can receive it, so with sane clocks it is at most the receipt time, and the
+	// rebuild dead-letters at least what the processor did (more only for an event that lay more
+	// than max_future_skew ahead of its own producer's clock). The timestamp is the producer's to
+	// set (kafka-go reports the record's own time even on LogAppendTime topics), so it is capped at
+	// the rebuild's start: no producer can stretch the check past a clock the installation trusts,
+	// which is what keeps a far-future occurred_at from moving an aggregate's retention. A message
+	// without a timestamp is judged against the start.
+	start := time.Now()
 	touched := map[aggregator.Key]bool{}
 	touchedSuites := map[aggregator.SuiteKey]bool{}
 	total, revivedN, abnormalN := 0, 0, 0
@@ -133,11 +144,9 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 				var dls []consumer.DeadLetter
 				now := time.Now()
 				for i := range batch {
-					// Future-dated events are judged against the time Kafka took the message: the
-					// nearest record of when the processor first received it.
-					recv := batch[i].Time
-					if recv.IsZero() {
-						recv = now
+					recv := start
+					if t := batch[i].Time; !t.IsZero() && t.Before(start) {
+						recv = t
 					}
 					ev, err := dec.Decode(&batch[i], recv)
 					if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
@@ -402,5 +404,87 @@ func TestRebuildPublishesRevivedCasesAndRetiresTheOldNamespace(t *testing.T) {
 	again, err := aggregator.OpenState(ctx, rdb, cfg.Redis.KeyPrefix, true)
 	if err != nil || again.Namespace == now.Namespace {
 		t.Fatalf("state after the second rebuild: %+v %v, want another namespace", again, err)
+	}
+}
+
+// liveAt is a live attempt of opportunity id, occurred (and assessed) at occ.
+func liveAt(id string, occ time.Time) string {
+	at := occ.UTC().Format(time.RFC3339Nano)
+	return fmt.Sprintf(`{"specversion":"1.0","id":%q,"source":"test","type":%q,"datacontenttype":"application/json",`+
+		`"data":{"scope":{"workspace":"w","model":"m","run":"r","checkpoint":"k","artifact":"a"},"opportunity_id":%q,`+
+		`"correction_id":"fix","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`, id, schemas.TypeLiveAttempt, id, at, at)
+}
+
+// Future-dated events are judged against each message's own timestamp, capped at the rebuild's
+// start: a timestamp stamped ahead of the clock (the producer's to choose) never lets an event
+// through that lies more than max_future_skew ahead of the rebuild's clock, and an event that lay
+// ahead of its own message's time is dead-lettered as the processor, which received it no earlier,
+// did too.
+func TestRebuildJudgesFutureEventsByMessageTimeUpToItsStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newRebuildFixture(ctx, t)
+	cfg, kc := f.cfg, f.kc
+	now := time.Now()
+	cases := []struct {
+		id       string
+		occ, ts  time.Time // occurred_at, message timestamp
+		deadLine bool
+	}{
+		{"on-time", now.Add(-time.Hour), now.Add(-time.Hour), false},
+		{"skew-within", now.Add(-time.Hour + 4*time.Minute), now.Add(-time.Hour), false},
+		{"ahead-of-its-message", now.Add(-time.Hour + 6*time.Minute), now.Add(-time.Hour), true},
+		// Stamped 50 minutes ahead (brokers accept up to an hour by default), occurring 40 minutes
+		// ahead: within the skew of its own stamp, far beyond the rebuild's clock.
+		{"stamped-ahead", now.Add(40 * time.Minute), now.Add(50 * time.Minute), true},
+	}
+	var msgs []kafka.Message
+	wantPassed, wantDL := 0, 0
+	for _, c := range cases {
+		msgs = append(msgs, kafka.Message{Key: []byte("k"), Value: []byte(liveAt(c.id, c.occ)), Time: c.ts})
+		if c.deadLine {
+			wantDL++
+		} else {
+			wantPassed++
+		}
+	}
+	w := kc.writer(cfg.Kafka.InputTopics[0])
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if err := rebuild(ctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))); err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+
+	var dead []string
+	for _, m := range f.readAll(ctx, t, cfg.Kafka.DLQTopic) {
+		reason := ""
+		for _, h := range m.Headers {
+			if h.Key == consumer.HeaderDLQReason {
+				reason = string(h.Value)
+			}
+		}
+		var ev struct {
+			ID string `json:"id"`
+		}
+		json.Unmarshal(m.Value, &ev)
+		dead = append(dead, ev.ID+":"+reason)
+	}
+	sort.Strings(dead)
+	if want := "[ahead-of-its-message:future_event stamped-ahead:future_event]"; fmt.Sprint(dead) != want {
+		t.Errorf("dead letters %v, want %s", dead, want)
+	}
+	var passed int64 = -1
+	for _, m := range f.readAll(ctx, t, cfg.Kafka.SnapshotTopic) {
+		var ev struct {
+			Data schemas.Snapshot `json:"data"`
+		}
+		if json.Unmarshal(m.Value, &ev) == nil {
+			passed = ev.Data.Windows.All.Passed
+		}
+	}
+	if passed != int64(wantPassed) || len(dead) != wantDL {
+		t.Errorf("rebuilt snapshot counts %d passed with %d dead letters, want %d and %d", passed, len(dead), wantPassed, wantDL)
 	}
 }
