@@ -3,10 +3,13 @@ package consumer
 import (
 	"context"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 // Headers added to a dead letter beside the original message's own headers.
@@ -16,7 +19,17 @@ const (
 	HeaderDLQTopic     = "repeatrate-dlq-topic"
 	HeaderDLQPartition = "repeatrate-dlq-partition"
 	HeaderDLQOffset    = "repeatrate-dlq-offset"
+	// HeaderDLQOriginalSize is the size in bytes of the original key, value and headers together;
+	// set only on a letter that was cut to fit the dead-letter topic.
+	HeaderDLQOriginalSize = "repeatrate-dlq-original-size"
+	// HeaderDLQTruncated names what was cut to fit, a comma-separated list of value, key and
+	// headers (original headers dropped from the end); set only with HeaderDLQOriginalSize.
+	HeaderDLQTruncated = "repeatrate-dlq-truncated"
 )
+
+// maxDetailBytes caps the detail header: details quote clipped input, but a letter must not grow
+// with them.
+const maxDetailBytes = 1024
 
 // DeadLetter is a message that could not be processed, with why.
 type DeadLetter struct {
@@ -25,21 +38,68 @@ type DeadLetter struct {
 	Detail  string
 }
 
-// Record returns the message to write to the dead-letter topic: the original key, value and
+// Record returns the message to write to the dead-letter topic, at most sink.MaxRecordBytes as
+// sink.RecordSize counts it: RecordWithin(sink.MaxRecordBytes).
+func (d DeadLetter) Record() kafka.Message { return d.RecordWithin(sink.MaxRecordBytes) }
+
+// RecordWithin returns the message to write to the dead-letter topic: the original key, value and
 // headers, plus reason and origin headers. Origin (topic, partition, offset) identifies the
 // original, so a reader can drop a dead letter written twice.
-func (d DeadLetter) Record() kafka.Message {
+//
+// A letter larger than limit (sink.RecordSize) is cut so that quarantining never blocks: the
+// original value is truncated first, then the key, then original headers are dropped from the end;
+// the reason and origin headers are always kept, and HeaderDLQOriginalSize and HeaderDLQTruncated
+// say what happened. limit must leave room for those (a few hundred bytes; sink.MinTopicLimit
+// does).
+func (d DeadLetter) RecordWithin(limit int) kafka.Message {
 	m := d.Message
-	headers := make([]kafka.Header, 0, len(m.Headers)+5)
-	headers = append(headers, m.Headers...)
-	headers = append(headers,
-		kafka.Header{Key: HeaderDLQReason, Value: []byte(d.Reason)},
-		kafka.Header{Key: HeaderDLQDetail, Value: []byte(d.Detail)},
-		kafka.Header{Key: HeaderDLQTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(m.Partition))},
-		kafka.Header{Key: HeaderDLQOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
-	)
-	return kafka.Message{Key: m.Key, Value: m.Value, Headers: headers}
+	detail := d.Detail
+	if len(detail) > maxDetailBytes {
+		detail = strings.ToValidUTF8(detail[:maxDetailBytes], "")
+	}
+	own := []kafka.Header{
+		{Key: HeaderDLQReason, Value: []byte(d.Reason)},
+		{Key: HeaderDLQDetail, Value: []byte(detail)},
+		{Key: HeaderDLQTopic, Value: []byte(m.Topic)},
+		{Key: HeaderDLQPartition, Value: []byte(strconv.Itoa(m.Partition))},
+		{Key: HeaderDLQOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
+	}
+	out := kafka.Message{Key: m.Key, Value: m.Value, Headers: append(append(make([]kafka.Header, 0, len(m.Headers)+len(own)+2), m.Headers...), own...)}
+	if sink.RecordSize(&out) <= limit {
+		return out
+	}
+
+	// Cut: the headers that must stay, with the longest truncation note while sizing.
+	must := append(own,
+		kafka.Header{Key: HeaderDLQOriginalSize, Value: []byte(strconv.Itoa(messageSize(&m)))},
+		kafka.Header{Key: HeaderDLQTruncated, Value: []byte("value,key,headers")})
+	var cut []string
+	kept := len(m.Headers)
+	size := func(key, value []byte) int {
+		return sink.RecordSize(&kafka.Message{Key: key, Value: value, Headers: append(append([]kafka.Header{}, m.Headers[:kept]...), must...)})
+	}
+	for kept > 0 && size(nil, nil) > limit {
+		kept--
+	}
+	key, value := m.Key, m.Value
+	if room := limit - size(nil, nil); len(value) > 0 && size(key, value) > limit {
+		value = value[:max(0, min(len(value), room-len(key)))]
+		cut = append(cut, "value")
+	}
+	if room := limit - size(nil, value); len(key) > room {
+		key = key[:max(0, room)]
+		cut = append(cut, "key")
+	}
+	if kept < len(m.Headers) {
+		cut = append(cut, "headers")
+	}
+	must[len(must)-1].Value = []byte(strings.Join(cut, ","))
+	out = kafka.Message{Key: key, Value: value, Headers: append(append(make([]kafka.Header, 0, kept+len(must)), m.Headers[:kept]...), must...)}
+	if len(key) == len(m.Key) && len(value) < len(m.Value) {
+		// The note is shorter than the one sized for: give the room back to the value.
+		out.Value = m.Value[:min(len(m.Value), len(value)+limit-sink.RecordSize(&out))]
+	}
+	return out
 }
 
 // MessageWriter writes messages to one topic and returns once they are acknowledged;
@@ -50,19 +110,29 @@ type MessageWriter interface {
 
 // DeadLetters writes dead letters to a topic through a MessageWriter, each input message at most
 // once: before writing it reads what the topic gained since it last looked (log may be nil to
-// skip this, for tests) and leaves out messages that already have their letter.
+// skip this, for tests) and leaves out messages that already have their letter. Letters are cut to
+// the record limit (DeadLetter.RecordWithin).
 type DeadLetters struct {
-	w   MessageWriter
-	idx *dlqIndex
+	w     MessageWriter
+	idx   *dlqIndex
+	limit int
 }
 
-// NewDeadLetters returns a dead-letter sender on w that deduplicates against log.
+// NewDeadLetters returns a dead-letter sender on w that deduplicates against log and cuts letters
+// to sink.MaxRecordBytes.
 func NewDeadLetters(w MessageWriter, log DeadLetterLog) *DeadLetters {
-	d := &DeadLetters{w: w}
+	d := &DeadLetters{w: w, limit: sink.MaxRecordBytes}
 	if log != nil {
-		d.idx = &dlqIndex{log: log, pos: map[int]int64{}, seen: map[origin]struct{}{}}
+		d.idx = newDLQIndex(log, defaultMaxOrigins)
 	}
 	return d
+}
+
+// WithRecordLimit makes s cut letters to limit bytes (sink.RecordSize) instead of
+// sink.MaxRecordBytes: the dead-letter writer's BatchBytes, so a letter always fits its topic.
+func (s *DeadLetters) WithRecordLimit(limit int) *DeadLetters {
+	s.limit = limit
+	return s
 }
 
 // Send writes dls and returns when all are acknowledged.
@@ -73,22 +143,41 @@ func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 	if s.idx != nil {
 		s.idx.mu.Lock()
 		defer s.idx.mu.Unlock()
-		if err := s.idx.sync(ctx); err != nil {
+		if err := s.idx.sync(ctx, lettersSince(dls)); err != nil {
 			return err
 		}
 	}
 	msgs := make([]kafka.Message, 0, len(dls))
 	for i := range dls {
 		m := &dls[i].Message
-		if s.idx != nil {
-			if _, done := s.idx.seen[origin{m.Topic, m.Partition, m.Offset}]; done {
-				continue
-			}
+		if s.idx != nil && s.idx.has(origin{m.Topic, m.Partition, m.Offset}) {
+			continue
 		}
-		msgs = append(msgs, dls[i].Record())
+		msgs = append(msgs, dls[i].RecordWithin(s.limit))
 	}
 	if len(msgs) == 0 {
 		return nil
 	}
 	return s.w.WriteMessages(ctx, msgs...)
+}
+
+// letterClockSkew is how far the clock that stamped an input message may run ahead of the one
+// that stamps its dead letter (producer and processor clocks, or the broker's).
+const letterClockSkew = time.Hour
+
+// lettersSince returns the earliest time a dead letter of any of dls can carry: a letter is
+// written after its message, so no earlier than the message's time, less the clock skew allowed
+// between their writers. A message without a time gives the zero time: every letter.
+func lettersSince(dls []DeadLetter) time.Time {
+	var since time.Time
+	for i, d := range dls {
+		t := d.Message.Time
+		if t.IsZero() {
+			return time.Time{}
+		}
+		if i == 0 || t.Before(since) {
+			since = t
+		}
+	}
+	return since.Add(-letterClockSkew)
 }

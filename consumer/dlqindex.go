@@ -1,8 +1,12 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -35,92 +39,245 @@ func originOf(headers []kafka.Header) (origin, bool) {
 	return o, okT && okP && okO
 }
 
-// DeadLetterLog reads the dead-letter topic: every record from the given per-partition positions
-// up to the current end, and the positions after them.
-type DeadLetterLog interface {
-	ReadNew(ctx context.Context, from map[int]int64) ([]kafka.Message, map[int]int64, error)
+// LogOffsets are the offsets of one dead-letter topic partition that the index needs.
+type LogOffsets struct {
+	// First is the partition's first retained offset, End the next offset to be written.
+	First, End int64
+	// Since is the first offset whose record time is at or after the time asked for; End when
+	// there is none.
+	Since int64
 }
+
+// DeadLetterLog reads the dead-letter topic for the index: offsets, and the headers of records.
+// Values are never handed out, so what the index holds does not grow with them.
+type DeadLetterLog interface {
+	// Offsets returns the offsets of every partition; Since is for time since.
+	Offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error)
+	// Read calls fn with the offset and headers of each record of partition in [from, to), in
+	// offset order, and returns nil once it has passed to−1 (or the partition's end). fn is called
+	// as records arrive, so what it saw before an error stays seen.
+	Read(ctx context.Context, partition int, from, to int64, fn func(offset int64, headers []kafka.Header)) error
+}
+
+// defaultMaxOrigins bounds the origins the index holds: 8 bytes each, so about 8 MiB.
+const defaultMaxOrigins = 1 << 20
+
+// backChunk is how many records a read into older history covers before its progress is kept.
+const backChunk = 4096
 
 // dlqIndex remembers which input messages already have a dead letter, so that a batch redelivered
 // after a crash (or retried after a partial write) does not quarantine them twice. It learns from
 // the dead-letter topic itself, so it also covers letters another instance wrote.
+//
+// It is bounded in memory and time (issue 9, fault 7):
+//   - It reads headers only and keeps only origins, at most maxOrigins of them: past that it
+//     forgets the lowest input offsets of the input partition with the most (a redelivery reaches
+//     only offsets above the group's committed ones, so the highest are what it needs). A
+//     redelivery reaching a forgotten origin writes a second letter, which readers drop by its
+//     origin headers.
+//   - It reads only the part of the topic that can hold letters for the messages at hand: letters
+//     are written after their messages, so records older than the oldest message (less a clock
+//     skew) are never read.
+//   - Progress is kept as it reads: forward reads advance record by record, reads into older
+//     history chunk by chunk, so a read cut short by the batch deadline resumes where it stopped
+//     and a large topic cannot keep a batch from ever finishing.
 type dlqIndex struct {
-	log  DeadLetterLog
-	mu   sync.Mutex
-	pos  map[int]int64
-	seen map[origin]struct{}
+	log DeadLetterLog
+	mu  sync.Mutex
+	// read holds, per dead-letter partition, the offsets [lo, hi) whose records have been read.
+	read       map[int]*span
+	seen       map[inputPartition][]int64 // dead-lettered offsets of each input partition, ascending
+	n          int                        // offsets held in seen
+	maxOrigins int
 }
 
-func (x *dlqIndex) sync(ctx context.Context) error {
-	recs, next, err := x.log.ReadNew(ctx, x.pos)
+type span struct{ lo, hi int64 }
+
+type inputPartition struct {
+	topic     string
+	partition int
+}
+
+func newDLQIndex(log DeadLetterLog, maxOrigins int) *dlqIndex {
+	return &dlqIndex{log: log, read: map[int]*span{}, seen: map[inputPartition][]int64{}, maxOrigins: maxOrigins}
+}
+
+// sync reads what the topic holds about messages of time since or later and has not been read.
+func (x *dlqIndex) sync(ctx context.Context, since time.Time) error {
+	offs, err := x.log.Offsets(ctx, since)
 	if err != nil {
-		return fmt.Errorf("read dead-letter topic: %w", err)
+		return fmt.Errorf("dead-letter topic offsets: %w", err)
 	}
-	for _, r := range recs {
-		if o, ok := originOf(r.Headers); ok {
-			x.seen[o] = struct{}{}
+	parts := make([]int, 0, len(offs))
+	for p := range offs {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	learn := func(_ int64, h []kafka.Header) {
+		if o, ok := originOf(h); ok {
+			x.add(o)
 		}
 	}
-	x.pos = next
+	for _, p := range parts {
+		o := offs[p]
+		need := min(max(o.Since, o.First), o.End)
+		sp := x.read[p]
+		if sp == nil {
+			sp = &span{lo: need, hi: need}
+			x.read[p] = sp
+		}
+		// Records below First are gone: nothing to read there.
+		sp.lo, sp.hi = max(sp.lo, o.First), max(sp.hi, o.First)
+		for sp.lo > need {
+			from := max(need, sp.lo-backChunk)
+			if err := x.log.Read(ctx, p, from, sp.lo, learn); err != nil {
+				return fmt.Errorf("read dead-letter topic: %w", err)
+			}
+			sp.lo = from
+		}
+		err := x.log.Read(ctx, p, sp.hi, o.End, func(off int64, h []kafka.Header) {
+			learn(off, h)
+			sp.hi = max(sp.hi, off+1)
+		})
+		if err != nil {
+			return fmt.Errorf("read dead-letter topic: %w", err)
+		}
+		sp.hi = max(sp.hi, o.End)
+	}
 	return nil
 }
 
-// KafkaDeadLetterLog reads a dead-letter topic with kafka-go.
-type KafkaDeadLetterLog struct {
-	Brokers []string
-	Dialer  *kafka.Dialer
-	Client  *kafka.Client
-	Topic   string
+// has reports whether o is known to have a dead letter.
+func (x *dlqIndex) has(o origin) bool {
+	_, ok := slices.BinarySearch(x.seen[inputPartition{o.topic, o.partition}], o.offset)
+	return ok
 }
 
-// ReadNew implements DeadLetterLog.
-func (l *KafkaDeadLetterLog) ReadNew(ctx context.Context, from map[int]int64) ([]kafka.Message, map[int]int64, error) {
+// add records that o has a dead letter.
+func (x *dlqIndex) add(o origin) {
+	k := inputPartition{o.topic, o.partition}
+	s := x.seen[k]
+	switch i, found := slices.BinarySearch(s, o.offset); {
+	case found:
+		return
+	case i == len(s):
+		s = append(s, o.offset) // the usual case: letters arrive in offset order
+	default:
+		s = slices.Insert(s, i, o.offset)
+	}
+	x.seen[k] = s
+	if x.n++; x.n > x.maxOrigins {
+		x.forget()
+	}
+}
+
+// forget drops the lower half of the offsets of the input partition that holds the most (ties:
+// the first by topic and partition).
+func (x *dlqIndex) forget() {
+	var big inputPartition
+	most := 0
+	for k, s := range x.seen {
+		if len(s) > most || (len(s) == most && cmp.Or(cmp.Compare(k.topic, big.topic), cmp.Compare(k.partition, big.partition)) < 0) {
+			big, most = k, len(s)
+		}
+	}
+	drop := max(1, most/2)
+	if rest := x.seen[big][drop:]; len(rest) > 0 {
+		x.seen[big] = slices.Clone(rest)
+	} else {
+		delete(x.seen, big)
+	}
+	x.n -= drop
+}
+
+// KafkaDeadLetterLog reads a dead-letter topic with kafka-go's Client.
+type KafkaDeadLetterLog struct {
+	// Deprecated: unused; reads go through Client.
+	Brokers []string
+	// Deprecated: unused; reads go through Client.
+	Dialer *kafka.Dialer
+	Client *kafka.Client
+	Topic  string
+}
+
+// fetchBytes is the most a fetch asks for. A record batch larger than that still comes whole, so
+// a read holds at most about max(fetchBytes, the topic's max.message.bytes).
+const fetchBytes = 1 << 20
+
+// Offsets implements DeadLetterLog.
+func (l *KafkaDeadLetterLog) Offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
 	md, err := l.Client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.Topic}})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for _, t := range md.Topics {
 		if t.Error != nil {
-			return nil, nil, t.Error
+			return nil, t.Error
 		}
 		for _, p := range t.Partitions {
 			req.Topics[l.Topic] = append(req.Topics[l.Topic], kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
+			if !since.IsZero() {
+				req.Topics[l.Topic] = append(req.Topics[l.Topic], kafka.TimeOffsetOf(p.ID, since))
+			}
 		}
 	}
 	offs, err := l.Client.ListOffsets(ctx, req)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	next := map[int]int64{}
-	var out []kafka.Message
+	out := map[int]LogOffsets{}
 	for _, p := range offs.Topics[l.Topic] {
 		if p.Error != nil {
-			return nil, nil, p.Error
+			return nil, p.Error
 		}
-		start := max(from[p.Partition], p.FirstOffset)
-		next[p.Partition] = max(start, p.LastOffset)
-		if start >= p.LastOffset {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: l.Brokers, Dialer: l.Dialer, Topic: l.Topic,
-			Partition: p.Partition, MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 100 * time.Millisecond})
-		if err := r.SetOffset(start); err != nil {
-			r.Close()
-			return nil, nil, err
-		}
-		for {
-			m, err := r.FetchMessage(ctx)
-			if err != nil {
-				r.Close()
-				return nil, nil, err
+		o := LogOffsets{First: p.FirstOffset, End: p.LastOffset, Since: p.FirstOffset}
+		if !since.IsZero() {
+			o.Since = p.LastOffset // no record at or after since
+			for off := range p.Offsets {
+				if off >= 0 {
+					o.Since = off
+				}
 			}
-			out = append(out, m)
-			if m.Offset+1 >= p.LastOffset {
+		}
+		out[p.Partition] = o
+	}
+	return out, nil
+}
+
+// Read implements DeadLetterLog.
+func (l *KafkaDeadLetterLog) Read(ctx context.Context, partition int, from, to int64, fn func(int64, []kafka.Header)) error {
+	for from < to {
+		res, err := l.Client.Fetch(ctx, &kafka.FetchRequest{Topic: l.Topic, Partition: partition, Offset: from,
+			MinBytes: 1, MaxBytes: fetchBytes, MaxWait: 500 * time.Millisecond})
+		if err == nil {
+			err = res.Error
+		}
+		if err != nil {
+			return err
+		}
+		next := from
+		for {
+			r, err := res.Records.ReadRecord()
+			if errors.Is(err, io.EOF) {
 				break
 			}
+			if err != nil {
+				return err
+			}
+			if r.Offset < from || r.Offset >= to {
+				continue // a batch may start before from
+			}
+			fn(r.Offset, r.Headers)
+			next = r.Offset + 1
 		}
-		r.Close()
+		if next == from && res.HighWatermark <= from {
+			return nil // nothing at or after from: the end
+		}
+		from = next
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
-	return out, next, nil
+	return nil
 }
