@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -187,7 +188,7 @@ func TestRebuildReadPartitionStopsAtEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 7 || fmt.Sprint(got) != "[0 1 2 3 4 5 6]" || fmt.Sprint(sizes) != "[3 3 1]" {
+	if n != 7 || fmt.Sprint(got) != "[0 1 2 3 4 5 6]" || slices.Max(sizes) > 3 {
 		t.Fatalf("read %d messages %v in batches %v, want the 7 before the end in batches of at most 3", n, got, sizes)
 	}
 	if n, err := readPartition(ctx, kc, topic, 1, ends[topic][1], 3, func([]kafka.Message) error {
