@@ -63,6 +63,11 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer rdb.Close()
+	// The same output limits as the processor's, before anything changes (docs/semantics.md#limits).
+	if err := kc.checkOutputLimits(ctx, []string{cfg.Kafka.SnapshotTopic, cfg.Kafka.SuiteTopic, cfg.Kafka.AlertsTopic,
+		cfg.Kafka.DLQTopic}, log); err != nil {
+		return err
+	}
 	groups, err := kc.client().DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{cfg.Kafka.GroupID}})
 	if err != nil {
 		return fmt.Errorf("describe group %s: %w", cfg.Kafka.GroupID, err)
