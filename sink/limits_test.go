@@ -1,4 +1,4 @@
-package sink
+package sink_test
 
 import (
 	"encoding/json"
@@ -13,6 +13,7 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 var limitsNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -82,7 +83,7 @@ func liveData(id string, over ...string) map[string]any {
 
 // worstOutputs are the outputs of the largest valid eval result, with every other field at its
 // longest and every list at and beyond its cap.
-func worstOutputs(t *testing.T, ev consumer.Event) map[string]Out {
+func worstOutputs(t *testing.T, ev consumer.Event) map[string]sink.Out {
 	t.Helper()
 	r := ev.Eval
 	o, ok := ev.Observation()
@@ -139,18 +140,18 @@ func worstOutputs(t *testing.T, ev consumer.Event) map[string]Out {
 	ab := schemas.AbnormalSample{Workspace: r.Scope.Workspace, Suite: r.Suite, Version: r.Version, CaseID: r.CaseID,
 		RunIndex: r.RunIndex, Metric: "repeat_pattern", Tokens: worstInt, GzipRatio: worstFloat,
 		Fragment: fill(r.Scope.Workspace[:1], 10*schemas.MaxFragmentBytes), Repeats: worstInt, FragmentShare: worstFloat}
-	return map[string]Out{
-		"snapshot":        SnapshotOut(&snap),
-		"discrimination":  DiscriminationOut(&disc),
-		"stability":       StabilityOut(&stab),
-		"case revived":    RevivedOut(&rev, worstTime),
-		"abnormal sample": AbnormalOut(&ab, worstTime),
+	return map[string]sink.Out{
+		"snapshot":        sink.SnapshotOut(&snap),
+		"discrimination":  sink.DiscriminationOut(&disc),
+		"stability":       sink.StabilityOut(&stab),
+		"case revived":    sink.RevivedOut(&rev, worstTime),
+		"abnormal sample": sink.AbnormalOut(&ab, worstTime),
 	}
 }
 
 // TestOutputLimits: the largest input that passes validation — every identity field at
 // schemas.MaxIdentityBytes of the most expensive byte class, runs at schemas.MaxRuns — produces
-// outputs, every number, time and list at its longest, that fit MaxRecordBytes as the real
+// outputs, every number, time and list at its longest, that fit sink.MaxRecordBytes as the real
 // encoders write them; one byte more in any field, or one run more, is dead-lettered with its
 // reason. (The regression of issue 9: a 330 KB non-ASCII workspace was valid and its snapshot
 // record was 2.2 MB.)
@@ -173,19 +174,19 @@ func TestOutputLimits(t *testing.T) {
 			t.Fatalf("filler %q: the largest valid live attempt is rejected: %v", f, err)
 		}
 		for name, o := range worstOutputs(t, ev) {
-			rec, err := Record(&o, limitsNow)
+			rec, err := sink.Record(&o, limitsNow)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n := RecordSize(&rec); n > worst[name] {
+			if n := sink.RecordSize(&rec); n > worst[name] {
 				worst[name], worstBy[name] = n, f
 			}
 		}
 	}
 	for name, n := range worst {
-		t.Logf("%-16s worst record %7d bytes (filler %q), limit %d", name, n, worstBy[name], MaxRecordBytes)
-		if n > MaxRecordBytes {
-			t.Errorf("%s: the largest valid input gives a %d-byte record, above MaxRecordBytes %d", name, n, MaxRecordBytes)
+		t.Logf("%-16s worst record %7d bytes (filler %q), limit %d", name, n, worstBy[name], sink.MaxRecordBytes)
+		if n > sink.MaxRecordBytes {
+			t.Errorf("%s: the largest valid input gives a %d-byte record, above MaxRecordBytes %d", name, n, sink.MaxRecordBytes)
 		}
 	}
 
@@ -239,7 +240,7 @@ func TestSuiteListsCapped(t *testing.T) {
 	}
 	d := schemas.SuiteDiscrimination{Workspace: "w", Suite: "s", Revived: cases}
 	var gotD schemas.SuiteDiscrimination
-	decodeData(t, DiscriminationOut(&d), &gotD)
+	decodeData(t, sink.DiscriminationOut(&d), &gotD)
 	if len(gotD.Revived) != schemas.MaxListedCases || gotD.RevivedTotal != len(cases) || gotD.Revived[0] != "case-0" {
 		t.Errorf("revived lists %d (first %q), total %d; want %d of %d", len(gotD.Revived), gotD.Revived[0], gotD.RevivedTotal,
 			schemas.MaxListedCases, len(cases))
@@ -249,21 +250,21 @@ func TestSuiteListsCapped(t *testing.T) {
 	}
 	s := schemas.SuiteStability{Workspace: "w", Suite: "s", Version: "v", MissingRuns: missing, MissingRunsTotal: int64(len(missing))}
 	var gotS schemas.SuiteStability
-	decodeData(t, StabilityOut(&s), &gotS)
+	decodeData(t, sink.StabilityOut(&s), &gotS)
 	if len(gotS.MissingRuns) != schemas.MaxListedCases || gotS.MissingRunsTotal != int64(len(missing)) {
 		t.Errorf("missing_runs lists %d cases, total %d", len(gotS.MissingRuns), gotS.MissingRunsTotal)
 	}
 	a := schemas.AbnormalSample{Fragment: strings.Repeat("é", schemas.MaxFragmentBytes)}
 	var gotA schemas.AbnormalSample
-	decodeData(t, AbnormalOut(&a, limitsNow), &gotA)
+	decodeData(t, sink.AbnormalOut(&a, limitsNow), &gotA)
 	if len(gotA.Fragment) != schemas.MaxFragmentBytes || gotA.Fragment != strings.Repeat("é", schemas.MaxFragmentBytes/2) {
 		t.Errorf("fragment of %d bytes: %q", len(gotA.Fragment), gotA.Fragment)
 	}
 }
 
-func decodeData(t *testing.T, o Out, v any) {
+func decodeData(t *testing.T, o sink.Out, v any) {
 	t.Helper()
-	b, err := Encode(&o)
+	b, err := sink.Encode(&o)
 	if err != nil {
 		t.Fatal(err)
 	}
