@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +18,9 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 func tlsConfig(c TLSConfig) (*tls.Config, error) {
@@ -64,6 +68,9 @@ type kafkaClients struct {
 	brokers   []string
 	dialer    *kafka.Dialer
 	transport *kafka.Transport
+	// limits holds the max.message.bytes of the topics checkOutputLimits read; other topics are
+	// taken to have Kafka's default.
+	limits map[string]int
 }
 
 func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
@@ -83,7 +90,9 @@ func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
 }
 
 // writer returns a synchronous, fully acknowledged writer: WriteMessages returns once every replica
-// has the batch. Murmur2 places keys where Java clients would.
+// has the batch. Murmur2 places keys where Java clients would. Its batches never exceed the
+// topic's max.message.bytes (the broker refuses a larger record batch, and the publish would be
+// retried forever): see batchBytes.
 func (k *kafkaClients) writer(topic string) *kafka.Writer {
 	return &kafka.Writer{
 		Addr:         kafka.TCP(k.brokers...),
@@ -91,11 +100,83 @@ func (k *kafkaClients) writer(topic string) *kafka.Writer {
 		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    5000,
-		BatchBytes:   16 << 20,
+		BatchBytes:   k.batchBytes(topic),
 		BatchTimeout: 2 * time.Millisecond,
 		WriteTimeout: 30 * time.Second,
 		Transport:    k.transport,
 	}
+}
+
+// maxBatchBytes caps a writer's batches even on a topic that accepts more: one produce request
+// stays well under the broker's socket.request.max.bytes.
+const maxBatchBytes = 16 << 20
+
+// batchBytes is the BatchBytes of a writer to topic: its max.message.bytes (as checkOutputLimits
+// read it, else Kafka's default) less the record batch overhead, at most maxBatchBytes.
+func (k *kafkaClients) batchBytes(topic string) int64 {
+	limit, ok := k.limits[topic]
+	if !ok {
+		limit = sink.DefaultTopicLimit
+	}
+	return min(sink.WriterBatchBytes(limit), maxBatchBytes)
+}
+
+// topicLimits returns the max.message.bytes of each topic that the broker tells; topics it says
+// nothing about (an error, an old or minimal broker) are absent from the map.
+func (k *kafkaClients) topicLimits(ctx context.Context, topics []string) (map[string]int, error) {
+	req := &kafka.DescribeConfigsRequest{}
+	for _, t := range topics {
+		req.Resources = append(req.Resources, kafka.DescribeConfigRequestResource{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{"max.message.bytes"}})
+	}
+	resp, err := k.client().DescribeConfigs(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("describe topic configs: %w", err)
+	}
+	out := map[string]int{}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			continue
+		}
+		for _, e := range r.ConfigEntries {
+			if n, err := strconv.Atoi(e.ConfigValue); e.ConfigName == "max.message.bytes" && err == nil {
+				out[r.ResourceName] = n
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkOutputLimits reads the output topics' max.message.bytes where the broker tells it and
+// sizes the writers' batches by it. It fails when a topic accepts less than sink.MinTopicLimit:
+// the limits on input (schemas.MaxIdentityBytes and the rest) guarantee outputs of at most
+// sink.MaxRecordBytes, and a smaller topic would refuse some of them, blocking their partition.
+// A topic whose limit the broker does not tell is taken to have Kafka's default, which is enough,
+// and logged.
+func (k *kafkaClients) checkOutputLimits(ctx context.Context, topics []string, log *zap.Logger) error {
+	limits, err := k.topicLimits(ctx, topics)
+	if err != nil {
+		log.Warn("cannot read the output topics' max.message.bytes; assuming Kafka's default", zap.Error(err),
+			zap.Int("assumed", sink.DefaultTopicLimit))
+		limits = map[string]int{}
+	}
+	var errs []error
+	for _, t := range topics {
+		n, ok := limits[t]
+		switch {
+		case !ok:
+			log.Warn("the broker does not tell the topic's max.message.bytes; assuming Kafka's default", zap.String("topic", t),
+				zap.Int("assumed", sink.DefaultTopicLimit))
+		case n < sink.MinTopicLimit:
+			errs = append(errs, fmt.Errorf("topic %s accepts records of at most %d bytes (max.message.bytes); repeatrate's outputs need %d: raise it",
+				t, n, sink.MinTopicLimit))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	k.limits = limits
+	return nil
 }
 
 // topicSpec is a topic to create when missing.

@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // Config is the processor's whole configuration. Precedence, lowest first: defaults, the YAML file
@@ -284,10 +285,14 @@ func (s SuiteConfig) aggregator() (aggregator.SuiteConfig, error) {
 	if s.MinHistory < 1 || s.JudgeLastVersions < 0 || s.MissingAfter <= 0 {
 		return out, fmt.Errorf("min_history must be ≥ 1, judge_last_versions ≥ 0, missing_after positive")
 	}
+	// Bounded so that a stability snapshot stays within its record limit (docs/semantics.md#limits).
+	if len(s.PassAtK) > schemas.MaxPassAtK {
+		return out, fmt.Errorf("pass_at_k lists %d levels, at most %d", len(s.PassAtK), schemas.MaxPassAtK)
+	}
 	for _, k := range s.PassAtK {
 		n, err := strconv.Atoi(k)
-		if err != nil || n < 1 {
-			return out, fmt.Errorf("pass_at_k %q is not a positive integer", k)
+		if err != nil || n < 1 || n > schemas.MaxRuns {
+			return out, fmt.Errorf("pass_at_k %q is not an integer in 1..%d", k, schemas.MaxRuns)
 		}
 		out.Ks = append(out.Ks, n)
 	}

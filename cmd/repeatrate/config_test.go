@@ -58,6 +58,9 @@ func TestConfigErrors(t *testing.T) {
 		{"bad level", []string{"--log-level", "loud"}, "log_level"},
 		// A skew beyond what the minute buckets keep would undercount the 1h window.
 		{"skew above the minute buckets", []string{"--max-future-skew", "11m"}, "max_future_skew"},
+		// pass@k levels are bounded so that a stability snapshot fits its record limit.
+		{"too many pass@k levels", []string{"--suite-pass-at-k", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}, "pass_at_k"},
+		{"pass@k above MaxRuns", []string{"--suite-pass-at-k", "10001"}, "pass_at_k"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -112,6 +112,10 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return err
 		}
 	}
+	// Every output must fit its topic, or its partition would block (docs/semantics.md#limits).
+	if err := kc.checkOutputLimits(ctx, []string{cfg.Kafka.SnapshotTopic, cfg.Kafka.SuiteTopic, cfg.Kafka.AlertsTopic, cfg.Kafka.DLQTopic}, log); err != nil {
+		return err
+	}
 	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
 	if err != nil {
 		return err
@@ -137,7 +141,8 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}()
 	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: st.suiteCfg}, st.decoder, st.rates, st.suites,
 		sink.NewKafka(snapWriter, suiteWriter, alertWriter),
-		consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Brokers: kc.brokers, Dialer: kc.dialer, Client: kc.client(), Topic: cfg.Kafka.DLQTopic}), time.Now, log.Named("processor"), metrics)
+		consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Client: kc.client(), Topic: cfg.Kafka.DLQTopic}).
+			WithRecordLimit(int(dlqWriter.BatchBytes)), time.Now, log.Named("processor"), metrics)
 	if err != nil {
 		return err
 	}
