@@ -62,9 +62,6 @@ type DeadLetterLog interface {
 // defaultMaxOrigins bounds the origins the index holds: 8 bytes each, so about 8 MiB.
 const defaultMaxOrigins = 1 << 20
 
-// backChunk is how many records a read into older history covers before its progress is kept.
-const backChunk = 4096
-
 // dlqIndex remembers which input messages already have a dead letter, so that a batch redelivered
 // after a crash (or retried after a partial write) does not quarantine them twice. It learns from
 // the dead-letter topic itself, so it also covers letters another instance wrote.
@@ -78,20 +75,58 @@ const backChunk = 4096
 //   - It reads only the part of the topic that can hold letters for the messages at hand: letters
 //     are written after their messages, so records older than the oldest message (less a clock
 //     skew) are never read.
-//   - Progress is kept as it reads: forward reads advance record by record, reads into older
-//     history chunk by chunk, so a read cut short by the batch deadline resumes where it stopped
-//     and a large topic cannot keep a batch from ever finishing.
+//   - Progress is kept record by record, even when a read fails: a read cut short by the batch
+//     deadline resumes where it stopped, so a large topic cannot keep a batch from ever finishing.
 type dlqIndex struct {
 	log DeadLetterLog
 	mu  sync.Mutex
-	// read holds, per dead-letter partition, the offsets [lo, hi) whose records have been read.
-	read       map[int]*span
+	// read holds, per dead-letter partition, the offset ranges whose records have been read:
+	// ascending, disjoint and not adjacent.
+	read       map[int][]span
 	seen       map[inputPartition][]int64 // dead-lettered offsets of each input partition, ascending
 	n          int                        // offsets held in seen
 	maxOrigins int
 }
 
+// span is the offsets [lo, hi).
 type span struct{ lo, hi int64 }
+
+// cover adds [lo, hi) to the ranges read of partition p.
+func (x *dlqIndex) cover(p int, lo, hi int64) {
+	var out []span
+	for _, s := range x.read[p] {
+		if s.hi < lo || s.lo > hi { // apart: keep
+			out = append(out, s)
+			continue
+		}
+		lo, hi = min(lo, s.lo), max(hi, s.hi) // overlapping or adjacent: merge
+	}
+	out = append(out, span{lo, hi})
+	slices.SortFunc(out, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	x.read[p] = out
+}
+
+// gaps returns the ranges of [from, to) of partition p not read yet.
+func (x *dlqIndex) gaps(p int, from, to int64) []span {
+	var out []span
+	pos := from
+	for _, s := range x.read[p] {
+		if s.hi <= pos {
+			continue
+		}
+		if s.lo > pos {
+			out = append(out, span{pos, min(s.lo, to)})
+		}
+		pos = max(pos, s.hi)
+		if pos >= to {
+			break
+		}
+	}
+	if pos < to {
+		out = append(out, span{pos, to})
+	}
+	return slices.DeleteFunc(out, func(s span) bool { return s.lo >= s.hi })
+}
 
 type inputPartition struct {
 	topic     string
@@ -99,7 +134,7 @@ type inputPartition struct {
 }
 
 func newDLQIndex(log DeadLetterLog, maxOrigins int) *dlqIndex {
-	return &dlqIndex{log: log, read: map[int]*span{}, seen: map[inputPartition][]int64{}, maxOrigins: maxOrigins}
+	return &dlqIndex{log: log, read: map[int][]span{}, seen: map[inputPartition][]int64{}, maxOrigins: maxOrigins}
 }
 
 // sync reads what the topic holds about messages of time since or later and has not been read.
@@ -120,29 +155,24 @@ func (x *dlqIndex) sync(ctx context.Context, since time.Time) error {
 	}
 	for _, p := range parts {
 		o := offs[p]
+		// Records below First are gone; letters of these messages lie in [need, End).
 		need := min(max(o.Since, o.First), o.End)
-		sp := x.read[p]
-		if sp == nil {
-			sp = &span{lo: need, hi: need}
-			x.read[p] = sp
-		}
-		// Records below First are gone: nothing to read there.
-		sp.lo, sp.hi = max(sp.lo, o.First), max(sp.hi, o.First)
-		for sp.lo > need {
-			from := max(need, sp.lo-backChunk)
-			if err := x.log.Read(ctx, p, from, sp.lo, learn); err != nil {
+		for _, g := range x.gaps(p, need, o.End) {
+			next := g.lo
+			err := x.log.Read(ctx, p, g.lo, g.hi, func(off int64, h []kafka.Header) {
+				learn(off, h)
+				next = off + 1
+			})
+			if err == nil {
+				next = g.hi
+			}
+			if next > g.lo {
+				x.cover(p, g.lo, next) // kept even when the read failed
+			}
+			if err != nil {
 				return fmt.Errorf("read dead-letter topic: %w", err)
 			}
-			sp.lo = from
 		}
-		err := x.log.Read(ctx, p, sp.hi, o.End, func(off int64, h []kafka.Header) {
-			learn(off, h)
-			sp.hi = max(sp.hi, off+1)
-		})
-		if err != nil {
-			return fmt.Errorf("read dead-letter topic: %w", err)
-		}
-		sp.hi = max(sp.hi, o.End)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +85,41 @@ func TestKafkaDeadLetterLog(t *testing.T) {
 	}
 	if offs[0].End != 75 {
 		t.Fatalf("topic ends at %d after the redelivery, want 75: letters 60..69 written twice", offs[0].End)
+	}
+}
+
+// TestIndexSpans: the ranges read merge when they overlap or touch, and gaps are what is left.
+func TestIndexSpans(t *testing.T) {
+	tests := []struct {
+		name     string
+		cover    []span
+		from, to int64
+		read     []span
+		gaps     []span
+	}{
+		// Nothing read: the whole range is a gap.
+		{"empty", nil, 5, 10, nil, []span{{5, 10}}},
+		// Adjacent ranges merge; a range inside another changes nothing.
+		{"merge", []span{{0, 5}, {5, 8}, {2, 3}}, 0, 10, []span{{0, 8}}, []span{{8, 10}}},
+		// Apart ranges stay apart; the gaps lie between and around them.
+		{"apart", []span{{20, 30}, {0, 5}}, 2, 40, []span{{0, 5}, {20, 30}}, []span{{5, 20}, {30, 40}}},
+		// A range bridging two merges all three.
+		{"bridge", []span{{0, 5}, {10, 15}, {4, 11}}, 0, 15, []span{{0, 15}}, nil},
+		// Nothing to read in an empty request.
+		{"empty request", []span{{0, 5}}, 7, 7, []span{{0, 5}}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newDLQIndex(nil, 10)
+			for _, s := range tc.cover {
+				x.cover(0, s.lo, s.hi)
+			}
+			if got := x.read[0]; !slices.Equal(got, tc.read) {
+				t.Errorf("read %v, want %v", got, tc.read)
+			}
+			if got := x.gaps(0, tc.from, tc.to); !slices.Equal(got, tc.gaps) {
+				t.Errorf("gaps %v, want %v", got, tc.gaps)
+			}
+		})
 	}
 }
