@@ -10,9 +10,10 @@ package schemas
 const (
 	// MaxIdentityBytes is the longest accepted identity field, in bytes of UTF-8 (not characters):
 	// each scope part (workspace, model, run, checkpoint, artifact), correction_id, opportunity_id,
-	// suite, case_id and version. An aggregate ID writes each byte up to 12 times into a snapshot
-	// record (3 in the key, 3 in the subject, up to 6 in JSON data for a control character), so
-	// the seven parts of a snapshot's identity stay under 43 KB.
+	// suite, case_id and version. A byte of an aggregate's identity costs a snapshot record at
+	// most 12 bytes (3 in the percent-escaped key, 3 in the subject, 6 in JSON data for a control
+	// character), so the six text parts of an identity stay within 6·512·12 = 36,864 bytes; the
+	// largest output, a stability snapshot, stays under 600 KB (sink's TestOutputLimits).
 	MaxIdentityBytes = 512
 
 	// MaxRuns is the most planned runs an eval result may declare (runs, so run_index < MaxRuns).
