@@ -52,11 +52,12 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 //   - after the cut-over the new namespace holds exactly the messages before the committed
 //     offsets, and `run` continues from there.
 //
-// Committing first and cutting over last means the namespace in use and the committed offsets
-// never disagree in the one direction that loses data (a namespace that lacks messages the group
-// has passed). The other order would rely on re-applying the messages between the old committed
-// offsets and the end offsets, which is harmless only because applying is idempotent, and would
-// lose messages of partitions that had no committed offset at all.
+// Committing first and cutting over last means that a processor only ever runs on a namespace
+// holding exactly the messages before the committed offsets; the namespace in use can never lack
+// messages the group has passed. The other order, after a crash between the two steps, would
+// resume the new namespace from the old committed offsets and apply again messages it already
+// holds: harmless only because applying is idempotent and outputs carry deterministic ids, and
+// dependent on the group's start offset for partitions that had no committed offset.
 func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	kc, rdb, err := openClients(cfg)
 	if err != nil {
