@@ -452,8 +452,10 @@ func binaryEvent(m *kafka.Message, contentType string) (event.Event, error) {
 	return e, nil
 }
 
+// isJSON reports whether the media type ct (any case, with or without parameters) is JSON.
 func isJSON(ct string) bool {
-	ct = strings.ToLower(strings.TrimSpace(strings.SplitN(ct, ";", 2)[0]))
+	ct, _, _ = strings.Cut(ct, ";")
+	ct = strings.ToLower(strings.TrimSpace(ct))
 	return ct == "application/json" || ct == "text/json" || strings.HasSuffix(ct, "+json")
 }
 
