@@ -6,7 +6,7 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// Badge is the compact R badge of one scope and correction (SPEC §3): the live all-time rate when
+// Badge is the compact R badge of one scope and correction (docs/semantics.md#badge): the live all-time rate when
 // live is measured, else the evaluation rate when that is measured, else "not measured". It always
 // names its source and counts, so a tiny population is visible at a glance.
 type Badge struct {

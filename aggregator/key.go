@@ -5,7 +5,7 @@ import "github.com/repeatrate/repeatrate/schemas"
 // Source says where an observation came from. Sources are never pooled.
 type Source uint8
 
-// The two sources of SPEC §3.
+// The two sources, never pooled (docs/semantics.md#aggregates).
 const (
 	Live Source = iota + 1
 	Evaluation

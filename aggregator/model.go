@@ -10,7 +10,7 @@ import (
 // Class is the classification of one opportunity.
 type Class uint8
 
-// The three classes of SPEC §3.
+// The three classes (docs/semantics.md#classes).
 const (
 	Confirmed Class = iota + 1 // a confirmed repeat of the corrected mistake
 	Passed                     // the corrected behaviour held

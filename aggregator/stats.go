@@ -6,7 +6,7 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// z95 is the two-sided 95 % standard normal quantile used by SPEC §8.
+// z95 is the two-sided 95 % standard normal quantile of the Wilson interval (docs/semantics.md#wilson).
 const z95 = 1.959964
 
 // Wilson returns the 95 % Wilson score interval of c successes in n trials. n must be positive.

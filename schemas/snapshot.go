@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Aggregate is the identity of one correction repeat rate (SPEC §3): a scope, a correction and a
+// Aggregate is the identity of one correction repeat rate (docs/semantics.md#aggregates): a scope, a correction and a
 // source. Live and evaluation results are never pooled.
 type Aggregate struct {
 	Workspace    string `json:"workspace"`
@@ -70,7 +70,7 @@ type Snapshot struct {
 	Version           int64     `json:"version"`
 }
 
-// Windows holds the four rolling windows of SPEC §3.
+// Windows holds the four rolling windows (docs/semantics.md#windows).
 type Windows struct {
 	All  Window `json:"all"`
 	Hour Window `json:"1h"`

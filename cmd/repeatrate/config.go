@@ -79,7 +79,7 @@ type BatchConfig struct {
 	CommitDelay time.Duration `yaml:"commit_delay"`
 }
 
-// SuiteConfig configures suite discrimination and repeated-sampling stability (SPEC §4, §5).
+// SuiteConfig configures suite discrimination and repeated-sampling stability (docs/semantics.md#discrimination, #stability).
 type SuiteConfig struct {
 	MinHistory        int           `yaml:"min_history"`
 	JudgeLastVersions int           `yaml:"judge_last_versions"`
@@ -95,7 +95,7 @@ type LimitsConfig struct {
 	MaxFutureSkew      time.Duration `yaml:"max_future_skew"`
 }
 
-// Default topic names (SPEC §6).
+// Default topic names (README, Input and output).
 const (
 	TopicLive      = "telemetry.live-attempts"
 	TopicEval      = "telemetry.eval-results"

@@ -146,7 +146,7 @@ func (g *Generator) render(a *attempt, id string) []byte {
 	return b
 }
 
-// poisonKinds covers every class of bad input of SPEC §2.
+// poisonKinds covers every class of bad input (docs/semantics.md#validation).
 var poisonKinds = []func(now time.Time) string{
 	func(time.Time) string { return "not json at all" },
 	func(time.Time) string {
