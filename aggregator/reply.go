@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"strings"
+
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // ReplyMode selects the rules that mark a reply abnormal.
@@ -37,8 +39,6 @@ type ReplyStats struct {
 	Share     float64 // share of the reply's tokens the repetition covers
 	Trigger   string  // "gzip_ratio", "repeat_pattern", or "" when normal
 }
-
-const maxFragmentBytes = 200
 
 // AnalyzeReply measures one reply's length, compressibility and periodic repetition.
 func AnalyzeReply(text string, mode ReplyMode) ReplyStats {
@@ -156,8 +156,8 @@ func windowRepeats(ids []int32, w int) (start, count, gap int) {
 
 func clipFragment(toks []string) string {
 	f := strings.Join(toks, " ")
-	if len(f) > maxFragmentBytes {
-		f = strings.ToValidUTF8(f[:maxFragmentBytes], "")
+	if len(f) > schemas.MaxFragmentBytes {
+		f = strings.ToValidUTF8(f[:schemas.MaxFragmentBytes], "")
 	}
 	return f
 }

@@ -3,6 +3,8 @@ package aggregator
 import (
 	"strings"
 	"testing"
+
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 func TestAnalyzeReply(t *testing.T) {
@@ -33,7 +35,7 @@ func TestAnalyzeReply(t *testing.T) {
 			if s.Trigger != tc.trigger || s.Repeats < tc.minRep || s.Tokens != len(strings.Fields(tc.text)) {
 				t.Fatalf("stats = %+v", s)
 			}
-			if len(s.Fragment) > maxFragmentBytes {
+			if len(s.Fragment) > schemas.MaxFragmentBytes {
 				t.Fatalf("fragment of %d bytes kept", len(s.Fragment))
 			}
 		})
@@ -53,7 +55,7 @@ func FuzzAnalyzeReply(f *testing.F) {
 			mode = ReplyOpenCompass
 		}
 		s := AnalyzeReply(text, mode)
-		if s.Share < 0 || s.Share > 1 || s.Tokens < 0 || len(s.Fragment) > maxFragmentBytes {
+		if s.Share < 0 || s.Share > 1 || s.Tokens < 0 || len(s.Fragment) > schemas.MaxFragmentBytes {
 			t.Fatalf("stats out of range: %+v", s)
 		}
 	})

@@ -29,13 +29,13 @@ type Event struct {
 
 // DecoderConfig bounds what the decoder accepts.
 type DecoderConfig struct {
-	// MaxMessageBytes caps key, value and headers together (SPEC default 1 MiB).
+	// MaxMessageBytes caps key, value and headers together (default 1 MiB).
 	MaxMessageBytes int
 	// Limits holds the per-field limits of package schemas.
 	Limits schemas.Limits
 }
 
-// DefaultDecoderConfig holds the SPEC §2 defaults.
+// DefaultDecoderConfig holds the documented defaults (docs/semantics.md#limits).
 var DefaultDecoderConfig = DecoderConfig{MaxMessageBytes: 1 << 20, Limits: schemas.DefaultLimits}
 
 // Validate checks the configuration.

@@ -222,10 +222,6 @@ func (x *dlqIndex) forget() {
 
 // KafkaDeadLetterLog reads a dead-letter topic with kafka-go's Client.
 type KafkaDeadLetterLog struct {
-	// Deprecated: unused; reads go through Client.
-	Brokers []string
-	// Deprecated: unused; reads go through Client.
-	Dialer *kafka.Dialer
 	Client *kafka.Client
 	Topic  string
 }

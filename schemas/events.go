@@ -48,14 +48,14 @@ type Scope struct {
 
 // Limits bounds what the parsers accept.
 type Limits struct {
-	// MaxPredictionBytes caps the prediction text of an eval result (SPEC default 64 KiB).
+	// MaxPredictionBytes caps the prediction text of an eval result (default 64 KiB).
 	MaxPredictionBytes int
 	// MaxFutureSkew is how far occurred_at and assessed_at may lie ahead of the receiving clock
 	// (default 5 minutes).
 	MaxFutureSkew time.Duration
 }
 
-// DefaultLimits are the SPEC §2 defaults.
+// DefaultLimits are the documented defaults (docs/semantics.md#limits).
 var DefaultLimits = Limits{MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute}
 
 // LiveAttempt is the data of a repeatrate.live.attempt.v1 event: a user-visible attempt linked to a
