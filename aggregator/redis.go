@@ -312,7 +312,15 @@ func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
 	if cur >= v {
 		return nil
 	}
-	if err := r.client.HSet(ctx, st, "v", v).Err(); err != nil {
+	_, err = r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, st, "v", v)
+		if r.cfg.IdleTTL > 0 {
+			// Like every key of an aggregate: an aggregate that never sees another event goes.
+			p.PExpire(ctx, st, r.cfg.IdleTTL)
+		}
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("seed version of %s: %w", k, err)
 	}
 	return nil
@@ -356,7 +364,7 @@ func (r *Redis) Seal(ctx context.Context) (int64, error) {
 
 // Verify confirms that the last batch mark is still in Redis, immediately before offsets are
 // committed for the batches sealed up to mark upTo; from then on a loss of those writes is
-// ErrStateLost. Redis keeps writes in order, so the last mark stands for every write before it.
+// ErrStateLost. Verify with upTo 0 only checks. Redis keeps writes in order, so the last mark stands for every write before it.
 // How durable the writes are on disk is the persistence setting's business: the commit delay
 // covers AOF everysec.
 func (r *Redis) Verify(ctx context.Context, upTo int64) error {
@@ -412,4 +420,25 @@ func (r *Redis) Close(ctx context.Context) error {
 		return nil
 	}
 	return r.client.Del(ctx, r.sealKey).Err()
+}
+
+// ErrEvicting means Redis may evict keys when it runs out of memory. Every key of an aggregate
+// carries the idle TTL, so a volatile-* policy would drop exactly the state, silently, while the
+// epoch marker and batch marks (no TTL) survive to vouch for it; allkeys-* could drop those too.
+var ErrEvicting = errors.New("redis may evict state")
+
+// CheckEviction fails with ErrEvicting when Redis has a memory limit and an eviction policy other
+// than noeviction. With noeviction a full Redis refuses writes, which the processor retries and
+// reports, and loses nothing. ok is false when Redis does not tell (CONFIG disabled, as on some
+// managed services): then the operator must make sure of it.
+func CheckEviction(ctx context.Context, c redis.UniversalClient) (ok bool, err error) {
+	cfg, err := c.ConfigGet(ctx, "maxmemory*").Result()
+	if err != nil || cfg["maxmemory-policy"] == "" {
+		return false, nil
+	}
+	if cfg["maxmemory"] != "0" && cfg["maxmemory-policy"] != "noeviction" {
+		return true, fmt.Errorf("%w: maxmemory is %s bytes with maxmemory-policy %s; set maxmemory-policy noeviction",
+			ErrEvicting, cfg["maxmemory"], cfg["maxmemory-policy"])
+	}
+	return true, nil
 }

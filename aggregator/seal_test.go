@@ -107,3 +107,46 @@ func TestCloseRemovesTheMark(t *testing.T) {
 		t.Fatalf("mark left after close")
 	}
 }
+
+func TestSeedVersionKeyExpiresWithTheAggregate(t *testing.T) {
+	// A rebuild seeds every aggregate found on the snapshot topic; one that never sees another
+	// event must still leave after the idle TTL, like every other key of an aggregate.
+	ctx := context.Background()
+	store, client := testStore(t, "seed", RedisConfig{Retention: time.Hour, IdleTTL: 10 * time.Hour})
+	if err := store.SeedVersion(ctx, keyLive, 42); err != nil {
+		t.Fatal(err)
+	}
+	st := store.keys(keyLive)[1]
+	if ttl := client.PTTL(ctx, st).Val(); ttl <= 0 || ttl > 10*time.Hour {
+		t.Fatalf("seeded state hash has TTL %v, want the idle TTL", ttl)
+	}
+	if v, _ := client.HGet(ctx, st, "v").Int64(); v != 42 {
+		t.Fatalf("seeded version %d, want 42", v)
+	}
+}
+
+func TestCheckEviction(t *testing.T) {
+	ctx := context.Background()
+	_, client := testStore(t, "evict", RedisConfig{Retention: time.Hour})
+	old := client.ConfigGet(ctx, "maxmemory*").Val()
+	t.Cleanup(func() {
+		client.ConfigSet(ctx, "maxmemory", old["maxmemory"])
+		client.ConfigSet(ctx, "maxmemory-policy", old["maxmemory-policy"])
+	})
+	for _, tc := range []struct {
+		maxmemory, policy string
+		evicting          bool
+	}{
+		{"0", "volatile-lru", false},  // no memory limit: nothing is ever evicted
+		{"1gb", "noeviction", false},  // full means refused writes, not lost state
+		{"1gb", "volatile-lru", true}, // would evict exactly the aggregates (they carry TTLs)
+		{"1gb", "allkeys-lru", true},  // would evict anything, markers included
+	} {
+		client.ConfigSet(ctx, "maxmemory", tc.maxmemory)
+		client.ConfigSet(ctx, "maxmemory-policy", tc.policy)
+		told, err := CheckEviction(ctx, client)
+		if !told || errors.Is(err, ErrEvicting) != tc.evicting {
+			t.Errorf("maxmemory %s, %s: told %v, err %v; want evicting %v", tc.maxmemory, tc.policy, told, err, tc.evicting)
+		}
+	}
+}

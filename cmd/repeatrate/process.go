@@ -106,6 +106,11 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
 	}
+	if told, err := aggregator.CheckEviction(ctx, rdb); err != nil {
+		return err
+	} else if !told {
+		log.Warn("redis does not tell its eviction policy; it must be noeviction, or evicted state goes unnoticed")
+	}
 	// Topics first: the state check below asks the group's committed offsets of the input topics.
 	if cfg.Kafka.CreateTopics {
 		if err := kc.ensureTopics(ctx, topicSpecs(cfg)); err != nil {

@@ -64,6 +64,9 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer rdb.Close()
+	if _, err := aggregator.CheckEviction(ctx, rdb); err != nil {
+		return err
+	}
 	// The same output limits as the processor's, before anything changes (docs/semantics.md#limits).
 	if err := kc.checkOutputLimits(ctx, []string{cfg.Kafka.SnapshotTopic, cfg.Kafka.SuiteTopic, cfg.Kafka.AlertsTopic,
 		cfg.Kafka.DLQTopic}, log); err != nil {
