@@ -19,8 +19,9 @@ const (
 	HeaderDLQTopic     = "repeatrate-dlq-topic"
 	HeaderDLQPartition = "repeatrate-dlq-partition"
 	HeaderDLQOffset    = "repeatrate-dlq-offset"
-	// HeaderDLQOriginalSize is the size in bytes of the original key, value and headers together;
-	// set only on a letter that was cut to fit the dead-letter topic.
+	// HeaderDLQOriginalSize is the size in bytes of the original key, value and headers together,
+	// with their length prefixes as a Kafka record holds them (the size the input limit is checked
+	// against); set only on a letter that was cut to fit the dead-letter topic.
 	HeaderDLQOriginalSize = "repeatrate-dlq-original-size"
 	// HeaderDLQTruncated names what was cut to fit, a comma-separated list of value, key and
 	// headers (original headers dropped from the end); set only with HeaderDLQOriginalSize.
@@ -65,7 +66,7 @@ func (d DeadLetter) RecordWithin(limit int) kafka.Message {
 		{Key: HeaderDLQOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
 	}
 	out := kafka.Message{Key: m.Key, Value: m.Value, Headers: append(append(make([]kafka.Header, 0, len(m.Headers)+len(own)+2), m.Headers...), own...)}
-	if sink.RecordSize(&out) <= limit {
+	if recordSize(&out) <= limit {
 		return out
 	}
 
@@ -73,20 +74,27 @@ func (d DeadLetter) RecordWithin(limit int) kafka.Message {
 	must := append(own,
 		kafka.Header{Key: HeaderDLQOriginalSize, Value: []byte(strconv.Itoa(messageSize(&m)))},
 		kafka.Header{Key: HeaderDLQTruncated, Value: []byte("value,key,headers")})
+	// The longest prefix of the original headers that fits beside must with no key and value, in
+	// one pass over the headers' sizes: the record's size grows with each header kept, and key
+	// and value add their lengths to it (sink.RecordSize). Measuring the whole record again per
+	// dropped header took quadratic time, minutes for a letter of half a million headers.
+	mustSize := recordSize(&kafka.Message{Headers: must}) - varintLen(len(must)) // less the header count
+	headersSize := mustSize + varintLen(len(must))                               // no original header
+	kept, sum := 0, 0                                                            // original headers kept, their size
+	for _, h := range m.Headers {
+		next := mustSize + varintLen(kept+1+len(must)) + sum + headerSize(h)
+		if next > limit {
+			break
+		}
+		kept, sum, headersSize = kept+1, sum+headerSize(h), next
+	}
 	var cut []string
-	kept := len(m.Headers)
-	size := func(key, value []byte) int {
-		return sink.RecordSize(&kafka.Message{Key: key, Value: value, Headers: append(append([]kafka.Header{}, m.Headers[:kept]...), must...)})
-	}
-	for kept > 0 && size(nil, nil) > limit {
-		kept--
-	}
 	key, value := m.Key, m.Value
-	if room := limit - size(nil, nil); len(value) > 0 && size(key, value) > limit {
+	if room := limit - headersSize; len(value) > 0 && headersSize+len(key)+len(value) > limit {
 		value = value[:max(0, min(len(value), room-len(key)))]
 		cut = append(cut, "value")
 	}
-	if room := limit - size(nil, value); len(key) > room {
+	if room := limit - headersSize - len(value); len(key) > room {
 		key = key[:max(0, room)]
 		cut = append(cut, "key")
 	}
@@ -97,10 +105,14 @@ func (d DeadLetter) RecordWithin(limit int) kafka.Message {
 	out = kafka.Message{Key: key, Value: value, Headers: append(append(make([]kafka.Header, 0, kept+len(must)), m.Headers[:kept]...), must...)}
 	if len(key) == len(m.Key) && len(value) < len(m.Value) {
 		// The note is shorter than the one sized for: give the room back to the value.
-		out.Value = m.Value[:min(len(m.Value), len(value)+limit-sink.RecordSize(&out))]
+		out.Value = m.Value[:min(len(m.Value), len(value)+limit-recordSize(&out))]
 	}
 	return out
 }
+
+// recordSize is sink.RecordSize, a variable so that tests can count how often RecordWithin
+// measures a whole record.
+var recordSize = sink.RecordSize
 
 // MessageWriter writes messages to one topic and returns once they are acknowledged;
 // *kafka.Writer with RequiredAcks set to RequireAll is one.

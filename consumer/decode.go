@@ -29,7 +29,8 @@ type Event struct {
 
 // DecoderConfig bounds what the decoder accepts.
 type DecoderConfig struct {
-	// MaxMessageBytes caps key, value and headers together (default 1 MiB).
+	// MaxMessageBytes caps key, value and headers together, with their length prefixes
+	// (messageSize; default 1 MiB).
 	MaxMessageBytes int
 	// Limits holds the per-field limits of package schemas.
 	Limits schemas.Limits
@@ -468,12 +469,37 @@ func header(m *kafka.Message, name string) string {
 	return ""
 }
 
+// messageSize is the size of m's key, value and headers as a Kafka v2 record holds them: each
+// key, value, header key and header value with its varint length, and the varint header count
+// (docs/semantics.md#limits). Every header therefore costs at least two bytes, even an empty one:
+// counting content bytes only let a message of half a million empty headers pass the limit. The
+// rest of the record's framing (its length, attributes, timestamp and offset deltas) is left out:
+// it does not grow with what a producer sends.
 func messageSize(m *kafka.Message) int {
-	n := len(m.Key) + len(m.Value)
+	n := varintLen(len(m.Key)) + len(m.Key) + varintLen(len(m.Value)) + len(m.Value) + varintLen(len(m.Headers))
 	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value)
+		n += headerSize(h)
 	}
 	return n
+}
+
+// headerSize is the size of h in a Kafka v2 record: key and value, each with its varint length.
+func headerSize(h kafka.Header) int {
+	return varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+}
+
+// varintLen is the length of n as a zig-zag varint, as a Kafka v2 record writes lengths.
+func varintLen(n int) int {
+	u := uint64(n) << 1
+	if n < 0 {
+		u = ^u
+	}
+	l := 1
+	for u >= 0x80 {
+		u >>= 7
+		l++
+	}
+	return l
 }
 
 func clipHeader(s string) string {

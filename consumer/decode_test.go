@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/repeatrate/repeatrate/schemas"
 )
@@ -99,6 +100,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"xml data", kafka.Message{Value: []byte("<a/>"), Headers: append(binaryHeaders(schemas.TypeLiveAttempt)[:4], hdr("content-type", "application/xml")...)}, schemas.ReasonBadDataFormat},
 		{"bad data", kafka.Message{Value: []byte(`{"x":1}`), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, schemas.ReasonMissingField},
 		{"too large", big, schemas.ReasonTooLarge},
+		// Half a million empty headers and a few bytes of value: over 1 MiB as a Kafka record
+		// holds it (two length bytes per header), though its content is only the value.
+		{"many empty headers", kafka.Message{Value: []byte("garbage"), Headers: make([]kafka.Header, 525_000)}, schemas.ReasonTooLarge},
 		// Identity text that a decoder would repair into U+FFFD, in both modes: structured invalid
 		// bytes take the SDK path, a lone surrogate escape the fast path.
 		{"structured invalid UTF-8", kafka.Message{Value: []byte(strings.Replace(structured, `"workspace":"w"`, "\"workspace\":\"w\xff\"", 1))}, schemas.ReasonBadValue},
@@ -185,4 +189,58 @@ func FuzzFastPathAgreesWithSDK(f *testing.F) {
 			t.Fatalf("fast path and SDK disagree on %q:\nfast %+v\nsdk  %+v", value, fast, sdk)
 		}
 	})
+}
+
+// TestMessageSize: the input limit counts what a Kafka v2 record holds of key, value and headers,
+// length prefixes included, so that an empty header is not free. Each case is also checked against
+// kafka-go's own encoding of the record.
+func TestMessageSize(t *testing.T) {
+	tests := []struct {
+		name string
+		msg  kafka.Message
+		want int
+	}{
+		// Null key and value, no header: three one-byte varints (key and value lengths, count).
+		{"empty", kafka.Message{}, 3},
+		{"key and value", kafka.Message{Key: []byte("k"), Value: []byte("vv")}, 1 + 1 + 1 + 2 + 1},
+		// An empty header costs its two length bytes.
+		{"one empty header", kafka.Message{Headers: make([]kafka.Header, 1)}, 3 + 2},
+		{"one header", kafka.Message{Headers: hdr("a", "bc")}, 3 + 1 + 1 + 1 + 2},
+		// 63 bytes take a one-byte zig-zag length, 64 bytes two.
+		{"63-byte value", kafka.Message{Value: make([]byte, 63)}, 1 + 1 + 63 + 1},
+		{"64-byte value", kafka.Message{Value: make([]byte, 64)}, 1 + 2 + 64 + 1},
+		// 200 empty headers: 400 bytes and a two-byte count.
+		{"200 empty headers", kafka.Message{Headers: make([]kafka.Header, 200)}, 1 + 1 + 2 + 400},
+		{"binary event", kafka.Message{Key: []byte("key"), Value: []byte(liveData), Headers: binaryHeaders(schemas.TypeLiveAttempt)}, -1},
+	}
+	encoded := func(m *kafka.Message) int {
+		var b bytes.Buffer
+		rs := protocol.RecordSet{Version: 2, Records: protocol.NewRecordReader(protocol.Record{
+			Time: now, Key: bytesOrNil(m.Key), Value: bytesOrNil(m.Value), Headers: m.Headers})}
+		if _, err := rs.WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.Len()
+	}
+	// A record is its length (a varint), attributes, timestamp and offset deltas (one byte each
+	// here), then what messageSize counts; the batch around it is the same for every record.
+	base := encoded(&kafka.Message{}) - varintLen(3+3) - (3 + 3)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := messageSize(&tc.msg)
+			if tc.want >= 0 && got != tc.want {
+				t.Fatalf("messageSize = %d, want %d", got, tc.want)
+			}
+			if n := encoded(&tc.msg) - base - varintLen(3+got) - 3; n != got {
+				t.Fatalf("messageSize = %d, kafka-go encodes %d bytes", got, n)
+			}
+		})
+	}
+}
+
+func bytesOrNil(b []byte) protocol.Bytes {
+	if b == nil {
+		return nil
+	}
+	return protocol.NewBytes(b)
 }
