@@ -346,4 +346,7 @@ func (m *Model) Apply(_ context.Context, obs []Observation, at time.Time) (Appli
 func (m *Model) Seal(context.Context) (int64, error) { return 0, nil }
 
 // Verify is a no-op: memory loses nothing it acknowledged.
-func (m *Model) Verify(context.Context, int64) error { return nil }
+func (m *Model) Verify(context.Context, int64, Offsets) error { return nil }
+
+// CheckOffsets is a no-op: memory loses nothing it acknowledged.
+func (m *Model) CheckOffsets(context.Context, Offsets) error { return nil }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 //go:embed apply.lua
@@ -45,6 +47,10 @@ type RedisConfig struct {
 	// Epoch, when set, is checked with every batch: a Redis whose epoch marker is gone or
 	// different has lost the state, and Apply fails with ErrStateLost.
 	Epoch string
+	// Group names the consumer group whose commits Verify records beside the state, so that a
+	// later process can tell when the group committed work this Redis no longer holds
+	// (CheckOffsets). Empty records nothing.
+	Group string
 }
 
 // Validate checks the configuration and fills defaults.
@@ -344,7 +350,7 @@ func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	if r.sealKey == "" {
 		b := make([]byte, 8)
 		rand.Read(b)
-		r.sealKey = r.cfg.Prefix + ":seal:" + hex.EncodeToString(b)
+		r.sealKey = marksKey(r.cfg.Prefix, "seal:"+hex.EncodeToString(b))
 	}
 	next := r.sealSeq + 1
 	// No expiry: a mark that vanished must mean a loss, however long the process was idle. Close
@@ -362,25 +368,113 @@ func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	return next, r.lost(prev, want, next)
 }
 
+// Offsets are consumer offsets by topic and partition: the next offset to consume.
+type Offsets map[string]map[int]int64
+
+// marksKey names a key of the namespace's bookkeeping: batch marks and recorded commits share the
+// hash tag {marks}, so one script can check the one and write the other on Redis Cluster.
+func marksKey(ns, name string) string { return ns + ":{marks}:" + name }
+
+func (r *Redis) offsetsKey() string {
+	return marksKey(r.cfg.Prefix, "offsets:"+schemas.JoinEscaped(r.cfg.Group))
+}
+
+func offsetField(topic string, partition int) string { return topic + "/" + strconv.Itoa(partition) }
+
+// verifyScript checks the batch mark and, only when it holds, records the offsets about to be
+// committed (raising each partition's, never lowering it): both in one atomic step, so a
+// recorded commit always stands for work Redis held at that moment.
+// KEYS[1] batch mark, KEYS[2] recorded commits; ARGV[1] the expected mark, then field, offset pairs.
+var verifyScript = redis.NewScript(`
+local m = redis.call('GET', KEYS[1])
+if m ~= ARGV[1] then return {0, m or ''} end
+for i = 2, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+end
+return {1, m}
+`)
+
 // Verify confirms that the last batch mark is still in Redis, immediately before offsets are
 // committed for the batches sealed up to mark upTo; from then on a loss of those writes is
-// ErrStateLost. Verify with upTo 0 only checks. Redis keeps writes in order, so the last mark stands for every write before it.
-// How durable the writes are on disk is the persistence setting's business: the commit delay
-// covers AOF everysec.
-func (r *Redis) Verify(ctx context.Context, upTo int64) error {
+// ErrStateLost. In the same atomic step it records commit (when the store has a Group), so that
+// CheckOffsets can later tell a loss from any process. Verify(ctx, 0, nil) only checks. Redis keeps
+// writes in order, so the last mark stands for every write before it. How durable the writes are
+// on disk is the persistence setting's business: the commit delay covers AOF everysec.
+func (r *Redis) Verify(ctx context.Context, upTo int64, commit Offsets) error {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	if r.sealSeq == 0 {
 		return nil
 	}
-	got, err := r.client.Get(ctx, r.sealKey).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	args := []any{strconv.FormatInt(r.sealSeq, 10)}
+	if r.cfg.Group != "" {
+		for topic, parts := range commit {
+			for p, off := range parts {
+				args = append(args, offsetField(topic, p), off)
+			}
+		}
+	}
+	res, err := verifyScript.Run(ctx, r.client, []string{r.sealKey, r.offsetsKey()}, args...).Slice()
+	if err != nil {
 		return fmt.Errorf("verify batch mark: %w", err)
 	}
-	if err := r.checkMark(ctx, got); err != nil {
-		return err
+	if ok, _ := res[0].(int64); ok != 1 {
+		found, _ := res[1].(string)
+		return r.checkMark(ctx, found)
 	}
 	r.verified = max(r.verified, min(upTo, r.sealSeq))
+	return nil
+}
+
+// CheckOffsets compares the offsets the group has committed with those Verify recorded beside the
+// state: a partition committed past what this Redis recorded means Redis lost work whose offsets
+// were committed, by this process or any earlier one (a restart from an older snapshot, a
+// failover to a lagging replica), and CheckOffsets returns ErrStateLost. A partition with no
+// record yet (a new group, or state written by an older build) is recorded as it stands, so a
+// snapshot taken from now on carries it.
+func (r *Redis) CheckOffsets(ctx context.Context, committed Offsets) error {
+	if r.cfg.Group == "" {
+		return nil
+	}
+	var fields []string
+	var want []int64
+	for topic, parts := range committed {
+		for p, off := range parts {
+			// kafka-go's FirstOffset and LastOffset (< 0) mean nothing was committed.
+			fields, want = append(fields, offsetField(topic, p)), append(want, max(off, 0))
+		}
+	}
+	if len(fields) == 0 {
+		return nil
+	}
+	key := r.offsetsKey()
+	got, err := r.client.HMGet(ctx, key, fields...).Result()
+	if err != nil {
+		return fmt.Errorf("read recorded commits: %w", err)
+	}
+	var missing []any
+	for i, v := range got {
+		s, ok := v.(string)
+		if !ok {
+			missing = append(missing, fields[i], want[i])
+			continue
+		}
+		rec, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("recorded commit of %s is %q", fields[i], s)
+		}
+		if want[i] > rec {
+			return fmt.Errorf("%w: group %s committed %s up to offset %d, but redis holds work only up to %d "+
+				"(it restarted from older data or failed over to a lagging replica); run `repeatrate rebuild`",
+				ErrStateLost, r.cfg.Group, fields[i], want[i], rec)
+		}
+	}
+	for i := 0; i < len(missing); i += 2 {
+		if err := r.client.HSetNX(ctx, key, missing[i].(string), missing[i+1]).Err(); err != nil {
+			return fmt.Errorf("record commits: %w", err)
+		}
+	}
 	return nil
 }
 

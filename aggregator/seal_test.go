@@ -26,28 +26,28 @@ func TestSealAndVerifyDetectLostWrites(t *testing.T) {
 		// Verify finds the loss before the offsets of the lost batches are committed.
 		{"loss found by verify", func(s *Redis) (int64, func() error) {
 			m1, _ := seal(s)
-			s.Verify(ctx, m1)
+			s.Verify(ctx, m1, nil)
 			m2, _ := seal(s)
-			return m1, func() error { return s.Verify(ctx, m2) }
+			return m1, func() error { return s.Verify(ctx, m2, nil) }
 		}, ErrWritesLost},
 		// The loss reaches a batch whose offsets may be committed: the state is lost.
 		{"loss below a verified mark", func(s *Redis) (int64, func() error) {
 			seal(s)
 			m2, _ := seal(s)
-			s.Verify(ctx, m2)
+			s.Verify(ctx, m2, nil)
 			seal(s)
 			return m2 - 1, func() error { _, err := seal(s); return err }
 		}, ErrStateLost},
 		// A Redis restarted empty (or from a snapshot older than this process) lost the mark.
 		{"mark gone after a commit", func(s *Redis) (int64, func() error) {
 			m1, _ := seal(s)
-			s.Verify(ctx, m1)
-			return 0, func() error { return s.Verify(ctx, m1) }
+			s.Verify(ctx, m1, nil)
+			return 0, func() error { return s.Verify(ctx, m1, nil) }
 		}, ErrStateLost},
 		// The next batch's apply finds the loss before its tallies can be published.
 		{"loss found by the next apply", func(s *Redis) (int64, func() error) {
 			m1, _ := seal(s)
-			s.Verify(ctx, m1)
+			s.Verify(ctx, m1, nil)
 			seal(s)
 			return m1, func() error {
 				got, err := s.Apply(ctx, []Observation{obs("x", Confirmed, 0, 0, 0)}, t0)
@@ -86,7 +86,7 @@ func TestSealAndVerifyDetectLostWrites(t *testing.T) {
 			if err != nil {
 				t.Fatalf("seal after the loss was reported: %v", err)
 			}
-			if err := store.Verify(ctx, m); err != nil {
+			if err := store.Verify(ctx, m, nil); err != nil {
 				t.Fatalf("verify after the loss was reported: %v", err)
 			}
 		})
@@ -148,5 +148,58 @@ func TestCheckEviction(t *testing.T) {
 		if !told || errors.Is(err, ErrEvicting) != tc.evicting {
 			t.Errorf("maxmemory %s, %s: told %v, err %v; want evicting %v", tc.maxmemory, tc.policy, told, err, tc.evicting)
 		}
+	}
+}
+
+func TestCheckOffsetsFindsCommittedWorkLostAcrossProcesses(t *testing.T) {
+	// Process a commits twice; Redis then comes back from a snapshot taken between the commits,
+	// and a new process b (whose own marks prove nothing) takes over the partition.
+	ctx := context.Background()
+	a, client := testStore(t, "offsets", RedisConfig{Retention: time.Hour, Group: "g|1"})
+	m1, _ := a.Seal(ctx)
+	if err := a.Verify(ctx, m1, Offsets{"in": {0: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	m2, _ := a.Seal(ctx)
+	if err := a.Verify(ctx, m2, Offsets{"in": {0: 20, 1: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CheckOffsets(ctx, Offsets{"in": {0: 20, 1: 7}}); err != nil {
+		t.Fatalf("nothing lost: %v", err)
+	}
+	client.HSet(ctx, a.offsetsKey(), "in/0", 10) // the older snapshot
+	b, err := NewRedis(client, a.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		committed Offsets
+		lost      bool
+	}{
+		{"committed past what redis holds", Offsets{"in": {0: 20}}, true},
+		{"committed what redis holds", Offsets{"in": {0: 10, 1: 7}}, false},
+		{"a zombie's rejected commit left redis ahead", Offsets{"in": {0: 5}}, false},
+		{"a partition never recorded is recorded as it stands", Offsets{"in": {2: 99}}, false},
+		{"and judged from then on", Offsets{"in": {2: 100}}, true},
+		{"nothing committed (kafka-go FirstOffset)", Offsets{"in": {0: -2, 3: -2}}, false},
+		{"recorded as nothing", Offsets{"in": {3: 1}}, true},
+	} {
+		if err := b.CheckOffsets(ctx, tc.committed); errors.Is(err, ErrStateLost) != tc.lost {
+			t.Errorf("%s: %v, want lost %v", tc.name, err, tc.lost)
+		}
+	}
+	// Another group's record is another hash: a different group is not judged by g|1's commits.
+	other, _ := NewRedis(client, RedisConfig{Prefix: a.cfg.Prefix, Retention: time.Hour, Group: "g"})
+	if err := other.CheckOffsets(ctx, Offsets{"in": {0: 20}}); err != nil {
+		t.Fatalf("group g judged by g|1's record: %v", err)
+	}
+	// A Verify that finds the mark lost records nothing.
+	client.Set(ctx, a.sealKey, m1, 0)
+	if err := a.Verify(ctx, m2, Offsets{"in": {0: 30}}); err == nil {
+		t.Fatal("verify on a lost mark succeeded")
+	}
+	if got := client.HGet(ctx, a.offsetsKey(), "in/0").Val(); got != "10" {
+		t.Fatalf("a failed verify recorded offset %s", got)
 	}
 }

@@ -17,10 +17,14 @@ type Handler interface {
 	Handle(ctx context.Context, msgs []kafka.Message) error
 	// Mark names the work of the last batch Handle completed.
 	Mark() int64
-	// Verify confirms, immediately before a commit, that the work of every batch up to mark is
-	// still held: ErrRewind when recent work was lost (consume again from the committed offsets),
-	// ErrFatal when work whose offsets may be committed was lost.
-	Verify(ctx context.Context, mark int64) error
+	// Verify confirms, immediately before committing offsets, that the work of every batch up to
+	// mark is still held, and records offsets as about to be committed: ErrRewind when recent work
+	// was lost (consume again from the committed offsets), ErrFatal when work whose offsets may be
+	// committed was lost.
+	Verify(ctx context.Context, mark int64, offsets map[string]map[int]int64) error
+	// CheckOffsets confirms, when a generation assigns partitions, that the work of every offset
+	// the group committed on them is still held; ErrFatal when it is not.
+	CheckOffsets(ctx context.Context, committed map[string]map[int]int64) error
 }
 
 // GroupConfig configures a Group.
@@ -153,6 +157,35 @@ func countPartitions(gen *kafka.Generation) int {
 // runGeneration starts one fetcher per assigned partition and one batch loop, all owned by gen:
 // kafka-go waits for every one of them to return before the member joins the next generation.
 func (g *Group) runGeneration(ctx context.Context, gen *kafka.Generation) {
+	// Before consuming from the committed offsets, make sure the work they stand for is held: a
+	// Redis that came back with less than the group committed would otherwise be built on silently.
+	committed := make(map[string]map[int]int64)
+	for topic, assigned := range gen.Assignments {
+		committed[topic] = make(map[int]int64, len(assigned))
+		for _, a := range assigned {
+			committed[topic][a.ID] = a.Offset
+		}
+	}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, g.cfg.DrainTimeout)
+		err := g.handler.CheckOffsets(cctx, committed)
+		cancel()
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrFatal) {
+			g.log.Error("committed offsets are past the work redis holds; stopping", zap.Int32("generation", gen.ID), zap.Error(err))
+			g.fatal(err)
+			return
+		}
+		// Not checked is not consumed: wait for Redis rather than build on what it may have lost.
+		g.log.Warn("cannot check committed offsets against redis, retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 	// Bounded: fetchers block when the batch loop is busy, which is the back-pressure we want.
 	msgs := make(chan kafka.Message, g.cfg.MaxBatch)
 	for topic, assigned := range gen.Assignments {
@@ -293,8 +326,19 @@ func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, f
 	if wait := time.Until(ps[n-1].ready); final && wait > 0 {
 		time.Sleep(min(wait, g.cfg.DrainTimeout))
 	}
+	merged := make(map[string]map[int]int64)
+	for _, p := range ps[:n] {
+		for t, parts := range p.offsets {
+			if merged[t] == nil {
+				merged[t] = make(map[int]int64)
+			}
+			for part, off := range parts {
+				merged[t][part] = max(merged[t][part], off)
+			}
+		}
+	}
 	vctx, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
-	err := g.handler.Verify(vctx, ps[n-1].mark)
+	err := g.handler.Verify(vctx, ps[n-1].mark, merged)
 	cancel()
 	if err != nil {
 		g.metrics.Commits.WithLabelValues("unverified").Inc()
@@ -307,17 +351,6 @@ func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, f
 				zap.Int32("generation", gen.ID), zap.Error(err))
 		}
 		return false
-	}
-	merged := make(map[string]map[int]int64)
-	for _, p := range ps[:n] {
-		for t, parts := range p.offsets {
-			if merged[t] == nil {
-				merged[t] = make(map[int]int64)
-			}
-			for part, off := range parts {
-				merged[t][part] = max(merged[t][part], off)
-			}
-		}
 	}
 	*pending = ps[n:]
 	if err := gen.CommitOffsets(merged); err != nil {

@@ -22,8 +22,12 @@ type Store interface {
 	// the loss reaches a mark that Verify confirmed.
 	Seal(ctx context.Context) (int64, error)
 	// Verify confirms, immediately before a commit, that the store still holds every write up to
-	// the batch of mark upTo, with the same errors as Seal.
-	Verify(ctx context.Context, upTo int64) error
+	// the batch of mark upTo, with the same errors as Seal, and records the offsets about to be
+	// committed beside the state.
+	Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error
+	// CheckOffsets fails with aggregator.ErrStateLost when the group committed offsets past the
+	// work the store holds.
+	CheckOffsets(ctx context.Context, committed aggregator.Offsets) error
 }
 
 // Publisher publishes results and returns once they are acknowledged; sink.Kafka is one.
@@ -143,7 +147,7 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 				}
 				// No tally to compute, but suite outputs are about to be: check the batch mark
 				// first, as Apply does, so nothing computed on lost writes is published.
-				return durability(p.store.Verify(ctx, 0))
+				return durability(p.store.Verify(ctx, 0, nil))
 			}
 			at = p.now()
 			var err error
@@ -223,10 +227,16 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 // Mark returns the store's mark of the last batch Handle completed.
 func (p *Processor) Mark() int64 { return p.mark }
 
-// Verify confirms that the store still holds the work of every batch up to mark; the group calls
-// it immediately before committing their offsets.
-func (p *Processor) Verify(ctx context.Context, mark int64) error {
-	return durability(p.store.Verify(ctx, mark))
+// Verify confirms that the store still holds the work of every batch up to mark and records the
+// offsets about to be committed; the group calls it immediately before committing them.
+func (p *Processor) Verify(ctx context.Context, mark int64, commit map[string]map[int]int64) error {
+	return durability(p.store.Verify(ctx, mark, commit))
+}
+
+// CheckOffsets confirms that the store holds the work of every offset the group committed; the
+// group calls it when a generation hands it partitions.
+func (p *Processor) CheckOffsets(ctx context.Context, committed map[string]map[int]int64) error {
+	return durability(p.store.CheckOffsets(ctx, committed))
 }
 
 // durability maps the store's loss errors to what the group does about them: consume again from

@@ -38,7 +38,11 @@ func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at
 
 func (s *flakyStore) Seal(ctx context.Context) (int64, error) { return 1, s.sealErr }
 
-func (s *flakyStore) Verify(ctx context.Context, upTo int64) error { return s.sealErr }
+func (s *flakyStore) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {
+	return s.sealErr
+}
+
+func (s *flakyStore) CheckOffsets(ctx context.Context, committed aggregator.Offsets) error { return nil }
 
 type recordingPublisher struct {
 	snaps  []schemas.Snapshot

@@ -52,7 +52,7 @@ type stores struct {
 
 func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
 	var s stores
-	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch}
+	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID}
 	var err error
 	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
 		return s, err

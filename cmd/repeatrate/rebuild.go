@@ -258,7 +258,9 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return ctx.Err()
 	case <-time.After(cfg.Batch.CommitDelay):
 	}
-	if err := store.Verify(ctx, mark); err != nil {
+	// The offsets about to be committed are recorded beside the rebuilt state, as the processor
+	// records its commits, so a later loss of the rebuilt state is caught too.
+	if err := store.Verify(ctx, mark, end); err != nil {
 		return fmt.Errorf("rebuild: %w; run the rebuild again", err)
 	}
 	// A processor that joined after the check above and committed meanwhile published from the

@@ -31,19 +31,24 @@ func TestRedisLosesAcknowledgedWrites(t *testing.T) {
 		delay, killAfter time.Duration
 		// stops: the loss reaches offsets already committed, so the processor must stop.
 		stops bool
+		// restart: the processor restarts with Redis (a node reboot), so its own marks are gone.
+		restart bool
 	}{
 		// Redis dies while the 10 events' offsets wait for the commit delay: the check before the
 		// commit finds the loss, and the batch is consumed and applied again.
-		{"before the commit", 8 * time.Second, 0, false},
+		{"before the commit", 8 * time.Second, 0, false, false},
 		// Redis dies after the offsets were committed: the next batch finds the loss before it
 		// publishes anything, and the processor stops, pointing to rebuild.
-		{"after the commit", time.Second, 4 * time.Second, true},
+		{"after the commit", time.Second, 4 * time.Second, true, false},
+		// The same, but the processor restarts with Redis: the offsets recorded beside the state
+		// tell the new process that the group committed past what Redis holds.
+		{"after the commit, processor restarted too", time.Second, 4 * time.Second, true, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) { lostWrites(t, tc.delay, tc.killAfter, tc.stops) })
+		t.Run(tc.name, func(t *testing.T) { lostWrites(t, tc.delay, tc.killAfter, tc.stops, tc.restart) })
 	}
 }
 
-func lostWrites(t *testing.T, delay, killAfter time.Duration, stops bool) {
+func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart bool) {
 	brokers := testenv.KafkaBrokers(t)
 	rs := startRDBRedis(t)
 	s := &scenario{t: t, name: testenv.Name(t, "lostwrites"), brokers: brokers, redis: rs.addr}
@@ -92,7 +97,13 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops bool) {
 	send(10, "confirmed_repeat")
 	snaps.await(t, 50, 10)
 	time.Sleep(killAfter)
+	if restart {
+		p.kill()
+	}
 	rs.crashAndRestart(t) // back to the 50
+	if restart {
+		p = s.startArgs("run", "--http-addr=", fmt.Sprintf("--batch-commit-delay=%s", delay))
+	}
 	time.Sleep(delay + 3*time.Second)
 	send(5, "passed")
 
