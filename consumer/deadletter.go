@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -121,19 +122,21 @@ type MessageWriter interface {
 }
 
 // DeadLetters writes dead letters to a topic through a MessageWriter, each input message at most
-// once: before writing it reads what the topic gained since it last looked (log may be nil to
-// skip this, for tests) and leaves out messages that already have their letter. Letters are cut to
-// the record limit (DeadLetter.RecordWithin).
+// once as far as it can tell: it remembers the letters it wrote itself and, before writing, reads
+// what the topic gained since it last looked (log may be nil to skip both, for tests), and leaves
+// out messages that already have their letter. Letters are cut to the record limit
+// (DeadLetter.RecordWithin).
 type DeadLetters struct {
 	w     MessageWriter
 	idx   *dlqIndex
 	limit int
+	now   func() time.Time // the sender's clock, against which message times are judged
 }
 
 // NewDeadLetters returns a dead-letter sender on w that deduplicates against log and cuts letters
 // to sink.MaxRecordBytes.
 func NewDeadLetters(w MessageWriter, log DeadLetterLog) *DeadLetters {
-	d := &DeadLetters{w: w, limit: sink.MaxRecordBytes}
+	d := &DeadLetters{w: w, limit: sink.MaxRecordBytes, now: time.Now}
 	if log != nil {
 		d.idx = newDLQIndex(log, defaultMaxOrigins)
 	}
@@ -155,37 +158,72 @@ func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 	if s.idx != nil {
 		s.idx.mu.Lock()
 		defer s.idx.mu.Unlock()
-		if err := s.idx.sync(ctx, lettersSince(dls)); err != nil {
-			return err
+		// Only messages not known to have a letter need the topic read: a redelivery to the
+		// sender that wrote the letters reads nothing.
+		if unknown := slices.DeleteFunc(slices.Clone(dls), func(d DeadLetter) bool { return s.idx.has(originOfMessage(&d.Message)) }); len(unknown) > 0 {
+			if err := s.idx.sync(ctx, lettersSince(unknown, s.now())); err != nil {
+				return err
+			}
 		}
 	}
 	msgs := make([]kafka.Message, 0, len(dls))
+	var written []origin
 	for i := range dls {
-		m := &dls[i].Message
-		if s.idx != nil && s.idx.has(origin{m.Topic, m.Partition, m.Offset}) {
+		o := originOfMessage(&dls[i].Message)
+		if s.idx != nil && s.idx.has(o) {
 			continue
 		}
 		msgs = append(msgs, dls[i].RecordWithin(s.limit))
+		written = append(written, o)
 	}
 	if len(msgs) == 0 {
 		return nil
 	}
-	return s.w.WriteMessages(ctx, msgs...)
+	if err := s.w.WriteMessages(ctx, msgs...); err != nil {
+		return err // what a partial write stored is found on the topic by the retry
+	}
+	if s.idx != nil {
+		// Remembered, not only read back later: the time bound of the next read may not reach
+		// them (lettersSince).
+		for _, o := range written {
+			s.idx.add(o)
+		}
+	}
+	return nil
 }
 
-// letterClockSkew is how far the clock that stamped an input message may run ahead of the one
-// that stamps its dead letter (producer and processor clocks, or the broker's).
+func originOfMessage(m *kafka.Message) origin { return origin{m.Topic, m.Partition, m.Offset} }
+
+// letterClockSkew is how far the clocks that stamp input messages, dead letters and the senders'
+// receipt times may disagree (producers', processors' and brokers' clocks).
 const letterClockSkew = time.Hour
 
-// lettersSince returns the earliest time a dead letter of any of dls can carry: a letter is
-// written after its message, so no earlier than the message's time, less the clock skew allowed
-// between their writers. A message without a time gives the zero time: every letter.
-func lettersSince(dls []DeadLetter) time.Time {
+// lettersSince returns the earliest time a dead letter of any of dls can carry, judged at now, the
+// sender's clock; the zero time means every letter.
+//
+// A letter is stamped with the clock of the sender that wrote it, after its message arrived: no
+// earlier than the message's time less the skew allowed between clocks, when that time is honest.
+// But a message's time is its producer's to set (CreateTime), while letters carry the senders'
+// clocks. So a message time is taken at most at now: a producer clock that runs ahead cannot push
+// the bound past letters written in the last letterClockSkew (and letters this sender wrote itself
+// it remembers). A time more than letterClockSkew ahead of now is not trusted at all and reads, as
+// a message without a time does, every letter: once per sender, since the index keeps the ranges it
+// has read. The limit: a message stamped more than letterClockSkew ahead of the sender that first
+// wrote its letter, redelivered more than letterClockSkew later to another sender (a restart or
+// another instance) while its time has fallen behind that sender's clock, is not found and gets a
+// second letter, with the same origin headers.
+//
+// A time in the past is honoured however old: the letter may be that old (a long outage, a
+// rebuild). A producer clock far behind only makes the index read further back, once per sender.
+func lettersSince(dls []DeadLetter, now time.Time) time.Time {
 	var since time.Time
 	for i, d := range dls {
 		t := d.Message.Time
-		if t.IsZero() {
+		if t.IsZero() || t.After(now.Add(letterClockSkew)) {
 			return time.Time{}
+		}
+		if t.After(now) {
+			t = now
 		}
 		if i == 0 || t.Before(since) {
 			since = t

@@ -53,6 +53,13 @@ func (m *memoryTopic) Offsets(_ context.Context, since time.Time) (map[int]LogOf
 	return map[int]LogOffsets{0: o}, nil
 }
 
+// sender returns a dead-letter sender on the topic whose clock is the topic's.
+func (m *memoryTopic) sender() *DeadLetters {
+	d := NewDeadLetters(m, m)
+	d.now = func() time.Time { return m.clock }
+	return d
+}
+
 var errReadCut = errors.New("read cut short")
 
 func (m *memoryTopic) Read(_ context.Context, _ int, from, to int64, fn func(int64, []kafka.Header)) error {
@@ -93,7 +100,7 @@ func lettersPerOffset(t *testing.T, topic *memoryTopic) map[int64]int {
 func TestDeadLettersOncePerMessage(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	topic := &memoryTopic{fail: true, clock: t0}
-	d := NewDeadLetters(topic, topic)
+	d := topic.sender()
 	dls := letters(0, 6, t0)
 	ctx := context.Background()
 	if err := d.Send(ctx, dls); err == nil {
@@ -106,7 +113,7 @@ func TestDeadLettersOncePerMessage(t *testing.T) {
 	if err := d.Send(ctx, dls[2:]); err != nil {
 		t.Fatal(err)
 	}
-	if err := NewDeadLetters(topic, topic).Send(ctx, dls); err != nil {
+	if err := topic.sender().Send(ctx, dls); err != nil {
 		t.Fatal(err)
 	}
 	seen := lettersPerOffset(t, topic)
@@ -117,6 +124,67 @@ func TestDeadLettersOncePerMessage(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("offset %d has %d letters", off, n)
 		}
+	}
+}
+
+// TestDeadLettersProducerClockAhead: a message's time is its producer's to set, while letters
+// carry the senders' clocks. A poison message stamped two hours ahead used to get a letter on
+// every delivery: the index read only letters stamped from the message's time less an hour on.
+// Message times are now taken at most at the sender's clock (and not at all when more than the
+// allowed skew ahead), and a sender remembers the letters it wrote.
+func TestDeadLettersProducerClockAhead(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	type delivery struct {
+		later    time.Duration // after the first delivery, on the sender's and the topic's clock
+		another  bool          // by a new sender (a restart, or another instance), not the first one
+		wantRead int           // records the sender reads from the topic
+	}
+	tests := []struct {
+		name       string
+		ahead      time.Duration // the message's time less the first delivery's
+		deliveries []delivery    // after the first
+	}{
+		// The reviewer's case: delivered three times in a row. The same sender knows its letter
+		// and reads nothing.
+		{"2 h ahead, redelivered at once", 2 * time.Hour, []delivery{{0, false, 0}, {0, false, 0}}},
+		// Another sender finds the letter: the bound is the receiving clock less an hour.
+		{"2 h ahead, another sender at once", 2 * time.Hour, []delivery{{0, true, 1}}},
+		// Three hours later the bound (the message time less an hour) is past the letter; the
+		// sender that wrote it remembers it.
+		{"2 h ahead, the same sender 3 h later", 2 * time.Hour, []delivery{{3 * time.Hour, false, 0}}},
+		// Still more than an hour ahead of another sender two hours later: the time is not
+		// trusted and the whole topic is read.
+		{"4 h ahead, another sender 2 h later", 4 * time.Hour, []delivery{{2 * time.Hour, true, 1}}},
+		// An honest time, for comparison.
+		{"on time, another sender 3 h later", 0, []delivery{{3 * time.Hour, true, 1}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			topic := &memoryTopic{clock: t0}
+			dls := letters(0, 1, t0.Add(tc.ahead))
+			first := topic.sender()
+			ctx := context.Background()
+			if err := first.Send(ctx, dls); err != nil {
+				t.Fatal(err)
+			}
+			for i, d := range tc.deliveries {
+				topic.clock = t0.Add(d.later)
+				s := first
+				if d.another {
+					s = topic.sender()
+				}
+				topic.read = 0
+				if err := s.Send(ctx, dls); err != nil {
+					t.Fatal(err)
+				}
+				if topic.read != d.wantRead {
+					t.Errorf("delivery %d read %d records, want %d", i+2, topic.read, d.wantRead)
+				}
+			}
+			if n := lettersPerOffset(t, topic)[0]; n != 1 {
+				t.Fatalf("input offset 0 has %d dead letters after %d deliveries, want 1", n, 1+len(tc.deliveries))
+			}
+		})
 	}
 }
 
@@ -134,7 +202,7 @@ func TestDeadLetterIndexResumes(t *testing.T) {
 	}{
 		// Forward: the sender last looked when the topic was empty; another instance wrote since.
 		{"forward", func(topic *memoryTopic) *DeadLetters {
-			d := NewDeadLetters(topic, topic)
+			d := topic.sender()
 			d.idx.cover(0, 0, 0)
 			return d
 		}},
@@ -142,7 +210,7 @@ func TestDeadLetterIndexResumes(t *testing.T) {
 		// old messages sends it back through the topic.
 		{"into older history", func(topic *memoryTopic) *DeadLetters {
 			topic.clock = t0.Add(48 * time.Hour)
-			d := NewDeadLetters(topic, topic)
+			d := topic.sender()
 			if err := d.Send(context.Background(), letters(total, total+1, topic.clock)); err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +264,7 @@ func TestDeadLetterIndexReadsOnlySince(t *testing.T) {
 	if err := NewDeadLetters(topic, nil).Send(context.Background(), letters(10000, 10010, t0.Add(48*time.Hour))); err != nil {
 		t.Fatal(err)
 	}
-	d := NewDeadLetters(topic, topic)
+	d := topic.sender()
 	// New messages: only the 10 letters of the last two days are read.
 	if err := d.Send(context.Background(), letters(10010, 10020, t0.Add(48*time.Hour))); err != nil {
 		t.Fatal(err)
@@ -223,7 +291,7 @@ func TestDeadLetterIndexBounded(t *testing.T) {
 	if err := NewDeadLetters(topic, nil).Send(context.Background(), letters(0, 5000, t0)); err != nil {
 		t.Fatal(err)
 	}
-	d := NewDeadLetters(topic, topic)
+	d := topic.sender()
 	d.idx.maxOrigins = 1000
 	if err := d.Send(context.Background(), letters(4990, 5000, t0)); err != nil {
 		t.Fatal(err)

@@ -72,9 +72,11 @@ const defaultMaxOrigins = 1 << 20
 //     only offsets above the group's committed ones, so the highest are what it needs). A
 //     redelivery reaching a forgotten origin writes a second letter, which readers drop by its
 //     origin headers.
-//   - It reads only the part of the topic that can hold letters for the messages at hand: letters
-//     are written after their messages, so records older than the oldest message (less a clock
-//     skew) are never read.
+//   - It reads only the part of the topic that can hold letters for the messages at hand that it
+//     does not know yet: letters are written after their messages, so records older than the
+//     oldest message (less a clock skew, and with message times taken at most at the sender's
+//     clock: see lettersSince) are never read. The sender also adds the letters it wrote itself,
+//     which a later read bounded by a producer's clock might not reach.
 //   - Progress is kept record by record, even when a read fails: a read cut short by the batch
 //     deadline resumes where it stopped, so a large topic cannot keep a batch from ever finishing.
 type dlqIndex struct {
