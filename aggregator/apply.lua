@@ -8,12 +8,15 @@
 -- KEYS[2] hash  state: C P U (retained counts), v (version, see below), w (newest occurred_us),
 --               h<hour><class> counts of every retained hour, a<hour> b<hour> its least and
 --               greatest occurred_us, m<minute><class> counts of the last 70 minutes, pm (minute
---               buckets pruned up to), f l (first and last retained occurred_us), g (lowest hour
---               whose id list may still hold expired ids), t (last TTL refresh of the lists, s),
+--               buckets pruned up to), f l (first and last retained occurred_us), t (last TTL
+--               refresh of the lists, s),
 --               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch
 -- KEYS[3] prefix of the id lists: KEYS[3] .. <hour> lists the ids whose winner or horizon entered
 --               that hour, so that a record can be found from the hour of its winner (to recompute the
 --               hour's bounds) and from the hour of its horizon (to delete it once that hour expires)
+-- KEYS[4] sorted set of the hours that have an id list, scored by hour: garbage collection and
+--               TTL refreshes visit exactly those, however far apart (an event dated 1970 and one
+--               dated today make two entries, not half a million hours to walk)
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
 -- then three per observation: id, occurred_us, and its record as KEYS[1] stores it (encoded by
 -- the caller, so a byte-identical duplicate is recognised by one string comparison).
@@ -28,17 +31,17 @@
 local MIN, HOUR = 60000000, 3600000000
 local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
-local opps, st, lists = KEYS[1], KEYS[2], KEYS[3]
+local opps, st, lists, listed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ret = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local floor = math.floor
 local function num(x) return string.format('%.0f', x) end
 
-local head = redis.call('HMGET', st, 'w', 'pm', 'f', 'l', 'g', 't')
-local w, pm, f, l, g = tonumber(head[1]), tonumber(head[2]), tonumber(head[3]), tonumber(head[4]), tonumber(head[5])
-local refreshed = tonumber(head[6]) or 0
-local w0, f0, l0, g0 = w, f, l, g
+local head = redis.call('HMGET', st, 'w', 'pm', 'f', 'l', 't')
+local w, pm, f, l = tonumber(head[1]), tonumber(head[2]), tonumber(head[3]), tonumber(head[4])
+local refreshed = tonumber(head[5]) or 0
+local w0, f0, l0 = w, f, l
 local cutH, mfloor -- first retained hour, first minute with a bucket
 if w then cutH, mfloor = floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
 local changed = false
@@ -228,12 +231,14 @@ if n > 0 then
     if held[ids[i]] == nil then held[ids[i]] = got[i] end
   end
 end
-local pendRec, pendIds, pushes, pushHours = {}, {}, {}, {}
+local pendRec, pendIds, pushes, pushHours, pushed = {}, {}, {}, {}, {}
+-- push lists id under hour once per batch, however often the batch moves it there.
 local function push(id, hour)
   local p = pushes[hour]
-  if not p then p = {}; pushes[hour] = p; pushHours[#pushHours + 1] = hour end
+  if not p then p = {}; pushes[hour] = p; pushHours[#pushHours + 1] = hour; pushed[hour] = {} end
+  if pushed[hour][id] then return end
+  pushed[hour][id] = true
   p[#p + 1] = id
-  if not g or hour < g then g = hour end
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
@@ -301,26 +306,46 @@ if #pendIds > 0 then
     redis.call('HSET', opps, unpack(h, i, math.min(i + CHUNK - 1, #h)))
   end
 end
-for _, hour in ipairs(pushHours) do
-  local ids = pushes[hour]
-  for i = 1, #ids, CHUNK do redis.call('RPUSH', lists .. hour, unpack(ids, i, math.min(i + CHUNK - 1, #ids))) end
-  if ttl > 0 then redis.call('PEXPIRE', lists .. hour, 2 * ttl) end
+if #pushHours > 0 then
+  local zs = {}
+  for _, hour in ipairs(pushHours) do
+    local ids = pushes[hour]
+    for i = 1, #ids, CHUNK do redis.call('RPUSH', lists .. hour, unpack(ids, i, math.min(i + CHUNK - 1, #ids))) end
+    if ttl > 0 then redis.call('PEXPIRE', lists .. hour, 2 * ttl) end
+    zs[#zs + 1] = hour; zs[#zs + 1] = hour
+  end
+  for i = 1, #zs, CHUNK do redis.call('ZADD', listed, unpack(zs, i, math.min(i + CHUNK - 1, #zs))) end
+  if ttl > 0 then redis.call('PEXPIRE', listed, 2 * ttl) end
 end
 flush()
 
--- scanHour returns the least and greatest occurred of hour h's records, reading its id list.
+-- scanHour returns the least and greatest occurred of hour h's records, reading its id list. A
+-- list that holds more than twice the ids still listed there for a reason (their winner or their
+-- horizon is in hour h), plus some slack, is rewritten with those alone: an opportunity moved back
+-- and forth between hours costs its list an entry per batch, and the rewrite keeps the cost of a
+-- scan proportional to what the hour holds.
 local function scanHour(h)
   local ids = redis.call('LRANGE', lists .. h, 0, -1)
   local lo, hi
   local recs = hmget(opps, ids)
+  local keep, kept = {}, {}
   for j = 1, #recs do
     if recs[j] then
-      local _, o = parse(recs[j])
+      local _, o, _, _, z = parse(recs[j])
       if floor(o / HOUR) == h then
         if not lo or o < lo then lo = o end
         if not hi or o > hi then hi = o end
       end
+      if (floor(o / HOUR) == h or floor(z / HOUR) == h) and not kept[ids[j]] then
+        kept[ids[j]] = true
+        keep[#keep + 1] = ids[j]
+      end
     end
+  end
+  if #ids > 2 * #keep + 64 then
+    redis.call('DEL', lists .. h)
+    for i = 1, #keep, CHUNK do redis.call('RPUSH', lists .. h, unpack(keep, i, math.min(i + CHUNK - 1, #keep))) end
+    if #keep > 0 and ttl > 0 then redis.call('PEXPIRE', lists .. h, 2 * ttl) end
   end
   return lo, hi
 end
@@ -368,33 +393,33 @@ if (fDirty or lDirty) and w then
 end
 
 -- Garbage collection: delete the records of expired hours, a bounded number per batch (at least
--- twice what the batch can add), from the lowest list up.
-if n > 0 and g and g < cutH then
-  local budget, steps = math.min(2 * n + 100, CHUNK), 0
-  while g < cutH and budget > 0 and steps < 256 do
-    steps = steps + 1
-    local ids = redis.call('LPOP', lists .. g, budget)
-    if not ids then
-      g = g + 1
-    else
+-- twice what the batch can add), from the lowest listed hour up. A record goes when its horizon
+-- is in the hour being collected; one listed there only for its winner stays for its horizon's.
+if n > 0 and cutH then
+  local budget = math.min(2 * n + 100, CHUNK)
+  local hours = redis.call('ZRANGEBYSCORE', listed, '-inf', '(' .. cutH, 'LIMIT', 0, 64)
+  for _, hs in ipairs(hours) do
+    if budget <= 0 then break end
+    local h = tonumber(hs)
+    local ids = redis.call('LPOP', lists .. h, budget)
+    if ids then
       local recs = hmget(opps, ids)
       local del = {}
       for j = 1, #recs do
         if recs[j] then
           local _, _, _, _, z = parse(recs[j])
-          if floor(z / HOUR) == g then del[#del + 1] = ids[j] end
+          if floor(z / HOUR) == h then del[#del + 1] = ids[j] end
         end
       end
       if #del > 0 then hdel(opps, del) end
-      if #ids < budget then g = g + 1 end
       budget = budget - #ids
     end
+    if redis.call('EXISTS', lists .. h) == 0 then redis.call('ZREM', listed, hs) end
   end
 end
 
 local sets, dels = {}, {}
 if w and w ~= w0 then sets[#sets + 1] = 'w'; sets[#sets + 1] = num(w) end
-if g and g ~= g0 then sets[#sets + 1] = 'g'; sets[#sets + 1] = num(g) end
 if f then
   if f ~= f0 then sets[#sets + 1] = 'f'; sets[#sets + 1] = num(f) end
   if l ~= l0 then sets[#sets + 1] = 'l'; sets[#sets + 1] = num(l) end
@@ -416,8 +441,9 @@ if n > 0 and ttl > 0 then
   -- The id lists live twice the idle TTL and are all refreshed every half TTL (server clock), so
   -- none expires while its aggregate is alive, and none outlives a dropped aggregate for long.
   local now = tonumber(redis.call('TIME')[1])
-  if now - refreshed >= ttl / 2000 and g and w then
-    for h = g, floor(w / HOUR) do redis.call('PEXPIRE', lists .. h, 2 * ttl) end
+  if now - refreshed >= ttl / 2000 then
+    for _, h in ipairs(redis.call('ZRANGE', listed, 0, -1)) do redis.call('PEXPIRE', lists .. h, 2 * ttl) end
+    redis.call('PEXPIRE', listed, 2 * ttl)
     redis.call('HSET', st, 't', now)
   end
 end

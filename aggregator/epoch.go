@@ -26,8 +26,9 @@ type State struct {
 
 // stateLayout names the layout of the keys a namespace holds; it ends every epoch marker, so a
 // namespace written by a build with another layout is refused rather than misread. Version 2:
-// records carry their occurred time, expiry by per-hour id lists.
-const stateLayout = "/layout2"
+// records carry their occurred time, expiry by per-hour id lists. Version 3: records may carry a
+// horizon, and a sorted set names the hours that have id lists.
+const stateLayout = "/layout3"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 func epochKey(ns string) string       { return ns + ":epoch" }

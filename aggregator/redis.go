@@ -91,11 +91,11 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	return &Redis{client: client, cfg: cfg}, nil
 }
 
-// keys returns the record hash and state hash of k, and the prefix of its per-hour id lists
-// (the script appends the hour).
+// keys returns the record hash and state hash of k, the prefix of its per-hour id lists (the
+// script appends the hour) and the sorted set of the hours that have one.
 func (r *Redis) keys(k Key) []string {
 	base := r.cfg.Prefix + ":{" + k.String() + "}:"
-	return []string{base + "o", base + "s", base + "e"}
+	return []string{base + "o", base + "s", base + "e", base + "z"}
 }
 
 // Apply applies obs in order, one script call per aggregate, all in one pipelined round trip, and
