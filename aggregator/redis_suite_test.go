@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -255,5 +256,106 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	}
 	if n := client.Exists(ctx, runsKey, annKey).Val(); n != 0 {
 		t.Fatalf("%d keys of a dropped suite remain", n)
+	}
+}
+
+// replyStream is randomRuns with the reply analysis filled in as FromEvalRun fills it, and some
+// re-gradings that bring another reply (abnormal or not) for a run seen before.
+func replyStream(r *rand.Rand, n int) []RunObservation {
+	out := randomRuns(r, n)
+	for i := range out {
+		if i > 0 && r.IntN(10) == 0 {
+			o := out[r.IntN(i)]
+			o.Record.Assessed += int64(r.IntN(7200)-1800) * 1e6
+			o.Record.Reply, o.Record.Tokens, o.Record.GzipRatio = true, r.IntN(500), r.Float64()*20
+			o.Record.Trigger = []string{"", "gzip_ratio", "repeat_pattern"}[r.IntN(3)]
+			out[i] = o
+		}
+		o := &out[i]
+		o.Stats = ReplyStats{Tokens: o.Record.Tokens, GzipRatio: o.Record.GzipRatio, Trigger: o.Record.Trigger}
+	}
+	return out
+}
+
+// TestSuiteAlertsIndependentOfDelivery: random streams delivered as the consumer may deliver them —
+// cut into batches at random, and after a crash between a batch's suite apply and its publish
+// delivered again from the last committed position, cut anew — publish the same set of
+// abnormal-sample alert ids as one batch per result without a crash, in both reply modes and on
+// both stores.
+func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
+	ctx := context.Background()
+	type store = interface {
+		Apply(context.Context, []RunObservation) (SuiteApplied, error)
+	}
+	// deliver applies stream to s as r cuts (into batches of up to maxBatch) and crashes it, and
+	// returns the alert ids published; r nil delivers one result per batch without a crash.
+	deliver := func(t *testing.T, s store, stream []RunObservation, cfg SuiteConfig, r *rand.Rand, maxBatch int) map[string]bool {
+		published := map[string]bool{}
+		committed, pos, crashes := 0, 0, 0
+		for pos < len(stream) {
+			n := 1
+			if r != nil {
+				n += r.IntN(maxBatch)
+			}
+			batch := stream[pos:min(pos+n, len(stream))]
+			applied, err := s.Apply(ctx, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := BuildSuiteOutput(applied, batch, cfg, t0)
+			if r != nil && crashes < 40 && r.IntN(4) == 0 {
+				crashes++
+				pos = committed // the outputs are lost; delivery starts again where it was committed
+				continue
+			}
+			for _, a := range out.Abnormal {
+				published[alertID(a)] = true
+			}
+			if pos += len(batch); r == nil || r.IntN(3) == 0 {
+				committed = pos
+			}
+		}
+		return published
+	}
+	for _, mode := range []ReplyMode{ReplyDefault, ReplyOpenCompass} {
+		for _, seed := range []uint64{1, 2, 3} {
+			t.Run(fmt.Sprintf("%v seed %d", mode, seed), func(t *testing.T) {
+				cfg := SuiteConfig{MinHistory: 3, ReplyMode: mode}
+				if err := cfg.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				stream := replyStream(rand.New(rand.NewPCG(seed, 11)), 1500)
+				want := deliver(t, NewMemorySuites(), stream, cfg, nil, 0)
+				perRun := map[RunKey]int{}
+				for _, o := range stream {
+					if o.Record.Trigger != "" {
+						perRun[o.Key]++
+					}
+				}
+				if len(want) == 0 || len(want) == len(perRun) {
+					t.Fatalf("%d alerts for %d runs: the stream must raise alerts, some runs more than one", len(want), len(perRun))
+				}
+				for name := range suiteStores(t, RedisConfig{Retention: time.Hour}) {
+					for cut := range uint64(3) {
+						s := suiteStores(t, RedisConfig{Retention: time.Hour})[name] // fresh
+						got := deliver(t, s, stream, cfg, rand.New(rand.NewPCG(seed, cut)), []int{20, 150, 600}[cut])
+						if !maps.Equal(got, want) {
+							var missing, extra []string
+							for id := range want {
+								if !got[id] {
+									missing = append(missing, id)
+								}
+							}
+							for id := range got {
+								if !want[id] {
+									extra = append(extra, id)
+								}
+							}
+							t.Fatalf("%s, cut %d: %d alerts, want %d; missing %v; extra %v", name, cut, len(got), len(want), missing, extra)
+						}
+					}
+				}
+			})
+		}
 	}
 }

@@ -439,15 +439,6 @@ func missingRuns(planned int64, arrived []int64) (int64, []int64) {
 	return n, sample
 }
 
-// AbnormalGate reports whether a run's abnormal trigger counts under mode, given its version's
-// current stability snapshot (OpenCompass parity gates on the 75th-percentile length).
-func AbnormalGate(r RunRecord, mode ReplyMode, s *schemas.SuiteStability) bool {
-	if !r.Reply || r.Trigger == "" {
-		return false
-	}
-	return mode != ReplyOpenCompass || s.ReplyLength.P75 == nil || float64(r.Tokens) >= *s.ReplyLength.P75
-}
-
 // SuiteModel holds every run of every suite in memory under the rule of MergeRun: the pure
 // reference that replay uses and the Redis suite store is tested against.
 //
@@ -565,17 +556,22 @@ type SuiteOutput struct {
 	Abnormal       []schemas.AbnormalSample
 }
 
-// BuildSuiteOutput computes the outputs of applied runs from the stored state they left, so that
-// applying the same batch again (a redelivery, or a script call re-run by a client retry) yields
-// the same outputs again and subscribers drop the copies by their deterministic ids: a
-// discrimination snapshot per touched suite, a stability snapshot per touched version, revived
-// events for revived cases not yet announced, and an abnormal-sample event for every run of the
-// batch whose held record is the batch's own observation of it (counted, re-assessed or a
-// duplicate: the outcome does not matter) and is abnormal under AbnormalGate. A run whose held
-// record came from another observation (this one was stale) is raised by that observation's batch.
+// BuildSuiteOutput computes the outputs of applied runs, so that applying the same batch again (a
+// redelivery, or a script call re-run by a client retry) yields the same outputs again and
+// subscribers drop the copies by their deterministic ids: a discrimination snapshot per touched
+// suite and a stability snapshot per touched version (from the stored state the batch left),
+// revived events for revived cases not yet announced, and an abnormal-sample event for every
+// observation of the batch whose own reply is abnormal (docs/semantics.md#alerts).
+//
+// Abnormal samples depend on the observations alone, never on the stored state: counted,
+// re-assessed, duplicate or stale, each abnormal reply raises its alert in whatever batch it
+// arrives, so the set of alerts does not depend on how the stream is cut into batches or
+// redelivered. (Raising only for runs whose stored record was the observation lost an alert when a
+// redelivery put a reply and its re-grade in one batch.) Neither does the OpenCompass
+// percentile-length gate apply to alerts: the percentile moves with every batch, so it would make
+// the set depend on the cut; it applies to the stability snapshot's abnormal_samples count.
 func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, cfg SuiteConfig, at time.Time) SuiteOutput {
 	var out SuiteOutput
-	stab := map[RunKey]int{} // index in out.Stability by (suite, version), case and run zero
 	for _, k := range a.Suites {
 		d, revived := Discrimination(k, a.Runs[k], cfg, at)
 		out.Discrimination = append(out.Discrimination, d)
@@ -594,41 +590,30 @@ func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, cfg SuiteConfig, at 
 		}
 		slices.Sort(versions)
 		for _, v := range versions {
-			s := Stability(k, v, VersionRuns(a.Runs[k], v), cfg, at)
-			stab[RunKey{SuiteKey: k, Version: v}] = len(out.Stability)
-			out.Stability = append(out.Stability, s)
+			out.Stability = append(out.Stability, Stability(k, v, VersionRuns(a.Runs[k], v), cfg, at))
 		}
 	}
-	raised := map[RunKey]bool{}
+	type alert struct {
+		run    RunKey
+		metric string
+		tokens int
+		gzip   float64
+	}
+	raised := map[alert]bool{} // what the alert's id is made of (sink.AbnormalOut): one per id
 	for _, o := range obs {
-		if raised[o.Key] {
+		if !o.Record.Reply || o.Record.Trigger == "" {
 			continue
 		}
-		held, ok := heldRun(a.Runs[o.Key.SuiteKey], o.Key)
-		if !ok || held != o.Record {
+		id := alert{o.Key, o.Record.Trigger, o.Stats.Tokens, o.Stats.GzipRatio}
+		if raised[id] {
 			continue
 		}
-		j, ok := stab[RunKey{SuiteKey: o.Key.SuiteKey, Version: o.Key.Version}]
-		if !ok || !AbnormalGate(held, cfg.ReplyMode, &out.Stability[j]) {
-			continue
-		}
-		raised[o.Key] = true
+		raised[id] = true
 		out.Abnormal = append(out.Abnormal, schemas.AbnormalSample{
 			Workspace: o.Key.Workspace, Suite: o.Key.Suite, Version: o.Key.Version, CaseID: o.Key.Case,
-			RunIndex: o.Key.RunIndex, Metric: held.Trigger, Tokens: o.Stats.Tokens, GzipRatio: o.Stats.GzipRatio,
+			RunIndex: o.Key.RunIndex, Metric: o.Record.Trigger, Tokens: o.Stats.Tokens, GzipRatio: o.Stats.GzipRatio,
 			Fragment: o.Stats.Fragment, Repeats: o.Stats.Repeats, FragmentShare: o.Stats.Share,
 		})
 	}
 	return out
-}
-
-// heldRun finds run k's record in runs, which SortRuns ordered.
-func heldRun(runs []RunEntry, k RunKey) (RunRecord, bool) {
-	i, ok := slices.BinarySearchFunc(runs, k, func(e RunEntry, k RunKey) int {
-		return cmp.Or(cmp.Compare(e.Key.Version, k.Version), cmp.Compare(e.Key.Case, k.Case), cmp.Compare(e.Key.RunIndex, k.RunIndex))
-	})
-	if !ok {
-		return RunRecord{}, false
-	}
-	return runs[i].Record, true
 }

@@ -1,7 +1,9 @@
 package aggregator
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"math"
 	"runtime"
 	"slices"
@@ -280,6 +282,113 @@ func TestSuiteConfigValidate(t *testing.T) {
 			if err != nil && tc.cfg.JudgeLastVersions > 0 &&
 				(!strings.Contains(err.Error(), "judge_last_versions") || !strings.Contains(err.Error(), "min_history")) {
 				t.Fatalf("error %q must name judge_last_versions and min_history", err)
+			}
+		})
+	}
+}
+
+// graded is an eval result of suiteK version v1 with the given case and reply, assessed d after t0,
+// as FromEvalRun makes it.
+func graded(c string, d time.Duration, reply string, mode ReplyMode) RunObservation {
+	o := RunObservation{Key: RunKey{SuiteKey: suiteK, Version: "v1", Case: c},
+		Record: RunRecord{Result: 'f', VersionSeq: 1, Runs: 1, Occurred: Micros(t0), Assessed: Micros(t0.Add(d))}}
+	o.Stats = AnalyzeReply(reply, mode)
+	o.Record.Reply, o.Record.Tokens, o.Record.GzipRatio, o.Record.Trigger = true, o.Stats.Tokens, o.Stats.GzipRatio, o.Stats.Trigger
+	return o
+}
+
+// alertID is what an abnormal-sample alert's CloudEvent id is made of (sink.AbnormalOut): its run,
+// metric, token count and gzip ratio.
+func alertID(a schemas.AbnormalSample) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%d %s|%d|%g", a.Workspace, a.Suite, a.Version, a.CaseID, a.RunIndex, a.Metric, a.Tokens, a.GzipRatio)
+}
+
+// TestAbnormalAlertsIndependentOfBatching: the abnormal-sample alerts a stream publishes are the
+// same however it is cut into batches and whatever a crash between a batch's suite apply and its
+// publish makes the consumer deliver again. Alerts used to be raised only for runs whose stored
+// record was the batch's own observation, and in OpenCompass mode only above the percentile
+// length of the moment: a reply and its re-grade redelivered in one batch published only the
+// re-grade's alert.
+func TestAbnormalAlertsIndependentOfBatching(t *testing.T) {
+	loop := graded("c1", time.Microsecond, strings.Repeat("loop ", 200), ReplyDefault)
+	regrade := graded("c1", 2*time.Microsecond, strings.Repeat("again and ", 150), ReplyDefault)
+	fine := graded("c1", 3*time.Microsecond, "The refund is accepted within thirty days.", ReplyDefault)
+	ocLoop := graded("c1", time.Microsecond, "Refunds are accepted. "+strings.Repeat("a b c d e f g h ", 200), ReplyOpenCompass)
+	var words []string
+	for i := range 2000 {
+		words = append(words, fmt.Sprint("w", i))
+	}
+	var longer []RunObservation // replies of other cases, longer than ocLoop's and normal
+	for i := range 4 {
+		longer = append(longer, graded(fmt.Sprint("long", i), 0, strings.Join(words[i:], " "), ReplyOpenCompass))
+	}
+	for _, o := range append([]RunObservation{loop, regrade, ocLoop}, longer...) {
+		if want := o.Key.Case == "c1"; (o.Record.Trigger != "") != want {
+			t.Fatalf("reply of %s: trigger %q", o.Key.Case, o.Record.Trigger)
+		}
+	}
+	type step struct {
+		batch     []RunObservation
+		published bool // false: applied, then a crash before its outputs were published
+	}
+	tests := []struct {
+		name   string
+		mode   ReplyMode
+		stream []RunObservation // in order; the reference is one batch per result, all published
+		steps  []step           // how the consumer delivered it
+	}{
+		// The review's case: the crash loses [loop]'s alert and the redelivery re-cuts the batches.
+		{"re-grade redelivered with the original", ReplyDefault, []RunObservation{loop, regrade},
+			[]step{{[]RunObservation{loop}, false}, {[]RunObservation{loop, regrade}, true}}},
+		// The same with a normal re-grade: the original's alert must not depend on it.
+		{"normal re-grade redelivered with the original", ReplyDefault, []RunObservation{loop, fine},
+			[]step{{[]RunObservation{loop}, false}, {[]RunObservation{loop, fine}, true}}},
+		// The re-grade arrives first: the original is stale, and alerts all the same.
+		{"stale original in one batch", ReplyDefault, []RunObservation{regrade, loop},
+			[]step{{[]RunObservation{regrade, loop}, true}}},
+		// A result sent twice and redelivered: one alert id.
+		{"duplicate", ReplyDefault, []RunObservation{loop, loop},
+			[]step{{[]RunObservation{loop}, true}, {[]RunObservation{loop}, false}, {[]RunObservation{loop, loop}, true}}},
+		// OpenCompass: longer replies in the same batch raise the version's percentile length
+		// past the abnormal reply; the percentile gate no longer decides alerts.
+		{"opencompass percentile moved by the batch", ReplyOpenCompass, append([]RunObservation{ocLoop}, longer...),
+			[]step{{[]RunObservation{ocLoop}, false}, {append([]RunObservation{ocLoop}, longer...), true}}},
+	}
+	ctx := context.Background()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := SuiteConfig{ReplyMode: tc.mode}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			publish := func(store *MemorySuites, batch []RunObservation, into map[string]bool) {
+				applied, err := store.Apply(ctx, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if into != nil {
+					for _, a := range BuildSuiteOutput(applied, batch, cfg, t0).Abnormal {
+						into[alertID(a)] = true
+					}
+				}
+			}
+			want, clean := map[string]bool{}, NewMemorySuites()
+			for _, o := range tc.stream {
+				publish(clean, []RunObservation{o}, want)
+			}
+			got, store := map[string]bool{}, NewMemorySuites()
+			for _, s := range tc.steps {
+				into := got
+				if !s.published {
+					into = nil
+				}
+				publish(store, s.batch, into)
+			}
+			if len(want) == 0 {
+				t.Fatal("the stream raises no alert: the case checks nothing")
+			}
+			if !maps.Equal(got, want) {
+				t.Fatalf("alerts published %v, one result per batch publishes %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
 			}
 		})
 	}
