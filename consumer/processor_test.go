@@ -42,7 +42,9 @@ func (s *flakyStore) Verify(ctx context.Context, upTo int64, commit aggregator.O
 	return s.sealErr
 }
 
-func (s *flakyStore) CheckOffsets(ctx context.Context, committed aggregator.Offsets) error { return nil }
+func (s *flakyStore) CheckOffsets(ctx context.Context, committed aggregator.Offsets) error {
+	return nil
+}
 
 type recordingPublisher struct {
 	snaps  []schemas.Snapshot

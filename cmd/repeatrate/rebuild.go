@@ -119,7 +119,7 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 
 	dlqWriter := kc.writer(cfg.Kafka.DLQTopic)
 	defer dlqWriter.Close()
-	dlq := consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{		Client: kc.client(), Topic: cfg.Kafka.DLQTopic})
+	dlq := consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Client: kc.client(), Topic: cfg.Kafka.DLQTopic})
 	w := kc.writer(cfg.Kafka.SnapshotTopic)
 	sw, aw := kc.writer(cfg.Kafka.SuiteTopic), kc.writer(cfg.Kafka.AlertsTopic)
 	defer w.Close()
