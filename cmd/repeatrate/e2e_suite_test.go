@@ -16,6 +16,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 // envelope is an output CloudEvent with its data left raw.
@@ -53,6 +54,7 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 	}
 	wantSnaps := map[string]string{}
 	wantAlerts := map[string]bool{}
+	wantAbnormalIDs := map[string]bool{}
 	for _, o := range want.outs {
 		b, err := json.Marshal(o.Data)
 		if err != nil {
@@ -63,6 +65,17 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 			wantSnaps[o.Subject] = withoutObservedAt(t, b)
 		case schemas.TypeCaseRevived, schemas.TypeSampleAbnormal:
 			wantAlerts[o.Type+" "+o.Subject] = true
+		}
+		if o.Type == schemas.TypeSampleAbnormal {
+			b, err := sink.Encode(&o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e envelope
+			if err := json.Unmarshal(b, &e); err != nil {
+				t.Fatal(err)
+			}
+			wantAbnormalIDs[e.ID] = true
 		}
 	}
 	if len(want.suites.Revived) == 0 || len(want.suites.Abnormal) == 0 || len(want.suites.Stability) != 8 {
@@ -136,6 +149,9 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 			return nil
 		}
 		ids[e.ID] = true
+		if e.Type == schemas.TypeSampleAbnormal && !wantAbnormalIDs[e.ID] {
+			t.Errorf("abnormal sample %s (%s) published, but replay raises no such alert", e.ID, e.Subject)
+		}
 		gotAlerts[e.Type+" "+e.Subject]++
 		return nil
 	}); err != nil {
@@ -150,6 +166,11 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 	slices.Sort(missing)
 	if len(missing) > 0 {
 		t.Fatalf("alerts missing from the stream: %v", missing)
+	}
+	for id := range wantAbnormalIDs {
+		if !ids[id] {
+			t.Errorf("replay raises abnormal sample %s, the stream never published it", id)
+		}
 	}
 	for k, n := range gotAlerts {
 		if n > 1 && !wantAlerts[k] {

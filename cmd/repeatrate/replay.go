@@ -143,14 +143,14 @@ type Out = sink.Out
 // Snapshots are observed at asOf, or at the largest occurred_at when asOf is zero; received is
 // the time future-dated events are judged against. Versions count the changes of each aggregate.
 // Suite outputs are computed once, over the final runs: a discrimination snapshot per suite, a
-// stability snapshot per version, a revived event per revived case and an abnormal-sample event
-// per final run over threshold. Suites are never dropped for idleness, unlike in the processor's
+// stability snapshot per version, a revived event per revived case, and an abnormal-sample event
+// per abnormal reply of any result, as the processor raises them. Suites are never dropped for idleness, unlike in the processor's
 // Redis store (see aggregator.SuiteModel).
 func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, suiteCfg aggregator.SuiteConfig, asOf, received time.Time) (replayResult, error) {
 	var res replayResult
 	model := aggregator.NewModel(retention)
 	suites := aggregator.NewSuiteModel()
-	winners := map[aggregator.RunKey]aggregator.RunObservation{}
+	var runs []aggregator.RunObservation
 	var maxOcc time.Time
 	lr := newLineReader(r, dec.MaxMessageBytes())
 	for n := 1; ; n++ {
@@ -187,9 +187,8 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 		o, ok := ev.Observation()
 		if ev.Eval != nil {
 			run := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
-			if out := suites.Apply([]aggregator.RunObservation{run}); out[0] == aggregator.Counted || out[0] == aggregator.Reassessed {
-				winners[run.Key] = run
-			}
+			suites.Apply([]aggregator.RunObservation{run})
+			runs = append(runs, run)
 			if t := ev.Eval.OccurredAt; t.After(maxOcc) {
 				maxOcc = t
 			}
@@ -217,14 +216,12 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 		res.outs = append(res.outs, sink.SnapshotOut(&res.snapshots[len(res.snapshots)-1]))
 	}
 	applied := aggregator.SuiteApplied{Suites: suites.Suites(), Runs: map[aggregator.SuiteKey][]aggregator.RunEntry{}}
-	var finals []aggregator.RunObservation
 	for _, k := range applied.Suites {
 		applied.Runs[k] = suites.Runs(k)
-		for _, e := range applied.Runs[k] {
-			finals = append(finals, winners[e.Key])
-		}
 	}
-	res.suites = aggregator.BuildSuiteOutput(applied, finals, suiteCfg, at)
+	// Every result, as the processor's batches see them: each abnormal reply raises its alert
+	// (docs/semantics.md#alerts), whichever assessment of its run won.
+	res.suites = aggregator.BuildSuiteOutput(applied, runs, suiteCfg, at)
 	snaps, alerts := sink.SuiteOuts(res.suites, at)
 	res.outs = append(res.outs, snaps...)
 	res.outs = append(res.outs, alerts...)
