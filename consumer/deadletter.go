@@ -79,15 +79,15 @@ func (d DeadLetter) RecordWithin(limit int) kafka.Message {
 	// one pass over the headers' sizes: the record's size grows with each header kept, and key
 	// and value add their lengths to it (sink.RecordSize). Measuring the whole record again per
 	// dropped header took quadratic time, minutes for a letter of half a million headers.
-	mustSize := recordSize(&kafka.Message{Headers: must}) - varintLen(len(must)) // less the header count
-	headersSize := mustSize + varintLen(len(must))                               // no original header
-	kept, sum := 0, 0                                                            // original headers kept, their size
+	mustSize := recordSize(&kafka.Message{Headers: must}) - sink.VarintLen(len(must)) // less the header count
+	headersSize := mustSize + sink.VarintLen(len(must))                               // no original header
+	kept, sum := 0, 0                                                                 // original headers kept, their size
 	for _, h := range m.Headers {
-		next := mustSize + varintLen(kept+1+len(must)) + sum + headerSize(h)
+		next := mustSize + sink.VarintLen(kept+1+len(must)) + sum + sink.HeaderSize(h)
 		if next > limit {
 			break
 		}
-		kept, sum, headersSize = kept+1, sum+headerSize(h), next
+		kept, sum, headersSize = kept+1, sum+sink.HeaderSize(h), next
 	}
 	var cut []string
 	key, value := m.Key, m.Value

@@ -16,6 +16,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 // Event is one decoded, validated input event. Exactly one of Live and Eval is set.
@@ -476,30 +477,11 @@ func header(m *kafka.Message, name string) string {
 // rest of the record's framing (its length, attributes, timestamp and offset deltas) is left out:
 // it does not grow with what a producer sends.
 func messageSize(m *kafka.Message) int {
-	n := varintLen(len(m.Key)) + len(m.Key) + varintLen(len(m.Value)) + len(m.Value) + varintLen(len(m.Headers))
+	n := sink.VarintLen(len(m.Key)) + len(m.Key) + sink.VarintLen(len(m.Value)) + len(m.Value) + sink.VarintLen(len(m.Headers))
 	for _, h := range m.Headers {
-		n += headerSize(h)
+		n += sink.HeaderSize(h)
 	}
 	return n
-}
-
-// headerSize is the size of h in a Kafka v2 record: key and value, each with its varint length.
-func headerSize(h kafka.Header) int {
-	return varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
-}
-
-// varintLen is the length of n as a zig-zag varint, as a Kafka v2 record writes lengths.
-func varintLen(n int) int {
-	u := uint64(n) << 1
-	if n < 0 {
-		u = ^u
-	}
-	l := 1
-	for u >= 0x80 {
-		u >>= 7
-		l++
-	}
-	return l
 }
 
 func clipHeader(s string) string {

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -224,14 +225,14 @@ func TestMessageSize(t *testing.T) {
 	}
 	// A record is its length (a varint), attributes, timestamp and offset deltas (one byte each
 	// here), then what messageSize counts; the batch around it is the same for every record.
-	base := encoded(&kafka.Message{}) - varintLen(3+3) - (3 + 3)
+	base := encoded(&kafka.Message{}) - sink.VarintLen(3+3) - (3 + 3)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := messageSize(&tc.msg)
 			if tc.want >= 0 && got != tc.want {
 				t.Fatalf("messageSize = %d, want %d", got, tc.want)
 			}
-			if n := encoded(&tc.msg) - base - varintLen(3+got) - 3; n != got {
+			if n := encoded(&tc.msg) - base - sink.VarintLen(3+got) - 3; n != got {
 				t.Fatalf("messageSize = %d, kafka-go encodes %d bytes", got, n)
 			}
 		})

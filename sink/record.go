@@ -39,15 +39,20 @@ const (
 // headers with the framing of the v1 message format (22 bytes) and varint header lengths. It is
 // at least the bytes m takes in a v2 record batch.
 func RecordSize(m *kafka.Message) int {
-	n := 22 + len(m.Key) + len(m.Value) + varintLen(len(m.Headers))
+	n := 22 + len(m.Key) + len(m.Value) + VarintLen(len(m.Headers))
 	for _, h := range m.Headers {
-		n += varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+		n += HeaderSize(h)
 	}
 	return n
 }
 
-// varintLen is the length of n as a zig-zag varint, as Kafka writes lengths in a v2 record.
-func varintLen(n int) int {
+// HeaderSize is the size of h in a Kafka v2 record: key and value, each with its varint length.
+func HeaderSize(h kafka.Header) int {
+	return VarintLen(len(h.Key)) + len(h.Key) + VarintLen(len(h.Value)) + len(h.Value)
+}
+
+// VarintLen is the length of n as a zig-zag varint, as Kafka writes lengths in a v2 record.
+func VarintLen(n int) int {
 	u := uint64(n) << 1
 	if n < 0 {
 		u = ^u
