@@ -2,8 +2,9 @@
 # Redis) and `make test` (every test, on real Redis and Kafka that it starts and stops itself).
 .PHONY: dev test unit bench build services-up services-down fuzz
 
-dev:
-	go run ./cmd/repeatrate dev --demo
+# Built, then run as itself (not under `go run`, which exits 1 on Ctrl-C): Ctrl-C ends it with 0.
+dev: build
+	bin/repeatrate dev --demo
 
 test:
 	deploy/local/test.sh

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -50,6 +52,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return fmt.Errorf("no command")
 	}
 	cmd, rest := args[0], args[1:]
+	err := dispatch(ctx, cmd, rest, getenv, stdin, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil // -h: the flag set printed the command's usage; asking for it is no error
+	}
+	return err
+}
+
+// dispatch runs the subcommand cmd with its arguments.
+func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "run":
 		return runCommand(ctx, rest, getenv, stderr)
