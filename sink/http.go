@@ -7,6 +7,8 @@ import (
 	"html"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,7 +50,8 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
 		if cfg.Ready != nil {
 			if err := cfg.Ready(req.Context()); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				log.Info("not ready", zap.Error(err))
+				writeError(w, http.StatusServiceUnavailable, "not ready")
 				return
 			}
 		}
@@ -66,7 +69,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	}
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if len(req.URL.RawQuery) > maxQueryBytes {
-			http.Error(w, "query too long", http.StatusRequestURITooLong)
+			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes))
 			return
 		}
 		mux.ServeHTTP(w, req)
@@ -105,19 +108,78 @@ type api struct {
 	log *zap.Logger
 }
 
-// scopeQuery reads scope and correction from the query; all six are required.
-func scopeQuery(req *http.Request) (schemas.Scope, string, error) {
-	q := req.URL.Query()
-	sc := schemas.Scope{Workspace: q.Get("workspace"), Model: q.Get("model"), Run: q.Get("run"),
-		Checkpoint: q.Get("checkpoint"), Artifact: q.Get("artifact")}
-	corr := q.Get("correction_id")
-	for name, v := range map[string]string{"workspace": sc.Workspace, "model": sc.Model, "run": sc.Run,
-		"checkpoint": sc.Checkpoint, "artifact": sc.Artifact, "correction_id": corr} {
-		if v == "" {
-			return schemas.Scope{}, "", fmt.Errorf("query parameter %s is required", name)
+// scopeParams are the query parameters naming a scope and correction, in the order errors name them.
+var scopeParams = [...]string{"workspace", "model", "run", "checkpoint", "artifact", "correction_id"}
+
+// scopeQuery reads scope and correction from the raw query; all six are required, each once. It
+// parses the query itself because url.ParseQuery drops a pair with a malformed escape, which then
+// reads as missing. Its error names every offending parameter, in scopeParams order: malformed
+// escapes, parameters given more than once, then the missing ones. Other parameters are ignored
+// (a cache-busting one on a badge URL, for example) unless they cannot be parsed at all.
+func scopeQuery(raw string) (schemas.Scope, string, error) {
+	var vals [len(scopeParams)]string
+	var seen [len(scopeParams)]int
+	var badEscape [len(scopeParams)]bool
+	badName := false
+	for raw != "" {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if pair == "" {
+			continue
+		}
+		key, value, _ := strings.Cut(pair, "=")
+		name, err := url.QueryUnescape(key)
+		if err != nil || strings.Contains(key, ";") {
+			badName = true
+			continue
+		}
+		i := slices.Index(scopeParams[:], name)
+		if i < 0 {
+			continue
+		}
+		seen[i]++
+		if vals[i], err = url.QueryUnescape(value); err != nil {
+			badEscape[i] = true
 		}
 	}
-	return sc, corr, nil
+	var problems, escapes, twice, missing []string
+	if badName {
+		problems = append(problems, "a parameter name is malformed (a bad percent-escape, or ; for &)")
+	}
+	for i, name := range scopeParams {
+		switch {
+		case badEscape[i]:
+			escapes = append(escapes, name)
+		case seen[i] > 1:
+			twice = append(twice, name)
+		case vals[i] == "":
+			missing = append(missing, name)
+		}
+	}
+	if len(escapes) > 0 {
+		problems = append(problems, plural(escapes, "has a malformed percent-escape (% must be followed by two hex digits)",
+			"have a malformed percent-escape (% must be followed by two hex digits)"))
+	}
+	if len(twice) > 0 {
+		problems = append(problems, plural(twice, "is given more than once", "are given more than once"))
+	}
+	if len(missing) > 0 {
+		problems = append(problems, plural(missing, "is missing or empty", "are missing or empty"))
+	}
+	if len(problems) > 0 {
+		return schemas.Scope{}, "", fmt.Errorf("%s; all of %s are required, each once", strings.Join(problems, "; "),
+			strings.Join(scopeParams[:], ", "))
+	}
+	sc := schemas.Scope{Workspace: vals[0], Model: vals[1], Run: vals[2], Checkpoint: vals[3], Artifact: vals[4]}
+	return sc, vals[5], nil
+}
+
+// plural names the query parameters names with the verb phrase for one or for several.
+func plural(names []string, one, several string) string {
+	if len(names) == 1 {
+		return "query parameter " + names[0] + " " + one
+	}
+	return "query parameters " + strings.Join(names, ", ") + " " + several
 }
 
 // current reads both sources' snapshots; a source never seen is nil.
@@ -142,18 +204,31 @@ func (a *api) current(ctx context.Context, sc schemas.Scope, corr string) (live,
 // read answers a request's scope with both sources' snapshots; ok is false when it already
 // answered with an error.
 func (a *api) read(w http.ResponseWriter, req *http.Request) (live, eval *schemas.Snapshot, ok bool) {
-	sc, corr, err := scopeQuery(req)
+	sc, corr, err := scopeQuery(req.URL.RawQuery)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, nil, false
 	}
 	live, eval, err = a.current(req.Context(), sc, corr)
 	if err != nil {
+		// The backend's error is logged, never shown: it may name addresses and keys.
 		a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
-		http.Error(w, "state unavailable", http.StatusServiceUnavailable)
+		writeError(w, http.StatusServiceUnavailable, "state unavailable")
 		return nil, nil, false
 	}
 	return live, eval, true
+}
+
+// writeError is the API's one error writer: a JSON object {"error": msg} with the status. msg is
+// written by this package (a query complaint, or a fixed phrase for a backend failure); callers
+// log a backend's own error and never pass it here.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(struct {
+		Error string `json:"error"`
+	}{msg})
 }
 
 func (a *api) snapshots(w http.ResponseWriter, req *http.Request) {

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -95,5 +96,84 @@ func TestBadgeEscapes(t *testing.T) {
 	svg := badgeSVG("R", `<script>"x"</script>`, false)
 	if strings.Contains(svg, "<script>") {
 		t.Fatalf("unescaped text in %s", svg)
+	}
+}
+
+// fakeTallies is a TallyReader over a fixed map; err, when set, is every read's answer.
+type fakeTallies struct {
+	t   map[aggregator.Key]aggregator.Tally
+	err error
+}
+
+func (f fakeTallies) Tally(_ context.Context, k aggregator.Key, _ time.Time) (aggregator.Tally, error) {
+	return f.t[k], f.err
+}
+
+// serveOnce answers one GET of target by a server over r.
+func serveOnce(t *testing.T, r TallyReader, target string) *httptest.ResponseRecorder {
+	t.Helper()
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	h := NewHTTP(HTTPConfig{}, r, prometheus.NewRegistry(), func() time.Time { return now }, zap.NewNop())
+	rec := httptest.NewRecorder()
+	h.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	return rec
+}
+
+func TestHTTPQueryErrors(t *testing.T) {
+	const all = "; all of workspace, model, run, checkpoint, artifact, correction_id are required, each once"
+	const escape = "(% must be followed by two hex digits)"
+	for _, c := range []struct {
+		name, query, want string
+	}{
+		// Nothing given: every parameter, in the documented order.
+		{"none", "", "query parameters workspace, model, run, checkpoint, artifact, correction_id are missing or empty" + all},
+		// Several missing: all named, in a fixed order (a map named one of them at random).
+		{"several missing", "workspace=w&checkpoint=c&artifact=a",
+			"query parameters model, run, correction_id are missing or empty" + all},
+		// One missing.
+		{"one missing", "workspace=w&model=m&run=r&checkpoint=c&artifact=a",
+			"query parameter correction_id is missing or empty" + all},
+		// An empty value counts as missing.
+		{"empty", "workspace=w&model=&run=r&checkpoint=c&artifact=a&correction_id=x",
+			"query parameter model is missing or empty" + all},
+		// A malformed escape is reported as such, not as missing.
+		{"bad escape", "workspace=w&model=m%ZZ&run=r&checkpoint=c&artifact=a&correction_id=x",
+			"query parameter model has a malformed percent-escape " + escape + all},
+		// A truncated escape at the end of the query.
+		{"truncated escape", "workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x%4",
+			"query parameter correction_id has a malformed percent-escape " + escape + all},
+		// Escapes, repeats and missing ones together, each kind in parameter order.
+		{"mixed", "run=%&workspace=w&workspace=v&model=%G1",
+			"query parameters model, run have a malformed percent-escape " + escape +
+				"; query parameter workspace is given more than once" +
+				"; query parameters checkpoint, artifact, correction_id are missing or empty" + all},
+		// A malformed name, which names no parameter.
+		{"bad name", "wor%kspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x",
+			"a parameter name is malformed (a bad percent-escape, or ; for &); query parameter workspace is missing or empty" + all},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for range 20 { // the same answer every time
+				rec := serveOnce(t, fakeTallies{}, "/v1/snapshots?"+c.query)
+				var body struct{ Error string }
+				if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+					t.Fatalf("body %q: %v", rec.Body, err)
+				}
+				if rec.Code != http.StatusBadRequest || rec.Header().Get("Content-Type") != "application/json" || body.Error != c.want {
+					t.Fatalf("got %d %s %q\nwant 400 application/json %q", rec.Code, rec.Header().Get("Content-Type"), body.Error, c.want)
+				}
+			}
+		})
+	}
+}
+
+func TestHTTPHidesBackendErrors(t *testing.T) {
+	r := fakeTallies{err: errors.New("read rr:{x}: dial tcp 10.1.2.3:6379: connect: connection refused")}
+	q := "workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x"
+	for _, path := range []string{"/v1/snapshots", "/v1/badge.svg"} {
+		rec := serveOnce(t, r, path+"?"+q)
+		if rec.Code != http.StatusServiceUnavailable || strings.Contains(rec.Body.String(), "10.1.2.3") ||
+			strings.Contains(rec.Body.String(), "rr:") {
+			t.Fatalf("%s: %d %s", path, rec.Code, rec.Body)
+		}
 	}
 }
