@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 )
 
 func TestCommandExitCodes(t *testing.T) {
@@ -110,4 +113,33 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+func TestTailWithHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  kafka.Message
+		want string
+	}{
+		// A dead letter: its reason headers in order, the original bytes as text.
+		{"dead letter", kafka.Message{Topic: TopicDLQ, Partition: 0, Offset: 7, Value: []byte("not json"),
+			Headers: []kafka.Header{{Key: "repeatrate-dlq-reason", Value: []byte("undecodable")}, {Key: "repeatrate-dlq-offset", Value: []byte("41")}}},
+			`{"topic":"repeatrate.dlq","partition":0,"offset":7,"headers":[{"key":"repeatrate-dlq-reason","value":"undecodable"},{"key":"repeatrate-dlq-offset","value":"41"}],"value":"not json"}`},
+		// A JSON value stays JSON; the key is shown.
+		{"snapshot", kafka.Message{Topic: TopicSnapshots, Partition: 2, Offset: 1, Key: []byte("a|b"), Value: []byte(`{"version":3}`)},
+			`{"topic":"repeatrate.snapshots","partition":2,"offset":1,"key":"a|b","headers":[],"value":{"version":3}}`},
+		// Bytes that are not UTF-8 are replaced, never printed raw.
+		{"binary", kafka.Message{Topic: "t", Value: []byte{0xff, 'x'}, Headers: []kafka.Header{{Key: "h", Value: []byte{0xfe}}}},
+			`{"topic":"t","partition":0,"offset":0,"headers":[{"key":"h","value":"` + "\uFFFD" + `"}],"value":"` + "\uFFFD" + `x"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := json.Marshal(tailedOf(tc.msg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tc.want {
+				t.Fatalf("got  %s\nwant %s", b, tc.want)
+			}
+		})
+	}
 }

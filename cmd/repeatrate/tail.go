@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -18,17 +19,67 @@ func tailCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	brokers := fs.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers (comma-separated)")
 	topic := fs.String("topic", TopicSnapshots, "topic to print")
 	idle := fs.Duration("idle", 5*time.Second, "exit after this long without a new message")
+	headers := fs.Bool("headers", false, "print each message as {topic, partition, offset, key, headers, value} "+
+		"(the default on the dead-letter topic, whose headers say why each message is there)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	withHeaders := *headers
+	if !flagSet(fs, "headers") && *topic == TopicDLQ {
+		withHeaders = true
 	}
 	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*brokers, ",")})
 	if err != nil {
 		return err
 	}
 	return tail(ctx, kc, *topic, *idle, func(m kafka.Message) error {
-		_, err := fmt.Fprintf(stdout, "%s\n", m.Value)
+		if !withHeaders {
+			_, err := fmt.Fprintf(stdout, "%s\n", m.Value)
+			return err
+		}
+		b, err := json.Marshal(tailedOf(m))
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "%s\n", b)
 		return err
 	})
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// tailed is a message as `tail --headers` prints it: headers as text, in order, and the value as
+// JSON when it is JSON, else as text.
+type tailed struct {
+	Topic     string          `json:"topic"`
+	Partition int             `json:"partition"`
+	Offset    int64           `json:"offset"`
+	Key       string          `json:"key,omitempty"`
+	Headers   []tailedHeader  `json:"headers"`
+	Value     json.RawMessage `json:"value"`
+}
+
+type tailedHeader struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+func tailedOf(m kafka.Message) tailed {
+	t := tailed{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Headers: []tailedHeader{}}
+	for _, h := range m.Headers {
+		t.Headers = append(t.Headers, tailedHeader{Key: h.Key, Value: strings.ToValidUTF8(string(h.Value), "\uFFFD")})
+	}
+	if json.Valid(m.Value) {
+		t.Value = m.Value
+	} else {
+		t.Value, _ = json.Marshal(strings.ToValidUTF8(string(m.Value), "\uFFFD"))
+	}
+	return t
 }
 
 // tail reads every partition of topic from the beginning and calls fn for each message, in arrival
