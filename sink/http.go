@@ -51,7 +51,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		if cfg.Ready != nil {
 			if err := cfg.Ready(req.Context()); err != nil {
 				log.Info("not ready", zap.Error(err))
-				writeError(w, http.StatusServiceUnavailable, "not ready")
+				writeError(w, http.StatusServiceUnavailable, "not ready", false)
 				return
 			}
 		}
@@ -69,7 +69,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	}
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if len(req.URL.RawQuery) > maxQueryBytes {
-			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes))
+			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes), false)
 			return
 		}
 		mux.ServeHTTP(w, req)
@@ -201,30 +201,59 @@ func (a *api) current(ctx context.Context, sc schemas.Scope, corr string) (live,
 	return live, eval, err
 }
 
+// errUnknownScope answers a scope and correction for which Redis holds no aggregate of either
+// source: no event for it counted within the retention (or a misspelt part).
+const errUnknownScope = "no aggregate for this scope and correction: no event for it was counted within the retention, or a part is misspelt"
+
 // read answers a request's scope with both sources' snapshots; ok is false when it already
-// answered with an error.
-func (a *api) read(w http.ResponseWriter, req *http.Request) (live, eval *schemas.Snapshot, ok bool) {
+// answered with an error. A scope is known when Redis holds either source's aggregate (its state
+// exists: some event for it was counted and the aggregate has not gone idle for the retention); an
+// unknown one answers 404, while a known one with nothing scored answers its not_measured windows.
+func (a *api) read(w http.ResponseWriter, req *http.Request, badge bool) (live, eval *schemas.Snapshot, ok bool) {
 	sc, corr, err := scopeQuery(req.URL.RawQuery)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, err.Error(), badge)
 		return nil, nil, false
 	}
 	live, eval, err = a.current(req.Context(), sc, corr)
 	if err != nil {
 		// The backend's error is logged, never shown: it may name addresses and keys.
 		a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
-		writeError(w, http.StatusServiceUnavailable, "state unavailable")
+		writeError(w, http.StatusServiceUnavailable, "state unavailable", badge)
+		return nil, nil, false
+	}
+	if live == nil && eval == nil {
+		writeError(w, http.StatusNotFound, errUnknownScope, badge)
 		return nil, nil, false
 	}
 	return live, eval, true
 }
 
-// writeError is the API's one error writer: a JSON object {"error": msg} with the status. msg is
-// written by this package (a query complaint, or a fixed phrase for a backend failure); callers
-// log a backend's own error and never pass it here.
-func writeError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
+// badgeErrors are the short texts of an error badge by status; the full message is its title.
+var badgeErrors = map[int]string{
+	http.StatusBadRequest:         "invalid query",
+	http.StatusNotFound:           "unknown scope",
+	http.StatusServiceUnavailable: "unavailable",
+}
+
+// writeError is the one error writer of the API: a JSON object {"error": msg} with the status or,
+// for the badge endpoint (whose reader is an <img>), a grey badge with a short text and msg as
+// its title, with the same status. msg is written by this package (a query complaint, or a fixed
+// phrase for a backend failure); callers log a backend's own error and never pass it here.
+func writeError(w http.ResponseWriter, status int, msg string, badge bool) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if badge {
+		text, ok := badgeErrors[status]
+		if !ok {
+			text = "error"
+		}
+		w.Header().Set("Content-Type", "image/svg+xml")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.WriteHeader(status)
+		fmt.Fprint(w, badgeSVG("R", text, greyHex, msg))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(struct {
 		Error string `json:"error"`
@@ -232,7 +261,7 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 }
 
 func (a *api) snapshots(w http.ResponseWriter, req *http.Request) {
-	live, eval, ok := a.read(w, req)
+	live, eval, ok := a.read(w, req, false)
 	if !ok {
 		return
 	}
@@ -244,7 +273,7 @@ func (a *api) snapshots(w http.ResponseWriter, req *http.Request) {
 }
 
 func (a *api) badge(w http.ResponseWriter, req *http.Request) {
-	live, eval, ok := a.read(w, req)
+	live, eval, ok := a.read(w, req, true)
 	if !ok {
 		return
 	}
@@ -256,22 +285,29 @@ func (a *api) badge(w http.ResponseWriter, req *http.Request) {
 		ew = eval.Windows.All
 	}
 	b := aggregator.ChooseBadge(lw, ew)
-	w.Header().Set("Content-Type", "image/svg+xml")
-	w.Header().Set("Cache-Control", "no-cache")
-	fmt.Fprint(w, badgeSVG("R", b.Value, b.Measured))
-}
-
-// badgeSVG draws a two-part flat badge; text is escaped.
-func badgeSVG(label, value string, measured bool) string {
-	const charW = 7
-	lw, vw := 10+charW*len(label), 10+charW*len([]rune(value))
-	colour := "#9f9f9f"
-	if measured {
+	colour := greyHex
+	if b.Measured {
 		colour = "#007ec6"
 	}
+	w.Header().Set("Content-Type", "image/svg+xml")
+	w.Header().Set("Cache-Control", "no-cache")
+	fmt.Fprint(w, badgeSVG("R", b.Value, colour, ""))
+}
+
+// greyHex is the fill of a badge that shows no rate (shields.io's lightgrey).
+const greyHex = "#9f9f9f"
+
+// badgeSVG draws a two-part flat badge with the value's part filled with colour (a hex fill) and,
+// when title is not empty, a title a viewer shows on hover; text is escaped.
+func badgeSVG(label, value, colour, title string) string {
+	const charW = 7
+	lw, vw := 10+charW*len(label), 10+charW*len([]rune(value))
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="20" role="img" aria-label="%s: %s">`,
 		lw+vw, html.EscapeString(label), html.EscapeString(value))
+	if title != "" {
+		fmt.Fprintf(&b, `<title>%s</title>`, html.EscapeString(title))
+	}
 	fmt.Fprintf(&b, `<rect width="%d" height="20" fill="#555"/><rect x="%d" width="%d" height="20" fill="%s"/>`, lw, lw, vw, colour)
 	fmt.Fprintf(&b, `<g fill="#fff" font-family="Verdana,DejaVu Sans,sans-serif" font-size="11">`)
 	fmt.Fprintf(&b, `<text x="5" y="14">%s</text><text x="%d" y="14">%s</text></g></svg>`,

@@ -71,8 +71,23 @@ func TestHTTPOnRedis(t *testing.T) {
 		t.Fatalf("badge: %d %s %s", code, ctype, body)
 	}
 	q.Set("correction_id", "other")
-	if _, _, body := get("/v1/badge.svg?" + q.Encode()); !strings.Contains(body, "not measured") {
-		t.Fatalf("badge of an unknown correction: %s", body)
+	if code, _, body := get("/v1/badge.svg?" + q.Encode()); code != http.StatusNotFound || !strings.Contains(body, "unknown scope") {
+		t.Fatalf("badge of an unknown correction: %d %s", code, body)
+	}
+	if code, _, body := get("/v1/snapshots?" + q.Encode()); code != http.StatusNotFound || !strings.Contains(body, errUnknownScope) {
+		t.Fatalf("snapshots of an unknown correction: %d %s", code, body)
+	}
+	// A correction whose only opportunity is unscored is known: 200, not measured.
+	unscored := aggregator.Observation{Key: aggregator.Key{Scope: scope, CorrectionID: "other", Source: aggregator.Live},
+		OpportunityID: "u", Class: aggregator.Unscored, Occurred: aggregator.Micros(now), Assessed: aggregator.Micros(now)}
+	if _, err := store.Apply(context.Background(), []aggregator.Observation{unscored}, now); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, body := get("/v1/badge.svg?" + q.Encode()); code != http.StatusOK || !strings.Contains(body, "not measured (live 1 unscored") {
+		t.Fatalf("badge of an unscored correction: %d %s", code, body)
+	}
+	if code, _, body := get("/v1/snapshots?" + q.Encode()); code != http.StatusOK || !strings.Contains(body, `"status":"not_measured"`) {
+		t.Fatalf("snapshots of an unscored correction: %d %s", code, body)
 	}
 	q.Del("model")
 	if code, _, _ := get("/v1/snapshots?" + q.Encode()); code != http.StatusBadRequest {
@@ -93,8 +108,8 @@ func TestHTTPOnRedis(t *testing.T) {
 }
 
 func TestBadgeEscapes(t *testing.T) {
-	svg := badgeSVG("R", `<script>"x"</script>`, false)
-	if strings.Contains(svg, "<script>") {
+	svg := badgeSVG("R", `<script>"x"</script>`, greyHex, `<b>`)
+	if strings.Contains(svg, "<script>") || strings.Contains(svg, "<b>") {
 		t.Fatalf("unescaped text in %s", svg)
 	}
 }
@@ -175,5 +190,47 @@ func TestHTTPHidesBackendErrors(t *testing.T) {
 			strings.Contains(rec.Body.String(), "rr:") {
 			t.Fatalf("%s: %d %s", path, rec.Code, rec.Body)
 		}
+	}
+}
+
+func TestHTTPUnknownScope(t *testing.T) {
+	scope := schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}
+	key := func(src aggregator.Source) aggregator.Key {
+		return aggregator.Key{Scope: scope, CorrectionID: "x", Source: src}
+	}
+	q := "?workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x"
+	for _, c := range []struct {
+		name    string
+		tallies map[aggregator.Key]aggregator.Tally
+		code    int
+		// what the snapshot body and the badge must contain
+		snapshot, badge string
+	}{
+		// Neither source's aggregate exists: 404, a JSON error and a grey "unknown scope" badge.
+		{"unknown", nil, http.StatusNotFound, errUnknownScope, ">unknown scope<"},
+		// Known, only unscored opportunities: 200 with not_measured windows.
+		{"only unscored", map[aggregator.Key]aggregator.Tally{
+			key(aggregator.Live): {Version: 7, All: aggregator.Counts{Unscored: 3}},
+		}, http.StatusOK, `"status":"not_measured"`, "not measured (live 3 unscored, evaluation 0 unscored)"},
+		// Known, every opportunity expired (the state outlives them until the aggregate goes idle).
+		{"all expired", map[aggregator.Key]aggregator.Tally{
+			key(aggregator.Evaluation): {Version: 9},
+		}, http.StatusOK, `"status":"not_measured"`, "not measured (live 0 unscored, evaluation 0 unscored)"},
+		// Known and measured.
+		{"measured", map[aggregator.Key]aggregator.Tally{
+			key(aggregator.Live): {Version: 3, All: aggregator.Counts{Confirmed: 1, Passed: 3}},
+		}, http.StatusOK, `"status":"measured"`, "25.0% live (1/4, 0 unscored)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := fakeTallies{t: c.tallies}
+			rec := serveOnce(t, r, "/v1/snapshots"+q)
+			if rec.Code != c.code || rec.Header().Get("Content-Type") != "application/json" || !strings.Contains(rec.Body.String(), c.snapshot) {
+				t.Errorf("snapshots: %d %s %s\nwant %d with %s", rec.Code, rec.Header().Get("Content-Type"), rec.Body, c.code, c.snapshot)
+			}
+			rec = serveOnce(t, r, "/v1/badge.svg"+q)
+			if rec.Code != c.code || rec.Header().Get("Content-Type") != "image/svg+xml" || !strings.Contains(rec.Body.String(), c.badge) {
+				t.Errorf("badge: %d %s %s\nwant %d with %s", rec.Code, rec.Header().Get("Content-Type"), rec.Body, c.code, c.badge)
+			}
+		})
 	}
 }
