@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -207,7 +208,12 @@ func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssig
 		MaxBytes:  16 << 20,
 		MaxWait:   250 * time.Millisecond,
 		ErrorLogger: kafka.LoggerFunc(func(f string, args ...any) {
-			g.log.Warn("kafka reader", zap.String("topic", topic), zap.Int("partition", a.ID), zap.String("detail", fmt.Sprintf(f, args...)))
+			detail := fmt.Sprintf(f, args...)
+			level := zap.WarnLevel
+			if idleReadTimeout(detail) {
+				level = zap.DebugLevel
+			}
+			g.log.Log(level, "kafka reader", zap.String("topic", topic), zap.Int("partition", a.ID), zap.String("detail", detail))
 		}),
 	})
 	defer r.Close()
@@ -229,6 +235,13 @@ func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssig
 			return
 		}
 	}
+}
+
+// idleReadTimeout reports whether a kafka-go reader error is the timeout of a long-poll fetch that
+// found nothing (seen against some brokers, franz-go's kfake among them): a quiet partition, not a
+// problem worth a warning.
+func idleReadTimeout(detail string) bool {
+	return strings.Contains(detail, "i/o timeout") && strings.Contains(detail, "unknown error reading partition")
 }
 
 // ErrFatal marks a handler error that no retry or redelivery can fix (Redis state lost, say): the

@@ -109,7 +109,7 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if told, err := aggregator.CheckEviction(ctx, rdb); err != nil {
 		return err
 	} else if !told {
-		log.Warn("redis does not tell its eviction policy; it must be noeviction, or evicted state goes unnoticed")
+		log.Info("redis does not tell its eviction policy; it must be noeviction, or evicted state goes unnoticed")
 	}
 	// Topics first: the state check below asks the group's committed offsets of the input topics.
 	if cfg.Kafka.CreateTopics {
