@@ -285,17 +285,13 @@ func (a *api) badge(w http.ResponseWriter, req *http.Request) {
 		ew = eval.Windows.All
 	}
 	b := aggregator.ChooseBadge(lw, ew)
-	colour := greyHex
-	if b.Measured {
-		colour = "#007ec6"
-	}
 	w.Header().Set("Content-Type", "image/svg+xml")
 	w.Header().Set("Cache-Control", "no-cache")
-	fmt.Fprint(w, badgeSVG("R", b.Value, colour, ""))
+	fmt.Fprint(w, badgeSVG("R", b.Value, b.Colour.Hex(), ""))
 }
 
-// greyHex is the fill of a badge that shows no rate (shields.io's lightgrey).
-const greyHex = "#9f9f9f"
+// greyHex is the fill of a badge that shows no rate.
+var greyHex = aggregator.LightGrey.Hex()
 
 // badgeSVG draws a two-part flat badge with the value's part filled with colour (a hex fill) and,
 // when title is not empty, a title a viewer shows on hover; text is escaped.

@@ -67,7 +67,8 @@ func TestHTTPOnRedis(t *testing.T) {
 	}
 
 	code, ctype, body := get("/v1/badge.svg?" + q.Encode())
-	if code != 200 || ctype != "image/svg+xml" || !strings.Contains(body, "25.0% evaluation (1/4, 1 unscored)") {
+	if code != 200 || ctype != "image/svg+xml" || !strings.Contains(body, "25.0% evaluation (1/4, 1 unscored)") ||
+		!strings.Contains(body, `fill="`+aggregator.Orange.Hex()+`"`) {
 		t.Fatalf("badge: %d %s %s", code, ctype, body)
 	}
 	q.Set("correction_id", "other")
@@ -212,6 +213,10 @@ func TestHTTPUnknownScope(t *testing.T) {
 		{"only unscored", map[aggregator.Key]aggregator.Tally{
 			key(aggregator.Live): {Version: 7, All: aggregator.Counts{Unscored: 3}},
 		}, http.StatusOK, `"status":"not_measured"`, "not measured (live 3 unscored, evaluation 0 unscored)"},
+		// Known, not measured: grey.
+		{"not measured grey", map[aggregator.Key]aggregator.Tally{
+			key(aggregator.Live): {Version: 7, All: aggregator.Counts{Unscored: 3}},
+		}, http.StatusOK, `"status":"not_measured"`, `fill="` + aggregator.LightGrey.Hex() + `"`},
 		// Known, every opportunity expired (the state outlives them until the aggregate goes idle).
 		{"all expired", map[aggregator.Key]aggregator.Tally{
 			key(aggregator.Evaluation): {Version: 9},
@@ -220,6 +225,10 @@ func TestHTTPUnknownScope(t *testing.T) {
 		{"measured", map[aggregator.Key]aggregator.Tally{
 			key(aggregator.Live): {Version: 3, All: aggregator.Counts{Confirmed: 1, Passed: 3}},
 		}, http.StatusOK, `"status":"measured"`, "25.0% live (1/4, 0 unscored)"},
+		// Known, measured at 0 %: brightgreen.
+		{"measured zero", map[aggregator.Key]aggregator.Tally{
+			key(aggregator.Evaluation): {Version: 3, All: aggregator.Counts{Passed: 3}},
+		}, http.StatusOK, `"status":"measured"`, `fill="` + aggregator.BrightGreen.Hex() + `"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := fakeTallies{t: c.tallies}
