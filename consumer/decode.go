@@ -2,11 +2,14 @@ package consumer
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	fastjson "github.com/goccy/go-json"
@@ -291,6 +294,7 @@ func fastStructured(value []byte) (a attributes, ok bool) {
 }
 
 func structuredEvent(value []byte) (attributes, error) {
+	lead := len(value) - len(bytes.TrimLeftFunc(value, unicode.IsSpace))
 	value = bytes.TrimSpace(value)
 	if len(value) == 0 || value[0] != '{' {
 		return attributes{}, schemas.Invalid(schemas.ReasonUndecodable, "value is not a JSON CloudEvent")
@@ -300,6 +304,10 @@ func structuredEvent(value []byte) (attributes, error) {
 	}
 	e, err := sdkStructured(value)
 	if err != nil {
+		if ie, ok := err.(*schemas.InvalidError); ok && ie.Reason == schemas.ReasonUndecodable {
+			// Byte offsets in the detail count in the value as received.
+			return attributes{}, schemas.Invalid(schemas.ReasonUndecodable, "%s", undecodableDetail(value, lead, ie.Detail))
+		}
 		return attributes{}, err
 	}
 	return attributesOf(e), nil
@@ -311,7 +319,7 @@ func sdkStructured(value []byte) (event.Event, error) {
 	value, ct, renamed := sdkJSONMediaType(value)
 	var e event.Event
 	if err := e.UnmarshalJSON(value); err != nil {
-		return event.Event{}, schemas.Invalid(schemas.ReasonUndecodable, "structured CloudEvent: %s", clipHeader(err.Error()))
+		return event.Event{}, schemas.Invalid(schemas.ReasonUndecodable, "%s", err.Error())
 	}
 	if renamed {
 		e.SetDataContentType(ct)
@@ -320,6 +328,85 @@ func sdkStructured(value []byte) (event.Event, error) {
 		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(err.Error()))
 	}
 	return e, nil
+}
+
+// stringAttributes are the CloudEvents attributes whose JSON value must be a string.
+var stringAttributes = [...]string{"specversion", "id", "source", "type", "subject", "time",
+	"datacontenttype", "dataschema", "data_base64"}
+
+// undecodableDetail words why the SDK could not read value (a structured CloudEvent, trimmed,
+// that had lead bytes of white space before it), where sdkErr is what the SDK said. The SDK's
+// JSON reader (json-iterator) reports its own function names and a window of the input with an
+// offset into that window ("ReadString: expects \" or n, … error found in #10 byte of …"); that
+// is no use to a person. This runs only for bad input, so it can afford to re-read the value:
+// invalid JSON is described by encoding/json's message with its byte offset; valid JSON with an
+// attribute of the wrong type names the attribute and where its value starts; anything else keeps
+// the SDK's complaint without the reader's internals. Byte offsets count from 1 at the start of
+// the message value.
+func undecodableDetail(value []byte, lead int, sdkErr string) string {
+	var v any
+	var se *json.SyntaxError
+	if err := json.Unmarshal(value, &v); errors.As(err, &se) {
+		at := lead + int(se.Offset)
+		if int(se.Offset) >= len(value) && strings.HasPrefix(se.Error(), "unexpected end") {
+			return fmt.Sprintf("invalid JSON: the value ends at byte %d inside an unfinished object, array or string", lead+len(value))
+		}
+		// Up to 24 bytes ending with the offending one, for a reader to find it.
+		from := max(0, int(se.Offset)-24)
+		return clipHeader(fmt.Sprintf("invalid JSON at byte %d: %s, near `%s`", at, se.Error(), printable(value[from:se.Offset])))
+	}
+	if spans, ok := topMembers(value); ok {
+		for _, name := range stringAttributes {
+			sp, ok := spans[name]
+			if !ok {
+				continue
+			}
+			if kind := jsonKind(value[sp[0]]); kind != "string" && kind != "null" {
+				return fmt.Sprintf("attribute %s is %s at byte %d, not a string", name, kind, lead+sp[0]+1)
+			}
+		}
+	}
+	msg := sdkErr
+	if i := strings.Index(msg, ", error found in #"); i >= 0 {
+		// json-iterator's "ReadString: expects …, error found in #10 byte of …|window|…": keep
+		// the complaint, drop its function name and window.
+		msg = msg[:i]
+		if name, rest, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(name, " \"") {
+			msg = rest
+		}
+	}
+	return clipHeader("structured CloudEvent: " + strings.TrimSpace(msg))
+}
+
+// printable returns b with every byte outside printable ASCII written as \xNN, so that a quote of
+// the input in a detail is one readable line.
+func printable(b []byte) string {
+	var sb strings.Builder
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			fmt.Fprintf(&sb, `\x%02x`, c)
+			continue
+		}
+		sb.WriteByte(c)
+	}
+	return sb.String()
+}
+
+// jsonKind names the kind of the JSON value starting with byte c.
+func jsonKind(c byte) string {
+	switch c {
+	case '"':
+		return "string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
 }
 
 // sdkJSONMediaType returns value as the SDK should read it. The SDK takes data as a JSON value

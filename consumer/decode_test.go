@@ -245,3 +245,59 @@ func bytesOrNil(b []byte) protocol.Bytes {
 	}
 	return protocol.NewBytes(b)
 }
+
+func TestUndecodableDetail(t *testing.T) {
+	d := newTestDecoder(t)
+	// Words of the JSON readers' internals that must not reach a dead letter's detail.
+	internals := []string{"skipThreeBytes", "ReadString", "ReadObject", "readObjectStart", "error found in",
+		"bigger context", "#10", "|..."}
+	for _, c := range []struct {
+		name, value string
+		want        string // the start of the detail
+	}{
+		// The reported case: a literal that is not null, in a member the fast path leaves to the SDK.
+		{"bad literal", `{"specversion":"1.0","ext":nope}`,
+			`invalid JSON at byte 29: invalid character 'o' in literal null (expecting 'u')`},
+		// A literal that is not null, in a known attribute.
+		{"bad null", `{"specversion":nuXX}`, `invalid JSON at byte 18: invalid character 'X' in literal null`},
+		// Cut off inside the object.
+		{"truncated", `{"specversion":"1.0","id":"a",`,
+			`invalid JSON: the value ends at byte 30 inside an unfinished object, array or string`},
+		// A missing comma.
+		{"missing comma", `{"specversion":"1.0" "id":"a"}`,
+			"invalid JSON at byte 22: invalid character '\"' after object key:value pair, near `{\"specversion\":\"1.0\" \"`"},
+		// A trailing comma in data.
+		{"trailing comma", `{"specversion":"1.0","id":"a","source":"s","type":"t","data":{"x":1,}}`,
+			`invalid JSON at byte 69: invalid character '}' looking for beginning of object key string`},
+		// A raw control character in a string.
+		{"control character", "{\"specversion\":\"1.0\",\"id\":\"a\x01\"}",
+			`invalid JSON at byte 29: invalid character '\x01' in string literal, near ` + "`" + `cversion":"1.0","id":"a\x01` + "`"},
+		// A bad exponent.
+		{"bad number", `{"a":1e}`, `invalid JSON at byte 8: invalid character '}' in exponent of numeric literal`},
+		// Something after the object.
+		{"trailing text", `{"a":"b"} x`, `invalid JSON at byte 11: invalid character 'x' after top-level value`},
+		// Offsets count in the value as received, leading white space included.
+		{"leading space", " \n\t{\"id\":tru}", `invalid JSON at byte 13: invalid character '}' in literal true`},
+		// Valid JSON, an attribute of the wrong type: named, with where its value starts.
+		{"number id", `{"specversion":"1.0","id":5,"source":"s","type":"t","data":{}}`,
+			`attribute id is a number at byte 27, not a string`},
+		{"object source", `{"specversion":"1.0","id":"a","source":{},"type":"t","data":{}}`,
+			`attribute source is an object at byte 40, not a string`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := d.Decode(&kafka.Message{Value: []byte(c.value)}, time.Now())
+			var ie *schemas.InvalidError
+			if !errors.As(err, &ie) || ie.Reason != schemas.ReasonUndecodable {
+				t.Fatalf("error %v, want %s", err, schemas.ReasonUndecodable)
+			}
+			if !strings.HasPrefix(ie.Detail, c.want) {
+				t.Errorf("detail %q\nwant it to start %q", ie.Detail, c.want)
+			}
+			for _, w := range internals {
+				if strings.Contains(ie.Detail, w) {
+					t.Errorf("detail %q names the decoder's internals (%q)", ie.Detail, w)
+				}
+			}
+		})
+	}
+}
