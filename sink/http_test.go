@@ -243,3 +243,13 @@ func TestHTTPUnknownScope(t *testing.T) {
 		})
 	}
 }
+
+func TestReadyzHidesItsReason(t *testing.T) {
+	h := NewHTTP(HTTPConfig{Ready: func(context.Context) error { return errors.New("dial tcp 10.1.2.3:6379: refused") }},
+		fakeTallies{}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	rec := httptest.NewRecorder()
+	h.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || strings.Contains(rec.Body.String(), "10.1.2.3") {
+		t.Fatalf("readyz: %d %s", rec.Code, rec.Body)
+	}
+}
