@@ -1,6 +1,6 @@
 // Command repeatrate is the repeat-rate stream processor and its tools: run (the processor), dev
 // (everything in one process on embedded Kafka and Redis), replay (the same aggregation offline),
-// produce and tail (NDJSON in and out of a topic).
+// produce and tail (NDJSON in and out of a topic), loadgen (synthetic traffic at a rate).
 package main
 
 import (
@@ -41,6 +41,7 @@ commands:
   rebuild  recompute lost Redis state from the input topics into a fresh namespace and cut over
   replay   the same aggregation offline over NDJSON CloudEvents
   produce  publish NDJSON CloudEvents to a topic
+  loadgen  publish synthetic telemetry at a steady rate, with the demo's mix
   tail     print a topic as NDJSON until it is idle
 
 "repeatrate <command> -h" lists a command's flags.`
@@ -72,6 +73,8 @@ func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string
 		return replayCommand(ctx, rest, stdin, stdout, stderr)
 	case "produce":
 		return produceCommand(ctx, rest, stdin, stderr)
+	case "loadgen":
+		return loadgenCommand(ctx, rest, stderr)
 	case "tail":
 		return tailCommand(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
