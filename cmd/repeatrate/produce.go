@@ -46,7 +46,9 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 	}
 	w := kc.writer(*topic)
 	defer w.Close()
-	n, err := produce(ctx, r, w)
+	prog := newProgress(stderr, "produce", inputSize(r))
+	n, err := produce(ctx, prog.reader(r), w)
+	prog.finish()
 	fmt.Fprintf(stderr, "produced %d messages to %s\n", n, *topic)
 	return err
 }

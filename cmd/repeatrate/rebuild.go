@@ -20,7 +20,9 @@ import (
 )
 
 func rebuildCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	return configured(ctx, "rebuild", args, getenv, stderr, rebuild)
+	return configured(ctx, "rebuild", args, getenv, stderr, func(ctx context.Context, cfg Config, log *zap.Logger) error {
+		return rebuildShowing(ctx, cfg, log, stderr)
+	})
 }
 
 // rebuild recomputes the whole state from the input topics into a fresh Redis namespace and cuts
@@ -59,6 +61,11 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 // holds: harmless only because applying is idempotent and outputs carry deterministic ids, and
 // dependent on the group's start offset for partitions that had no committed offset.
 func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
+	return rebuildShowing(ctx, cfg, log, io.Discard)
+}
+
+// rebuildShowing is rebuild with its progress shown on stderr if that is a terminal.
+func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.Writer) error {
 	kc, rdb, err := openClients(cfg)
 	if err != nil {
 		return err
@@ -143,9 +150,18 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	touchedSuites := map[aggregator.SuiteKey]bool{}
 	total, revivedN, abnormalN := 0, 0, 0
 	var mark int64
+	// Progress: offsets read of the end offsets noted above.
+	var endSum, doneBefore int64
+	for _, parts := range end {
+		for _, last := range parts {
+			endSum += last
+		}
+	}
+	prog := newProgress(stderr, "rebuild", endSum)
 	for topic, parts := range end {
 		for part, last := range parts {
 			from, seen := committed[topic][part]
+			inPart := 0
 			n, err := readPartition(ctx, kc, topic, part, last, rebuildBatch, func(batch []kafka.Message) error {
 				var obs []aggregator.Observation
 				var runs, unseen []aggregator.RunObservation
@@ -210,14 +226,20 @@ func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 				// A Redis that lost writes of an earlier batch fails here or in the next apply.
 				var err error
 				mark, err = store.Seal(ctx)
+				inPart += len(batch)
+				prog.set(int64(total+inPart), doneBefore+batch[len(batch)-1].Offset+1)
 				return err
 			})
 			if err != nil {
+				prog.finish()
 				return fmt.Errorf("rebuild %s/%d: %w; run the rebuild again", topic, part, err)
 			}
 			total += n
+			doneBefore += last
+			prog.set(int64(total), doneBefore)
 		}
 	}
+	prog.finish()
 
 	// Publish the rebuilt state.
 	now := time.Now()

@@ -92,7 +92,10 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	if err != nil {
 		return err
 	}
-	res, err := replay(ctx, r, dec, ret, suiteCfg, at, time.Now())
+	// Progress on a terminal; done before anything else is written there.
+	prog := newProgress(stderr, "replay", inputSize(r))
+	res, err := replay(ctx, prog.reader(r), dec, ret, suiteCfg, at, time.Now())
+	prog.finish()
 	if err != nil {
 		return err
 	}
