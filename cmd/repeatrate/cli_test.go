@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,11 +62,7 @@ func TestDevExitsZeroOnInterrupt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "repeatrate")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "dev", "--demo", "--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0")
+	cmd := exec.Command(buildBinary(t), "dev", "--demo", "--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0")
 	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -141,5 +139,69 @@ func TestTailWithHeaders(t *testing.T) {
 				t.Fatalf("got  %s\nwant %s", b, tc.want)
 			}
 		})
+	}
+}
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// buildBinary builds the command once per test binary and returns its path.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "repeatrate-cli")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin = filepath.Join(dir, "repeatrate")
+		if out, err := exec.Command("go", "build", "-o", builtBin, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+// TestDevMemoryBounded runs the demo at 25 times its default rate for 40 s (about 20 000 events,
+// an hour and more of the default demo's traffic, with state and broker retention short enough to
+// be reached) and requires its resident memory to stay under 300 MB (README, "The two commands").
+func TestDevMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo for 40 s")
+	}
+	cmd := exec.Command(buildBinary(t), "dev", "--demo", "--rate=500", "--retention=1h", "--kafka-retention=10s",
+		"--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0")
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	var peak int64
+	for range 40 {
+		time.Sleep(time.Second)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+		if err != nil {
+			t.Skipf("no /proc here: %v", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+				peak = max(peak, kb<<10)
+			}
+		}
+	}
+	if !strings.Contains(out.String(), " v") {
+		t.Fatalf("the demo printed no snapshot:\n%s", lastLines(out.String(), 10))
+	}
+	t.Logf("peak RSS %d MB over 40 s at 500 events/s", peak>>20)
+	if peak > 300<<20 {
+		t.Fatalf("the demo's resident memory reached %d MB, over the 300 MB bound", peak>>20)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -29,8 +31,17 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	demo := fs.Bool("demo", false, "feed synthetic traffic and print snapshots as they change")
 	rate := fs.Int("rate", 20, "demo events per second")
 	logLevel := fs.String("log-level", "warn", "processor log level")
+	retention := fs.Duration("retention", 2*time.Hour, "identity retention behind each aggregate's newest event "+
+		"(at least 1h; shorter than run's 30 days, so the embedded Redis stays small)")
+	kafkaRetention := fs.Duration("kafka-retention", 5*time.Minute, "how long the embedded broker keeps records")
+	pprof := fs.Bool("pprof", false, "serve /debug/pprof on the HTTP address")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if os.Getenv("GOGC") == "" {
+		// The processor's GOGC=400 trades memory for CPU per event; a demo on a laptop wants the
+		// memory back (its embedded broker and Redis live in this heap too).
+		debug.SetGCPercent(100)
 	}
 	_, kport, err := hostPort(*kafkaAddr)
 	if err != nil {
@@ -41,7 +52,10 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 	}
+	// The embedded broker keeps everything in memory: it drops records older than kafkaRetention
+	// (applied below), so the demo runs for hours in bounded memory.
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(kport),
+		kfake.BrokerConfigs(map[string]string{"log.retention.ms": strconv.FormatInt(kafkaRetention.Milliseconds(), 10)}),
 		kfake.SeedTopics(4, TopicLive, TopicEval, TopicSnapshots, TopicSuites), kfake.SeedTopics(1, TopicAlerts, TopicDLQ))
 	if err != nil {
 		return fmt.Errorf("dev: embedded kafka on port %d: %w", kport, err)
@@ -64,6 +78,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.HTTPAddr = *httpAddr
 	cfg.LogLevel = *logLevel
 	cfg.Batch.Linger = 20 * time.Millisecond
+	cfg.Retention = *retention
+	cfg.Pprof = *pprof
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -75,6 +91,18 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return runProcessor(gctx, cfg, log) })
+	g.Go(func() error {
+		tick := time.NewTicker(min(*kafkaRetention/4, 30*time.Second))
+		defer tick.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-tick.C:
+				cluster.ApplyRetention()
+			}
+		}
+	})
 	if *demo {
 		kc, err := newKafkaClients(cfg.Kafka)
 		if err != nil {
