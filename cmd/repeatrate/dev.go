@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/repeatrate/repeatrate/internal/synth"
-	"github.com/repeatrate/repeatrate/schemas"
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -108,8 +107,10 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			return err
 		}
-		g.Go(func() error { return demoTraffic(gctx, kc, *rate, log) })
-		g.Go(func() error { return printSnapshots(gctx, kc, stdout) })
+		view := newDemoView()
+		g.Go(func() error { return demoTraffic(gctx, kc, *rate, &view.sent, log) })
+		g.Go(func() error { return view.follow(gctx, kc) })
+		g.Go(func() error { view.print(gctx, stdout, 5*time.Second); return nil })
 	}
 	return g.Wait()
 }
@@ -124,7 +125,7 @@ func freePort() (int, error) {
 }
 
 // demoTraffic publishes synthetic events at rate per second until ctx ends.
-func demoTraffic(ctx context.Context, kc *kafkaClients, rate int, log *zap.Logger) error {
+func demoTraffic(ctx context.Context, kc *kafkaClients, rate int, sent *atomic.Int64, log *zap.Logger) error {
 	gen := synth.New(synth.Config{Seed: uint64(time.Now().UnixNano()), Workspaces: 2, Corrections: 2,
 		Duplicates: 0.1, Reassessed: 0.1, Poison: 0.02, EvalShare: 0.3})
 	w := kc.writer(TopicLive)
@@ -145,6 +146,8 @@ func demoTraffic(ctx context.Context, kc *kafkaClients, rate int, log *zap.Logge
 		}
 		if _, err := produce(ctx, bytesReader(line), topicWriter{w, topic}); err != nil && ctx.Err() == nil {
 			log.Warn("demo produce", zap.Error(err))
+		} else {
+			sent.Add(1)
 		}
 	}
 }
@@ -160,32 +163,4 @@ func (t topicWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) e
 		msgs[i].Topic = t.topic
 	}
 	return t.w.WriteMessages(ctx, msgs...)
-}
-
-// printSnapshots prints one line per published snapshot until ctx ends.
-func printSnapshots(ctx context.Context, kc *kafkaClients, out io.Writer) error {
-	err := tail(ctx, kc, TopicSnapshots, 24*time.Hour, func(m kafka.Message) error {
-		var ev struct {
-			Data schemas.Snapshot `json:"data"`
-		}
-		if err := json.Unmarshal(m.Value, &ev); err != nil {
-			return nil
-		}
-		s := ev.Data
-		fmt.Fprintf(out, "%s v%-4d %-58s all %s | 1h %s\n", s.ObservedAt.Format("15:04:05"), s.Version,
-			s.Aggregate.ID(), describe(s.Windows.All), describe(s.Windows.Hour))
-		return nil
-	})
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
-}
-
-func describe(w schemas.Window) string {
-	if w.Status != schemas.StatusMeasured {
-		return fmt.Sprintf("not measured (%d unscored)", w.Unscored)
-	}
-	return fmt.Sprintf("%5.1f%% of %-4s ci95 [%.2f, %.2f] %d unscored", *w.Percentage, strconv.FormatInt(w.Scored, 10),
-		w.CI95.Low, w.CI95.High, w.Unscored)
 }

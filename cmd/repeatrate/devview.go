@@ -1,0 +1,203 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// demoView is what `dev --demo` shows a person: every few seconds, how much traffic went in, what
+// was quarantined and why, which alerts fired, and the busiest corrections with Live and
+// Evaluation side by side. It follows the output topics as any subscriber would.
+type demoView struct {
+	sent atomic.Int64 // events the demo produced
+
+	mu          sync.Mutex
+	latest      map[string]schemas.Snapshot // newest snapshot by aggregate ID
+	snapshots   int
+	deadLetters map[string]int // by reason
+	alerts      map[string]int // by event type
+}
+
+func newDemoView() *demoView {
+	return &demoView{latest: map[string]schemas.Snapshot{}, deadLetters: map[string]int{}, alerts: map[string]int{}}
+}
+
+// follow reads the snapshot, dead-letter and alert topics into the view until ctx ends.
+func (v *demoView) follow(ctx context.Context, kc *kafkaClients) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for topic, fn := range map[string]func(kafka.Message){
+		TopicSnapshots: v.snapshot, TopicDLQ: v.deadLetter, TopicAlerts: v.alert,
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := tail(ctx, kc, topic, 24*time.Hour, func(m kafka.Message) error { fn(m); return nil })
+			if err != nil && ctx.Err() == nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func (v *demoView) snapshot(m kafka.Message) {
+	var ev struct {
+		Data schemas.Snapshot `json:"data"`
+	}
+	if json.Unmarshal(m.Value, &ev) != nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.snapshots++
+	id := ev.Data.Aggregate.ID()
+	if cur, ok := v.latest[id]; !ok || ev.Data.Version >= cur.Version {
+		v.latest[id] = ev.Data
+	}
+}
+
+func (v *demoView) deadLetter(m kafka.Message) {
+	reason := "unknown"
+	for _, h := range m.Headers {
+		if h.Key == consumer.HeaderDLQReason {
+			reason = string(h.Value)
+		}
+	}
+	v.mu.Lock()
+	v.deadLetters[reason]++
+	v.mu.Unlock()
+}
+
+func (v *demoView) alert(m kafka.Message) {
+	var ev struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(m.Value, &ev) != nil {
+		return
+	}
+	v.mu.Lock()
+	v.alerts[strings.TrimSuffix(strings.TrimPrefix(ev.Type, "repeatrate."), ".v1")]++
+	v.mu.Unlock()
+}
+
+// print writes the view every period until ctx ends.
+func (v *demoView) print(ctx context.Context, out io.Writer, period time.Duration) {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	last := int64(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			sent := v.sent.Load()
+			io.WriteString(out, v.render(now, sent-last, period, 8))
+			last = sent
+		}
+	}
+}
+
+// render is one block of the view: a summary line, then up to top corrections by scored
+// opportunities, each with its Live and Evaluation all-time rate (never pooled).
+func (v *demoView) render(now time.Time, sent int64, period time.Duration, top int) string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s  %d events in (%.1f/s), %d snapshots out; dead letters: %s; alerts: %s\n",
+		now.Format("15:04:05"), sent, float64(sent)/period.Seconds(), v.snapshots, counts(v.deadLetters), counts(v.alerts))
+	type row struct {
+		name       string
+		live, eval *schemas.Snapshot
+		scored     int64
+	}
+	rows := map[string]*row{}
+	for _, s := range v.latest {
+		a := s.Aggregate
+		name := strings.Join([]string{show(a.Workspace), show(a.Model), show(a.Run), show(a.Checkpoint), show(a.Artifact), show(a.CorrectionID)}, " ")
+		r := rows[name]
+		if r == nil {
+			r = &row{name: name}
+			rows[name] = r
+		}
+		if a.Source == "live" {
+			r.live = &s
+		} else {
+			r.eval = &s
+		}
+		r.scored += s.Windows.All.Scored
+	}
+	list := make([]*row, 0, len(rows))
+	for _, r := range rows {
+		list = append(list, r)
+	}
+	slices.SortFunc(list, func(a, b *row) int {
+		return cmp.Or(cmp.Compare(b.scored, a.scored), strings.Compare(a.name, b.name))
+	})
+	if len(list) > 0 {
+		fmt.Fprintf(&b, "  %-40s  %-36s  %s\n", "scope (workspace … artifact) correction", "live, all time", "evaluation, all time")
+	}
+	for _, r := range list[:min(top, len(list))] {
+		fmt.Fprintf(&b, "  %-40s  %-36s  %s\n", r.name, rateText(r.live), rateText(r.eval))
+	}
+	return b.String()
+}
+
+// rateText is a window's rate with its 95 % interval and counts, or what is missing.
+func rateText(s *schemas.Snapshot) string {
+	if s == nil {
+		return "no events"
+	}
+	w := s.Windows.All
+	if w.Status != schemas.StatusMeasured {
+		return fmt.Sprintf("not measured (%d unscored)", w.Unscored)
+	}
+	return fmt.Sprintf("%5.1f%% of %d [%.0f–%.0f%%] +%d unscored", *w.Percentage, w.Scored, 100*w.CI95.Low, 100*w.CI95.High, w.Unscored)
+}
+
+// counts renders a tally as "a 2, b 1" in name order, or "none".
+func counts(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + " " + strconv.Itoa(m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// show prints a scope part as it is when it is plain printable text, quoted otherwise, so the
+// view is readable (m|small, not m%7Csmall) and no part can smuggle escape codes to a terminal.
+func show(s string) string {
+	for _, r := range s {
+		if r == ' ' || !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	if s == "" {
+		return `""`
+	}
+	return s
+}
