@@ -70,9 +70,9 @@ func TestDevExitsZeroOnInterrupt(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	// Wait until the demo prints a snapshot line, then interrupt it as Ctrl-C does.
+	// Wait until the demo prints its first summary, then interrupt it as Ctrl-C does.
 	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(out.String(), " v") && time.Now().Before(deadline) {
+	for !strings.Contains(out.String(), "events in") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
@@ -197,8 +197,8 @@ func TestDevMemoryBounded(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(out.String(), " v") {
-		t.Fatalf("the demo printed no snapshot:\n%s", lastLines(out.String(), 10))
+	if !strings.Contains(out.String(), "events in") {
+		t.Fatalf("the demo printed no summary:\n%s", lastLines(out.String(), 10))
 	}
 	t.Logf("peak RSS %d MB over 40 s at 500 events/s", peak>>20)
 	if peak > 300<<20 {
