@@ -148,6 +148,8 @@ type trafficConfig struct {
 	// OnWriteError decides what a failed write does: nil ends the run with the error; a function
 	// returning nil drops the write's events and goes on (the demo logs and continues).
 	OnWriteError func(error) error
+	// OnSent, if set, is told the number of events of each successful write, as it happens.
+	OnSent func(n int)
 }
 
 // loadStats is what a run of generateLoad sent.
@@ -270,6 +272,9 @@ func generateLoad(ctx context.Context, cfg trafficConfig, w consumer.MessageWrit
 		st.Sent += int64(n)
 		st.Poison += poison
 		st.Eval += eval
+		if cfg.OnSent != nil {
+			cfg.OnSent(n)
+		}
 	}
 	st.Skipped = p.skipped
 	if st.Sent == 0 {

@@ -236,12 +236,14 @@ func TestLoadgenStopsOnCancel(t *testing.T) {
 	var w countingWriter
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	st, err := generateLoad(ctx, trafficConfig{Rate: 1000, Mix: synth.Config{Seed: 1, Poison: 0.5}, LiveTopic: "l", EvalTopic: "e"}, &w)
+	var told int64
+	st, err := generateLoad(ctx, trafficConfig{Rate: 1000, Mix: synth.Config{Seed: 1, Poison: 0.5}, LiveTopic: "l", EvalTopic: "e",
+		OnSent: func(n int) { told += int64(n) }}, &w)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Sent == 0 || st.Sent != w.n || st.Finished {
-		t.Fatalf("sent %d, writer got %d, finished %v", st.Sent, w.n, st.Finished)
+	if st.Sent == 0 || st.Sent != w.n || st.Sent != told || st.Finished {
+		t.Fatalf("sent %d, writer got %d, OnSent told %d, finished %v", st.Sent, w.n, told, st.Finished)
 	}
 	if st.Sent > 1000 { // 0.3 s at 1000/s, with a second of catch-up at most
 		t.Fatalf("sent %d events in 0.3 s at 1000/s", st.Sent)
