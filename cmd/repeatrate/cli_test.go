@@ -72,7 +72,7 @@ func TestDevExitsZeroOnInterrupt(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	// Wait until the demo prints its first summary, then interrupt it as Ctrl-C does.
 	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(out.String(), "events in") && time.Now().Before(deadline) {
+	for !strings.Contains(out.String(), "events/s in") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
@@ -197,11 +197,67 @@ func TestDevMemoryBounded(t *testing.T) {
 			}
 		}
 	}
-	if !strings.Contains(out.String(), "events in") {
+	if !strings.Contains(out.String(), "events/s in") {
 		t.Fatalf("the demo printed no summary:\n%s", lastLines(out.String(), 10))
 	}
 	t.Logf("peak RSS %d MB over 40 s at 500 events/s", peak>>20)
 	if peak > 300<<20 {
 		t.Fatalf("the demo's resident memory reached %d MB, over the 300 MB bound", peak>>20)
+	}
+}
+
+// TestDevLiveViewInTerminal runs the demo in a real terminal (tmux), reads the screen as a person
+// would, and stops it with Ctrl-C.
+func TestDevLiveViewInTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo in tmux")
+	}
+	if _, err := exec.LookPath("tmux"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("tmux is required under CI=true")
+		}
+		t.Skip("tmux not installed")
+	}
+	session := fmt.Sprintf("rr-test-%d", os.Getpid())
+	tmux := func(args ...string) string {
+		out, err := exec.Command("tmux", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "30",
+		buildBinary(t)+" dev --demo --kafka-addr 127.0.0.1:0 --redis-addr 127.0.0.1:0 --http-addr 127.0.0.1:0; echo EXIT=$?; sleep 60")
+	defer exec.Command("tmux", "kill-session", "-t", session).Run()
+	screen := ""
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(500 * time.Millisecond)
+		if screen = tmux("capture-pane", "-p", "-t", session); strings.Contains(screen, "ws-") {
+			break
+		}
+	}
+	for _, want := range []string{"events/s in", "snapshots out", "dead letters:", "live, all time", "evaluation, all time",
+		"m|small", "run-1 ckpt-7 prod fix-", "(Ctrl-C stops the demo)"} {
+		if !strings.Contains(screen, want) {
+			t.Fatalf("the screen does not show %q:\n%s", want, screen)
+		}
+	}
+	// In place: one header on the screen however long it ran, not a scrolling log.
+	time.Sleep(2 * time.Second)
+	screen = tmux("capture-pane", "-p", "-t", session)
+	if n := strings.Count(screen, "live, all time"); n != 1 {
+		t.Fatalf("the view shows its header %d times: it scrolls instead of refreshing in place:\n%s", n, screen)
+	}
+	t.Logf("the live view:\n%s", screen)
+	tmux("send-keys", "-t", session, "C-c")
+	for time.Now().Before(deadline.Add(30 * time.Second)) {
+		time.Sleep(500 * time.Millisecond)
+		if screen = tmux("capture-pane", "-p", "-t", session); strings.Contains(screen, "EXIT=") {
+			break
+		}
+	}
+	if !strings.Contains(screen, "EXIT=0") {
+		t.Fatalf("Ctrl-C did not end the demo with 0:\n%s", screen)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/term"
 
 	"github.com/repeatrate/repeatrate/internal/synth"
 )
@@ -110,7 +111,11 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		view := newDemoView()
 		g.Go(func() error { return demoTraffic(gctx, kc, *rate, &view.sent, log) })
 		g.Go(func() error { return view.follow(gctx, kc) })
-		g.Go(func() error { view.print(gctx, stdout, 5*time.Second); return nil })
+		if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			g.Go(func() error { return view.live(gctx, stdout) })
+		} else {
+			g.Go(func() error { view.print(gctx, stdout, 5*time.Second); return nil })
+		}
 	}
 	return g.Wait()
 }

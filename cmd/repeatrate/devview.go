@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	tea "github.com/charmbracelet/bubbletea"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/consumer"
@@ -120,8 +121,8 @@ func (v *demoView) render(now time.Time, sent int64, period time.Duration, top i
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s  %d events in (%.1f/s), %d snapshots out; dead letters: %s; alerts: %s\n",
-		now.Format("15:04:05"), sent, float64(sent)/period.Seconds(), v.snapshots, counts(v.deadLetters), counts(v.alerts))
+	fmt.Fprintf(&b, "%s  %.1f events/s in, %d snapshots out; dead letters: %s; alerts: %s\n",
+		now.Format("15:04:05"), float64(sent)/period.Seconds(), v.snapshots, counts(v.deadLetters), counts(v.alerts))
 	type row struct {
 		name       string
 		live, eval *schemas.Snapshot
@@ -200,4 +201,53 @@ func show(s string) string {
 		return `""`
 	}
 	return s
+}
+
+// liveView redraws the view in place once a second on a terminal, through bubbletea's renderer.
+// It takes no keyboard input, so Ctrl-C stays a signal and stops dev as it does without a terminal.
+type liveView struct {
+	v      *demoView
+	text   string
+	last   int64     // events sent at the previous tick
+	lastAt time.Time // time of the previous tick
+}
+
+type liveTick time.Time
+
+func (m *liveView) Init() tea.Cmd { return m.tick() }
+
+func (m *liveView) tick() tea.Cmd {
+	return tea.Tick(time.Second, func(t time.Time) tea.Msg { return liveTick(t) })
+}
+
+func (m *liveView) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	if t, ok := msg.(liveTick); ok {
+		now := time.Time(t)
+		sent := m.v.sent.Load()
+		period := now.Sub(m.lastAt)
+		if m.lastAt.IsZero() || period <= 0 {
+			period = time.Second
+		}
+		m.text = m.v.render(now, sent-m.last, period, 12) + "\n(Ctrl-C stops the demo)\n"
+		m.last, m.lastAt = sent, now
+		return m, m.tick()
+	}
+	return m, nil
+}
+
+func (m *liveView) View() string {
+	if m.text == "" {
+		return "waiting for the first events…\n"
+	}
+	return m.text
+}
+
+// live shows the view in place on out, a terminal, until ctx ends.
+func (v *demoView) live(ctx context.Context, out io.Writer) error {
+	p := tea.NewProgram(&liveView{v: v}, tea.WithContext(ctx), tea.WithInput(nil), tea.WithOutput(out),
+		tea.WithoutSignalHandler())
+	if _, err := p.Run(); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("live view: %w", err)
+	}
+	return nil
 }
