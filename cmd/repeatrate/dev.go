@@ -13,13 +13,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/term"
-
-	"github.com/repeatrate/repeatrate/internal/synth"
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -131,41 +128,18 @@ func freePort() (int, error) {
 
 // demoTraffic publishes synthetic events at rate per second until ctx ends.
 func demoTraffic(ctx context.Context, kc *kafkaClients, rate int, sent *atomic.Int64, log *zap.Logger) error {
-	gen := synth.New(synth.Config{Seed: uint64(time.Now().UnixNano()), Workspaces: 2, Corrections: 2,
-		Duplicates: 0.1, Reassessed: 0.1, Poison: 0.02, EvalShare: 0.3})
+	mix := demoMix
+	mix.Seed = uint64(time.Now().UnixNano())
 	w := kc.writer(TopicLive)
-	w.Topic = ""
+	w.Topic = "" // each message names its topic
 	defer w.Close()
-	tick := time.NewTicker(time.Second / time.Duration(max(1, rate)))
-	defer tick.Stop()
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
+	_, err := generateLoad(ctx, trafficConfig{Rate: max(1, rate), Mix: mix, LiveTopic: TopicLive, EvalTopic: TopicEval,
+		OnSent: func(n int) { sent.Add(int64(n)) },
+		OnWriteError: func(err error) error {
+			if ctx.Err() == nil {
+				log.Warn("demo produce", zap.Error(err))
+			}
 			return nil
-		case <-tick.C:
-		}
-		line, _ := gen.Line(time.Now())
-		topic := TopicLive
-		if i%3 == 0 {
-			topic = TopicEval // any input topic accepts either type
-		}
-		if _, err := produce(ctx, bytesReader(line), topicWriter{w, topic}); err != nil && ctx.Err() == nil {
-			log.Warn("demo produce", zap.Error(err))
-		} else {
-			sent.Add(1)
-		}
-	}
-}
-
-// topicWriter directs a topic-less writer's messages to one topic.
-type topicWriter struct {
-	w     *kafka.Writer
-	topic string
-}
-
-func (t topicWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
-	for i := range msgs {
-		msgs[i].Topic = t.topic
-	}
-	return t.w.WriteMessages(ctx, msgs...)
+		}}, w)
+	return err
 }

@@ -102,5 +102,3 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 	}
 	return total, flush()
 }
-
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
