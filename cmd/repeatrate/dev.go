@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -87,7 +88,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer log.Sync()
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return runProcessor(gctx, cfg, log) })
+	reg := prometheus.NewRegistry()
+	g.Go(func() error { return runProcessorWith(gctx, cfg, log, reg) })
 	g.Go(func() error {
 		tick := time.NewTicker(min(*kafkaRetention/4, 30*time.Second))
 		defer tick.Stop()
@@ -106,6 +108,7 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return err
 		}
 		view := newDemoView()
+		view.outcomes = func() map[string]int { return observationOutcomes(reg) }
 		g.Go(func() error { return demoTraffic(gctx, kc, *rate, &view.sent, log) })
 		g.Go(func() error { return view.follow(gctx, kc) })
 		if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {

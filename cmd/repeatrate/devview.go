@@ -14,6 +14,7 @@ import (
 	"time"
 
 	tea "github.com/charmbracelet/bubbletea"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/consumer"
@@ -31,6 +32,10 @@ type demoView struct {
 	snapshots   int
 	deadLetters map[string]int // by reason
 	alerts      map[string]int // by event type
+
+	// outcomes, when set, returns the processor's observations so far by outcome (counted,
+	// duplicate, …): what deduplication did, which the output topics do not show.
+	outcomes func() map[string]int
 }
 
 func newDemoView() *demoView {
@@ -123,6 +128,9 @@ func (v *demoView) render(now time.Time, sent int64, period time.Duration, top i
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s  %.1f events/s in, %d snapshots out; dead letters: %s; alerts: %s\n",
 		now.Format("15:04:05"), float64(sent)/period.Seconds(), v.snapshots, counts(v.deadLetters), counts(v.alerts))
+	if v.outcomes != nil {
+		fmt.Fprintf(&b, "          opportunities: %s\n", counts(v.outcomes()))
+	}
 	type row struct {
 		name       string
 		live, eval *schemas.Snapshot
@@ -250,4 +258,26 @@ func (v *demoView) live(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("live view: %w", err)
 	}
 	return nil
+}
+
+// observationOutcomes reads repeatrate_observations_total by outcome from reg.
+func observationOutcomes(reg prometheus.Gatherer) map[string]int {
+	out := map[string]int{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "repeatrate_observations_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					out[l.GetValue()] = int(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return out
 }

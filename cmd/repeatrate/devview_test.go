@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
 )
@@ -47,6 +49,12 @@ func TestDemoViewGolden(t *testing.T) {
 	v.deadLetter(kafka.Message{Headers: []kafka.Header{{Key: "repeatrate-dlq-reason", Value: []byte("undecodable")}}})
 	v.deadLetter(kafka.Message{Headers: []kafka.Header{{Key: "repeatrate-dlq-reason", Value: []byte("bad_time")}}})
 	v.alert(kafka.Message{Value: []byte(`{"type":"repeatrate.case.revived.v1"}`)})
+	reg := prometheus.NewRegistry()
+	m := consumer.NewMetrics(reg)
+	m.Outcomes.WithLabelValues("counted").Add(26)
+	m.Outcomes.WithLabelValues("duplicate").Add(3)
+	m.Outcomes.WithLabelValues("reassessed").Add(1)
+	v.outcomes = func() map[string]int { return observationOutcomes(reg) }
 	got := v.render(at, 100, 5*time.Second, 8)
 	golden := filepath.Join("testdata", "demo_view.golden")
 	if *update {

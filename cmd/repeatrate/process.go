@@ -84,6 +84,11 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 // runProcessor runs the processor until ctx ends, then shuts down in order: stop fetching, finish
 // and commit the batch in hand, flush the writers, close Redis.
 func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
+	return runProcessorWith(ctx, cfg, log, prometheus.NewRegistry())
+}
+
+// runProcessorWith is runProcessor registering its metrics on reg, which dev's view reads.
+func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *prometheus.Registry) error {
 	log.Info("starting", zap.Strings("brokers", cfg.Kafka.Brokers), zap.String("group", cfg.Kafka.GroupID),
 		zap.Strings("inputs", cfg.Kafka.InputTopics), zap.Strings("redis", cfg.Redis.Addrs),
 		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled), zap.String("kafka_sasl", cfg.Kafka.SASL.Mechanism),
@@ -94,7 +99,6 @@ func runProcessor(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer rdb.Close()
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rt := prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_redis_roundtrips_total",
 		Help: "Redis round trips: commands sent alone plus pipelines."})
