@@ -35,17 +35,23 @@ func TestCommandExitCodes(t *testing.T) {
 		{"replay --help", []string{"replay", "--help"}, true, "-in"},
 		{"produce --help", []string{"produce", "--help"}, true, "-topic"},
 		{"tail --help", []string{"tail", "--help"}, true, "-topic"},
+		{"loadgen --help", []string{"loadgen", "--help"}, true, "-rate"},
 		// Mistakes are errors that say what was wrong.
 		{"no command", nil, false, "no command"},
 		{"unknown command", []string{"bogus"}, false, `unknown command "bogus"`},
 		{"unknown flag", []string{"replay", "--nope"}, false, "flag provided but not defined: -nope"},
 		{"bad flag value", []string{"tail", "--idle", "soon"}, false, "invalid value"},
+		{"unknown flag of run", []string{"run", "--kafka-brokerz", "x"}, false, "flag provided but not defined: -kafka-brokerz"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			err := run(ctx, tc.args, noenv, strings.NewReader(""), &out, &errOut)
 			if (err == nil) != tc.ok {
 				t.Fatalf("err = %v, want ok %v", err, tc.ok)
+			}
+			if tc.name != "no command" && tc.name != "unknown command" && err != nil && errOut.Len() > 0 {
+				// main prints the error on one line; nothing else may precede it.
+				t.Fatalf("a mistake printed more than its error:\n%s", errOut.String())
 			}
 			said := out.String() + errOut.String()
 			if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -21,8 +20,7 @@ import (
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("dev", stderr)
 	kafkaAddr := fs.String("kafka-addr", "127.0.0.1:9092", "address of the embedded Kafka-protocol broker (port 0: any free port)")
 	redisAddr := fs.String("redis-addr", "127.0.0.1:6379", "address of the embedded Redis-protocol server (port 0: any free port)")
 	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HTTP address (health, metrics, API, badge)")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -34,8 +33,7 @@ const (
 )
 
 func loadgenCommand(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("loadgen", stderr)
 	brokers := fs.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers (comma-separated)")
 	rate := fs.Int("rate", 100, "events per second")
 	duration := fs.Duration("duration", 0, "how long to send (0: until interrupted)")

@@ -84,3 +84,30 @@ func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string
 	fmt.Fprintln(stderr, usage)
 	return fmt.Errorf("unknown command %q", cmd)
 }
+
+// newFlagSet returns a command's flag set. Asked for help (-h), it prints the command's flags to
+// stderr; on a mistake it prints nothing, and the error comes back from Parse for main to print
+// once, on one line, instead of the flag package's message followed by every flag.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	out := &flagErrors{}
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		if out.wrote {
+			return // a parse error: its message was swallowed, Parse returns it
+		}
+		fs.SetOutput(stderr)
+		defer fs.SetOutput(out)
+		fmt.Fprintf(stderr, "usage: repeatrate %s [flags]\n\n", name)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// flagErrors swallows what the flag package writes before calling Usage on a parse error.
+type flagErrors struct{ wrote bool }
+
+func (o *flagErrors) Write(p []byte) (int, error) {
+	o.wrote = true
+	return len(p), nil
+}

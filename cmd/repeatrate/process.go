@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -28,8 +27,7 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 // configured runs fn with the configuration of flags, file and environment, and a logger.
 func configured(ctx context.Context, name string, args []string, getenv func(string) string, stderr io.Writer,
 	fn func(context.Context, Config, *zap.Logger) error) error {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet(name, stderr)
 	cfg, err := loadConfig(fs, args, getenv)
 	if err != nil {
 		return err

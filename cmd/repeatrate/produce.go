@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,8 +18,7 @@ import (
 )
 
 func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr io.Writer) error {
-	fs := flag.NewFlagSet("produce", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("produce", stderr)
 	brokers := fs.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers (comma-separated)")
 	topic := fs.String("topic", TopicLive, "topic to publish to")
 	in := fs.String("in", "-", "NDJSON file of structured CloudEvents (- for standard input)")

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -31,8 +30,7 @@ type replayDeadLetter struct {
 }
 
 func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("replay", stderr)
 	in := fs.String("in", "", "NDJSON file of structured CloudEvents (- for standard input)")
 	asOf := fs.String("as-of", "", "observation time, RFC 3339 (default: the largest occurred_at seen)")
 	out := fs.String("out", "", "write snapshots here instead of standard output")

@@ -14,8 +14,7 @@ import (
 )
 
 func tailCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("tail", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("tail", stderr)
 	brokers := fs.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers (comma-separated)")
 	topic := fs.String("topic", TopicSnapshots, "topic to print")
 	idle := fs.Duration("idle", 5*time.Second, "exit after this long without a new message")
