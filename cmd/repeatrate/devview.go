@@ -32,6 +32,7 @@ type demoView struct {
 	snapshots   int
 	deadLetters map[string]int // by reason
 	alerts      map[string]int // by event type
+	recent      []string       // the last few alerts, newest last
 
 	// outcomes, when set, returns the processor's observations so far by outcome (counted,
 	// duplicate, …): what deduplication did, which the output topics do not show.
@@ -93,14 +94,22 @@ func (v *demoView) deadLetter(m kafka.Message) {
 
 func (v *demoView) alert(m kafka.Message) {
 	var ev struct {
-		Type string `json:"type"`
+		Type    string `json:"type"`
+		Subject string `json:"subject"`
+		Time    string `json:"time"`
 	}
 	if json.Unmarshal(m.Value, &ev) != nil {
 		return
 	}
+	kind := strings.TrimSuffix(strings.TrimPrefix(ev.Type, "repeatrate."), ".v1")
 	v.mu.Lock()
-	v.alerts[strings.TrimSuffix(strings.TrimPrefix(ev.Type, "repeatrate."), ".v1")]++
-	v.mu.Unlock()
+	defer v.mu.Unlock()
+	v.alerts[kind]++
+	// The subject is escaped identity text; show it whole but never raw control bytes.
+	v.recent = append(v.recent, kind+" "+show(ev.Subject))
+	if len(v.recent) > 3 {
+		v.recent = v.recent[1:]
+	}
 }
 
 // print writes the view every period until ctx ends.
@@ -130,6 +139,9 @@ func (v *demoView) render(now time.Time, sent int64, period time.Duration, top i
 		now.Format("15:04:05"), float64(sent)/period.Seconds(), v.snapshots, counts(v.deadLetters), counts(v.alerts))
 	if v.outcomes != nil {
 		fmt.Fprintf(&b, "          opportunities: %s\n", counts(v.outcomes()))
+	}
+	for _, a := range v.recent {
+		fmt.Fprintf(&b, "          alert: %s\n", a)
 	}
 	type row struct {
 		name       string

@@ -48,7 +48,7 @@ func TestDemoViewGolden(t *testing.T) {
 	v.deadLetter(kafka.Message{Headers: []kafka.Header{{Key: "repeatrate-dlq-reason", Value: []byte("undecodable")}}})
 	v.deadLetter(kafka.Message{Headers: []kafka.Header{{Key: "repeatrate-dlq-reason", Value: []byte("undecodable")}}})
 	v.deadLetter(kafka.Message{Headers: []kafka.Header{{Key: "repeatrate-dlq-reason", Value: []byte("bad_time")}}})
-	v.alert(kafka.Message{Value: []byte(`{"type":"repeatrate.case.revived.v1"}`)})
+	v.alert(kafka.Message{Value: []byte(`{"type":"repeatrate.case.revived.v1","subject":"ws-0|regressions|case-fix-1"}`)})
 	reg := prometheus.NewRegistry()
 	m := consumer.NewMetrics(reg)
 	m.Outcomes.WithLabelValues("counted").Add(26)
