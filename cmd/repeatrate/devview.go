@@ -135,11 +135,11 @@ func (v *demoView) render(now time.Time, sent int64, period time.Duration, top i
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s  %.1f events/s in, %d snapshots out; dead letters: %s; alerts: %s\n",
-		now.Format("15:04:05"), float64(sent)/period.Seconds(), v.snapshots, counts(v.deadLetters), counts(v.alerts))
+	fmt.Fprintf(&b, "%s  %.1f events/s in, %d snapshots out\n", now.Format("15:04:05"), float64(sent)/period.Seconds(), v.snapshots)
 	if v.outcomes != nil {
 		fmt.Fprintf(&b, "          opportunities: %s\n", counts(v.outcomes()))
 	}
+	fmt.Fprintf(&b, "          dead letters: %s\n          alerts: %s\n", counts(v.deadLetters), counts(v.alerts))
 	for _, a := range v.recent {
 		fmt.Fprintf(&b, "          alert: %s\n", a)
 	}
