@@ -124,19 +124,7 @@ func TestReassessment(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewModel(30 * 24 * h)
-			var got []Outcome
-			for _, e := range tc.events {
-				got = append(got, m.ApplyBatch([]Observation{e})...)
-			}
-			for i := range got {
-				if got[i] != tc.outcomes[i] {
-					t.Fatalf("outcomes = %v, want %v", got, tc.outcomes)
-				}
-			}
-			if all := m.Tally(keyLive, t0).All; all != tc.all {
-				t.Fatalf("all = %+v, want %+v", all, tc.all)
-			}
+			applyEach(t, NewModel(30*24*h), tc.events, tc.outcomes, tc.all, t0)
 		})
 	}
 }
@@ -331,19 +319,23 @@ func TestRetentionKeepsIdentityWhileHorizonRetained(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewModel(24 * h)
-			var got []Outcome
-			for _, e := range tc.events {
-				got = append(got, m.ApplyBatch([]Observation{e})...)
-			}
-			for i := range got {
-				if got[i] != tc.outcomes[i] {
-					t.Fatalf("outcomes = %v, want %v", got, tc.outcomes)
-				}
-			}
-			if all := m.Tally(keyLive, t0.Add(200*h)).All; all != tc.all {
-				t.Fatalf("all = %+v, want %+v", all, tc.all)
-			}
+			applyEach(t, NewModel(24*h), tc.events, tc.outcomes, tc.all, t0.Add(200*h))
 		})
+	}
+}
+
+// applyEach applies events to m one batch each and requires the outcomes and, at time at, the
+// all-time counts.
+func applyEach(t *testing.T, m *Model, events []Observation, outcomes []Outcome, all Counts, at time.Time) {
+	t.Helper()
+	var got []Outcome
+	for _, e := range events {
+		got = append(got, m.ApplyBatch([]Observation{e})...)
+	}
+	if !slices.Equal(got, outcomes) {
+		t.Fatalf("outcomes = %v, want %v", got, outcomes)
+	}
+	if a := m.Tally(keyLive, at).All; a != all {
+		t.Fatalf("all = %+v, want %+v", a, all)
 	}
 }

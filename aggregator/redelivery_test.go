@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -200,23 +201,23 @@ func TestRedeliveryAndReorderingEqualOneCleanPass(t *testing.T) {
 				return func(k Key, at time.Time) (Tally, error) { return s.Tally(ctx, k, at) }
 			}
 			want := counts(t, modelRead(clean), keys, at)
+			// both delivers s with crashes to the model and to a Redis store of its own, and
+			// requires each to end in want.
+			both := func(what string, s []Observation, want map[Key]Tally) {
+				t.Helper()
+				m := NewModel(tc.retention)
+				deliver(t, m, r, s, 3)
+				sameCounts(t, "model, "+what, counts(t, modelRead(m), keys, at), want)
+				store, _ := testStore(t, fmt.Sprint(strings.ReplaceAll(what, " ", "-"), tc.seed), RedisConfig{Retention: tc.retention})
+				deliver(t, store, r, s, 3)
+				sameCounts(t, "redis, "+what, counts(t, redisRead(store), keys, at), want)
+			}
 
 			// Redelivery, in the stream's order.
-			m := NewModel(tc.retention)
-			deliver(t, m, r, stream, 3)
-			sameCounts(t, "model with redelivery", counts(t, modelRead(m), keys, at), want)
-			store, _ := testStore(t, fmt.Sprint("redeliver", tc.seed), RedisConfig{Retention: tc.retention})
-			deliver(t, store, r, stream, 3)
-			sameCounts(t, "redis with redelivery", counts(t, redisRead(store), keys, at), want)
+			both("redelivered", stream, want)
 
 			// Partitions keyed by aggregate, as producers are asked to key, interleaved another way.
-			byAgg := interleave(r, partitionBy(stream, 4, func(o Observation) string { return o.Key.String() }))
-			m = NewModel(tc.retention)
-			deliver(t, m, r, byAgg, 3)
-			sameCounts(t, "model, partitions interleaved", counts(t, modelRead(m), keys, at), want)
-			store, _ = testStore(t, fmt.Sprint("interleave", tc.seed), RedisConfig{Retention: tc.retention})
-			deliver(t, store, r, byAgg, 3)
-			sameCounts(t, "redis, partitions interleaved", counts(t, redisRead(store), keys, at), want)
+			both("partitions interleaved", interleave(r, partitionBy(stream, 4, func(o Observation) string { return o.Key.String() })), want)
 
 			// Keys that do not follow aggregates: a well-behaved producer's stream in any order at all.
 			good := consistent(stream)
@@ -225,12 +226,7 @@ func TestRedeliveryAndReorderingEqualOneCleanPass(t *testing.T) {
 			wantGood := counts(t, modelRead(clean), keys, at)
 			shuffled := slices.Clone(good)
 			r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-			m = NewModel(tc.retention)
-			deliver(t, m, r, shuffled, 3)
-			sameCounts(t, "model, any order", counts(t, modelRead(m), keys, at), wantGood)
-			store, _ = testStore(t, fmt.Sprint("shuffle", tc.seed), RedisConfig{Retention: tc.retention})
-			deliver(t, store, r, shuffled, 3)
-			sameCounts(t, "redis, any order", counts(t, redisRead(store), keys, at), wantGood)
+			both("any order", shuffled, wantGood)
 		})
 	}
 }

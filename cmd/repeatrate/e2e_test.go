@@ -204,10 +204,12 @@ type pipeline struct {
 	start time.Time
 }
 
-// startPipeline creates the topics, produces input (n lines) and starts the processor.
-func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipeline {
+// isolated returns a configuration whose group, topics and Redis prefix are the test's own (its
+// Redis keys deleted afterwards), with Kafka clients on it and the topics created, the input and
+// snapshot topics with parts partitions.
+func isolated(ctx context.Context, t *testing.T, what string, parts int) (Config, *kafkaClients) {
 	t.Helper()
-	name := testenv.Name(t, "e2e")
+	name := testenv.Name(t, what)
 	cfg := defaultConfig()
 	cfg.Kafka.Brokers = testenv.KafkaBrokers(t)
 	cfg.Kafka.GroupID = name
@@ -216,7 +218,6 @@ func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipe
 	cfg.Kafka.SuiteTopic = name + ".suites"
 	cfg.Kafka.AlertsTopic = name + ".alerts"
 	cfg.Kafka.DLQTopic = name + ".dlq"
-	cfg.Kafka.CreateTopics = true
 	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
 	cfg.Redis.KeyPrefix = name
 	cfg.HTTPAddr = ""
@@ -225,12 +226,20 @@ func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipe
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := kc.ensureTopics(ctx, []topicSpec{{name: name + ".in", partitions: 4},
-		{name: cfg.Kafka.SnapshotTopic, partitions: 4, compacted: true}, {name: cfg.Kafka.SuiteTopic, partitions: 4, compacted: true},
+	if err := kc.ensureTopics(ctx, []topicSpec{{name: name + ".in", partitions: parts},
+		{name: cfg.Kafka.SnapshotTopic, partitions: parts, compacted: true}, {name: cfg.Kafka.SuiteTopic, partitions: parts, compacted: true},
 		{name: cfg.Kafka.AlertsTopic, partitions: 1}, {name: cfg.Kafka.DLQTopic, partitions: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	w := kc.writer(name + ".in")
+	return cfg, kc
+}
+
+// startPipeline creates the topics, produces input (n lines) and starts the processor.
+func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipeline {
+	t.Helper()
+	cfg, kc := isolated(ctx, t, "e2e", 4)
+	cfg.Kafka.CreateTopics = true
+	w := kc.writer(cfg.Kafka.InputTopics[0])
 	produced, err := produce(ctx, bytes.NewReader(input), w)
 	w.Close()
 	if err != nil || produced != n {

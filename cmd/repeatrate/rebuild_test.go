@@ -221,29 +221,8 @@ type rebuildFixture struct {
 
 func newRebuildFixture(ctx context.Context, t *testing.T) *rebuildFixture {
 	t.Helper()
-	name := testenv.Name(t, "rebuild")
-	cfg := defaultConfig()
-	cfg.Kafka.Brokers = testenv.KafkaBrokers(t)
-	cfg.Kafka.GroupID = name
-	cfg.Kafka.InputTopics = []string{name + ".in"}
-	cfg.Kafka.SnapshotTopic = name + ".snapshots"
-	cfg.Kafka.SuiteTopic = name + ".suites"
-	cfg.Kafka.AlertsTopic = name + ".alerts"
-	cfg.Kafka.DLQTopic = name + ".dlq"
-	cfg.Redis.Addrs = []string{testenv.RedisAddr(t)}
-	cfg.Redis.KeyPrefix = name
+	cfg, kc := isolated(ctx, t, "rebuild", 2)
 	cfg.Batch.CommitDelay = 0
-	cfg.HTTPAddr = ""
-	testenv.CleanPrefix(t, testenv.Redis(t), name)
-	kc, err := newKafkaClients(cfg.Kafka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kc.ensureTopics(ctx, []topicSpec{{name: name + ".in", partitions: 2},
-		{name: cfg.Kafka.SnapshotTopic, partitions: 2, compacted: true}, {name: cfg.Kafka.SuiteTopic, partitions: 2, compacted: true},
-		{name: cfg.Kafka.AlertsTopic, partitions: 1}, {name: cfg.Kafka.DLQTopic, partitions: 1}}); err != nil {
-		t.Fatal(err)
-	}
 	return &rebuildFixture{cfg: cfg, kc: kc}
 }
 
