@@ -1,5 +1,5 @@
-// Package aggregator holds the correction repeat-rate and suite-health semantics
-// (docs/semantics.md) and the Redis state that makes them durable.
+// Package aggregator holds the correction repeat-rate semantics (docs/semantics.md) and the Redis
+// state that makes them durable; its subpackage suite does the same for suite health.
 //
 // Model is the pure, in-memory statement of the rules: opportunity identity, re-assessment order,
 // retention, windows, rates and Wilson intervals. It takes time as an argument and does no I/O;

@@ -31,7 +31,10 @@ type State struct {
 const stateLayout = "/layout3"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
-func epochKey(ns string) string       { return ns + ":epoch" }
+
+// EpochKey is the key of namespace ns's epoch marker, which every apply pipeline (of any store
+// under ns) reads to detect lost state.
+func EpochKey(ns string) string { return ns + ":epoch" }
 
 // OpenState finds the current namespace under prefix and its epoch. A namespace without an epoch
 // is new when nothing was ever consumed (hadProgress false): its epoch is created. When the
@@ -45,7 +48,7 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 	} else if err != nil {
 		return State{}, fmt.Errorf("read namespace pointer: %w", err)
 	}
-	epoch, err := c.Get(ctx, epochKey(ns)).Result()
+	epoch, err := c.Get(ctx, EpochKey(ns)).Result()
 	switch {
 	case err == nil && strings.HasPrefix(epoch, retiredMark):
 		return State{}, fmt.Errorf("%w: namespace %q is retired (%s): a rebuild is running or was interrupted; "+
@@ -69,10 +72,10 @@ func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State
 	rand.Read(b)
 	epoch := time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b) + stateLayout
 	// NX: when several instances start at once, all adopt the first one's epoch.
-	if err := c.SetNX(ctx, epochKey(ns), epoch, 0).Err(); err != nil {
+	if err := c.SetNX(ctx, EpochKey(ns), epoch, 0).Err(); err != nil {
 		return State{}, fmt.Errorf("create epoch: %w", err)
 	}
-	got, err := c.Get(ctx, epochKey(ns)).Result()
+	got, err := c.Get(ctx, EpochKey(ns)).Result()
 	if err != nil {
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	}
@@ -120,7 +123,7 @@ func Retire(ctx context.Context, c redis.UniversalClient, prefix string, next St
 	if ns == next.Namespace {
 		return "", fmt.Errorf("retire %s: it is already the namespace in use", ns)
 	}
-	if err := c.Set(ctx, epochKey(ns), retiredEpoch(next.Namespace), 0).Err(); err != nil {
+	if err := c.Set(ctx, EpochKey(ns), retiredEpoch(next.Namespace), 0).Err(); err != nil {
 		return "", fmt.Errorf("retire namespace %s: %w", ns, err)
 	}
 	return ns, nil
@@ -140,7 +143,7 @@ func CutOver(ctx context.Context, c redis.UniversalClient, prefix string, next S
 	if ns == next.Namespace {
 		return nil
 	}
-	mark, err := c.Get(ctx, epochKey(ns)).Result()
+	mark, err := c.Get(ctx, EpochKey(ns)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("cut over to %s: read epoch of %s: %w", next.Namespace, ns, err)
 	}
@@ -148,7 +151,7 @@ func CutOver(ctx context.Context, c redis.UniversalClient, prefix string, next S
 		return fmt.Errorf("cut over to %s: namespace %s in use is not retired in its favour (epoch %q): "+
 			"another rebuild started meanwhile, or Redis lost the retirement", next.Namespace, ns, mark)
 	}
-	epoch, err := c.Get(ctx, epochKey(next.Namespace)).Result()
+	epoch, err := c.Get(ctx, EpochKey(next.Namespace)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("cut over to %s: read its epoch: %w", next.Namespace, err)
 	}

@@ -34,7 +34,7 @@ func TestStateLossIsDetected(t *testing.T) {
 	}
 
 	// The state goes (FLUSHALL would take the other tests' keys too; the epoch marker is enough).
-	client.Del(ctx, epochKey(prefix))
+	client.Del(ctx, EpochKey(prefix))
 	if _, err := store.Apply(ctx, batch, t0); !errors.Is(err, ErrStateLost) {
 		t.Fatalf("apply after state loss: %v, want ErrStateLost", err)
 	}
@@ -61,14 +61,14 @@ func TestStateLossIsDetected(t *testing.T) {
 	}
 
 	// A namespace written in an older state layout is refused, never read in the new one.
-	client.Set(ctx, epochKey(fresh.Namespace), "20261129T230000Z-00ff00ff00ff00ff", 0)
+	client.Set(ctx, EpochKey(fresh.Namespace), "20261129T230000Z-00ff00ff00ff00ff", 0)
 	if _, err := OpenState(ctx, client, prefix, true); !errors.Is(err, ErrStateLost) {
 		t.Fatalf("open of an old-layout namespace: %v, want ErrStateLost", err)
 	}
 }
 
 // A rebuild retires the namespace in use before it commits and cuts over: from then on a
-// processor still running on the old namespace fails its next batch (rates and suites) with
+// processor still running on the old namespace fails its next batch with
 // ErrStateLost, and a processor that starts refuses, until the cut-over; after it, starting
 // finds the new namespace while the old stores keep failing.
 func TestCutOverStopsProcessorsOnOldNamespace(t *testing.T) {
@@ -86,26 +86,14 @@ func TestCutOverStopsProcessorsOnOldNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	suites, err := NewRedisSuites(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	batch := []Observation{obs("x", Confirmed, 0, 0, 0)}
-	runs := []RunObservation{{Key: RunKey{SuiteKey: SuiteKey{Workspace: "w", Suite: "s"}, Version: "v1", Case: "c"},
-		Record: RunRecord{Result: 'p', Runs: 1}}}
 	if _, err := rates.Apply(ctx, batch, t0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := suites.Apply(ctx, runs); err != nil {
 		t.Fatal(err)
 	}
 	stopped := func(when string) {
 		t.Helper()
 		if _, err := rates.Apply(ctx, batch, t0); !errors.Is(err, ErrStateLost) || !strings.Contains(err.Error(), "rebuild") {
 			t.Errorf("%s: apply on the old namespace: %v, want ErrStateLost naming the rebuild", when, err)
-		}
-		if _, err := suites.Apply(ctx, runs); !errors.Is(err, ErrStateLost) {
-			t.Errorf("%s: suite apply on the old namespace: %v, want ErrStateLost", when, err)
 		}
 	}
 
@@ -169,7 +157,7 @@ func TestCutOverStopsProcessorsOnOldNamespace(t *testing.T) {
 	if _, err := Retire(ctx, client, prefix, third); err != nil {
 		t.Fatal(err)
 	}
-	client.Del(ctx, epochKey(third.Namespace))
+	client.Del(ctx, EpochKey(third.Namespace))
 	if err := CutOver(ctx, client, prefix, third); !errors.Is(err, ErrStateLost) {
 		t.Fatalf("cut-over to a namespace that lost its epoch: %v, want ErrStateLost", err)
 	}

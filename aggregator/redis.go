@@ -117,7 +117,7 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 	run := func() ([]redis.Cmder, error) {
 		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
-				p.Get(ctx, epochKey(r.cfg.Prefix))
+				p.Get(ctx, EpochKey(r.cfg.Prefix))
 			}
 			if mark > 0 {
 				p.Get(ctx, markKey)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
@@ -26,7 +27,7 @@ func TestSuiteOnlyBatchChecksTheMarkBeforePublishing(t *testing.T) {
 	testenv.CleanPrefix(t, client, prefix)
 	cfg := aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour}
 	rates, _ := aggregator.NewRedis(client, cfg)
-	suites, _ := aggregator.NewRedisSuites(client, cfg)
+	suites, _ := suite.NewRedis(client, cfg)
 	pub, dlq := &recordingPublisher{}, &recordingDLQ{}
 	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), rates, suites, pub, dlq,
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(prometheus.NewRegistry()))

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -33,14 +34,14 @@ type Store interface {
 // Publisher publishes results and returns once they are acknowledged; sink.Kafka is one.
 type Publisher interface {
 	Publish(ctx context.Context, snaps []schemas.Snapshot) error
-	PublishSuites(ctx context.Context, o aggregator.SuiteOutput, at time.Time) error
+	PublishSuites(ctx context.Context, o suite.Output, at time.Time) error
 }
 
 // SuiteStore stores graded runs durably and returns every touched suite's runs. Applying the same
-// runs again must change nothing; aggregator.RedisSuites is one.
+// runs again must change nothing; suite.Redis is one.
 type SuiteStore interface {
-	Apply(ctx context.Context, obs []aggregator.RunObservation) (aggregator.SuiteApplied, error)
-	MarkAnnounced(ctx context.Context, k aggregator.SuiteKey, cases []string) error
+	Apply(ctx context.Context, obs []suite.RunObservation) (suite.Applied, error)
+	MarkAnnounced(ctx context.Context, k suite.Key, cases []string) error
 }
 
 // DeadLetterSender quarantines messages and returns once they are acknowledged.
@@ -53,7 +54,7 @@ type ProcessorConfig struct {
 	// RetryMin and RetryMax bound the backoff between retries of a failing stage.
 	RetryMin, RetryMax time.Duration
 	// Suite configures suite discrimination and stability.
-	Suite aggregator.SuiteConfig
+	Suite suite.Config
 }
 
 // Validate fills defaults.
@@ -101,7 +102,7 @@ func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, suites SuiteStore, p
 func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 	recv := p.now()
 	obs := make([]aggregator.Observation, 0, len(msgs))
-	var runs []aggregator.RunObservation
+	var runs []suite.RunObservation
 	var dls []DeadLetter
 	seen := make(map[[2]string]struct{}, len(msgs))
 	for i := range msgs {
@@ -127,14 +128,14 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			obs = append(obs, o)
 		}
 		if ev.Eval != nil {
-			runs = append(runs, aggregator.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
+			runs = append(runs, suite.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
 		}
 	}
 
 	var applied aggregator.Applied
-	var suites aggregator.SuiteApplied
+	var suites suite.Applied
 	var at time.Time
-	var out aggregator.SuiteOutput
+	var out suite.Output
 	stages := []struct {
 		name string
 		run  func(context.Context) error
@@ -176,7 +177,7 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			if err == nil {
 				// From the stored state, not the outcomes: a redelivered batch (all duplicates)
 				// publishes the same alerts again, with the same ids.
-				out = aggregator.BuildSuiteOutput(suites, runs, p.cfg.Suite, p.now())
+				out = suite.BuildOutput(suites, runs, p.cfg.Suite, p.now())
 			}
 			return err
 		}},
@@ -195,9 +196,9 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}},
 		{"suite_announce", func(ctx context.Context) error {
 			// After publishing: a crash in between re-publishes the revived event with the same id.
-			byKey := map[aggregator.SuiteKey][]string{}
+			byKey := map[suite.Key][]string{}
 			for _, r := range out.Revived {
-				k := aggregator.SuiteKey{Workspace: r.Workspace, Suite: r.Suite}
+				k := suite.Key{Workspace: r.Workspace, Suite: r.Suite}
 				byKey[k] = append(byKey[k], r.CaseID)
 			}
 			for k, cases := range byKey {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
 )
@@ -48,7 +49,7 @@ func (s *flakyStore) CheckOffsets(ctx context.Context, committed aggregator.Offs
 
 type recordingPublisher struct {
 	snaps  []schemas.Snapshot
-	suites []aggregator.SuiteOutput
+	suites []suite.Output
 }
 
 func (p *recordingPublisher) Publish(_ context.Context, s []schemas.Snapshot) error {
@@ -56,7 +57,7 @@ func (p *recordingPublisher) Publish(_ context.Context, s []schemas.Snapshot) er
 	return nil
 }
 
-func (p *recordingPublisher) PublishSuites(_ context.Context, o aggregator.SuiteOutput, _ time.Time) error {
+func (p *recordingPublisher) PublishSuites(_ context.Context, o suite.Output, _ time.Time) error {
 	p.suites = append(p.suites, o)
 	return nil
 }
@@ -64,7 +65,7 @@ func (p *recordingPublisher) PublishSuites(_ context.Context, o aggregator.Suite
 // downPublisher publishes snapshots but never gets suite outputs acknowledged.
 type downPublisher struct{ recordingPublisher }
 
-func (p *downPublisher) PublishSuites(context.Context, aggregator.SuiteOutput, time.Time) error {
+func (p *downPublisher) PublishSuites(context.Context, suite.Output, time.Time) error {
 	return errors.New("broker not available")
 }
 
@@ -83,7 +84,7 @@ func TestProcessorHandle(t *testing.T) {
 	store := &flakyStore{fails: 2, model: aggregator.NewModel(30 * 24 * time.Hour)}
 	pub, dlq := &recordingPublisher{}, &recordingDLQ{}
 	metrics := NewMetrics(prometheus.NewRegistry())
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, aggregator.NewMemorySuites(), pub, dlq,
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(), pub, dlq,
 		func() time.Time { return now }, zap.NewNop(), metrics)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +155,7 @@ func TestProcessorHandle(t *testing.T) {
 
 func TestProcessorGivesUpWhenCancelled(t *testing.T) {
 	store := &flakyStore{fails: 1 << 30, model: aggregator.NewModel(time.Hour)}
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, aggregator.NewMemorySuites(), &recordingPublisher{}, &recordingDLQ{},
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(), &recordingPublisher{}, &recordingDLQ{},
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +169,7 @@ func TestProcessorGivesUpWhenCancelled(t *testing.T) {
 
 func TestProcessorRewindsWhenWritesWereLost(t *testing.T) {
 	store := &flakyStore{model: aggregator.NewModel(time.Hour), sealErr: fmt.Errorf("seal: %w", aggregator.ErrWritesLost)}
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, aggregator.NewMemorySuites(), &recordingPublisher{}, &recordingDLQ{},
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(), &recordingPublisher{}, &recordingDLQ{},
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +191,7 @@ func evalMessage(id, version string, seq int, result, prediction string) kafka.M
 }
 
 // alertIDs returns the CloudEvent ids of a suite output's alerts, revived then abnormal.
-func alertIDs(t *testing.T, o aggregator.SuiteOutput) []string {
+func alertIDs(t *testing.T, o suite.Output) []string {
 	t.Helper()
 	_, alerts := sink.SuiteOuts(o, now)
 	ids := make([]string, len(alerts))
@@ -212,8 +213,8 @@ func alertIDs(t *testing.T, o aggregator.SuiteOutput) []string {
 // publishes its abnormal sample (and its revived case, until announced) every time, with the same
 // ids, although every run in it is then a duplicate.
 func TestProcessorRepublishesAlertsOnRedelivery(t *testing.T) {
-	suites := aggregator.NewMemorySuites()
-	cfg := ProcessorConfig{RetryMin: time.Millisecond, Suite: aggregator.SuiteConfig{MinHistory: 1}}
+	suites := suite.NewMemory()
+	cfg := ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}
 	msgs := []kafka.Message{
 		evalMessage("r1", "v1", 1, "pass", strings.Repeat("and then again ", 60)), // abnormal reply
 		evalMessage("r2", "v2", 2, "fail", "no"),                                  // pass → fail: revived

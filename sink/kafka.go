@@ -7,7 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -58,7 +58,7 @@ func (k *Kafka) Publish(ctx context.Context, snaps []schemas.Snapshot) error {
 
 // PublishSuites writes suite snapshots to the suite topic and revived and abnormal events to the
 // alerts topic, and returns once all are acknowledged.
-func (k *Kafka) PublishSuites(ctx context.Context, o aggregator.SuiteOutput, at time.Time) error {
+func (k *Kafka) PublishSuites(ctx context.Context, o suite.Output, at time.Time) error {
 	snaps, alerts := SuiteOuts(o, at)
 	if err := write(ctx, k.suites, snaps); err != nil {
 		return err
@@ -67,7 +67,7 @@ func (k *Kafka) PublishSuites(ctx context.Context, o aggregator.SuiteOutput, at 
 }
 
 // SuiteOuts renders suite outputs as output events: snapshots, then alerts.
-func SuiteOuts(o aggregator.SuiteOutput, at time.Time) (snaps, alerts []Out) {
+func SuiteOuts(o suite.Output, at time.Time) (snaps, alerts []Out) {
 	for i := range o.Discrimination {
 		snaps = append(snaps, DiscriminationOut(&o.Discrimination[i]))
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
@@ -70,7 +70,7 @@ func TestLargestOutputsAcceptedByKafka(t *testing.T) {
 		}
 	}
 	// Suite snapshots (two stability snapshots of about 590 KB each) and alerts, in one call.
-	var so aggregator.SuiteOutput
+	var so suite.Output
 	so.Discrimination = append(so.Discrimination, *outs["discrimination"].Data.(*schemas.SuiteDiscrimination))
 	so.Stability = append(so.Stability, *outs["stability"].Data.(*schemas.SuiteStability), *outs["stability"].Data.(*schemas.SuiteStability))
 	so.Revived = append(so.Revived, *outs["case revived"].Data.(*schemas.CaseRevived))

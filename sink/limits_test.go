@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
@@ -109,7 +110,7 @@ func worstOutputs(t *testing.T, ev consumer.Event) map[string]sink.Out {
 		AchievableRange: worstF(), LatestVersion: r.Version, LatestPassRate: worstF(), LatestPassRateDiscriminating: worstF(),
 		Revived: revived, RevivedTotal: worstInt, ObservedAt: worstTime}
 
-	cfg := aggregator.SuiteConfig{}
+	cfg := suite.Config{}
 	cfg.Validate() // default G-Pass@k thresholds
 	stab := schemas.SuiteStability{Workspace: r.Scope.Workspace, Suite: r.Suite, Version: r.Version, Runs: schemas.MaxRuns,
 		Cases: worstInt, Mean: worstF(), StdDev: worstF(), Min: worstF(), Max: worstF(),

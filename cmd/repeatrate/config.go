@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -280,8 +281,8 @@ func (c *Config) settings() []setting {
 }
 
 // aggregator converts the suite settings.
-func (s SuiteConfig) aggregator() (aggregator.SuiteConfig, error) {
-	out := aggregator.SuiteConfig{MinHistory: s.MinHistory, JudgeLastVersions: s.JudgeLastVersions, MissingAfter: s.MissingAfter}
+func (s SuiteConfig) aggregator() (suite.Config, error) {
+	out := suite.Config{MinHistory: s.MinHistory, JudgeLastVersions: s.JudgeLastVersions, MissingAfter: s.MissingAfter}
 	if s.MinHistory < 1 || s.JudgeLastVersions < 0 || s.MissingAfter <= 0 {
 		return out, fmt.Errorf("min_history must be ≥ 1, judge_last_versions ≥ 0, missing_after positive")
 	}
@@ -298,9 +299,9 @@ func (s SuiteConfig) aggregator() (aggregator.SuiteConfig, error) {
 	}
 	switch s.ReplyMode {
 	case "default":
-		out.ReplyMode = aggregator.ReplyDefault
+		out.ReplyMode = suite.ReplyDefault
 	case "opencompass":
-		out.ReplyMode = aggregator.ReplyOpenCompass
+		out.ReplyMode = suite.ReplyOpenCompass
 	default:
 		return out, fmt.Errorf("reply_mode %q is not default or opencompass", s.ReplyMode)
 	}

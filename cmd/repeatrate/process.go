@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
@@ -43,8 +44,8 @@ func configured(ctx context.Context, name string, args []string, getenv func(str
 // stores are the Redis stores of one namespace and the suite settings they are used with.
 type stores struct {
 	rates    *aggregator.Redis
-	suites   *aggregator.RedisSuites
-	suiteCfg aggregator.SuiteConfig
+	suites   *suite.Redis
+	suiteCfg suite.Config
 	decoder  *consumer.Decoder
 }
 
@@ -55,7 +56,7 @@ func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (
 	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
 		return s, err
 	}
-	if s.suites, err = aggregator.NewRedisSuites(rdb, rcfg); err != nil {
+	if s.suites, err = suite.NewRedis(rdb, rcfg); err != nil {
 		return s, err
 	}
 	if s.suiteCfg, err = cfg.Suite.aggregator(); err != nil {

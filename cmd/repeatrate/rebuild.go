@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
@@ -147,7 +148,7 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 	// without a timestamp is judged against the start.
 	start := time.Now()
 	touched := map[aggregator.Key]bool{}
-	touchedSuites := map[aggregator.SuiteKey]bool{}
+	touchedSuites := map[suite.Key]bool{}
 	total, revivedN, abnormalN := 0, 0, 0
 	var mark int64
 	// Progress: offsets read of the end offsets noted above.
@@ -164,7 +165,7 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 			inPart := 0
 			n, err := readPartition(ctx, kc, topic, part, last, rebuildBatch, func(batch []kafka.Message) error {
 				var obs []aggregator.Observation
-				var runs, unseen []aggregator.RunObservation
+				var runs, unseen []suite.RunObservation
 				var dls []consumer.DeadLetter
 				now := time.Now()
 				for i := range batch {
@@ -185,9 +186,9 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 						touched[o.Key] = true
 					}
 					if ev.Eval != nil {
-						r := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
+						r := suite.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
 						runs = append(runs, r)
-						touchedSuites[r.Key.SuiteKey] = true
+						touchedSuites[r.Key.Key] = true
 						if !seen || batch[i].Offset >= from {
 							unseen = append(unseen, r)
 						}
@@ -212,8 +213,8 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 					// recognisable copy), and the abnormal samples of the runs past the
 					// committed offsets, whose alerts the processor may not have published.
 					// Published before they are marked announced, as the processor does.
-					out := aggregator.BuildSuiteOutput(applied, unseen, suiteCfg, now)
-					alerts := aggregator.SuiteOutput{Revived: out.Revived, Abnormal: out.Abnormal}
+					out := suite.BuildOutput(applied, unseen, suiteCfg, now)
+					alerts := suite.Output{Revived: out.Revived, Abnormal: out.Abnormal}
 					if err := pub.PublishSuites(ctx, alerts, now); err != nil {
 						return err
 					}
@@ -259,14 +260,14 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 		if err != nil {
 			return err
 		}
-		d, _ := aggregator.Discrimination(k, applied, suiteCfg, now)
-		out := aggregator.SuiteOutput{Discrimination: []schemas.SuiteDiscrimination{d}}
+		d, _ := suite.Discrimination(k, applied, suiteCfg, now)
+		out := suite.Output{Discrimination: []schemas.SuiteDiscrimination{d}}
 		versions := map[string]bool{}
 		for _, e := range applied {
 			versions[e.Key.Version] = true
 		}
 		for v := range versions {
-			out.Stability = append(out.Stability, aggregator.Stability(k, v, aggregator.VersionRuns(applied, v), suiteCfg, now))
+			out.Stability = append(out.Stability, suite.Stability(k, v, suite.VersionRuns(applied, v), suiteCfg, now))
 		}
 		if err := pub.PublishSuites(ctx, out, now); err != nil {
 			return err
@@ -325,10 +326,10 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 }
 
 // markAnnounced records revived events as published, per suite.
-func markAnnounced(ctx context.Context, suites *aggregator.RedisSuites, revived []schemas.CaseRevived) error {
-	byKey := map[aggregator.SuiteKey][]string{}
+func markAnnounced(ctx context.Context, suites *suite.Redis, revived []schemas.CaseRevived) error {
+	byKey := map[suite.Key][]string{}
 	for _, r := range revived {
-		k := aggregator.SuiteKey{Workspace: r.Workspace, Suite: r.Suite}
+		k := suite.Key{Workspace: r.Workspace, Suite: r.Suite}
 		byKey[k] = append(byKey[k], r.CaseID)
 	}
 	for k, cases := range byKey {

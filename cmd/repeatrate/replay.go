@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
@@ -131,7 +132,7 @@ func createOr(path string, def io.Writer) (io.Writer, func(), error) {
 
 type replayResult struct {
 	snapshots   []schemas.Snapshot // sorted by aggregate ID
-	suites      aggregator.SuiteOutput
+	suites      suite.Output
 	outs        []Out // every output event in print order
 	deadLetters []replayDeadLetter
 	events      int
@@ -146,12 +147,12 @@ type Out = sink.Out
 // Suite outputs are computed once, over the final runs: a discrimination snapshot per suite, a
 // stability snapshot per version, a revived event per revived case, and an abnormal-sample event
 // per abnormal reply of any result, as the processor raises them. Suites are never dropped for idleness, unlike in the processor's
-// Redis store (see aggregator.SuiteModel).
-func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, suiteCfg aggregator.SuiteConfig, asOf, received time.Time) (replayResult, error) {
+// Redis store (see suite.Model).
+func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, suiteCfg suite.Config, asOf, received time.Time) (replayResult, error) {
 	var res replayResult
 	model := aggregator.NewModel(retention)
-	suites := aggregator.NewSuiteModel()
-	var runs []aggregator.RunObservation
+	suites := suite.NewModel()
+	var runs []suite.RunObservation
 	var maxOcc time.Time
 	lr := newLineReader(r, dec.MaxMessageBytes())
 	for n := 1; ; n++ {
@@ -187,8 +188,8 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 		res.events++
 		o, ok := ev.Observation()
 		if ev.Eval != nil {
-			run := aggregator.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
-			suites.Apply([]aggregator.RunObservation{run})
+			run := suite.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
+			suites.Apply([]suite.RunObservation{run})
 			runs = append(runs, run)
 			if t := ev.Eval.OccurredAt; t.After(maxOcc) {
 				maxOcc = t
@@ -216,13 +217,13 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 		res.snapshots = append(res.snapshots, model.Tally(k, at).Snapshot(k, at))
 		res.outs = append(res.outs, sink.SnapshotOut(&res.snapshots[len(res.snapshots)-1]))
 	}
-	applied := aggregator.SuiteApplied{Suites: suites.Suites(), Runs: map[aggregator.SuiteKey][]aggregator.RunEntry{}}
+	applied := suite.Applied{Suites: suites.Suites(), Runs: map[suite.Key][]suite.RunEntry{}}
 	for _, k := range applied.Suites {
 		applied.Runs[k] = suites.Runs(k)
 	}
 	// Every result, as the processor's batches see them: each abnormal reply raises its alert
 	// (docs/semantics.md#alerts), whichever assessment of its run won.
-	res.suites = aggregator.BuildSuiteOutput(applied, runs, suiteCfg, at)
+	res.suites = suite.BuildOutput(applied, runs, suiteCfg, at)
 	snaps, alerts := sink.SuiteOuts(res.suites, at)
 	res.outs = append(res.outs, snaps...)
 	res.outs = append(res.outs, alerts...)

@@ -1,4 +1,4 @@
-package aggregator
+package suite
 
 import (
 	"context"
@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // randomRuns returns n graded runs over a few suites with duplicates, re-gradings (newer and
 // older), versions arriving out of order, replies, and collision-prone names.
 func randomRuns(r *rand.Rand, n int) []RunObservation {
-	suites := []SuiteKey{{"ws", "s|1"}, {"ws|s", "1"}, {"w{s}", "suite 2"}}
+	suites := []Key{{"ws", "s|1"}, {"ws|s", "1"}, {"w{s}", "suite 2"}}
 	var out []RunObservation
 	for len(out) < n {
 		switch p := r.IntN(100); {
@@ -30,10 +31,10 @@ func randomRuns(r *rand.Rand, n int) []RunObservation {
 		default:
 			v := r.IntN(12)
 			o := RunObservation{
-				Key: RunKey{SuiteKey: suites[r.IntN(len(suites))], Version: fmt.Sprintf("v%d", v),
+				Key: RunKey{Key: suites[r.IntN(len(suites))], Version: fmt.Sprintf("v%d", v),
 					Case: fmt.Sprintf("case|%d", r.IntN(40)), RunIndex: int64(r.IntN(5))},
 				Record: RunRecord{Result: "ppppfe"[r.IntN(6)], VersionSeq: int64(v), Runs: 5,
-					Occurred: Micros(t0) + int64(r.IntN(3600))*1e6, Assessed: Micros(t0) + int64(r.IntN(3600))*1e6},
+					Occurred: aggregator.Micros(t0) + int64(r.IntN(3600))*1e6, Assessed: aggregator.Micros(t0) + int64(r.IntN(3600))*1e6},
 			}
 			if r.IntN(2) == 0 {
 				o.Record.Reply, o.Record.Tokens, o.Record.GzipRatio = true, r.IntN(500), r.Float64()*20
@@ -50,7 +51,7 @@ func randomRuns(r *rand.Rand, n int) []RunObservation {
 func TestRedisSuitesMatchModel(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
-	cfg := SuiteConfig{MinHistory: 3}
+	cfg := Config{MinHistory: 3}
 	cfg.Validate()
 	for _, seed := range []uint64{1, 2} {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
@@ -58,11 +59,11 @@ func TestRedisSuitesMatchModel(t *testing.T) {
 			stream := randomRuns(r, 6000)
 			prefix := testenv.Name(t, "suite")
 			testenv.CleanPrefix(t, client, prefix)
-			store, err := NewRedisSuites(client, RedisConfig{Prefix: prefix, Retention: time.Hour})
+			store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
-			model := NewSuiteModel()
+			model := NewModel()
 			at := t0.Add(3 * time.Hour)
 			for i := 0; i < len(stream); {
 				batch := stream[i:min(i+1+r.IntN(400), len(stream))]
@@ -111,19 +112,19 @@ func TestRedisSuitesMatchModel(t *testing.T) {
 }
 
 // suiteStores returns the in-memory store and a Redis store under a fresh prefix.
-func suiteStores(t *testing.T, cfg RedisConfig) map[string]interface {
-	Apply(context.Context, []RunObservation) (SuiteApplied, error)
+func suiteStores(t *testing.T, cfg aggregator.RedisConfig) map[string]interface {
+	Apply(context.Context, []RunObservation) (Applied, error)
 } {
 	client := testenv.Redis(t)
 	cfg.Prefix = testenv.Name(t, "suite")
 	testenv.CleanPrefix(t, client, cfg.Prefix)
-	rs, err := NewRedisSuites(client, cfg)
+	rs, err := NewRedis(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return map[string]interface {
-		Apply(context.Context, []RunObservation) (SuiteApplied, error)
-	}{"memory": NewMemorySuites(), "redis": rs}
+		Apply(context.Context, []RunObservation) (Applied, error)
+	}{"memory": NewMemory(), "redis": rs}
 }
 
 // Every output a batch causes is caused again when the same batch is applied again (a redelivery
@@ -131,9 +132,9 @@ func suiteStores(t *testing.T, cfg RedisConfig) map[string]interface {
 // samples included, although every run of the second apply is a duplicate.
 func TestSuiteRedeliveryRepublishes(t *testing.T) {
 	ctx := context.Background()
-	cfg := SuiteConfig{MinHistory: 3}
+	cfg := Config{MinHistory: 3}
 	cfg.Validate()
-	for name, store := range suiteStores(t, RedisConfig{Retention: time.Hour}) {
+	for name, store := range suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}) {
 		t.Run(name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(7, 7))
 			stream := randomRuns(r, 3000)
@@ -146,17 +147,17 @@ func TestSuiteRedeliveryRepublishes(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := BuildSuiteOutput(first, batch, cfg, at)
+				want := BuildOutput(first, batch, cfg, at)
 				again, err := store.Apply(ctx, batch)
 				if err != nil {
 					t.Fatal(err)
 				}
 				for j, o := range again.Outcomes {
-					if o != Duplicate && o != Stale {
+					if o != aggregator.Duplicate && o != aggregator.Stale {
 						t.Fatalf("second apply of event %d: outcome %v", i-len(batch)+j, o)
 					}
 				}
-				if got := BuildSuiteOutput(again, batch, cfg, at); !reflect.DeepEqual(got, want) {
+				if got := BuildOutput(again, batch, cfg, at); !reflect.DeepEqual(got, want) {
 					t.Fatalf("outputs of the batch ending at event %d differ when applied again:\nabnormal %+v\nwant     %+v\nrevived %+v\nwant    %+v",
 						i, got.Abnormal, want.Abnormal, got.Revived, want.Revived)
 				}
@@ -179,16 +180,16 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	client := testenv.Redis(t)
 	prefix := testenv.Name(t, "suite")
 	testenv.CleanPrefix(t, client, prefix)
-	store := func(ttl time.Duration) *RedisSuites {
-		s, err := NewRedisSuites(client, RedisConfig{Prefix: prefix, Retention: time.Hour, IdleTTL: ttl})
+	store := func(ttl time.Duration) *Redis {
+		s, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour, IdleTTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
-	k := SuiteKey{"ws", "ttl"}
+	k := Key{"ws", "ttl"}
 	obs := func(i int) []RunObservation {
-		return []RunObservation{{Key: RunKey{SuiteKey: k, Version: fmt.Sprint("v", i), Case: "c"},
+		return []RunObservation{{Key: RunKey{Key: k, Version: fmt.Sprint("v", i), Case: "c"},
 			Record: RunRecord{Result: 'p', VersionSeq: int64(i), Runs: 1, Assessed: int64(i)}}}
 	}
 	runsKey, annKey := store(time.Hour).keys(k)
@@ -285,11 +286,11 @@ func replyStream(r *rand.Rand, n int) []RunObservation {
 func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 	ctx := context.Background()
 	type store = interface {
-		Apply(context.Context, []RunObservation) (SuiteApplied, error)
+		Apply(context.Context, []RunObservation) (Applied, error)
 	}
 	// deliver applies stream to s as r cuts (into batches of up to maxBatch) and crashes it, and
 	// returns the alert ids published; r nil delivers one result per batch without a crash.
-	deliver := func(t *testing.T, s store, stream []RunObservation, cfg SuiteConfig, r *rand.Rand, maxBatch int) map[string]bool {
+	deliver := func(t *testing.T, s store, stream []RunObservation, cfg Config, r *rand.Rand, maxBatch int) map[string]bool {
 		published := map[string]bool{}
 		committed, pos, crashes := 0, 0, 0
 		for pos < len(stream) {
@@ -302,7 +303,7 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := BuildSuiteOutput(applied, batch, cfg, t0)
+			out := BuildOutput(applied, batch, cfg, t0)
 			if r != nil && crashes < 40 && r.IntN(4) == 0 {
 				crashes++
 				pos = committed // the outputs are lost; delivery starts again where it was committed
@@ -320,12 +321,12 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 	for _, mode := range []ReplyMode{ReplyDefault, ReplyOpenCompass} {
 		for _, seed := range []uint64{1, 2, 3} {
 			t.Run(fmt.Sprintf("%v seed %d", mode, seed), func(t *testing.T) {
-				cfg := SuiteConfig{MinHistory: 3, ReplyMode: mode}
+				cfg := Config{MinHistory: 3, ReplyMode: mode}
 				if err := cfg.Validate(); err != nil {
 					t.Fatal(err)
 				}
 				stream := replyStream(rand.New(rand.NewPCG(seed, 11)), 1500)
-				want := deliver(t, NewMemorySuites(), stream, cfg, nil, 0)
+				want := deliver(t, NewMemory(), stream, cfg, nil, 0)
 				perRun := map[RunKey]int{}
 				for _, o := range stream {
 					if o.Record.Trigger != "" {
@@ -335,9 +336,9 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 				if len(want) == 0 || len(want) == len(perRun) {
 					t.Fatalf("%d alerts for %d runs: the stream must raise alerts, some runs more than one", len(want), len(perRun))
 				}
-				for name := range suiteStores(t, RedisConfig{Retention: time.Hour}) {
+				for name := range suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}) {
 					for cut := range uint64(3) {
-						s := suiteStores(t, RedisConfig{Retention: time.Hour})[name] // fresh
+						s := suiteStores(t, aggregator.RedisConfig{Retention: time.Hour})[name] // fresh
 						got := deliver(t, s, stream, cfg, rand.New(rand.NewPCG(seed, cut)), []int{20, 150, 600}[cut])
 						if !maps.Equal(got, want) {
 							var missing, extra []string

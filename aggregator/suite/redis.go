@@ -1,4 +1,4 @@
-package aggregator
+package suite
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -34,34 +35,34 @@ else
 end
 return ttl`)
 
-// SuiteApplied is the result of applying runs: each run's outcome in input order, and for every
+// Applied is the result of applying runs: each run's outcome in input order, and for every
 // touched suite all of its runs after the apply (ordered as SortRuns orders them) and the revived
 // cases already announced.
-type SuiteApplied struct {
-	Outcomes  []Outcome
-	Suites    []SuiteKey
-	Runs      map[SuiteKey][]RunEntry
-	Announced map[SuiteKey]map[string]bool
+type Applied struct {
+	Outcomes  []aggregator.Outcome
+	Suites    []Key
+	Runs      map[Key][]RunEntry
+	Announced map[Key]map[string]bool
 }
 
-// RedisSuites stores graded runs, one hash per suite under the hash tag {s|<suite id>}, merged by
+// Redis stores graded runs, one hash per suite under the hash tag {s|<suite id>}, merged by
 // one idempotent script call per suite and batch.
-type RedisSuites struct {
+type Redis struct {
 	client redis.UniversalClient
-	cfg    RedisConfig
+	cfg    aggregator.RedisConfig
 }
 
-// NewRedisSuites returns a suite store on client; cfg.IdleTTL drops a suite (its runs and its
+// NewRedis returns a suite store on client; cfg.IdleTTL drops a suite (its runs and its
 // announced revived cases, together) once it has seen no result for that long of wall-clock time.
-// The in-memory SuiteModel, which replay uses, has no wall clock and keeps every suite.
-func NewRedisSuites(client redis.UniversalClient, cfg RedisConfig) (*RedisSuites, error) {
+// The in-memory Model, which replay uses, has no wall clock and keeps every suite.
+func NewRedis(client redis.UniversalClient, cfg aggregator.RedisConfig) (*Redis, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &RedisSuites{client: client, cfg: cfg}, nil
+	return &Redis{client: client, cfg: cfg}, nil
 }
 
-func (r *RedisSuites) keys(k SuiteKey) (runs, announced string) {
+func (r *Redis) keys(k Key) (runs, announced string) {
 	base := r.cfg.Prefix + ":{s|" + k.ID() + "}:"
 	return base + "r", base + "rv"
 }
@@ -83,7 +84,7 @@ func encodeRun(r *RunRecord) string {
 		reply, r.Tokens, strconv.FormatFloat(r.GzipRatio, 'g', -1, 64), trigger)
 }
 
-func decodeRun(sk SuiteKey, field, value string) (RunEntry, error) {
+func decodeRun(sk Key, field, value string) (RunEntry, error) {
 	parts, err := schemas.SplitEscaped(field)
 	if err != nil || len(parts) != 3 {
 		return RunEntry{}, fmt.Errorf("run field %q", field)
@@ -96,7 +97,7 @@ func decodeRun(sk SuiteKey, field, value string) (RunEntry, error) {
 	if len(f) != 10 || len(f[0]) != 1 {
 		return RunEntry{}, fmt.Errorf("run value %q", value)
 	}
-	e := RunEntry{Key: RunKey{SuiteKey: sk, Version: parts[0], Case: parts[1], RunIndex: idx}}
+	e := RunEntry{Key: RunKey{Key: sk, Version: parts[0], Case: parts[1], RunIndex: idx}}
 	r := &e.Record
 	r.Result = f[0][0]
 	var ints [7]int64
@@ -117,11 +118,11 @@ func decodeRun(sk SuiteKey, field, value string) (RunEntry, error) {
 
 // Apply merges obs and reads back every touched suite, in one pipelined round trip. Calling it again
 // with the same observations changes nothing.
-func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApplied, error) {
-	groups := map[SuiteKey][]int{}
-	var suites []SuiteKey
+func (r *Redis) Apply(ctx context.Context, obs []RunObservation) (Applied, error) {
+	groups := map[Key][]int{}
+	var suites []Key
 	for i := range obs {
-		k := obs[i].Key.SuiteKey
+		k := obs[i].Key.Key
 		if _, ok := groups[k]; !ok {
 			suites = append(suites, k)
 		}
@@ -138,7 +139,7 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 		rs := make([]reads, len(suites))
 		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
-				epoch = p.Get(ctx, epochKey(r.cfg.Prefix))
+				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
 			}
 			for n, k := range suites {
 				runsKey, annKey := r.keys(k)
@@ -160,34 +161,34 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 	rs, err := run()
 	if err != nil && isNoScript(err) {
 		if lerr := suiteScript.Load(ctx, r.client).Err(); lerr != nil {
-			return SuiteApplied{}, fmt.Errorf("load suite script: %w", lerr)
+			return Applied{}, fmt.Errorf("load suite script: %w", lerr)
 		}
 		rs, err = run()
 	}
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return SuiteApplied{}, fmt.Errorf("apply runs: %w", err)
+		return Applied{}, fmt.Errorf("apply runs: %w", err)
 	}
 	if epoch != nil && epoch.Val() != r.cfg.Epoch {
-		return SuiteApplied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
-			ErrStateLost, r.cfg.Prefix, epoch.Val(), r.cfg.Epoch)
+		return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+			aggregator.ErrStateLost, r.cfg.Prefix, epoch.Val(), r.cfg.Epoch)
 	}
-	res := SuiteApplied{Outcomes: make([]Outcome, len(obs)), Suites: suites,
-		Runs: map[SuiteKey][]RunEntry{}, Announced: map[SuiteKey]map[string]bool{}}
+	res := Applied{Outcomes: make([]aggregator.Outcome, len(obs)), Suites: suites,
+		Runs: map[Key][]RunEntry{}, Announced: map[Key]map[string]bool{}}
 	for n, k := range suites {
 		codes, err := rs[n].apply.Text()
 		if err != nil || len(codes) != len(groups[k]) {
-			return SuiteApplied{}, fmt.Errorf("apply runs of %s: %q %v", k.ID(), codes, err)
+			return Applied{}, fmt.Errorf("apply runs of %s: %q %v", k.ID(), codes, err)
 		}
 		for j, i := range groups[k] {
 			res.Outcomes[i] = outcomeCodes[codes[j]]
 		}
 		fields, err := rs[n].runs.Result()
 		if err != nil {
-			return SuiteApplied{}, fmt.Errorf("read runs of %s: %w", k.ID(), err)
+			return Applied{}, fmt.Errorf("read runs of %s: %w", k.ID(), err)
 		}
 		es, err := decodeRuns(k, fields)
 		if err != nil {
-			return SuiteApplied{}, err
+			return Applied{}, err
 		}
 		res.Runs[k] = es
 		ann := map[string]bool{}
@@ -201,7 +202,7 @@ func (r *RedisSuites) Apply(ctx context.Context, obs []RunObservation) (SuiteApp
 
 // MarkAnnounced records that the revived events of cases were published. The announced set then
 // expires with the suite's runs (every Apply refreshes both).
-func (r *RedisSuites) MarkAnnounced(ctx context.Context, k SuiteKey, cases []string) error {
+func (r *Redis) MarkAnnounced(ctx context.Context, k Key, cases []string) error {
 	if len(cases) == 0 {
 		return nil
 	}
@@ -217,7 +218,7 @@ func (r *RedisSuites) MarkAnnounced(ctx context.Context, k SuiteKey, cases []str
 }
 
 // Read returns every run of suite k.
-func (r *RedisSuites) Read(ctx context.Context, k SuiteKey) ([]RunEntry, error) {
+func (r *Redis) Read(ctx context.Context, k Key) ([]RunEntry, error) {
 	runsKey, _ := r.keys(k)
 	fields, err := r.client.HGetAll(ctx, runsKey).Result()
 	if err != nil {
@@ -226,7 +227,7 @@ func (r *RedisSuites) Read(ctx context.Context, k SuiteKey) ([]RunEntry, error) 
 	return decodeRuns(k, fields)
 }
 
-func decodeRuns(k SuiteKey, fields map[string]string) ([]RunEntry, error) {
+func decodeRuns(k Key, fields map[string]string) ([]RunEntry, error) {
 	es := make([]RunEntry, 0, len(fields))
 	for f, v := range fields {
 		e, err := decodeRun(k, f, v)
@@ -238,3 +239,12 @@ func decodeRuns(k SuiteKey, fields map[string]string) ([]RunEntry, error) {
 	SortRuns(es)
 	return es, nil
 }
+
+// isNoScript reports a script cache miss (the server restarted or flushed its scripts).
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// outcomeCodes maps suite.lua's one-letter outcomes.
+var outcomeCodes = map[byte]aggregator.Outcome{'N': aggregator.Counted, 'R': aggregator.Reassessed,
+	'D': aggregator.Duplicate, 'S': aggregator.Stale}

@@ -1,4 +1,4 @@
-package aggregator
+package suite
 
 import (
 	"cmp"
@@ -11,23 +11,24 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// SuiteKey names one eval suite of one workspace.
-type SuiteKey struct {
+// Key names one eval suite of one workspace.
+type Key struct {
 	Workspace, Suite string
 }
 
 // ID is the suite's escaped identity text, used in Kafka keys and Redis hash tags.
-func (k SuiteKey) ID() string {
+func (k Key) ID() string {
 	return schemas.JoinEscaped(k.Workspace, k.Suite)
 }
 
 // RunKey names one graded run: (workspace, suite, case, version, run_index); see
 // docs/semantics.md (suite discrimination).
 type RunKey struct {
-	SuiteKey
+	Key
 	Version, Case string
 	RunIndex      int64
 }
@@ -56,9 +57,9 @@ type RunObservation struct {
 // FromEvalRun maps an eval result to its run observation, analysing its reply with mode.
 func FromEvalRun(r *schemas.EvalResult, mode ReplyMode) RunObservation {
 	o := RunObservation{
-		Key: RunKey{SuiteKey: SuiteKey{r.Scope.Workspace, r.Suite}, Version: r.Version, Case: r.CaseID, RunIndex: r.RunIndex},
+		Key: RunKey{Key: Key{r.Scope.Workspace, r.Suite}, Version: r.Version, Case: r.CaseID, RunIndex: r.RunIndex},
 		Record: RunRecord{Result: r.Result[0], VersionSeq: r.VersionSeq, Runs: r.Runs,
-			Occurred: Micros(r.OccurredAt), Assessed: Micros(r.AssessedAt), Seq: r.AssessmentSeq},
+			Occurred: aggregator.Micros(r.OccurredAt), Assessed: aggregator.Micros(r.AssessedAt), Seq: r.AssessmentSeq},
 	}
 	if r.Prediction != nil {
 		o.Stats = AnalyzeReply(*r.Prediction, mode)
@@ -67,8 +68,8 @@ func FromEvalRun(r *schemas.EvalResult, mode ReplyMode) RunObservation {
 	return o
 }
 
-// SuiteConfig holds the suite-health parameters.
-type SuiteConfig struct {
+// Config holds the suite-health parameters.
+type Config struct {
 	MinHistory        int           // versions with an outcome before a case is judged (default 5)
 	JudgeLastVersions int           // judge only the suite's last R versions; 0 judges all
 	Ks                []int         // pass@k levels (default 1, 5, 10)
@@ -80,7 +81,7 @@ type SuiteConfig struct {
 // Validate fills defaults and rejects a JudgeLastVersions window that is negative or shorter than
 // MinHistory: a case can have at most JudgeLastVersions judged outcomes, so every case would stay
 // too_new forever.
-func (c *SuiteConfig) Validate() error {
+func (c *Config) Validate() error {
 	if c.MinHistory <= 0 {
 		c.MinHistory = 5
 	}
@@ -112,16 +113,16 @@ type RunEntry struct {
 
 // MergeRun applies the re-assessment rule of docs/semantics.md to one run: the record with the
 // greater (Assessed, Seq) wins; an equal one is a duplicate.
-func MergeRun(held *RunRecord, ok bool, in RunRecord) (RunRecord, Outcome) {
+func MergeRun(held *RunRecord, ok bool, in RunRecord) (RunRecord, aggregator.Outcome) {
 	switch {
 	case !ok:
-		return in, Counted
+		return in, aggregator.Counted
 	case newer(in.Assessed, in.Seq, held.Assessed, held.Seq):
-		return in, Reassessed
+		return in, aggregator.Reassessed
 	case in.Assessed == held.Assessed && in.Seq == held.Seq:
-		return *held, Duplicate
+		return *held, aggregator.Duplicate
 	}
-	return *held, Stale
+	return *held, aggregator.Stale
 }
 
 type caseOutcome struct {
@@ -156,7 +157,7 @@ func versionOrder(runs []RunEntry) ([]string, map[string]int64) {
 
 // Discrimination computes the discrimination snapshot of one suite from all its runs, and the
 // revived cases with the flip that revived them.
-func Discrimination(k SuiteKey, runs []RunEntry, cfg SuiteConfig, at time.Time) (schemas.SuiteDiscrimination, []schemas.CaseRevived) {
+func Discrimination(k Key, runs []RunEntry, cfg Config, at time.Time) (schemas.SuiteDiscrimination, []schemas.CaseRevived) {
 	versions, seqs := versionOrder(runs)
 	// Per (case, version): any scored fail → fail; scored and all pass → pass; only errors → none.
 	type cv struct{ c, v string }
@@ -273,7 +274,7 @@ func f64(v float64) *float64 { return &v }
 
 // Stability computes the stability snapshot of one suite version from that version's runs, as
 // observed at time at (which decides which planned runs count as missing).
-func Stability(k SuiteKey, version string, runs []RunEntry, cfg SuiteConfig, at time.Time) schemas.SuiteStability {
+func Stability(k Key, version string, runs []RunEntry, cfg Config, at time.Time) schemas.SuiteStability {
 	s := schemas.SuiteStability{Workspace: k.Workspace, Suite: k.Suite, Version: version,
 		RunScores: []float64{}, PassAtK: map[string]*float64{}, GPassAtK: map[string]map[string]*float64{},
 		MGPassAtK: map[string]*float64{}, MissingRuns: []schemas.MissingRuns{}, ObservedAt: at.UTC()}
@@ -397,7 +398,7 @@ func Stability(k SuiteKey, version string, runs []RunEntry, cfg SuiteConfig, at 
 			s.AbnormalSamples++
 		}
 	}
-	deadline := Micros(at) - int64(cfg.MissingAfter/time.Microsecond)
+	deadline := aggregator.Micros(at) - int64(cfg.MissingAfter/time.Microsecond)
 	for _, c := range names {
 		cs := cases[c]
 		if cs.firstOcc > deadline {
@@ -439,11 +440,11 @@ func missingRuns(planned int64, arrived []int64) (int64, []int64) {
 	return n, sample
 }
 
-// SuiteModel holds every run of every suite in memory under the rule of MergeRun: the pure
+// Model holds every run of every suite in memory under the rule of MergeRun: the pure
 // reference that replay uses and the Redis suite store is tested against.
 //
-// It keeps a suite forever, where RedisSuites drops it: the processor's store re-arms a suite's
-// expiry (RedisConfig.IdleTTL, by default the retention) on every batch with a result for that
+// It keeps a suite forever, where Redis drops it: the processor's store re-arms a suite's
+// expiry (aggregator.RedisConfig.IdleTTL, by default the retention) on every batch with a result for that
 // suite, so a suite that sees no result for IdleTTL of wall-clock time loses every run and
 // announcement, and its next result starts a new history (discrimination, stability, missing runs
 // and revivals computed from that result on). The model has no wall clock: replay reads an NDJSON
@@ -451,21 +452,21 @@ func missingRuns(planned int64, arrived []int64) (int64, []int64) {
 // the processor would have seen the result, so replay cannot apply the same rule exactly and does
 // not approximate it. Replay's suite outputs therefore equal the processor's only when no suite
 // went IdleTTL without a result while the processor ran.
-type SuiteModel struct {
-	suites map[SuiteKey]map[RunKey]RunRecord
+type Model struct {
+	suites map[Key]map[RunKey]RunRecord
 }
 
-// NewSuiteModel returns an empty model.
-func NewSuiteModel() *SuiteModel { return &SuiteModel{suites: map[SuiteKey]map[RunKey]RunRecord{}} }
+// NewModel returns an empty model.
+func NewModel() *Model { return &Model{suites: map[Key]map[RunKey]RunRecord{}} }
 
 // Apply merges observations in order and returns each one's outcome.
-func (m *SuiteModel) Apply(obs []RunObservation) []Outcome {
-	out := make([]Outcome, len(obs))
+func (m *Model) Apply(obs []RunObservation) []aggregator.Outcome {
+	out := make([]aggregator.Outcome, len(obs))
 	for i, o := range obs {
-		runs := m.suites[o.Key.SuiteKey]
+		runs := m.suites[o.Key.Key]
 		if runs == nil {
 			runs = map[RunKey]RunRecord{}
-			m.suites[o.Key.SuiteKey] = runs
+			m.suites[o.Key.Key] = runs
 		}
 		held, ok := runs[o.Key]
 		runs[o.Key], out[i] = MergeRun(&held, ok, o.Record)
@@ -474,7 +475,7 @@ func (m *SuiteModel) Apply(obs []RunObservation) []Outcome {
 }
 
 // Runs returns the runs of suite k, ordered by version, case and run index.
-func (m *SuiteModel) Runs(k SuiteKey) []RunEntry {
+func (m *Model) Runs(k Key) []RunEntry {
 	var es []RunEntry
 	for rk, r := range m.suites[k] {
 		es = append(es, RunEntry{rk, r})
@@ -484,12 +485,12 @@ func (m *SuiteModel) Runs(k SuiteKey) []RunEntry {
 }
 
 // Suites returns every suite the model holds, ordered by ID.
-func (m *SuiteModel) Suites() []SuiteKey {
-	ks := make([]SuiteKey, 0, len(m.suites))
+func (m *Model) Suites() []Key {
+	ks := make([]Key, 0, len(m.suites))
 	for k := range m.suites {
 		ks = append(ks, k)
 	}
-	slices.SortFunc(ks, func(a, b SuiteKey) int { return cmp.Compare(a.ID(), b.ID()) })
+	slices.SortFunc(ks, func(a, b Key) int { return cmp.Compare(a.ID(), b.ID()) })
 	return ks
 }
 
@@ -511,22 +512,22 @@ func VersionRuns(es []RunEntry, version string) []RunEntry {
 	return out
 }
 
-// MemorySuites is SuiteModel behind the same interface as RedisSuites, for replay and unit tests.
-type MemorySuites struct {
-	Model     *SuiteModel
-	announced map[SuiteKey]map[string]bool
+// Memory is Model behind the same interface as Redis, for replay and unit tests.
+type Memory struct {
+	Model     *Model
+	announced map[Key]map[string]bool
 }
 
-// NewMemorySuites returns an empty in-memory suite store.
-func NewMemorySuites() *MemorySuites {
-	return &MemorySuites{Model: NewSuiteModel(), announced: map[SuiteKey]map[string]bool{}}
+// NewMemory returns an empty in-memory suite store.
+func NewMemory() *Memory {
+	return &Memory{Model: NewModel(), announced: map[Key]map[string]bool{}}
 }
 
-// Apply merges obs and returns what RedisSuites.Apply returns.
-func (m *MemorySuites) Apply(_ context.Context, obs []RunObservation) (SuiteApplied, error) {
-	res := SuiteApplied{Outcomes: m.Model.Apply(obs), Runs: map[SuiteKey][]RunEntry{}, Announced: map[SuiteKey]map[string]bool{}}
+// Apply merges obs and returns what Redis.Apply returns.
+func (m *Memory) Apply(_ context.Context, obs []RunObservation) (Applied, error) {
+	res := Applied{Outcomes: m.Model.Apply(obs), Runs: map[Key][]RunEntry{}, Announced: map[Key]map[string]bool{}}
 	for _, o := range obs {
-		k := o.Key.SuiteKey
+		k := o.Key.Key
 		if _, ok := res.Runs[k]; ok {
 			continue
 		}
@@ -538,7 +539,7 @@ func (m *MemorySuites) Apply(_ context.Context, obs []RunObservation) (SuiteAppl
 }
 
 // MarkAnnounced records published revived events.
-func (m *MemorySuites) MarkAnnounced(_ context.Context, k SuiteKey, cases []string) error {
+func (m *Memory) MarkAnnounced(_ context.Context, k Key, cases []string) error {
 	if m.announced[k] == nil {
 		m.announced[k] = map[string]bool{}
 	}
@@ -548,15 +549,15 @@ func (m *MemorySuites) MarkAnnounced(_ context.Context, k SuiteKey, cases []stri
 	return nil
 }
 
-// SuiteOutput is everything a batch of graded runs publishes.
-type SuiteOutput struct {
+// Output is everything a batch of graded runs publishes.
+type Output struct {
 	Discrimination []schemas.SuiteDiscrimination
 	Stability      []schemas.SuiteStability
 	Revived        []schemas.CaseRevived // only cases not announced before
 	Abnormal       []schemas.AbnormalSample
 }
 
-// BuildSuiteOutput computes the outputs of applied runs, so that applying the same batch again (a
+// BuildOutput computes the outputs of applied runs, so that applying the same batch again (a
 // redelivery, or a script call re-run by a client retry) yields the same outputs again and
 // subscribers drop the copies by their deterministic ids: a discrimination snapshot per touched
 // suite and a stability snapshot per touched version (from the stored state the batch left),
@@ -570,8 +571,8 @@ type SuiteOutput struct {
 // redelivery put a reply and its re-grade in one batch.) Neither does the OpenCompass
 // percentile-length gate apply to alerts: the percentile moves with every batch, so it would make
 // the set depend on the cut; it applies to the stability snapshot's abnormal_samples count.
-func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, cfg SuiteConfig, at time.Time) SuiteOutput {
-	var out SuiteOutput
+func BuildOutput(a Applied, obs []RunObservation, cfg Config, at time.Time) Output {
+	var out Output
 	for _, k := range a.Suites {
 		d, revived := Discrimination(k, a.Runs[k], cfg, at)
 		out.Discrimination = append(out.Discrimination, d)
@@ -583,7 +584,7 @@ func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, cfg SuiteConfig, at 
 		var versions []string
 		seen := map[string]bool{}
 		for _, o := range obs {
-			if o.Key.SuiteKey == k && !seen[o.Key.Version] {
+			if o.Key.Key == k && !seen[o.Key.Version] {
 				seen[o.Key.Version] = true
 				versions = append(versions, o.Key.Version)
 			}
@@ -617,3 +618,7 @@ func BuildSuiteOutput(a SuiteApplied, obs []RunObservation, cfg SuiteConfig, at 
 	}
 	return out
 }
+
+// newer reports whether assessment (a, s) is newer than (b, t): a later assessed time, then a
+// greater sequence number.
+func newer(a, s, b, t int64) bool { return a > b || (a == b && s > t) }

@@ -1,4 +1,4 @@
-package aggregator
+package suite
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-var suiteK = SuiteKey{"ws", "regressions"}
+var suiteK = Key{"ws", "regressions"}
 
 func run(version string, seq int64, c string, idx int64, result byte) RunEntry {
-	return RunEntry{Key: RunKey{SuiteKey: suiteK, Version: version, Case: c, RunIndex: idx},
+	return RunEntry{Key: RunKey{Key: suiteK, Version: version, Case: c, RunIndex: idx},
 		Record: RunRecord{Result: result, VersionSeq: seq, Runs: 1}}
 }
 
@@ -42,7 +43,7 @@ func TestDiscriminationToyRows(t *testing.T) {
 		}
 		runs = append(runs, run(fmt.Sprint("v", r.v), r.v, r.c, 0, res))
 	}
-	cfg := SuiteConfig{}
+	cfg := Config{}
 	cfg.Validate()
 	d, revived := Discrimination(suiteK, runs, cfg, t0)
 	if d.AlwaysPass != 1 || d.AlwaysFail != 1 || d.Discriminating != 1 || d.TooNew != 1 || d.Judged != 3 || d.VersionsSeen != 5 {
@@ -75,7 +76,7 @@ func TestDiscriminationSeedCounts(t *testing.T) {
 	add("fail", 59, 23, func(int, int) byte { return 'f' })
 	add("disc", 113, 23, func(i, v int) byte { return "pf"[(i+v)%2] })
 	add("new", 83, 4, func(i, v int) byte { return "pf"[(i+v)%2] })
-	cfg := SuiteConfig{}
+	cfg := Config{}
 	cfg.Validate()
 	d, _ := Discrimination(suiteK, runs, cfg, t0)
 	if d.AlwaysPass != 356 || d.AlwaysFail != 59 || d.Discriminating != 113 || d.TooNew != 83 || d.Judged != 528 || d.VersionsSeen != 23 {
@@ -91,7 +92,7 @@ func TestDiscriminationSeedCounts(t *testing.T) {
 }
 
 func TestDiscriminationRules(t *testing.T) {
-	cfg := SuiteConfig{MinHistory: 3}
+	cfg := Config{MinHistory: 3}
 	cfg.Validate()
 	tests := []struct {
 		name    string
@@ -128,7 +129,7 @@ func TestDiscriminationRules(t *testing.T) {
 	}
 	// Judging over the last R versions lets a dead case revive into discriminating.
 	runs := []RunEntry{run("v1", 1, "x", 0, 'f'), run("v2", 2, "x", 0, 'p'), run("v3", 3, "x", 0, 'p'), run("v4", 4, "x", 0, 'p')}
-	last := SuiteConfig{MinHistory: 3, JudgeLastVersions: 3}
+	last := Config{MinHistory: 3, JudgeLastVersions: 3}
 	last.Validate()
 	if d, _ := Discrimination(suiteK, runs, last, t0); d.AlwaysPass != 1 {
 		t.Fatalf("last 3 versions all pass: %+v", d)
@@ -136,7 +137,7 @@ func TestDiscriminationRules(t *testing.T) {
 }
 
 func TestStability(t *testing.T) {
-	cfg := SuiteConfig{Ks: []int{1, 2, 4}}
+	cfg := Config{Ks: []int{1, 2, 4}}
 	cfg.Validate()
 	var runs []RunEntry
 	// Four runs planned per case. a passes runs 0-2 and fails 3; b passes run 0 only and its run 3
@@ -146,7 +147,7 @@ func TestStability(t *testing.T) {
 		for i := range rs {
 			e := run("v7", 7, c, int64(i), rs[i])
 			e.Record.Runs = 4
-			e.Record.Occurred = Micros(t0)
+			e.Record.Occurred = aggregator.Micros(t0)
 			e.Record.Reply, e.Record.Tokens = true, 10*(i+1)
 			runs = append(runs, e)
 		}
@@ -228,12 +229,12 @@ func TestMissingRuns(t *testing.T) {
 // One eval result that plans 2^31−1 runs, whose case's first run is past the deadline: stability
 // must report the count without listing (or allocating) one entry per planned run.
 func TestStabilityHugeRunsIsBounded(t *testing.T) {
-	cfg := SuiteConfig{}
+	cfg := Config{}
 	cfg.Validate()
 	// 2^20 first: a regression fails here at about 50 MB rather than exhausting memory at 2^31.
 	for _, planned := range []int64{1 << 20, 1<<31 - 1} {
 		e := run("v1", 1, "huge", 0, 'p')
-		e.Record.Runs, e.Record.Occurred = planned, Micros(t0)
+		e.Record.Runs, e.Record.Occurred = planned, aggregator.Micros(t0)
 		runs := []RunEntry{e}
 		at := t0.Add(cfg.MissingAfter + time.Hour)
 		var before, after runtime.MemStats
@@ -258,20 +259,20 @@ func TestStabilityHugeRunsIsBounded(t *testing.T) {
 func TestSuiteConfigValidate(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  SuiteConfig
+		cfg  Config
 		err  bool
 	}{
 		// Judging every version works with any history.
-		{"all versions", SuiteConfig{MinHistory: 5}, false},
+		{"all versions", Config{MinHistory: 5}, false},
 		// A window as long as the history needed can judge.
-		{"window equals min_history", SuiteConfig{MinHistory: 5, JudgeLastVersions: 5}, false},
-		{"window above min_history", SuiteConfig{MinHistory: 3, JudgeLastVersions: 10}, false},
+		{"window equals min_history", Config{MinHistory: 5, JudgeLastVersions: 5}, false},
+		{"window above min_history", Config{MinHistory: 3, JudgeLastVersions: 10}, false},
 		// A window shorter than min_history leaves every case too_new.
-		{"window below min_history", SuiteConfig{MinHistory: 5, JudgeLastVersions: 4}, true},
+		{"window below min_history", Config{MinHistory: 5, JudgeLastVersions: 4}, true},
 		// The default min_history (5) is what the window is held to.
-		{"window below default min_history", SuiteConfig{JudgeLastVersions: 3}, true},
+		{"window below default min_history", Config{JudgeLastVersions: 3}, true},
 		// A negative window means nothing.
-		{"negative window", SuiteConfig{JudgeLastVersions: -1}, true},
+		{"negative window", Config{JudgeLastVersions: -1}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -290,8 +291,8 @@ func TestSuiteConfigValidate(t *testing.T) {
 // graded is an eval result of suiteK version v1 with the given case and reply, assessed d after t0,
 // as FromEvalRun makes it.
 func graded(c string, d time.Duration, reply string, mode ReplyMode) RunObservation {
-	o := RunObservation{Key: RunKey{SuiteKey: suiteK, Version: "v1", Case: c},
-		Record: RunRecord{Result: 'f', VersionSeq: 1, Runs: 1, Occurred: Micros(t0), Assessed: Micros(t0.Add(d))}}
+	o := RunObservation{Key: RunKey{Key: suiteK, Version: "v1", Case: c},
+		Record: RunRecord{Result: 'f', VersionSeq: 1, Runs: 1, Occurred: aggregator.Micros(t0), Assessed: aggregator.Micros(t0.Add(d))}}
 	o.Stats = AnalyzeReply(reply, mode)
 	o.Record.Reply, o.Record.Tokens, o.Record.GzipRatio, o.Record.Trigger = true, o.Stats.Tokens, o.Stats.GzipRatio, o.Stats.Trigger
 	return o
@@ -357,26 +358,26 @@ func TestAbnormalAlertsIndependentOfBatching(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := SuiteConfig{ReplyMode: tc.mode}
+			cfg := Config{ReplyMode: tc.mode}
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
-			publish := func(store *MemorySuites, batch []RunObservation, into map[string]bool) {
+			publish := func(store *Memory, batch []RunObservation, into map[string]bool) {
 				applied, err := store.Apply(ctx, batch)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if into != nil {
-					for _, a := range BuildSuiteOutput(applied, batch, cfg, t0).Abnormal {
+					for _, a := range BuildOutput(applied, batch, cfg, t0).Abnormal {
 						into[alertID(a)] = true
 					}
 				}
 			}
-			want, clean := map[string]bool{}, NewMemorySuites()
+			want, clean := map[string]bool{}, NewMemory()
 			for _, o := range tc.stream {
 				publish(clean, []RunObservation{o}, want)
 			}
-			got, store := map[string]bool{}, NewMemorySuites()
+			got, store := map[string]bool{}, NewMemory()
 			for _, s := range tc.steps {
 				into := got
 				if !s.published {
