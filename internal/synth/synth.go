@@ -21,6 +21,9 @@ type Config struct {
 	Poison       float64 // lines that must be dead-lettered
 	EvalShare    float64 // share of new opportunities that are eval correction checks
 	RepeatChance float64 // chance a scored attempt is a confirmed repeat
+	// Spread is how far before now a new opportunity may have occurred, uniformly; zero keeps
+	// the original 30 s.
+	Spread time.Duration
 }
 
 // Generator produces lines; it is not safe for concurrent use.
@@ -82,7 +85,12 @@ func (g *Generator) Line(now time.Time) (line []byte, poison bool) {
 		g.remember(a)
 		return a.line, false
 	}
-	occ := now.Add(-time.Duration(g.r.IntN(30_000)) * time.Millisecond)
+	var occ time.Time
+	if g.cfg.Spread > 0 {
+		occ = now.Add(-time.Duration(g.r.Int64N(int64(g.cfg.Spread))))
+	} else {
+		occ = now.Add(-time.Duration(g.r.IntN(30_000)) * time.Millisecond)
+	}
 	a := attempt{
 		live:     g.r.Float64() >= g.cfg.EvalShare,
 		ws:       fmt.Sprintf("ws-%d", g.r.IntN(g.cfg.Workspaces)),
