@@ -1,0 +1,301 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/consumer"
+)
+
+// consumeOnly reads the whole topic with the processor's reader settings (one reader per
+// partition, FetchMessage) and returns events per second.
+func (e *env) consumeOnly(ctx context.Context, in *input) (float64, error) {
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	start := time.Now()
+	for p := 0; p < 4; p++ {
+		end, err := lastOffset(ctx, e.brokers, in.topic, p)
+		if err != nil {
+			return 0, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: in.topic, Partition: p,
+				MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond})
+			defer r.Close()
+			for off := int64(0); off < end; {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				off = m.Offset + 1
+				total.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return 0, err
+	default:
+	}
+	return float64(total.Load()) / time.Since(start).Seconds(), nil
+}
+
+func lastOffset(ctx context.Context, brokers []string, topic string, p int) (int64, error) {
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: time.Minute}
+	resp, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(p)}}})
+	if err != nil {
+		return 0, err
+	}
+	for _, po := range resp.Topics[topic] {
+		return po.LastOffset, po.Error
+	}
+	return 0, fmt.Errorf("no offsets for %s/%d", topic, p)
+}
+
+// redisOnly feeds the decoded input to the apply script in the processor's batches (2000
+// messages, all pipelined, then the seal) and returns events per second.
+func (e *env) redisOnly(ctx context.Context, in *input) (float64, error) {
+	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	if err != nil {
+		return 0, err
+	}
+	f, err := os.ReadFile(in.file)
+	if err != nil {
+		return 0, err
+	}
+	var obs []aggregator.Observation
+	now := time.Now()
+	for _, l := range bytes.Split(bytes.TrimSpace(f), []byte("\n")) {
+		ev, err := dec.DecodeStructured(l, now)
+		if err != nil {
+			continue
+		}
+		if o, ok := ev.Observation(); ok {
+			obs = append(obs, o)
+		}
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: e.redisAOF})
+	defer rdb.Close()
+	store, err := aggregator.NewRedis(rdb, aggregator.RedisConfig{Prefix: e.run + "-redisonly", Retention: 30 * 24 * time.Hour})
+	if err != nil {
+		return 0, err
+	}
+	defer cleanup(rdb, e.run+"-redisonly")
+	start := time.Now()
+	const batch = 2000
+	for i := 0; i < len(obs); i += batch {
+		if _, err := store.Apply(ctx, obs[i:min(i+batch, len(obs))], now); err != nil {
+			return 0, err
+		}
+		if _, err := store.Seal(ctx); err != nil {
+			return 0, err
+		}
+	}
+	// Per input event (messages), like the other figures; observations are fewer than events.
+	return float64(in.n) / time.Since(start).Seconds(), nil
+}
+
+func cleanup(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+":*", 5000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+		if len(keys) == 5000 {
+			rdb.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Unlink(ctx, keys...)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// latency produces live attempts at rate per second for a few seconds, each to an aggregate of its
+// own, while the processor runs, and returns p50 and p99 of snapshot time − produce time (both
+// Kafka timestamps of the same broker clock) in milliseconds.
+func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, float64, error) {
+	name := fmt.Sprintf("%s-latency-%s", e.run, bin.name)
+	client := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: time.Minute}
+	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
+		{Topic: name + ".in", NumPartitions: 4, ReplicationFactor: 1},
+		{Topic: name + ".snapshots", NumPartitions: 4, ReplicationFactor: 1}}}); err != nil {
+		return 0, 0, err
+	}
+	port, _ := freePort()
+	cmd := exec.Command(bin.path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
+	cmd.Env = append(os.Environ(), e.processorEnv(name, name+".in", e.redisAOF)...)
+	if err := cmd.Start(); err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		rdb := redis.NewClient(&redis.Options{Addr: e.redisAOF})
+		cleanup(rdb, name)
+		rdb.Close()
+	}()
+	// Wait until the processor has joined: its metrics answer and the group is stable.
+	for i := 0; i < 300; i++ {
+		if _, err := scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", port)); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second)
+
+	// 200 aggregates; every event is a new opportunity, so the k-th event of an aggregate is in
+	// the first snapshot of it that counts k opportunities.
+	const aggs = 200
+	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: name + ".in", Balancer: &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
+	total := int(math.Min(rate*10, 300000))
+	sent := make([][]time.Time, aggs)
+	var mu sync.Mutex
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	perTick := max(1, int(rate/100))
+	for i := 0; i < total; {
+		<-tick.C
+		var msgs []kafka.Message
+		for end := min(i+perTick, total); i < end; i++ {
+			now := time.Now().UTC()
+			a := i % aggs
+			line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
+				i, i, a, now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", a)), Value: []byte(line), Time: now})
+			mu.Lock()
+			sent[a] = append(sent[a], now)
+			mu.Unlock()
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			return 0, 0, err
+		}
+	}
+	var lat []float64
+	resolved := make([]int, aggs)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for p := 0; p < 4; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: name + ".snapshots", Partition: p, MaxWait: 100 * time.Millisecond})
+			defer r.Close()
+			for {
+				m, err := r.FetchMessage(rctx)
+				if err != nil {
+					return
+				}
+				var ev struct {
+					Data struct {
+						Aggregate struct {
+							CorrectionID string `json:"correction_id"`
+						} `json:"aggregate"`
+						Windows struct {
+							All struct {
+								Passed int `json:"passed"`
+							} `json:"all"`
+						} `json:"windows"`
+					} `json:"data"`
+				}
+				if json.Unmarshal(m.Value, &ev) != nil {
+					continue
+				}
+				a, err := strconv.Atoi(strings.TrimPrefix(ev.Data.Aggregate.CorrectionID, "fix-"))
+				if err != nil || a < 0 || a >= aggs {
+					continue
+				}
+				mu.Lock()
+				for ; resolved[a] < ev.Data.Windows.All.Passed && resolved[a] < len(sent[a]); resolved[a]++ {
+					lat = append(lat, float64(m.Time.Sub(sent[a][resolved[a]]).Microseconds())/1000)
+				}
+				done := len(lat) == total
+				mu.Unlock()
+				if done {
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(lat) < total {
+		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
+	}
+	slices.Sort(lat)
+	return lat[len(lat)/2], lat[len(lat)*99/100], nil
+}
+
+// redisBytes applies 500 000 distinct opportunities over 100 aggregates to the Redis without AOF
+// and returns the memory growth per opportunity.
+func (e *env) redisBytes(ctx context.Context) (float64, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: e.redisNone})
+	defer rdb.Close()
+	prefix := e.run + "-mem"
+	defer cleanup(rdb, prefix)
+	store, err := aggregator.NewRedis(rdb, aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour})
+	if err != nil {
+		return 0, err
+	}
+	used := func() float64 {
+		rdb.Do(ctx, "MEMORY", "PURGE")
+		s, _ := rdb.Info(ctx, "memory").Result()
+		for _, l := range strings.Split(s, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	before := used()
+	const total = 500_000
+	now := time.Now()
+	obs := make([]aggregator.Observation, 0, 2000)
+	for i := 0; i < total; i++ {
+		occ := aggregator.Micros(now) - int64(i%86400)*1e6
+		k := aggregator.Key{CorrectionID: fmt.Sprintf("fix-%d", i%100), Source: aggregator.Live}
+		k.Scope.Workspace, k.Scope.Model, k.Scope.Run, k.Scope.Checkpoint, k.Scope.Artifact = "acme", "support-bot", "2026-11", "ckpt-42", "prod"
+		obs = append(obs, aggregator.Observation{Key: k, OpportunityID: fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3),
+			Class: aggregator.Class(1 + i%3), Occurred: occ, Assessed: occ + 1e6})
+		if len(obs) == cap(obs) {
+			if _, err := store.Apply(ctx, obs, now); err != nil {
+				return 0, err
+			}
+			obs = obs[:0]
+		}
+	}
+	return (used() - before) / total, nil
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// TestScaleRatio checks the last-quarter ÷ first-quarter rate from cumulative counter samples.
+func TestScaleRatio(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	// at builds samples: counts at the given seconds after t0.
+	at := func(pairs ...float64) []countSample {
+		var s []countSample
+		for i := 0; i < len(pairs); i += 2 {
+			s = append(s, countSample{t0.Add(time.Duration(pairs[i] * float64(time.Second))), pairs[i+1]})
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		s    []countSample
+		want float64
+	}{
+		// A steady 100/s holds: ratio 1.
+		{"steady", at(0, 100, 1, 200, 2, 300, 3, 400, 4, 500), 1},
+		// The first half runs at 100/s, the second at 50/s: the last quarter is half as fast.
+		{"halving", at(0, 0, 1, 100, 2, 200, 4, 300, 6, 400), 0.5},
+		// Batches land unevenly but the quarters are each bracketed by samples: 100 per 1 s first,
+		// 100 per 4 s last.
+		{"slowing", at(0, 0, 1, 100, 2, 200, 3, 300, 7, 400), 0.25},
+		// Too few samples to tell.
+		{"short", at(0, 0, 1, 100), math.NaN()},
+		// Nothing counted (a shape without eval results).
+		{"flat", at(0, 5, 1, 5, 2, 5), math.NaN()},
+	} {
+		got := scaleRatio(tc.s)
+		if math.IsNaN(tc.want) != math.IsNaN(got) || (!math.IsNaN(got) && math.Abs(got-tc.want) > 1e-9) {
+			t.Errorf("%s: scaleRatio = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestVersus checks the current ÷ baseline figures: only figures both runs have, unmeasured
+// (nil) ones left out.
+func TestVersus(t *testing.T) {
+	cur := map[string]any{"pipeline_eps": num(30000, 0), "redis_cpu_us_per_event": num(5, 2), "kafka_cpu_us_per_event": num(math.NaN(), 2), "events": 10}
+	base := map[string]any{"pipeline_eps": num(20000, 0), "redis_cpu_us_per_event": num(20, 2), "kafka_cpu_us_per_event": num(4, 2)}
+	got := versus(cur, base)
+	want := map[string]any{"pipeline_eps": 1.5, "redis_cpu_us_per_event": 0.25}
+	if len(got) != len(want) {
+		t.Fatalf("versus = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("versus[%s] = %v, want %v", k, got[k], v)
+		}
+	}
+}

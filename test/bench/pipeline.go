@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// pipelineResult is one run of the processor binary over an input topic. Per-event figures divide
+// by the input's messages; CPU figures cover the same interval as eps (first processed batch to
+// last). Unknown figures are NaN.
+type pipelineResult struct {
+	eps, roundTrips, commits float64
+	cpuMicros                float64 // processor user+system CPU µs per event
+	redisMicros              float64 // Redis used_cpu_user+used_cpu_sys µs per event (main process)
+	kafkaMicros              float64 // broker user+system CPU µs per event (NaN without its pid)
+	rssMB                    float64
+	suiteScale               float64 // eval results/s, last quarter ÷ first quarter (NaN without eval results)
+	aofRewrites              int     // AOF rewrites Redis started during the run
+	processed                int     // messages processed: in.n unless timedOut
+	timedOut                 bool    // BENCH_TIMEOUT passed first; figures cover what was processed
+}
+
+// machineLimit is the events per second the machine's cores could carry at this run's CPU cost
+// per event of processor, Redis and Kafka together (NaN when one is unknown).
+func (r pipelineResult) machineLimit(cores int) float64 {
+	return float64(cores) * 1e6 / (r.cpuMicros + r.redisMicros + r.kafkaMicros)
+}
+
+// faster returns whichever of two runs of one configuration processed events faster.
+func faster(a, b pipelineResult) pipelineResult {
+	if b.eps > a.eps || a.eps == 0 {
+		return b
+	}
+	return a
+}
+
+// countSample is a cumulative counter read from the processor's /metrics at a moment.
+type countSample struct {
+	at time.Time
+	n  float64
+}
+
+// scaleRatio returns the rate over the last quarter of the counted items ÷ the rate over the first
+// quarter, from cumulative samples (the first taken at the first processed batch, the last at the
+// end). A quarter is a quarter of the items counted between the first and last sample; each rate
+// runs between the samples that bracket it, so it is exact to the batch at which the counter moved.
+func scaleRatio(s []countSample) float64 {
+	if len(s) < 3 {
+		return math.NaN()
+	}
+	first, last := s[0], s[len(s)-1]
+	q := (last.n - first.n) / 4
+	if q <= 0 {
+		return math.NaN()
+	}
+	a := first
+	for _, x := range s {
+		if x.n-first.n >= q {
+			a = x
+			break
+		}
+	}
+	b := first
+	for _, x := range s {
+		if last.n-x.n < q {
+			break
+		}
+		b = x
+	}
+	da, db := a.at.Sub(first.at).Seconds(), last.at.Sub(b.at).Seconds()
+	if da <= 0 || db <= 0 {
+		return math.NaN()
+	}
+	return ((last.n - b.n) / db) / ((a.n - first.n) / da)
+}
+
+// sumSeries adds every series of a metric (all label sets) in a scrape.
+func sumSeries(m map[string]float64, name string) float64 {
+	var t float64
+	for k, v := range m {
+		if k == name || strings.HasPrefix(k, name+"{") {
+			t += v
+		}
+	}
+	return t
+}
+
+// pipeline runs bin's run command over the input topic and measures from its first processed
+// batch to its last (startup and group join excluded), from its own /metrics; Redis and Kafka CPU
+// over the same interval.
+func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr string) (pipelineResult, error) {
+	name := fmt.Sprintf("%s-%s-%d", e.run, filepath.Base(in.topic), time.Now().UnixNano()%1e6)
+	port, err := freePort()
+	if err != nil {
+		return pipelineResult{}, err
+	}
+	cmd := exec.Command(bin.path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
+	cmd.Env = append(os.Environ(), e.processorEnv(name, in.topic, redisAddr)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return pipelineResult{}, err
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+		rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+		cleanup(rdb, name)
+		rdb.Close()
+	}()
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	pid := cmd.Process.Pid
+	rewrites0 := aofRewrites(ctx, redisAddr)
+	deadline := time.Now().Add(e.timeout)
+	var (
+		first, end           time.Time
+		cpu0, redis0, kafka0 float64
+		cpu1, redis1, kafka1 float64
+		done                 float64
+		m                    = map[string]float64{} // the last successful scrape
+		evals                []countSample          // graded runs applied, when they change
+		timedOut             bool
+	)
+	for {
+		select {
+		case <-exited:
+			return pipelineResult{}, fmt.Errorf("pipeline %s exited: %s", bin.name, stderr.String())
+		default:
+		}
+		now := time.Now()
+		if now.After(deadline) {
+			if first.IsZero() {
+				return pipelineResult{}, fmt.Errorf("pipeline %s processed nothing within %s: %s", bin.name, e.timeout, stderr.String())
+			}
+			timedOut = true
+		} else if s, err := scrape(url); err == nil {
+			m = s
+			done = m["repeatrate_batch_messages_sum"]
+			if done > 0 && first.IsZero() {
+				first, cpu0, redis0, kafka0 = now, cpuSeconds(pid), redisCPU(ctx, redisAddr), cpuSeconds(e.kafkaPID)
+			}
+			if !first.IsZero() && in.runs > 0 {
+				if n := sumSeries(m, "repeatrate_graded_runs_total"); len(evals) == 0 || n != evals[len(evals)-1].n {
+					evals = append(evals, countSample{now, n})
+				}
+			}
+		}
+		if timedOut || done >= float64(in.n) {
+			end, cpu1, redis1, kafka1 = time.Now(), cpuSeconds(pid), redisCPU(ctx, redisAddr), cpuSeconds(e.kafkaPID)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	processed := done
+	r := pipelineResult{
+		eps:         processed / end.Sub(first).Seconds(),
+		roundTrips:  m["repeatrate_redis_roundtrips_total"] / processed,
+		commits:     m[`repeatrate_offset_commits_total{result="ok"}`] / processed,
+		cpuMicros:   (cpu1 - cpu0) / processed * 1e6,
+		redisMicros: (redis1 - redis0) / processed * 1e6,
+		kafkaMicros: math.NaN(),
+		rssMB:       peakRSS(pid),
+		suiteScale:  math.NaN(),
+		aofRewrites: aofRewrites(ctx, redisAddr) - rewrites0,
+		processed:   int(processed),
+		timedOut:    timedOut,
+	}
+	if e.kafkaPID > 0 {
+		r.kafkaMicros = (kafka1 - kafka0) / processed * 1e6
+	}
+	if in.runs > 0 {
+		r.suiteScale = scaleRatio(evals)
+	}
+	return r, nil
+}
+
+// processorEnv configures a processor with topics, group and key prefix of its own.
+func (e *env) processorEnv(name, inputTopic, redisAddr string) []string {
+	return []string{
+		"REPEATRATE_KAFKA_BROKERS=" + strings.Join(e.brokers, ","),
+		"REPEATRATE_KAFKA_GROUP_ID=" + name,
+		"REPEATRATE_KAFKA_INPUT_TOPICS=" + inputTopic,
+		"REPEATRATE_KAFKA_SNAPSHOT_TOPIC=" + name + ".snapshots",
+		"REPEATRATE_KAFKA_SUITE_TOPIC=" + name + ".suites",
+		"REPEATRATE_KAFKA_ALERTS_TOPIC=" + name + ".alerts",
+		"REPEATRATE_KAFKA_DLQ_TOPIC=" + name + ".dlq",
+		"REPEATRATE_REDIS_ADDRS=" + redisAddr,
+		"REPEATRATE_REDIS_KEY_PREFIX=" + name,
+	}
+}
+
+func scrape(url string) (map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if err == nil {
+			out[l[:i]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// cpuSeconds returns a process's user+system CPU time from /proc/<pid>/stat (0 when unreadable).
+func cpuSeconds(pid int) float64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+func peakRSS(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmHWM:") {
+			kb, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// infoField reads one numeric field of a Redis INFO section (0 when absent).
+func infoField(ctx context.Context, addr, section, field string) float64 {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s, _ := rdb.Info(ctx, section).Result()
+	for _, l := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// redisCPU returns the CPU seconds the Redis server's main process has used (INFO cpu
+// used_cpu_user + used_cpu_sys; AOF-rewrite and RDB children are not included).
+func redisCPU(ctx context.Context, addr string) float64 {
+	return infoField(ctx, addr, "cpu", "used_cpu_user") + infoField(ctx, addr, "cpu", "used_cpu_sys")
+}
+
+// aofRewrites returns how many AOF rewrites the Redis at addr has done since it started (0 when
+// AOF is off or the figure is unavailable).
+func aofRewrites(ctx context.Context, addr string) int {
+	return int(infoField(ctx, addr, "persistence", "aof_rewrites"))
+}
