@@ -9,19 +9,25 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 )
 
-// Handler processes batches for the group; *Processor is one.
+// Handler processes batches for the group in three stages, which the group overlaps across
+// batches; *Processor is one. Each stage is called by one goroutine at a time; batches pass Apply
+// and Publish one at a time, in the order they were prepared.
 type Handler interface {
-	// Handle processes one batch; a nil return lets its offsets be committed once Verify confirms
-	// that its work is still held.
-	Handle(ctx context.Context, msgs []kafka.Message) error
-	// Mark names the work of the last batch Handle completed.
-	Mark() int64
+	// Prepare decodes a batch; it reads and writes nothing outside the process.
+	Prepare(msgs []kafka.Message) (*Batch, error)
+	// Apply writes a prepared batch durably and seals it (Batch.Mark names its work).
+	Apply(ctx context.Context, b *Batch) error
+	// Publish gets an applied batch's outputs acknowledged; a nil return lets its offsets be
+	// committed once Verify confirms that its work is still held.
+	Publish(ctx context.Context, b *Batch) error
 	// Verify confirms, immediately before committing offsets, that the work of every batch up to
 	// mark is still held, and records offsets as about to be committed: ErrRewind when recent work
 	// was lost (consume again from the committed offsets), ErrFatal when work whose offsets may be
-	// committed was lost.
+	// committed was lost. The group calls it from the goroutine that calls Apply, never between a
+	// failed Apply and the end of the generation.
 	Verify(ctx context.Context, mark int64, offsets map[string]map[int]int64) error
 	// CheckOffsets confirms, when a generation assigns partitions, that the work of every offset
 	// the group committed on them is still held; ErrFatal when it is not.
@@ -39,8 +45,15 @@ type GroupConfig struct {
 	// after its first message arrived, whichever comes first.
 	MaxBatch int
 	Linger   time.Duration
-	// DrainTimeout bounds finishing the batch in hand once shutdown or a rebalance begins.
+	// DrainTimeout bounds finishing a batch (its apply and publish) once its apply began; it is
+	// also what a batch in flight gets to finish once shutdown or a rebalance begins.
 	DrainTimeout time.Duration
+	// MaxInFlight bounds the batches between the first message of their collection and the end of
+	// their publish: with 1 the stages of a batch run one after another and the next batch is
+	// collected only then; with 2 or more, the next batch is decoded while Redis applies this
+	// one, and applied while this one is published (docs/semantics.md#delivery). Default 3, one
+	// batch per stage.
+	MaxInFlight int
 	// CommitDelay holds a batch's offsets back until its Redis writes are durable: at least the
 	// AOF fsync interval (everysec: one second). Zero commits at once.
 	CommitDelay time.Duration
@@ -64,6 +77,9 @@ func (c *GroupConfig) Validate() error {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 3
+	}
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = 10 * time.Second
 	}
@@ -77,10 +93,11 @@ func (c *GroupConfig) Validate() error {
 }
 
 // Group consumes the input topics in a Kafka consumer group. It uses kafka-go's ConsumerGroup API
-// rather than a group Reader so that it sees every generation end: the batch in hand is finished
-// and committed under the generation that fetched it, and nothing of an old generation runs when a
-// new one starts. Offsets are committed after the handler returns nil and cover exactly the
-// messages of that batch; each partition's messages arrive in order, so that is a contiguous prefix.
+// rather than a group Reader so that it sees every generation end: the batches in flight are
+// finished and committed under the generation that fetched them, and nothing of an old generation
+// runs when a new one starts. Offsets are committed after the handler published a batch and cover
+// exactly the messages of the batches published so far, in order; each partition's messages arrive
+// in order, so that is a contiguous prefix.
 type Group struct {
 	cfg     GroupConfig
 	handler Handler
@@ -195,7 +212,7 @@ func (g *Group) runGeneration(ctx context.Context, gen *kafka.Generation) {
 			gen.Start(func(gctx context.Context) { g.fetch(gctx, topic, a, msgs) })
 		}
 	}
-	gen.Start(func(gctx context.Context) { g.batches(ctx, gctx, gen, msgs, g.fatal) })
+	gen.Start(func(gctx context.Context) { g.batches(ctx, gctx, gen.ID, gen, msgs) })
 }
 
 func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssignment, out chan<- kafka.Message) {
@@ -259,34 +276,185 @@ type pendingCommit struct {
 	ready   time.Time
 }
 
-// batches collects, handles and commits batches until the generation or ctx ends. A batch that is
-// being collected when either ends is still handled (a drain). Offsets are committed CommitDelay
-// after their batch was applied, so that Redis has fsynced the writes they stand for (AOF everysec
-// syncs once a second); commits still pending when the loop ends are made before it returns.
-func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-chan kafka.Message, fatal func(error)) {
-	batch := make([]kafka.Message, 0, g.cfg.MaxBatch)
+// committer commits offsets under one generation; *kafka.Generation is one.
+type committer interface {
+	CommitOffsets(offsets map[string]map[int]int64) error
+}
+
+// flight is one batch in the pipeline, from its first message until it is published.
+type flight struct {
+	msgs     []kafka.Message
+	start    time.Time // its first message was taken
+	batch    *Batch
+	deadline time.Time // DrainTimeout after its apply began: apply and publish must end by then
+}
+
+// batches collects, handles and commits batches until the generation or ctx ends, in a pipeline
+// of three goroutines, all owned by this call and ended before it returns:
+//
+//   - collect takes messages into batches (MaxBatch, Linger) and decodes them (Prepare);
+//   - this goroutine applies them to Redis (Apply), one at a time in order, and commits;
+//   - publish gets their outputs acknowledged (Publish), one at a time in order.
+//
+// At most MaxInFlight batches are between their first message and the end of their publish; a
+// batch takes its place before its first message and gives it back when published, so every
+// queue is bounded and, when all places are taken, the fetchers wait. A batch that is being
+// collected when the generation or ctx ends is still handled, and so are the batches in flight (a
+// drain). Offsets are committed CommitDelay after their batch was published, so that Redis has
+// fsynced the writes they stand for (AOF everysec syncs once a second), after Verify confirmed the
+// batch mark; commits still pending when the loop ends are made before it returns. When any stage
+// fails, nothing pending or in flight is committed: every goroutine stops, and the generation ends
+// so that those batches are consumed again from the committed offsets.
+//
+// Why Redis may apply batch N+1 before N is published (docs/semantics.md#delivery):
+//   - outputs are computed in Apply, from the state Apply read after checking the previous batch
+//     mark, and carried with the batch; publishing them later publishes what publishing at once
+//     would have, and nothing computed after a loss is published, since that batch's Apply fails;
+//   - Apply and Publish each take batches one at a time in batch order, so an aggregate's
+//     snapshots (and a suite's) reach Kafka in version order: N+1's snapshot of K is sent only
+//     after N's was acknowledged;
+//   - a batch is sealed in Apply, after its writes; the mark that Verify checks before a commit is
+//     the newest one sealed, which proves every write before it, so it still vouches for the
+//     batch committed. Verify runs on this goroutine, between Applies, and never after one failed;
+//   - a batch that announces revived cases is a barrier (Batch.Barrier): the next batch's Apply
+//     waits until it was published and its cases marked announced, or they would be announced
+//     twice.
+func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, in <-chan kafka.Message) {
+	// Stages run on in the drain after gctx or ctx ended; base ends only when the pipeline stops.
+	base, abort := context.WithCancelCause(context.WithoutCancel(gctx))
+	defer abort(nil)
+	eg, ectx := errgroup.WithContext(base)
+	slots := make(chan struct{}, g.cfg.MaxInFlight)
+	// Each queue holds at most MaxInFlight batches, as many as there are places: sends never block.
+	prepared := make(chan *flight, g.cfg.MaxInFlight)
+	applied := make(chan *flight, g.cfg.MaxInFlight)
+	published := make(chan *flight, g.cfg.MaxInFlight)
+	eg.Go(func() error {
+		defer close(prepared)
+		return g.collect(ctx, gctx, ectx, in, slots, prepared)
+	})
+	eg.Go(func() error {
+		defer close(published)
+		return g.publish(ectx, applied, published)
+	})
+
 	var pending []pendingCommit
-	defer func() { g.commitPending(gen, &pending, true) }()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	var barrier *flight // an applied batch the next Apply waits for (Batch.Barrier)
+	failed := func(err error) {
+		// Nothing pending is committed: those batches are consumed again, idempotently.
+		pending = nil
+		g.log.Error("batch not processed; it and every batch in flight will be redelivered", zap.Int32("generation", genID), zap.Error(err))
+		if errors.Is(err, ErrFatal) {
+			g.fatal(err)
+		}
+	}
+	stopped := false // the pipeline stopped early: in flight is dropped, pending commits are made
+	next := prepared
+loop:
 	for {
-		batch = batch[:0]
 		var due <-chan time.Time
 		if len(pending) > 0 {
 			due = time.After(time.Until(pending[0].ready))
 		}
+		take := next
+		if barrier != nil {
+			take = nil
+		}
+		select {
+		case f, ok := <-take:
+			if !ok {
+				// Collected and drained: what is in flight is published, then the loop ends.
+				next = nil
+				close(applied)
+				continue
+			}
+			f.deadline = time.Now().Add(g.cfg.DrainTimeout)
+			actx, cancel := context.WithDeadline(ectx, f.deadline)
+			began := time.Now()
+			err := g.handler.Apply(actx, f.batch)
+			cancel()
+			if err != nil {
+				err = fmt.Errorf("apply %d messages: %w", len(f.msgs), err)
+				abort(err)
+				// Cancelled because another stage failed first: that stage's error is the cause,
+				// unless this one says more (a loss).
+				if werr := eg.Wait(); werr != nil && !errors.Is(err, ErrFatal) && !errors.Is(err, ErrRewind) {
+					err = werr
+				}
+				failed(err)
+				return
+			}
+			g.metrics.StageSeconds.WithLabelValues("apply").Observe(time.Since(began).Seconds())
+			if f.batch.Barrier() {
+				barrier = f
+			}
+			applied <- f
+		case f, ok := <-published:
+			if !ok {
+				break loop
+			}
+			<-slots
+			g.metrics.InFlight.Dec()
+			if barrier == f {
+				barrier = nil
+			}
+			pending = append(pending, pendingCommit{offsets: g.done(f), mark: f.batch.Mark(), ready: time.Now().Add(g.cfg.CommitDelay)})
+			if !g.commitPending(genID, gen, &pending, false) {
+				stopped = true
+				break loop
+			}
+		case <-due:
+			if !g.commitPending(genID, gen, &pending, false) {
+				stopped = true
+				break loop
+			}
+		case <-ectx.Done():
+			break loop
+		}
+	}
+	// Every goroutine of the pipeline ends before the generation may: a batch still in flight
+	// now is dropped, never committed, and consumed again.
+	abort(errPipelineStopped)
+	if err := eg.Wait(); err != nil && !stopped {
+		failed(err)
+		return
+	}
+	g.metrics.InFlight.Set(0)
+	g.commitPending(genID, gen, &pending, true)
+}
+
+// errPipelineStopped ends the stages once the batch loop stops.
+var errPipelineStopped = errors.New("batch pipeline stopped")
+
+// collect takes messages from in into batches and prepares them, each after taking a place in
+// slots, until the generation or ctx ends (the batch being collected is still prepared) or the
+// pipeline stops.
+func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message, slots chan<- struct{}, out chan<- *flight) error {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		// The place first: with MaxInFlight 1 nothing of the next batch is taken before the
+		// previous one was published, as in a loop without overlap.
+		select {
+		case slots <- struct{}{}:
+		case <-ectx.Done():
+			return nil
+		case <-gctx.Done():
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+		g.metrics.InFlight.Inc()
+		batch := make([]kafka.Message, 0, g.cfg.MaxBatch)
 		select {
 		case m := <-in:
 			batch = append(batch, m)
-		case <-due:
-			if !g.commitPending(gen, &pending, false) {
-				return
-			}
-			continue
+		case <-ectx.Done():
+			return nil
 		case <-gctx.Done():
-			return
+			return nil
 		case <-ctx.Done():
-			return
+			return nil
 		}
 		start := time.Now()
 		timer.Reset(g.cfg.Linger)
@@ -298,6 +466,8 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 				batch = append(batch, m)
 			case <-timer.C:
 				break fill
+			case <-ectx.Done():
+				return nil
 			case <-gctx.Done():
 				stopping = true
 				break fill
@@ -307,18 +477,42 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 			}
 		}
 		timer.Stop()
-		offsets, err := g.process(gctx, batch, start)
+		began := time.Now()
+		b, err := g.handler.Prepare(batch)
 		if err != nil {
-			// Nothing pending is committed: those batches are consumed again, idempotently.
-			pending = nil
-			if errors.Is(err, ErrFatal) {
-				fatal(err)
-			}
-			return
+			return fmt.Errorf("prepare %d messages: %w", len(batch), err)
 		}
-		pending = append(pending, pendingCommit{offsets: offsets, mark: g.handler.Mark(), ready: time.Now().Add(g.cfg.CommitDelay)})
-		if !g.commitPending(gen, &pending, false) || stopping {
-			return
+		g.metrics.StageSeconds.WithLabelValues("prepare").Observe(time.Since(began).Seconds())
+		out <- &flight{msgs: batch, start: start, batch: b}
+		if stopping {
+			return nil
+		}
+	}
+}
+
+// publish publishes applied batches one at a time, in order, until in is closed or the pipeline
+// stops.
+func (g *Group) publish(ectx context.Context, in <-chan *flight, out chan<- *flight) error {
+	for {
+		select {
+		case f, ok := <-in:
+			if !ok {
+				return nil
+			}
+			pctx, cancel := context.WithDeadline(ectx, f.deadline)
+			began := time.Now()
+			err := g.handler.Publish(pctx, f.batch)
+			cancel()
+			if err != nil {
+				if ectx.Err() != nil {
+					return nil // stopped by another stage, whose error is reported
+				}
+				return fmt.Errorf("publish %d messages: %w", len(f.msgs), err)
+			}
+			g.metrics.StageSeconds.WithLabelValues("publish").Observe(time.Since(began).Seconds())
+			out <- f
+		case <-ectx.Done():
+			return nil
 		}
 	}
 }
@@ -326,8 +520,8 @@ func (g *Group) batches(ctx, gctx context.Context, gen *kafka.Generation, in <-c
 // commitPending commits the offsets of every pending batch that is ready (all of them, after
 // waiting, when final), once the handler confirmed that their work is still held; false means the
 // generation is over. A loss found then drops every pending batch (they are consumed again) or,
-// when it reaches committed work, stops the group.
-func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, final bool) bool {
+// when it reaches committed work, stops the group. It runs on the goroutine that calls Apply.
+func (g *Group) commitPending(genID int32, gen committer, pending *[]pendingCommit, final bool) bool {
 	ps := *pending
 	n := 0
 	for n < len(ps) && (final || !ps[n].ready.After(time.Now())) {
@@ -357,37 +551,29 @@ func (g *Group) commitPending(gen *kafka.Generation, pending *[]pendingCommit, f
 		g.metrics.Commits.WithLabelValues("unverified").Inc()
 		*pending = nil
 		if errors.Is(err, ErrFatal) {
-			g.log.Error("committed work was lost; stopping", zap.Int32("generation", gen.ID), zap.Error(err))
+			g.log.Error("committed work was lost; stopping", zap.Int32("generation", genID), zap.Error(err))
 			g.fatal(err)
 		} else {
 			g.log.Warn("work not confirmed before commit; consuming again from the committed offsets",
-				zap.Int32("generation", gen.ID), zap.Error(err))
+				zap.Int32("generation", genID), zap.Error(err))
 		}
 		return false
 	}
 	*pending = ps[n:]
 	if err := gen.CommitOffsets(merged); err != nil {
 		g.metrics.Commits.WithLabelValues("error").Inc()
-		g.log.Warn("commit failed; the batches will be redelivered and applied idempotently", zap.Int32("generation", gen.ID), zap.Error(err))
+		g.log.Warn("commit failed; the batches will be redelivered and applied idempotently", zap.Int32("generation", genID), zap.Error(err))
 		return false
 	}
 	g.metrics.Commits.WithLabelValues("ok").Inc()
 	return true
 }
 
-// process handles one batch and returns the offsets to commit for it.
-func (g *Group) process(gctx context.Context, batch []kafka.Message, start time.Time) (map[string]map[int]int64, error) {
-	// The batch in hand is finished even when the generation ends meanwhile: its effects are
-	// idempotent, and committing it (if the generation still stands) spares the next owner the work.
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), g.cfg.DrainTimeout)
-	defer cancel()
-	if err := g.handler.Handle(hctx, batch); err != nil {
-		g.log.Error("batch not processed; it will be redelivered", zap.Int("messages", len(batch)), zap.Error(err))
-		return nil, err
-	}
+// done records a published batch in the metrics and returns the offsets to commit for it.
+func (g *Group) done(f *flight) map[string]map[int]int64 {
 	offsets := make(map[string]map[int]int64)
-	for i := range batch {
-		m := &batch[i]
+	for i := range f.msgs {
+		m := &f.msgs[i]
 		if offsets[m.Topic] == nil {
 			offsets[m.Topic] = make(map[int]int64)
 		}
@@ -396,9 +582,9 @@ func (g *Group) process(gctx context.Context, batch []kafka.Message, start time.
 		}
 		g.metrics.Lag.WithLabelValues(m.Topic, partitionLabel(m.Partition)).Set(float64(max(0, m.HighWaterMark-m.Offset-1)))
 	}
-	g.metrics.BatchSize.Observe(float64(len(batch)))
-	g.metrics.BatchSeconds.Observe(time.Since(start).Seconds())
-	last := &batch[len(batch)-1]
+	g.metrics.BatchSize.Observe(float64(len(f.msgs)))
+	g.metrics.BatchSeconds.Observe(time.Since(f.start).Seconds())
+	last := &f.msgs[len(f.msgs)-1]
 	g.metrics.LastEvent.WithLabelValues(last.Topic).Set(float64(last.Time.Unix()))
-	return offsets, nil
+	return offsets
 }

@@ -9,18 +9,20 @@ import (
 // Metrics are the consumer's Prometheus series. Label sets are bounded: reasons, outcomes and
 // event types are fixed enumerations; partitions are those of the input topics.
 type Metrics struct {
-	Events       *prometheus.CounterVec // decoded input events by type
-	DeadLetters  *prometheus.CounterVec // quarantined messages by reason
-	Outcomes     *prometheus.CounterVec // repeat-rate observations by apply outcome
-	RunOutcomes  *prometheus.CounterVec // graded runs by apply outcome
-	Alerts       *prometheus.CounterVec // alert events published by kind
-	Transport    prometheus.Counter     // transport duplicates: a CloudEvent source+id seen again in one batch
-	BatchSize    prometheus.Histogram   // messages per processed batch
-	BatchSeconds prometheus.Histogram   // time from a batch's first fetch to its commit
-	Retries      *prometheus.CounterVec // retried batch stages by stage
-	Commits      *prometheus.CounterVec // offset commits by result
-	Lag          *prometheus.GaugeVec   // messages behind the high-water mark by topic and partition
-	LastEvent    *prometheus.GaugeVec   // unix time of the newest message processed, by topic
+	Events       *prometheus.CounterVec   // decoded input events by type
+	DeadLetters  *prometheus.CounterVec   // quarantined messages by reason
+	Outcomes     *prometheus.CounterVec   // repeat-rate observations by apply outcome
+	RunOutcomes  *prometheus.CounterVec   // graded runs by apply outcome
+	Alerts       *prometheus.CounterVec   // alert events published by kind
+	Transport    prometheus.Counter       // transport duplicates: a CloudEvent source+id seen again in one batch
+	BatchSize    prometheus.Histogram     // messages per processed batch
+	BatchSeconds prometheus.Histogram     // time from a batch's first fetch to the end of its publish
+	StageSeconds *prometheus.HistogramVec // time a batch spends in each stage (prepare, apply, publish)
+	InFlight     prometheus.Gauge         // batches between their first message and the end of their publish
+	Retries      *prometheus.CounterVec   // retried batch stages by stage
+	Commits      *prometheus.CounterVec   // offset commits by result
+	Lag          *prometheus.GaugeVec     // messages behind the high-water mark by topic and partition
+	LastEvent    *prometheus.GaugeVec     // unix time of the newest message processed, by topic
 }
 
 // NewMetrics registers the consumer's series on reg.
@@ -52,6 +54,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "repeatrate_batch_seconds", Help: "Time to process and commit one batch.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10),
 		}),
+		StageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "repeatrate_batch_stage_seconds", Help: "Time a batch spends in each stage of the pipeline, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+		}, []string{"stage"}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "repeatrate_batches_in_flight", Help: "Batches between their first message and the end of their publish.",
+		}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "repeatrate_batch_retries_total", Help: "Batch stages retried after an error, by stage.",
 		}, []string{"stage"}),
@@ -67,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.RunOutcomes, m.Alerts, m.Transport, m.BatchSize, m.BatchSeconds,
-			m.Retries, m.Commits, m.Lag, m.LastEvent)
+			m.StageSeconds, m.InFlight, m.Retries, m.Commits, m.Lag, m.LastEvent)
 	}
 	return m
 }

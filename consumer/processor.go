@@ -68,8 +68,11 @@ func (c *ProcessorConfig) Validate() error {
 	return c.Suite.Validate()
 }
 
-// Processor handles one batch of input messages: decode, apply, publish snapshots, quarantine bad
-// input. It is the unit between fetch and commit.
+// Processor handles batches of input messages: decode, apply, publish snapshots, quarantine bad
+// input. It is the unit between fetch and commit, in three stages the group overlaps across
+// batches (docs/semantics.md#delivery): Prepare decodes (CPU only), Apply writes to Redis and seals
+// the batch, Publish gets every output acknowledged. Each stage is called by one goroutine at a
+// time, and the batches pass Apply and Publish in the order they were prepared.
 type Processor struct {
 	cfg     ProcessorConfig
 	decoder *Decoder
@@ -80,7 +83,6 @@ type Processor struct {
 	now     func() time.Time
 	log     *zap.Logger
 	metrics *Metrics
-	mark    int64 // the store's mark of the last batch handled; used by one goroutine, the group's
 }
 
 // NewProcessor returns a processor. now is the clock that stamps observation times and judges
@@ -95,15 +97,52 @@ func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, suites SuiteStore, p
 	return &Processor{cfg: cfg, decoder: d, store: s, suites: suites, pub: p, dlq: dlq, now: now, log: log, metrics: m}, nil
 }
 
+// Batch is one batch of input messages on its way through the processor's stages. Each stage
+// fills in what the next one needs; nothing in it is shared with another batch.
+type Batch struct {
+	msgs []kafka.Message
+	obs  []aggregator.Observation
+	runs []suite.RunObservation
+	dls  []DeadLetter
+
+	// Filled by Apply.
+	applied aggregator.Applied
+	suites  suite.Applied
+	at      time.Time // observation time of the snapshots
+	out     suite.Output
+	mark    int64 // the store's mark of this batch
+}
+
+// Messages returns the batch's input messages.
+func (b *Batch) Messages() []kafka.Message { return b.msgs }
+
+// Mark returns the store's mark of the batch once Apply sealed it.
+func (b *Batch) Mark() int64 { return b.mark }
+
+// Barrier reports whether the next batch must not be applied before this one is published: this
+// batch announces revived cases, and marks them announced only after publishing them, so a suite
+// apply that ran in between would read them as not announced and announce them again.
+func (b *Batch) Barrier() bool { return len(b.out.Revived) > 0 }
+
 // Handle processes msgs completely or not at all as far as the caller is concerned: it returns nil
 // only when every observation is applied, every touched aggregate's snapshot published and every
-// bad message dead-lettered, so the caller may commit. A failing stage is retried with backoff
-// until it succeeds or ctx ends; stages already done are not repeated within the call.
+// bad message dead-lettered, so the caller may commit. It is Prepare, Apply and Publish in a row.
 func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
+	b, err := p.Prepare(msgs)
+	if err != nil {
+		return err
+	}
+	if err := p.Apply(ctx, b); err != nil {
+		return err
+	}
+	return p.Publish(ctx, b)
+}
+
+// Prepare decodes msgs, sorts out the bad ones for the dead-letter topic and groups the rest into
+// observations and graded runs. It reads and writes nothing outside the process.
+func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 	recv := p.now()
-	obs := make([]aggregator.Observation, 0, len(msgs))
-	var runs []suite.RunObservation
-	var dls []DeadLetter
+	b := &Batch{msgs: msgs, obs: make([]aggregator.Observation, 0, len(msgs))}
 	seen := make(map[[2]string]struct{}, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
@@ -111,9 +150,9 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 		if err != nil {
 			var ie *schemas.InvalidError
 			if !errors.As(err, &ie) {
-				return fmt.Errorf("decode %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err)
+				return nil, fmt.Errorf("decode %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err)
 			}
-			dls = append(dls, DeadLetter{Message: *m, Reason: ie.Reason, Detail: ie.Detail})
+			b.dls = append(b.dls, DeadLetter{Message: *m, Reason: ie.Reason, Detail: ie.Detail})
 			p.metrics.DeadLetters.WithLabelValues(string(ie.Reason)).Inc()
 			continue
 		}
@@ -125,79 +164,95 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}
 		seen[id] = struct{}{}
 		if o, ok := ev.Observation(); ok {
-			obs = append(obs, o)
+			b.obs = append(b.obs, o)
 		}
 		if ev.Eval != nil {
-			runs = append(runs, suite.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
+			b.runs = append(b.runs, suite.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
 		}
 	}
+	return b, nil
+}
 
-	var applied aggregator.Applied
-	var suites suite.Applied
-	var at time.Time
-	var out suite.Output
-	stages := []struct {
-		name string
-		run  func(context.Context) error
-	}{
-		{"dead_letter", func(ctx context.Context) error { return p.dlq.Send(ctx, dls) }},
+// stage is one retried step of a batch.
+type stage struct {
+	name string
+	run  func(context.Context) error
+}
+
+// Apply writes the batch to Redis and seals it: observations applied (their tallies read back),
+// graded runs applied and the suite outputs computed, then the batch mark written. Every output
+// is computed here, on state whose previous batch mark was just confirmed, and only published by
+// Publish; a failing step is retried with backoff until it succeeds or ctx ends. Apply of the
+// next batch may run while this one is being published (docs/semantics.md#delivery).
+func (p *Processor) Apply(ctx context.Context, b *Batch) error {
+	return p.run(ctx, []stage{
 		{"apply", func(ctx context.Context) error {
-			if len(obs) == 0 {
-				if len(runs) == 0 {
+			if len(b.obs) == 0 {
+				if len(b.runs) == 0 {
 					return nil
 				}
 				// No tally to compute, but suite outputs are about to be: check the batch mark
 				// first, as Apply does, so nothing computed on lost writes is published.
 				return durability(p.store.Verify(ctx, 0, nil))
 			}
-			at = p.now()
+			b.at = p.now()
 			var err error
-			applied, err = p.store.Apply(ctx, obs, at)
+			b.applied, err = p.store.Apply(ctx, b.obs, b.at)
 			return durability(err)
 		}},
-		{"publish", func(ctx context.Context) error {
-			if len(applied.Keys) == 0 {
-				return nil
-			}
-			snaps := make([]schemas.Snapshot, len(applied.Keys))
-			for i, k := range applied.Keys {
-				snaps[i] = applied.Tallies[k].Snapshot(k, at)
-			}
-			return p.pub.Publish(ctx, snaps)
-		}},
 		{"suite_apply", func(ctx context.Context) error {
-			if len(runs) == 0 {
+			if len(b.runs) == 0 {
 				return nil
 			}
+			now := p.now()
 			var err error
-			suites, err = p.suites.Apply(ctx, runs)
+			b.suites, err = p.suites.Apply(ctx, b.runs)
 			if errors.Is(err, aggregator.ErrStateLost) {
 				return fmt.Errorf("%w: %w", ErrFatal, err)
 			}
 			if err == nil {
 				// From the stored state, not the outcomes: a redelivered batch (all duplicates)
 				// publishes the same alerts again, with the same ids.
-				out = suite.BuildOutput(suites, runs, p.cfg.Suite, p.now())
+				b.out = suite.BuildOutput(b.suites, b.runs, p.cfg.Suite, now)
 			}
 			return err
-		}},
-		{"suite_publish", func(ctx context.Context) error {
-			if len(runs) == 0 {
-				return nil
-			}
-			return p.pub.PublishSuites(ctx, out, p.now())
 		}},
 		{"seal", func(ctx context.Context) error {
 			mark, err := p.store.Seal(ctx)
 			if err == nil {
-				p.mark = mark
+				b.mark = mark
 			}
 			return durability(err)
+		}},
+	})
+}
+
+// Publish gets the batch's outputs acknowledged: dead letters, snapshots, suite outputs and
+// alerts, then marks revived cases announced. Batches must be published in the order they were
+// applied, one at a time: each aggregate's snapshots then reach Kafka in version order.
+func (p *Processor) Publish(ctx context.Context, b *Batch) error {
+	err := p.run(ctx, []stage{
+		{"dead_letter", func(ctx context.Context) error { return p.dlq.Send(ctx, b.dls) }},
+		{"publish", func(ctx context.Context) error {
+			if len(b.applied.Keys) == 0 {
+				return nil
+			}
+			snaps := make([]schemas.Snapshot, len(b.applied.Keys))
+			for i, k := range b.applied.Keys {
+				snaps[i] = b.applied.Tallies[k].Snapshot(k, b.at)
+			}
+			return p.pub.Publish(ctx, snaps)
+		}},
+		{"suite_publish", func(ctx context.Context) error {
+			if len(b.runs) == 0 {
+				return nil
+			}
+			return p.pub.PublishSuites(ctx, b.out, p.now())
 		}},
 		{"suite_announce", func(ctx context.Context) error {
 			// After publishing: a crash in between re-publishes the revived event with the same id.
 			byKey := map[suite.Key][]string{}
-			for _, r := range out.Revived {
+			for _, r := range b.out.Revived {
 				k := suite.Key{Workspace: r.Workspace, Suite: r.Suite}
 				byKey[k] = append(byKey[k], r.CaseID)
 			}
@@ -208,25 +263,30 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 			}
 			return nil
 		}},
+	})
+	if err != nil {
+		return err
 	}
+	for _, o := range b.applied.Outcomes {
+		p.metrics.Outcomes.WithLabelValues(o.String()).Inc()
+	}
+	for _, o := range b.suites.Outcomes {
+		p.metrics.RunOutcomes.WithLabelValues(o.String()).Inc()
+	}
+	p.metrics.Alerts.WithLabelValues("revived").Add(float64(len(b.out.Revived)))
+	p.metrics.Alerts.WithLabelValues("abnormal_sample").Add(float64(len(b.out.Abnormal)))
+	return nil
+}
+
+// run runs stages in order, each retried until it succeeds; stages already done are not repeated.
+func (p *Processor) run(ctx context.Context, stages []stage) error {
 	for _, st := range stages {
 		if err := p.retry(ctx, st.name, st.run); err != nil {
 			return err
 		}
 	}
-	for _, o := range applied.Outcomes {
-		p.metrics.Outcomes.WithLabelValues(o.String()).Inc()
-	}
-	for _, o := range suites.Outcomes {
-		p.metrics.RunOutcomes.WithLabelValues(o.String()).Inc()
-	}
-	p.metrics.Alerts.WithLabelValues("revived").Add(float64(len(out.Revived)))
-	p.metrics.Alerts.WithLabelValues("abnormal_sample").Add(float64(len(out.Abnormal)))
 	return nil
 }
-
-// Mark returns the store's mark of the last batch Handle completed.
-func (p *Processor) Mark() int64 { return p.mark }
 
 // Verify confirms that the store still holds the work of every batch up to mark and records the
 // offsets about to be committed; the group calls it immediately before committing them.
