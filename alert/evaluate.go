@@ -1,0 +1,228 @@
+package alert
+
+import (
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Subject is what one rule alerts on: an aggregate, a scope and correction (for the badge's
+// source), a suite, a suite version or a revived case.
+type Subject struct {
+	// Key is unique among the subjects of a rule: a kind letter and the escaped parts.
+	Key string
+	// Fields are the parts, by the names matchers use.
+	Fields map[string]string
+}
+
+// Condition is a rule's verdict on one subject at one evaluation.
+type Condition struct {
+	Subject  Subject
+	Active   bool
+	Evidence schemas.AlertEvidence
+}
+
+// Evaluate decides r's condition at now for every subject of t its matchers select. Subjects
+// without enough data (a window below min_scored, a suite with nothing judged) are inactive.
+func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
+	var out []Condition
+	switch r.Kind {
+	case KindThreshold, KindChange:
+		if r.Source == SourceBadge {
+			for _, c := range badgeSubjects(t) {
+				if matchAll(r.Matchers, c.subject.Fields) {
+					out = append(out, rateCondition(r, c.subject, c.snap, now))
+				}
+			}
+			return out
+		}
+		for _, id := range sortedKeys(t.rates) {
+			e := t.rates[id]
+			s := aggregateSubject(&e.snap.Aggregate)
+			if e.snap.Aggregate.Source == r.Source && matchAll(r.Matchers, s.Fields) {
+				out = append(out, rateCondition(r, s, &e.snap, now))
+			}
+		}
+	case KindNotMeasuredFor:
+		for _, id := range sortedKeys(t.rates) {
+			e := t.rates[id]
+			s := aggregateSubject(&e.snap.Aggregate)
+			if e.snap.Aggregate.Source != r.Source || !matchAll(r.Matchers, s.Fields) {
+				continue
+			}
+			since := e.lastScoredAt
+			if since.IsZero() {
+				since = e.firstSeen
+			}
+			silent := now.Sub(since)
+			ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(e.snap.ObservedAt), Source: r.Source,
+				Value: floatPtr(silent.Seconds()), Threshold: floatPtr(r.Duration.Seconds()),
+				Windows: []schemas.AlertWindow{snapshotWindow(WindowAll, e.snap.Windows.All)}}
+			if !e.lastScoredAt.IsZero() {
+				ev.LastScoredAt = timePtr(e.lastScoredAt)
+			}
+			out = append(out, Condition{Subject: s, Active: silent >= r.Duration, Evidence: ev})
+		}
+	case KindRevivedRegression:
+		for _, k := range sortedKeys(t.revived) {
+			c := t.revived[k]
+			s := Subject{Key: k, Fields: map[string]string{"workspace": c.Workspace, "suite": c.Suite, "case_id": c.CaseID, "version": c.Version}}
+			if !matchAll(r.Matchers, s.Fields) {
+				continue
+			}
+			// Still revived while the suite's latest discrimination lists it (or cut its list).
+			active := true
+			if d, ok := t.disc["d|"+schemas.JoinEscaped(c.Workspace, c.Suite)]; ok && d.RevivedTotal <= len(d.Revived) {
+				active = false
+				for _, id := range d.Revived {
+					active = active || id == c.CaseID
+				}
+			}
+			out = append(out, Condition{Subject: s, Active: active, Evidence: schemas.AlertEvidence{EvaluatedAt: now}})
+		}
+	case KindAchievableRangeBelow:
+		for _, k := range sortedKeys(t.disc) {
+			d := t.disc[k]
+			s := Subject{Key: k, Fields: map[string]string{"workspace": d.Workspace, "suite": d.Suite}}
+			if !matchAll(r.Matchers, s.Fields) {
+				continue
+			}
+			ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(d.ObservedAt), Value: d.AchievableRange, Threshold: floatPtr(r.Value)}
+			out = append(out, Condition{Subject: s, Active: d.AchievableRange != nil && *d.AchievableRange < r.Value, Evidence: ev})
+		}
+	case KindAbnormalShareAbove, KindMissingRunsAbove:
+		for _, k := range sortedKeys(t.stab) {
+			st := t.stab[k]
+			s := Subject{Key: k, Fields: map[string]string{"workspace": st.Workspace, "suite": st.Suite, "version": st.Version}}
+			if !matchAll(r.Matchers, s.Fields) {
+				continue
+			}
+			ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(st.ObservedAt), Threshold: floatPtr(r.Value)}
+			var active bool
+			if r.Kind == KindMissingRunsAbove {
+				ev.Value = floatPtr(float64(st.MissingRunsTotal))
+				active = float64(st.MissingRunsTotal) > r.Value
+			} else if n := st.ReplyLength.Count; n > 0 {
+				ev.Value = floatPtr(float64(st.AbnormalSamples) / float64(n))
+				active = int64(n) >= r.MinScored && *ev.Value > r.Value
+			}
+			out = append(out, Condition{Subject: s, Active: active, Evidence: ev})
+		}
+	}
+	return out
+}
+
+// rateCondition evaluates a threshold or change rule on one snapshot.
+func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Condition {
+	ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(snap.ObservedAt), Source: snap.Aggregate.Source}
+	w := window(snap, r.Window)
+	if r.Kind == KindThreshold {
+		ev.Windows = []schemas.AlertWindow{snapshotWindow(r.Window, w)}
+		ev.Threshold = floatPtr(r.Value)
+		ev.Value = w.Rate
+		active := w.Scored >= r.MinScored && w.Rate != nil &&
+			((r.Above && *w.Rate > r.Value) || (!r.Above && *w.Rate < r.Value))
+		return Condition{Subject: s, Active: active, Evidence: ev}
+	}
+	long := window(snap, r.Baseline)
+	recent := Counts{Confirmed: w.ConfirmedRepeats, Scored: w.Scored}
+	base := Counts{Confirmed: long.ConfirmedRepeats - w.ConfirmedRepeats, Scored: long.Scored - w.Scored}
+	epoch := r.Epoch()
+	ch := ChangeTest(recent, base, r.Alpha, epoch, r.Horizon, r.MinIncrease)
+	_, rh := ConfidenceSequence(recent, ch.AlphaPerEpoch/2)
+	bl, _ := ConfidenceSequence(base, ch.AlphaPerEpoch/2)
+	ev.Windows = []schemas.AlertWindow{
+		countsWindow(r.Window, recent, &schemas.Interval{Low: ch.RecentLow, High: rh}),
+		countsWindow(r.Baseline+"-"+r.Window, base, &schemas.Interval{Low: bl, High: ch.BaselineHigh}),
+	}
+	if recent.Scored > 0 && base.Scored > 0 {
+		ev.Value = floatPtr(recent.Rate() - base.Rate())
+	}
+	ev.Threshold = floatPtr(r.MinIncrease)
+	ev.Test = &schemas.AlertTest{Method: ChangeMethod, Alpha: r.Alpha, Horizon: r.Horizon.String(), Epoch: epoch.String(),
+		AlphaPerEpoch: ch.AlphaPerEpoch, MinIncrease: r.MinIncrease, LowerDifference: ch.LowerDifference, FisherPOneLook: FisherGreater(recent, base)}
+	active := recent.Scored >= r.MinScored && base.Scored >= r.MinScored && ch.Fires
+	return Condition{Subject: s, Active: active, Evidence: ev}
+}
+
+// Epoch is the change rule's epoch: the bucket of its windows (a minute for a 1h window, whose
+// buckets are minutes; an hour otherwise). Within one epoch both windows keep their buckets.
+func (r *Rule) Epoch() time.Duration {
+	if r.Window == Window1h {
+		return time.Minute
+	}
+	return time.Hour
+}
+
+func window(s *schemas.Snapshot, name string) schemas.Window {
+	switch name {
+	case Window1h:
+		return s.Windows.Hour
+	case Window24h:
+		return s.Windows.Day
+	case Window7d:
+		return s.Windows.Week
+	}
+	return s.Windows.All
+}
+
+func snapshotWindow(name string, w schemas.Window) schemas.AlertWindow {
+	return schemas.AlertWindow{Name: name, ConfirmedRepeats: w.ConfirmedRepeats, Scored: w.Scored, Rate: w.Rate,
+		Interval: w.CI95, IntervalKind: "wilson95"}
+}
+
+func countsWindow(name string, c Counts, ci *schemas.Interval) schemas.AlertWindow {
+	w := schemas.AlertWindow{Name: name, ConfirmedRepeats: c.Confirmed, Scored: c.Scored, IntervalKind: "confidence_sequence"}
+	if c.Scored > 0 {
+		w.Rate, w.Interval = floatPtr(c.Rate()), ci
+	}
+	return w
+}
+
+func aggregateSubject(a *schemas.Aggregate) Subject {
+	return Subject{Key: "a|" + a.ID(), Fields: map[string]string{"workspace": a.Workspace, "model": a.Model, "run": a.Run,
+		"checkpoint": a.Checkpoint, "artifact": a.Artifact, "correction_id": a.CorrectionID, "source": a.Source}}
+}
+
+type badgeSubject struct {
+	subject Subject
+	snap    *schemas.Snapshot
+}
+
+// badgeSubjects pairs each scope and correction with the snapshot its badge shows: live when live
+// is measured over all time, else evaluation (docs/semantics.md#badge).
+func badgeSubjects(t *Table) []badgeSubject {
+	var out []badgeSubject
+	seen := map[string]int{}
+	for _, id := range sortedKeys(t.rates) {
+		snap := &t.rates[id].snap
+		a := snap.Aggregate
+		key := "b|" + schemas.JoinEscaped(a.Workspace, a.Model, a.Run, a.Checkpoint, a.Artifact, a.CorrectionID)
+		i, ok := seen[key]
+		if !ok {
+			s := aggregateSubject(&a)
+			s.Key = key
+			delete(s.Fields, "source")
+			seen[key] = len(out)
+			out = append(out, badgeSubject{subject: s, snap: snap})
+			continue
+		}
+		if a.Source == SourceLive && snap.Windows.All.Scored > 0 {
+			out[i].snap = snap
+		}
+	}
+	// An evaluation snapshot seen first keeps its place only while live is not measured.
+	for i := range out {
+		if out[i].snap.Aggregate.Source == SourceLive && out[i].snap.Windows.All.Scored == 0 {
+			a := out[i].snap.Aggregate
+			a.Source = SourceEvaluation
+			if e, ok := t.rates[a.ID()]; ok {
+				out[i].snap = &e.snap
+			}
+		}
+	}
+	return out
+}
+
+func timePtr(t time.Time) *time.Time { return &t }
+func floatPtr(f float64) *float64    { return &f }

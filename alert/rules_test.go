@@ -1,0 +1,107 @@
+package alert
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseExample(t *testing.T) {
+	b, err := os.ReadFile("../deploy/alert-rules.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := Parse(b)
+	if err != nil {
+		t.Fatalf("the example rules file is invalid: %v", err)
+	}
+	if len(rs.Rules) != 7 || rs.EvaluationInterval != 30*time.Second {
+		t.Fatalf("got %d rules, interval %s", len(rs.Rules), rs.EvaluationInterval)
+	}
+	ch := rs.Rules[0]
+	if ch.Kind != KindChange || ch.Window != Window24h || ch.Baseline != Window7d || ch.Alpha != 0.05 ||
+		ch.Horizon != 30*24*time.Hour || ch.ResendInterval != 4*time.Hour || ch.Epoch() != time.Hour {
+		t.Errorf("change rule %+v", ch)
+	}
+	if len(ch.Matchers) != 1 || !ch.Matchers[0].Matches("acme") || ch.Matchers[0].Matches("") {
+		t.Errorf("matcher %v", ch.Matchers)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string // every one must appear in the error
+	}{
+		// No rules at all.
+		{"empty", "rules: []", []string{"at least one rule"}},
+		// Unknown top-level and rule fields are refused by the decoder.
+		{"unknown field", "rules:\n- name: a\n  kind: threshold\n  value: 0.1\n  treshold: 3", []string{"treshold"}},
+		// A rule without a name is named by position; the kind is checked.
+		{"no name, bad kind", "rules:\n- kind: ratio", []string{`rule #1: name: is required`, `rule #1: kind: "ratio" is not`}},
+		// A threshold needs its value, as a fraction.
+		{"threshold value", "rules:\n- name: a\n  kind: threshold\n  value: 20", []string{`rule "a": value: 20 is not a fraction`}},
+		{"threshold missing value", "rules:\n- name: a\n  kind: threshold", []string{`rule "a": value: is required`}},
+		// Field of another kind.
+		{"foreign field", "rules:\n- name: a\n  kind: threshold\n  value: 0.1\n  alpha: 0.05", []string{`rule "a": alpha: does not apply to kind threshold`}},
+		// Matchers: bad syntax, bad regexp, a field the kind does not have.
+		{"matchers", "rules:\n- name: a\n  kind: threshold\n  value: 0.1\n  matchers: ['workspace', 'model=~\"(\"', 'suite=\"x\"']",
+			[]string{`rule "a": matchers: matcher "workspace"`, `rule "a": matchers: matcher "model=~\"(\""`, `threshold rules match on workspace`}},
+		// A change baseline must be longer than its window; alpha in (0, 0.5).
+		{"change windows", "rules:\n- name: c\n  kind: change\n  window: all\n  baseline: 24h\n  alpha: 0.7",
+			[]string{`rule "c": window: "all" is not 1h, 24h, 7d`, `rule "c": alpha: 0.7`}},
+		{"change order", "rules:\n- name: c\n  kind: change\n  window: 24h\n  baseline: 24h",
+			[]string{`rule "c": baseline: 24h must be longer than window 24h`}},
+		// Durations: bad syntax, too short a horizon, duration required for not_measured_for.
+		{"durations", "rules:\n- name: d\n  kind: not_measured_for\n  for: soon\n- name: e\n  kind: change\n  horizon: 1h",
+			[]string{`rule "d": for: "soon"`, `rule "d": duration: is required`, `rule "e": horizon: "1h"`}},
+		// Duplicate names; reserved labels.
+		{"duplicates", "rules:\n- name: a\n  kind: revived_regression\n- name: a\n  kind: revived_regression\n  labels: {alertname: x}",
+			[]string{`rule "a": name: used by an earlier rule`, `rule "a": labels: "alertname" is set by repeatrate`}},
+		// Badge has no not_measured_for.
+		{"silent badge", "rules:\n- name: s\n  kind: not_measured_for\n  source: badge\n  duration: 1h", []string{`rule "s": source: "badge" is not live, evaluation`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if !errors.Is(err, ErrRules) {
+				t.Fatalf("error %v does not wrap ErrRules", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestMatcher(t *testing.T) {
+	tests := []struct {
+		in    string
+		value string
+		match bool
+	}{
+		{`workspace="acme"`, "acme", true},                // exact
+		{`workspace="acme"`, "acme-2", false},             // exact, byte for byte
+		{`workspace!="acme"`, "acme-2", true},             // not equal
+		{`model=~"support-.*"`, "support-bot", true},      // regexp, anchored at both ends
+		{`model=~"support"`, "support-bot", false},        // anchored: a prefix is not a match
+		{`model!~"support-.*"`, "sales-bot", true},        // negated regexp
+		{`correction_id = "a|b"`, "a|b", true},            // spaces around the operator, special bytes in the value
+		{`source=live`, "live", true},                     // unquoted value
+		{`source=~"live|evaluation"`, "evaluation", true}, // alternation stays inside the anchors
+	}
+	for _, tc := range tests {
+		m, err := ParseMatcher(tc.in)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		if got := m.Matches(tc.value); got != tc.match {
+			t.Errorf("%s on %q = %v, want %v", tc.in, tc.value, got, tc.match)
+		}
+	}
+}

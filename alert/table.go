@@ -1,0 +1,100 @@
+package alert
+
+import (
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Table holds the latest snapshot of everything a subscriber has seen: repeat-rate snapshots by
+// aggregate (the greatest version wins), suite snapshots by key (the latest observation wins) and
+// the revived cases announced as regressions. It is not safe for concurrent use: one evaluator
+// owns it.
+type Table struct {
+	rates   map[string]*rateEntry
+	disc    map[string]*schemas.SuiteDiscrimination
+	stab    map[string]*schemas.SuiteStability
+	revived map[string]*schemas.CaseRevived
+}
+
+// rateEntry is an aggregate's latest snapshot and when a scored opportunity was last seen arrive.
+type rateEntry struct {
+	snap schemas.Snapshot
+	// firstSeen is the first snapshot's observation time; lastScoredAt the observation time of
+	// the latest snapshot whose all-time scored count differed from the one before (or of the
+	// first one seen, when it had anything scored).
+	firstSeen, lastScoredAt time.Time
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	return &Table{rates: map[string]*rateEntry{}, disc: map[string]*schemas.SuiteDiscrimination{},
+		stab: map[string]*schemas.SuiteStability{}, revived: map[string]*schemas.CaseRevived{}}
+}
+
+// PutSnapshot records a repeat-rate snapshot and reports whether it was newer than the held one.
+func (t *Table) PutSnapshot(s *schemas.Snapshot) bool {
+	id := s.Aggregate.ID()
+	e, ok := t.rates[id]
+	if !ok {
+		e = &rateEntry{firstSeen: s.ObservedAt}
+		if s.Windows.All.Scored > 0 {
+			e.lastScoredAt = s.ObservedAt
+		}
+		e.snap = *s
+		t.rates[id] = e
+		return true
+	}
+	if s.Version <= e.snap.Version {
+		return false
+	}
+	if s.Windows.All.Scored != e.snap.Windows.All.Scored && s.ObservedAt.After(e.lastScoredAt) {
+		e.lastScoredAt = s.ObservedAt
+	}
+	e.snap = *s
+	return true
+}
+
+// PutDiscrimination records a suite discrimination snapshot unless an later one is held.
+func (t *Table) PutDiscrimination(d *schemas.SuiteDiscrimination) bool {
+	k := "d|" + schemas.JoinEscaped(d.Workspace, d.Suite)
+	if h, ok := t.disc[k]; ok && !d.ObservedAt.After(h.ObservedAt) {
+		return false
+	}
+	c := *d
+	t.disc[k] = &c
+	return true
+}
+
+// PutStability records a suite stability snapshot unless a later one is held.
+func (t *Table) PutStability(s *schemas.SuiteStability) bool {
+	k := "s|" + schemas.JoinEscaped(s.Workspace, s.Suite, s.Version)
+	if h, ok := t.stab[k]; ok && !s.ObservedAt.After(h.ObservedAt) {
+		return false
+	}
+	c := *s
+	t.stab[k] = &c
+	return true
+}
+
+// PutRevived records a revived case; only regressions (pass → fail) are kept.
+func (t *Table) PutRevived(r *schemas.CaseRevived) bool {
+	if !r.Regression {
+		return false
+	}
+	k := "c|" + schemas.JoinEscaped(r.Workspace, r.Suite, r.CaseID)
+	if h, ok := t.revived[k]; ok && *h == *r {
+		return false
+	}
+	c := *r
+	t.revived[k] = &c
+	return true
+}
+
+// Len is the number of subjects held.
+func (t *Table) Len() int { return len(t.rates) + len(t.disc) + len(t.stab) + len(t.revived) }
+
+// sortedKeys returns m's keys in order, so evaluations are deterministic.
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
