@@ -21,8 +21,8 @@ func win(confirmed, scored int64) schemas.Window {
 // snap builds a snapshot whose 24h window holds day and 7d window holds week (all = 7d).
 func snap(source string, version int64, day, week [2]int64, at time.Time) *schemas.Snapshot {
 	return &schemas.Snapshot{
-		Aggregate: schemas.Aggregate{Workspace: "acme", Model: "bot", Run: "r", Checkpoint: "c", Artifact: "prod", CorrectionID: "fix", Source: source},
-		Windows: schemas.Windows{All: win(week[0], week[1]), Hour: win(0, 0), Day: win(day[0], day[1]), Week: win(week[0], week[1])},
+		Aggregate:  schemas.Aggregate{Workspace: "acme", Model: "bot", Run: "r", Checkpoint: "c", Artifact: "prod", CorrectionID: "fix", Source: source},
+		Windows:    schemas.Windows{All: win(week[0], week[1]), Hour: win(0, 0), Day: win(day[0], day[1]), Week: win(week[0], week[1])},
 		ObservedAt: at, Version: version,
 	}
 }

@@ -400,7 +400,6 @@ func minScored(errs *[]error, p *int64) int64 {
 	return *p
 }
 
-
 // parseDuration accepts Go durations plus a whole number of days ("7d").
 func parseDuration(v string) (time.Duration, error) {
 	if d, ok := strings.CutSuffix(v, "d"); ok {
