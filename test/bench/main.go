@@ -221,7 +221,10 @@ func run() error {
 		}
 	}
 
-	out := map[string]any{"events": n, "suite_runs": suiteRuns, "cores": e.cores, "rounds": e.rounds}
+	out := map[string]any{"events": n, "shapes": shapes, "cores": e.cores, "rounds": e.rounds}
+	if slices.Contains(shapes, shapeEval) {
+		out["suite_runs"] = suiteRuns
+	}
 	if len(e.bins) > 1 {
 		out["baseline"] = os.Getenv("BENCH_BASELINE")
 	}
