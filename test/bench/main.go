@@ -297,8 +297,8 @@ func run() error {
 func (r pipelineResult) describe(cores int) string {
 	s := fmt.Sprintf("%.0f events/s, CPU µs/event processor %.1f, Redis %.1f, Kafka %.1f; machine limit %.0f events/s (%.2f of it); %.4f round trips/event, %.5f commits/event, peak RSS %.0f MB, %d AOF rewrites",
 		r.eps, r.cpuMicros, r.redisMicros, r.kafkaMicros, r.machineLimit(cores), r.eps/r.machineLimit(cores), r.roundTrips, r.commits, r.rssMB, r.aofRewrites)
-	if !math.IsNaN(r.suiteScale) {
-		s += fmt.Sprintf(", suite scale %.3f", r.suiteScale)
+	if !math.IsNaN(r.suiteScale()) {
+		s += fmt.Sprintf(", suite scale %.3f (%.0f → %.0f eval results/s)", r.suiteScale(), r.suiteFirst, r.suiteLast)
 	}
 	if r.timedOut {
 		s += fmt.Sprintf(", TIMED OUT after %d events", r.processed)
@@ -322,7 +322,9 @@ func (r pipelineResult) figures(in *input, cores int) map[string]any {
 	}
 	if in.runs > 0 {
 		m["suite_runs"] = in.runs
-		m["suite_scale_ratio"] = num(r.suiteScale, 3)
+		m["suite_scale_ratio"] = num(r.suiteScale(), 3)
+		m["suite_first_quarter_rps"] = num(r.suiteFirst, 0)
+		m["suite_last_quarter_rps"] = num(r.suiteLast, 0)
 	}
 	if r.timedOut {
 		m["timed_out_after_events"] = r.processed

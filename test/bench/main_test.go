@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// TestScaleRatio checks the last-quarter ÷ first-quarter rate from cumulative counter samples.
-func TestScaleRatio(t *testing.T) {
+// TestQuarterRates checks the first- and last-quarter rates, and their ratio, from cumulative
+// counter samples.
+func TestQuarterRates(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	// at builds samples: counts at the given seconds after t0.
 	at := func(pairs ...float64) []countSample {
@@ -18,27 +19,36 @@ func TestScaleRatio(t *testing.T) {
 		return s
 	}
 	for _, tc := range []struct {
-		name string
-		s    []countSample
-		want float64
+		name        string
+		s           []countSample
+		first, last float64
 	}{
 		// A steady 100/s holds: ratio 1.
-		{"steady", at(0, 100, 1, 200, 2, 300, 3, 400, 4, 500), 1},
+		{"steady", at(0, 100, 1, 200, 2, 300, 3, 400, 4, 500), 100, 100},
 		// The first half runs at 100/s, the second at 50/s: the last quarter is half as fast.
-		{"halving", at(0, 0, 1, 100, 2, 200, 4, 300, 6, 400), 0.5},
+		{"halving", at(0, 0, 1, 100, 2, 200, 4, 300, 6, 400), 100, 50},
 		// Batches land unevenly but the quarters are each bracketed by samples: 100 per 1 s first,
 		// 100 per 4 s last.
-		{"slowing", at(0, 0, 1, 100, 2, 200, 3, 300, 7, 400), 0.25},
+		{"slowing", at(0, 0, 1, 100, 2, 200, 3, 300, 7, 400), 100, 25},
 		// Too few samples to tell.
-		{"short", at(0, 0, 1, 100), math.NaN()},
+		{"short", at(0, 0, 1, 100), math.NaN(), math.NaN()},
 		// Nothing counted (a shape without eval results).
-		{"flat", at(0, 5, 1, 5, 2, 5), math.NaN()},
+		{"flat", at(0, 5, 1, 5, 2, 5), math.NaN(), math.NaN()},
 	} {
-		got := scaleRatio(tc.s)
-		if math.IsNaN(tc.want) != math.IsNaN(got) || (!math.IsNaN(got) && math.Abs(got-tc.want) > 1e-9) {
-			t.Errorf("%s: scaleRatio = %v, want %v", tc.name, got, tc.want)
+		first, last := quarterRates(tc.s)
+		if !same(first, tc.first) || !same(last, tc.last) {
+			t.Errorf("%s: quarterRates = %v, %v, want %v, %v", tc.name, first, last, tc.first, tc.last)
+		}
+		r := pipelineResult{suiteFirst: first, suiteLast: last}
+		if want := tc.last / tc.first; !same(r.suiteScale(), want) {
+			t.Errorf("%s: suiteScale = %v, want %v", tc.name, r.suiteScale(), want)
 		}
 	}
+}
+
+// same reports whether two figures are equal, or both unmeasured.
+func same(a, b float64) bool {
+	return math.IsNaN(a) && math.IsNaN(b) || math.Abs(a-b) < 1e-9
 }
 
 // TestVersus checks the current ÷ baseline figures: only figures both runs have, unmeasured

@@ -26,7 +26,7 @@ type pipelineResult struct {
 	redisMicros              float64 // Redis used_cpu_user+used_cpu_sys µs per event (main process)
 	kafkaMicros              float64 // broker user+system CPU µs per event (NaN without its pid)
 	rssMB                    float64
-	suiteScale               float64 // eval results/s, last quarter ÷ first quarter (NaN without eval results)
+	suiteFirst, suiteLast    float64 // eval results/s over the first and the last quarter (NaN without eval results)
 	aofRewrites              int     // AOF rewrites Redis started during the run
 	processed                int     // messages processed: in.n unless timedOut
 	timedOut                 bool    // BENCH_TIMEOUT passed first; figures cover what was processed
@@ -52,39 +52,43 @@ type countSample struct {
 	n  float64
 }
 
-// scaleRatio returns the rate over the last quarter of the counted items ÷ the rate over the first
-// quarter, from cumulative samples (the first taken at the first processed batch, the last at the
+// quarterRates returns the rate over the first quarter of the counted items and over the last,
+// from cumulative samples (the first taken at the first processed batch, the last at the
 // end). A quarter is a quarter of the items counted between the first and last sample; each rate
 // runs between the samples that bracket it, so it is exact to the batch at which the counter moved.
-func scaleRatio(s []countSample) float64 {
+func quarterRates(s []countSample) (first, last float64) {
+	nan := math.NaN()
 	if len(s) < 3 {
-		return math.NaN()
+		return nan, nan
 	}
-	first, last := s[0], s[len(s)-1]
-	q := (last.n - first.n) / 4
+	s0, s1 := s[0], s[len(s)-1]
+	q := (s1.n - s0.n) / 4
 	if q <= 0 {
-		return math.NaN()
+		return nan, nan
 	}
-	a := first
+	a := s0
 	for _, x := range s {
-		if x.n-first.n >= q {
+		if x.n-s0.n >= q {
 			a = x
 			break
 		}
 	}
-	b := first
+	b := s0
 	for _, x := range s {
-		if last.n-x.n < q {
+		if s1.n-x.n < q {
 			break
 		}
 		b = x
 	}
-	da, db := a.at.Sub(first.at).Seconds(), last.at.Sub(b.at).Seconds()
+	da, db := a.at.Sub(s0.at).Seconds(), s1.at.Sub(b.at).Seconds()
 	if da <= 0 || db <= 0 {
-		return math.NaN()
+		return nan, nan
 	}
-	return ((last.n - b.n) / db) / ((a.n - first.n) / da)
+	return (a.n - s0.n) / da, (s1.n - b.n) / db
 }
+
+// suiteScale is eval results/s over the last quarter ÷ over the first (NaN when unknown).
+func (r pipelineResult) suiteScale() float64 { return r.suiteLast / r.suiteFirst }
 
 // sumSeries adds every series of a metric (all label sets) in a scrape.
 func sumSeries(m map[string]float64, name string) float64 {
@@ -174,7 +178,8 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		redisMicros: (redis1 - redis0) / processed * 1e6,
 		kafkaMicros: math.NaN(),
 		rssMB:       peakRSS(pid),
-		suiteScale:  math.NaN(),
+		suiteFirst:  math.NaN(),
+		suiteLast:   math.NaN(),
 		aofRewrites: aofRewrites(ctx, redisAddr) - rewrites0,
 		processed:   int(processed),
 		timedOut:    timedOut,
@@ -183,7 +188,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		r.kafkaMicros = (kafka1 - kafka0) / processed * 1e6
 	}
 	if in.runs > 0 {
-		r.suiteScale = scaleRatio(evals)
+		r.suiteFirst, r.suiteLast = quarterRates(evals)
 	}
 	return r, nil
 }
