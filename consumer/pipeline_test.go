@@ -115,7 +115,7 @@ func (s *gateStore) CheckOffsets(context.Context, aggregator.Offsets) error { re
 // gatePublisher records each acknowledged snapshot and holds (or fails) the publish of a batch
 // named by its snapshots' passed+confirmed count.
 type gatePublisher struct {
-	tr    *trace
+	tr *trace
 	// hold is by the all-time scored count of the snapshots; -1 holds suite outputs with revived cases.
 	hold   map[int64]func(ctx context.Context) error
 	snaps  []schemas.Snapshot
