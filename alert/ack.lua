@@ -1,0 +1,23 @@
+-- Acknowledges delivered notifications of one record for one sink.
+-- KEYS: due sorted set, the sink's outbox, record, index, then every sink's outbox.
+-- ARGV: delivered count, id of the first delivered, retry-at score (ms), linger (ms).
+local first = redis.call('LINDEX', KEYS[2], 0)
+if first and cjson.decode(first).id == ARGV[2] then
+  redis.call('LTRIM', KEYS[2], tonumber(ARGV[1]), -1)
+end
+if redis.call('LLEN', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], KEYS[3])
+else
+  redis.call('ZADD', KEYS[1], tonumber(ARGV[3]), KEYS[3])
+end
+local state = redis.call('HGET', KEYS[3], 'state')
+if state == 'inactive' or state == 'resolved' then
+  for i = 5, #KEYS do
+    if redis.call('LLEN', KEYS[i]) > 0 then
+      return 1
+    end
+  end
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
+  redis.call('SREM', KEYS[4], KEYS[3])
+end
+return 1

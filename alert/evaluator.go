@@ -1,0 +1,373 @@
+package alert
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Sink delivers notifications: Kafka events, Alertmanager posts.
+type Sink interface {
+	// Name is the sink's stable name: it names its outbox in Redis.
+	Name() string
+	// Takes reports whether the sink delivers notifications of kind n.
+	Takes(n Notify) bool
+	// Send delivers notes (oldest first) and returns once they are accepted.
+	Send(ctx context.Context, notes []Notification) error
+}
+
+// Metrics are the alerting metrics.
+type Metrics struct {
+	evaluations   *prometheus.CounterVec
+	transitions   *prometheus.CounterVec
+	notifications *prometheus.CounterVec
+	errors        *prometheus.CounterVec
+	conflicts     prometheus.Counter
+	firing        *prometheus.GaugeVec
+}
+
+// NewMetrics registers the alerting metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_evaluations_total",
+			Help: "Rule evaluations over every subject, by trigger (snapshot or schedule)."}, []string{"trigger"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_transitions_total",
+			Help: "Lifecycle steps written to Redis, by reason."}, []string{"reason"}),
+		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_notifications_total",
+			Help: "Notifications delivered, by sink and kind."}, []string{"sink", "kind"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_errors_total",
+			Help: "Alerting failures, by stage (state, deliver)."}, []string{"stage"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_alert_conflicts_total",
+			Help: "Compare-and-set conflicts: another evaluator changed a record first."}),
+		firing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "repeatrate_alerts_firing",
+			Help: "Alerts this evaluator saw firing at its last evaluation, by rule."}, []string{"rule"}),
+	}
+	reg.MustRegister(m.evaluations, m.transitions, m.notifications, m.errors, m.conflicts, m.firing)
+	return m
+}
+
+// EvaluatorConfig configures an Evaluator.
+type EvaluatorConfig struct {
+	Rules Rules
+	// Lease bounds one delivery attempt: a sender that has not acknowledged within it is taken
+	// for dead and another may deliver. It must exceed the sinks' timeouts (default 1m).
+	Lease time.Duration
+	// DeliverEvery is how often each sink's outbox is polled (default 1s).
+	DeliverEvery time.Duration
+}
+
+// Validate fills defaults and checks the configuration.
+func (c *EvaluatorConfig) Validate() error {
+	if len(c.Rules.Rules) == 0 {
+		return errors.New("alert: no rules")
+	}
+	if c.Rules.EvaluationInterval <= 0 {
+		c.Rules.EvaluationInterval = DefaultEvaluationInterval
+	}
+	if c.Lease <= 0 {
+		c.Lease = time.Minute
+	}
+	if c.DeliverEvery <= 0 {
+		c.DeliverEvery = time.Second
+	}
+	return nil
+}
+
+// Update is one subscribed snapshot, of exactly one kind.
+type Update struct {
+	Snapshot       *schemas.Snapshot
+	Discrimination *schemas.SuiteDiscrimination
+	Stability      *schemas.SuiteStability
+	Revived        *schemas.CaseRevived
+}
+
+// Evaluator owns a Table fed by Updates, evaluates every rule on each change and on a schedule,
+// steps the lifecycles in Redis and delivers their notifications through the sinks. Any number
+// of evaluators may run on the same snapshots and Redis: compare-and-set makes each transition
+// happen once, and the outbox lease makes each notification go out once.
+type Evaluator struct {
+	cfg     EvaluatorConfig
+	store   *Redis
+	sinks   []Sink
+	now     func() time.Time
+	log     *zap.Logger
+	metrics *Metrics
+	table   *Table
+	rules   map[string]*Rule
+}
+
+// NewEvaluator returns an evaluator; now is its clock.
+func NewEvaluator(cfg EvaluatorConfig, store *Redis, sinks []Sink, now func() time.Time, log *zap.Logger, m *Metrics) (*Evaluator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Evaluator{cfg: cfg, store: store, sinks: sinks, now: now, log: log, metrics: m, table: NewTable(), rules: map[string]*Rule{}}
+	for i := range cfg.Rules.Rules {
+		e.rules[cfg.Rules.Rules[i].Name] = &cfg.Rules.Rules[i]
+	}
+	return e, nil
+}
+
+// Apply records an update in the table and reports whether it changed anything.
+func (e *Evaluator) Apply(u Update) bool {
+	switch {
+	case u.Snapshot != nil:
+		return e.table.PutSnapshot(u.Snapshot)
+	case u.Discrimination != nil:
+		return e.table.PutDiscrimination(u.Discrimination)
+	case u.Stability != nil:
+		return e.table.PutStability(u.Stability)
+	case u.Revived != nil:
+		return e.table.PutRevived(u.Revived)
+	}
+	return false
+}
+
+// Run evaluates until ctx ends: after updates (at most once per second while they keep coming)
+// and every evaluation interval, and delivers each sink's outbox in its own goroutine, so a slow
+// or failing sink never holds up evaluation or the subscription. It returns once every goroutine
+// it started has stopped.
+func (e *Evaluator) Run(ctx context.Context, updates <-chan Update) error {
+	done := make(chan struct{}, len(e.sinks))
+	for _, s := range e.sinks {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			e.deliverLoop(ctx, s)
+		}()
+	}
+	defer func() {
+		for range e.sinks {
+			<-done
+		}
+	}()
+	tick := time.NewTicker(e.cfg.Rules.EvaluationInterval)
+	defer tick.Stop()
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	dirty := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-updates:
+			if !ok {
+				updates = nil
+				continue
+			}
+			if e.Apply(u) && !dirty {
+				dirty = true
+				debounce.Reset(time.Second)
+			}
+		case <-debounce.C:
+			dirty = false
+			e.evaluate(ctx, "snapshot")
+		case <-tick.C:
+			e.evaluate(ctx, "schedule")
+		}
+	}
+}
+
+func (e *Evaluator) evaluate(ctx context.Context, trigger string) {
+	if err := e.Evaluate(ctx, e.now()); err != nil && ctx.Err() == nil {
+		e.metrics.errors.WithLabelValues("state").Inc()
+		e.log.Warn("alert evaluation", zap.String("trigger", trigger), zap.Error(err))
+	}
+	e.metrics.evaluations.WithLabelValues(trigger).Inc()
+}
+
+// Evaluate evaluates every rule over the table at now and writes the lifecycle steps. Records of
+// subjects the table no longer holds step as inactive.
+func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
+	idx, err := e.store.Keys(ctx)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, k := range idx {
+		known[k] = true
+	}
+	type item struct {
+		rule *Rule
+		cond Condition
+	}
+	var work []item
+	seen := map[string]bool{}
+	var need []string
+	for i := range e.cfg.Rules.Rules {
+		r := &e.cfg.Rules.Rules[i]
+		for _, c := range Evaluate(r, e.table, now) {
+			k := e.store.Key(r.Name, c.Subject.Key)
+			seen[k] = true
+			if c.Active || known[k] {
+				work = append(work, item{r, c})
+				need = append(need, k)
+			}
+		}
+	}
+	gone := []string{}
+	for _, k := range idx {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	recs, err := e.store.Load(ctx, append(need, gone...))
+	if err != nil {
+		return err
+	}
+	for _, k := range gone {
+		st := recs[k]
+		if r, ok := e.rules[st.Rule]; ok && st.Rev > 0 {
+			work = append(work, item{r, Condition{Subject: st.Subject, Evidence: schemas.AlertEvidence{EvaluatedAt: now}}})
+		}
+	}
+	firing := map[string]float64{}
+	var errs []error
+	for _, w := range work {
+		k := e.store.Key(w.rule.Name, w.cond.Subject.Key)
+		st, err := e.step(ctx, k, recs[k], w.rule, w.cond, now)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if st == StateFiring {
+			firing[w.rule.Name]++
+		}
+	}
+	for name := range e.rules {
+		e.metrics.firing.WithLabelValues(name).Set(firing[name])
+	}
+	return errors.Join(errs...)
+}
+
+// step moves one lifecycle, retrying on compare-and-set conflicts with the record re-read.
+func (e *Evaluator) step(ctx context.Context, key string, st Stored, r *Rule, c Condition, now time.Time) (State, error) {
+	for attempt := 0; ; attempt++ {
+		next, notify, reason := Step(st.Record, c.Active, now, r.Timing())
+		if next == st.Record && notify == NotifyNone {
+			return next.State, nil
+		}
+		var note *Notification
+		if notify != NotifyNone {
+			note = e.notification(r, c, next, notify, now)
+		}
+		ok, err := e.store.Commit(ctx, key, st.Rev, r.Name, c.Subject, next, note, e.takes, now)
+		if err != nil {
+			return st.State, err
+		}
+		if ok {
+			e.metrics.transitions.WithLabelValues(reason.String()).Inc()
+			if notify != NotifyNone || next.State != st.State {
+				e.log.Info("alert", zap.String("rule", r.Name), zap.String("subject", c.Subject.Key),
+					zap.Stringer("from", st.State), zap.Stringer("to", next.State), zap.Stringer("reason", reason),
+					zap.Stringer("notify", notify), zap.Time("at", now))
+			}
+			return next.State, nil
+		}
+		e.metrics.conflicts.Inc()
+		if attempt == 4 {
+			return st.State, fmt.Errorf("alert %s: record keeps changing under compare-and-set", key)
+		}
+		recs, err := e.store.Load(ctx, []string{key})
+		if err != nil {
+			return st.State, err
+		}
+		st = recs[key]
+	}
+}
+
+func (e *Evaluator) takes(sink string, n Notify) bool {
+	for _, s := range e.sinks {
+		if s.Name() == sink {
+			return s.Takes(n)
+		}
+	}
+	return false
+}
+
+// notification builds the message of a step.
+func (e *Evaluator) notification(r *Rule, c Condition, rec Record, n Notify, now time.Time) *Notification {
+	a := schemas.Alert{Rule: r.Name, Kind: r.Kind.String(), Subject: c.Subject.Key, Fields: maps.Clone(c.Subject.Fields),
+		Labels: maps.Clone(r.Labels), Annotations: maps.Clone(r.Annotations), State: "firing",
+		ActiveAt: rec.ActiveAt, FiredAt: rec.FiredAt, Evidence: c.Evidence}
+	if a.Fields == nil {
+		a.Fields = map[string]string{}
+	}
+	if a.Labels == nil {
+		a.Labels = map[string]string{}
+	}
+	if a.Annotations == nil {
+		a.Annotations = map[string]string{}
+	}
+	if n == NotifyResolved {
+		a.State, a.ResolvedAt = "resolved", &rec.ResolvedAt
+	}
+	return &Notification{ID: notificationID(r.Name, c.Subject.Key, n, rec.FiredAt, now), Kind: n.String(), At: now, Alert: a}
+}
+
+// deliverLoop polls sink's outbox until ctx ends.
+func (e *Evaluator) deliverLoop(ctx context.Context, s Sink) {
+	t := time.NewTicker(e.cfg.DeliverEvery)
+	defer t.Stop()
+	for {
+		if err := e.Deliver(ctx, s); err != nil && ctx.Err() == nil {
+			e.metrics.errors.WithLabelValues("deliver").Inc()
+			e.log.Warn("alert delivery", zap.String("sink", s.Name()), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Deliver claims what is due for s, sends it and acknowledges it; a failed send is retried after
+// a backoff that doubles with each failure of the record, up to five minutes.
+func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
+	now := e.now()
+	claimed, err := e.store.Claim(ctx, s.Name(), now, e.cfg.Lease, 100)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for key, notes := range claimed {
+		if len(notes) == 0 {
+			if err := e.store.Ack(ctx, s.Name(), key, 0, "", now); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, e.cfg.Lease*3/4)
+		err := s.Send(sctx, notes)
+		cancel()
+		if err != nil {
+			n, _ := e.store.rdb.HIncrBy(ctx, key, "attempts:"+s.Name(), 1).Result()
+			backoff := min(time.Second<<min(n, 16), 5*time.Minute)
+			e.metrics.errors.WithLabelValues("deliver").Inc()
+			e.log.Warn("alert send", zap.String("sink", s.Name()), zap.String("key", key), zap.Int64("attempt", n),
+				zap.Duration("backoff", backoff), zap.Error(err))
+			if rerr := e.store.Retry(ctx, s.Name(), key, now.Add(backoff)); rerr != nil {
+				errs = append(errs, rerr)
+			}
+			continue
+		}
+		e.store.rdb.HDel(ctx, key, "attempts:"+s.Name())
+		if err := e.store.Ack(ctx, s.Name(), key, len(notes), notes[0].ID, now); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, n := range notes {
+			e.metrics.notifications.WithLabelValues(s.Name(), n.Kind).Inc()
+			e.log.Info("alert sent", zap.String("sink", s.Name()), zap.String("rule", n.Alert.Rule),
+				zap.String("subject", n.Alert.Subject), zap.String("kind", n.Kind), zap.String("id", n.ID))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,239 @@
+package alert
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Notification is one message a sink delivers: an alert in a state, with a deterministic id so
+// that a copy delivered twice (a sender that died between sending and acknowledging) is
+// recognisable.
+type Notification struct {
+	ID    string        `json:"id"`
+	Kind  string        `json:"kind"`
+	At    time.Time     `json:"at"`
+	Alert schemas.Alert `json:"alert"`
+}
+
+// notificationID names a notification by rule, subject, kind and firing episode (and, for a
+// resend, its time).
+func notificationID(rule, subject string, n Notify, firedAt, at time.Time) string {
+	seed := rule + "\x00" + subject + "\x00" + n.String() + "\x00" + firedAt.UTC().Format(time.RFC3339Nano)
+	if n == NotifyResend {
+		seed += "\x00" + at.UTC().Format(time.RFC3339Nano)
+	}
+	sum := sha256.Sum256([]byte(seed))
+	return hex.EncodeToString(sum[:16])
+}
+
+// Stored is a lifecycle record as Redis holds it, with its revision (0: absent).
+type Stored struct {
+	Record
+	Rev     int64
+	Rule    string
+	Subject Subject
+}
+
+//go:embed commit.lua
+var commitLua string
+
+//go:embed ack.lua
+var ackLua string
+
+var (
+	commitScript = redis.NewScript(commitLua)
+	ackScript    = redis.NewScript(ackLua)
+	claimScript  = redis.NewScript(`
+local ks = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, k in ipairs(ks) do redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), k) end
+return ks`)
+)
+
+// Redis keeps every lifecycle record and each sink's outbox under one hash tag, so that every
+// script's keys are in one slot on Redis Cluster: a record hash per (rule, subject), an index set
+// of records, one outbox list per record and sink, and per sink a sorted set of records with
+// something to deliver, scored by when they may next be tried (which doubles as the delivery
+// lease).
+type Redis struct {
+	rdb    redis.UniversalClient
+	prefix string
+	sinks  []string
+	// Linger is how long a resolved or cleared record stays after its notifications were
+	// delivered, so that a late compare-and-set against it still sees its revision.
+	linger time.Duration
+}
+
+// NewRedis returns the alert store under prefix for the named sinks.
+func NewRedis(rdb redis.UniversalClient, prefix string, sinks []string) (*Redis, error) {
+	if prefix == "" || len(sinks) == 0 {
+		return nil, errors.New("alert store: prefix and at least one sink are required")
+	}
+	return &Redis{rdb: rdb, prefix: prefix + ":{alerts}", sinks: sinks, linger: 24 * time.Hour}, nil
+}
+
+// Key is the record key of (rule, subject).
+func (s *Redis) Key(rule, subject string) string {
+	return s.prefix + ":s:" + schemas.JoinEscaped(rule, subject)
+}
+
+func (s *Redis) index() string          { return s.prefix + ":idx" }
+func (s *Redis) due(sink string) string { return s.prefix + ":due:" + sink }
+func outbox(key, sink string) string    { return key + ":ob:" + sink }
+func msScore(t time.Time) int64         { return t.UnixMilli() }
+
+// us is t in µs since the epoch as text, "0" for the zero time.
+func us(t time.Time) string {
+	if t.IsZero() {
+		return "0"
+	}
+	return strconv.FormatInt(t.UnixMicro(), 10)
+}
+
+// fromUS is the inverse of us.
+func fromUS(v string) time.Time {
+	n, _ := strconv.ParseInt(v, 10, 64)
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(n).UTC()
+}
+
+// Keys lists the records in the index.
+func (s *Redis) Keys(ctx context.Context) ([]string, error) {
+	ks, err := s.rdb.SMembers(ctx, s.index()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("alert keys: %w", err)
+	}
+	return ks, nil
+}
+
+// Load reads records; absent ones come back with Rev 0.
+func (s *Redis) Load(ctx context.Context, keys []string) (map[string]Stored, error) {
+	out := make(map[string]Stored, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	cmds := make([]*redis.MapStringStringCmd, len(keys))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.HGetAll(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("alert load: %w", err)
+	}
+	for i, k := range keys {
+		out[k] = decodeStored(cmds[i].Val())
+	}
+	return out, nil
+}
+
+func decodeStored(h map[string]string) Stored {
+	var st Stored
+	if len(h) == 0 {
+		return st
+	}
+	st.Rev, _ = strconv.ParseInt(h["rev"], 10, 64)
+	st.State = parseState(h["state"])
+	st.ActiveAt, st.FiredAt, st.LastTrueAt = fromUS(h["active_at"]), fromUS(h["fired_at"]), fromUS(h["last_true_at"])
+	st.ResolvedAt, st.LastSentAt = fromUS(h["resolved_at"]), fromUS(h["last_sent_at"])
+	st.Rule, st.Subject.Key = h["rule"], h["subject"]
+	_ = json.Unmarshal([]byte(h["fields"]), &st.Subject.Fields)
+	return st
+}
+
+// Commit writes next over the record at key if it is still at revision rev, and queues note (if
+// any) in the outbox of every sink that takes its kind, atomically. It reports false when another
+// evaluator changed the record first: reload and step again.
+func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, subj Subject, next Record,
+	note *Notification, takes func(sink string, n Notify) bool, now time.Time) (bool, error) {
+	fields, _ := json.Marshal(subj.Fields)
+	keys := []string{key, s.index()}
+	args := []any{rev, next.State.String(), us(next.ActiveAt), us(next.FiredAt), us(next.LastTrueAt),
+		us(next.ResolvedAt), us(next.LastSentAt), rule, subj.Key, string(fields), s.linger.Milliseconds(), msScore(now)}
+	var payload []byte
+	if note != nil {
+		var err error
+		if payload, err = json.Marshal(note); err != nil {
+			return false, err
+		}
+	}
+	args = append(args, string(payload), note != nil && note.Kind == NotifyResend.String())
+	for _, sink := range s.sinks {
+		take := note != nil && takes(sink, notifyOf(note.Kind))
+		keys = append(keys, outbox(key, sink), s.due(sink))
+		args = append(args, take)
+	}
+	ok, err := commitScript.Run(ctx, s.rdb, keys, args...).Int()
+	if err != nil {
+		return false, fmt.Errorf("alert commit %s: %w", key, err)
+	}
+	return ok == 1, nil
+}
+
+func notifyOf(kind string) Notify {
+	switch kind {
+	case "firing":
+		return NotifyFiring
+	case "resend":
+		return NotifyResend
+	case "resolved":
+		return NotifyResolved
+	}
+	return NotifyNone
+}
+
+// Claim leases up to limit records with notifications due for sink at now, for lease: until it
+// ends no other caller claims them. It returns each record's pending notifications, oldest first.
+func (s *Redis) Claim(ctx context.Context, sink string, now time.Time, lease time.Duration, limit int) (map[string][]Notification, error) {
+	ks, err := claimScript.Run(ctx, s.rdb, []string{s.due(sink)}, now.UnixMilli(), lease.Milliseconds(), limit).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("alert claim %s: %w", sink, err)
+	}
+	out := map[string][]Notification{}
+	for _, k := range ks {
+		raw, err := s.rdb.LRange(ctx, outbox(k, sink), 0, 99).Result()
+		if err != nil {
+			return nil, fmt.Errorf("alert outbox %s: %w", k, err)
+		}
+		for _, r := range raw {
+			var n Notification
+			if err := json.Unmarshal([]byte(r), &n); err != nil {
+				return nil, fmt.Errorf("alert outbox %s: %w", k, err)
+			}
+			out[k] = append(out[k], n)
+		}
+	}
+	return out, nil
+}
+
+// Ack removes the first delivered notifications of key's outbox for sink (when the first still
+// has firstID) and makes the record due again at retryAt if anything is left. A record resolved
+// or cleared with nothing left to deliver lingers, then expires.
+func (s *Redis) Ack(ctx context.Context, sink, key string, delivered int, firstID string, retryAt time.Time) error {
+	keys := []string{s.due(sink), outbox(key, sink), key, s.index()}
+	for _, o := range s.sinks {
+		keys = append(keys, outbox(key, o))
+	}
+	if err := ackScript.Run(ctx, s.rdb, keys, delivered, firstID, msScore(retryAt), s.linger.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("alert ack %s: %w", key, err)
+	}
+	return nil
+}
+
+// Retry makes key due for sink again at at (a failed delivery's backoff).
+func (s *Redis) Retry(ctx context.Context, sink, key string, at time.Time) error {
+	return s.rdb.ZAddXX(ctx, s.due(sink), redis.Z{Score: float64(at.UnixMilli()), Member: key}).Err()
+}
