@@ -27,7 +27,7 @@ func TestSuiteOnlyBatchChecksTheMarkBeforePublishing(t *testing.T) {
 	testenv.CleanPrefix(t, client, prefix)
 	cfg := aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour}
 	rates, _ := aggregator.NewRedis(client, cfg)
-	suites, _ := suite.NewRedis(client, cfg)
+	suites, _ := suite.NewRedis(client, cfg, suite.Config{})
 	pub, dlq := &recordingPublisher{}, &recordingDLQ{}
 	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), rates, suites, pub, dlq,
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(prometheus.NewRegistry()))

@@ -84,7 +84,7 @@ func TestProcessorHandle(t *testing.T) {
 	store := &flakyStore{fails: 2, model: aggregator.NewModel(30 * 24 * time.Hour)}
 	pub, dlq := &recordingPublisher{}, &recordingDLQ{}
 	metrics := NewMetrics(prometheus.NewRegistry())
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(), pub, dlq,
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(suite.Config{}), pub, dlq,
 		func() time.Time { return now }, zap.NewNop(), metrics)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestProcessorHandle(t *testing.T) {
 
 func TestProcessorGivesUpWhenCancelled(t *testing.T) {
 	store := &flakyStore{fails: 1 << 30, model: aggregator.NewModel(time.Hour)}
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(), &recordingPublisher{}, &recordingDLQ{},
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(suite.Config{}), &recordingPublisher{}, &recordingDLQ{},
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestProcessorGivesUpWhenCancelled(t *testing.T) {
 
 func TestProcessorRewindsWhenWritesWereLost(t *testing.T) {
 	store := &flakyStore{model: aggregator.NewModel(time.Hour), sealErr: fmt.Errorf("seal: %w", aggregator.ErrWritesLost)}
-	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(), &recordingPublisher{}, &recordingDLQ{},
+	p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, suite.NewMemory(suite.Config{}), &recordingPublisher{}, &recordingDLQ{},
 		func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func alertIDs(t *testing.T, o suite.Output) []string {
 // publishes its abnormal sample (and its revived case, until announced) every time, with the same
 // ids, although every run in it is then a duplicate.
 func TestProcessorRepublishesAlertsOnRedelivery(t *testing.T) {
-	suites := suite.NewMemory()
+	suites := suite.NewMemory(suite.Config{})
 	cfg := ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}
 	msgs := []kafka.Message{
 		evalMessage("r1", "v1", 1, "pass", strings.Repeat("and then again ", 60)), // abnormal reply

@@ -73,6 +73,8 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 		{"suite_stability.v1.schema.json", reflect.TypeOf(SuiteStability{}), nil},
 		{"case_revived.v1.schema.json", reflect.TypeOf(CaseRevived{}), nil},
 		{"sample_abnormal.v1.schema.json", reflect.TypeOf(AbnormalSample{}), nil},
+		{"alert_firing.v1.schema.json", reflect.TypeOf(Alert{}), nil},
+		{"alert_resolved.v1.schema.json", reflect.TypeOf(Alert{}), nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
@@ -93,6 +95,15 @@ func TestSchemasMatchGoTypes(t *testing.T) {
 	for _, f := range []string{"live_attempt.v1.schema.json", "eval_result.v1.schema.json"} {
 		if got := keys(loadSchema(t, f).Defs["scope"].Properties); !slices.Equal(got, scopeAll) {
 			t.Errorf("%s scope %v, Go %v", f, got, scopeAll)
+		}
+	}
+	for _, f := range []string{"alert_firing.v1.schema.json", "alert_resolved.v1.schema.json"} {
+		defs := loadSchema(t, f).Defs
+		for def, typ := range map[string]reflect.Type{"evidence": reflect.TypeOf(AlertEvidence{}),
+			"window": reflect.TypeOf(AlertWindow{}), "test": reflect.TypeOf(AlertTest{})} {
+			if all, _ := jsonFields(typ); !slices.Equal(keys(defs[def].Properties), all) {
+				t.Errorf("%s %s %v, Go %v", f, def, keys(defs[def].Properties), all)
+			}
 		}
 	}
 	winAll, _ := jsonFields(reflect.TypeOf(Window{}))

@@ -22,13 +22,13 @@ func TestCutOverStopsSuiteStoreOnOldNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	suites, err := NewRedis(client, aggregator.RedisConfig{Prefix: old.Namespace, Retention: time.Hour, Epoch: old.Epoch})
+	suites, err := NewRedis(client, aggregator.RedisConfig{Prefix: old.Namespace, Retention: time.Hour, Epoch: old.Epoch}, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runs := []RunObservation{{Key: RunKey{Key: Key{Workspace: "w", Suite: "s"}, Version: "v1", Case: "c"},
 		Record: RunRecord{Result: 'p', Runs: 1}}}
-	if _, err := suites.Apply(ctx, runs); err != nil {
+	if _, err := suites.Apply(ctx, runs, t0); err != nil {
 		t.Fatal(err)
 	}
 	fresh, err := aggregator.NewNamespace(ctx, client, prefix)
@@ -38,13 +38,13 @@ func TestCutOverStopsSuiteStoreOnOldNamespace(t *testing.T) {
 	if _, err := aggregator.Retire(ctx, client, prefix, fresh); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := suites.Apply(ctx, runs); !errors.Is(err, aggregator.ErrStateLost) {
+	if _, err := suites.Apply(ctx, runs, t0); !errors.Is(err, aggregator.ErrStateLost) {
 		t.Errorf("suite apply on a retired namespace: %v, want ErrStateLost", err)
 	}
 	if err := aggregator.CutOver(ctx, client, prefix, fresh); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := suites.Apply(ctx, runs); !errors.Is(err, aggregator.ErrStateLost) {
+	if _, err := suites.Apply(ctx, runs, t0); !errors.Is(err, aggregator.ErrStateLost) {
 		t.Errorf("suite apply on the old namespace after the cut-over: %v, want ErrStateLost", err)
 	}
 }

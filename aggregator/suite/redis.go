@@ -5,8 +5,10 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,12 +21,16 @@ var suiteSource string
 
 var suiteScript = redis.NewScript(suiteSource)
 
-// announceScript adds revived cases to a suite's announced set (KEYS[2]) and gives the set the
+// announceScript adds revived cases to a suite's announced set (KEYS[2]), takes them out of its
+// set of revived cases still to announce (KEYS[3]), and gives the announced set the
 // remaining lifetime of the suite's run hash (KEYS[1]), so that neither outlives the other: a set
 // that expired first would have every revived case announced again, one that outlived a dropped
 // suite would silence the revivals of its next history.
 var announceScript = redis.NewScript(`
-for i = 1, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) end
+for i = 1, #ARGV do
+  redis.call('SADD', KEYS[2], ARGV[i])
+  redis.call('ZREM', KEYS[3], ARGV[i])
+end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[2], ttl)
@@ -35,31 +41,26 @@ else
 end
 return ttl`)
 
-// Applied is the result of applying runs: each run's outcome in input order, and for every
-// touched suite all of its runs after the apply (ordered as SortRuns orders them) and the revived
-// cases already announced.
-type Applied struct {
-	Outcomes  []aggregator.Outcome
-	Suites    []Key
-	Runs      map[Key][]RunEntry
-	Announced map[Key]map[string]bool
-}
-
-// Redis stores graded runs, one hash per suite under the hash tag {s|<suite id>}, merged by
-// one idempotent script call per suite and batch.
+// Redis stores graded runs and the sums each suite's snapshots are computed from, under the hash
+// tag {s|<suite id>} (the keys are described in suite.lua), updated by one idempotent script call
+// per suite and batch that costs what the batch changes, not what the suite holds.
 type Redis struct {
 	client redis.UniversalClient
 	cfg    aggregator.RedisConfig
+	suite  Config
 }
 
 // NewRedis returns a suite store on client; cfg.IdleTTL drops a suite (its runs and its
 // announced revived cases, together) once it has seen no result for that long of wall-clock time.
 // The in-memory Model, which replay uses, has no wall clock and keeps every suite.
-func NewRedis(client redis.UniversalClient, cfg aggregator.RedisConfig) (*Redis, error) {
+func NewRedis(client redis.UniversalClient, cfg aggregator.RedisConfig, sc Config) (*Redis, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Redis{client: client, cfg: cfg}, nil
+	if err := sc.Validate(); err != nil {
+		return nil, err
+	}
+	return &Redis{client: client, cfg: cfg, suite: sc}, nil
 }
 
 func (r *Redis) keys(k Key) (runs, announced string) {
@@ -116,9 +117,11 @@ func decodeRun(sk Key, field, value string) (RunEntry, error) {
 	return e, nil
 }
 
-// Apply merges obs and reads back every touched suite, in one pipelined round trip. Calling it again
-// with the same observations changes nothing.
-func (r *Redis) Apply(ctx context.Context, obs []RunObservation) (Applied, error) {
+// Apply merges obs, updates the summaries of every touched suite and reads them back, as
+// observed at time at (the deadline of missing runs is at minus Config.MissingAfter, and never
+// moves back), in one pipelined round trip with one script call per suite. Calling it again with
+// the same observations changes nothing.
+func (r *Redis) Apply(ctx context.Context, obs []RunObservation, at time.Time) (Applied, error) {
 	groups := map[Key][]int{}
 	var suites []Key
 	for i := range obs {
@@ -128,76 +131,74 @@ func (r *Redis) Apply(ctx context.Context, obs []RunObservation) (Applied, error
 		}
 		groups[k] = append(groups[k], i)
 	}
-	ttl := strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10)
-	type reads struct {
-		apply *redis.Cmd
-		runs  *redis.MapStringStringCmd
-		ann   *redis.StringSliceCmd
-	}
-	var epoch *redis.StringCmd
-	run := func() ([]reads, error) {
-		rs := make([]reads, len(suites))
-		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			if r.cfg.Epoch != "" {
-				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
-			}
-			for n, k := range suites {
-				runsKey, annKey := r.keys(k)
-				args := make([]any, 0, 1+4*len(groups[k]))
-				args = append(args, ttl)
-				for _, i := range groups[k] {
-					o := &obs[i]
-					args = append(args, runField(o.Key), strconv.FormatInt(o.Record.Assessed, 10),
-						strconv.FormatInt(o.Record.Seq, 10), encodeRun(&o.Record))
-				}
-				rs[n].apply = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, args...)
-				rs[n].runs = p.HGetAll(ctx, runsKey)
-				rs[n].ann = p.SMembers(ctx, annKey)
-			}
-			return nil
-		})
-		return rs, err
-	}
-	rs, err := run()
-	if err != nil && isNoScript(err) {
-		if lerr := suiteScript.Load(ctx, r.client).Err(); lerr != nil {
-			return Applied{}, fmt.Errorf("load suite script: %w", lerr)
+	args := func(k Key, mode string) []any {
+		a := make([]any, 0, 7+5*len(groups[k]))
+		a = append(a, r.cfg.IdleTTL.Milliseconds(), r.suite.MinHistory, r.suite.JudgeLastVersions,
+			aggregator.Micros(at)-r.suite.MissingAfter.Microseconds(), mode, schemas.MaxListedCases,
+			schemas.MaxMissingRunIndexes)
+		for _, i := range groups[k] {
+			o := &obs[i]
+			a = append(a, runField(o.Key), o.Key.Version, o.Key.Case, o.Key.RunIndex, encodeRun(&o.Record))
 		}
-		rs, err = run()
+		return a
 	}
-	if err != nil && !errors.Is(err, redis.Nil) {
+	res := Applied{Outcomes: make([]aggregator.Outcome, len(obs)), Suites: suites, Summaries: map[Key]*Summary{}}
+	replies, err := r.call(ctx, suites, func(k Key) []any { return args(k, "a") })
+	if err != nil {
 		return Applied{}, fmt.Errorf("apply runs: %w", err)
 	}
-	if epoch != nil && epoch.Val() != r.cfg.Epoch {
-		return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
-			aggregator.ErrStateLost, r.cfg.Prefix, epoch.Val(), r.cfg.Epoch)
-	}
-	res := Applied{Outcomes: make([]aggregator.Outcome, len(obs)), Suites: suites,
-		Runs: map[Key][]RunEntry{}, Announced: map[Key]map[string]bool{}}
 	for n, k := range suites {
-		codes, err := rs[n].apply.Text()
+		codes, sum, err := parseSummary(k, replies[n])
 		if err != nil || len(codes) != len(groups[k]) {
 			return Applied{}, fmt.Errorf("apply runs of %s: %q %v", k.ID(), codes, err)
 		}
 		for j, i := range groups[k] {
 			res.Outcomes[i] = outcomeCodes[codes[j]]
 		}
-		fields, err := rs[n].runs.Result()
-		if err != nil {
-			return Applied{}, fmt.Errorf("read runs of %s: %w", k.ID(), err)
-		}
-		es, err := decodeRuns(k, fields)
-		if err != nil {
-			return Applied{}, err
-		}
-		res.Runs[k] = es
-		ann := map[string]bool{}
-		for _, c := range rs[n].ann.Val() {
-			ann[c] = true
-		}
-		res.Announced[k] = ann
+		res.Summaries[k] = sum
 	}
 	return res, nil
+}
+
+// call runs the suite script once per suite in one pipeline, after the namespace's epoch check,
+// and returns each call's reply.
+func (r *Redis) call(ctx context.Context, suites []Key, args func(Key) []any) ([]any, error) {
+	var epoch *redis.StringCmd
+	run := func() ([]*redis.Cmd, error) {
+		cmds := make([]*redis.Cmd, len(suites))
+		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if r.cfg.Epoch != "" {
+				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
+			}
+			for n, k := range suites {
+				runsKey, annKey := r.keys(k)
+				cmds[n] = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, args(k)...)
+			}
+			return nil
+		})
+		return cmds, err
+	}
+	cmds, err := run()
+	if err != nil && isNoScript(err) {
+		if lerr := suiteScript.Load(ctx, r.client).Err(); lerr != nil {
+			return nil, fmt.Errorf("load suite script: %w", lerr)
+		}
+		cmds, err = run()
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	if epoch != nil && epoch.Val() != r.cfg.Epoch {
+		return nil, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+			aggregator.ErrStateLost, r.cfg.Prefix, epoch.Val(), r.cfg.Epoch)
+	}
+	out := make([]any, len(cmds))
+	for n, c := range cmds {
+		if out[n], err = c.Result(); err != nil {
+			return nil, fmt.Errorf("suite %s: %w", suites[n].ID(), err)
+		}
+	}
+	return out, nil
 }
 
 // MarkAnnounced records that the revived events of cases were published. The announced set then
@@ -211,33 +212,180 @@ func (r *Redis) MarkAnnounced(ctx context.Context, k Key, cases []string) error 
 	for i, c := range cases {
 		members[i] = c
 	}
-	if err := announceScript.Run(ctx, r.client, []string{runsKey, annKey}, members...).Err(); err != nil {
+	pending := strings.TrimSuffix(runsKey, "r") + "pa"
+	if err := announceScript.Run(ctx, r.client, []string{runsKey, annKey, pending}, members...).Err(); err != nil {
 		return fmt.Errorf("mark revived of %s: %w", k.ID(), err)
 	}
 	return nil
 }
 
-// Read returns every run of suite k.
-func (r *Redis) Read(ctx context.Context, k Key) ([]RunEntry, error) {
-	runsKey, _ := r.keys(k)
-	fields, err := r.client.HGetAll(ctx, runsKey).Result()
+// Read returns the summary of suite k with every version, observed at time at, without applying
+// anything: what a rebuild publishes once it has re-applied the input.
+func (r *Redis) Read(ctx context.Context, k Key, at time.Time) (*Summary, error) {
+	replies, err := r.call(ctx, []Key{k}, func(Key) []any {
+		return []any{0, r.suite.MinHistory, r.suite.JudgeLastVersions,
+			aggregator.Micros(at) - r.suite.MissingAfter.Microseconds(), "r", schemas.MaxListedCases,
+			schemas.MaxMissingRunIndexes}
+	})
 	if err != nil {
-		return nil, fmt.Errorf("read runs of %s: %w", k.ID(), err)
+		return nil, fmt.Errorf("read suite %s: %w", k.ID(), err)
 	}
-	return decodeRuns(k, fields)
+	_, sum, err := parseSummary(k, replies[0])
+	return sum, err
 }
 
-func decodeRuns(k Key, fields map[string]string) ([]RunEntry, error) {
-	es := make([]RunEntry, 0, len(fields))
-	for f, v := range fields {
-		e, err := decodeRun(k, f, v)
-		if err != nil {
-			return nil, fmt.Errorf("suite %s: %w", k.ID(), err)
-		}
-		es = append(es, e)
+// parseSummary reads one reply of suite.lua: the outcome codes and the suite's summary.
+func parseSummary(k Key, reply any) (string, *Summary, error) {
+	top, ok := reply.([]any)
+	if !ok || len(top) != 4 {
+		return "", nil, fmt.Errorf("suite script of %s returned %T", k.ID(), reply)
 	}
-	SortRuns(es)
-	return es, nil
+	codes, _ := top[0].(string)
+	bad := func(what string, v any) error { return fmt.Errorf("suite %s: bad %s %v", k.ID(), what, v) }
+	disc, ok := top[1].([]any)
+	if !ok || len(disc) != 12 {
+		return "", nil, bad("discrimination", top[1])
+	}
+	var n [11]int64
+	for i := range n {
+		v, err := replyInt(disc[i])
+		if err != nil && i != 5 {
+			return "", nil, bad("discrimination", disc)
+		}
+		n[i] = v
+	}
+	latest, _ := disc[5].(string)
+	s := &Summary{Discrimination: DiscSummary{AlwaysPass: int(n[0]), AlwaysFail: int(n[1]), Discriminating: int(n[2]),
+		TooNew: int(n[3]), VersionsSeen: int(n[4]), Latest: latest, LatestN: int(n[6]), LatestPass: int(n[7]),
+		LatestDiscN: int(n[8]), LatestDiscPass: int(n[9]), RevivedTotal: int(n[10])}}
+	listed, _ := disc[11].([]any)
+	for _, c := range listed {
+		cs, _ := c.(string)
+		s.Discrimination.Revived = append(s.Discrimination.Revived, cs)
+	}
+	revived, _ := top[2].([]any)
+	for _, e := range revived {
+		f, ok := e.([]any)
+		if !ok || len(f) != 5 {
+			return "", nil, bad("revived case", e)
+		}
+		c, _ := f[0].(string)
+		v, _ := f[1].(string)
+		from, _ := f[2].(int64)
+		to, _ := f[3].(int64)
+		streak, _ := f[4].(int64)
+		s.Revived = append(s.Revived, schemas.CaseRevived{Workspace: k.Workspace, Suite: k.Suite, CaseID: c, Version: v,
+			From: passWord(from == 1), To: passWord(to == 1), Streak: int(streak), Regression: from == 1})
+	}
+	slices.SortFunc(s.Revived, func(a, b schemas.CaseRevived) int { return strings.Compare(a.CaseID, b.CaseID) })
+	versions, _ := top[3].([]any)
+	for _, e := range versions {
+		f, ok := e.([]any)
+		if !ok || len(f) != 3 {
+			return "", nil, bad("version", e)
+		}
+		v, err := parseVersion(f)
+		if err != nil {
+			return "", nil, fmt.Errorf("suite %s: %w", k.ID(), err)
+		}
+		s.Versions = append(s.Versions, v)
+	}
+	slices.SortFunc(s.Versions, func(a, b VersionSummary) int { return strings.Compare(a.Version, b.Version) })
+	return codes, s, nil
+}
+
+// parseVersion reads a version's entry of suite.lua's reply: its label, its sums hash (field
+// letter + number: see suite.lua) and its listed missing runs.
+func parseVersion(f []any) (VersionSummary, error) {
+	v := VersionSummary{}
+	v.Version, _ = f[0].(string)
+	flat, _ := f[1].([]any)
+	scores := map[int64]*RunScore{}
+	score := func(i int64) *RunScore {
+		if scores[i] == nil {
+			scores[i] = &RunScore{Index: i}
+		}
+		return scores[i]
+	}
+	for i := 0; i+1 < len(flat); i += 2 {
+		field, _ := flat[i].(string)
+		val, _ := flat[i+1].(string)
+		if field == "" {
+			return v, fmt.Errorf("version %q: empty field", v.Version)
+		}
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil {
+			return v, fmt.Errorf("version %q: field %q: %w", v.Version, field, err)
+		}
+		rest := field[1:]
+		num := func() (int64, error) { return strconv.ParseInt(rest, 10, 64) }
+		switch field[0] {
+		case 'R':
+			v.Runs = n
+		case 'M':
+			v.MissingTotal = n
+		case 'D':
+		case 'p', 'n', 'l', 'a':
+			x, err := num()
+			if err != nil {
+				return v, fmt.Errorf("version %q: field %q: %w", v.Version, field, err)
+			}
+			switch field[0] {
+			case 'p':
+				score(x).Pass = n
+			case 'n':
+				score(x).N = n
+			case 'l':
+				v.Lengths = append(v.Lengths, LengthCount{x, n})
+			case 'a':
+				v.Abnormal = append(v.Abnormal, LengthCount{x, n})
+			}
+		case 'c':
+			a, b, ok := strings.Cut(rest, ",")
+			nn, err1 := strconv.ParseInt(a, 10, 64)
+			cc, err2 := strconv.ParseInt(b, 10, 64)
+			if !ok || err1 != nil || err2 != nil {
+				return v, fmt.Errorf("version %q: field %q", v.Version, field)
+			}
+			v.Cases = append(v.Cases, CaseCount{N: nn, C: cc, Cases: n})
+		default:
+			return v, fmt.Errorf("version %q: unknown field %q", v.Version, field)
+		}
+	}
+	for _, rs := range scores {
+		if rs.N > 0 {
+			v.RunScores = append(v.RunScores, *rs)
+		}
+	}
+	list, _ := f[2].([]any)
+	for _, e := range list {
+		m, ok := e.([]any)
+		if !ok || len(m) != 3 {
+			return v, fmt.Errorf("version %q: bad missing entry %v", v.Version, e)
+		}
+		c, _ := m[0].(string)
+		count, _ := m[1].(int64)
+		mr := schemas.MissingRuns{CaseID: c, Count: count}
+		idx, _ := m[2].([]any)
+		for _, i := range idx {
+			x, _ := i.(int64)
+			mr.RunIndexes = append(mr.RunIndexes, x)
+		}
+		v.Missing = append(v.Missing, mr)
+	}
+	sortSummary(&v)
+	return v, nil
+}
+
+// replyInt reads an integer a script returned as a number or as hash text.
+func replyInt(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("not an integer: %T", v)
 }
 
 // isNoScript reports a script cache miss (the server restarted or flushed its scripts).

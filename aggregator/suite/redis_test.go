@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,10 +31,11 @@ func randomRuns(r *rand.Rand, n int) []RunObservation {
 			out = append(out, o)
 		default:
 			v := r.IntN(12)
+			runs := int64(5 + r.IntN(8)/7*3) // mostly 5, sometimes 8: planned runs grow
 			o := RunObservation{
 				Key: RunKey{Key: suites[r.IntN(len(suites))], Version: fmt.Sprintf("v%d", v),
-					Case: fmt.Sprintf("case|%d", r.IntN(40)), RunIndex: int64(r.IntN(5))},
-				Record: RunRecord{Result: "ppppfe"[r.IntN(6)], VersionSeq: int64(v), Runs: 5,
+					Case: fmt.Sprintf("case|%d", r.IntN(40)), RunIndex: r.Int64N(runs)},
+				Record: RunRecord{Result: "ppppfe"[r.IntN(6)], VersionSeq: int64(v) + int64(r.IntN(60)/59*r.IntN(20)), Runs: runs,
 					Occurred: aggregator.Micros(t0) + int64(r.IntN(3600))*1e6, Assessed: aggregator.Micros(t0) + int64(r.IntN(3600))*1e6},
 			}
 			if r.IntN(2) == 0 {
@@ -51,80 +53,105 @@ func randomRuns(r *rand.Rand, n int) []RunObservation {
 func TestRedisSuitesMatchModel(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
-	cfg := Config{MinHistory: 3}
-	cfg.Validate()
-	for _, seed := range []uint64{1, 2} {
-		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(seed, 5))
-			stream := randomRuns(r, 6000)
-			prefix := testenv.Name(t, "suite")
-			testenv.CleanPrefix(t, client, prefix)
-			store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour})
-			if err != nil {
-				t.Fatal(err)
-			}
-			model := NewModel()
-			at := t0.Add(3 * time.Hour)
-			for i := 0; i < len(stream); {
-				batch := stream[i:min(i+1+r.IntN(400), len(stream))]
-				i += len(batch)
-				got, err := store.Apply(ctx, batch)
+	configs := map[string]Config{
+		"judge all":    {MinHistory: 3, MissingAfter: 20 * time.Minute},
+		"judge last 4": {MinHistory: 3, JudgeLastVersions: 4, MissingAfter: 20 * time.Minute},
+	}
+	for name, cfg := range configs {
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		for _, seed := range []uint64{1, 2} {
+			t.Run(fmt.Sprint(name, " seed ", seed), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(seed, 5))
+				stream := randomRuns(r, 6000)
+				prefix := testenv.Name(t, "suite")
+				testenv.CleanPrefix(t, client, prefix)
+				store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := model.Apply(batch)
-				if !reflect.DeepEqual(got.Outcomes, want) {
-					t.Fatalf("outcomes differ before event %d", i)
-				}
-				for _, k := range got.Suites {
-					if !reflect.DeepEqual(got.Runs[k], model.Runs(k)) {
-						t.Fatalf("runs of %v differ after event %d", k, i)
+				model := NewMemory(cfg)
+				// Observation times move forward through the occurred times, so cases mature
+				// (missing runs count) while the stream runs.
+				at := t0
+				reordered, missing, revived := 0, 0, 0
+				for i := 0; i < len(stream); {
+					batch := stream[i:min(i+1+r.IntN(400), len(stream))]
+					i += len(batch)
+					at = at.Add(time.Duration(r.IntN(240)) * time.Second)
+					before := map[Key]orderState{}
+					for _, o := range batch {
+						before[o.Key.Key] = model.Model.orderState(o.Key.Key, cfg)
 					}
-					gd, _ := Discrimination(k, got.Runs[k], cfg, at)
-					wd, _ := Discrimination(k, model.Runs(k), cfg, at)
-					if !reflect.DeepEqual(gd, wd) {
-						t.Fatalf("discrimination of %v differs:\n%+v\n%+v", k, gd, wd)
+					got, err := store.Apply(ctx, batch, at)
+					if err != nil {
+						t.Fatal(err)
 					}
-					gs := Stability(k, "v3", VersionRuns(got.Runs[k], "v3"), cfg, at)
-					ws := Stability(k, "v3", VersionRuns(model.Runs(k), "v3"), cfg, at)
-					if !reflect.DeepEqual(gs, ws) {
-						t.Fatalf("stability of %v differs", k)
+					want, _ := model.Apply(ctx, batch, at)
+					for k := range before {
+						if model.Model.reordered(k, before[k], cfg) {
+							reordered++
+						}
+					}
+					if !reflect.DeepEqual(got.Outcomes, want.Outcomes) || !reflect.DeepEqual(got.Suites, want.Suites) {
+						t.Fatalf("outcomes differ before event %d", i)
+					}
+					for _, k := range got.Suites {
+						g, w := got.Summaries[k], want.Summaries[k]
+						if d := summaryDiff(g, w); d != "" {
+							t.Fatalf("summary of %v differs after event %d: %s", k, i, d)
+						}
+						for _, v := range w.Versions {
+							missing += len(v.Missing)
+						}
+						revived += len(w.Revived)
+						// Announce some of them, on both stores.
+						if len(w.Revived) > 0 && r.IntN(2) == 0 {
+							c := []string{w.Revived[0].CaseID}
+							if store.MarkAnnounced(ctx, k, c) != nil || model.MarkAnnounced(ctx, k, c) != nil {
+								t.Fatal("mark announced")
+							}
+						}
 					}
 				}
-			}
-			// The run was busy enough to exercise every rule.
-			for _, k := range model.Suites() {
-				if d, _ := Discrimination(k, model.Runs(k), cfg, at); d.Judged == 0 {
-					t.Fatalf("suite %v judged nothing", k)
+				// The run was busy enough to exercise every rule.
+				if reordered == 0 || missing == 0 || revived == 0 {
+					t.Fatalf("reordered %d batches, listed %d missing cases, %d revived: the stream must exercise each", reordered, missing, revived)
 				}
-			}
-			// Announcements persist.
-			k := model.Suites()[0]
-			if err := store.MarkAnnounced(ctx, k, []string{"case|1"}); err != nil {
-				t.Fatal(err)
-			}
-			got, err := store.Apply(ctx, stream[:1])
-			if err != nil || (got.Suites[0] == k && !got.Announced[k]["case|1"]) {
-				t.Fatalf("announced = %+v %v", got.Announced, err)
-			}
-		})
+				for _, k := range model.Model.Suites() {
+					if d, _ := model.Model.Discrimination(k, cfg); d.AlwaysPass+d.AlwaysFail+d.Discriminating == 0 {
+						t.Fatalf("suite %v judged nothing", k)
+					}
+					// Read returns every version, as the model sums them.
+					got, err := store.Read(ctx, k, at)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := model.Model.Summary(k, slices.Sorted(slices.Values(model.Model.Versions(k))), model.announced[k], cfg, at)
+					if d := summaryDiff(got, &want); d != "" {
+						t.Fatalf("read of %v differs: %s", k, d)
+					}
+				}
+			})
+		}
 	}
 }
 
 // suiteStores returns the in-memory store and a Redis store under a fresh prefix.
-func suiteStores(t *testing.T, cfg aggregator.RedisConfig) map[string]interface {
-	Apply(context.Context, []RunObservation) (Applied, error)
+func suiteStores(t *testing.T, cfg aggregator.RedisConfig, sc Config) map[string]interface {
+	Apply(context.Context, []RunObservation, time.Time) (Applied, error)
 } {
 	client := testenv.Redis(t)
 	cfg.Prefix = testenv.Name(t, "suite")
 	testenv.CleanPrefix(t, client, cfg.Prefix)
-	rs, err := NewRedis(client, cfg)
+	rs, err := NewRedis(client, cfg, sc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return map[string]interface {
-		Apply(context.Context, []RunObservation) (Applied, error)
-	}{"memory": NewMemory(), "redis": rs}
+		Apply(context.Context, []RunObservation, time.Time) (Applied, error)
+	}{"memory": NewMemory(sc), "redis": rs}
 }
 
 // Every output a batch causes is caused again when the same batch is applied again (a redelivery
@@ -134,7 +161,7 @@ func TestSuiteRedeliveryRepublishes(t *testing.T) {
 	ctx := context.Background()
 	cfg := Config{MinHistory: 3}
 	cfg.Validate()
-	for name, store := range suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}) {
+	for name, store := range suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}, cfg) {
 		t.Run(name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(7, 7))
 			stream := randomRuns(r, 3000)
@@ -143,12 +170,12 @@ func TestSuiteRedeliveryRepublishes(t *testing.T) {
 			for i := 0; i < len(stream); {
 				batch := stream[i:min(i+1+r.IntN(200), len(stream))]
 				i += len(batch)
-				first, err := store.Apply(ctx, batch)
+				first, err := store.Apply(ctx, batch, at)
 				if err != nil {
 					t.Fatal(err)
 				}
 				want := BuildOutput(first, batch, cfg, at)
-				again, err := store.Apply(ctx, batch)
+				again, err := store.Apply(ctx, batch, at)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -181,7 +208,7 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	prefix := testenv.Name(t, "suite")
 	testenv.CleanPrefix(t, client, prefix)
 	store := func(ttl time.Duration) *Redis {
-		s, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour, IdleTTL: ttl})
+		s, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour, IdleTTL: ttl}, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +233,7 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	}
 
 	short, long := store(time.Hour), store(10*time.Hour)
-	if _, err := short.Apply(ctx, obs(1)); err != nil {
+	if _, err := short.Apply(ctx, obs(1), t0); err != nil {
 		t.Fatal(err)
 	}
 	if err := short.MarkAnnounced(ctx, k, []string{"c"}); err != nil {
@@ -215,7 +242,7 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	tied("announced under 1h", 59*time.Minute)
 	// Applies without announcements refresh the set with the runs.
 	for i := 2; i <= 3; i++ {
-		if _, err := long.Apply(ctx, obs(i)); err != nil {
+		if _, err := long.Apply(ctx, obs(i), t0); err != nil {
 			t.Fatal(err)
 		}
 		tied(fmt.Sprint("apply ", i, " under 10h"), 9*time.Hour)
@@ -230,7 +257,7 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	// would have expired at 1 s had the apply not refreshed it.
 	testenv.CleanPrefix(t, client, prefix)
 	quick := store(time.Second)
-	if _, err := quick.Apply(ctx, obs(1)); err != nil {
+	if _, err := quick.Apply(ctx, obs(1), t0); err != nil {
 		t.Fatal(err)
 	}
 	if err := quick.MarkAnnounced(ctx, k, []string{"c"}); err != nil {
@@ -238,11 +265,10 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	}
 	for i := 2; i <= 3; i++ {
 		time.Sleep(600 * time.Millisecond)
-		got, err := quick.Apply(ctx, obs(i))
-		if err != nil {
+		if _, err := quick.Apply(ctx, obs(i), t0); err != nil {
 			t.Fatal(err)
 		}
-		if !got.Announced[k]["c"] {
+		if !client.SIsMember(ctx, annKey, "c").Val() {
 			runs, ann := pttl()
 			t.Fatalf("apply %d: case c is no longer announced (runs PTTL %v, announced PTTL %v): it would be announced again", i, runs, ann)
 		}
@@ -286,7 +312,7 @@ func replyStream(r *rand.Rand, n int) []RunObservation {
 func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 	ctx := context.Background()
 	type store = interface {
-		Apply(context.Context, []RunObservation) (Applied, error)
+		Apply(context.Context, []RunObservation, time.Time) (Applied, error)
 	}
 	// deliver applies stream to s as r cuts (into batches of up to maxBatch) and crashes it, and
 	// returns the alert ids published; r nil delivers one result per batch without a crash.
@@ -299,7 +325,7 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 				n += r.IntN(maxBatch)
 			}
 			batch := stream[pos:min(pos+n, len(stream))]
-			applied, err := s.Apply(ctx, batch)
+			applied, err := s.Apply(ctx, batch, t0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -326,7 +352,7 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 					t.Fatal(err)
 				}
 				stream := replyStream(rand.New(rand.NewPCG(seed, 11)), 1500)
-				want := deliver(t, NewMemory(), stream, cfg, nil, 0)
+				want := deliver(t, NewMemory(cfg), stream, cfg, nil, 0)
 				perRun := map[RunKey]int{}
 				for _, o := range stream {
 					if o.Record.Trigger != "" {
@@ -336,9 +362,9 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 				if len(want) == 0 || len(want) == len(perRun) {
 					t.Fatalf("%d alerts for %d runs: the stream must raise alerts, some runs more than one", len(want), len(perRun))
 				}
-				for name := range suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}) {
+				for name := range suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}, cfg) {
 					for cut := range uint64(3) {
-						s := suiteStores(t, aggregator.RedisConfig{Retention: time.Hour})[name] // fresh
+						s := suiteStores(t, aggregator.RedisConfig{Retention: time.Hour}, cfg)[name] // fresh
 						got := deliver(t, s, stream, cfg, rand.New(rand.NewPCG(seed, cut)), []int{20, 150, 600}[cut])
 						if !maps.Equal(got, want) {
 							var missing, extra []string
@@ -359,4 +385,51 @@ func TestSuiteAlertsIndependentOfDelivery(t *testing.T) {
 			})
 		}
 	}
+}
+
+// orderState is what decides whether a batch reorders a suite (and so makes the Redis store
+// recompute every case): the seq of every version, and the first judged version.
+type orderState struct {
+	vseq   map[string]int64
+	judged string
+}
+
+func (m *Model) orderState(k Key, cfg Config) orderState {
+	st := orderState{vseq: map[string]int64{}}
+	if s := m.suites[k]; s != nil {
+		maps.Copy(st.vseq, s.vseq)
+		st.judged = judgedFrom(m.Versions(k), cfg)
+	}
+	return st
+}
+
+// reordered reports whether the order changed since before: a version that existed then has a
+// greater seq, or the first judged version moved.
+func (m *Model) reordered(k Key, before orderState, cfg Config) bool {
+	now := m.orderState(k, cfg)
+	for v, q := range before.vseq {
+		if now.vseq[v] != q {
+			return true
+		}
+	}
+	return now.judged != before.judged
+}
+
+// summaryDiff names the first part in which two summaries differ, "" when they are equal.
+func summaryDiff(got, want *Summary) string {
+	if !reflect.DeepEqual(got.Discrimination, want.Discrimination) {
+		return fmt.Sprintf("discrimination\n got %+v\nwant %+v", got.Discrimination, want.Discrimination)
+	}
+	if !reflect.DeepEqual(got.Revived, want.Revived) {
+		return fmt.Sprintf("revived\n got %+v\nwant %+v", got.Revived, want.Revived)
+	}
+	if len(got.Versions) != len(want.Versions) {
+		return fmt.Sprintf("%d versions, want %d", len(got.Versions), len(want.Versions))
+	}
+	for i := range got.Versions {
+		if g, w := got.Versions[i], want.Versions[i]; !reflect.DeepEqual(g, w) {
+			return fmt.Sprintf("version %s\n got %+v\nwant %+v", w.Version, g, w)
+		}
+	}
+	return ""
 }

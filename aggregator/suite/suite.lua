@@ -1,37 +1,419 @@
--- Merges graded runs into one suite's run hash, atomically. A run is replaced only by a strictly
--- newer assessment (assessed_us, then seq); running the same call twice changes nothing.
+-- Merges graded runs into one suite and keeps, incrementally, the sums its snapshots are computed
+-- from (docs/semantics.md: suite discrimination, stability), then reads back what the snapshots of
+-- the touched versions need. Atomic; running the same call twice changes nothing. A call costs what
+-- its runs change, never what the suite holds, except when it reorders versions that existed
+-- before it (a greater version_seq for one of them) or moves the first judged version
+-- (judge_last_versions > 0): then the discrimination counts are recomputed over every case.
 --
--- KEYS[1] hash  run field "<version>|<case>|<run_index>" -> "<result> <assessed_us> <seq> <rest…>"
--- KEYS[2] set   revived cases already announced; it expires with the hash, never before it (else
---               every revived case of an active suite would be announced again)
--- ARGV[1] key ttl in ms (0: none), then four per run: field, assessed_us, seq, value.
--- Returns one letter per run: N counted, R reassessed, D duplicate, S stale.
-local runs, announced = KEYS[1], KEYS[2]
-local out = {}
-local n = (#ARGV - 1) / 4
-for i = 0, n - 1 do
-  local b = 1 + i * 4
-  local field, asd, seq, value = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
-  local held = redis.call('HGET', runs, field)
-  if not held then
-    redis.call('HSET', runs, field, value)
-    out[#out + 1] = 'N'
+-- Keys (one hash tag; B is KEYS[1] without its last letter):
+--   B..'r'   hash  "<version>|<case>|<run_index>" (escaped) -> run record "<result> <assessed> <seq> …"
+--   B..'rv'  set   revived cases already announced (expires with the rest, never before)
+--   B..'vo'  zset  version label, scored by version_seq (ties by label): the order of versions
+--   B..'vi'  hash  version label -> version id;  B..'vx' hash  version id -> label
+--   B..'c'   hash  case -> ids of the versions it has runs in, space-separated
+--   B..'m'   hash  "<vid>|<case>" -> "<pass> <fail> <error> <planned> <first occurred>|<bitmap>",
+--                  the bitmap holding bit i (byte i/8, low bit first) for each run index stored
+--   B..'d'   hash  case classes ap/af/di/tn, per version <vid>n <vid>p <vid>dn <vid>dp (judged
+--                  cases with an outcome there, passed there; the same over discriminating
+--                  cases), vn (last version id)
+--   B..'rl'  zset  revived cases, all scored 0 (so in byte order)
+--   B..'pa'  zset  revived cases not announced yet, scored 0: every call reports them all, so a
+--                  batch applied again reports what it reported the first time
+--   B..'h'..vid  hash  R greatest planned runs; p<i>/n<i> passed/scored runs of index i;
+--                  c<n>,<c> cases with n scored runs of which c passed; l<t> replies of t tokens;
+--                  a<t> abnormal replies of t tokens; M missing runs of matured cases; D deadline
+--   B..'i'..vid  zset  cases with missing runs not yet matured, scored by first occurred
+--   B..'x'..vid  zset  cases with missing runs matured (first occurred <= D), scored 0
+--
+-- ARGV: ttl_ms, min_history, judge_last_versions, deadline_us, mode ('a' apply, 'r' read every
+-- version), list limit, sample limit, then five per run: field, version, case, run_index, value.
+-- Returns {codes, discrimination, revived, versions} (see Redis.Apply in redis.go).
+local R, AN = KEYS[1], KEYS[2]
+local B = string.sub(R, 1, -2)
+local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 'm', B .. 'd', B .. 'rl'
+local PA = B .. 'pa'
+local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local PER, FIRST = 5, 8
+local nruns = (#ARGV - FIRST + 1) / PER
+
+-- Versions --------------------------------------------------------------------------------------
+local vidOf, labelOf, rankOf, created = {}, {}, {}, {}
+local count -- ZCARD of VO, nil when unknown
+local function resetRanks() rankOf = {}; count = nil end
+local function vid(label, create)
+  local id = vidOf[label]
+  if id then return id end
+  id = redis.call('HGET', VI, label)
+  if not id then
+    if not create then return nil end
+    id = tostring(redis.call('HINCRBY', D, 'vn', 1))
+    redis.call('HSET', VI, label, id)
+    redis.call('HSET', VX, id, label)
+    created[id] = true
+  end
+  vidOf[label], labelOf[id] = id, label
+  return id
+end
+local function label(id)
+  local l = labelOf[id]
+  if not l then
+    l = redis.call('HGET', VX, id)
+    labelOf[id], vidOf[l] = l, id
+  end
+  return l
+end
+local function versions()
+  if not count then count = redis.call('ZCARD', VO) end
+  return count
+end
+local function rank(id)
+  local r = rankOf[id]
+  if not r then
+    r = redis.call('ZRANK', VO, label(id))
+    rankOf[id] = r
+  end
+  return r
+end
+-- judged reports whether the version of rank r is among the judged ones.
+local function judged(r)
+  return judgeLast == 0 or r >= versions() - judgeLast
+end
+-- boundary names the first judged version, '' when every version is judged.
+local function boundary()
+  local n = versions()
+  if judgeLast == 0 or n <= judgeLast then return '' end
+  return redis.call('ZRANGE', VO, n - judgeLast, n - judgeLast)[1]
+end
+
+-- Cells: what a case holds in one version ----------------------------------------------------------
+local cells, touchedCells = {}, {}
+local function cell(id, c, create)
+  local k = id .. '|' .. c
+  local x = cells[k]
+  if x then return x end
+  local v = redis.call('HGET', M, k)
+  if v then
+    local bar = string.find(v, '|', 1, true)
+    local p, f, e, pl, fo = string.match(string.sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
+    x = { p = tonumber(p), f = tonumber(f), e = tonumber(e), planned = tonumber(pl), first = tonumber(fo),
+          bm = string.sub(v, bar + 1), exists = true }
+  elseif create then
+    x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false }
   else
-    local ha, hs = string.match(held, '^%a (%d+) (%d+)')
-    ha, hs = tonumber(ha), tonumber(hs)
-    if asd > ha or (asd == ha and seq > hs) then
-      redis.call('HSET', runs, field, value)
-      out[#out + 1] = 'R'
-    elseif asd == ha and seq == hs then
-      out[#out + 1] = 'D'
-    else
-      out[#out + 1] = 'S'
+    return nil
+  end
+  x.o = { p = x.p, f = x.f, e = x.e, planned = x.planned, first = x.first, exists = x.exists }
+  x.id, x.c = id, c
+  cells[k] = x
+  return x
+end
+local function hasBit(bm, i)
+  local b = math.floor(i / 8) + 1
+  if b > #bm then return false end
+  return bit.band(string.byte(bm, b), bit.lshift(1, i % 8)) ~= 0
+end
+local function setBit(bm, i)
+  local b = math.floor(i / 8) + 1
+  if b > #bm then bm = bm .. string.rep('\0', b - #bm) end
+  local v = bit.bor(string.byte(bm, b), bit.lshift(1, i % 8))
+  return string.sub(bm, 1, b - 1) .. string.char(v) .. string.sub(bm, b + 1)
+end
+local function missing(x) return x.planned - (x.p + x.f + x.e) end
+
+-- Deltas, summed here and written once per field -----------------------------------------------------
+local hd, dd = {}, {} -- per version hash: field -> delta; discrimination hash: field -> delta
+local function hadd(id, f, n)
+  local t = hd[id]
+  if not t then t = {}; hd[id] = t end
+  t[f] = (t[f] or 0) + n
+end
+local function dadd(f, n) dd[f] = (dd[f] or 0) + n end
+local function flush(key, t)
+  for f, n in pairs(t) do
+    if n ~= 0 and redis.call('HINCRBY', key, f, n) == 0 then redis.call('HDEL', key, f) end
+  end
+end
+
+-- Cases ---------------------------------------------------------------------------------------------
+local caseVids = {}
+local function vidsOf(c)
+  local l = caseVids[c]
+  if not l then
+    l = {}
+    local v = redis.call('HGET', C, c)
+    if v then for id in string.gmatch(v, '%d+') do l[#l + 1] = id end end
+    caseVids[c] = l
+  end
+  return l
+end
+-- judge classifies case c from its outcomes in the versions it has runs in.
+local function judge(c)
+  local outs = {}
+  for _, id in ipairs(vidsOf(c)) do
+    local x = cell(id, c, false)
+    if x and x.p + x.f > 0 then outs[#outs + 1] = { id = id, pass = x.f == 0, rank = rank(id) } end
+  end
+  local res = { outs = outs }
+  if #outs == 0 then return res end
+  table.sort(outs, function(a, b) return a.rank < b.rank end)
+  local streak = 1
+  while streak < #outs and outs[streak + 1].pass == outs[1].pass do streak = streak + 1 end
+  if streak >= minHistory and streak < #outs then
+    res.revived = { id = outs[streak + 1].id, from = outs[1].pass, to = outs[streak + 1].pass, streak = streak }
+  end
+  local pass, fail = 0, 0
+  for _, o in ipairs(outs) do
+    if judged(o.rank) then
+      if o.pass then pass = pass + 1 else fail = fail + 1 end
+    end
+  end
+  if pass + fail < minHistory then res.class = 'tn'
+  elseif fail == 0 then res.class = 'ap'
+  elseif pass == 0 then res.class = 'af'
+  else res.class = 'di' end
+  return res
+end
+local function contribute(res, sign)
+  if not res.class then return end
+  dadd(res.class, sign)
+  if res.class == 'tn' then return end
+  for _, o in ipairs(res.outs) do
+    dadd(o.id .. 'n', sign)
+    if o.pass then dadd(o.id .. 'p', sign) end
+    if res.class == 'di' then
+      dadd(o.id .. 'dn', sign)
+      if o.pass then dadd(o.id .. 'dp', sign) end
     end
   end
 end
-local ttl = tonumber(ARGV[1])
-if n > 0 and ttl > 0 then
-  redis.call('PEXPIRE', runs, ttl)
-  redis.call('PEXPIRE', announced, ttl) -- no-op while nothing was announced
+
+-- Missing runs: cases of a version mature once their first run is at or before the deadline ------
+local dv = {} -- version id -> deadline in force this call
+local function mature(id)
+  if dv[id] then return end
+  local H = B .. 'h' .. id
+  local held = tonumber(redis.call('HGET', H, 'D'))
+  if held and held >= deadline then dv[id] = held; return end
+  local dl = string.format('%.0f', deadline)
+  local due = redis.call('ZRANGEBYSCORE', B .. 'i' .. id, '-inf', dl)
+  for _, c in ipairs(due) do
+    local x = cell(id, c, false)
+    hadd(id, 'M', missing(x))
+    redis.call('ZADD', B .. 'x' .. id, 0, c)
+  end
+  if #due > 0 then redis.call('ZREMRANGEBYSCORE', B .. 'i' .. id, '-inf', dl) end
+  redis.call('HSET', H, 'D', string.format('%.0f', deadline))
+  dv[id] = deadline
 end
-return table.concat(out)
+
+-- Apply ---------------------------------------------------------------------------------------------
+local out = {}
+local bound0 = boundary()
+local reorder = false
+local cases, caseOrder = {}, {}
+local touchedVersions, versionOrder = {}, {}
+for i = 0, nruns - 1 do
+  local b = FIRST + i * PER
+  local v = vid(ARGV[b + 1], false)
+  if v then mature(v) end
+end
+for i = 0, nruns - 1 do
+  local b = FIRST + i * PER
+  local field, version, c, idx, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]), ARGV[b + 4]
+  local res, asd, seq, vseq, runs, occ, reply, tok, trig =
+    string.match(value, '^(%a) (%-?%d+) (%d+) (%d+) (%d+) (%-?%d+) (%d) (%d+) %S+ (%S+)$')
+  asd, seq, vseq, runs, occ, tok = tonumber(asd), tonumber(seq), tonumber(vseq), tonumber(runs), tonumber(occ), tonumber(tok)
+  -- The version's order: the greatest version_seq of any result.
+  local id = vid(version, true)
+  local cur = redis.call('ZSCORE', VO, version)
+  if not cur or vseq > tonumber(cur) then
+    redis.call('ZADD', VO, string.format('%.0f', vseq), version)
+    resetRanks()
+    if cur and not created[id] then reorder = true end
+  end
+  if created[id] and not dv[id] then
+    redis.call('HSET', B .. 'h' .. id, 'D', string.format('%.0f', deadline))
+    dv[id] = deadline
+  end
+  if not touchedVersions[id] then touchedVersions[id] = true; versionOrder[#versionOrder + 1] = id end
+  -- The case, classified as it stood before this call, the first time the call touches it.
+  if not cases[c] then
+    cases[c] = { before = judge(c) }
+    caseOrder[#caseOrder + 1] = c
+  end
+  local x = cell(id, c, true)
+  if not x.exists and not x.listed then
+    x.listed = true
+    local l = vidsOf(c)
+    l[#l + 1] = id
+    cases[c].vidsChanged = true
+  end
+  if not touchedCells[x] then touchedCells[x] = true; touchedCells[#touchedCells + 1] = x end
+  x.planned = math.max(x.planned, runs)
+  if not x.first or occ < x.first then x.first = occ end
+  if runs > (x.maxRuns or 0) then x.maxRuns = runs end
+  -- The run, under the re-assessment rule.
+  local held = redis.call('HGET', R, field)
+  local code, old = 'N', nil
+  if held then
+    local ores, ha, hs, _, _, _, orep, otok, otrig =
+      string.match(held, '^(%a) (%-?%d+) (%d+) (%d+) (%d+) (%-?%d+) (%d) (%d+) %S+ (%S+)$')
+    ha, hs = tonumber(ha), tonumber(hs)
+    if asd > ha or (asd == ha and seq > hs) then
+      code, old = 'R', { res = ores, reply = orep, tok = tonumber(otok), trig = otrig }
+    elseif asd == ha and seq == hs then
+      code = 'D'
+    else
+      code = 'S'
+    end
+  end
+  out[#out + 1] = code
+  local function runDelta(r, sign)
+    if r.res == 'p' then
+      x.p = x.p + sign; hadd(id, 'p' .. idx, sign); hadd(id, 'n' .. idx, sign)
+    elseif r.res == 'f' then
+      x.f = x.f + sign; hadd(id, 'n' .. idx, sign)
+    else
+      x.e = x.e + sign
+    end
+    if r.reply == '1' then
+      hadd(id, 'l' .. r.tok, sign)
+      if r.trig ~= '-' then hadd(id, 'a' .. r.tok, sign) end
+    end
+  end
+  if code == 'N' or code == 'R' then
+    if old then runDelta(old, -1) else x.bm = setBit(x.bm, idx) end
+    runDelta({ res = res, reply = reply, tok = tok, trig = trig }, 1)
+    redis.call('HSET', R, field, value)
+  end
+end
+
+-- Cells: their (n, c) histogram entry, missing-run sets and records.
+for _, x in ipairs(touchedCells) do
+  local id, c, o = x.id, x.c, x.o
+  local on, oc, nn, nc = o.p + o.f, o.p, x.p + x.f, x.p
+  if on ~= nn or oc ~= nc then
+    if on > 0 then hadd(id, 'c' .. on .. ',' .. oc, -1) end
+    if nn > 0 then hadd(id, 'c' .. nn .. ',' .. nc, 1) end
+  end
+  local om = o.exists and (o.planned - (o.p + o.f + o.e)) or 0
+  local nm = missing(x)
+  if om > 0 then
+    if o.first <= dv[id] then
+      redis.call('ZREM', B .. 'x' .. id, c); hadd(id, 'M', -om)
+    else
+      redis.call('ZREM', B .. 'i' .. id, c)
+    end
+  end
+  if nm > 0 then
+    if x.first <= dv[id] then
+      redis.call('ZADD', B .. 'x' .. id, 0, c); hadd(id, 'M', nm)
+    else
+      redis.call('ZADD', B .. 'i' .. id, string.format('%.0f', x.first), c)
+    end
+  end
+  redis.call('HSET', M, id .. '|' .. c,
+    string.format('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm)
+  local H = B .. 'h' .. id
+  if x.maxRuns then
+    local held = tonumber(redis.call('HGET', H, 'R') or '0')
+    if x.maxRuns > held then redis.call('HSET', H, 'R', x.maxRuns) end
+  end
+end
+for _, c in ipairs(caseOrder) do
+  if cases[c].vidsChanged then redis.call('HSET', C, c, table.concat(vidsOf(c), ' ')) end
+end
+
+-- Discrimination: the touched cases' changes, or every case after a reordering.
+local after = {}
+if reorder or boundary() ~= bound0 then
+  for _, f in ipairs(redis.call('HKEYS', D)) do
+    if f ~= 'vn' then redis.call('HDEL', D, f) end
+  end
+  dd = {}
+  redis.call('DEL', RL, PA)
+  for _, c in ipairs(redis.call('HKEYS', C)) do
+    local res = judge(c)
+    after[c] = res
+    contribute(res, 1)
+    if res.revived then
+      redis.call('ZADD', RL, 0, c)
+      if redis.call('SISMEMBER', AN, c) == 0 then redis.call('ZADD', PA, 0, c) end
+    end
+  end
+else
+  for _, c in ipairs(caseOrder) do
+    local res = judge(c)
+    after[c] = res
+    contribute(cases[c].before, -1)
+    contribute(res, 1)
+    if res.revived and not cases[c].before.revived then
+      redis.call('ZADD', RL, 0, c)
+      if redis.call('SISMEMBER', AN, c) == 0 then redis.call('ZADD', PA, 0, c) end
+    elseif cases[c].before.revived and not res.revived then
+      redis.call('ZREM', RL, c)
+      redis.call('ZREM', PA, c)
+    end
+  end
+end
+flush(D, dd)
+for id, t in pairs(hd) do flush(B .. 'h' .. id, t) end
+hd = {}
+
+-- Read back ---------------------------------------------------------------------------------------
+local revived = {}
+for _, c in ipairs(redis.call('ZRANGE', PA, 0, -1)) do
+  local r = (after[c] or judge(c)).revived
+  if r then revived[#revived + 1] = { c, label(r.id), r.from and 1 or 0, r.to and 1 or 0, r.streak } end
+end
+local disc = redis.call('HMGET', D, 'ap', 'af', 'di', 'tn')
+disc[5] = redis.call('ZCARD', VO)
+local latest = redis.call('ZRANGE', VO, -1, -1)[1]
+disc[6] = latest or ''
+if latest then
+  local lid = vid(latest, false)
+  local l = redis.call('HMGET', D, lid .. 'n', lid .. 'p', lid .. 'dn', lid .. 'dp')
+  for j = 1, 4 do disc[6 + j] = l[j] end
+end
+disc[11] = redis.call('ZCARD', RL)
+disc[12] = redis.call('ZRANGE', RL, 0, listN - 1)
+for j = 1, 10 do if not disc[j] then disc[j] = '0' end end
+
+if mode == 'r' then
+  versionOrder = {}
+  for _, l in ipairs(redis.call('ZRANGE', VO, 0, -1)) do
+    local id = vid(l, false)
+    mature(id)
+    versionOrder[#versionOrder + 1] = id
+  end
+  for id, t in pairs(hd) do flush(B .. 'h' .. id, t) end
+end
+local vs = {}
+for _, id in ipairs(versionOrder) do
+  local list = {}
+  for _, c in ipairs(redis.call('ZRANGE', B .. 'x' .. id, 0, listN - 1)) do
+    local x = cell(id, c, false)
+    local sample, n = {}, missing(x)
+    local i = 0
+    while i < x.planned and #sample < sampleN do
+      local byte = math.floor(i / 8) + 1
+      if i % 8 == 0 and byte <= #x.bm and string.byte(x.bm, byte) == 255 then
+        i = i + 8
+      else
+        if not hasBit(x.bm, i) then sample[#sample + 1] = i end
+        i = i + 1
+      end
+    end
+    list[#list + 1] = { c, n, sample }
+  end
+  vs[#vs + 1] = { label(id), redis.call('HGETALL', B .. 'h' .. id), list }
+end
+
+if nruns > 0 and ttl > 0 then
+  for _, k in ipairs({ R, AN, VO, VI, VX, C, M, D, RL, PA }) do redis.call('PEXPIRE', k, ttl) end
+  for _, id in ipairs(redis.call('HVALS', VI)) do
+    for _, p in ipairs({ 'h', 'i', 'x' }) do redis.call('PEXPIRE', B .. p .. id, ttl) end
+  end
+end
+return { table.concat(out), disc, revived, vs }

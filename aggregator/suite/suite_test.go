@@ -363,7 +363,7 @@ func TestAbnormalAlertsIndependentOfBatching(t *testing.T) {
 				t.Fatal(err)
 			}
 			publish := func(store *Memory, batch []RunObservation, into map[string]bool) {
-				applied, err := store.Apply(ctx, batch)
+				applied, err := store.Apply(ctx, batch, t0)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -373,11 +373,11 @@ func TestAbnormalAlertsIndependentOfBatching(t *testing.T) {
 					}
 				}
 			}
-			want, clean := map[string]bool{}, NewMemory()
+			want, clean := map[string]bool{}, NewMemory(cfg)
 			for _, o := range tc.stream {
 				publish(clean, []RunObservation{o}, want)
 			}
-			got, store := map[string]bool{}, NewMemory()
+			got, store := map[string]bool{}, NewMemory(cfg)
 			for _, s := range tc.steps {
 				into := got
 				if !s.published {

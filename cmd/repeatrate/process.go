@@ -56,10 +56,10 @@ func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (
 	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
 		return s, err
 	}
-	if s.suites, err = suite.NewRedis(rdb, rcfg); err != nil {
+	if s.suiteCfg, err = cfg.Suite.aggregator(); err != nil {
 		return s, err
 	}
-	if s.suiteCfg, err = cfg.Suite.aggregator(); err != nil {
+	if s.suites, err = suite.NewRedis(rdb, rcfg, s.suiteCfg); err != nil {
 		return s, err
 	}
 	s.decoder, err = consumer.NewDecoder(consumer.DecoderConfig{

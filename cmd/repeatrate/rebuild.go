@@ -203,7 +203,7 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 					}
 				}
 				if len(runs) > 0 {
-					applied, err := suites.Apply(ctx, runs)
+					applied, err := suites.Apply(ctx, runs, now)
 					if err != nil {
 						return err
 					}
@@ -256,19 +256,12 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 		return err
 	}
 	for k := range touchedSuites {
-		applied, err := suites.Read(ctx, k)
+		sum, err := suites.Read(ctx, k, now)
 		if err != nil {
 			return err
 		}
-		d, _ := suite.Discrimination(k, applied, suiteCfg, now)
-		out := suite.Output{Discrimination: []schemas.SuiteDiscrimination{d}}
-		versions := map[string]bool{}
-		for _, e := range applied {
-			versions[e.Key.Version] = true
-		}
-		for v := range versions {
-			out.Stability = append(out.Stability, suite.Stability(k, v, suite.VersionRuns(applied, v), suiteCfg, now))
-		}
+		out := suite.BuildOutput(suite.Applied{Suites: []suite.Key{k}, Summaries: map[suite.Key]*suite.Summary{k: sum}}, nil, suiteCfg, now)
+		out.Revived = nil // announced batch by batch above
 		if err := pub.PublishSuites(ctx, out, now); err != nil {
 			return err
 		}

@@ -217,9 +217,10 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 		res.snapshots = append(res.snapshots, model.Tally(k, at).Snapshot(k, at))
 		res.outs = append(res.outs, sink.SnapshotOut(&res.snapshots[len(res.snapshots)-1]))
 	}
-	applied := suite.Applied{Suites: suites.Suites(), Runs: map[suite.Key][]suite.RunEntry{}}
+	applied := suite.Applied{Suites: suites.Suites(), Summaries: map[suite.Key]*suite.Summary{}}
 	for _, k := range applied.Suites {
-		applied.Runs[k] = suites.Runs(k)
+		s := suites.Summary(k, slices.Sorted(slices.Values(suites.Versions(k))), nil, suiteCfg, at)
+		applied.Summaries[k] = &s
 	}
 	// Every result, as the processor's batches see them: each abnormal reply raises its alert
 	// (docs/semantics.md#alerts), whichever assessment of its run won.

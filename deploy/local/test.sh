@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite against real services: installs and starts Redis and Apache Kafka on
-# loopback (deploy/local/redis.sh, deploy/local/kafka.sh), runs `go test`, and stops whatever this
+# Runs the whole test suite against real services: installs and starts Redis, Apache Kafka and
+# Alertmanager on loopback (deploy/local/redis.sh, kafka.sh, alertmanager.sh), runs `go test`, and stops whatever this
 # script started, also when the tests fail or are interrupted. Services that were already running
 # are used and left running.
 set -euo pipefail
@@ -22,7 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-for s in redis kafka; do
+for s in redis kafka alertmanager; do
   if ! "$here/$s.sh" status >/dev/null 2>&1; then
     "$here/$s.sh" start
     started+=("$s")
@@ -33,6 +33,7 @@ done
 
 export REPEATRATE_TEST_REDIS=127.0.0.1:${REDIS_PORT:-16379}
 export REPEATRATE_TEST_KAFKA=127.0.0.1:${KAFKA_PORT:-19092}
+export REPEATRATE_TEST_ALERTMANAGER=127.0.0.1:${ALERTMANAGER_PORT:-19193}
 go vet ./...
 if [ $# -gt 0 ]; then
   go test -count=1 -timeout 40m "$@"

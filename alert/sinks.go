@@ -1,0 +1,150 @@
+package alert
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+)
+
+// Kafka publishes firing and resolved notifications as CloudEvents
+// (repeatrate.alert.firing.v1, repeatrate.alert.resolved.v1) on the alerts topic, keyed by rule
+// and subject. The CloudEvent id derives from the notification id, so a copy is recognisable.
+type Kafka struct {
+	w sink.MessageWriter
+}
+
+var _ Sink = (*Kafka)(nil)
+
+// NewKafka returns the Kafka sink on a synchronous, fully acknowledged writer.
+func NewKafka(w sink.MessageWriter) *Kafka { return &Kafka{w: w} }
+
+// Name is "kafka".
+func (k *Kafka) Name() string { return "kafka" }
+
+// Takes firing and resolved notifications; resends are for Alertmanager.
+func (k *Kafka) Takes(n Notify) bool { return n == NotifyFiring || n == NotifyResolved }
+
+// Out renders a notification as an output event.
+func Out(n *Notification) sink.Out {
+	typ := schemas.TypeAlertFiring
+	if n.Kind == NotifyResolved.String() {
+		typ = schemas.TypeAlertResolved
+	}
+	return sink.Out{Type: typ, Subject: schemas.JoinEscaped(n.Alert.Rule, n.Alert.Subject), Time: n.At, IDSeed: n.ID, Data: &n.Alert}
+}
+
+// Send publishes notes and returns once Kafka acknowledged them.
+func (k *Kafka) Send(ctx context.Context, notes []Notification) error {
+	msgs := make([]kafka.Message, 0, len(notes))
+	for i := range notes {
+		o := Out(&notes[i])
+		m, err := sink.Record(&o, time.Now())
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+	}
+	if err := k.w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("publish %d alerts: %w", len(msgs), err)
+	}
+	return nil
+}
+
+// Alertmanager posts alerts to Alertmanager's v2 API (POST /api/v2/alerts): a firing alert when it
+// fires and again at every resend, valid for four resend intervals (so Alertmanager resolves it
+// by itself if every evaluator is gone), and with endsAt at its resolution when it resolves.
+type Alertmanager struct {
+	url    string
+	client *http.Client
+	// validFor is how long a posted firing alert stays active without being posted again.
+	validFor time.Duration
+}
+
+var _ Sink = (*Alertmanager)(nil)
+
+// NewAlertmanager returns a client of the Alertmanager at baseURL (http://host:port, with any path
+// prefix). resend is the rules' longest resend interval.
+func NewAlertmanager(baseURL string, resend time.Duration, timeout time.Duration) *Alertmanager {
+	return &Alertmanager{url: strings.TrimRight(baseURL, "/") + "/api/v2/alerts",
+		client: &http.Client{Timeout: timeout}, validFor: 4 * resend}
+}
+
+// Name is "alertmanager".
+func (a *Alertmanager) Name() string { return "alertmanager" }
+
+// Takes every notification.
+func (a *Alertmanager) Takes(Notify) bool { return true }
+
+// postableAlert is Alertmanager's v2 PostableAlert.
+type postableAlert struct {
+	Labels       map[string]string `json:"labels"`
+	Annotations  map[string]string `json:"annotations"`
+	StartsAt     time.Time         `json:"startsAt"`
+	EndsAt       time.Time         `json:"endsAt"`
+	GeneratorURL string            `json:"generatorURL,omitempty"`
+}
+
+// Labels are the Alertmanager labels of an alert: the rule's labels, alertname (the rule), kind,
+// and the subject's fields.
+func Labels(al *schemas.Alert) map[string]string {
+	l := maps.Clone(al.Fields)
+	if l == nil {
+		l = map[string]string{}
+	}
+	maps.Copy(l, al.Labels)
+	l["alertname"], l["kind"] = al.Rule, al.Kind
+	return l
+}
+
+func (a *Alertmanager) postable(n *Notification) postableAlert {
+	ann := maps.Clone(n.Alert.Annotations)
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ev, _ := json.Marshal(n.Alert.Evidence)
+	ann["evidence"] = string(ev)
+	ann["subject"] = n.Alert.Subject
+	p := postableAlert{Labels: Labels(&n.Alert), Annotations: ann, StartsAt: n.Alert.FiredAt, EndsAt: n.At.Add(a.validFor)}
+	if n.Alert.ResolvedAt != nil {
+		p.EndsAt = *n.Alert.ResolvedAt
+	}
+	return p
+}
+
+// Send posts notes in one request.
+func (a *Alertmanager) Send(ctx context.Context, notes []Notification) error {
+	body := make([]postableAlert, len(notes))
+	for i := range notes {
+		body[i] = a.postable(&notes[i])
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("alertmanager: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("alertmanager: %s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	return nil
+}
