@@ -175,7 +175,7 @@ func TestPipelinePublishFailureRewindsOnKafkaAndRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	suites, err := suite.NewRedis(client, cfg)
+	suites, err := suite.NewRedis(client, cfg, suite.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,7 +208,7 @@ func newPipelineRig(t *testing.T, maxInFlight int, store *gateStore, pub *gatePu
 	t.Helper()
 	tr := store.tr
 	cfg := ProcessorConfig{RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, Suite: suite.Config{MinHistory: 1}}
-	p, err := NewProcessor(cfg, newTestDecoder(t), store, announceTrace{suite.NewMemory(), tr},
+	p, err := NewProcessor(cfg, newTestDecoder(t), store, announceTrace{suite.NewMemory(cfg.Suite), tr},
 		pub, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)

@@ -37,10 +37,10 @@ type Publisher interface {
 	PublishSuites(ctx context.Context, o suite.Output, at time.Time) error
 }
 
-// SuiteStore stores graded runs durably and returns every touched suite's runs. Applying the same
-// runs again must change nothing; suite.Redis is one.
+// SuiteStore stores graded runs durably and returns every touched suite's summary as observed at
+// time at. Applying the same runs again must change nothing; suite.Redis is one.
 type SuiteStore interface {
-	Apply(ctx context.Context, obs []suite.RunObservation) (suite.Applied, error)
+	Apply(ctx context.Context, obs []suite.RunObservation, at time.Time) (suite.Applied, error)
 	MarkAnnounced(ctx context.Context, k suite.Key, cases []string) error
 }
 
@@ -206,7 +206,7 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 			}
 			now := p.now()
 			var err error
-			b.suites, err = p.suites.Apply(ctx, b.runs)
+			b.suites, err = p.suites.Apply(ctx, b.runs, now)
 			if errors.Is(err, aggregator.ErrStateLost) {
 				return fmt.Errorf("%w: %w", ErrFatal, err)
 			}
