@@ -1,9 +1,10 @@
 package suite
 
 import (
-	"bytes"
 	"compress/gzip"
+	"io"
 	"strings"
+	"sync"
 
 	"github.com/repeatrate/repeatrate/schemas"
 )
@@ -73,15 +74,33 @@ func AnalyzeReply(text string, mode ReplyMode) ReplyStats {
 	return s
 }
 
+// gzipWriters holds level-9 gzip writers for reuse: a new one allocates about 800 KB of
+// compressor state, which cost more than the rest of an eval result's processing together.
+var gzipWriters = sync.Pool{New: func() any {
+	w, _ := gzip.NewWriterLevel(io.Discard, gzip.BestCompression)
+	return w
+}}
+
+// byteCounter counts what is written to it.
+type byteCounter int
+
+func (c *byteCounter) Write(p []byte) (int, error) {
+	*c += byteCounter(len(p))
+	return len(p), nil
+}
+
 func gzipRatio(text string) float64 {
 	if len(text) == 0 {
 		return 0
 	}
-	var b bytes.Buffer
-	w, _ := gzip.NewWriterLevel(&b, gzip.BestCompression)
-	w.Write([]byte(text))
+	var n byteCounter
+	w := gzipWriters.Get().(*gzip.Writer)
+	w.Reset(&n)
+	io.WriteString(w, text)
 	w.Close()
-	return float64(len(text)) / float64(b.Len())
+	w.Reset(io.Discard) // hold no reference to n in the pool
+	gzipWriters.Put(w)
+	return float64(len(text)) / float64(n)
 }
 
 func tokenIDs(toks []string) []int32 {
