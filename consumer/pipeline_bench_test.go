@@ -97,7 +97,7 @@ func startPipeline(b *testing.B, client redis.UniversalClient, maxInFlight int, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := NewProcessor(ProcessorConfig{}, newTestDecoder(b), store, suite.NewMemory(), &ackDelayPublisher{ackDelay: ackDelay},
+	p, err := NewProcessor(ProcessorConfig{}, newTestDecoder(b), store, suite.NewMemory(suite.Config{}), &ackDelayPublisher{ackDelay: ackDelay},
 		nopDLQ{}, func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		b.Fatal(err)
