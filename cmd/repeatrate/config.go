@@ -78,6 +78,7 @@ type BatchConfig struct {
 	MaxMessages int           `yaml:"max_messages"`
 	Linger      time.Duration `yaml:"linger"`
 	CommitDelay time.Duration `yaml:"commit_delay"`
+	MaxInFlight int           `yaml:"max_in_flight"`
 }
 
 // SuiteConfig configures suite discrimination and repeated-sampling stability (docs/semantics.md#discrimination, #stability).
@@ -116,7 +117,7 @@ func defaultConfig() Config {
 		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", MissingAfter: time.Hour},
 		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
 		Retention: 30 * 24 * time.Hour,
-		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second},
+		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
 		LogLevel:  "info",
@@ -167,8 +168,8 @@ func (c *Config) Validate() error {
 	if c.Retention < time.Hour {
 		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)
 	}
-	if c.Batch.MaxMessages <= 0 || c.Batch.Linger <= 0 || c.Batch.CommitDelay < 0 {
-		bad("batch.max_messages and batch.linger must be positive, batch.commit_delay not negative")
+	if c.Batch.MaxMessages <= 0 || c.Batch.Linger <= 0 || c.Batch.CommitDelay < 0 || c.Batch.MaxInFlight <= 0 {
+		bad("batch.max_messages, batch.linger and batch.max_in_flight must be positive, batch.commit_delay not negative")
 	}
 	if c.Kafka.Session < 6*time.Second {
 		bad("kafka.session_timeout %s is below the broker minimum of 6s", c.Kafka.Session)
@@ -265,6 +266,7 @@ func (c *Config) settings() []setting {
 		dur("retention", "how long opportunity identities are kept (e.g. 30d); must exceed input topic retention", &c.Retention),
 		num("batch-max-messages", "messages per batch at most", &c.Batch.MaxMessages),
 		dur("batch-linger", "longest wait to fill a batch", &c.Batch.Linger),
+		num("batch-max-in-flight", "batches decoded, applied and published at once (1: one stage after another)", &c.Batch.MaxInFlight),
 		dur("batch-commit-delay", "hold offsets this long after their batch is applied, until Redis has fsynced it (AOF everysec: ≥ 1s; 0 with WAIT-free setups that accept loss)", &c.Batch.CommitDelay),
 		num("max-message-bytes", "largest accepted message", &c.Limits.MaxMessageBytes),
 		num("max-prediction-bytes", "largest accepted prediction text", &c.Limits.MaxPredictionBytes),
