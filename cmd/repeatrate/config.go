@@ -29,6 +29,10 @@ type Config struct {
 	HTTPAddr  string        `yaml:"http_addr"`
 	Pprof     bool          `yaml:"pprof"`
 	LogLevel  string        `yaml:"log_level"`
+	// AlertRules is the alerting rules file; empty turns alerting off (README, Alerting).
+	AlertRules string `yaml:"alert_rules"`
+	// AlertmanagerURL is the Alertmanager that alerts are posted to; empty posts none.
+	AlertmanagerURL string `yaml:"alertmanager_url"`
 }
 
 // KafkaConfig says where events come from and where results go.
@@ -276,6 +280,8 @@ func (c *Config) settings() []setting {
 		list("suite-pass-at-k", "pass@k levels", &c.Suite.PassAtK),
 		str("suite-reply-mode", "reply repetition rules: default or opencompass", &c.Suite.ReplyMode),
 		dur("suite-missing-after", "planned runs count as missing this long after a case's first run", &c.Suite.MissingAfter),
+		str("alert-rules", "alerting rules file (YAML); empty disables alerting", &c.AlertRules),
+		str("alertmanager-url", "Alertmanager base URL alerts are posted to (http://host:9093); empty posts none", &c.AlertmanagerURL),
 		str("http-addr", "HTTP listen address (health, metrics, API); empty disables", &c.HTTPAddr),
 		boolean("pprof", "serve /debug/pprof on the HTTP address (exposes internals; off by default)", &c.Pprof),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),

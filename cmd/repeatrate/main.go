@@ -38,6 +38,7 @@ const usage = `usage: repeatrate <command> [flags]
 commands:
   run      the processor: Kafka in, Redis state, snapshots and dead letters out
   dev      everything in one process on an embedded Kafka and Redis (--demo feeds traffic)
+  alert    the alerting rules alone, as a subscriber of the snapshot topics (run includes them)
   rebuild  recompute lost Redis state from the input topics into a fresh namespace and cut over
   replay   the same aggregation offline over NDJSON CloudEvents
   produce  publish NDJSON CloudEvents to a topic
@@ -69,6 +70,8 @@ func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string
 		return devCommand(ctx, rest, stdout, stderr)
 	case "rebuild":
 		return rebuildCommand(ctx, rest, getenv, stderr)
+	case "alert":
+		return alertCommand(ctx, rest, getenv, stderr)
 	case "replay":
 		return replayCommand(ctx, rest, stdin, stdout, stderr)
 	case "produce":

@@ -16,6 +16,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
@@ -93,6 +94,14 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled), zap.String("kafka_sasl", cfg.Kafka.SASL.Mechanism),
 		zap.Bool("redis_tls", cfg.Redis.TLS.Enabled), zap.Bool("redis_auth", cfg.Redis.Password != ""),
 		zap.Duration("retention", cfg.Retention))
+	// A mistake in the rules file stops the start before any connection.
+	var rules alert.Rules
+	if cfg.AlertRules != "" {
+		var err error
+		if rules, err = loadRules(cfg.AlertRules); err != nil {
+			return err
+		}
+	}
 	kc, rdb, err := openClients(cfg)
 	if err != nil {
 		return err
@@ -164,6 +173,12 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	// Alerting first: it starts nothing when it fails to build.
+	if cfg.AlertRules != "" {
+		if err := startAlerting(gctx, g, cfg, rules, kc, rdb, alertWriter, reg, log); err != nil {
+			return err
+		}
+	}
 	g.Go(func() error { return group.Run(gctx) })
 	if cfg.HTTPAddr != "" {
 		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
