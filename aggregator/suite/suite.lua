@@ -207,12 +207,39 @@ local function mature(id)
   dv[id] = deadline
 end
 
+-- Per version sums by run index and reply length, keyed by number (field names are made once, at
+-- the end).
+local accs = {}
+local function accOf(id)
+  local a = accs[id]
+  if not a then
+    a = { p = {}, n = {}, l = {}, a = {} }
+    accs[id] = a
+  end
+  return a
+end
+local function bump(t, k, n) t[k] = (t[k] or 0) + n end
+local function runDelta(x, acc, idx, res, reply, tok, trig, sign)
+  if res == 'p' then
+    x.p = x.p + sign; bump(acc.p, idx, sign); bump(acc.n, idx, sign)
+  elseif res == 'f' then
+    x.f = x.f + sign; bump(acc.n, idx, sign)
+  else
+    x.e = x.e + sign
+  end
+  if reply == '1' then
+    bump(acc.l, tok, sign)
+    if trig ~= '-' then bump(acc.a, tok, sign) end
+  end
+end
+
 -- Apply ---------------------------------------------------------------------------------------------
 local out = {}
 local bound0 = boundary()
 local reorder = false
 local cases, caseOrder = {}, {}
 local touchedVersions, versionOrder = {}, {}
+local seqOf = {} -- version id -> version_seq, as this call left it
 for i = 0, nruns - 1 do
   local b = FIRST + i * PER
   local v = vid(ARGV[b + 1], false)
@@ -226,12 +253,17 @@ for i = 0, nruns - 1 do
   asd, seq, vseq, runs, occ, tok = tonumber(asd), tonumber(seq), tonumber(vseq), tonumber(runs), tonumber(occ), tonumber(tok)
   -- The version's order: the greatest version_seq of any result.
   local id = vid(version, true)
-  local cur = redis.call('ZSCORE', VO, version)
-  if not cur or vseq > tonumber(cur) then
+  local cur = seqOf[id]
+  if cur == nil then
+    cur = tonumber(redis.call('ZSCORE', VO, version) or '-1')
+  end
+  if cur < 0 or vseq > cur then
     redis.call('ZADD', VO, string.format('%.0f', vseq), version)
     resetRanks()
-    if cur and not created[id] then reorder = true end
+    if cur >= 0 and not created[id] then reorder = true end
+    cur = vseq
   end
+  seqOf[id] = cur
   if created[id] and not dv[id] then
     redis.call('HSET', B .. 'h' .. id, 'D', string.format('%.0f', deadline))
     dv[id] = deadline
@@ -269,22 +301,14 @@ for i = 0, nruns - 1 do
     end
   end
   out[#out + 1] = code
-  local function runDelta(r, sign)
-    if r.res == 'p' then
-      x.p = x.p + sign; hadd(id, 'p' .. idx, sign); hadd(id, 'n' .. idx, sign)
-    elseif r.res == 'f' then
-      x.f = x.f + sign; hadd(id, 'n' .. idx, sign)
-    else
-      x.e = x.e + sign
-    end
-    if r.reply == '1' then
-      hadd(id, 'l' .. r.tok, sign)
-      if r.trig ~= '-' then hadd(id, 'a' .. r.tok, sign) end
-    end
-  end
   if code == 'N' or code == 'R' then
-    if old then runDelta(old, -1) else x.bm = setBit(x.bm, idx) end
-    runDelta({ res = res, reply = reply, tok = tok, trig = trig }, 1)
+    local acc = accOf(id)
+    if old then
+      runDelta(x, acc, idx, old.res, old.reply, old.tok, old.trig, -1)
+    else
+      x.bm = setBit(x.bm, idx)
+    end
+    runDelta(x, acc, idx, res, reply, tok, trig, 1)
     redis.call('HSET', R, field, value)
   end
 end
@@ -354,6 +378,13 @@ else
     elseif cases[c].before.revived and not res.revived then
       redis.call('ZREM', RL, c)
       redis.call('ZREM', PA, c)
+    end
+  end
+end
+for id, a in pairs(accs) do
+  for _, f in ipairs({ 'p', 'n', 'l', 'a' }) do
+    for k, n in pairs(a[f]) do
+      if n ~= 0 then hadd(id, f .. k, n) end
     end
   end
 end

@@ -1,0 +1,65 @@
+package suite
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+// redisCPU returns the Redis server's CPU seconds (user + system, main process).
+func redisCPU(ctx context.Context, c *redis.Client) float64 {
+	var sum float64
+	for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\r\n") {
+		for _, p := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+			if v, ok := strings.CutPrefix(l, p); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				sum += f
+			}
+		}
+	}
+	return sum
+}
+
+// BenchmarkRedisApply feeds one suite version batches of 2 000 graded runs (5 runs per case, a
+// short reply each), as the eval shape of the harness does, and reports Redis CPU per run. The
+// suite grows by b.N runs: the cost must not grow with it.
+func BenchmarkRedisApply(b *testing.B) {
+	client := testenv.Redis(b)
+	ctx := context.Background()
+	prefix := testenv.Name(b, "suitebench")
+	testenv.CleanPrefix(b, client, prefix)
+	b.Cleanup(func() { testenv.CleanPrefix(b, client, prefix) })
+	cfg := Config{}
+	cfg.Validate()
+	store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	const batch = 2000
+	obs := make([]RunObservation, 0, batch)
+	cpu0 := redisCPU(ctx, client)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		obs = append(obs, RunObservation{Key: RunKey{Key: Key{"w", "s"}, Version: "v1", Case: fmt.Sprint("case-", i/5), RunIndex: int64(i % 5)},
+			Record: RunRecord{Result: "pf"[r.IntN(2)], VersionSeq: 1, Runs: 5, Occurred: aggregator.Micros(t0),
+				Assessed: aggregator.Micros(t0), Reply: true, Tokens: 3 + r.IntN(38), GzipRatio: 1.5}})
+		if len(obs) == batch || i == b.N-1 {
+			if _, err := store.Apply(ctx, obs, t0); err != nil {
+				b.Fatal(err)
+			}
+			obs = obs[:0]
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric((redisCPU(ctx, client)-cpu0)*1e6/float64(b.N), "redis-cpu-µs/run")
+}
