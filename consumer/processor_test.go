@@ -213,8 +213,8 @@ func alertIDs(t *testing.T, o suite.Output) []string {
 // publishes its abnormal sample (and its revived case, until announced) every time, with the same
 // ids, although every run in it is then a duplicate.
 func TestProcessorRepublishesAlertsOnRedelivery(t *testing.T) {
-	suites := suite.NewMemory(suite.Config{})
 	cfg := ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}
+	suites := suite.NewMemory(cfg.Suite)
 	msgs := []kafka.Message{
 		evalMessage("r1", "v1", 1, "pass", strings.Repeat("and then again ", 60)), // abnormal reply
 		evalMessage("r2", "v2", 2, "fail", "no"),                                  // pass → fail: revived
