@@ -8,75 +8,122 @@
 -- KEYS[2] hash  state: C P U (retained counts), v (version, see below), w (newest occurred_us),
 --               h<hour><class> counts of every retained hour, a<hour> b<hour> its least and
 --               greatest occurred_us, m<minute><class> counts of the last 70 minutes, pm (minute
---               buckets pruned up to), f l (first and last retained occurred_us), t (last TTL
---               refresh of the lists, s),
---               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch
--- KEYS[3] prefix of the id lists: KEYS[3] .. <hour> lists the ids whose winner or horizon entered
---               that hour, so that a record can be found from the hour of its winner (to recompute the
---               hour's bounds) and from the hour of its horizon (to delete it once that hour expires)
--- KEYS[4] sorted set of the hours that have an id list, scored by hour: garbage collection and
---               TTL refreshes visit exactly those, however far apart (an event dated 1970 and one
---               dated today make two entries, not half a million hours to walk)
+--               buckets pruned up to), f l (first and last retained occurred_us),
+--               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch.
+--               A count that falls to 0 is deleted.
+-- KEYS[3] hash  the id index: per hour, the ids whose winner or horizon entered that hour, so that a
+--               record can be found from the hour of its winner (to recompute the hour's bounds)
+--               and from the hour of its horizon (to delete it once that hour expires). Field
+--               "<hour>" is the hour's open chunk, "<k>|" then entries; fields "<hour>.1" ..
+--               "<hour>.<k>" its closed chunks. An entry is "<length of id>:<id>", so ids may hold
+--               any byte. A chunk is closed once appending would take it past CHUNKBYTES, so an
+--               append costs a bounded copy however much the hour holds.
+-- KEYS[4] sorted set of the hours that have index chunks, scored by hour: garbage collection visits
+--               exactly those, however far apart (an event dated 1970 and one dated today make two
+--               entries, not half a million hours to walk)
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
--- then three per observation: id, occurred_us, and its record as KEYS[1] stores it (encoded by
--- the caller, so a byte-identical duplicate is recognised by one string comparison).
+-- then two per observation: id, and its record as KEYS[1] stores it (encoded by the caller, so a
+-- byte-identical duplicate is recognised by one string comparison; the occurred time is read
+-- from it).
 -- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
 -- outcomes has one letter per observation: N counted, R reassessed, D duplicate, S stale, E expired.
 --
 -- Retention is by whole hours: hour h is retained while h >= floor((w - retention) / 1h). When an
 -- hour leaves, its bucket counts leave C P U at once. A record is kept while its horizon is retained
 -- (docs/semantics.md#retention), so a redelivered older assessment still meets the identity; records
--- whose horizon expired are deleted a little per batch (garbage collection from the id lists), and
+-- whose horizon expired are deleted a little per batch (garbage collection from the id index), and
 -- until then they read as absent.
+--
+-- Cost: Redis work per call is a fixed handful of commands however many hours the batch touches
+-- (docs/semantics.md#delivery: one script call per aggregate and batch). The state hash is read
+-- through a cache (one HMGET up front, one for every bucket and bound the batch touches) and
+-- written once at the end; the index with one HMGET and one HSET of the touched hours' open chunks.
 local MIN, HOUR = 60000000, 3600000000
 local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
-local opps, st, lists, listed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local CHUNKBYTES = 1024 -- an index chunk is closed before it grows past this
+local opps, st, index, listed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ret = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local floor = math.floor
+local find, sub = string.find, string.sub
 local function num(x) return string.format('%.0f', x) end
 
-local head = redis.call('HMGET', st, 'w', 'pm', 'f', 'l', 't')
-local w, pm, f, l = tonumber(head[1]), tonumber(head[2]), tonumber(head[3]), tonumber(head[4])
-local refreshed = tonumber(head[5]) or 0
+-- hmget reads fields of key in chunks, returning one value (or false) per field.
+local function hmget(key, fields)
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local got = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #got do out[#out + 1] = got[j] end
+  end
+  return out
+end
+local function hdel(key, fields)
+  for i = 1, #fields, CHUNK do redis.call('HDEL', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields))) end
+end
+-- hset writes field, value pairs (a flat list).
+local function hset(key, pairs)
+  for i = 1, #pairs, CHUNK do redis.call('HSET', key, unpack(pairs, i, math.min(i + CHUNK - 1, #pairs))) end
+end
+
+-- The state hash, read through a cache: sv[field] is its value, false when absent, nil when not
+-- read yet. Changes are made in the cache (sset) and written by swrite.
+local sv, sdirty, sdirtyList = {}, {}, {}
+local function sread(fields)
+  local miss, seen = {}, {}
+  for _, k in ipairs(fields) do
+    if sv[k] == nil and not seen[k] then seen[k] = true; miss[#miss + 1] = k end
+  end
+  if #miss > 0 then
+    local got = hmget(st, miss)
+    for i, k in ipairs(miss) do sv[k] = got[i] end
+  end
+end
+local function sset(k, v)
+  sv[k] = v
+  if not sdirty[k] then sdirty[k] = true; sdirtyList[#sdirtyList + 1] = k end
+end
+local function swrite()
+  local sets, dels = {}, {}
+  for _, k in ipairs(sdirtyList) do
+    local v = sv[k]
+    if v then sets[#sets + 1] = k; sets[#sets + 1] = v else dels[#dels + 1] = k end
+  end
+  if #sets > 0 then hset(st, sets) end
+  if #dels > 0 then hdel(st, dels) end
+  sdirty, sdirtyList = {}, {}
+end
+
+sread({'w', 'pm', 'f', 'l', 'v', 'C', 'P', 'U', 'cm', 'ch', 'x1', 'x2', 'x3', 'x4', 'x5', 'x6', 'x7', 'x8', 'x9', 'enc'})
+-- The state hash and the index are read and written a field at a time, so they must be hash
+-- tables: a small hash (up to hash-max-listpack-entries, 128 to 512 fields) is stored as a listpack,
+-- where every field lookup scans the whole hash, and the buckets of a day fill some 350 fields. A
+-- value longer than hash-max-listpack-value (64 bytes by default) makes Redis convert a hash to a
+-- hash table for good, so each of the two is created with one.
+if not sv.enc and #ARGV > 3 then
+  local why = 'a value longer than hash-max-listpack-value keeps this hash a hash table: field lookups in O(1)'
+  sset('enc', why)
+  redis.call('HSET', index, 'enc', why)
+end
+local w, pm, f, l = tonumber(sv.w), tonumber(sv.pm), tonumber(sv.f), tonumber(sv.l)
 local w0, f0, l0 = w, f, l
 local cutH, mfloor -- first retained hour, first minute with a bucket
 if w then cutH, mfloor = floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
 local changed = false
 local fDirty, lDirty = false, false -- f or l may no longer be exact: recompute from a/b at the end
 
--- hmget reads fields of key in chunks, returning one value (or false) per field.
-local function hmget(key, fields)
-  local out = {}
-  for i = 1, #fields, CHUNK do
-    local part = {}
-    for j = i, math.min(i + CHUNK - 1, #fields) do part[#part + 1] = fields[j] end
-    local got = redis.call('HMGET', key, unpack(part))
-    for j = 1, #got do out[#out + 1] = got[j] end
-  end
-  return out
-end
-local function hdel(key, fields)
-  for i = 1, #fields, CHUNK do
-    local part = {}
-    for j = i, math.min(i + CHUNK - 1, #fields) do part[#part + 1] = fields[j] end
-    redis.call('HDEL', key, unpack(part))
-  end
-end
-
 -- Window sums at the observation time. They are cached per (minute, hour) of that time and kept
 -- up to date by every bucket change, so a batch recomputes them from the buckets only when its
--- observation time enters a new minute (or buckets were dropped); otherwise it costs 11 fields.
+-- observation time enters a new minute (or buckets were dropped).
 local M, H = floor(at / MIN), floor(at / HOUR)
 local slot = {C = 1, P = 2, U = 3}
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
-local cache = redis.call('HMGET', st, 'cm', 'ch', 'x1', 'x2', 'x3', 'x4', 'x5', 'x6', 'x7', 'x8', 'x9')
-local cached = tonumber(cache[1]) == M and tonumber(cache[2]) == H
+local cached = tonumber(sv.cm) == M and tonumber(sv.ch) == H
 if cached then
   for j = 1, 3 do
-    hr[j], dy[j], wk[j] = tonumber(cache[2 + j]), tonumber(cache[5 + j]), tonumber(cache[8 + j])
+    hr[j], dy[j], wk[j] = tonumber(sv['x' .. j]), tonumber(sv['x' .. (3 + j)]), tonumber(sv['x' .. (6 + j)])
   end
 end
 local cacheDirty = false
@@ -92,18 +139,24 @@ local function inWindows(prefix, b, j, d)
   return false
 end
 
--- Count changes are summed here and written once per field (flush): a batch touches few buckets.
-local deltas, dirty = {}, {}
+-- Count changes are summed here and folded into the cache once per field (applyDeltas).
+local deltas, dlist = {}, {}
 local function addDelta(field, d)
   local x = deltas[field]
-  if x == nil then dirty[#dirty + 1] = field; x = 0 end
+  if x == nil then dlist[#dlist + 1] = field; x = 0 end
   deltas[field] = x + d
 end
-local function flush()
-  for _, k in ipairs(dirty) do
-    if deltas[k] ~= 0 then redis.call('HINCRBY', st, k, deltas[k]) end
+local function applyDeltas()
+  if #dlist == 0 then return end
+  sread(dlist)
+  for _, k in ipairs(dlist) do
+    local d = deltas[k]
+    if d ~= 0 then
+      local x = (tonumber(sv[k]) or 0) + d
+      sset(k, x ~= 0 and num(x) or false)
+    end
   end
-  deltas, dirty = {}, {}
+  deltas, dlist = {}, {}
 end
 
 local function bump(cls, occ, d)
@@ -132,20 +185,23 @@ local function withHorizon(base, occ, z)
 end
 
 local function pruneMinutes(from, to)
+  applyDeltas()
+  swrite()
+  local gone = {}
   if to - from <= 300 and redis.call('HLEN', st) > 684 then
-    local fs = {}
-    for b = from, to - 1 do fs[#fs + 1] = 'm' .. b .. 'C'; fs[#fs + 1] = 'm' .. b .. 'P'; fs[#fs + 1] = 'm' .. b .. 'U' end
-    if #fs > 0 then hdel(st, fs) end
-    return
-  end
-  local old = {}
-  for _, k in ipairs(redis.call('HKEYS', st)) do
-    if string.sub(k, 1, 1) == 'm' then
-      local b = tonumber(string.sub(k, 2, -2))
-      if b and b < to then old[#old + 1] = k end
+    for b = from, to - 1 do gone[#gone + 1] = 'm' .. b .. 'C'; gone[#gone + 1] = 'm' .. b .. 'P'; gone[#gone + 1] = 'm' .. b .. 'U' end
+  else
+    for _, k in ipairs(redis.call('HKEYS', st)) do
+      if sub(k, 1, 1) == 'm' then
+        local b = tonumber(sub(k, 2, -2))
+        if b and b < to then gone[#gone + 1] = k end
+      end
     end
   end
-  if #old > 0 then hdel(st, old) end
+  if #gone > 0 then
+    hdel(st, gone)
+    for _, k in ipairs(gone) do sv[k] = false end
+  end
 end
 
 -- expireHours drops the hours below newCut: their counts leave C P U, their buckets and bounds
@@ -154,25 +210,24 @@ local function expireHours(newCut)
   if not f then return end
   local lo, hi = math.max(cutH, floor(f / HOUR)), math.min(newCut - 1, floor(l / HOUR))
   if lo > hi then return end
-  flush()
+  applyDeltas()
   local fs = {}
   for h = lo, hi do fs[#fs + 1] = 'h' .. h .. 'C'; fs[#fs + 1] = 'h' .. h .. 'P'; fs[#fs + 1] = 'h' .. h .. 'U' end
-  local v = hmget(st, fs)
-  local gone = {}
-  for i = 0, hi - lo do
-    local h = lo + i
-    local c, p, u = tonumber(v[3 * i + 1]) or 0, tonumber(v[3 * i + 2]) or 0, tonumber(v[3 * i + 3]) or 0
+  sread(fs)
+  local dropped = false
+  for h = lo, hi do
+    local kc, kp, ku = 'h' .. h .. 'C', 'h' .. h .. 'P', 'h' .. h .. 'U'
+    local c, p, u = tonumber(sv[kc]) or 0, tonumber(sv[kp]) or 0, tonumber(sv[ku]) or 0
     if c + p + u > 0 then
       addDelta('C', -c); addDelta('P', -p); addDelta('U', -u)
-      changed = true
-      gone[#gone + 1] = 'h' .. h .. 'C'; gone[#gone + 1] = 'h' .. h .. 'P'; gone[#gone + 1] = 'h' .. h .. 'U'
-      gone[#gone + 1] = 'a' .. h; gone[#gone + 1] = 'b' .. h
+      changed, dropped = true, true
+      sset(kc, false); sset(kp, false); sset(ku, false); sset('a' .. h, false); sset('b' .. h, false)
       if pm and (h + 1) * 60 > pm then -- a short retention: the hour still has minute buckets
-        for m = h * 60, h * 60 + 59 do gone[#gone + 1] = 'm' .. m .. 'C'; gone[#gone + 1] = 'm' .. m .. 'P'; gone[#gone + 1] = 'm' .. m .. 'U' end
+        for m = h * 60, h * 60 + 59 do sset('m' .. m .. 'C', false); sset('m' .. m .. 'P', false); sset('m' .. m .. 'U', false) end
       end
     end
   end
-  if #gone > 0 then hdel(st, gone); cached = false end
+  if dropped then cached = false end
   if l < newCut * HOUR then
     f, l, fDirty, lDirty = nil, nil, false, false
   elseif f < newCut * HOUR then
@@ -191,8 +246,8 @@ local function advance(occ)
   local nm = floor(w / MIN) - MKEEP
   -- Minute buckets below the floor are never read or written again; deleting them is only
   -- garbage collection, done in steps of an hour of minutes to keep it cheap.
-  if not pm then pm = nm; redis.call('HSET', st, 'pm', pm) end
-  if nm - pm >= 60 then flush(); pruneMinutes(pm, nm); pm = nm; redis.call('HSET', st, 'pm', nm); cached = false end
+  if not pm then pm = nm; sset('pm', num(pm)) end
+  if nm - pm >= 60 then pruneMinutes(pm, nm); pm = nm; sset('pm', num(nm)); cached = false end
   mfloor = nm
 end
 
@@ -218,14 +273,14 @@ local function removeOcc(occ)
   if occ >= l then lDirty = true end
 end
 
-local n = (#ARGV - 3) / 3
+local n = (#ARGV - 3) / 2
 
 -- Held records of the batch's opportunities, fetched in one call; writes are collected and made
--- at the end: one HSET for the records, one RPUSH per hour for the id lists.
+-- at the end: one HSET for the records, one HSET for the index chunks of the touched hours.
 local held = {}
 if n > 0 then
   local ids = {}
-  for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 3] end
+  for i = 1, n do ids[i] = ARGV[2 + i * 2] end
   local got = hmget(opps, ids)
   for i = 1, n do
     if held[ids[i]] == nil then held[ids[i]] = got[i] end
@@ -238,7 +293,7 @@ local function push(id, hour)
   if not p then p = {}; pushes[hour] = p; pushHours[#pushHours + 1] = hour; pushed[hour] = {} end
   if pushed[hour][id] then return end
   pushed[hour][id] = true
-  p[#p + 1] = id
+  p[#p + 1] = #id .. ':' .. id
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
@@ -250,15 +305,15 @@ local function write(id, value, h1, h2)
 end
 
 local out = {}
-for i = 0, n - 1 do
-  local b = 3 + i * 3
-  local id, occ, value = ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
+for i = 1, n do
+  local id, value = ARGV[2 + i * 2], ARGV[3 + i * 2]
+  local occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
   advance(occ)
   local cut = cutH * HOUR
   local rec = held[id]
   if rec == value and occ >= cut then
     -- The same assessment, byte for byte, of a record whose winner (and so horizon) is retained.
-    out[#out + 1] = 'D'
+    out[i] = 'D'
   else
     local cls, _, asd, seq = parse(value)
     local oc, oo, oa, os, oz, obase
@@ -269,13 +324,13 @@ for i = 0, n - 1 do
     local isNewer = rec and (asd > oa or (asd == oa and seq > os))
     if occ < cut then
       -- Changes nothing, even when newer than the held winner (docs/semantics.md#retention).
-      out[#out + 1] = 'E'
+      out[i] = 'E'
     elseif not rec then
       write(id, value, floor(occ / HOUR))
       insertOcc(occ)
       bump(cls, occ, 1)
       changed = true
-      out[#out + 1] = 'N'
+      out[i] = 'N'
     elseif isNewer then
       if oo >= cut then bump(oc, oo, -1) end
       bump(cls, occ, 1)
@@ -288,13 +343,13 @@ for i = 0, n - 1 do
         removeOcc(oo); insertOcc(occ)
       end
       changed = true
-      out[#out + 1] = 'R'
+      out[i] = 'R'
     else
       if occ > oz then -- the horizon grows: list the id under its new hour
         local zh = floor(occ / HOUR)
         write(id, withHorizon(obase, oo, occ), zh ~= floor(oz / HOUR) and zh or nil)
       end
-      out[#out + 1] = (asd == oa and seq == os) and 'D' or 'S'
+      out[i] = (asd == oa and seq == os) and 'D' or 'S'
     end
   end
 end
@@ -302,32 +357,101 @@ end
 if #pendIds > 0 then
   local h = {}
   for _, id in ipairs(pendIds) do h[#h + 1] = id; h[#h + 1] = pendRec[id] end
-  for i = 1, #h, CHUNK do
-    redis.call('HSET', opps, unpack(h, i, math.min(i + CHUNK - 1, #h)))
-  end
+  hset(opps, h)
 end
-if #pushHours > 0 then
-  local zs = {}
-  for _, hour in ipairs(pushHours) do
-    local ids = pushes[hour]
-    for i = 1, #ids, CHUNK do redis.call('RPUSH', lists .. hour, unpack(ids, i, math.min(i + CHUNK - 1, #ids))) end
-    if ttl > 0 then redis.call('PEXPIRE', lists .. hour, 2 * ttl) end
-    zs[#zs + 1] = hour; zs[#zs + 1] = hour
-  end
-  for i = 1, #zs, CHUNK do redis.call('ZADD', listed, unpack(zs, i, math.min(i + CHUNK - 1, #zs))) end
-  if ttl > 0 then redis.call('PEXPIRE', listed, 2 * ttl) end
-end
-flush()
 
--- scanHour returns the least and greatest occurred of hour h's records, reading its id list. A
--- list that holds more than twice the ids still listed there for a reason (their winner or their
+-- chunkHeader returns the number of closed chunks of an open chunk and where its entries start.
+local function chunkHeader(open)
+  local k, pos = string.match(open, '^(%d+)|()')
+  return tonumber(k), pos
+end
+-- entries appends to ids the ids of the entries of chunk s from position pos.
+local function entries(ids, s, pos)
+  local len = #s
+  while pos <= len do
+    local c = find(s, ':', pos, true)
+    local e = c + tonumber(sub(s, pos, c - 1))
+    ids[#ids + 1] = sub(s, c + 1, e)
+    pos = e + 1
+  end
+  return ids
+end
+
+if #pushHours > 0 then
+  local fs = {}
+  for i, hour in ipairs(pushHours) do fs[i] = tostring(hour) end
+  local open = hmget(index, fs)
+  local sets, zs = {}, {}
+  for i, hour in ipairs(pushHours) do
+    local add = table.concat(pushes[hour])
+    local cur = open[i]
+    if not cur then
+      sets[#sets + 1] = fs[i]; sets[#sets + 1] = '0|' .. add
+    else
+      local k, pos = chunkHeader(cur)
+      if #cur - pos + 1 + #add > CHUNKBYTES and #cur >= pos then -- close the open chunk
+        sets[#sets + 1] = fs[i] .. '.' .. (k + 1); sets[#sets + 1] = sub(cur, pos)
+        sets[#sets + 1] = fs[i]; sets[#sets + 1] = (k + 1) .. '|' .. add
+      else
+        sets[#sets + 1] = fs[i]; sets[#sets + 1] = cur .. add
+      end
+    end
+    -- Every touched hour, listed or not: ZADD of a listed hour changes nothing.
+    zs[#zs + 1] = hour; zs[#zs + 1] = fs[i]
+  end
+  hset(index, sets)
+  for i = 1, #zs, CHUNK do redis.call('ZADD', listed, unpack(zs, i, math.min(i + CHUNK - 1, #zs))) end
+end
+
+-- hourIds returns the ids listed under hour h and its number of closed chunks (nil when the hour
+-- has no chunk).
+local function hourIds(h)
+  local fh = tostring(h)
+  local open = redis.call('HGET', index, fh)
+  if not open then return {}, nil end
+  local k, pos = chunkHeader(open)
+  local ids = {}
+  if k > 0 then
+    local fs = {}
+    for i = 1, k do fs[i] = fh .. '.' .. i end
+    for _, c in ipairs(hmget(index, fs)) do
+      if c then entries(ids, c, 1) end
+    end
+  end
+  return entries(ids, open, pos), k
+end
+-- rewriteHour replaces hour h's chunks (k closed ones before) by ids, a list of entries.
+local function rewriteHour(h, k, ents)
+  local fh = tostring(h)
+  local sets, chunk, size, closed = {}, {}, 0, 0
+  for _, e in ipairs(ents) do
+    if size + #e > CHUNKBYTES and size > 0 then
+      closed = closed + 1
+      sets[#sets + 1] = fh .. '.' .. closed; sets[#sets + 1] = table.concat(chunk)
+      chunk, size = {}, 0
+    end
+    chunk[#chunk + 1] = e; size = size + #e
+  end
+  local dels = {}
+  for i = closed + 1, k do dels[#dels + 1] = fh .. '.' .. i end
+  if #ents == 0 then
+    dels[#dels + 1] = fh
+  else
+    sets[#sets + 1] = fh; sets[#sets + 1] = closed .. '|' .. table.concat(chunk)
+  end
+  if #sets > 0 then hset(index, sets) end
+  if #dels > 0 then hdel(index, dels) end
+end
+
+-- scanHour returns the least and greatest occurred of hour h's records, reading its ids. An
+-- index that holds more than twice the ids still listed there for a reason (their winner or their
 -- horizon is in hour h), plus some slack, is rewritten with those alone: an opportunity moved back
--- and forth between hours costs its list an entry per batch, and the rewrite keeps the cost of a
+-- and forth between hours costs its hour an entry per batch, and the rewrite keeps the cost of a
 -- scan proportional to what the hour holds.
 local function scanHour(h)
-  local ids = redis.call('LRANGE', lists .. h, 0, -1)
+  local ids, k = hourIds(h)
   local lo, hi
-  local recs = hmget(opps, ids)
+  local recs = #ids > 0 and hmget(opps, ids) or {}
   local keep, kept = {}, {}
   for j = 1, #recs do
     if recs[j] then
@@ -338,43 +462,39 @@ local function scanHour(h)
       end
       if (floor(o / HOUR) == h or floor(z / HOUR) == h) and not kept[ids[j]] then
         kept[ids[j]] = true
-        keep[#keep + 1] = ids[j]
+        keep[#keep + 1] = #ids[j] .. ':' .. ids[j]
       end
     end
   end
-  if #ids > 2 * #keep + 64 then
-    redis.call('DEL', lists .. h)
-    for i = 1, #keep, CHUNK do redis.call('RPUSH', lists .. h, unpack(keep, i, math.min(i + CHUNK - 1, #keep))) end
-    if #keep > 0 and ttl > 0 then redis.call('PEXPIRE', lists .. h, 2 * ttl) end
-  end
+  if k and #ids > 2 * #keep + 64 then rewriteHour(h, k, keep) end
   return lo, hi
 end
 
--- Bounds of the touched hours: merged with what was held, or recomputed from the id list when
--- an opportunity holding one moved out.
-if #touchedList > 0 then
-  local hs, fs = {}, {}
+-- Bounds of the touched hours: merged with what was held, or recomputed from the index when an
+-- opportunity holding one moved out. The touched buckets and bounds are read in one call.
+do
+  local fs = {}
+  for _, k in ipairs(dlist) do fs[#fs + 1] = k end
   for _, h in ipairs(touchedList) do
-    if h >= cutH then hs[#hs + 1] = h; fs[#fs + 1] = 'a' .. h; fs[#fs + 1] = 'b' .. h end
+    if h >= cutH then fs[#fs + 1] = 'a' .. h; fs[#fs + 1] = 'b' .. h end
   end
-  local ab = hmget(st, fs)
-  local set, del = {}, {}
-  for i, h in ipairs(hs) do
+  sread(fs)
+end
+applyDeltas()
+for _, h in ipairs(touchedList) do
+  if h >= cutH then
     local t = touched[h]
-    local a, z = tonumber(ab[2 * i - 1]), tonumber(ab[2 * i])
+    local ka, kb = 'a' .. h, 'b' .. h
+    local a0, z0 = tonumber(sv[ka]), tonumber(sv[kb])
+    local a, z = a0, z0
     if t.lo then
       if not a or t.lo < a then a = t.lo end
       if not z or t.hi > z then z = t.hi end
     end
     if t.rlo and (not a or t.rlo <= a or t.rhi >= z) then a, z = scanHour(h) end
-    if a then
-      set[#set + 1] = 'a' .. h; set[#set + 1] = num(a); set[#set + 1] = 'b' .. h; set[#set + 1] = num(z)
-    else
-      del[#del + 1] = 'a' .. h; del[#del + 1] = 'b' .. h
-    end
+    if a ~= a0 then sset(ka, a and num(a) or false) end
+    if z ~= z0 then sset(kb, z and num(z) or false) end
   end
-  if #set > 0 then redis.call('HSET', st, unpack(set)) end
-  if #del > 0 then hdel(st, del) end
 end
 
 -- First and last: the least bound of the lowest retained hour, the greatest of the highest.
@@ -382,116 +502,132 @@ if (fDirty or lDirty) and w then
   local fs = {}
   local top = floor(w / HOUR)
   for h = cutH, top do fs[#fs + 1] = 'a' .. h; fs[#fs + 1] = 'b' .. h end
-  local ab = hmget(st, fs)
+  sread(fs)
   f, l = nil, nil
-  for i = 1, #ab, 2 do
-    if ab[i] then f = tonumber(ab[i]); break end
+  for i = 1, #fs, 2 do
+    if sv[fs[i]] then f = tonumber(sv[fs[i]]); break end
   end
-  for i = #ab, 2, -2 do
-    if ab[i] then l = tonumber(ab[i]); break end
+  for i = #fs, 2, -2 do
+    if sv[fs[i]] then l = tonumber(sv[fs[i]]); break end
   end
 end
 
 -- Garbage collection: delete the records of expired hours, a bounded number per batch (at least
--- twice what the batch can add), from the lowest listed hour up. A record goes when its horizon
--- is in the hour being collected; one listed there only for its winner stays for its horizon's.
+-- twice what the batch can add), from the lowest listed hour up, a chunk at a time. A record goes
+-- when its horizon is in the hour being collected; one listed there only for its winner stays for
+-- its horizon's.
 if n > 0 and cutH then
   local budget = math.min(2 * n + 100, CHUNK)
   local hours = redis.call('ZRANGEBYSCORE', listed, '-inf', '(' .. cutH, 'LIMIT', 0, 64)
-  for _, hs in ipairs(hours) do
+  local ids, hourOf, idxDel, idxSet, done = {}, {}, {}, {}, {}
+  for _, fh in ipairs(hours) do
     if budget <= 0 then break end
-    local h = tonumber(hs)
-    local ids = redis.call('LPOP', lists .. h, budget)
-    if ids then
-      local recs = hmget(opps, ids)
-      local del = {}
-      for j = 1, #recs do
-        if recs[j] then
-          local _, _, _, _, z = parse(recs[j])
-          if floor(z / HOUR) == h then del[#del + 1] = ids[j] end
-        end
+    local h = tonumber(fh)
+    local open = redis.call('HGET', index, fh)
+    if not open then
+      done[#done + 1] = fh
+    else
+      local k, pos = chunkHeader(open)
+      local from = #ids
+      while k > 0 and budget > 0 do
+        local c = redis.call('HGET', index, fh .. '.' .. k)
+        if c then entries(ids, c, 1) end
+        idxDel[#idxDel + 1] = fh .. '.' .. k
+        k = k - 1
+        budget = budget - (#ids - from); from = #ids
       end
-      if #del > 0 then hdel(opps, del) end
-      budget = budget - #ids
+      if k == 0 and budget > 0 then
+        entries(ids, open, pos)
+        idxDel[#idxDel + 1] = fh
+        done[#done + 1] = fh
+        budget = budget - (#ids - from)
+      else
+        idxSet[#idxSet + 1] = fh; idxSet[#idxSet + 1] = k .. '|' .. sub(open, pos)
+      end
+      for j = #hourOf + 1, #ids do hourOf[j] = h end
     end
-    if redis.call('EXISTS', lists .. h) == 0 then redis.call('ZREM', listed, hs) end
   end
+  if #ids > 0 then
+    local recs = hmget(opps, ids)
+    local del = {}
+    for j = 1, #recs do
+      if recs[j] then
+        local _, _, _, _, z = parse(recs[j])
+        if floor(z / HOUR) == hourOf[j] then del[#del + 1] = ids[j] end
+      end
+    end
+    if #del > 0 then hdel(opps, del) end
+  end
+  if #idxDel > 0 then hdel(index, idxDel) end
+  if #idxSet > 0 then hset(index, idxSet) end
+  if #done > 0 then redis.call('ZREM', listed, unpack(done)) end
 end
 
-local sets, dels = {}, {}
-if w and w ~= w0 then sets[#sets + 1] = 'w'; sets[#sets + 1] = num(w) end
+if w and w ~= w0 then sset('w', num(w)) end
 if f then
-  if f ~= f0 then sets[#sets + 1] = 'f'; sets[#sets + 1] = num(f) end
-  if l ~= l0 then sets[#sets + 1] = 'l'; sets[#sets + 1] = num(l) end
+  if f ~= f0 then sset('f', num(f)) end
+  if l ~= l0 then sset('l', num(l)) end
 elseif f0 then
-  dels = {'f', 'l'}
+  sset('f', false); sset('l', false)
 end
-if #sets > 0 then redis.call('HSET', st, unpack(sets)) end
-if #dels > 0 then redis.call('HDEL', st, unpack(dels)) end
 
 -- The version: one more than before, or the observation time when that is greater, so a version
 -- published before Redis lost recent writes is never named again for other content.
-local v = tonumber(redis.call('HGET', st, 'v') or '0')
+local v = tonumber(sv.v) or 0
 if changed then
   v = math.max(v + 1, at)
-  redis.call('HSET', st, 'v', num(v))
+  sset('v', num(v))
 end
+applyDeltas()
+local res = {table.concat(out), v}
+for _, k in ipairs({'C', 'P', 'U'}) do res[#res + 1] = tonumber(sv[k]) or 0 end
+if cached and cacheDirty and n > 0 then
+  sset('x1', hr[1]); sset('x2', hr[2]); sset('x3', hr[3]); sset('x4', dy[1]); sset('x5', dy[2]); sset('x6', dy[3])
+  sset('x7', wk[1]); sset('x8', wk[2]); sset('x9', wk[3])
+end
+swrite()
 if n > 0 and ttl > 0 then
+  -- The index outlives the records by up to one TTL: it must never expire before them, or their
+  -- garbage could no longer be found. Every key is refreshed by every batch.
   redis.call('PEXPIRE', opps, ttl); redis.call('PEXPIRE', st, ttl)
-  -- The id lists live twice the idle TTL and are all refreshed every half TTL (server clock), so
-  -- none expires while its aggregate is alive, and none outlives a dropped aggregate for long.
-  local now = tonumber(redis.call('TIME')[1])
-  if now - refreshed >= ttl / 2000 then
-    for _, h in ipairs(redis.call('ZRANGE', listed, 0, -1)) do redis.call('PEXPIRE', lists .. h, 2 * ttl) end
-    redis.call('PEXPIRE', listed, 2 * ttl)
-    redis.call('HSET', st, 't', now)
-  end
+  redis.call('PEXPIRE', index, 2 * ttl); redis.call('PEXPIRE', listed, 2 * ttl)
 end
 
 -- windows at the observation time
-local res = {table.concat(out), v}
-local all = redis.call('HMGET', st, 'C', 'P', 'U')
-for i = 1, 3 do res[#res + 1] = tonumber(all[i] or '0') end
-local add = inWindows
-if cached then
-  if cacheDirty and n > 0 then
-    redis.call('HSET', st, 'x1', hr[1], 'x2', hr[2], 'x3', hr[3], 'x4', dy[1], 'x5', dy[2], 'x6', dy[3],
-      'x7', wk[1], 'x8', wk[2], 'x9', wk[3])
-  end
-else
+if not cached then
+  local add = inWindows
   hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = 0, 0, 0, 0, 0, 0, 0, 0, 0
-end
-if cached then
-elseif redis.call('HLEN', st) <= 684 then
-  -- A small state hash (sparse traffic, often a listpack): one pass over what exists.
-  local kv = redis.call('HGETALL', st)
-  for i = 1, #kv, 2 do
-    local k = kv[i]
-    local p = string.sub(k, 1, 1)
-    if p == 'm' or p == 'h' then
-      local j = slot[string.sub(k, -1)]
-      local b = tonumber(string.sub(k, 2, -2))
-      if j and b then add(p, b, j, tonumber(kv[i + 1])) end
+  if redis.call('HLEN', st) <= 684 then
+    -- A small state hash (sparse traffic, often a listpack): one pass over what exists.
+    local kv = redis.call('HGETALL', st)
+    for i = 1, #kv, 2 do
+      local k = kv[i]
+      local p = sub(k, 1, 1)
+      if p == 'm' or p == 'h' then
+        local j = slot[sub(k, -1)]
+        local b = tonumber(sub(k, 2, -2))
+        if j and b then add(p, b, j, tonumber(kv[i + 1])) end
+      end
     end
+  else
+    -- A large one: look up exactly the buckets the windows cover.
+    local function get(prefix, from, to)
+      local fs = {}
+      for b = from, to do
+        fs[#fs + 1] = prefix .. b .. 'C'; fs[#fs + 1] = prefix .. b .. 'P'; fs[#fs + 1] = prefix .. b .. 'U'
+      end
+      local got = hmget(st, fs)
+      for i = 1, #got do
+        if got[i] then add(prefix, from + floor((i - 1) / 3), (i - 1) % 3 + 1, tonumber(got[i])) end
+      end
+    end
+    get('m', M - 59, M)
+    get('h', H - 167, H)
   end
-else
-  -- A large one: look up exactly the buckets the windows cover.
-  local function get(prefix, from, to)
-    local fs = {}
-    for b = from, to do
-      fs[#fs + 1] = prefix .. b .. 'C'; fs[#fs + 1] = prefix .. b .. 'P'; fs[#fs + 1] = prefix .. b .. 'U'
-    end
-    local v = hmget(st, fs)
-    for i = 1, #v do
-      if v[i] then add(prefix, from + floor((i - 1) / 3), (i - 1) % 3 + 1, tonumber(v[i])) end
-    end
+  if n > 0 then
+    redis.call('HSET', st, 'cm', M, 'ch', H, 'x1', hr[1], 'x2', hr[2], 'x3', hr[3], 'x4', dy[1], 'x5', dy[2],
+      'x6', dy[3], 'x7', wk[1], 'x8', wk[2], 'x9', wk[3])
   end
-  get('m', M - 59, M)
-  get('h', H - 167, H)
-end
-if not cached and n > 0 then
-  redis.call('HSET', st, 'cm', M, 'ch', H, 'x1', hr[1], 'x2', hr[2], 'x3', hr[3], 'x4', dy[1], 'x5', dy[2],
-    'x6', dy[3], 'x7', wk[1], 'x8', wk[2], 'x9', wk[3])
 end
 for _, c in ipairs({hr, dy, wk}) do
   res[#res + 1] = c[1]; res[#res + 1] = c[2]; res[#res + 1] = c[3]

@@ -107,7 +107,9 @@ func applyLayout3(ctx context.Context, c *redis.Client, script *redis.Script, pr
 // redisCost is what Redis reports having spent: CPU seconds and, per command, calls.
 type redisCost struct {
 	cpu   float64
+	sys   float64 // of cpu
 	calls map[string]int64
+	usec  map[string]int64
 }
 
 func readCost(ctx context.Context, c *redis.Client) (redisCost, error) {
@@ -115,11 +117,12 @@ func readCost(ctx context.Context, c *redis.Client) (redisCost, error) {
 	if err != nil {
 		return redisCost{}, err
 	}
-	out := redisCost{calls: map[string]int64{}}
+	out := redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
 	for _, line := range strings.Split(s, "\r\n") {
 		if v, ok := strings.CutPrefix(line, "used_cpu_sys:"); ok {
 			f, _ := strconv.ParseFloat(v, 64)
 			out.cpu += f
+			out.sys += f
 		} else if v, ok := strings.CutPrefix(line, "used_cpu_user:"); ok {
 			f, _ := strconv.ParseFloat(v, 64)
 			out.cpu += f
@@ -127,6 +130,10 @@ func readCost(ctx context.Context, c *redis.Client) (redisCost, error) {
 			name, stats, _ := strings.Cut(rest, ":calls=")
 			n, _ := strconv.ParseInt(stats[:strings.IndexByte(stats, ',')], 10, 64)
 			out.calls[name] = n
+			if _, u, ok := strings.Cut(stats, ",usec="); ok {
+				us, _ := strconv.ParseInt(u[:strings.IndexByte(u, ',')], 10, 64)
+				out.usec[name] = us
+			}
 		}
 	}
 	return out, nil
@@ -134,9 +141,11 @@ func readCost(ctx context.Context, c *redis.Client) (redisCost, error) {
 
 func (a *redisCost) add(before, after redisCost) {
 	a.cpu += after.cpu - before.cpu
+	a.sys += after.sys - before.sys
 	for k, v := range after.calls {
 		if d := v - before.calls[k]; d > 0 && k != "info" {
 			a.calls[k] += d
+			a.usec[k] += after.usec[k] - before.usec[k]
 		}
 	}
 }
@@ -165,7 +174,7 @@ func (a redisCost) top(events int) string {
 		if i == 8 {
 			break
 		}
-		fmt.Fprintf(&b, " %s=%.3f", e.k, float64(e.v)/float64(events))
+		fmt.Fprintf(&b, " %s=%.3f(%.2fµs)", e.k, float64(e.v)/float64(events), float64(a.usec[e.k])/float64(events))
 	}
 	return b.String()
 }
@@ -225,7 +234,8 @@ func TestApplyCost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			costOld, costNew := redisCost{calls: map[string]int64{}}, redisCost{calls: map[string]int64{}}
+			costOld := redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
+			costNew := redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
 			n := 0
 			for b, batch := range batches {
 				var oldRes map[Key][]any
@@ -273,8 +283,8 @@ func TestApplyCost(t *testing.T) {
 			nc, ncmd := per(costNew)
 			om, nm := memoryOf(ctx, client, oldPrefix), memoryOf(ctx, client, newPrefix)
 			t.Logf("%s: %d events, %d aggregates, occurred over %v, batches of 2000", shape.name, n, shape.aggregates, shape.span)
-			t.Logf("  layout 3: %.2f µs Redis CPU/event, %.3f commands/event:%s", oc, ocmd, costOld.top(n))
-			t.Logf("  current:  %.2f µs Redis CPU/event, %.3f commands/event:%s", nc, ncmd, costNew.top(n))
+			t.Logf("  layout 3: %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event:%s", oc, costOld.sys*1e6/float64(n), ocmd, costOld.top(n))
+			t.Logf("  current:  %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event:%s", nc, costNew.sys*1e6/float64(n), ncmd, costNew.top(n))
 			t.Logf("  current ÷ layout 3: CPU %.3f, commands %.3f; memory %.1f → %.1f bytes/event (%.3f)",
 				nc/oc, ncmd/ocmd, float64(om)/float64(n), float64(nm)/float64(n), float64(nm)/float64(om))
 		})

@@ -27,8 +27,9 @@ type State struct {
 // stateLayout names the layout of the keys a namespace holds; it ends every epoch marker, so a
 // namespace written by a build with another layout is refused rather than misread. Version 2:
 // records carry their occurred time, expiry by per-hour id lists. Version 3: records may carry a
-// horizon, and a sorted set names the hours that have id lists.
-const stateLayout = "/layout3"
+// horizon, and a sorted set names the hours that have id lists. Version 4: one hash holds the id
+// index in chunks per hour instead of a list per hour, and counts that fall to 0 are deleted.
+const stateLayout = "/layout4"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 

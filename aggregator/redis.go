@@ -71,7 +71,7 @@ func (c *RedisConfig) Validate() error {
 }
 
 // Redis is the durable store: the rules of Model applied by one Lua script per aggregate and batch.
-// Every key of an aggregate (records, state, per-hour id lists) shares the hash tag {<key>}, so
+// Every key of an aggregate (records, state, id index) shares the hash tag {<key>}, so
 // the script runs on Redis Cluster.
 type Redis struct {
 	client redis.UniversalClient
@@ -91,8 +91,8 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	return &Redis{client: client, cfg: cfg}, nil
 }
 
-// keys returns the record hash and state hash of k, the prefix of its per-hour id lists (the
-// script appends the hour) and the sorted set of the hours that have one.
+// keys returns the record hash and state hash of k, its id index (the ids listed per hour of
+// their winner and horizon, see apply.lua) and the sorted set of the hours the index holds.
 func (r *Redis) keys(k Key) []string {
 	base := r.cfg.Prefix + ":{" + k.String() + "}:"
 	return []string{base + "o", base + "s", base + "e", base + "z"}
@@ -108,7 +108,7 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		strconv.FormatInt(Micros(at), 10),
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
-	occurred, recs := encodeRecords(obs)
+	recs := encodeRecords(obs)
 	// The batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent
 	// writes is found before any tally computed on the lost state is published.
 	r.sealMu.Lock()
@@ -124,10 +124,10 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 			}
 			for _, k := range keys {
 				idx := groups[k]
-				args := make([]any, 0, len(head)+3*len(idx))
+				args := make([]any, 0, len(head)+2*len(idx))
 				args = append(args, head...)
 				for _, i := range idx {
-					args = append(args, obs[i].OpportunityID, occurred[i], recs[i])
+					args = append(args, obs[i].OpportunityID, recs[i])
 				}
 				applyScript.EvalSha(ctx, p, r.keys(k), args...)
 			}
@@ -196,18 +196,15 @@ func (r *Redis) Tally(ctx context.Context, k Key, at time.Time) (Tally, error) {
 	return t, err
 }
 
-// encodeRecords returns the script arguments of a batch's observations besides their ids: each
-// one's occurred time in decimal and its record as the script stores it,
-// "<class><occurred hex>,<assessed hex>[,<seq hex>]". All are slices of one string, one
-// allocation per batch. Times are validated to 1970..2200, so every value is non-negative and
-// exact in Lua's doubles.
-func encodeRecords(obs []Observation) (occurred, recs []string) {
-	buf := make([]byte, 0, len(obs)*48)
-	ends := make([]int, 0, 2*len(obs))
+// encodeRecords returns the script argument of each observation besides its id: its record as
+// the script stores it, "<class><occurred hex>,<assessed hex>[,<seq hex>]", from which the script
+// also reads the occurred time. All are slices of one string, one allocation per batch. Times are
+// validated to 1970..2200, so every value is non-negative and exact in Lua's doubles.
+func encodeRecords(obs []Observation) []string {
+	buf := make([]byte, 0, len(obs)*32)
+	ends := make([]int, 0, len(obs))
 	for i := range obs {
 		o := &obs[i]
-		buf = strconv.AppendInt(buf, o.Occurred, 10)
-		ends = append(ends, len(buf))
 		buf = append(buf, classCode(o.Class))
 		buf = strconv.AppendInt(buf, o.Occurred, 16)
 		buf = append(buf, ',')
@@ -219,13 +216,13 @@ func encodeRecords(obs []Observation) (occurred, recs []string) {
 		ends = append(ends, len(buf))
 	}
 	s := string(buf)
-	occurred, recs = make([]string, len(obs)), make([]string, len(obs))
+	recs := make([]string, len(obs))
 	from := 0
 	for i := range obs {
-		occurred[i], recs[i] = s[from:ends[2*i]], s[ends[2*i]:ends[2*i+1]]
-		from = ends[2*i+1]
+		recs[i] = s[from:ends[i]]
+		from = ends[i]
 	}
-	return occurred, recs
+	return recs
 }
 
 func isNoScript(err error) bool {
