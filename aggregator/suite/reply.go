@@ -41,10 +41,27 @@ type ReplyStats struct {
 	Trigger   string  // "gzip_ratio", "repeat_pattern", or "" when normal
 }
 
-// AnalyzeReply measures one reply's length, compressibility and periodic repetition.
-func AnalyzeReply(text string, mode ReplyMode) ReplyStats {
+// gzipRuleBytes is, per mode, the shortest text the gzip rule can flag: default mode asks for 256
+// bytes; OpenCompass mode for a ratio above 40, and a gzip stream of a non-empty text is at least
+// 20 bytes (a 10-byte header, an 8-byte trailer and a deflate block), so its ratio is at most
+// len/20 and needs more than 800 bytes. Compressing costs more than the rest of an eval result's
+// processing, so shorter replies are compressed only when another rule found them abnormal.
+var gzipRuleBytes = map[ReplyMode]int{ReplyDefault: 256, ReplyOpenCompass: 801}
+
+// AnalyzeReply measures one reply's length, compressibility and periodic repetition. GzipRatio is
+// 0 for a reply too short for the gzip rule that no other rule flagged (see gzipRuleBytes).
+func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
 	toks := strings.Fields(text)
-	s := ReplyStats{Tokens: len(toks), GzipRatio: gzipRatio(text)}
+	s = ReplyStats{Tokens: len(toks)}
+	if len(text) >= gzipRuleBytes[mode] {
+		s.GzipRatio = gzipRatio(text)
+	}
+	defer func() {
+		// Every abnormal-sample alert carries the ratio, whichever rule raised it.
+		if s.Trigger != "" && s.GzipRatio == 0 {
+			s.GzipRatio = gzipRatio(text)
+		}
+	}()
 	ids := tokenIDs(toks)
 	switch mode {
 	case ReplyOpenCompass:
