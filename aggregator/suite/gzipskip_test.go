@@ -15,15 +15,16 @@ func TestGzipSkipChangesNoDecision(t *testing.T) {
 	flagged, byGzip := 0, 0
 	for i := 0; i < 3000; i++ {
 		var b strings.Builder
-		n := r.IntN(1200)
+		n := r.IntN(2000)
 		period := 1 + r.IntN(8)
+		noise := []int{0, 20, 4, 2}[r.IntN(4)] // one word in noise is random; 0: none
 		for b.Len() < n {
-			if r.IntN(4) == 0 {
+			if noise > 0 && r.IntN(noise) == 0 {
 				b.WriteString(words[r.IntN(len(words))])
 			} else {
 				b.WriteString(words[(b.Len()/3)%period])
 			}
-			b.WriteByte(" \n\t"[r.IntN(3)])
+			b.WriteByte(" \n\t"[r.IntN(3)/2*r.IntN(3)])
 		}
 		text := b.String()
 		full := gzipRatio(text)
