@@ -48,7 +48,8 @@ local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local floor = math.floor
 local find, sub = string.find, string.sub
-local function num(x) return string.format('%.0f', x) end
+local fmt = string.format
+local function num(x) return fmt('%d', x) end -- exact: every value is an integer below 2^53
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -96,13 +97,48 @@ local function swrite()
   sdirty, sdirtyList = {}, {}
 end
 
-sread({'w', 'pm', 'f', 'l', 'v', 'C', 'P', 'U', 'cm', 'ch', 'x1', 'x2', 'x3', 'x4', 'x5', 'x6', 'x7', 'x8', 'x9', 'enc'})
+local n = (#ARGV - 3) / 2
+
+-- Per hour and minute the batch touches, its field names are built once: hinfo[h] holds s (the
+-- hour in decimal), lo hi (least and greatest occurred inserted), rlo rhi (removed) and ents (the
+-- index entries to append).
+local hinfo, hlist, mname = {}, {}, {}
+local function hourOf(h)
+  local t = hinfo[h]
+  if not t then t = {s = num(h)}; hinfo[h] = t; hlist[#hlist + 1] = h end
+  return t
+end
+
+-- Each observation's occurred time and hour, and the held records of the batch's opportunities
+-- (one HMGET); the state fields the batch will most likely touch are read with the head (one HMGET).
+local occs, hs, held = {}, {}, {}
+local want = {'w', 'pm', 'f', 'l', 'v', 'C', 'P', 'U', 'cm', 'ch', 'x1', 'x2', 'x3', 'x4', 'x5', 'x6', 'x7', 'x8', 'x9', 'enc', 'rt'}
+if n > 0 then
+  local ids = {}
+  for i = 1, n do ids[i] = ARGV[2 + i * 2] end
+  local got = hmget(opps, ids)
+  for i = 1, n do
+    local id, value = ids[i], ARGV[3 + i * 2]
+    if held[id] == nil then held[id] = got[i] end
+    local occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
+    local h = floor(occ / HOUR)
+    occs[i], hs[i] = occ, h
+    local t = hinfo[h]
+    if not t then
+      t = hourOf(h)
+      local x = t.s
+      want[#want + 1] = 'h' .. x .. 'C'; want[#want + 1] = 'h' .. x .. 'P'; want[#want + 1] = 'h' .. x .. 'U'
+      want[#want + 1] = 'a' .. x; want[#want + 1] = 'b' .. x
+    end
+  end
+end
+sread(want)
 -- The state hash and the index are read and written a field at a time, so they must be hash
 -- tables: a small hash (up to hash-max-listpack-entries, 128 to 512 fields) is stored as a listpack,
 -- where every field lookup scans the whole hash, and the buckets of a day fill some 350 fields. A
 -- value longer than hash-max-listpack-value (64 bytes by default) makes Redis convert a hash to a
 -- hash table for good, so each of the two is created with one.
-if not sv.enc and #ARGV > 3 then
+if not sv.enc and n > 0 then
   local why = 'a value longer than hash-max-listpack-value keeps this hash a hash table: field lookups in O(1)'
   sset('enc', why)
   redis.call('HSET', index, 'enc', why)
@@ -153,7 +189,7 @@ local function applyDeltas()
     local d = deltas[k]
     if d ~= 0 then
       local x = (tonumber(sv[k]) or 0) + d
-      sset(k, x ~= 0 and num(x) or false)
+      sset(k, x ~= 0 and x or false)
     end
   end
   deltas, dlist = {}, {}
@@ -163,11 +199,13 @@ local function bump(cls, occ, d)
   addDelta(cls, d)
   local m = floor(occ / MIN)
   if m >= mfloor then
-    addDelta('m' .. m .. cls, d)
+    local ms = mname[m]
+    if not ms then ms = 'm' .. num(m); mname[m] = ms end
+    addDelta(ms .. cls, d)
     if cached and inWindows('m', m, slot[cls], d) then cacheDirty = true end
   end
   local h = floor(occ / HOUR)
-  addDelta('h' .. h .. cls, d)
+  addDelta('h' .. hourOf(h).s .. cls, d)
   if cached and inWindows('h', h, slot[cls], d) then cacheDirty = true end
 end
 
@@ -246,54 +284,46 @@ local function advance(occ)
   local nm = floor(w / MIN) - MKEEP
   -- Minute buckets below the floor are never read or written again; deleting them is only
   -- garbage collection, done in steps of an hour of minutes to keep it cheap.
-  if not pm then pm = nm; sset('pm', num(pm)) end
-  if nm - pm >= 60 then pruneMinutes(pm, nm); pm = nm; sset('pm', num(nm)); cached = false end
+  if not pm then pm = nm; sset('pm', pm) end
+  if nm - pm >= 60 then pruneMinutes(pm, nm); pm = nm; sset('pm', nm); cached = false end
   mfloor = nm
 end
 
--- Per hour touched by the batch: least and greatest occurred inserted (lo, hi) and removed (rlo, rhi).
-local touched, touchedList = {}, {}
-local function touch(h)
-  local t = touched[h]
-  if not t then t = {}; touched[h] = t; touchedList[#touchedList + 1] = h end
-  return t
-end
+-- Per hour touched by the batch (hinfo): least and greatest occurred inserted (lo, hi) and removed
+-- (rlo, rhi).
 local function insertOcc(occ)
-  local t = touch(floor(occ / HOUR))
+  local t = hourOf(floor(occ / HOUR))
   if not t.lo or occ < t.lo then t.lo = occ end
   if not t.hi or occ > t.hi then t.hi = occ end
   if not f or occ < f then f = occ end
   if not l or occ > l then l = occ end
 end
 local function removeOcc(occ)
-  local t = touch(floor(occ / HOUR))
+  local t = hourOf(floor(occ / HOUR))
   if not t.rlo or occ < t.rlo then t.rlo = occ end
   if not t.rhi or occ > t.rhi then t.rhi = occ end
   if occ <= f then fDirty = true end
   if occ >= l then lDirty = true end
 end
 
-local n = (#ARGV - 3) / 2
-
--- Held records of the batch's opportunities, fetched in one call; writes are collected and made
--- at the end: one HSET for the records, one HSET for the index chunks of the touched hours.
-local held = {}
-if n > 0 then
-  local ids = {}
-  for i = 1, n do ids[i] = ARGV[2 + i * 2] end
-  local got = hmget(opps, ids)
-  for i = 1, n do
-    if held[ids[i]] == nil then held[ids[i]] = got[i] end
-  end
-end
-local pendRec, pendIds, pushes, pushHours, pushed = {}, {}, {}, {}, {}
+-- Writes are collected and made at the end: one HSET for the records, one HSET for the index
+-- chunks of the touched hours.
+local pendRec, pendIds, pushHours, pushedTo = {}, {}, {}, {}
 -- push lists id under hour once per batch, however often the batch moves it there.
 local function push(id, hour)
-  local p = pushes[hour]
-  if not p then p = {}; pushes[hour] = p; pushHours[#pushHours + 1] = hour; pushed[hour] = {} end
-  if pushed[hour][id] then return end
-  pushed[hour][id] = true
-  p[#p + 1] = #id .. ':' .. id
+  local p = pushedTo[id]
+  if p == hour then return end
+  if p then
+    if type(p) ~= 'table' then p = {[p] = true}; pushedTo[id] = p end
+    if p[hour] then return end
+    p[hour] = true
+  else
+    pushedTo[id] = hour
+  end
+  local t = hourOf(hour)
+  local e = t.ents
+  if not e then e = {}; t.ents = e; pushHours[#pushHours + 1] = hour end
+  e[#e + 1] = #id .. ':' .. id
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
@@ -306,50 +336,51 @@ end
 
 local out = {}
 for i = 1, n do
-  local id, value = ARGV[2 + i * 2], ARGV[3 + i * 2]
-  local occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
-  advance(occ)
+  local id, value, occ = ARGV[2 + i * 2], ARGV[3 + i * 2], occs[i]
+  if not w or occ > w then advance(occ) end
   local cut = cutH * HOUR
   local rec = held[id]
-  if rec == value and occ >= cut then
+  if occ < cut then
+    -- Changes nothing, even when newer than the held winner (docs/semantics.md#retention).
+    out[i] = 'E'
+  elseif rec == value then
     -- The same assessment, byte for byte, of a record whose winner (and so horizon) is retained.
     out[i] = 'D'
   else
-    local cls, _, asd, seq = parse(value)
     local oc, oo, oa, os, oz, obase
     if rec then
       oc, oo, oa, os, oz, obase = parse(rec)
       if oz < cut then rec = nil end -- its horizon expired: the record is garbage
     end
-    local isNewer = rec and (asd > oa or (asd == oa and seq > os))
-    if occ < cut then
-      -- Changes nothing, even when newer than the held winner (docs/semantics.md#retention).
-      out[i] = 'E'
-    elseif not rec then
-      write(id, value, floor(occ / HOUR))
+    if not rec then
+      local cls = sub(value, 1, 1)
+      write(id, value, hs[i])
       insertOcc(occ)
       bump(cls, occ, 1)
       changed = true
       out[i] = 'N'
-    elseif isNewer then
-      if oo >= cut then bump(oc, oo, -1) end
-      bump(cls, occ, 1)
-      local z = math.max(oz, occ)
-      local h, oh, zh, ozh = floor(occ / HOUR), floor(oo / HOUR), floor(z / HOUR), floor(oz / HOUR)
-      write(id, withHorizon(value, occ, z), h ~= oh and h or nil, zh ~= ozh and zh or nil)
-      if oo < cut then
-        insertOcc(occ)
-      elseif occ ~= oo then
-        removeOcc(oo); insertOcc(occ)
-      end
-      changed = true
-      out[i] = 'R'
     else
-      if occ > oz then -- the horizon grows: list the id under its new hour
-        local zh = floor(occ / HOUR)
-        write(id, withHorizon(obase, oo, occ), zh ~= floor(oz / HOUR) and zh or nil)
+      local cls, _, asd, seq = parse(value)
+      if asd > oa or (asd == oa and seq > os) then
+        if oo >= cut then bump(oc, oo, -1) end
+        bump(cls, occ, 1)
+        local z = math.max(oz, occ)
+        local h, oh, zh, ozh = hs[i], floor(oo / HOUR), floor(z / HOUR), floor(oz / HOUR)
+        write(id, withHorizon(value, occ, z), h ~= oh and h or nil, zh ~= ozh and zh or nil)
+        if oo < cut then
+          insertOcc(occ)
+        elseif occ ~= oo then
+          removeOcc(oo); insertOcc(occ)
+        end
+        changed = true
+        out[i] = 'R'
+      else
+        if occ > oz then -- the horizon grows: list the id under its new hour
+          local zh = hs[i]
+          write(id, withHorizon(obase, oo, occ), zh ~= floor(oz / HOUR) and zh or nil)
+        end
+        out[i] = (asd == oa and seq == os) and 'D' or 'S'
       end
-      out[i] = (asd == oa and seq == os) and 'D' or 'S'
     end
   end
 end
@@ -377,16 +408,18 @@ local function entries(ids, s, pos)
   return ids
 end
 
+local newHours = false
 if #pushHours > 0 then
   local fs = {}
-  for i, hour in ipairs(pushHours) do fs[i] = tostring(hour) end
+  for i, hour in ipairs(pushHours) do fs[i] = hinfo[hour].s end
   local open = hmget(index, fs)
   local sets, zs = {}, {}
   for i, hour in ipairs(pushHours) do
-    local add = table.concat(pushes[hour])
+    local add = table.concat(hinfo[hour].ents)
     local cur = open[i]
     if not cur then
       sets[#sets + 1] = fs[i]; sets[#sets + 1] = '0|' .. add
+      zs[#zs + 1] = hour; zs[#zs + 1] = fs[i]
     else
       local k, pos = chunkHeader(cur)
       if #cur - pos + 1 + #add > CHUNKBYTES and #cur >= pos then -- close the open chunk
@@ -396,17 +429,17 @@ if #pushHours > 0 then
         sets[#sets + 1] = fs[i]; sets[#sets + 1] = cur .. add
       end
     end
-    -- Every touched hour, listed or not: ZADD of a listed hour changes nothing.
-    zs[#zs + 1] = hour; zs[#zs + 1] = fs[i]
   end
   hset(index, sets)
+  -- The index and the sorted set of its hours change together (expire together, see the end).
   for i = 1, #zs, CHUNK do redis.call('ZADD', listed, unpack(zs, i, math.min(i + CHUNK - 1, #zs))) end
+  newHours = #zs > 0
 end
 
 -- hourIds returns the ids listed under hour h and its number of closed chunks (nil when the hour
 -- has no chunk).
 local function hourIds(h)
-  local fh = tostring(h)
+  local fh = num(h)
   local open = redis.call('HGET', index, fh)
   if not open then return {}, nil end
   local k, pos = chunkHeader(open)
@@ -422,7 +455,7 @@ local function hourIds(h)
 end
 -- rewriteHour replaces hour h's chunks (k closed ones before) by ids, a list of entries.
 local function rewriteHour(h, k, ents)
-  local fh = tostring(h)
+  local fh = num(h)
   local sets, chunk, size, closed = {}, {}, 0, 0
   for _, e in ipairs(ents) do
     if size + #e > CHUNKBYTES and size > 0 then
@@ -471,20 +504,22 @@ local function scanHour(h)
 end
 
 -- Bounds of the touched hours: merged with what was held, or recomputed from the index when an
--- opportunity holding one moved out. The touched buckets and bounds are read in one call.
+-- opportunity holding one moved out. Most buckets and bounds were read with the head; the rest
+-- (hours only a re-assessment's former winner touched, minute buckets) in one more call.
 do
   local fs = {}
   for _, k in ipairs(dlist) do fs[#fs + 1] = k end
-  for _, h in ipairs(touchedList) do
-    if h >= cutH then fs[#fs + 1] = 'a' .. h; fs[#fs + 1] = 'b' .. h end
+  for _, h in ipairs(hlist) do
+    local t = hinfo[h]
+    if h >= cutH and (t.lo or t.rlo) then fs[#fs + 1] = 'a' .. t.s; fs[#fs + 1] = 'b' .. t.s end
   end
   sread(fs)
 end
 applyDeltas()
-for _, h in ipairs(touchedList) do
-  if h >= cutH then
-    local t = touched[h]
-    local ka, kb = 'a' .. h, 'b' .. h
+for _, h in ipairs(hlist) do
+  local t = hinfo[h]
+  if h >= cutH and (t.lo or t.rlo) then
+    local ka, kb = 'a' .. t.s, 'b' .. t.s
     local a0, z0 = tonumber(sv[ka]), tonumber(sv[kb])
     local a, z = a0, z0
     if t.lo then
@@ -492,8 +527,8 @@ for _, h in ipairs(touchedList) do
       if not z or t.hi > z then z = t.hi end
     end
     if t.rlo and (not a or t.rlo <= a or t.rhi >= z) then a, z = scanHour(h) end
-    if a ~= a0 then sset(ka, a and num(a) or false) end
-    if z ~= z0 then sset(kb, z and num(z) or false) end
+    if a ~= a0 then sset(ka, a or false) end
+    if z ~= z0 then sset(kb, z or false) end
   end
 end
 
@@ -519,7 +554,7 @@ end
 if n > 0 and cutH then
   local budget = math.min(2 * n + 100, CHUNK)
   local hours = redis.call('ZRANGEBYSCORE', listed, '-inf', '(' .. cutH, 'LIMIT', 0, 64)
-  local ids, hourOf, idxDel, idxSet, done = {}, {}, {}, {}, {}
+  local ids, idHour, idxDel, idxSet, done = {}, {}, {}, {}, {}
   for _, fh in ipairs(hours) do
     if budget <= 0 then break end
     local h = tonumber(fh)
@@ -544,7 +579,7 @@ if n > 0 and cutH then
       else
         idxSet[#idxSet + 1] = fh; idxSet[#idxSet + 1] = k .. '|' .. sub(open, pos)
       end
-      for j = #hourOf + 1, #ids do hourOf[j] = h end
+      for j = #idHour + 1, #ids do idHour[j] = h end
     end
   end
   if #ids > 0 then
@@ -553,7 +588,7 @@ if n > 0 and cutH then
     for j = 1, #recs do
       if recs[j] then
         local _, _, _, _, z = parse(recs[j])
-        if floor(z / HOUR) == hourOf[j] then del[#del + 1] = ids[j] end
+        if floor(z / HOUR) == idHour[j] then del[#del + 1] = ids[j] end
       end
     end
     if #del > 0 then hdel(opps, del) end
@@ -563,10 +598,10 @@ if n > 0 and cutH then
   if #done > 0 then redis.call('ZREM', listed, unpack(done)) end
 end
 
-if w and w ~= w0 then sset('w', num(w)) end
+if w and w ~= w0 then sset('w', w) end
 if f then
-  if f ~= f0 then sset('f', num(f)) end
-  if l ~= l0 then sset('l', num(l)) end
+  if f ~= f0 then sset('f', f) end
+  if l ~= l0 then sset('l', l) end
 elseif f0 then
   sset('f', false); sset('l', false)
 end
@@ -585,12 +620,20 @@ if cached and cacheDirty and n > 0 then
   sset('x1', hr[1]); sset('x2', hr[2]); sset('x3', hr[3]); sset('x4', dy[1]); sset('x5', dy[2]); sset('x6', dy[3])
   sset('x7', wk[1]); sset('x8', wk[2]); sset('x9', wk[3])
 end
+-- The index and its sorted set of hours live twice the idle TTL and are refreshed every half TTL
+-- (server clock, stamp rt) and whenever they gain an hour, which is also when either is created:
+-- they outlive the records they find the garbage of, and do not outlive a dropped aggregate for
+-- long. The records and the state are refreshed by every batch, so an aggregate goes exactly the
+-- idle TTL after its last event.
+local refresh = false
+if n > 0 and ttl > 0 then
+  local now = tonumber(redis.call('TIME')[1])
+  if newHours or not sv.rt or now - tonumber(sv.rt) >= ttl / 2000 then refresh = true; sset('rt', now) end
+end
 swrite()
 if n > 0 and ttl > 0 then
-  -- The index outlives the records by up to one TTL: it must never expire before them, or their
-  -- garbage could no longer be found. Every key is refreshed by every batch.
   redis.call('PEXPIRE', opps, ttl); redis.call('PEXPIRE', st, ttl)
-  redis.call('PEXPIRE', index, 2 * ttl); redis.call('PEXPIRE', listed, 2 * ttl)
+  if refresh then redis.call('PEXPIRE', index, 2 * ttl); redis.call('PEXPIRE', listed, 2 * ttl) end
 end
 
 -- windows at the observation time
