@@ -93,6 +93,13 @@ func startAlerting(ctx context.Context, g *errgroup.Group, cfg Config, rules ale
 		}
 		sinks = append(sinks, alert.NewAlertmanager(cfg.AlertmanagerURL, longest, 30*time.Second))
 	}
+	if cfg.AlertWebhookURL != "" {
+		wh, err := alert.NewWebhook(cfg.AlertWebhookURL, []byte(cfg.AlertWebhookSecret), 30*time.Second, time.Now)
+		if err != nil {
+			return err
+		}
+		sinks = append(sinks, wh)
+	}
 	names := make([]string, len(sinks))
 	for i, s := range sinks {
 		names[i] = s.Name()

@@ -30,3 +30,18 @@ func TestAlertRulesRefusedAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestAlertWebhookNeedsSecret: a webhook URL without a secret of at least 16 bytes stops the
+// start, and the error does not show the secret it was given.
+func TestAlertWebhookNeedsSecret(t *testing.T) {
+	env := map[string]string{"REPEATRATE_ALERT_WEBHOOK_SECRET": "tiny-secret"}
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"run", "--alert-webhook-url", "http://127.0.0.1:1/hook", "--http-addr", ""},
+		func(k string) string { return env[k] }, nil, &stderr, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "alert_webhook_secret") {
+		t.Fatalf("started with an 11-byte webhook secret: %v", err)
+	}
+	if strings.Contains(err.Error()+stderr.String(), "tiny-secret") {
+		t.Errorf("the secret shows: %v %s", err, stderr.String())
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -33,6 +34,10 @@ type Config struct {
 	AlertRules string `yaml:"alert_rules"`
 	// AlertmanagerURL is the Alertmanager that alerts are posted to; empty posts none.
 	AlertmanagerURL string `yaml:"alertmanager_url"`
+	// AlertWebhookURL receives firing and resolved alerts, signed with AlertWebhookSecret
+	// (HMAC-SHA256; README, Alerting); empty posts none. The secret is never logged.
+	AlertWebhookURL    string `yaml:"alert_webhook_url"`
+	AlertWebhookSecret string `yaml:"alert_webhook_secret"`
 }
 
 // KafkaConfig says where events come from and where results go.
@@ -185,6 +190,9 @@ func (c *Config) Validate() error {
 		bad("limits.max_future_skew %s is above %s: the store keeps minute buckets for the 1h window plus that much skew",
 			c.Limits.MaxFutureSkew, aggregator.MaxFutureSkew)
 	}
+	if c.AlertWebhookURL != "" && len(c.AlertWebhookSecret) < alert.MinWebhookSecret {
+		bad("alert_webhook_secret: the webhook needs a secret of at least %d bytes", alert.MinWebhookSecret)
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -282,6 +290,8 @@ func (c *Config) settings() []setting {
 		dur("suite-missing-after", "planned runs count as missing this long after a case's first run", &c.Suite.MissingAfter),
 		str("alert-rules", "alerting rules file (YAML); empty disables alerting", &c.AlertRules),
 		str("alertmanager-url", "Alertmanager base URL alerts are posted to (http://host:9093); empty posts none", &c.AlertmanagerURL),
+		str("alert-webhook-url", "URL that firing and resolved alerts are posted to, signed (HMAC-SHA256); empty posts none", &c.AlertWebhookURL),
+		str("alert-webhook-secret", "the webhook's signing secret, at least 16 bytes (prefer the environment variable)", &c.AlertWebhookSecret),
 		str("http-addr", "HTTP listen address (health, metrics, API); empty disables", &c.HTTPAddr),
 		boolean("pprof", "serve /debug/pprof on the HTTP address (exposes internals; off by default)", &c.Pprof),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
