@@ -9,8 +9,10 @@
 --               h<hour><class> counts of every retained hour, a<hour> b<hour> its least and
 --               greatest occurred_us, m<minute><class> counts of the last 70 minutes, pm (minute
 --               buckets pruned up to), f l (first and last retained occurred_us),
---               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch.
---               A count that falls to 0 is deleted.
+--               cm ch x1..x9: the window sums (1h, 24h, 7d × C P U) cached for minute cm, hour ch,
+--               rt (server time, s, of the last TTL refresh of KEYS[3] and KEYS[4]), enc (see below).
+--               A count that falls to 0 is deleted. Numbers other than v may be written in
+--               exponent form (Redis formats Lua numbers shortest-exact); only this script reads them.
 -- KEYS[3] hash  the id index: per hour, the ids whose winner or horizon entered that hour, so that a
 --               record can be found from the hour of its winner (to recompute the hour's bounds)
 --               and from the hour of its horizon (to delete it once that hour expires). Field

@@ -1,0 +1,168 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestApplyCommandsDoNotGrowWithHoursTouched(t *testing.T) {
+	// 2 000 new opportunities in 20 aggregates, dated over 30 days: nearly every event is in an
+	// hour of its own. The script's writes per aggregate and batch must be a fixed handful, not a
+	// HINCRBY, an RPUSH and a PEXPIRE per hour (layout 3: about 3 per event).
+	ctx := context.Background()
+	store, client := testStore(t, "hours", RedisConfig{Retention: 30 * 24 * time.Hour})
+	r := rand.New(rand.NewPCG(3, 4))
+	now := time.Now()
+	batch := func(from int) []Observation {
+		obs := make([]Observation, 2000)
+		for i := range obs {
+			k := keyLive
+			k.CorrectionID = fmt.Sprint("fix-", i%20)
+			occ := Micros(now) - r.Int64N(int64(30*24*time.Hour/time.Microsecond))
+			obs[i] = Observation{Key: k, OpportunityID: fmt.Sprint("o", from+i), Class: Class(1 + r.IntN(3)), Occurred: occ, Assessed: occ}
+		}
+		return obs
+	}
+	if _, err := store.Apply(ctx, batch(0), now); err != nil { // creates the aggregates
+		t.Fatal(err)
+	}
+	cmds := []string{"hincrby", "rpush", "pexpire", "hset", "hmget", "zadd"}
+	before := scriptCalls(t, client, cmds...)
+	if _, err := store.Apply(ctx, batch(2000), now); err != nil {
+		t.Fatal(err)
+	}
+	after := scriptCalls(t, client, cmds...)
+	var total int64
+	for _, c := range cmds {
+		total += after[c] - before[c]
+	}
+	// 20 calls of a fixed handful each; other clients of a shared test Redis add some noise.
+	if total > 500 {
+		t.Fatalf("%d commands for 2000 events in 20 aggregates (%v → %v), want a fixed handful per aggregate", total, before, after)
+	}
+}
+
+// indexEntries returns, per field of aggregate k's id index, the number of ids it lists.
+func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
+	t.Helper()
+	kv, err := s.client.HGetAll(context.Background(), s.keys(k)[2]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for f, v := range kv {
+		if f == "enc" {
+			continue
+		}
+		if _, rest, ok := strings.Cut(v, "|"); ok && !strings.Contains(f, ".") {
+			v = rest
+		}
+		var ids []string
+		for len(v) > 0 {
+			var n int
+			c := strings.IndexByte(v, ':')
+			fmt.Sscan(v[:c], &n)
+			ids, v = append(ids, v[c+1:c+1+n]), v[c+1+n:]
+		}
+		out[f] = len(ids)
+	}
+	return out
+}
+
+func TestIndexStaysProportionalToWhatHoursHold(t *testing.T) {
+	// One opportunity re-assessed thousands of times between two hours: the index of its hours
+	// must stay proportional to what the hours hold, not to the number of re-assessments; and ids
+	// of any bytes (the entry separator, the chunk header's) are listed and found again.
+	ctx := context.Background()
+	store, _ := testStore(t, "flipindex", RedisConfig{Retention: 30 * 24 * time.Hour})
+	model := NewModel(30 * 24 * time.Hour)
+	ids := []string{strings.Repeat("o", 512), "a:b|c", "1:x", "\x00\n|:", "0|"}
+	base := time.Now().Add(-3 * time.Hour).Truncate(time.Hour)
+	asd := Micros(base)
+	for b := 0; b < 40; b++ {
+		batch := make([]Observation, 200)
+		for i := range batch {
+			asd++
+			occ := base.Add(30 * time.Minute)
+			if (i/len(ids))%2 == 1 {
+				occ = occ.Add(time.Hour)
+			}
+			batch[i] = Observation{Key: keyLive, OpportunityID: ids[i%len(ids)], Class: Class(1 + i%3), Occurred: Micros(occ) + int64(i), Assessed: asd}
+		}
+		at := time.Now()
+		got, err := store.Apply(ctx, batch, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := model.Apply(ctx, batch, at); got.Tallies[keyLive] != want.Tallies[keyLive] {
+			t.Fatalf("batch %d: redis %+v, model %+v", b, got.Tallies[keyLive], want.Tallies[keyLive])
+		}
+	}
+	total := 0
+	for _, n := range indexEntries(t, store, keyLive) {
+		total += n
+	}
+	if total > 2*(2*len(ids)+64) {
+		t.Errorf("after 8 000 re-assessments of %d opportunities in two hours, the index lists %d ids", len(ids), total)
+	}
+}
+
+func TestIndexOfExpiredHoursIsCollected(t *testing.T) {
+	// Hours of 1 500 opportunities each (several chunks) under 2h retention: once they expire,
+	// their chunks and records go, a batch-sized amount at a time.
+	ctx := context.Background()
+	store, client := testStore(t, "gcindex", RedisConfig{Retention: 2 * time.Hour, IdleTTL: 24 * time.Hour})
+	model := NewModel(2 * time.Hour)
+	var at time.Time
+	for hour := 0; hour < 8; hour++ {
+		for b := 0; b < 5; b++ {
+			var batch []Observation
+			for i := 0; i < 300; i++ {
+				occ := time.Duration(hour)*time.Hour + time.Duration(b*300+i)*2*time.Second
+				batch = append(batch, obs(fmt.Sprintf("opportunity-%d-%d", hour, b*300+i), Class(1+i%3), occ, occ, 0))
+			}
+			at = time.UnixMicro(batch[len(batch)-1].Occurred)
+			got, err := store.Apply(ctx, batch, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, _ := model.Apply(ctx, batch, at); got.Tallies[keyLive] != want.Tallies[keyLive] {
+				t.Fatalf("hour %d: redis %+v, model %+v", hour, got.Tallies[keyLive], want.Tallies[keyLive])
+			}
+		}
+	}
+	// A few batches of nothing new let the collection finish.
+	for i := 0; i < 20; i++ {
+		if _, err := store.Apply(ctx, []Observation{obs("opportunity-7-0", Passed, 7*time.Hour, 7*time.Hour, 0)}, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cut := Micros(t0.Add(7*time.Hour+59*time.Minute-2*time.Hour)) / hourUS // hours 5, 6, 7 are retained
+	listed := 0
+	for f, n := range indexEntries(t, store, keyLive) {
+		var h int64
+		fmt.Sscan(strings.SplitN(f, ".", 2)[0], &h)
+		if h < cut {
+			t.Errorf("index field %s (%d ids) of an expired hour remains", f, n)
+		}
+		listed += n
+	}
+	if listed != 3*1500 {
+		t.Errorf("index lists %d ids, want the 4500 of the retained hours", listed)
+	}
+	if n := client.HLen(ctx, store.keys(keyLive)[0]).Val(); n != 3*1500 {
+		t.Errorf("record hash holds %d records, want 4500", n)
+	}
+	if hours := client.ZCard(ctx, store.keys(keyLive)[3]).Val(); hours != 3 {
+		t.Errorf("%d hours listed, want 3", hours)
+	}
+	for _, k := range store.keys(keyLive) {
+		if ttl := client.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("%s has no TTL (%v)", k, ttl)
+		}
+	}
+}
