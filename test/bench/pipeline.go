@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -156,6 +157,9 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 			done = m["repeatrate_batch_messages_sum"]
 			if done > 0 && first.IsZero() {
 				first, cpu0, redis0, kafka0 = now, cpuSeconds(pid), redisCPU(ctx, redisAddr), cpuSeconds(e.kafkaPID)
+				if dir := os.Getenv("BENCH_PPROF"); dir != "" {
+					go saveProfile(fmt.Sprintf("http://127.0.0.1:%d", port), filepath.Join(dir, name+".pprof"))
+				}
 			}
 			if !first.IsZero() && in.runs > 0 {
 				if n := sumSeries(m, "repeatrate_graded_runs_total"); len(evals) == 0 || n != evals[len(evals)-1].n {
@@ -193,8 +197,37 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	return r, nil
 }
 
+// saveProfile writes a 10-second CPU profile of the processor serving base to path (BENCH_PPROF
+// set: the processor runs with /debug/pprof on). Failures are logged: a profile is a diagnostic.
+func saveProfile(base, path string) {
+	resp, err := http.Get(base + "/debug/pprof/profile?seconds=10")
+	if err != nil {
+		logf("profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		logf("profile: %v", err)
+		return
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		logf("profile: %v", err)
+		return
+	}
+	logf("profile: %s", path)
+}
+
 // processorEnv configures a processor with topics, group and key prefix of its own.
 func (e *env) processorEnv(name, inputTopic, redisAddr string) []string {
+	if os.Getenv("BENCH_PPROF") != "" {
+		return append(e.processorEnvBase(name, inputTopic, redisAddr), "REPEATRATE_PPROF=true")
+	}
+	return e.processorEnvBase(name, inputTopic, redisAddr)
+}
+
+func (e *env) processorEnvBase(name, inputTopic, redisAddr string) []string {
 	return []string{
 		"REPEATRATE_KAFKA_BROKERS=" + strings.Join(e.brokers, ","),
 		"REPEATRATE_KAFKA_GROUP_ID=" + name,
