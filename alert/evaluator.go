@@ -80,12 +80,16 @@ func (c *EvaluatorConfig) Validate() error {
 	return nil
 }
 
-// Update is one subscribed snapshot, of exactly one kind.
+// Update is one subscribed snapshot, of exactly one kind, or the mark that the subscriber has
+// caught up.
 type Update struct {
 	Snapshot       *schemas.Snapshot
 	Discrimination *schemas.SuiteDiscrimination
 	Stability      *schemas.SuiteStability
 	Revived        *schemas.CaseRevived
+	// CaughtUp says that every update published before the subscriber started has been sent:
+	// the table is complete, and a subject it lacks is really gone.
+	CaughtUp bool
 }
 
 // Evaluator owns a Table fed by Updates, evaluates every rule on each change and on a schedule,
@@ -101,6 +105,8 @@ type Evaluator struct {
 	metrics *Metrics
 	table   *Table
 	rules   map[string]*Rule
+	// caughtUp is set by the subscriber's CaughtUp update; until then nothing is evaluated.
+	caughtUp bool
 }
 
 // NewEvaluator returns an evaluator; now is its clock.
@@ -118,6 +124,10 @@ func NewEvaluator(cfg EvaluatorConfig, store *Redis, sinks []Sink, now func() ti
 // Apply records an update in the table and reports whether it changed anything.
 func (e *Evaluator) Apply(u Update) bool {
 	switch {
+	case u.CaughtUp:
+		changed := !e.caughtUp
+		e.caughtUp = true
+		return changed
 	case u.Snapshot != nil:
 		return e.table.PutSnapshot(u.Snapshot)
 	case u.Discrimination != nil:
@@ -175,6 +185,9 @@ func (e *Evaluator) Run(ctx context.Context, updates <-chan Update) error {
 }
 
 func (e *Evaluator) evaluate(ctx context.Context, trigger string) {
+	if !e.caughtUp {
+		return
+	}
 	if err := e.Evaluate(ctx, e.now()); err != nil && ctx.Err() == nil {
 		e.metrics.errors.WithLabelValues("state").Inc()
 		e.log.Warn("alert evaluation", zap.String("trigger", trigger), zap.Error(err))
@@ -183,8 +196,13 @@ func (e *Evaluator) evaluate(ctx context.Context, trigger string) {
 }
 
 // Evaluate evaluates every rule over the table at now and writes the lifecycle steps. Records of
-// subjects the table no longer holds step as inactive.
+// subjects the table no longer holds step as inactive. Until the table has caught up (an Update
+// with CaughtUp) it does nothing: after a restart a firing alert whose snapshot has not been read
+// again yet would otherwise resolve, and fire again once it is read.
 func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
+	if !e.caughtUp {
+		return nil
+	}
 	idx, err := e.store.Keys(ctx)
 	if err != nil {
 		return err

@@ -61,6 +61,7 @@ func newTestEvaluator(t *testing.T, store *Redis, rules string, sinks []Sink, cl
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.Apply(Update{CaughtUp: true})
 	return e
 }
 
@@ -188,5 +189,49 @@ func TestRestartNeitherDropsNorDuplicates(t *testing.T) {
 	}
 	if got := kafka.kinds(); len(got) != 1 || got[0] != "firing" {
 		t.Fatalf("delivered %v, want one firing", got)
+	}
+}
+
+// TestRestartBeforeCaughtUp: an evaluator restarted while an alert fires must not evaluate before
+// its subscriber has read the snapshot topics up to where they ended at its start; the alert's
+// subject is missing from its table until then, and stepping it as gone would resolve the alert
+// and fire it again once the snapshot arrives (with keep_firing_for 0 that is one evaluation).
+func TestRestartBeforeCaughtUp(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	kafka := &recordingSink{name: "kafka"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"kafka"})
+	rules := "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n"
+	high := snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)
+
+	first := newTestEvaluator(t, store, rules, []Sink{kafka}, clk)
+	first.Apply(Update{Snapshot: high})
+	if err := first.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Deliver(ctx, kafka); err != nil {
+		t.Fatal(err)
+	}
+	// first stops; second starts with an empty table, its subscriber still reading.
+	second := newTestEvaluator(t, store, rules, []Sink{kafka}, clk)
+	second.caughtUp = false
+	clk.set(t0.Add(time.Minute))
+	if err := second.Evaluate(ctx, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	second.Apply(Update{Snapshot: high})
+	second.Apply(Update{CaughtUp: true})
+	clk.set(t0.Add(2 * time.Minute))
+	if err := second.Evaluate(ctx, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Deliver(ctx, kafka); err != nil {
+		t.Fatal(err)
+	}
+	if got := kafka.kinds(); len(got) != 1 || got[0] != "firing" {
+		t.Fatalf("delivered %v across the restart, want the one firing", got)
 	}
 }

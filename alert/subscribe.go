@@ -3,7 +3,9 @@ package alert
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -28,17 +30,49 @@ type Subscriber struct {
 }
 
 // Run sends every decodable update to out until ctx ends; undecodable messages are logged and
-// skipped. One goroutine per partition, all ended before Run returns.
+// skipped. Once every partition has been read up to its end offset as of the start (a topic that
+// does not exist yet counts as read), it sends one Update with CaughtUp set: the table then holds
+// everything published before the start. One goroutine per topic and partition, all ended before
+// Run returns.
 func (s *Subscriber) Run(ctx context.Context, out chan<- Update) error {
 	g, gctx := errgroup.WithContext(ctx)
+	var topicsLeft atomic.Int64
+	topicsLeft.Store(int64(len(s.Topics)))
+	topicDone := func() {
+		if topicsLeft.Add(-1) == 0 {
+			select {
+			case out <- Update{CaughtUp: true}:
+			case <-gctx.Done():
+			}
+		}
+	}
 	for _, topic := range s.Topics {
-		parts, err := s.partitions(ctx, topic)
-		if err != nil || ctx.Err() != nil {
-			return err
-		}
-		for _, p := range parts {
-			g.Go(func() error { return s.partition(gctx, topic, p, out) })
-		}
+		g.Go(func() error {
+			parts, err := s.Partitions(gctx, topic)
+			if err != nil {
+				// Nothing to catch up on: the topic does not exist yet. Wait for it.
+				topicDone()
+				if parts, err = s.partitions(gctx, topic); err != nil || gctx.Err() != nil {
+					return err
+				}
+				for _, p := range parts {
+					g.Go(func() error { return s.partition(gctx, topic, p, out, func() {}) })
+				}
+				return nil
+			}
+			var partsLeft atomic.Int64
+			partsLeft.Store(int64(len(parts)))
+			for _, p := range parts {
+				g.Go(func() error {
+					return s.partition(gctx, topic, p, out, func() {
+						if partsLeft.Add(-1) == 0 {
+							topicDone()
+						}
+					})
+				})
+			}
+			return nil
+		})
 	}
 	return g.Wait()
 }
@@ -60,12 +94,46 @@ func (s *Subscriber) partitions(ctx context.Context, topic string) ([]int, error
 	}
 }
 
-func (s *Subscriber) partition(ctx context.Context, topic string, p int, out chan<- Update) error {
+// offsets are the partition's first offset and its end offset now (the offset the next message
+// will take).
+func (s *Subscriber) offsets(ctx context.Context, topic string, p int) (first, end int64, err error) {
+	var errs []error
+	for _, b := range s.Brokers {
+		conn, err := s.Dialer.DialLeader(ctx, "tcp", b, topic, p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		first, end, err := conn.ReadOffsets()
+		conn.Close()
+		if err == nil {
+			return first, end, nil
+		}
+		errs = append(errs, err)
+	}
+	return 0, 0, fmt.Errorf("offsets of %s/%d: %w", topic, p, errors.Join(errs...))
+}
+
+// partition reads one partition from its first offset; caughtUp is called once, when the message
+// before the end offset as of the start was handed on (at once for an empty partition).
+func (s *Subscriber) partition(ctx context.Context, topic string, p int, out chan<- Update, caughtUp func()) error {
+	first, end, err := s.offsets(ctx, topic, p)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, Dialer: s.Dialer, Topic: topic, Partition: p,
 		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 500 * time.Millisecond})
 	defer r.Close()
 	if err := r.SetOffset(kafka.FirstOffset); err != nil {
 		return err
+	}
+	behind := true
+	if end <= first {
+		behind = false
+		caughtUp()
 	}
 	for {
 		m, err := r.FetchMessage(ctx)
@@ -79,15 +147,19 @@ func (s *Subscriber) partition(ctx context.Context, topic string, p int, out cha
 		if err != nil {
 			s.Log.Warn("alert subscriber: undecodable message", zap.String("topic", topic), zap.Int("partition", p),
 				zap.Int64("offset", m.Offset), zap.Error(err))
-			continue
 		}
-		if !ok {
-			continue
+		if ok {
+			select {
+			case out <- u:
+			case <-ctx.Done():
+				return nil
+			}
 		}
-		select {
-		case out <- u:
-		case <-ctx.Done():
-			return nil
+		// Caught up at the end offset of the start, or at the partition's high-water mark of this
+		// fetch (compaction may have removed the message just before the end offset).
+		if behind && (m.Offset+1 >= end || m.Offset+1 >= m.HighWaterMark) {
+			behind = false
+			caughtUp()
 		}
 	}
 }
