@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
@@ -50,8 +52,17 @@ func randomRuns(r *rand.Rand, n int) []RunObservation {
 	return out
 }
 
+// The Redis store keeps the model's summaries batch after batch: on real Redis, and on the
+// embedded Redis of `repeatrate dev` (another Lua: no bit library, for one).
 func TestRedisSuitesMatchModel(t *testing.T) {
-	client := testenv.Redis(t)
+	t.Run("embedded", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		matchModel(t, redis.NewClient(&redis.Options{Addr: m.Addr()}))
+	})
+	t.Run("redis", func(t *testing.T) { matchModel(t, testenv.Redis(t)) })
+}
+
+func matchModel(t *testing.T, client *redis.Client) {
 	ctx := context.Background()
 	configs := map[string]Config{
 		"judge all":    {MinHistory: 3, MissingAfter: 20 * time.Minute},

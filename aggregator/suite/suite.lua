@@ -108,15 +108,18 @@ local function cell(id, c, create)
   cells[k] = x
   return x
 end
+-- Bit i of a bitmap string (plain arithmetic: the embedded Redis of `repeatrate dev` has no bit
+-- library).
 local function hasBit(bm, i)
   local b = math.floor(i / 8) + 1
   if b > #bm then return false end
-  return bit.band(string.byte(bm, b), bit.lshift(1, i % 8)) ~= 0
+  return math.floor(string.byte(bm, b) / 2 ^ (i % 8)) % 2 == 1
 end
 local function setBit(bm, i)
+  if hasBit(bm, i) then return bm end
   local b = math.floor(i / 8) + 1
   if b > #bm then bm = bm .. string.rep('\0', b - #bm) end
-  local v = bit.bor(string.byte(bm, b), bit.lshift(1, i % 8))
+  local v = string.byte(bm, b) + 2 ^ (i % 8)
   return string.sub(bm, 1, b - 1) .. string.char(v) .. string.sub(bm, b + 1)
 end
 local function missing(x) return x.planned - (x.p + x.f + x.e) end
