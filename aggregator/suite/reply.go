@@ -3,8 +3,11 @@ package suite
 import (
 	"compress/gzip"
 	"io"
+	"slices"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/repeatrate/repeatrate/schemas"
 )
@@ -16,10 +19,12 @@ const (
 	// ReplyDefault flags a reply of at least 256 bytes that gzip compresses 8× or more, or a
 	// fragment of 1–64 tokens repeated back to back at least 10 times covering half the reply.
 	ReplyDefault ReplyMode = iota
-	// ReplyOpenCompass follows OpenCompass's repeat analysis: gzip (level 9) ratio above 40, or one
-	// 32-token window occurring at least 20 times at regular gaps in the second half of the reply;
-	// and only replies at or above the 75th-percentile token length count (applied per version
-	// when a snapshot is computed, over the replies seen so far).
+	// ReplyOpenCompass is OpenCompass's repeat analysis (opencompass/utils/repeat_analysis.py),
+	// verdict for verdict on whitespace tokens as Python's str.split() cuts them: over the second
+	// half of the reply, a gzip ratio (zlib level 9) above 40, or a 32-token window sampled near
+	// its end that occurs more than 20 times with its two commonest gaps covering 90 % of the
+	// gaps; and only replies at or above the 75th-percentile token length count (applied per
+	// version when a snapshot is computed, over the replies seen so far). See analyzeOpenCompass.
 	ReplyOpenCompass
 )
 
@@ -37,20 +42,24 @@ type ReplyStats struct {
 	GzipRatio float64
 	Fragment  string // the repeated fragment, clipped
 	Repeats   int
-	Share     float64 // share of the reply's tokens the repetition covers
+	Share     float64 // share of the reply's tokens the repetition covers (OpenCompass: its repeat_pattern_ratio)
 	Trigger   string  // "gzip_ratio", "repeat_pattern", or "" when normal
 }
 
 // gzipRuleBytes is, per mode, the shortest text the gzip rule can flag: default mode asks for 256
-// bytes; OpenCompass mode for a ratio above 40, and a gzip stream of a non-empty text is at least
-// 20 bytes (a 10-byte header, an 8-byte trailer and a deflate block), so its ratio is at most
-// len/20 and needs more than 800 bytes. Compressing costs more than the rest of an eval result's
-// processing, so shorter replies are compressed only when another rule found them abnormal.
+// bytes; OpenCompass mode for a ratio above 40 of the reply's second half, and a gzip stream of a
+// non-empty text is at least 20 bytes (a 10-byte header, an 8-byte trailer and a deflate block),
+// so its ratio is at most len/20 and the half needs more than 800 bytes. Compressing costs more
+// than the rest of an eval result's processing, so shorter replies are compressed only when
+// another rule found them abnormal.
 var gzipRuleBytes = map[ReplyMode]int{ReplyDefault: 256, ReplyOpenCompass: 801}
 
 // AnalyzeReply measures one reply's length, compressibility and periodic repetition. GzipRatio is
 // 0 for a reply too short for the gzip rule that no other rule flagged (see gzipRuleBytes).
 func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
+	if mode == ReplyOpenCompass {
+		return analyzeOpenCompass(text)
+	}
 	toks := strings.Fields(text)
 	s = ReplyStats{Tokens: len(toks)}
 	if len(text) >= gzipRuleBytes[mode] {
@@ -63,30 +72,16 @@ func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
 		}
 	}()
 	ids := tokenIDs(toks)
-	switch mode {
-	case ReplyOpenCompass:
-		if s.GzipRatio > 40 {
-			s.Trigger = "gzip_ratio"
-		}
-		if start, n, gap := windowRepeats(ids, 32); n >= 20 {
-			s.Repeats, s.Share = n, float64(min(len(ids), n*gap))/float64(len(ids))
-			s.Fragment = clipFragment(toks[start : start+32])
-			if s.Trigger == "" {
-				s.Trigger = "repeat_pattern"
-			}
-		}
-	default:
-		start, period, repeats, covered := periodicRun(ids, 64)
-		if repeats > 1 {
-			s.Repeats, s.Share = repeats, float64(covered)/float64(len(ids))
-			s.Fragment = clipFragment(toks[start : start+period])
-		}
-		switch {
-		case len(text) >= 256 && s.GzipRatio >= 8:
-			s.Trigger = "gzip_ratio"
-		case s.Repeats >= 10 && s.Share >= 0.5:
-			s.Trigger = "repeat_pattern"
-		}
+	start, period, repeats, covered := periodicRun(ids, 64)
+	if repeats > 1 {
+		s.Repeats, s.Share = repeats, float64(covered)/float64(len(ids))
+		s.Fragment = clipFragment(toks[start : start+period])
+	}
+	switch {
+	case len(text) >= 256 && s.GzipRatio >= 8:
+		s.Trigger = "gzip_ratio"
+	case s.Repeats >= 10 && s.Share >= 0.5:
+		s.Trigger = "repeat_pattern"
 	}
 	return s
 }
@@ -156,44 +151,153 @@ func periodicRun(ids []int32, maxPeriod int) (start, period, repeats, covered in
 	return start, period, repeats, covered
 }
 
-// windowRepeats looks in the second half of ids for the w-token window that occurs most often at
-// regular gaps; it returns its first position, occurrences and gap.
-func windowRepeats(ids []int32, w int) (start, count, gap int) {
-	half := len(ids) / 2
-	if len(ids)-half < w {
-		return 0, 0, 0
-	}
-	type seen struct{ first, last, gap, n int }
-	windows := make(map[uint64]*seen)
-	const mul = 1099511628211
-	for i := half; i+w <= len(ids); i++ {
-		var h uint64 = 14695981039346656037
-		for _, id := range ids[i : i+w] {
-			h = (h ^ uint64(id)) * mul
-		}
-		s := windows[h]
-		switch {
-		case s == nil:
-			windows[h] = &seen{first: i, last: i, n: 1}
-			continue
-		case s.n == 1:
-			s.gap = i - s.last
-		case i-s.last != s.gap:
-			s.n = -1 << 30 // irregular: never counts
-		}
-		s.last = i
-		s.n++
-		if s.n > count {
-			start, count, gap = s.first, s.n, s.gap
-		}
-	}
-	return start, count, gap
-}
-
 func clipFragment(toks []string) string {
 	f := strings.Join(toks, " ")
 	if len(f) > schemas.MaxFragmentBytes {
 		f = strings.ToValidUTF8(f[:schemas.MaxFragmentBytes], "")
 	}
 	return f
+}
+
+// OpenCompass's repeat-analysis constants (opencompass/utils/repeat_analysis.py).
+const (
+	ocPatternSize   = 32   // PATTERN_SIZE: tokens per window
+	ocSamples       = 5    // NUM_SAMPLE_PATTERNS: windows sampled from the tail
+	ocMinCount      = 20   // MIN_PATTERN_COUNT: a pattern is abnormal above it, tried from it
+	ocConcentration = 0.9  // MIN_PATTERN_INTERVAL_CONCENTRATION: share of the two commonest gaps
+	ocGzipThreshold = 40.0 // GZIP_THRESHOLD: a gzip ratio above it is abnormal
+	ocGzipOverhead  = 18   // gzip.compress: 10-byte header and 8-byte trailer around the deflate
+)
+
+// analyzeOpenCompass is OpenCompass's analysis of one candidate reply (its _analyze_benchmark,
+// step 5, and _build_abnormal_samples), on whitespace tokens:
+//   - the tokens are Python's str.split() of the text (pyFields); Tokens is their number;
+//   - the pattern statistics are taken over the second half of the tokens (ocRepeatPattern);
+//   - the gzip ratio is the second half of the text, cut at half its characters (code points,
+//     not bytes), over its gzip.compress size, which is zlib's level-9 deflate plus 18 bytes;
+//   - the reply is abnormal when the ratio is above 40 (gzip_ratio, which wins when both hold)
+//     or the pattern's count is above 20 (repeat_pattern).
+//
+// Repeats, Share and Fragment are OpenCompass's repeat_pattern_count, repeat_pattern_ratio and
+// repeat_pattern (clipped; empty when no window qualified). GzipRatio is 0 when the half is too
+// short for the gzip rule and the reply is normal (gzipRuleBytes). The 75th-percentile gate is
+// applied per version by the summary, not here.
+func analyzeOpenCompass(text string) ReplyStats {
+	toks := pyFields(text)
+	s := ReplyStats{Tokens: len(toks)}
+	half := toks[len(toks)/2:]
+	count, ratio, off := ocRepeatPattern(half)
+	if count > 0 {
+		s.Repeats, s.Share = count, ratio
+		s.Fragment = clipFragment(half[off : off+ocPatternSize])
+	}
+	halfText := ocHalfText(text)
+	if len(halfText) >= gzipRuleBytes[ReplyOpenCompass] || count > ocMinCount {
+		s.GzipRatio = ocGzipRatio(halfText)
+	}
+	switch {
+	case s.GzipRatio > ocGzipThreshold:
+		s.Trigger = "gzip_ratio"
+	case count > ocMinCount:
+		s.Trigger = "repeat_pattern"
+	}
+	return s
+}
+
+// pySpace reports whether Python's str.isspace() holds for r: Unicode White_Space (Go's
+// unicode.IsSpace) and, beyond it, the separators U+001C–U+001F.
+func pySpace(r rune) bool {
+	return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f)
+}
+
+// pyFields splits text as Python's str.split() without arguments does.
+func pyFields(text string) []string { return strings.FieldsFunc(text, pySpace) }
+
+// ocHalfText is Python's text[len(text) // 2:]: the second half by code points.
+func ocHalfText(text string) string {
+	skip := utf8.RuneCountInString(text) / 2
+	for i := range text {
+		if skip == 0 {
+			return text[i:]
+		}
+		skip--
+	}
+	return ""
+}
+
+// ocGzipRatio is OpenCompass's _gzip_compression_ratio: UTF-8 bytes over gzip.compress bytes,
+// 0 for an empty text.
+func ocGzipRatio(text string) float64 {
+	if text == "" {
+		return 0
+	}
+	return float64(len(text)) / float64(zlibDeflateSize([]byte(text))+ocGzipOverhead)
+}
+
+// ocRepeatPattern is OpenCompass's _repeat_pattern_stats over toks: it samples windows of 32
+// tokens from the tail (from max(n/2, n−192), about five evenly stepped), skips repeats of a
+// sampled window, and for each finds every position the window occurs at in toks (overlaps
+// included). A window with at least 20 occurrences whose two commonest gaps between consecutive
+// occurrences make at least 90 % of the gaps scores (that share · occurrences · 32 / n); the best
+// score wins, the first on ties. It returns the winner's occurrences, its score capped at 1 and
+// its offset; 0, 0, 0 when none qualified or toks has fewer than 64 tokens.
+func ocRepeatPattern(toks []string) (count int, ratio float64, offset int) {
+	n := len(toks)
+	if n < 2*ocPatternSize {
+		return 0, 0, 0
+	}
+	ids := tokenIDs(toks)
+	tailStart := max(n/2, n-ocPatternSize*(ocSamples+1))
+	available := n - tailStart - ocPatternSize + 1 // ≥ 1, since n ≥ 64
+	step := max(1, available/ocSamples)
+	var (
+		best    float64
+		sampled [][]int32
+		gaps    = make(map[int]int)
+	)
+	offset = tailStart
+next:
+	for i := tailStart; i < tailStart+available; i += step {
+		target := ids[i : i+ocPatternSize]
+		for _, t := range sampled {
+			if slices.Equal(t, target) {
+				continue next
+			}
+		}
+		sampled = append(sampled, target)
+		c, last := 0, -1
+		clear(gaps)
+		for j := 0; j+ocPatternSize <= n; j++ {
+			if ids[j] != target[0] || !slices.Equal(ids[j:j+ocPatternSize], target) {
+				continue
+			}
+			if last >= 0 {
+				gaps[j-last]++
+			}
+			c, last = c+1, j
+		}
+		if c < ocMinCount {
+			continue
+		}
+		top1, top2 := 0, 0
+		for _, k := range gaps {
+			switch {
+			case k > top1:
+				top1, top2 = k, top1
+			case k > top2:
+				top2 = k
+			}
+		}
+		share := float64(top1+top2) / float64(c-1)
+		if share < ocConcentration {
+			continue
+		}
+		if r := share * float64(c) * ocPatternSize / float64(n); r > best {
+			best, offset, count = r, i, c
+		}
+	}
+	if count == 0 {
+		return 0, 0, 0
+	}
+	return count, min(best, 1), offset
 }

@@ -35,6 +35,8 @@ export REPEATRATE_TEST_REDIS=127.0.0.1:${REDIS_PORT:-16379}
 export REPEATRATE_TEST_KAFKA=127.0.0.1:${KAFKA_PORT:-19092}
 export REPEATRATE_TEST_ALERTMANAGER=127.0.0.1:${ALERTMANAGER_PORT:-19193}
 go vet ./...
+# The Python venv of the OpenCompass oracle and the Inspect AI logs (made once, then reused).
+test/pyenv.sh
 if [ $# -gt 0 ]; then
   go test -count=1 -timeout 40m "$@"
   exit

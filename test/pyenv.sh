@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Makes the Python venv the oracle and importer tests use (.cache/venv, git-ignored), once:
+# OpenCompass from PyPI without its dependencies (only its repeat-analysis module is run, with the
+# imports it does not need stubbed: test/opencompass/oracle.py), numpy and tabulate, which that
+# module imports, and Inspect AI (test/inspect/make_logs.py). A stamp file holds the pinned
+# requirements; when they match, nothing is installed again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${REPEATRATE_TEST_VENV:-.cache/venv}
+deps="numpy==2.4.6 tabulate==0.10.0 inspect-ai==0.3.285"
+nodeps="opencompass==0.5.4"
+stamp="$venv/.repeatrate-requirements"
+want="$deps --no-deps $nodeps"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check $deps
+"$venv/bin/pip" install -q --disable-pip-version-check --no-deps $nodeps
+echo "$want" > "$stamp"
+echo "pyenv: $venv ready ($want)"
