@@ -203,6 +203,9 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	if !e.caughtUp {
 		return nil
 	}
+	// Redis keeps times in µs: notifications carry them as stored, so a firing and its resolution
+	// show the same fired_at.
+	now = now.UTC().Truncate(time.Microsecond)
 	idx, err := e.store.Keys(ctx)
 	if err != nil {
 		return err
