@@ -224,7 +224,9 @@ func TestAlertEndToEnd(t *testing.T) {
 	start := func() *proc {
 		pctx, stop := context.WithCancel(ctx)
 		p := &proc{stop: stop, done: make(chan error, 1), reg: prometheus.NewRegistry()}
-		go func() { p.done <- runProcessorWith(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), p.reg) }()
+		go func() {
+			p.done <- runProcessorWith(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), p.reg)
+		}()
 		return p
 	}
 	halt := func(p *proc) {
