@@ -101,13 +101,16 @@ end
 
 local n = (#ARGV - 3) / 2
 
--- Per hour and minute the batch touches, its field names are built once: hinfo[h] holds s (the
+-- Per hour and minute the batch touches, its field names are built once: hinfo[-h] holds s (the
 -- hour in decimal), lo hi (least and greatest occurred inserted), rlo rhi (removed) and ents (the
 -- index entries to append).
+-- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
+-- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
+-- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
 local hinfo, hlist, mname = {}, {}, {}
 local function hourOf(h)
-  local t = hinfo[h]
-  if not t then t = {s = num(h)}; hinfo[h] = t; hlist[#hlist + 1] = h end
+  local t = hinfo[-h]
+  if not t then t = {s = num(h)}; hinfo[-h] = t; hlist[#hlist + 1] = h end
   return t
 end
 
@@ -125,7 +128,7 @@ if n > 0 then
     local occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
     local h = floor(occ / HOUR)
     occs[i], hs[i] = occ, h
-    local t = hinfo[h]
+    local t = hinfo[-h]
     if not t then
       t = hourOf(h)
       local x = t.s
@@ -201,8 +204,8 @@ local function bump(cls, occ, d)
   addDelta(cls, d)
   local m = floor(occ / MIN)
   if m >= mfloor then
-    local ms = mname[m]
-    if not ms then ms = 'm' .. num(m); mname[m] = ms end
+    local ms = mname[-m]
+    if not ms then ms = 'm' .. num(m); mname[-m] = ms end
     addDelta(ms .. cls, d)
     if cached and inWindows('m', m, slot[cls], d) then cacheDirty = true end
   end
@@ -316,9 +319,9 @@ local function push(id, hour)
   local p = pushedTo[id]
   if p == hour then return end
   if p then
-    if type(p) ~= 'table' then p = {[p] = true}; pushedTo[id] = p end
-    if p[hour] then return end
-    p[hour] = true
+    if type(p) ~= 'table' then p = {[-p] = true}; pushedTo[id] = p end
+    if p[-hour] then return end
+    p[-hour] = true
   else
     pushedTo[id] = hour
   end
@@ -413,11 +416,11 @@ end
 local newHours = false
 if #pushHours > 0 then
   local fs = {}
-  for i, hour in ipairs(pushHours) do fs[i] = hinfo[hour].s end
+  for i, hour in ipairs(pushHours) do fs[i] = hinfo[-hour].s end
   local open = hmget(index, fs)
   local sets, zs = {}, {}
   for i, hour in ipairs(pushHours) do
-    local add = table.concat(hinfo[hour].ents)
+    local add = table.concat(hinfo[-hour].ents)
     local cur = open[i]
     if not cur then
       sets[#sets + 1] = fs[i]; sets[#sets + 1] = '0|' .. add
@@ -512,14 +515,14 @@ do
   local fs = {}
   for _, k in ipairs(dlist) do fs[#fs + 1] = k end
   for _, h in ipairs(hlist) do
-    local t = hinfo[h]
+    local t = hinfo[-h]
     if h >= cutH and (t.lo or t.rlo) then fs[#fs + 1] = 'a' .. t.s; fs[#fs + 1] = 'b' .. t.s end
   end
   sread(fs)
 end
 applyDeltas()
 for _, h in ipairs(hlist) do
-  local t = hinfo[h]
+  local t = hinfo[-h]
   if h >= cutH and (t.lo or t.rlo) then
     local ka, kb = 'a' .. t.s, 'b' .. t.s
     local a0, z0 = tonumber(sv[ka]), tonumber(sv[kb])
