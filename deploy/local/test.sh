@@ -37,6 +37,7 @@ export REPEATRATE_TEST_ALERTMANAGER=127.0.0.1:${ALERTMANAGER_PORT:-19193}
 go vet ./...
 # The Python venv of the OpenCompass oracle and the Inspect AI logs (made once, then reused).
 test/pyenv.sh
+"${REPEATRATE_TEST_VENV:-.cache/venv}/bin/python" test/inspect/make_logs.py .cache/inspect-logs
 if [ $# -gt 0 ]; then
   go test -count=1 -timeout 40m "$@"
   exit

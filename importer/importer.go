@@ -1,0 +1,113 @@
+package importer
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Options names what the files do not say, and overrides what they do.
+type Options struct {
+	// Scope of every event. Model and Run default to what the files name (Inspect: the log's model
+	// and run id; OpenCompass: the model abbreviation and the output directory's timestamp).
+	Scope schemas.Scope
+	// Suite defaults to the task (Inspect) or the dataset abbreviation (OpenCompass).
+	Suite string
+	// Version defaults to the run (Scope.Run after defaults); VersionSeq, when 0, to the run's
+	// start in Unix seconds (Inspect: eval.created; OpenCompass: the output directory's timestamp).
+	Version    string
+	VersionSeq int64
+	// PassThreshold: a numeric score passes at or above it (default 1). Inspect's letter grades
+	// are C = 1, P = 0.5, I = 0 and N = 0.
+	PassThreshold float64
+	// Scorer picks one of an Inspect sample's scores by name; default the log's first scorer.
+	Scorer string
+	// Source is the CloudEvent source; default "repeatrate-import/<format>".
+	Source string
+}
+
+// Event is one imported result: its CloudEvent id and the structured CloudEvent JSON.
+type Event struct {
+	ID    string
+	Key   string // the aggregate key the processor uses, for Kafka
+	Value []byte
+}
+
+type cloudEvent struct {
+	SpecVersion     string             `json:"specversion"`
+	ID              string             `json:"id"`
+	Source          string             `json:"source"`
+	Type            string             `json:"type"`
+	DataContentType string             `json:"datacontenttype"`
+	Time            string             `json:"time"`
+	Data            schemas.EvalResult `json:"data"`
+}
+
+// clipPrediction cuts a reply to the decoder's prediction limit at a character boundary.
+func clipPrediction(s string) string {
+	limit := schemas.DefaultLimits.MaxPredictionBytes
+	if len(s) <= limit {
+		return s
+	}
+	s = s[:limit]
+	for len(s) > 0 && !utf8.ValidString(s[len(s)-4:]) {
+		s = s[:len(s)-1]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
+// encoder validates and encodes events with the Kafka path's decoder.
+type encoder struct {
+	dec    *consumer.Decoder
+	source string
+	now    time.Time
+}
+
+func newEncoder(source string) (*encoder, error) {
+	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	if err != nil {
+		return nil, err
+	}
+	return &encoder{dec: dec, source: source, now: time.Now()}, nil
+}
+
+// encode gives r a deterministic id (a hash of the source and the run's identity) and checks it.
+func (e *encoder) encode(r schemas.EvalResult) (Event, error) {
+	h := sha256.New()
+	for _, p := range []string{e.source, r.Scope.Workspace, r.Scope.Model, r.Scope.Run, r.Scope.Checkpoint,
+		r.Scope.Artifact, r.Suite, r.CaseID, r.Version, strconv.FormatInt(r.RunIndex, 10)} {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	id := hex.EncodeToString(h.Sum(nil)[:16])
+	ce := cloudEvent{SpecVersion: "1.0", ID: id, Source: e.source, Type: schemas.TypeEvalResult,
+		DataContentType: "application/json", Time: r.AssessedAt.UTC().Format(time.RFC3339Nano), Data: r}
+	b, err := json.Marshal(ce)
+	if err != nil {
+		return Event{}, err
+	}
+	ev, err := e.dec.DecodeStructured(b, e.now)
+	if err != nil {
+		return Event{}, fmt.Errorf("case %q run %d: %w", r.CaseID, r.RunIndex, err)
+	}
+	key := ""
+	if o, ok := ev.Observation(); ok {
+		key = o.Key.String()
+	}
+	return Event{ID: id, Key: key, Value: b}, nil
+}
+
+func orDefault(v, def string) string {
+	if v != "" {
+		return v
+	}
+	return def
+}

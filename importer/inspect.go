@@ -1,0 +1,251 @@
+package importer
+
+import (
+	"archive/zip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Inspect AI log structures: the fields the importer reads (inspect_ai/log/_log.py).
+type inspectLog struct {
+	Status  string          `json:"status"`
+	Eval    inspectEval     `json:"eval"`
+	Samples []inspectSample `json:"samples"`
+}
+
+type inspectEval struct {
+	RunID   string `json:"run_id"`
+	Created string `json:"created"`
+	Task    string `json:"task"`
+	Model   string `json:"model"`
+	Config  struct {
+		Epochs int64 `json:"epochs"`
+	} `json:"config"`
+	Scorers []struct {
+		Name string `json:"name"`
+	} `json:"scorers"`
+}
+
+type inspectSample struct {
+	ID          json.RawMessage             `json:"id"`
+	Epoch       int64                       `json:"epoch"`
+	Output      struct{ Completion string } `json:"output"`
+	Scores      map[string]inspectScore     `json:"scores"`
+	Error       *struct{ Message string }   `json:"error"`
+	StartedAt   string                      `json:"started_at"`
+	CompletedAt string                      `json:"completed_at"`
+}
+
+type inspectScore struct {
+	Value json.RawMessage `json:"value"`
+}
+
+// readInspect reads one Inspect AI log: a .eval archive (header.json and samples/*.json, stored,
+// deflated or zstd-compressed, as Inspect writes them) or a .json log.
+func readInspect(path string) (inspectLog, error) {
+	var log inspectLog
+	if strings.HasSuffix(path, ".json") {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return log, err
+		}
+		if err := json.Unmarshal(b, &log); err != nil {
+			return log, fmt.Errorf("%s: %w", path, err)
+		}
+		return log, nil
+	}
+	z, err := zip.OpenReader(path)
+	if err != nil {
+		return log, fmt.Errorf("%s: %w", path, err)
+	}
+	defer z.Close()
+	z.RegisterDecompressor(zstd.ZipMethodWinZip, zstd.ZipDecompressor())
+	read := func(f *zip.File, v any) error {
+		r, err := f.Open()
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		b, err := io.ReadAll(r)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			return fmt.Errorf("%s in %s: %w", f.Name, path, err)
+		}
+		return nil
+	}
+	for _, f := range z.File {
+		switch {
+		case f.Name == "header.json":
+			if err := read(f, &log); err != nil {
+				return log, err
+			}
+		case strings.HasPrefix(f.Name, "samples/") && strings.HasSuffix(f.Name, ".json"):
+			var s inspectSample
+			if err := read(f, &s); err != nil {
+				return log, err
+			}
+			log.Samples = append(log.Samples, s)
+		}
+	}
+	return log, nil
+}
+
+// inspectFiles lists the logs at path: the file itself, or the .eval and .json files in a directory.
+func inspectFiles(path string) ([]string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() {
+		return []string{path}, nil
+	}
+	var out []string
+	err = filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && (strings.HasSuffix(p, ".eval") || strings.HasSuffix(p, ".json")) {
+			out = append(out, p)
+		}
+		return err
+	})
+	sort.Strings(out)
+	return out, err
+}
+
+// Inspect imports the Inspect AI logs at path (a .eval or .json log, or a directory of them).
+// Each sample and epoch is one run: case_id is the sample id, run_index = epoch − 1, runs = the
+// log's epochs. result is error for a sample that errored or has no score from the scorer; else
+// from the score's value: C → pass (score 1), P → score 0.5, I and N → fail (score 0); true/false →
+// pass/fail; a number → pass when at least PassThreshold (the score is kept when within 0..1).
+// prediction is the output's completion, cut to the prediction limit. occurred_at and assessed_at
+// are the sample's start and completion (the log's creation when absent).
+func Inspect(path string, opt Options) ([]Event, error) {
+	files, err := inspectFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	enc, err := newEncoder(orDefault(opt.Source, "repeatrate-import/inspect"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Event
+	for _, f := range files {
+		log, err := readInspect(f)
+		if err != nil {
+			return nil, err
+		}
+		if log.Eval.Task == "" {
+			continue // a .json that is not an Inspect log
+		}
+		evs, err := inspectEvents(log, opt, enc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		out = append(out, evs...)
+	}
+	return out, nil
+}
+
+func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
+	created, err := time.Parse(time.RFC3339Nano, log.Eval.Created)
+	if err != nil {
+		return nil, fmt.Errorf("eval.created: %w", err)
+	}
+	scope := opt.Scope
+	scope.Model = orDefault(scope.Model, log.Eval.Model)
+	scope.Run = orDefault(scope.Run, log.Eval.RunID)
+	suite := orDefault(opt.Suite, log.Eval.Task)
+	version := orDefault(opt.Version, scope.Run)
+	seq := opt.VersionSeq
+	if seq == 0 {
+		seq = created.Unix()
+	}
+	runs := log.Eval.Config.Epochs
+	for _, s := range log.Samples {
+		runs = max(runs, s.Epoch)
+	}
+	scorer := opt.Scorer
+	if scorer == "" && len(log.Eval.Scorers) > 0 {
+		scorer = log.Eval.Scorers[0].Name
+	}
+	threshold := opt.PassThreshold
+	if threshold == 0 {
+		threshold = 1
+	}
+	var out []Event
+	for _, s := range log.Samples {
+		caseID := string(s.ID)
+		var str string
+		if json.Unmarshal(s.ID, &str) == nil {
+			caseID = str
+		}
+		r := schemas.EvalResult{Scope: scope, Suite: suite, CaseID: caseID, Version: version, VersionSeq: seq,
+			RunIndex: s.Epoch - 1, Runs: runs, Result: schemas.ResultError,
+			OccurredAt: parseTimeOr(s.StartedAt, created), AssessedAt: parseTimeOr(s.CompletedAt, created)}
+		if s.Error == nil {
+			pred := clipPrediction(s.Output.Completion)
+			r.Prediction = &pred
+			if sc, ok := s.Scores[scorer]; ok {
+				r.Result, r.Score = inspectResult(sc.Value, threshold)
+			}
+		}
+		ev, err := enc.encode(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+// inspectResult maps a score value to a result and an optional score (documented at Inspect).
+func inspectResult(v json.RawMessage, threshold float64) (string, *float64) {
+	var num float64
+	var letter string
+	var b bool
+	switch {
+	case json.Unmarshal(v, &letter) == nil:
+		switch letter {
+		case "C":
+			num = 1
+		case "P":
+			num = 0.5
+		case "I", "N":
+			num = 0
+		default:
+			return schemas.ResultError, nil
+		}
+	case json.Unmarshal(v, &b) == nil:
+		if b {
+			num = 1
+		}
+	case json.Unmarshal(v, &num) == nil:
+	default:
+		return schemas.ResultError, nil // a dict or list of values: no single verdict
+	}
+	res := schemas.ResultFail
+	if num >= threshold {
+		res = schemas.ResultPass
+	}
+	if num >= 0 && num <= 1 {
+		return res, &num
+	}
+	return res, nil
+}
+
+func parseTimeOr(s string, def time.Time) time.Time {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t
+	}
+	return def
+}

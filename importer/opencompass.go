@@ -1,0 +1,234 @@
+package importer
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// OpenCompass output layout (opencompass/tasks/openicl_infer.py and openicl_eval.py):
+//
+//	<work_dir>/<YYYYMMDD_HHMMSS>/predictions/<model_abbr>/<dataset_abbr>.json   (or _0.json, _1.json… shards)
+//	<work_dir>/<YYYYMMDD_HHMMSS>/results/<model_abbr>/<dataset_abbr>.json
+//
+// A predictions file maps the sample index ("0", "1", …) to a record with "prediction". With a
+// dataset run n times (its config's n), OpenCompass repeats the whole dataset n times
+// (opencompass/datasets/base.py, concatenate_datasets([dataset] * n)), so index i is replica
+// i / size of example i % size. The results file's "details" (written with dump_details) holds one
+// entry per example (BaseEvaluator.evaluate groups the replicas: "example_abbr" is
+// "<dataset_abbr>_<idx>", and each field, e.g. "correct", becomes the list of the n replicas'
+// values); its "correct", "is_correct" or "cascade_correct" decides pass or fail.
+var ocTimestamp = regexp.MustCompile(`^\d{8}_\d{6}$`)
+
+// OpenCompass imports an OpenCompass output directory (a timestamped run, or the work directory
+// holding several runs). Each example and replica is one run: case_id is the example's index,
+// run_index the replica, runs = n; the result is pass or fail from the details' correct flags,
+// error when the details say nothing of it; prediction from the predictions file. Times are the
+// run directory's timestamp (UTC).
+func OpenCompass(path string, opt Options) ([]Event, error) {
+	runs, err := ocRunDirs(path)
+	if err != nil {
+		return nil, err
+	}
+	enc, err := newEncoder(orDefault(opt.Source, "repeatrate-import/opencompass"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Event
+	for _, dir := range runs {
+		at, err := time.Parse("20060102_150405", filepath.Base(dir))
+		if err != nil {
+			return nil, fmt.Errorf("%s: not an OpenCompass run directory (YYYYMMDD_HHMMSS)", dir)
+		}
+		results, _ := filepath.Glob(filepath.Join(dir, "results", "*", "*.json"))
+		sort.Strings(results)
+		for _, rf := range results {
+			model := filepath.Base(filepath.Dir(rf))
+			dataset := strings.TrimSuffix(filepath.Base(rf), ".json")
+			evs, err := ocEvents(dir, model, dataset, at, opt, enc)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", rf, err)
+			}
+			out = append(out, evs...)
+		}
+	}
+	return out, nil
+}
+
+func ocRunDirs(path string) ([]string, error) {
+	if ocTimestamp.MatchString(filepath.Base(filepath.Clean(path))) {
+		return []string{path}, nil
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && ocTimestamp.MatchString(e.Name()) {
+			out = append(out, filepath.Join(path, e.Name()))
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no OpenCompass run directory (YYYYMMDD_HHMMSS) in it", path)
+	}
+	return out, nil
+}
+
+type ocResults struct {
+	Details json.RawMessage `json:"details"`
+}
+
+// ocDetail is one example's entry in details; the flags are a bool or a list of bools.
+type ocDetail struct {
+	ExampleAbbr    string          `json:"example_abbr"`
+	Correct        json.RawMessage `json:"correct"`
+	IsCorrect      json.RawMessage `json:"is_correct"`
+	CascadeCorrect json.RawMessage `json:"cascade_correct"`
+}
+
+func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encoder) ([]Event, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "results", model, dataset+".json"))
+	if err != nil {
+		return nil, err
+	}
+	var res ocResults
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, err
+	}
+	var details []ocDetail
+	if len(res.Details) > 0 && res.Details[0] == '{' { // older layout: index → detail
+		m := map[string]ocDetail{}
+		if err := json.Unmarshal(res.Details, &m); err != nil {
+			return nil, err
+		}
+		keys := make([]int, 0, len(m))
+		for k := range m {
+			i, err := strconv.Atoi(k)
+			if err != nil {
+				return nil, fmt.Errorf("details key %q is not an index", k)
+			}
+			keys = append(keys, i)
+		}
+		sort.Ints(keys)
+		for _, k := range keys {
+			details = append(details, m[strconv.Itoa(k)])
+		}
+	} else if len(res.Details) > 0 {
+		if err := json.Unmarshal(res.Details, &details); err != nil {
+			return nil, err
+		}
+	}
+	if len(details) == 0 {
+		return nil, fmt.Errorf("no details: run OpenCompass with dump_details to import per-sample results")
+	}
+	preds, err := ocPredictions(filepath.Join(dir, "predictions", model), dataset)
+	if err != nil {
+		return nil, err
+	}
+	flags := make([][]bool, len(details))
+	n := 1
+	for i, d := range details {
+		for _, raw := range []json.RawMessage{d.Correct, d.IsCorrect, d.CascadeCorrect} {
+			if len(raw) == 0 || string(raw) == "null" {
+				continue
+			}
+			var one bool
+			if json.Unmarshal(raw, &one) == nil {
+				flags[i] = []bool{one}
+			} else if err := json.Unmarshal(raw, &flags[i]); err != nil {
+				return nil, fmt.Errorf("details[%d]: correct is neither a bool nor a list of bools", i)
+			}
+			break
+		}
+		n = max(n, len(flags[i]))
+	}
+	scope := opt.Scope
+	scope.Model = orDefault(scope.Model, model)
+	scope.Run = orDefault(scope.Run, filepath.Base(dir))
+	seq := opt.VersionSeq
+	if seq == 0 {
+		seq = at.Unix()
+	}
+	size := len(details)
+	var out []Event
+	for i, d := range details {
+		caseID := strconv.Itoa(i)
+		if idx := strings.LastIndexByte(d.ExampleAbbr, '_'); idx >= 0 {
+			caseID = d.ExampleAbbr[idx+1:]
+		}
+		for rep := range n {
+			r := schemas.EvalResult{Scope: scope, Suite: orDefault(opt.Suite, dataset), CaseID: caseID,
+				Version: orDefault(opt.Version, scope.Run), VersionSeq: seq, RunIndex: int64(rep), Runs: int64(n),
+				Result: schemas.ResultError, OccurredAt: at, AssessedAt: at}
+			if rep < len(flags[i]) {
+				r.Result = schemas.ResultFail
+				if flags[i][rep] {
+					r.Result = schemas.ResultPass
+				}
+			}
+			if p, ok := preds[rep*size+i]; ok {
+				p = clipPrediction(p)
+				r.Prediction = &p
+			}
+			ev, err := enc.encode(r)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ev)
+		}
+	}
+	return out, nil
+}
+
+// ocPredictions reads a dataset's predictions (one file, or shards _0, _1, … numbered on), by index.
+func ocPredictions(dir, dataset string) (map[int]string, error) {
+	files := []string{filepath.Join(dir, dataset+".json")}
+	if _, err := os.Stat(files[0]); err != nil {
+		files = nil
+		for k := 0; ; k++ {
+			f := filepath.Join(dir, fmt.Sprintf("%s_%d.json", dataset, k))
+			if _, err := os.Stat(f); err != nil {
+				break
+			}
+			files = append(files, f)
+		}
+	}
+	out := map[int]string{}
+	base := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var m map[string]struct {
+			Prediction json.RawMessage `json:"prediction"`
+		}
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		top := 0
+		for k, v := range m {
+			i, err := strconv.Atoi(k)
+			if err != nil {
+				return nil, fmt.Errorf("%s: key %q is not an index", f, k)
+			}
+			var s string
+			if json.Unmarshal(v.Prediction, &s) != nil {
+				s = string(v.Prediction) // a list or object: kept as its JSON
+			}
+			out[base+i] = s
+			top = max(top, i+1)
+		}
+		base += top
+	}
+	return out, nil
+}
