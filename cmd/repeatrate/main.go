@@ -42,6 +42,7 @@ commands:
   rebuild  recompute lost Redis state from the input topics into a fresh namespace and cut over
   replay   the same aggregation offline over NDJSON CloudEvents
   produce  publish NDJSON CloudEvents to a topic
+  import   turn Inspect AI or OpenCompass result files into eval-result events
   loadgen  publish synthetic telemetry at a steady rate, with the demo's mix
   tail     print a topic as NDJSON until it is idle
 
@@ -76,6 +77,8 @@ func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string
 		return replayCommand(ctx, rest, stdin, stdout, stderr)
 	case "produce":
 		return produceCommand(ctx, rest, stdin, stderr)
+	case "import":
+		return importCommand(ctx, rest, stdout, stderr)
 	case "loadgen":
 		return loadgenCommand(ctx, rest, stderr)
 	case "tail":

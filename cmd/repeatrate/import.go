@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/importer"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+)
+
+// importCommand turns a harness's result files into eval-result events (README, "Importing eval
+// results"): to an NDJSON file or straight to the eval-results topic.
+func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "inspect" && args[0] != "opencompass") {
+		return fmt.Errorf("import: give a format, inspect or opencompass: repeatrate import <format> --in PATH …")
+	}
+	format := args[0]
+	fs := newFlagSet("import "+format, stderr)
+	in := fs.String("in", "", "result files: a log or directory (inspect), an output directory (opencompass)")
+	var opt importer.Options
+	fs.StringVar(&opt.Scope.Workspace, "workspace", "", "scope workspace (required)")
+	fs.StringVar(&opt.Scope.Model, "model", "", "scope model (default: the files' model)")
+	fs.StringVar(&opt.Scope.Run, "run", "", "scope run (default: the files' run id or timestamp)")
+	fs.StringVar(&opt.Scope.Checkpoint, "checkpoint", "default", "scope checkpoint")
+	fs.StringVar(&opt.Scope.Artifact, "artifact", "eval", "scope artifact")
+	fs.StringVar(&opt.Suite, "suite", "", "suite (default: the task or dataset)")
+	fs.StringVar(&opt.Version, "version", "", "suite version (default: the run)")
+	fs.Int64Var(&opt.VersionSeq, "version-seq", 0, "version order (default: the run's start, Unix seconds)")
+	fs.Float64Var(&opt.PassThreshold, "pass-threshold", 1, "a numeric score passes at or above it (Inspect: C=1, P=0.5, I=N=0)")
+	fs.StringVar(&opt.Scorer, "scorer", "", "Inspect scorer to read (default: the log's first)")
+	toKafka := fs.String("to-kafka", "", "Kafka bootstrap brokers to publish to (comma-separated)")
+	topic := fs.String("topic", TopicEval, "topic for --to-kafka")
+	out := fs.String("out", "", "NDJSON file to write (- for standard output)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if *in == "" || opt.Scope.Workspace == "" || (*toKafka == "") == (*out == "") {
+		return fmt.Errorf("import: --in, --workspace and one of --to-kafka or --out are required")
+	}
+	read := importer.Inspect
+	if format == "opencompass" {
+		read = importer.OpenCompass
+	}
+	evs, err := read(*in, opt)
+	if err != nil {
+		return fmt.Errorf("import: %w", err)
+	}
+	if *out != "" {
+		w := stdout
+		if *out != "-" {
+			f, err := os.Create(*out)
+			if err != nil {
+				return fmt.Errorf("import: %w", err)
+			}
+			defer f.Close()
+			w = f
+		}
+		for _, e := range evs {
+			if _, err := fmt.Fprintf(w, "%s\n", e.Value); err != nil {
+				return fmt.Errorf("import: %w", err)
+			}
+		}
+		fmt.Fprintf(stderr, "imported %d eval results to %s\n", len(evs), *out)
+		return nil
+	}
+	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*toKafka, ",")})
+	if err != nil {
+		return err
+	}
+	if err := kc.ensureTopics(ctx, []topicSpec{{name: *topic, partitions: 4}}); err != nil {
+		return err
+	}
+	w := kc.writer(*topic)
+	defer w.Close()
+	msgs := make([]kafka.Message, 0, len(evs))
+	for _, e := range evs {
+		m := kafka.Message{Value: e.Value, Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
+		if e.Key != "" {
+			m.Key = []byte(e.Key)
+		}
+		msgs = append(msgs, m)
+	}
+	for len(msgs) > 0 {
+		n := min(len(msgs), 1000)
+		if err := w.WriteMessages(ctx, msgs[:n]...); err != nil {
+			return fmt.Errorf("import: %w", err)
+		}
+		msgs = msgs[n:]
+	}
+	fmt.Fprintf(stderr, "imported %d %s eval results to %s\n", len(evs), schemas.TypeEvalResult, *topic)
+	return nil
+}
