@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"html"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +19,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // TallyReader reads the current state of one aggregate; aggregator.Redis is one.
@@ -25,31 +29,104 @@ type TallyReader interface {
 	Tally(ctx context.Context, k aggregator.Key, at time.Time) (aggregator.Tally, error)
 }
 
-// HTTPConfig configures the HTTP server.
+// SuiteReader reads suites; suite.Redis is one.
+type SuiteReader interface {
+	Read(ctx context.Context, k suite.Key, at time.Time) (*suite.Summary, error)
+	Cases(ctx context.Context, k suite.Key) (*suite.CaseTable, error)
+	Config() suite.Config
+}
+
+// HTTPConfig configures the HTTP server (README, Read side). The zero value serves health and
+// readiness only to everyone, and every read to nobody: tokens must be configured.
 type HTTPConfig struct {
 	Addr string
 	// Ready reports whether the processor can serve; nil means always ready.
 	Ready func(ctx context.Context) error
 	// Pprof serves Go's profiler under /debug/pprof/. Off by default: it exposes internals.
 	Pprof bool
+	// Tokens are the bearer tokens of the read API and pages; nil accepts none.
+	Tokens *auth.Store
+	// PublicBadges lists workspaces whose badge anyone may read without a token.
+	PublicBadges []string
+	// Metrics serves /metrics; AdminTokenSHA256, when set, is the hex SHA-256 of the bearer token
+	// that /metrics and /debug/pprof/ then require (workspace tokens are not enough).
+	Metrics          bool
+	AdminTokenSHA256 string
+	// RateLimit is the requests per second each token (or, without one, each client address)
+	// may make, with bursts of RateBurst; defaults 20 and 40.
+	RateLimit float64
+	RateBurst int
+	// MaxConns caps open connections (default 256), MaxConnsPerIP those of one client address
+	// (default 32), MaxStreams open event streams (default 64; 8 per token).
+	MaxConns, MaxConnsPerIP, MaxStreams int
+	// Registerer takes the server's metrics; nil keeps them private.
+	Registerer prometheus.Registerer
+	// Catalog lists aggregates and suites and holds history and the live feed; nil serves no
+	// listing, history or stream (503).
+	Catalog *Catalog
+	// Suites reads suites; nil answers suite routes 503.
+	Suites SuiteReader
 }
 
-// HTTP serves /healthz, /readyz, /metrics, the snapshot read API and the R badge.
+func (c *HTTPConfig) defaults() {
+	if c.RateLimit <= 0 {
+		c.RateLimit = 20
+	}
+	if c.RateBurst <= 0 {
+		c.RateBurst = 2 * int(c.RateLimit)
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 256
+	}
+	if c.MaxConnsPerIP <= 0 {
+		c.MaxConnsPerIP = 32
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 64
+	}
+}
+
+// HTTP serves /healthz, /readyz, /metrics, the read API, the badge, live streams and pages.
 type HTTP struct {
-	srv *http.Server
-	log *zap.Logger
+	srv     *http.Server
+	log     *zap.Logger
+	cfg     HTTPConfig
+	metrics *httpMetrics
+	hub     *hub
 }
 
-// maxQueryBytes bounds a request's query: six scope parts are far below it.
-const maxQueryBytes = 8 << 10
+// Limits of a request: its query, its body (only the login form has one) and its headers.
+const (
+	maxQueryBytes  = 8 << 10
+	maxBodyBytes   = 4 << 10
+	maxHeaderBytes = 16 << 10
+)
 
 // NewHTTP returns a server on cfg.Addr reading state through r and metrics from g.
 func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() time.Time, log *zap.Logger) *HTTP {
+	cfg.defaults()
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m := newHTTPMetrics(reg)
+	h := &HTTP{log: log, cfg: cfg, metrics: m}
+	if cfg.Catalog != nil {
+		h.hub = newHub(cfg.Catalog, m, log)
+	}
+	a := &api{r: r, now: now, log: log, cfg: &h.cfg, suites: cfg.Suites, catalog: cfg.Catalog, hub: h.hub,
+		metrics: m, cases: newCaseCache(5 * time.Second)}
+	public := map[string]bool{}
+	for _, ws := range cfg.PublicBadges {
+		public[ws] = true
+	}
+	a.publicBadge = public
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
 		if cfg.Ready != nil {
 			if err := cfg.Ready(req.Context()); err != nil {
+				// The reason is logged, never answered: it names addresses.
 				log.Info("not ready", zap.Error(err))
 				writeError(w, http.StatusServiceUnavailable, "not ready", false)
 				return
@@ -57,42 +134,92 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	api := &api{r: r, now: now, log: log}
-	mux.HandleFunc("GET /v1/snapshots", api.snapshots)
-	mux.HandleFunc("GET /v1/badge.svg", api.badge)
-	if cfg.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	admin := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if cfg.AdminTokenSHA256 != "" && !auth.MatchHash(auth.Bearer(req), cfg.AdminTokenSHA256) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="repeatrate-admin"`)
+				writeError(w, http.StatusUnauthorized, "this endpoint needs the admin token", false)
+				return
+			}
+			next.ServeHTTP(w, req)
+		})
 	}
+	if cfg.Metrics {
+		mux.Handle("GET /metrics", admin(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
+	}
+	a.routes(mux)
+	if cfg.Pprof {
+		mux.Handle("/debug/pprof/", admin(http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/profile", admin(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("/debug/pprof/symbol", admin(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("/debug/pprof/trace", admin(http.HandlerFunc(pprof.Trace)))
+	}
+	lim := newLimiter(cfg.RateLimit, cfg.RateBurst, time.Now)
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("Referrer-Policy", "no-referrer")
 		if len(req.URL.RawQuery) > maxQueryBytes {
 			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes), false)
 			return
 		}
+		if req.ContentLength > maxBodyBytes {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is longer than %d bytes", maxBodyBytes), false)
+			return
+		}
+		req.Body = http.MaxBytesReader(w, req.Body, maxBodyBytes)
+		if req.URL.Path != "/healthz" && req.URL.Path != "/readyz" {
+			key := "addr " + clientIP(req)
+			if p := a.principal(req); p != nil {
+				key = "token " + p.Name
+			}
+			if ok, wait := lim.allow(key); !ok {
+				m.limited.Inc()
+				w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+				writeError(w, http.StatusTooManyRequests, "rate limit exceeded", strings.HasSuffix(req.URL.Path, ".svg"))
+				return
+			}
+		}
 		mux.ServeHTTP(w, req)
 	})
-	return &HTTP{
-		srv: &http.Server{
-			Addr: cfg.Addr, Handler: limited,
-			ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-			WriteTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10,
-		},
-		log: log,
+	h.srv = &http.Server{
+		Addr: cfg.Addr, Handler: limited,
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		// Streams extend their own write deadline per event.
+		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog: zap.NewStdLog(log.Named("server")),
 	}
+	return h
 }
+
+// Handler is the server's handler (tests).
+func (h *HTTP) Handler() http.Handler { return h.srv.Handler }
 
 // Run serves until ctx ends, then shuts down within five seconds.
 func (h *HTTP) Run(ctx context.Context) error {
+	l, err := net.Listen("tcp", h.srv.Addr)
+	if err != nil {
+		return fmt.Errorf("http %s: %w", h.srv.Addr, err)
+	}
+	return h.Serve(ctx, l)
+}
+
+// Serve serves on l (capped to the configured connections) until ctx ends.
+func (h *HTTP) Serve(ctx context.Context, l net.Listener) error {
+	l = newCapListener(l, h.cfg.MaxConns, h.cfg.MaxConnsPerIP, h.metrics)
+	hctx, stopHub := context.WithCancel(ctx)
+	defer stopHub()
+	if h.hub != nil {
+		go h.hub.run(hctx)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- h.srv.ListenAndServe() }()
+	go func() { errc <- h.srv.Serve(l) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("http %s: %w", h.srv.Addr, err)
 	case <-ctx.Done():
 	}
+	stopHub() // ends the streams, which Shutdown does not wait for
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := h.srv.Shutdown(sctx); err != nil {
@@ -103,9 +230,16 @@ func (h *HTTP) Run(ctx context.Context) error {
 }
 
 type api struct {
-	r   TallyReader
-	now func() time.Time
-	log *zap.Logger
+	r           TallyReader
+	now         func() time.Time
+	log         *zap.Logger
+	cfg         *HTTPConfig
+	suites      SuiteReader
+	catalog     *Catalog
+	hub         *hub
+	metrics     *httpMetrics
+	cases       *caseCache
+	publicBadge map[string]bool
 }
 
 // scopeParams are the query parameters naming a scope and correction, in the order errors name them.
@@ -215,6 +349,9 @@ func (a *api) read(w http.ResponseWriter, req *http.Request, badge bool) (live, 
 		writeError(w, http.StatusBadRequest, err.Error(), badge)
 		return nil, nil, false
 	}
+	if !(badge && a.publicBadge[sc.Workspace]) && !a.allow(w, req, sc.Workspace, badge) {
+		return nil, nil, false
+	}
 	live, eval, err = a.current(req.Context(), sc, corr)
 	if err != nil {
 		// The backend's error is logged, never shown: it may name addresses and keys.
@@ -232,6 +369,9 @@ func (a *api) read(w http.ResponseWriter, req *http.Request, badge bool) (live, 
 // badgeErrors are the short texts of an error badge by status; the full message is its title.
 var badgeErrors = map[int]string{
 	http.StatusBadRequest:         "invalid query",
+	http.StatusUnauthorized:       "token required",
+	http.StatusForbidden:          "forbidden",
+	http.StatusTooManyRequests:    "rate limited",
 	http.StatusNotFound:           "unknown scope",
 	http.StatusServiceUnavailable: "unavailable",
 }

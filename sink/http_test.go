@@ -18,7 +18,26 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink/auth"
 )
+
+// Tokens of the tests: tokenA reads workspaces "w" and "w&<x>", tokenB reads "other".
+const (
+	tokenA = "token-a-0123456789"
+	tokenB = "token-b-0123456789"
+)
+
+func testTokens(t testing.TB) *auth.Store {
+	t.Helper()
+	s, err := auth.NewStore([]auth.TokenConfig{
+		{Name: "a", SHA256: auth.Hash(tokenA), Workspaces: map[string]string{"w": "read", "w&<x>": "read"}},
+		{Name: "b", SHA256: auth.Hash(tokenB), Workspaces: map[string]string{"other": "read-write"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
 func TestHTTPOnRedis(t *testing.T) {
 	client := testenv.Redis(t)
@@ -40,13 +59,15 @@ func TestHTTPOnRedis(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "probe_total", Help: "x"}))
-	h := NewHTTP(HTTPConfig{}, store, reg, func() time.Time { return now }, zap.NewNop())
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Metrics: true}, store, reg, func() time.Time { return now }, zap.NewNop())
 	srv := httptest.NewServer(h.srv.Handler)
 	defer srv.Close()
 
 	q := url.Values{"workspace": {scope.Workspace}, "model": {"m"}, "run": {"r"}, "checkpoint": {"c"}, "artifact": {"a"}, "correction_id": {"fix"}}
 	get := func(path string) (int, string, string) {
-		resp, err := http.Get(srv.URL + path)
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+tokenA)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,9 +150,11 @@ func (f fakeTallies) Tally(_ context.Context, k aggregator.Key, _ time.Time) (ag
 func serveOnce(t *testing.T, r TallyReader, target string) *httptest.ResponseRecorder {
 	t.Helper()
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	h := NewHTTP(HTTPConfig{}, r, prometheus.NewRegistry(), func() time.Time { return now }, zap.NewNop())
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t)}, r, prometheus.NewRegistry(), func() time.Time { return now }, zap.NewNop())
 	rec := httptest.NewRecorder()
-	h.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	req := httptest.NewRequest(http.MethodGet, target, nil)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	h.srv.Handler.ServeHTTP(rec, req)
 	return rec
 }
 

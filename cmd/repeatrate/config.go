@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // Config is the processor's whole configuration. Precedence, lowest first: defaults, the YAML file
@@ -28,6 +31,7 @@ type Config struct {
 	Limits    LimitsConfig  `yaml:"limits"`
 	Suite     SuiteConfig   `yaml:"suite"`
 	HTTPAddr  string        `yaml:"http_addr"`
+	HTTP      HTTPSettings  `yaml:"http"`
 	Pprof     bool          `yaml:"pprof"`
 	LogLevel  string        `yaml:"log_level"`
 	// AlertRules is the alerting rules file; empty turns alerting off (README, Alerting).
@@ -99,6 +103,17 @@ type SuiteConfig struct {
 	MissingAfter      time.Duration `yaml:"missing_after"`
 }
 
+// HTTPSettings secure the read side (README, Read side): tokens as SHA-256 hashes with their
+// workspaces, public badges, the admin token of /metrics and /debug/pprof, and request limits.
+type HTTPSettings struct {
+	Tokens           []auth.TokenConfig `yaml:"tokens"`
+	PublicBadges     []string           `yaml:"public_badges"`
+	Metrics          bool               `yaml:"metrics"`
+	AdminTokenSHA256 string             `yaml:"admin_token_sha256"`
+	RateLimit        int                `yaml:"rate_limit"`
+	MaxConnections   int                `yaml:"max_connections"`
+}
+
 // LimitsConfig bounds accepted input.
 type LimitsConfig struct {
 	MaxMessageBytes    int           `yaml:"max_message_bytes"`
@@ -129,6 +144,7 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
+		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256},
 		LogLevel:  "info",
 	}
 }
@@ -192,6 +208,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AlertWebhookURL != "" && len(c.AlertWebhookSecret) < alert.MinWebhookSecret {
 		bad("alert_webhook_secret: the webhook needs a secret of at least %d bytes", alert.MinWebhookSecret)
+	}
+	if _, err := auth.NewStore(c.HTTP.Tokens); err != nil {
+		bad("http.tokens: %v", err)
+	}
+	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 {
+		bad("http.rate_limit and http.max_connections must be positive")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -294,8 +316,29 @@ func (c *Config) settings() []setting {
 		str("alert-webhook-secret", "the webhook's signing secret, at least 16 bytes (prefer the environment variable)", &c.AlertWebhookSecret),
 		str("http-addr", "HTTP listen address (health, metrics, API); empty disables", &c.HTTPAddr),
 		boolean("pprof", "serve /debug/pprof on the HTTP address (exposes internals; off by default)", &c.Pprof),
+		{name: "http-tokens", usage: "read-side tokens as name:sha256:workspace=read,…;… (replaces http.tokens; the hashes, never the tokens)",
+			set: func(v string) (err error) { c.HTTP.Tokens, err = auth.ParseTokens(v); return err },
+			get: func() string { return "" }},
+		list("http-public-badges", "workspaces whose badge needs no token", &c.HTTP.PublicBadges),
+		boolean("http-metrics", "serve /metrics (default true; behind http-admin-token-sha256 when set)", &c.HTTP.Metrics),
+		str("http-admin-token-sha256", "SHA-256 (hex) of the token /metrics and /debug/pprof require; empty leaves /metrics open", &c.HTTP.AdminTokenSHA256),
+		num("http-rate-limit", "requests per second per token (or client address without one)", &c.HTTP.RateLimit),
+		num("http-max-connections", "open HTTP connections at most", &c.HTTP.MaxConnections),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
+}
+
+// devToken gives cfg one freshly generated read token over every workspace, for `dev`, and returns
+// it: only its hash is configured, and the token is shown once, to the person who started dev.
+func devToken(cfg *Config) (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	tok := "rr_dev_" + hex.EncodeToString(b)
+	cfg.HTTP.Tokens = append(cfg.HTTP.Tokens, auth.TokenConfig{Name: "dev", SHA256: auth.Hash(tok),
+		Workspaces: map[string]string{auth.AllWorkspaces: "read"}})
+	return tok, nil
 }
 
 // aggregator converts the suite settings.

@@ -20,6 +20,7 @@ import (
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
+	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 func runCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -156,8 +157,12 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 			log.Warn("close writers", zap.Error(err))
 		}
 	}()
+	// The read side's catalog (index, history, live feed) is recorded after each publish, off the
+	// processor's path (README, Read side).
+	catalog := sink.NewCatalog(rdb, cfg.Redis.KeyPrefix, cfg.Retention)
+	recorder := sink.NewRecorder(sink.NewKafka(snapWriter, suiteWriter, alertWriter), catalog, reg, log.Named("readside"))
 	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: st.suiteCfg}, st.decoder, st.rates, st.suites,
-		sink.NewKafka(snapWriter, suiteWriter, alertWriter),
+		recorder,
 		consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Client: kc.client(), Topic: cfg.Kafka.DLQTopic}).
 			WithRecordLimit(int(dlqWriter.BatchBytes)), time.Now, log.Named("processor"), metrics)
 	if err != nil {
@@ -180,8 +185,18 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		}
 	}
 	g.Go(func() error { return group.Run(gctx) })
+	g.Go(func() error { return recorder.Run(gctx) })
 	if cfg.HTTPAddr != "" {
-		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		tokens, err := auth.NewStore(cfg.HTTP.Tokens)
+		if err != nil {
+			return err
+		}
+		if tokens.Len() == 0 {
+			log.Warn("no http tokens configured: the read API and pages refuse every request (README, Read side)")
+		}
+		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+			Tokens: tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
+			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, Registerer: reg, Catalog: catalog, Suites: st.suites},
 			st.rates, reg, time.Now, log.Named("http"))
 		g.Go(func() error { return srv.Run(gctx) })
 		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))

@@ -1,0 +1,164 @@
+package sink
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// httpMetrics are the read side's own metrics.
+type httpMetrics struct {
+	rejectedConns prometheus.Counter
+	openConns     prometheus.Gauge
+	limited       prometheus.Counter
+	denied        *prometheus.CounterVec
+	streams       prometheus.Gauge
+	streamDrops   prometheus.Counter
+	streamEvents  prometheus.Counter
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
+	m := &httpMetrics{
+		rejectedConns: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_rejected_connections_total",
+			Help: "Connections closed on accept: the server's or the client address's cap was reached."}),
+		openConns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "repeatrate_http_open_connections",
+			Help: "Open HTTP connections."}),
+		limited: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_rate_limited_total",
+			Help: "Requests answered 429: their token or client address exceeded the rate limit."}),
+		denied: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_http_denied_total",
+			Help: "Requests refused by authentication (401) or authorisation (403)."}, []string{"code"}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "repeatrate_http_streams",
+			Help: "Open event streams (/v1/stream)."}),
+		streamDrops: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_stream_drops_total",
+			Help: "Event streams closed because the client read too slowly for its buffer."}),
+		streamEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_stream_events_total",
+			Help: "Events written to event streams."}),
+	}
+	reg.MustRegister(m.rejectedConns, m.openConns, m.limited, m.denied, m.streams, m.streamDrops, m.streamEvents)
+	return m
+}
+
+// limiter is a token bucket per key (a token's name or a client address). It keeps at most
+// maxLimiterKeys buckets; when full it forgets those that have refilled, which lose nothing.
+type limiter struct {
+	mu      sync.Mutex
+	rate    float64
+	burst   float64
+	now     func() time.Time
+	buckets map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+const maxLimiterKeys = 10000
+
+func newLimiter(rate float64, burst int, now func() time.Time) *limiter {
+	return &limiter{rate: rate, burst: float64(burst), now: now, buckets: map[string]*bucket{}}
+}
+
+// allow takes one request from key's bucket; when empty it returns how long until one refills.
+func (l *limiter) allow(key string) (bool, time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	b := l.buckets[key]
+	if b == nil {
+		if len(l.buckets) >= maxLimiterKeys {
+			for k, o := range l.buckets {
+				if o.tokens+now.Sub(o.at).Seconds()*l.rate >= l.burst {
+					delete(l.buckets, k)
+				}
+			}
+			if len(l.buckets) >= maxLimiterKeys {
+				// Every bucket is in use: an outsider cycling addresses. Refuse new keys.
+				return false, time.Second
+			}
+		}
+		b = &bucket{tokens: l.burst, at: now}
+		l.buckets[key] = b
+	}
+	b.tokens = min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
+	b.at = now
+	if b.tokens < 1 {
+		return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+	}
+	b.tokens--
+	return true, 0
+}
+
+// clientIP is the request's remote address without its port. Forwarded headers are not trusted:
+// behind a proxy every client shares the proxy's limit (README, Read side).
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// capListener closes connections beyond max open ones, or beyond perIP from one address, as soon
+// as they are accepted: an outsider opening thousands of slow connections holds at most perIP of
+// them, each for at most the header timeout, and never exhausts the process's file descriptors.
+type capListener struct {
+	net.Listener
+	max, perIP int
+	m          *httpMetrics
+	mu         sync.Mutex
+	open       int
+	byIP       map[string]int
+}
+
+func newCapListener(l net.Listener, max, perIP int, m *httpMetrics) *capListener {
+	return &capListener{Listener: l, max: max, perIP: perIP, m: m, byIP: map[string]int{}}
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		l.mu.Lock()
+		ok := l.open < l.max && l.byIP[ip] < l.perIP
+		if ok {
+			l.open++
+			l.byIP[ip]++
+		}
+		l.mu.Unlock()
+		if !ok {
+			l.m.rejectedConns.Inc()
+			c.Close()
+			continue
+		}
+		l.m.openConns.Inc()
+		return &capConn{Conn: c, l: l, ip: ip}, nil
+	}
+}
+
+type capConn struct {
+	net.Conn
+	l    *capListener
+	ip   string
+	once sync.Once
+}
+
+func (c *capConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		c.l.open--
+		if c.l.byIP[c.ip]--; c.l.byIP[c.ip] <= 0 {
+			delete(c.l.byIP, c.ip)
+		}
+		c.l.mu.Unlock()
+		c.l.m.openConns.Dec()
+	})
+	return err
+}

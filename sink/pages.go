@@ -1,0 +1,314 @@
+package sink
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink/auth"
+)
+
+//go:embed templates/pages.html
+var templateFS embed.FS
+
+// Width of an interval bar in pixels.
+const barPx = 160
+
+var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
+	"pct": func(r *float64) string {
+		if r == nil {
+			return "—"
+		}
+		return strconv.FormatFloat(*r*100, 'f', 1, 64) + "%"
+	},
+	"pct1":     func(r float64) string { return strconv.FormatFloat(r*100, 'f', 1, 64) + "%" },
+	"barpos":   func(r float64) string { return strconv.FormatFloat(r*barPx, 'f', 1, 64) },
+	"barpos1":  func(r *float64) string { return strconv.FormatFloat(*r*barPx-1, 'f', 1, 64) },
+	"barwidth": func(i *schemas.Interval) string { return strconv.FormatFloat(max(1, (i.High-i.Low)*barPx), 'f', 1, 64) },
+	"stamp":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"frac": func(r *float64) string {
+		if r == nil {
+			return "—"
+		}
+		return strconv.FormatFloat(*r, 'f', 3, 64)
+	},
+	"signed": func(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) },
+	"win":    func(w schemas.Window) struct{ W schemas.Window } { return struct{ W schemas.Window }{w} },
+	"gpass": func(s schemas.SuiteStability, k int) *float64 {
+		return s.GPassAtK[strconv.Itoa(k)]["1"]
+	},
+}).ParseFS(templateFS, "templates/pages.html"))
+
+// pageData is what every page template reads; each page fills its part.
+type pageData struct {
+	Title, Error string
+	// index
+	Workspace  string
+	Workspaces []string
+	Scopes     []scopeRow
+	Suites     []string
+	More       bool
+	// outcomes
+	Scope    schemas.Scope
+	Outcomes []outcomeView
+	Next     string
+	// suite
+	Suite    string
+	D        schemas.SuiteDiscrimination
+	Stab     []schemas.SuiteStability
+	Ks       []int
+	Versions []string
+	From, To string
+	Moved    *Moved
+	Cases    CasesPage
+}
+
+type scopeRow struct {
+	Model, Run, Checkpoint, Artifact string
+	N                                int
+	Link                             string
+}
+
+type sideView struct {
+	Name   string
+	S      *schemas.Snapshot
+	Chart  template.HTML
+	Points int
+}
+
+type outcomeView struct {
+	Outcome
+	BadgeURL string
+	LiveSide sideView
+	EvalSide sideView
+}
+
+func (a *api) pageRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /{$}", a.indexPage)
+	mux.HandleFunc("GET /login", func(w http.ResponseWriter, _ *http.Request) {
+		a.renderPage(w, http.StatusOK, "login", pageData{Title: "Sign in"})
+	})
+	mux.HandleFunc("POST /login", a.login)
+	mux.HandleFunc("POST /logout", a.logout)
+	mux.HandleFunc("GET /ui/outcomes", a.outcomesPage)
+	mux.HandleFunc("GET /ui/suite", a.suitePage)
+}
+
+// renderPage renders into a buffer first, so that a template error answers 500 instead of half a page.
+func (a *api) renderPage(w http.ResponseWriter, status int, name string, d pageData) {
+	var b bytes.Buffer
+	if err := pages.ExecuteTemplate(&b, name, d); err != nil {
+		a.log.Error("render page", zap.String("page", name), zap.Error(err))
+		http.Error(w, "page error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'")
+	w.WriteHeader(status)
+	w.Write(b.Bytes())
+}
+
+// pageBegin authenticates a page request: without a token it goes to the login form, with one
+// that may not read the workspace it answers 403.
+func (a *api) pageBegin(w http.ResponseWriter, req *http.Request, names, required []string) (url.Values, *auth.Principal, bool) {
+	p := a.principal(req)
+	if p == nil {
+		a.metrics.denied.WithLabelValues("401").Inc()
+		http.Redirect(w, req, "/login", http.StatusSeeOther)
+		return nil, nil, false
+	}
+	v, err := params(req.URL.RawQuery, append([]string{"workspace"}, names...), required)
+	if err != nil {
+		a.renderPage(w, http.StatusBadRequest, "error", pageData{Title: "Bad request", Error: err.Error()})
+		return nil, nil, false
+	}
+	if ws := v.Get("workspace"); ws != "" && !p.Can(ws, auth.Read) {
+		a.metrics.denied.WithLabelValues("403").Inc()
+		a.renderPage(w, http.StatusForbidden, "error", pageData{Title: "Forbidden", Error: "this token may not read the workspace"})
+		return nil, nil, false
+	}
+	return v, p, true
+}
+
+func (a *api) pageUnavailable(w http.ResponseWriter, req *http.Request, err error) {
+	a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
+	a.renderPage(w, http.StatusServiceUnavailable, "error", pageData{Title: "Unavailable", Error: "state unavailable"})
+}
+
+func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
+	v, p, ok := a.pageBegin(w, req, nil, nil)
+	if !ok {
+		return
+	}
+	d := pageData{Title: "repeatrate", Workspace: v.Get("workspace")}
+	for _, ws := range p.Workspaces(auth.Read) {
+		if ws != auth.AllWorkspaces {
+			d.Workspaces = append(d.Workspaces, ws)
+		}
+	}
+	if d.Workspace == "" && len(d.Workspaces) == 1 {
+		d.Workspace = d.Workspaces[0]
+	}
+	if d.Workspace != "" && a.catalog != nil {
+		refs, next, err := a.listCorrections(req.Context(), d.Workspace, schemas.JoinEscaped(d.Workspace)+"|", "", maxLimit)
+		if err != nil {
+			a.pageUnavailable(w, req, err)
+			return
+		}
+		d.More = next != ""
+		for _, r := range refs {
+			n := len(d.Scopes)
+			if n > 0 && d.Scopes[n-1].Model == r.Model && d.Scopes[n-1].Run == r.Run && d.Scopes[n-1].Checkpoint == r.Checkpoint && d.Scopes[n-1].Artifact == r.Artifact {
+				d.Scopes[n-1].N++
+				continue
+			}
+			q := url.Values{"workspace": {r.Workspace}, "model": {r.Model}, "run": {r.Run}, "checkpoint": {r.Checkpoint}, "artifact": {r.Artifact}}
+			d.Scopes = append(d.Scopes, scopeRow{Model: r.Model, Run: r.Run, Checkpoint: r.Checkpoint, Artifact: r.Artifact, N: 1,
+				Link: "/ui/outcomes?" + q.Encode()})
+		}
+		pg, err := a.catalog.Suites(req.Context(), d.Workspace, "", maxLimit)
+		if err != nil {
+			a.pageUnavailable(w, req, err)
+			return
+		}
+		d.Suites = pg.Items
+	}
+	a.renderPage(w, http.StatusOK, "index", d)
+}
+
+// chart draws an aggregate's all-time rate history as an SVG polyline, 0 % at the bottom, with
+// a point for each kept minute that had anything scored.
+func chart(pts []Point) template.HTML {
+	if len(pts) < 2 {
+		return ""
+	}
+	const wpx, hpx = 320.0, 80.0
+	t0, t1 := pts[0].ObservedAt, pts[len(pts)-1].ObservedAt
+	span := t1.Sub(t0).Seconds()
+	if span <= 0 {
+		span = 1
+	}
+	var b bytes.Buffer
+	b.WriteString(`<rect width="320" height="80" fill="#fafafa" stroke="#ddd"/><polyline fill="none" stroke="#c33" stroke-width="1.5" points="`)
+	for _, p := range pts {
+		scored := p.All[0] + p.All[1]
+		if scored == 0 {
+			continue
+		}
+		x := p.ObservedAt.Sub(t0).Seconds() / span * (wpx - 2)
+		y := hpx - 1 - float64(p.All[0])/float64(scored)*(hpx-2)
+		fmt.Fprintf(&b, "%.1f,%.1f ", x+1, y)
+	}
+	b.WriteString(`"/>`)
+	return template.HTML(b.String()) // numbers only: nothing from input
+}
+
+func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
+	names := append(scopeFields[1:], "cursor", "limit")
+	v, _, ok := a.pageBegin(w, req, names, scopeFields[:5])
+	if !ok {
+		return
+	}
+	after, limit, err := paging(v)
+	if err != nil {
+		a.renderPage(w, http.StatusBadRequest, "error", pageData{Title: "Bad request", Error: err.Error()})
+		return
+	}
+	if a.catalog == nil {
+		a.pageUnavailable(w, req, fmt.Errorf("no catalog"))
+		return
+	}
+	outs, next, err := a.outcomesOf(req.Context(), v, after, min(limit, 20))
+	if err != nil {
+		a.pageUnavailable(w, req, err)
+		return
+	}
+	d := pageData{Title: "Correction outcomes", Scope: schemas.Scope{Workspace: v.Get("workspace"), Model: v.Get("model"),
+		Run: v.Get("run"), Checkpoint: v.Get("checkpoint"), Artifact: v.Get("artifact")}}
+	for _, o := range outs {
+		q := url.Values{"workspace": {o.Workspace}, "model": {o.Model}, "run": {o.Run}, "checkpoint": {o.Checkpoint},
+			"artifact": {o.Artifact}, "correction_id": {o.CorrectionID}}
+		ov := outcomeView{Outcome: o, BadgeURL: "/v1/badge.svg?" + q.Encode(),
+			LiveSide: sideView{Name: "live", S: o.Live}, EvalSide: sideView{Name: "evaluation", S: o.Evaluation}}
+		for _, side := range []*sideView{&ov.LiveSide, &ov.EvalSide} {
+			if side.S == nil {
+				continue
+			}
+			pts, err := a.catalog.History(req.Context(), side.S.Aggregate.ID())
+			if err != nil {
+				a.pageUnavailable(w, req, err)
+				return
+			}
+			side.Chart, side.Points = chart(pts), len(pts)
+		}
+		d.Outcomes = append(d.Outcomes, ov)
+	}
+	if c := cursor(next); c != nil {
+		v.Set("cursor", *c)
+		d.Next = "/ui/outcomes?" + v.Encode()
+	}
+	a.renderPage(w, http.StatusOK, "outcomes", d)
+}
+
+func (a *api) suitePage(w http.ResponseWriter, req *http.Request) {
+	v, _, ok := a.pageBegin(w, req, []string{"suite", "from", "to"}, []string{"workspace", "suite"})
+	if !ok {
+		return
+	}
+	k := suite.Key{Workspace: v.Get("workspace"), Suite: v.Get("suite")}
+	if a.suites == nil {
+		a.pageUnavailable(w, req, fmt.Errorf("no suite reader"))
+		return
+	}
+	now := a.now()
+	s, err := a.suites.Read(req.Context(), k, now)
+	if err != nil {
+		a.pageUnavailable(w, req, err)
+		return
+	}
+	if s == nil || s.Discrimination.VersionsSeen == 0 {
+		a.renderPage(w, http.StatusNotFound, "error", pageData{Title: "Not found", Error: errUnknownSuite})
+		return
+	}
+	t, err := a.caseTable(req.Context(), k)
+	if err != nil {
+		a.pageUnavailable(w, req, err)
+		return
+	}
+	cfg := a.suites.Config()
+	d := pageData{Title: "Suite " + k.Suite, Workspace: k.Workspace, Suite: k.Suite, Ks: cfg.Ks, Versions: t.Versions,
+		D: suite.DiscriminationOf(k, &s.Discrimination, cfg, now)}
+	byLabel := map[string]*suite.VersionSummary{}
+	for i := range s.Versions {
+		byLabel[s.Versions[i].Version] = &s.Versions[i]
+	}
+	for _, l := range t.Versions {
+		if vs := byLabel[l]; vs != nil {
+			d.Stab = append(d.Stab, suite.StabilityOf(k, vs, cfg, now))
+		}
+	}
+	d.From, d.To = v.Get("from"), v.Get("to")
+	if n := len(t.Versions); n >= 2 && d.From == "" && d.To == "" {
+		d.From, d.To = t.Versions[n-2], t.Versions[n-1]
+	}
+	if d.From != "" && d.To != "" {
+		if m, ok := movedBetween(t, d.From, d.To, "", maxLimit); ok {
+			d.Moved = &m
+		}
+	}
+	if d.Cases, err = a.casesPage(req.Context(), k, "", "", "", maxLimit); err != nil {
+		a.pageUnavailable(w, req, err)
+		return
+	}
+	a.renderPage(w, http.StatusOK, "suite", d)
+}
