@@ -197,10 +197,10 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	return r, nil
 }
 
-// saveProfile writes a 10-second CPU profile of the processor serving base to path (BENCH_PPROF
+// saveProfile writes a CPU profile (BENCH_PPROF_SECONDS, default 10) of the processor serving base to path (BENCH_PPROF
 // set: the processor runs with /debug/pprof on). Failures are logged: a profile is a diagnostic.
 func saveProfile(base, path string) {
-	resp, err := http.Get(base + "/debug/pprof/profile?seconds=10")
+	resp, err := http.Get(base + "/debug/pprof/profile?seconds=" + getenv("BENCH_PPROF_SECONDS", "10"))
 	if err != nil {
 		logf("profile: %v", err)
 		return
