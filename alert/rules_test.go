@@ -1,13 +1,18 @@
 package alert
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/repeatrate/repeatrate/deploy"
 )
 
+// TestParseExample: deploy/alert-rules.example.yaml (the README's example, which `dev --demo`
+// runs from its embedded copy) parses, and has a rule of every kind.
 func TestParseExample(t *testing.T) {
 	b, err := os.ReadFile("../deploy/alert-rules.example.yaml")
 	if err != nil {
@@ -17,8 +22,23 @@ func TestParseExample(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the example rules file is invalid: %v", err)
 	}
-	if len(rs.Rules) != 7 || rs.EvaluationInterval != 30*time.Second {
+	if len(rs.Rules) != 8 || rs.EvaluationInterval != 30*time.Second {
 		t.Fatalf("got %d rules, interval %s", len(rs.Rules), rs.EvaluationInterval)
+	}
+	if !bytes.Equal(b, deploy.AlertRulesExample) {
+		t.Error("deploy.AlertRulesExample differs from the file")
+	}
+	kinds := map[Kind]bool{}
+	for _, r := range rs.Rules {
+		kinds[r.Kind] = true
+	}
+	for k := range kindNames {
+		if !kinds[k] {
+			t.Errorf("no %s rule in the example", k)
+		}
+	}
+	if fast := rs.Rules[1]; fast.Name != "correction-regressed-fast" || fast.Epoch() != time.Minute || fast.MinScored != 200 {
+		t.Errorf("fast change rule %+v", fast)
 	}
 	ch := rs.Rules[0]
 	if ch.Kind != KindChange || ch.Window != Window24h || ch.Baseline != Window7d || ch.Alpha != 0.05 ||
@@ -105,3 +125,4 @@ func TestMatcher(t *testing.T) {
 		}
 	}
 }
+

@@ -274,8 +274,9 @@ func TestAlertEndToEnd(t *testing.T) {
 		t.Fatalf("after a restart the alert is %s, want firing", s)
 	}
 
-	// The rate falls back: 1 000 more attempts in the last day at 2 %.
-	big.add(1000, 20, now.Add(-20*time.Hour), now.Add(-time.Hour))
+	// The rate falls back: 1 000 more attempts at 2 %, in the last hour so that they dilute the
+	// 1h window too (correction-regressed-fast: 170/2000 against nothing before it).
+	big.add(1000, 20, now.Add(-50*time.Minute), now.Add(-2*time.Minute))
 	send(big)
 	waitFor(t, 60*time.Second, "the resolution on the alerts topic", func() bool { return len(log.all()) >= 2 })
 	waitFor(t, 30*time.Second, "the webhook's resolution", func() bool { return len(hook.types()) >= 2 })

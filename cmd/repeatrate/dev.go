@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +19,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/term"
+
+	"github.com/repeatrate/repeatrate/deploy"
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -76,6 +80,12 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.Batch.Linger = 20 * time.Millisecond
 	cfg.Retention = *retention
 	cfg.Pprof = *pprof
+	token, err := devToken(&cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "read side:             http://%s/ (sign in with the token), API http://%s/v1/openapi.json\ntoken:                 %s\n",
+		*httpAddr, *httpAddr, token)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -85,6 +95,15 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer log.Sync()
 
+	if *demo {
+		// The demo evaluates the README's example rules; demoStep makes one of them fire.
+		path, err := writeTemp("repeatrate-demo-rules-*.yaml", deploy.AlertRulesExample)
+		if err != nil {
+			return err
+		}
+		defer os.Remove(path)
+		cfg.AlertRules = path
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	reg := prometheus.NewRegistry()
 	g.Go(func() error { return runProcessorWith(gctx, cfg, log, reg) })
@@ -108,6 +127,7 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		view := newDemoView()
 		view.outcomes = func() map[string]int { return observationOutcomes(reg) }
 		g.Go(func() error { return demoTraffic(gctx, kc, *rate, &view.sent, log) })
+		g.Go(func() error { return demoStep(gctx, kc, time.Now, log) })
 		g.Go(func() error { return view.follow(gctx, kc) })
 		if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 			g.Go(func() error { return view.live(gctx, stdout) })
@@ -143,4 +163,82 @@ func demoTraffic(ctx context.Context, kc *kafkaClients, rate int, sent *atomic.I
 			return nil
 		}}, w)
 	return err
+}
+
+func writeTemp(pattern string, b []byte) (string, error) {
+	f, err := os.CreateTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return f.Name(), err
+}
+
+// Demo rate step (README, Alerting): the example rule correction-regressed-fast compares the last
+// hour with the 23 before it; 3 000 attempts at 2 % in the hour before the last, then 25 a second
+// at 15 % make it pending within a minute and firing a minute later. After five minutes the rate
+// falls back to 2 %; the alert resolves once the 15 % minutes have left the hour.
+const (
+	demoStepBaseline = 3000
+	demoStepPerSec   = 25
+	demoStepHigh     = 5 * time.Minute
+)
+
+// demoStep feeds the stepping correction (workspace demo, correction fix-comeback) until ctx ends.
+func demoStep(ctx context.Context, kc *kafkaClients, now func() time.Time, log *zap.Logger) error {
+	w := kc.writer(TopicLive)
+	defer w.Close()
+	seq := 0
+	// In 1000: 20 confirmed repeats at 2 %, 150 at 15 %.
+	send := func(n, perMille int, from, to time.Time) error {
+		var buf bytes.Buffer
+		for i := range n {
+			seq++
+			at := from.Add(time.Duration(i) * to.Sub(from) / time.Duration(n))
+			outcome := "passed"
+			if seq%1000 < perMille {
+				outcome = "confirmed_repeat"
+			}
+			b, _ := json.Marshal(map[string]any{"specversion": "1.0", "id": "demo-step-" + strconv.Itoa(seq), "source": "dev/demo",
+				"type": "repeatrate.live.attempt.v1", "data": map[string]any{
+					"scope":         map[string]string{"workspace": "demo", "model": "support-bot", "run": "prod", "checkpoint": "v2", "artifact": "prod"},
+					"correction_id": "fix-comeback", "opportunity_id": "step-" + strconv.Itoa(seq), "outcome": outcome,
+					"occurred_at": at.UTC().Format(time.RFC3339Nano), "assessed_at": at.UTC().Format(time.RFC3339Nano)}})
+			buf.Write(b)
+			buf.WriteByte('\n')
+		}
+		_, err := produce(ctx, &buf, w)
+		return err
+	}
+	start := now()
+	if err := send(demoStepBaseline, 20, start.Add(-115*time.Minute), start.Add(-65*time.Minute)); err != nil {
+		return demoStepErr(ctx, err, log)
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case t := <-tick.C:
+			perMille := 150
+			if t.Sub(start) > demoStepHigh {
+				perMille = 20
+			}
+			if err := send(demoStepPerSec, perMille, t.Add(-time.Second), t); err != nil {
+				return demoStepErr(ctx, err, log)
+			}
+		}
+	}
+}
+
+func demoStepErr(ctx context.Context, err error, log *zap.Logger) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	log.Warn("demo rate step", zap.Error(err))
+	return nil
 }

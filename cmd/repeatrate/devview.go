@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,9 +31,10 @@ type demoView struct {
 	mu          sync.Mutex
 	latest      map[string]schemas.Snapshot // newest snapshot by aggregate ID
 	snapshots   int
-	deadLetters map[string]int // by reason
-	alerts      map[string]int // by event type
-	recent      []string       // the last few alerts, newest last
+	deadLetters map[string]int    // by reason
+	alerts      map[string]int    // by event type
+	recent      []string          // the last few alerts, newest last
+	firing      map[string]string // alerting rules' alerts firing now, by event subject
 
 	// outcomes, when set, returns the processor's observations so far by outcome (counted,
 	// duplicate, …): what deduplication did, which the output topics do not show.
@@ -94,9 +96,10 @@ func (v *demoView) deadLetter(m kafka.Message) {
 
 func (v *demoView) alert(m kafka.Message) {
 	var ev struct {
-		Type    string `json:"type"`
-		Subject string `json:"subject"`
-		Time    string `json:"time"`
+		Type    string        `json:"type"`
+		Subject string        `json:"subject"`
+		Time    string        `json:"time"`
+		Data    schemas.Alert `json:"data"`
 	}
 	if json.Unmarshal(m.Value, &ev) != nil {
 		return
@@ -105,6 +108,18 @@ func (v *demoView) alert(m kafka.Message) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.alerts[kind]++
+	// An alerting rule's alert stays on view while it fires.
+	switch ev.Type {
+	case schemas.TypeAlertFiring:
+		if v.firing == nil {
+			v.firing = map[string]string{}
+		}
+		v.firing[ev.Subject] = ruleAlertText(&ev.Data)
+		return
+	case schemas.TypeAlertResolved:
+		delete(v.firing, ev.Subject)
+		return
+	}
 	// The subject is escaped identity text; show it whole but never raw control bytes.
 	v.recent = append(v.recent, kind+" "+show(ev.Subject))
 	if len(v.recent) > 3 {
@@ -142,6 +157,13 @@ func (v *demoView) render(now time.Time, sent int64, period time.Duration, top i
 	fmt.Fprintf(&b, "          dead letters: %s\n          alerts: %s\n", counts(v.deadLetters), counts(v.alerts))
 	for _, a := range v.recent {
 		fmt.Fprintf(&b, "          alert: %s\n", a)
+	}
+	for i, k := range slices.Sorted(maps.Keys(v.firing)) {
+		if i == 5 {
+			fmt.Fprintf(&b, "          firing: … %d more\n", len(v.firing)-i)
+			break
+		}
+		fmt.Fprintf(&b, "          firing: %s\n", v.firing[k])
 	}
 	type row struct {
 		name       string
@@ -292,4 +314,22 @@ func observationOutcomes(reg prometheus.Gatherer) map[string]int {
 		}
 	}
 	return out
+}
+
+// ruleAlertText is a firing alert in one line: the rule, its subject's fields, and for a change
+// rule the two windows' rates and the least increase the test vouches for.
+func ruleAlertText(a *schemas.Alert) string {
+	var parts []string
+	for _, f := range []string{"workspace", "model", "suite", "version", "case_id", "correction_id", "source"} {
+		if v, ok := a.Fields[f]; ok {
+			parts = append(parts, show(v))
+		}
+	}
+	text := a.Rule + " " + strings.Join(parts, " ")
+	if ev := a.Evidence; ev.Test != nil && len(ev.Windows) == 2 && ev.Windows[0].Rate != nil && ev.Windows[1].Rate != nil {
+		r, b := ev.Windows[0], ev.Windows[1]
+		text += fmt.Sprintf(": %s %.1f%% of %d vs %.1f%% of %d before, up ≥ %.1f pts", r.Name, 100**r.Rate, r.Scored,
+			100**b.Rate, b.Scored, 100*ev.Test.LowerDifference)
+	}
+	return text
 }
