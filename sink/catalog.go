@@ -142,7 +142,7 @@ func (c *Catalog) record(ctx context.Context, snaps []schemas.Snapshot, suites s
 		}
 		for k := range touched {
 			ws, kind, _ := strings.Cut(k, "\x00")
-			trimScript.Run(ctx, p, []string{c.wsKey(ws, kind), c.wsKey(ws, kind+"t")}, cutoff, ttl)
+			trimScript.Eval(ctx, p, []string{c.wsKey(ws, kind), c.wsKey(ws, kind+"t")}, cutoff, ttl)
 		}
 		return nil
 	})

@@ -1,0 +1,136 @@
+package sink
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(context.Context, []schemas.Snapshot) error { return nil }
+func (nopPublisher) PublishSuites(context.Context, suite.Output, time.Time) error {
+	return nil
+}
+
+// mutableTallies is a TallyReader whose answers a test changes.
+type mutableTallies struct {
+	mu sync.Mutex
+	t  map[aggregator.Key]aggregator.Tally
+}
+
+func (m *mutableTallies) Tally(_ context.Context, k aggregator.Key, _ time.Time) (aggregator.Tally, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.t[k], nil
+}
+
+// sseIDs reads events from a stream until it has n ids or the deadline passes.
+func sseIDs(t *testing.T, sc *bufio.Scanner, n int) []int64 {
+	t.Helper()
+	var ids []int64
+	for len(ids) < n && sc.Scan() {
+		if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+			v, _ := strconv.ParseInt(id, 10, 64)
+			ids = append(ids, v)
+		}
+	}
+	return ids
+}
+
+// TestStream: a stream of one aggregate receives each published version in order; after a
+// disconnect, resuming with Last-Event-ID sends the current snapshot (newer than the id) and then
+// new versions, never one at or below the id; another workspace's snapshots never appear.
+func TestStream(t *testing.T) {
+	client := testenv.Redis(t)
+	prefix := testenv.Name(t, "stream")
+	testenv.CleanPrefix(t, client, prefix)
+	cat := NewCatalog(client, prefix, time.Hour)
+	rec := NewRecorder(nopPublisher{}, cat, nil, zap.NewNop())
+	key := aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}, CorrectionID: "x", Source: aggregator.Live}
+	other := key
+	other.Scope.Workspace = "other"
+	tallies := &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, tallies, prometheus.NewRegistry(), func() time.Time { return now }, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+
+	publish := func(k aggregator.Key, v int64) {
+		t.Helper()
+		tally := aggregator.Tally{Version: v, All: aggregator.Counts{Passed: v}}
+		tallies.mu.Lock()
+		tallies.t[k] = tally
+		tallies.mu.Unlock()
+		if err := rec.Publish(ctx, []schemas.Snapshot{tally.Snapshot(k, now)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rec.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open := func(last string) (*bufio.Scanner, []int64, func()) {
+		t.Helper()
+		sctx, stop := context.WithTimeout(ctx, 20*time.Second)
+		req, _ := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+l.Addr().String()+"/v1/stream?"+
+			"workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x", nil)
+		req.Header.Set("Authorization", "Bearer "+tokenA)
+		if last != "" {
+			req.Header.Set("Last-Event-ID", last)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("stream: %v %v", err, resp)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		// Read the catch-up up to its end marker, so the stream is subscribed before we publish.
+		var ids []int64
+		for sc.Scan() && sc.Text() != ": live" {
+			if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+				v, _ := strconv.ParseInt(id, 10, 64)
+				ids = append(ids, v)
+			}
+		}
+		return sc, ids, func() { stop(); resp.Body.Close() }
+	}
+	publish(key, 1)
+	sc, caught, stop := open("")
+	for _, v := range []int64{2, 3} {
+		publish(other, v+100) // another workspace: never streamed
+		publish(key, v)
+	}
+	// The catch-up finds version 1 through the index.
+	if ids := append(caught, sseIDs(t, sc, 2)...); len(ids) != 3 || ids[0] != 1 || ids[1] != 2 || ids[2] != 3 {
+		t.Fatalf("first connection: ids %v, want [1 2 3]", ids)
+	}
+	stop()
+	publish(key, 4)
+	publish(key, 5)
+	sc, caught, stop = open("3")
+	defer stop()
+	publish(key, 6)
+	ids := append(caught, sseIDs(t, sc, 1)...)
+	if len(ids) != 2 || ids[0] != 5 || ids[1] != 6 {
+		t.Fatalf("resumed after 3: ids %v, want [5 6] (the current snapshot, then new ones)", ids)
+	}
+}
