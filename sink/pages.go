@@ -43,6 +43,7 @@ var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
 	},
 	"signed": func(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) },
 	"win":    func(w schemas.Window) struct{ W schemas.Window } { return struct{ W schemas.Window }{w} },
+	"passk": func(s schemas.SuiteStability, k int) *float64 { return s.PassAtK[strconv.Itoa(k)] },
 	"gpass": func(s schemas.SuiteStability, k int) *float64 {
 		return s.GPassAtK[strconv.Itoa(k)]["1"]
 	},
