@@ -166,6 +166,8 @@ func (r *Redis) call(ctx context.Context, suites []Key, args func(Key) []any) ([
 	var epoch *redis.StringCmd
 	run := func() ([]*redis.Cmd, error) {
 		cmds := make([]*redis.Cmd, len(suites))
+		token := func() {}
+		defer func() { token() }()
 		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
@@ -173,6 +175,10 @@ func (r *Redis) call(ctx context.Context, suites []Key, args func(Key) []any) ([
 			for n, k := range suites {
 				runsKey, annKey := r.keys(k)
 				cmds[n] = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, args(k)...)
+			}
+			if r.cfg.Pending != nil {
+				// After the writes: Seal checks it (aggregator.Pending).
+				token = r.cfg.Pending.Append(ctx, p, r.cfg.Prefix)
 			}
 			return nil
 		})
@@ -220,7 +226,9 @@ func (r *Redis) MarkAnnounced(ctx context.Context, k Key, cases []string) error 
 }
 
 // Read returns the summary of suite k with every version, observed at time at, without applying
-// anything: what a rebuild publishes once it has re-applied the input.
+// any run: what a rebuild publishes once it has re-applied the input, and what the read side
+// shows. It is not read-only: like a batch, it advances each version's missing-run deadline to
+// at, which only moves forward and changes no count a later batch would not change the same way.
 func (r *Redis) Read(ctx context.Context, k Key, at time.Time) (*Summary, error) {
 	replies, err := r.call(ctx, []Key{k}, func(Key) []any {
 		return []any{0, r.suite.MinHistory, r.suite.JudgeLastVersions,
