@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,10 @@ type RedisConfig struct {
 	// later process can tell when the group committed work this Redis no longer holds
 	// (CheckOffsets). Empty records nothing.
 	Group string
+	// Pending is the chain of pending tokens that every store writing a batch shares, so that Seal
+	// can tell that all of the batch's writes survived (docs/semantics.md#delivery). The rates
+	// store makes one of its own when it is nil; a suite store writes none then.
+	Pending *Pending
 }
 
 // Validate checks the configuration and fills defaults.
@@ -88,6 +93,9 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Pending == nil {
+		cfg.Pending = NewPending()
+	}
 	return &Redis{client: client, cfg: cfg}, nil
 }
 
@@ -115,6 +123,8 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 	defer r.sealMu.Unlock()
 	markKey, mark := r.sealKey, r.sealSeq
 	run := func() ([]redis.Cmder, error) {
+		token := func() {}
+		defer func() { token() }()
 		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				p.Get(ctx, EpochKey(r.cfg.Prefix))
@@ -131,6 +141,8 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 				}
 				applyScript.EvalSha(ctx, p, r.keys(k), args...)
 			}
+			// Last, after every write of the pipeline; its reply is not among cmds' first len(keys).
+			token = r.cfg.Pending.Append(ctx, p, r.cfg.Prefix)
 			return nil
 		})
 	}
@@ -335,12 +347,87 @@ func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
 // consumed again, and are applied idempotently.
 var ErrWritesLost = errors.New("redis lost acknowledged writes")
 
+// Pending is a process's chain of pending tokens, the evidence that a batch's writes survived up
+// to its seal. Every pipeline that writes a batch's state ends with SET <token key> <next token>
+// GET, after its other writes; the token it replaces must be the one written last, and Seal checks
+// that the last one is still there before it writes the batch mark. Redis executes one
+// connection's commands in order and persists and replicates them in that order, so a surviving
+// token means every write sent before it survived too, and a replaced token that is not the last
+// one written means Redis lost writes in between (docs/semantics.md#delivery). The pipelines that
+// write tokens must not overlap; the processor runs them one after another in its Apply stage.
+type Pending struct {
+	mu     sync.Mutex
+	id     string
+	n      int64
+	held   []string // the tokens Redis may hold: the last one written, and any whose reply was lost
+	broken error    // a replaced token was not one of held: the writes since the last seal are suspect
+}
+
+// NewPending returns an empty chain with a random id of its own.
+func NewPending() *Pending {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return &Pending{id: hex.EncodeToString(b), held: []string{""}}
+}
+
+func (t *Pending) key(prefix string) string { return marksKey(prefix, "pending:"+t.id) }
+
+// Append adds the write of the next token to pipeline p, which must come after every other write
+// of the pipeline. Once the pipeline has run, whatever its error, call the returned function: it
+// checks the token the write replaced.
+func (t *Pending) Append(ctx context.Context, p redis.Pipeliner, prefix string) func() {
+	t.mu.Lock()
+	t.n++
+	next := strconv.FormatInt(t.n, 10)
+	t.mu.Unlock()
+	cmd := p.SetArgs(ctx, t.key(prefix), next, redis.SetArgs{Get: true})
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		prev, err := cmd.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			// No reply: the write may or may not have run.
+			t.held = append(t.held, next)
+			return
+		}
+		if !slices.Contains(t.held, prev) && t.broken == nil {
+			t.broken = fmt.Errorf("%w: pending token %q replaced %q, want one of %q", ErrWritesLost, next, prev, t.held)
+		}
+		t.held = []string{next}
+	}
+}
+
+// check classifies the token Seal found in Redis and makes it the chain's new baseline, so that the
+// batches consumed again after a reported loss are checked against a token that holds.
+func (t *Pending) check(found string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	err := t.broken
+	if err == nil && !slices.Contains(t.held, found) {
+		err = fmt.Errorf("%w: pending token is %q, want one of %q: writes made after the previous batch mark are gone",
+			ErrWritesLost, found, t.held)
+	}
+	t.broken, t.held = nil, []string{found}
+	return err
+}
+
+// sealScript writes the next batch mark and returns the one it replaced with the pending token it
+// found, in one atomic step: a token checked and a mark written are the same moment in Redis's
+// order. KEYS[1] batch mark, KEYS[2] pending token; ARGV[1] the next mark.
+var sealScript = redis.NewScript(`
+local prev = redis.call('GET', KEYS[1]) or ''
+redis.call('SET', KEYS[1], ARGV[1])
+return {prev, redis.call('GET', KEYS[2]) or ''}
+`)
+
 // Seal marks the end of a batch: it writes this process's next batch mark to Redis and checks
-// that the previous mark is still there. Redis persists writes in order, so a surviving previous
-// mark means every write before it survived too. A missing or older one means recent writes were
-// lost: Seal returns ErrWritesLost, or ErrStateLost when the loss reaches a mark that Verify had
-// confirmed (offsets may have been committed for it). The first Seal of a process checks nothing.
-// A Seal retried after a lost reply finds its own mark, which is fine.
+// that the previous mark is still there, and that the pending token of the batch's last write
+// pipeline is (Pending). Redis persists writes in order, so a surviving previous mark means every
+// write before it survived too, and the surviving token means every write of this batch did. A
+// missing or older mark or token means recent writes were lost: Seal returns ErrWritesLost, or
+// ErrStateLost when the loss reaches a mark that Verify had confirmed (offsets may have been
+// committed for it). The first Seal of a process checks only the token. A Seal retried after a
+// lost reply finds its own mark, which is fine.
 func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
@@ -352,17 +439,24 @@ func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	next := r.sealSeq + 1
 	// No expiry: a mark that vanished must mean a loss, however long the process was idle. Close
 	// deletes it; a crashed process leaves one small key behind.
-	prev, err := r.client.SetArgs(ctx, r.sealKey, next, redis.SetArgs{Get: true}).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	res, err := sealScript.Run(ctx, r.client, []string{r.sealKey, r.cfg.Pending.key(r.cfg.Prefix)}, next).StringSlice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("seal script returned %d values", len(res))
+	}
+	if err != nil {
 		return 0, fmt.Errorf("seal batch: %w", err)
 	}
+	prev, token := res[0], res[1]
 	first := r.sealSeq == 0
 	want := r.sealSeq
 	r.sealSeq = next // the new baseline, whatever the check finds
-	if first {
-		return next, nil
+	terr := r.cfg.Pending.check(token)
+	if !first {
+		if err := r.lost(prev, want, next); err != nil {
+			return next, err
+		}
 	}
-	return next, r.lost(prev, want, next)
+	return next, terr
 }
 
 // Offsets are consumer offsets by topic and partition: the next offset to consume.
@@ -503,14 +597,15 @@ func (r *Redis) lost(found string, want, own int64) error {
 	return fmt.Errorf("%w: batch mark is %d, want %d", ErrWritesLost, n, want)
 }
 
-// Close removes this process's batch mark. It does not close the client.
+// Close removes this process's batch mark and pending token. It does not close the client.
 func (r *Redis) Close(ctx context.Context) error {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
-	if r.sealKey == "" {
-		return nil
+	keys := []string{r.cfg.Pending.key(r.cfg.Prefix)}
+	if r.sealKey != "" {
+		keys = append(keys, r.sealKey)
 	}
-	return r.client.Del(ctx, r.sealKey).Err()
+	return r.client.Del(ctx, keys...).Err()
 }
 
 // ErrEvicting means Redis may evict keys when it runs out of memory. Every key of an aggregate

@@ -53,7 +53,9 @@ type stores struct {
 
 func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
 	var s stores
-	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID}
+	// One chain of pending tokens for both stores: Seal then vouches for the suite writes too.
+	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
+		Pending: aggregator.NewPending()}
 	var err error
 	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
 		return s, err
