@@ -2,12 +2,14 @@
 # Makes the Python venv the oracle and importer tests use (.cache/venv, git-ignored), once:
 # OpenCompass from PyPI without its dependencies (only its repeat-analysis module is run, with the
 # imports it does not need stubbed: test/opencompass/oracle.py), numpy and tabulate, which that
-# module imports, and Inspect AI (test/inspect/make_logs.py). A stamp file holds the pinned
+# module imports, SciPy, which OpenCompass's G-Pass@k functions use (test/opencompass/passk.py),
+# tiktoken (test/tiktoken/count.py; its encoding files are handed to it locally), and Inspect AI
+# (test/inspect/make_logs.py). A stamp file holds the pinned
 # requirements; when they match, nothing is installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${REPEATRATE_TEST_VENV:-.cache/venv}
-deps="numpy==2.4.6 tabulate==0.10.0 inspect-ai==0.3.285"
+deps="numpy==2.4.6 tabulate==0.10.0 scipy==1.17.1 tiktoken==0.14.0 inspect-ai==0.3.285"
 nodeps="opencompass==0.5.4"
 stamp="$venv/.repeatrate-requirements"
 want="$deps --no-deps $nodeps"

@@ -44,11 +44,15 @@ type LengthCount struct {
 // VersionSummary holds the sums a stability snapshot of one version is computed from.
 type VersionSummary struct {
 	Version   string
-	Runs      int64         // the greatest runs any result of the version planned
-	RunScores []RunScore    // by index; indexes with nothing scored are left out
-	Cases     []CaseCount   // by (N, C); cases with nothing scored are left out
-	Lengths   []LengthCount // every stored run's reply, by length
-	Abnormal  []LengthCount // stored runs whose reply is abnormal, by length
+	Runs      int64       // the greatest runs any result of the version planned
+	RunScores []RunScore  // by index; indexes with nothing scored are left out
+	Cases     []CaseCount // by (N, C); cases with nothing scored are left out
+	// Attempts is the (n, c) histogram with n counting every stored run of a case, errored ones
+	// included (as failures): what the opencompass mode's pass@k and G-Pass@k read. Empty when the
+	// store does not keep it; then that mode reads Cases, which equals it when no run errored.
+	Attempts []CaseCount
+	Lengths  []LengthCount // every stored run's reply, by length
+	Abnormal []LengthCount // stored runs whose reply is abnormal, by length
 	// Missing lists the first schemas.MaxListedCases cases (in case order) that had missing runs
 	// at the deadline; MissingTotal counts the missing runs of every case.
 	Missing      []schemas.MissingRuns
@@ -130,20 +134,31 @@ func StabilityOf(k Key, v *VersionSummary, cfg Config, at time.Time) schemas.Sui
 	for _, c := range v.Cases {
 		s.Cases += int(c.Cases)
 	}
+	// The default mode averages over cases with at least k scored runs; the opencompass mode, as
+	// OpenCompass's evaluator does, over every case with a run, errored runs counting as failures
+	// and a case short of k runs taking what OpenCompass's functions give it (pass@k 1, G-Pass@k
+	// and mG-Pass@k 0).
+	hist, gpass, mgpass, parity := v.Cases, GPassAtK, MGPassAtK, cfg.ReplyMode == ReplyOpenCompass
+	if parity {
+		gpass, mgpass = OCGPassAtK, OCMGPassAtK
+		if len(v.Attempts) > 0 {
+			hist = v.Attempts
+		}
+	}
 	for _, k := range cfg.Ks {
 		key := strconv.Itoa(k)
 		var sum, msum, n float64
 		g := make([]float64, len(cfg.Taus))
-		for _, c := range v.Cases {
-			if c.N < int64(k) {
+		for _, c := range hist {
+			if c.N < int64(k) && !parity {
 				continue
 			}
 			w := float64(c.Cases)
 			n += w
 			sum += w * PassAtK(int(c.N), int(c.C), k)
-			msum += w * MGPassAtK(int(c.N), int(c.C), k)
+			msum += w * mgpass(int(c.N), int(c.C), k)
 			for i, tau := range cfg.Taus {
-				g[i] += w * GPassAtK(int(c.N), int(c.C), k, tau)
+				g[i] += w * gpass(int(c.N), int(c.C), k, tau)
 			}
 		}
 		s.PassAtK[key], s.MGPassAtK[key] = nil, nil
@@ -175,7 +190,7 @@ func StabilityOf(k Key, v *VersionSummary, cfg Config, at time.Time) schemas.Sui
 		s.ReplyLength.P90 = f64(float64(lengthAt(v.Lengths, count*9/10)))
 	}
 	for _, a := range v.Abnormal {
-		if cfg.ReplyMode != ReplyOpenCompass || a.Tokens >= p75 {
+		if !parity || a.Tokens >= p75 {
 			s.AbnormalSamples += int(a.Count)
 		}
 	}
@@ -196,7 +211,9 @@ func lengthAt(h []LengthCount, i int64) int64 {
 // sortSummary puts a version summary's histograms in their fixed order.
 func sortSummary(v *VersionSummary) {
 	slices.SortFunc(v.RunScores, func(a, b RunScore) int { return cmp.Compare(a.Index, b.Index) })
-	slices.SortFunc(v.Cases, func(a, b CaseCount) int { return cmp.Or(cmp.Compare(a.N, b.N), cmp.Compare(a.C, b.C)) })
+	byNC := func(a, b CaseCount) int { return cmp.Or(cmp.Compare(a.N, b.N), cmp.Compare(a.C, b.C)) }
+	slices.SortFunc(v.Cases, byNC)
+	slices.SortFunc(v.Attempts, byNC)
 	slices.SortFunc(v.Lengths, func(a, b LengthCount) int { return cmp.Compare(a.Tokens, b.Tokens) })
 	slices.SortFunc(v.Abnormal, func(a, b LengthCount) int { return cmp.Compare(a.Tokens, b.Tokens) })
 }
