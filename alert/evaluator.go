@@ -244,9 +244,16 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	}
 	for _, k := range gone {
 		st := recs[k]
-		if r, ok := e.rules[st.Rule]; ok && st.Rev > 0 {
-			work = append(work, item{r, Condition{Subject: st.Subject, Evidence: schemas.AlertEvidence{EvaluatedAt: now}}})
+		if st.Rev == 0 {
+			continue
 		}
+		r, ok := e.rules[st.Rule]
+		if !ok {
+			// The rule left the rules file: its alerts resolve at once (a pending one clears),
+			// with the kind and labels they fired with, rather than fire forever unseen.
+			r = removedRule(st)
+		}
+		work = append(work, item{r, Condition{Subject: st.Subject, Evidence: schemas.AlertEvidence{EvaluatedAt: now}}})
 	}
 	firing := map[string]float64{}
 	var errs []error
@@ -267,6 +274,21 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	return errors.Join(errs...)
 }
 
+// removedRule stands for the rule of a record whose rule is no longer in the rules file: no
+// keep_firing_for, no resends, and the kind, labels and annotations of its last firing.
+func removedRule(st Stored) *Rule {
+	r := &Rule{Name: st.Rule}
+	if ep := st.Episode; ep != nil {
+		for k, v := range kindNames {
+			if v == ep.Kind {
+				r.Kind = k
+			}
+		}
+		r.Labels, r.Annotations = ep.Labels, ep.Annotations
+	}
+	return r
+}
+
 // step moves one lifecycle, retrying on compare-and-set conflicts with the record re-read.
 func (e *Evaluator) step(ctx context.Context, key string, st Stored, r *Rule, c Condition, now time.Time) (State, error) {
 	for attempt := 0; ; attempt++ {
@@ -276,7 +298,7 @@ func (e *Evaluator) step(ctx context.Context, key string, st Stored, r *Rule, c 
 		}
 		var note *Notification
 		if notify != NotifyNone {
-			note = e.notification(r, c, next, notify, now)
+			note = e.notification(r, c, next, notify, now, st.Episode)
 		}
 		ok, err := e.store.Commit(ctx, key, st.Rev, r.Name, c.Subject, next, note, e.takes, now)
 		if err != nil {
@@ -312,10 +334,16 @@ func (e *Evaluator) takes(sink string, n Notify) bool {
 	return false
 }
 
-// notification builds the message of a step.
-func (e *Evaluator) notification(r *Rule, c Condition, rec Record, n Notify, now time.Time) *Notification {
+// notification builds the message of a step. A resend or resolution repeats the labels and
+// annotations the alert fired with (ep), even if the rule's changed since: Alertmanager knows an
+// alert by its labels, and a resolution under new ones would leave the old alert firing there.
+func (e *Evaluator) notification(r *Rule, c Condition, rec Record, n Notify, now time.Time, ep *Episode) *Notification {
+	labels, annotations := r.Labels, r.Annotations
+	if ep != nil && n != NotifyFiring {
+		labels, annotations = ep.Labels, ep.Annotations
+	}
 	a := schemas.Alert{Rule: r.Name, Kind: r.Kind.String(), Subject: c.Subject.Key, Fields: maps.Clone(c.Subject.Fields),
-		Labels: maps.Clone(r.Labels), Annotations: maps.Clone(r.Annotations), State: "firing",
+		Labels: maps.Clone(labels), Annotations: maps.Clone(annotations), State: "firing",
 		ActiveAt: rec.ActiveAt, FiredAt: rec.FiredAt, Evidence: c.Evidence}
 	if a.Fields == nil {
 		a.Fields = map[string]string{}

@@ -125,4 +125,3 @@ func TestMatcher(t *testing.T) {
 		}
 	}
 }
-

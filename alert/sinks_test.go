@@ -144,7 +144,7 @@ func TestKafkaEvent(t *testing.T) {
 	r := mustRule(t, "- {name: back, kind: change, min_increase: 0.05}")
 	c := Evaluate(r, tb, t0)[0]
 	e := &Evaluator{}
-	n := e.notification(r, c, Record{State: StateFiring, ActiveAt: t0, FiredAt: t0}, NotifyFiring, t0)
+	n := e.notification(r, c, Record{State: StateFiring, ActiveAt: t0, FiredAt: t0}, NotifyFiring, t0, nil)
 	for range 2 {
 		if err := k.Send(context.Background(), []Notification{*n}); err != nil {
 			t.Fatal(err)

@@ -11,6 +11,10 @@ type Counts struct {
 	Scored    int64 `json:"scored"`
 }
 
+// valid reports whether the counts are possible: 0 ≤ Confirmed ≤ Scored. Windows computed from a
+// malformed snapshot (or a baseline window smaller than the recent one) are not.
+func (c Counts) valid() bool { return c.Confirmed >= 0 && c.Confirmed <= c.Scored }
+
 // Rate is Confirmed/Scored; 0 when nothing was scored.
 func (c Counts) Rate() float64 {
 	if c.Scored == 0 {
@@ -54,9 +58,9 @@ func logMixtureAt(lm float64, x, n int64, p float64) float64 {
 
 // ConfidenceSequence returns the beta-binomial mixture confidence sequence at level alpha for the
 // rate of c.Confirmed successes in c.Scored trials: the interval of rates p with
-// M_n(p) < 1/alpha. With no trials it is [0, 1].
+// M_n(p) < 1/alpha. With no trials, or impossible counts, it is [0, 1].
 func ConfidenceSequence(c Counts, alpha float64) (low, high float64) {
-	if c.Scored <= 0 {
+	if c.Scored <= 0 || !c.valid() {
 		return 0, 1
 	}
 	bound := math.Log(1 / alpha)
@@ -125,36 +129,79 @@ func ChangeTest(recent, baseline Counts, alpha float64, epoch, horizon time.Dura
 	ch.RecentLow, _ = ConfidenceSequence(recent, ae/2)
 	_, ch.BaselineHigh = ConfidenceSequence(baseline, ae/2)
 	ch.LowerDifference = ch.RecentLow - ch.BaselineHigh
-	ch.Fires = ch.LowerDifference > 0 && ch.LowerDifference >= minIncrease
+	ch.Fires = recent.valid() && baseline.valid() && ch.LowerDifference > 0 && ch.LowerDifference >= minIncrease
 	return ch
 }
 
 // FisherGreater is the one-sided p-value of Fisher's exact test that the rate of a exceeds that
 // of b: the hypergeometric probability of at least a.Confirmed successes in a's trials, given the
-// margins.
+// margins. The tail is summed from its largest term with the ratio of consecutive terms and stops
+// once the terms no longer change the sum, so it costs a few standard deviations of steps, not
+// one per success; past fisherMaxSteps (a spread of more than about 10⁵, windows of billions) it
+// is the normal approximation. Impossible counts (negative, more confirmed than scored) give 1.
 func FisherGreater(a, b Counts) float64 {
-	n1, n2 := a.Scored, b.Scored
-	k := a.Confirmed + b.Confirmed
-	n := n1 + n2
-	if n1 == 0 || n2 == 0 {
+	if !a.valid() || !b.valid() || a.Scored == 0 || b.Scored == 0 {
 		return 1
 	}
-	lch := func(n, r int64) float64 {
-		x, _ := math.Lgamma(float64(n + 1))
-		y, _ := math.Lgamma(float64(r + 1))
-		z, _ := math.Lgamma(float64(n - r + 1))
+	n1, n2 := float64(a.Scored), float64(b.Scored)
+	k := float64(a.Confirmed + b.Confirmed)
+	n := n1 + n2
+	lo, hi := math.Max(0, k-n2), math.Min(k, n1) // support of x
+	x := float64(a.Confirmed)
+	if x <= lo {
+		return 1
+	}
+	if x > hi {
+		return 0
+	}
+	mean := k * n1 / n
+	sd := math.Sqrt(mean * (n2 / n) * (n - k) / math.Max(1, n-1))
+	lch := func(n, r float64) float64 {
+		x, _ := math.Lgamma(n + 1)
+		y, _ := math.Lgamma(r + 1)
+		z, _ := math.Lgamma(n - r + 1)
 		return x - y - z
 	}
-	den := lch(n, k)
-	p := 0.0
-	for x := a.Confirmed; x <= min(k, n1); x++ {
-		if k-x > n2 {
-			continue
-		}
-		p += math.Exp(lch(n1, x) + lch(n2, k-x) - den)
+	logTerm := func(x float64) float64 { return lch(n1, x) + lch(n2, k-x) - lch(n, k) }
+	// up(x) is term(x+1)/term(x); the terms rise to the mode and fall after it.
+	up := func(x float64) float64 { return (n1 - x) * (k - x) / ((x + 1) * (n2 - k + x + 1)) }
+	upper := x > mean
+	if !upper {
+		x-- // sum the lower tail P(X ≤ x−1), downward from x−1, and return its complement
 	}
-	return math.Min(1, p)
+	sum, term := 0.0, math.Exp(logTerm(x))
+	for step := 0; ; step++ {
+		if step == fisherMaxSteps {
+			// Normal approximation with a continuity correction.
+			z := (float64(a.Confirmed) - 0.5 - mean) / sd
+			return 0.5 * math.Erfc(z/math.Sqrt2)
+		}
+		sum += term
+		if upper {
+			if x >= hi {
+				break
+			}
+			term *= up(x)
+			x++
+		} else {
+			if x <= lo {
+				break
+			}
+			term /= up(x - 1)
+			x--
+		}
+		if term <= sum*1e-17 {
+			break
+		}
+	}
+	if upper {
+		return math.Min(1, sum)
+	}
+	return math.Max(0, 1-sum)
 }
+
+// fisherMaxSteps bounds FisherGreater's exact summation.
+const fisherMaxSteps = 4_000_000
 
 // NaiveZ is the pooled two-proportion z statistic of a over b: the fixed-sample test that
 // monitoring tools re-run at every evaluation. It is here to be compared with ChangeTest, never to

@@ -43,6 +43,16 @@ type Stored struct {
 	Rev     int64
 	Rule    string
 	Subject Subject
+	// Episode is what the rule was when the alert last fired (nil before it ever fired): a rule
+	// removed from the rules file still resolves its alert with the kind and labels it fired with.
+	Episode *Episode
+}
+
+// Episode is the part of a rule a firing alert's later notifications repeat.
+type Episode struct {
+	Kind        string            `json:"kind"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 //go:embed commit.lua
@@ -151,6 +161,12 @@ func decodeStored(h map[string]string) Stored {
 	st.ResolvedAt, st.LastSentAt = fromUS(h["resolved_at"]), fromUS(h["last_sent_at"])
 	st.Rule, st.Subject.Key = h["rule"], h["subject"]
 	_ = json.Unmarshal([]byte(h["fields"]), &st.Subject.Fields)
+	if v, ok := h["episode"]; ok {
+		var ep Episode
+		if json.Unmarshal([]byte(v), &ep) == nil {
+			st.Episode = &ep
+		}
+	}
 	return st
 }
 
@@ -170,7 +186,11 @@ func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, 
 			return false, err
 		}
 	}
-	args = append(args, string(payload), note != nil && note.Kind == NotifyResend.String())
+	var episode []byte
+	if note != nil && note.Kind == NotifyFiring.String() {
+		episode, _ = json.Marshal(Episode{Kind: note.Alert.Kind, Labels: note.Alert.Labels, Annotations: note.Alert.Annotations})
+	}
+	args = append(args, string(payload), note != nil && note.Kind == NotifyResend.String(), string(episode))
 	for _, sink := range s.sinks {
 		take := note != nil && takes(sink, notifyOf(note.Kind))
 		keys = append(keys, outbox(key, sink), s.due(sink))

@@ -59,7 +59,7 @@ func testNotification(t *testing.T) Notification {
 	tb.PutSnapshot(snap("live", 1, [2]int64{150, 1000}, [2]int64{270, 7000}, t0))
 	r := mustRule(t, "- {name: back, kind: change, min_increase: 0.05}")
 	c := Evaluate(r, tb, t0)[0]
-	return *(&Evaluator{}).notification(r, c, Record{State: StateFiring, ActiveAt: t0, FiredAt: t0}, NotifyFiring, t0)
+	return *(&Evaluator{}).notification(r, c, Record{State: StateFiring, ActiveAt: t0, FiredAt: t0}, NotifyFiring, t0, nil)
 }
 
 // TestWebhookSigned: a real HTTP receiver verifies the signature of what the webhook sink posts,

@@ -1,0 +1,178 @@
+package alert
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+// TestRemovedRuleResolves: a rule taken out of the rules file across a restart while its alert
+// fires must resolve that alert (with the labels it fired with, so Alertmanager matches it), not
+// leave it firing forever in Redis with no resolved notification on any sink.
+func TestRemovedRuleResolves(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	kafka, am := &recordingSink{name: "kafka"}, &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"kafka", "am"})
+	before := "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, labels: {severity: page}}\n" +
+		"- {name: other, kind: threshold, window: 24h, value: 0.9, min_scored: 20}\n"
+	after := "rules:\n- {name: other, kind: threshold, window: 24h, value: 0.9, min_scored: 20}\n"
+	high := snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)
+
+	first := newTestEvaluator(t, store, before, []Sink{kafka, am}, clk)
+	first.Apply(Update{Snapshot: high})
+	if err := first.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []Sink{kafka, am} {
+		if err := first.Deliver(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second := newTestEvaluator(t, store, after, []Sink{kafka, am}, clk)
+	second.Apply(Update{Snapshot: high})
+	clk.set(t0.Add(time.Minute))
+	for range 2 {
+		if err := second.Evaluate(ctx, clk.now()); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []Sink{kafka, am} {
+			if err := second.Deliver(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := kafka.kinds(); len(got) != 2 || got[1] != "resolved" {
+		t.Fatalf("kafka got %v, want [firing resolved]", got)
+	}
+	if got := am.kinds(); len(got) != 2 || got[1] != "resolved" {
+		t.Fatalf("alertmanager got %v, want [firing resolved]", got)
+	}
+	res := am.sent[1].Alert
+	if res.Kind != "threshold" || res.Labels["severity"] != "page" || res.Rule != "high" || res.FiredAt != am.sent[0].Alert.FiredAt {
+		t.Errorf("resolved alert %+v, want the firing one's kind, labels and episode", res)
+	}
+	if keys, err := store.Keys(ctx); err != nil || len(keys) != 0 {
+		t.Errorf("index %v, %v: want empty once resolved and delivered", keys, err)
+	}
+}
+
+// TestChangedLabelsResolveTheFiredAlert: a rule whose labels changed across a restart while its
+// alert fires resolves it under the labels it fired with, which Alertmanager knows it by.
+func TestChangedLabelsResolveTheFiredAlert(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	rule := "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, labels: {severity: %s}}\n"
+	first := newTestEvaluator(t, store, fmt.Sprintf(rule, "page"), []Sink{am}, clk)
+	first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
+	if err := first.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	second := newTestEvaluator(t, store, fmt.Sprintf(rule, "ticket"), []Sink{am}, clk)
+	second.Apply(Update{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Hour))})
+	clk.set(t0.Add(time.Hour))
+	if err := second.Evaluate(ctx, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Deliver(ctx, am); err != nil {
+		t.Fatal(err)
+	}
+	if got := am.kinds(); len(got) != 2 || got[1] != "resolved" {
+		t.Fatalf("alertmanager got %v, want [firing resolved]", got)
+	}
+	if l := am.sent[1].Alert.Labels["severity"]; l != "page" {
+		t.Errorf("resolved with severity %q, fired with page", l)
+	}
+}
+
+// TestChangeEvidenceMalformedCounts: a snapshot whose counts are impossible (more confirmed than
+// scored, a longer window smaller than a shorter one) must neither fire a change alert nor put a
+// NaN or infinity in its evidence.
+func TestChangeEvidenceMalformedCounts(t *testing.T) {
+	r := mustRule(t, "- {name: c, kind: change, window: 24h, baseline: 7d, min_scored: 20}\n")
+	for _, tc := range []struct {
+		name      string
+		day, week [2]int64
+	}{
+		{"confirmed above scored", [2]int64{50, 40}, [2]int64{60, 400}},
+		{"week below day", [2]int64{30, 100}, [2]int64{10, 50}},
+		{"week confirmed below day", [2]int64{30, 100}, [2]int64{10, 500}},
+		{"negative", [2]int64{-5, 100}, [2]int64{-5, 400}},
+	} {
+		s := snap("live", 1, tc.day, tc.week, t0)
+		tab := NewTable()
+		tab.PutSnapshot(s)
+		for _, c := range Evaluate(r, tab, t0) {
+			if c.Active {
+				t.Errorf("%s: fires on impossible counts: %+v", tc.name, c.Evidence)
+			}
+			if _, err := json.Marshal(c.Evidence); err != nil {
+				t.Errorf("%s: evidence does not encode: %v", tc.name, err)
+			}
+		}
+	}
+}
+
+// TestStatisticsHugeCounts: the statistics stay finite and fast at counts far beyond a loop over
+// every success (a 7d window of a busy stream), and Fisher's tail matches its normal approximation.
+func TestStatisticsHugeCounts(t *testing.T) {
+	a := Counts{Confirmed: 2_000_000_000, Scored: 100_000_000_000}
+	b := Counts{Confirmed: 12_000_000_000, Scored: 600_000_000_000}
+	p := FisherGreater(a, b)
+	if math.IsNaN(p) || p < 0.45 || p > 0.55 {
+		t.Errorf("FisherGreater at equal rates and huge counts = %v, want about 0.5", p)
+	}
+	lo, hi := ConfidenceSequence(a, 0.05/720/2)
+	if !(lo > 0.0199 && lo < 0.02 && hi > 0.02 && hi < 0.0201) {
+		t.Errorf("confidence sequence at 2e9/1e11 = [%v, %v]", lo, hi)
+	}
+}
+
+// fisherDirect is Fisher's one-sided tail summed term by term, the reference for small counts.
+func fisherDirect(a, b Counts) float64 {
+	n1, n2, k := a.Scored, b.Scored, a.Confirmed+b.Confirmed
+	lch := func(n, r int64) float64 {
+		x, _ := math.Lgamma(float64(n + 1))
+		y, _ := math.Lgamma(float64(r + 1))
+		z, _ := math.Lgamma(float64(n - r + 1))
+		return x - y - z
+	}
+	p := 0.0
+	for x := a.Confirmed; x <= min(k, n1); x++ {
+		if k-x <= n2 {
+			p += math.Exp(lch(n1, x) + lch(n2, k-x) - lch(n1+n2, k))
+		}
+	}
+	return math.Min(1, p)
+}
+
+// TestFisherGreaterAgreesWithDirectSum checks the tail summation from the largest term against
+// the term-by-term sum over a grid of small tables, including the edges of the support.
+func TestFisherGreaterAgreesWithDirectSum(t *testing.T) {
+	for n1 := int64(1); n1 <= 30; n1 += 3 {
+		for n2 := int64(1); n2 <= 40; n2 += 7 {
+			for x1 := int64(0); x1 <= n1; x1++ {
+				for x2 := int64(0); x2 <= n2; x2 += 2 {
+					a, b := Counts{x1, n1}, Counts{x2, n2}
+					got, want := FisherGreater(a, b), fisherDirect(a, b)
+					if math.Abs(got-want) > 1e-9*math.Max(1, want) && math.Abs(got-want) > 1e-12 {
+						t.Fatalf("FisherGreater(%v, %v) = %v, direct sum %v", a, b, got, want)
+					}
+				}
+			}
+		}
+	}
+}
