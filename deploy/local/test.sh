@@ -35,6 +35,11 @@ export REPEATRATE_TEST_REDIS=127.0.0.1:${REDIS_PORT:-16379}
 export REPEATRATE_TEST_KAFKA=127.0.0.1:${KAFKA_PORT:-19092}
 export REPEATRATE_TEST_ALERTMANAGER=127.0.0.1:${ALERTMANAGER_PORT:-19193}
 go vet ./...
+# Headless Chromium for the browser test (sink/browser_test.go; it fails without one under CI=true).
+if ! command -v chromium >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+fi
 # The Python venv of the OpenCompass oracle and the Inspect AI logs (made once, then reused).
 test/pyenv.sh
 "${REPEATRATE_TEST_VENV:-.cache/venv}/bin/python" test/inspect/make_logs.py .cache/inspect-logs
@@ -45,4 +50,6 @@ fi
 # Every package but the fault suite, then the fault suite alone: it kills and restarts the shared
 # Redis and Kafka, so nothing else may run beside it.
 go test -count=1 -timeout 30m $(go list ./... | grep -v /test/faults)
+# The browser test's screenshots (git-ignored test artifacts).
+ls -1 "$PWD"/test-artifacts/browser/*.png 2>/dev/null | sed 's/^/screenshot: /' || true
 go test -count=1 -timeout 40m -p 1 -v ./test/faults

@@ -1,0 +1,534 @@
+package sink_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/sink"
+	"github.com/repeatrate/repeatrate/sink/auth"
+)
+
+// browserToken reads workspace acme only.
+const browserToken = "rr-browser-test-token-0123456789"
+
+// chromium returns the path of a Chromium to drive, skipping the test when there is none (or
+// failing under CI=true, as internal/testenv does for a missing service). deploy/local/test.sh
+// installs Debian's chromium; REPEATRATE_TEST_CHROMIUM names another binary.
+func chromium(t *testing.T) string {
+	t.Helper()
+	names := []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"}
+	if p := os.Getenv("REPEATRATE_TEST_CHROMIUM"); p != "" {
+		names = []string{p}
+	}
+	for _, n := range names {
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("Chromium is required under CI=true but none of %v is on PATH (apt-get install chromium)", names)
+	}
+	t.Skipf("no Chromium (%v) on PATH: apt-get install chromium, or run deploy/local/test.sh", names)
+	return ""
+}
+
+// artifactDir is where the browser test leaves its screenshots: REPEATRATE_TEST_ARTIFACTS, or
+// test-artifacts/browser at the repository's root (git-ignored). It is emptied first.
+func artifactDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("REPEATRATE_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("..", "test-artifacts")
+	}
+	dir, err := filepath.Abs(filepath.Join(dir, "browser"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// event renders one structured CloudEvent as the Kafka message that carries it.
+func event(id, typ string, data map[string]any) kafka.Message {
+	b, _ := json.Marshal(map[string]any{"specversion": "1.0", "id": id, "source": "browser-test", "type": typ, "data": data})
+	return kafka.Message{Value: b}
+}
+
+var browserScope = map[string]string{"workspace": "acme", "model": "support-bot", "run": "prod", "checkpoint": "ckpt-7", "artifact": "chat"}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// attempts returns live attempts of correction corr: confirmed repeats, then passed, then
+// unscored ones, occurring one second apart from at.
+func attempts(corr string, confirmed, passed, unscored int, at time.Time, tag string) []kafka.Message {
+	var out []kafka.Message
+	for i := range confirmed + passed + unscored {
+		outcome := "passed"
+		switch {
+		case i < confirmed:
+			outcome = "confirmed_repeat"
+		case i >= confirmed+passed:
+			outcome = "unscored"
+		}
+		occ := at.Add(time.Duration(i) * time.Second)
+		id := fmt.Sprintf("%s-%s-%d", corr, tag, i)
+		out = append(out, event(id, "repeatrate.live.attempt.v1", map[string]any{"scope": browserScope, "correction_id": corr,
+			"opportunity_id": id, "outcome": outcome, "occurred_at": stamp(occ), "assessed_at": stamp(occ)}))
+	}
+	return out
+}
+
+// checks returns correction checks of corr (eval results of suite "checks" that also count for the
+// correction): failed ones (confirmed repeats), passed ones, then errored ones (unscored).
+func checks(corr string, fail, pass, errored int, at time.Time) []kafka.Message {
+	var out []kafka.Message
+	for i := range fail + pass + errored {
+		result := "pass"
+		switch {
+		case i < fail:
+			result = "fail"
+		case i >= fail+pass:
+			result = "error"
+		}
+		occ := at.Add(time.Duration(i) * time.Second)
+		id := fmt.Sprintf("%s-check-%d", corr, i)
+		out = append(out, event(id, "repeatrate.eval.result.v1", map[string]any{"scope": browserScope, "suite": "checks",
+			"case_id": id, "version": "v1", "version_seq": 1, "run_index": 0, "runs": 1, "result": result,
+			"correction_id": corr, "opportunity_id": id, "occurred_at": stamp(occ), "assessed_at": stamp(occ)}))
+	}
+	return out
+}
+
+// suiteRuns are the graded runs of suite "qa": six cases, two runs each, in versions v1–v3.
+// Outcomes per version ("pp" both runs pass, "pf" one fails, "ff" both fail, "" no run):
+//
+//	c-pass  pp pp pp   always pass
+//	c-fail  ff ff ff   always fail
+//	c-flip  pp pp pf   discriminating, regressed in v3
+//	c-fixed ff ff pp   discriminating, fixed in v3
+//	c-gone  pp pp --   too new (two outcomes; min_history 3)
+//	c-new   -- -- pp   too new
+func suiteRuns(versions []int, at time.Time) []kafka.Message {
+	table := map[string][3]string{
+		"c-pass": {"pp", "pp", "pp"}, "c-fail": {"ff", "ff", "ff"}, "c-flip": {"pp", "pp", "pf"},
+		"c-fixed": {"ff", "ff", "pp"}, "c-gone": {"pp", "pp", ""}, "c-new": {"", "", "pp"},
+	}
+	var out []kafka.Message
+	for _, v := range versions {
+		for _, c := range []string{"c-pass", "c-fail", "c-flip", "c-fixed", "c-gone", "c-new"} {
+			for run, r := range table[c][v-1] {
+				result := map[rune]string{'p': "pass", 'f': "fail"}[r]
+				occ := at.Add(time.Duration(len(out)) * time.Second)
+				out = append(out, event(fmt.Sprintf("qa-%s-v%d-%d", c, v, run), "repeatrate.eval.result.v1", map[string]any{
+					"scope": browserScope, "suite": "qa", "case_id": c, "version": fmt.Sprintf("v%d", v), "version_seq": v,
+					"run_index": run, "runs": 2, "result": result, "occurred_at": stamp(occ), "assessed_at": stamp(occ)}))
+			}
+		}
+	}
+	return out
+}
+
+type nopDeadLetters struct{ t *testing.T }
+
+func (d nopDeadLetters) Send(_ context.Context, dls []consumer.DeadLetter) error {
+	if len(dls) == 0 {
+		return nil
+	}
+	d.t.Errorf("%d known events were dead-lettered: %+v", len(dls), dls)
+	return nil
+}
+
+// TestBrowserPages (integration: real Redis and Kafka, headless Chromium) puts known events
+// through the processor (decode, Redis stores, publish to Kafka, read-side recorder), serves the
+// real HTTP server, signs in with a token through the login form, and reads the outcomes page and
+// a suite page as a browser renders them: rates, counts, intervals, windows, "not measured", the
+// badge, suite buckets, floor and ceiling, stability and which cases moved. Screenshots are left
+// in test-artifacts/browser.
+func TestBrowserPages(t *testing.T) {
+	chrome := chromium(t)
+	client := testenv.Redis(t)
+	brokers := testenv.KafkaBrokers(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	started := time.Now()
+	name := testenv.Name(t, "browser")
+	testenv.CleanPrefix(t, client, name)
+
+	// The processor's output goes to a topic of its own on the real broker.
+	kc := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	if resp, err := kc.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: 1, ReplicationFactor: 1}}}); err != nil || resp.Errors[name] != nil {
+		t.Fatalf("create topic: %v %v", err, resp)
+	}
+	defer kc.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{name}})
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: name, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+
+	rcfg := aggregator.RedisConfig{Prefix: name, Retention: 30 * 24 * time.Hour, Group: name, Pending: aggregator.NewPending()}
+	rates, err := aggregator.NewRedis(client, rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suiteCfg := suite.Config{MinHistory: 3, Ks: []int{1, 2}}
+	suites, err := suite.NewRedis(client, rcfg, suiteCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zap.NewNop()
+	catalog := sink.NewCatalog(client, name, time.Hour)
+	rec := sink.NewRecorder(sink.NewKafka(w, w, w), catalog, nil, log)
+	// The processor's clock: two batches a minute apart, so each aggregate keeps two history points.
+	t0 := time.Now().UTC().Truncate(time.Minute).Add(-5 * time.Minute)
+	clock := t0
+	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: suiteCfg}, dec, rates, suites, rec, nopDeadLetters{t},
+		func() time.Time { return clock }, log, consumer.NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// fix-solid: 400 scored live attempts, 4 confirmed three hours ago and 6 in the last hour, and
+	// 30 correction checks; fix-wide: 4 scored attempts and 1 unscored, 2 errored checks.
+	batches := [][]kafka.Message{
+		concat(attempts("fix-solid", 4, 196, 0, t0.Add(-3*time.Hour), "old"), attempts("fix-wide", 1, 1, 1, t0.Add(-20*time.Minute), "a"),
+			checks("fix-solid", 3, 27, 0, t0.Add(-40*time.Minute)), suiteRuns([]int{1, 2}, t0.Add(-50*time.Minute))),
+		concat(attempts("fix-solid", 6, 194, 0, t0.Add(-30*time.Minute), "new"), attempts("fix-wide", 0, 2, 0, t0.Add(-10*time.Minute), "b"),
+			checks("fix-wide", 0, 0, 2, t0.Add(-15*time.Minute)), suiteRuns([]int{3}, t0.Add(-5*time.Minute))),
+	}
+	for i, b := range batches {
+		clock = t0.Add(time.Duration(i) * time.Minute)
+		if err := proc.Handle(ctx, b); err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+	}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	tokens, err := auth.NewStore([]auth.TokenConfig{{Name: "acme-reader", SHA256: auth.Hash(browserToken), Workspaces: map[string]string{"acme": "read"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := sink.NewHTTP(sink.HTTPConfig{Tokens: tokens, Catalog: catalog, Suites: suites}, rates, prometheus.NewRegistry(),
+		func() time.Time { return clock }, log)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(sctx, l) }()
+	defer func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	base := "http://" + l.Addr().String()
+
+	actx, acancel := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 1000),
+		chromedp.Flag("disable-dev-shm-usage", true))...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx)
+	defer bcancel()
+	dir := artifactDir(t)
+	shot := func(file string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", file, err)
+		}
+		p := filepath.Join(dir, file)
+		if err := os.WriteFile(p, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", p)
+	}
+	location := func() string {
+		t.Helper()
+		loc, err := chromedp.Run(bctx, chromedp.Location())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return loc
+	}
+
+	// A page without a token goes to the login form; the token signs in (a cookie) and the index
+	// lists the workspace's scope and suites.
+	outcomesURL := base + "/ui/outcomes?artifact=chat&checkpoint=ckpt-7&model=support-bot&run=prod&workspace=acme"
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(outcomesURL),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=token]`)),
+	); err != nil {
+		t.Fatalf("open a page without a token: %v", err)
+	}
+	if loc := location(); loc != base+"/login" {
+		t.Errorf("a page without a token went to %s, want the login form", loc)
+	}
+	if err := chromedp.Do(bctx,
+		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), browserToken),
+		chromedp.Click(chromedp.CSS(`form[action="/login"] button`)),
+		chromedp.WaitVisible(chromedp.CSS(`a[href^="/ui/outcomes"]`)),
+	); err != nil {
+		t.Fatalf("sign in: %v", err)
+	}
+	index, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`body`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Scopes of acme", "support-bot", "qa", "checks"} {
+		if !strings.Contains(index, want) {
+			t.Errorf("the index does not show %q:\n%s", want, index)
+		}
+	}
+
+	// The outcomes page, reached by the index's link.
+	if err := chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`a[href^="/ui/outcomes"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`section[data-correction="fix-wide"]`)),
+	); err != nil {
+		t.Fatalf("outcomes page: %v", err)
+	}
+	if loc := location(); loc != outcomesURL {
+		t.Errorf("the index linked to %s, want %s", loc, outcomesURL)
+	}
+	page, err := chromedp.Run(bctx, chromedp.Evaluate[outcomesPage](readOutcomesJS))
+	if err != nil {
+		t.Fatalf("read the outcomes page: %v", err)
+	}
+	shot("outcomes.png")
+	checkOutcomes(t, page)
+
+	// The suite page, reached by the index's link; it compares the last two versions.
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(base+"/"),
+		chromedp.Click(chromedp.CSS(`a[href="/ui/suite?workspace=acme&suite=qa"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`table[data-testid=moved]`)),
+	); err != nil {
+		t.Fatalf("suite page: %v", err)
+	}
+	sp, err := chromedp.Run(bctx, chromedp.Evaluate[suitePage](readSuiteJS))
+	if err != nil {
+		t.Fatalf("read the suite page: %v", err)
+	}
+	shot("suite.png")
+	checkSuite(t, sp)
+
+	// Another workspace: 403, and nothing of it shown.
+	if err := chromedp.Do(bctx, chromedp.Navigate(base+"/ui/suite?workspace=other&suite=qa")); err != nil {
+		t.Fatal(err)
+	}
+	forbidden, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`body`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(forbidden, "may not read the workspace") || strings.Contains(forbidden, "c-flip") {
+		t.Errorf("another workspace's page shows:\n%s", forbidden)
+	}
+	t.Logf("browser test took %v", time.Since(started).Round(time.Millisecond))
+}
+
+func concat(parts ...[]kafka.Message) []kafka.Message {
+	var out []kafka.Message
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// outcomesPage is what readOutcomesJS reads off the rendered outcomes page.
+type outcomesPage struct {
+	Corrections []struct {
+		ID    string           `json:"id"`
+		Badge string           `json:"badge"`
+		Img   bool             `json:"img"` // the badge image loaded
+		Sides map[string]*side `json:"sides"`
+	} `json:"corrections"`
+}
+
+type side struct {
+	Text    string                `json:"text"`
+	Chart   bool                  `json:"chart"`
+	Windows map[string]windowCell `json:"windows"`
+}
+
+// windowCell is one window's cell as rendered: its text (white space collapsed) and the interval
+// bar's geometry in CSS pixels.
+type windowCell struct {
+	Text   string  `json:"text"`
+	Bar    float64 `json:"bar"`    // width of the whole bar
+	CI     float64 `json:"ci"`     // width of the interval drawn in it
+	CILeft float64 `json:"ciLeft"` // its left edge, from the bar's
+}
+
+const readOutcomesJS = `(() => {
+  const norm = s => s.replace(/\s+/g, ' ').trim();
+  return {corrections: [...document.querySelectorAll('section[data-testid=correction]')].map(s => {
+    const sides = {};
+    for (const name of ['live', 'evaluation']) {
+      const d = s.querySelector('[data-testid=' + name + ']');
+      if (!d) continue;
+      const windows = {};
+      for (const tr of d.querySelectorAll('tr')) {
+        const td = tr.querySelectorAll('td');
+        if (td.length < 2) continue;
+        const bar = td[1].querySelector('.bar'), ci = td[1].querySelector('.ci');
+        const rb = bar ? bar.getBoundingClientRect() : null, rc = ci ? ci.getBoundingClientRect() : null;
+        windows[norm(td[0].innerText)] = {text: norm(td[1].innerText), bar: rb ? rb.width : 0,
+          ci: rc ? rc.width : 0, ciLeft: rc ? rc.left - rb.left : 0};
+      }
+      sides[name] = {text: norm(d.innerText), chart: !!d.querySelector('svg polyline'), windows};
+    }
+    const img = s.querySelector('h2 img');
+    return {id: s.dataset.correction, badge: norm(s.querySelector('[data-testid=badge]').innerText),
+      img: !!img && img.complete && img.naturalWidth > 0, sides};
+  })};
+})()`
+
+func checkOutcomes(t *testing.T, p outcomesPage) {
+	t.Helper()
+	if len(p.Corrections) != 2 || p.Corrections[0].ID != "fix-solid" || p.Corrections[1].ID != "fix-wide" {
+		t.Fatalf("corrections shown: %+v, want fix-solid and fix-wide", p.Corrections)
+	}
+	// Each window's cell: rate, [95 % interval], confirmed/scored, unscored (docs/semantics.md#wilson).
+	want := map[string]map[string]map[string]string{
+		"fix-solid": {
+			"live": {
+				"all": "2.5% [1.4%–4.5%] 10/400 +0 unscored",
+				"24h": "2.5% [1.4%–4.5%] 10/400 +0 unscored",
+				"7d":  "2.5% [1.4%–4.5%] 10/400 +0 unscored",
+				"1h":  "3.0% [1.4%–6.4%] 6/200 +0 unscored",
+			},
+			"evaluation": {
+				"all": "10.0% [3.5%–25.6%] 3/30 +0 unscored",
+				"1h":  "10.0% [3.5%–25.6%] 3/30 +0 unscored",
+			},
+		},
+		"fix-wide": {
+			"live": {
+				"all": "25.0% [4.6%–69.9%] 1/4 few scored +1 unscored",
+				"1h":  "25.0% [4.6%–69.9%] 1/4 few scored +1 unscored",
+			},
+			"evaluation": {
+				"all": "not measured +2 unscored",
+				"24h": "not measured +2 unscored",
+			},
+		},
+	}
+	badges := map[string]string{"fix-solid": "2.5% live (10/400, 0 unscored)", "fix-wide": "25.0% live (1/4, 1 unscored)"}
+	for _, c := range p.Corrections {
+		if c.Badge != badges[c.ID] || !c.Img {
+			t.Errorf("%s: badge %q (image loaded %v), want %q", c.ID, c.Badge, c.Img, badges[c.ID])
+		}
+		for src, windows := range want[c.ID] {
+			s := c.Sides[src]
+			if s == nil {
+				t.Errorf("%s: no %s side", c.ID, src)
+				continue
+			}
+			// Live attempts of both corrections came in both batches, a minute apart: two history
+			// points; each correction's checks came in one batch: one point, no line to draw.
+			if s.Chart != (src == "live") {
+				t.Errorf("%s %s: history chart shown %v, want %v", c.ID, src, s.Chart, src == "live")
+			}
+			for win, text := range windows {
+				if got := s.Windows[win].Text; got != text {
+					t.Errorf("%s %s %s: shows %q, want %q", c.ID, src, win, got, text)
+				}
+			}
+			if !strings.Contains(s.Text, "opportunities 20") || !strings.Contains(s.Text, "observed ") {
+				t.Errorf("%s %s: no opportunity window or observation time: %q", c.ID, src, s.Text)
+			}
+		}
+	}
+}
+
+// suitePage is what readSuiteJS reads off the rendered suite page: every data-testid's text, the
+// stability rows and the moved cases.
+type suitePage struct {
+	Fields    map[string]string `json:"fields"`
+	Stability [][]string        `json:"stability"`
+	Moved     [][]string        `json:"moved"`
+	Cases     [][]string        `json:"cases"`
+	Text      string            `json:"text"`
+}
+
+const readSuiteJS = `(() => {
+  const norm = s => s.replace(/\s+/g, ' ').trim();
+  const rows = sel => [...document.querySelectorAll(sel + ' tr')].slice(1).map(tr => [...tr.children].map(td => norm(td.innerText)));
+  const fields = {};
+  for (const e of document.querySelectorAll('[data-testid]')) fields[e.dataset.testid] = norm(e.innerText);
+  return {fields, stability: rows('table[data-testid=stability]'), moved: rows('table[data-testid=moved]'),
+    cases: rows('table[data-testid=cases]'), text: norm(document.body.innerText)};
+})()`
+
+func checkSuite(t *testing.T, p suitePage) {
+	t.Helper()
+	// Judged cases: c-pass, c-fail, c-flip, c-fixed (c-gone and c-new have fewer than 3 outcomes).
+	// floor 1/4, ceiling 3/4, range 2/4; latest (v3) pass rate over judged: c-pass and c-fixed of 4.
+	for k, v := range map[string]string{"always_pass": "1", "always_fail": "1", "discriminating": "2", "too_new": "2",
+		"floor": "0.250", "ceiling": "0.750", "range": "0.500", "latest": "0.500",
+		"common": "4", "fixed": "1", "regressed": "1", "tier-report": "3", "tier-nightly": "1", "tier-unchanged": "2"} {
+		if p.Fields[k] != v {
+			t.Errorf("suite page %s = %q, want %q", k, p.Fields[k], v)
+		}
+	}
+	// v2 → v3: pass rate 3/5 → 3/5 over every case, 2/4 → 2/4 over the 4 in both.
+	if got, want := p.Fields["moved-summary"], "v2 → v3: pass rate 0.600 → 0.600; over the 4 cases in both: 1 fixed, 1 regressed (0.500 → 0.500); 1 only in v2, 1 only in v3"; got != want {
+		t.Errorf("moved summary:\n got %q\nwant %q", got, want)
+	}
+	moved := fmt.Sprint(p.Moved)
+	if want := "[[c-fixed fail pass fixed 0.2500] [c-flip pass fail regressed -0.2500]]"; moved != want {
+		t.Errorf("moved cases %s, want %s", moved, want)
+	}
+	// v3: runs 2, cases 5; run 0 passes 4 of 5, run 1 3 of 5: mean 0.7, sd 0.141, min–max 0.6–0.8;
+	// pass@1 = (1+0+½+1+1)/5, pass@2 = 4/5, G-Pass@2 at τ=1 = 3/5; no abnormal, no missing run.
+	var v3 []string
+	for _, r := range p.Stability {
+		if len(r) > 0 && r[0] == "v3" {
+			v3 = r
+		}
+	}
+	if got, want := strings.Join(v3, " | "), "v3 | 2 | 5 | 0.700 | 0.141 | 0.600–0.800 | 0.700 | 0.700 | 0.800 | 0.600 | 0 | 0"; got != want {
+		t.Errorf("stability of v3:\n got %s\nwant %s", got, want)
+	}
+	if len(p.Stability) != 3 {
+		t.Errorf("stability rows %v, want v1–v3", p.Stability)
+	}
+	tiers := map[string]string{}
+	for _, r := range p.Cases {
+		if len(r) >= 3 {
+			tiers[r[0]] = r[1] + " " + r[2]
+		}
+	}
+	for c, want := range map[string]string{"c-pass": "always_pass nightly", "c-fail": "always_fail report", "c-flip": "discriminating report",
+		"c-fixed": "discriminating report", "c-gone": "too_new unchanged", "c-new": "too_new unchanged"} {
+		if tiers[c] != want {
+			t.Errorf("case %s: class and tier %q, want %q", c, tiers[c], want)
+		}
+	}
+}
