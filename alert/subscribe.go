@@ -49,6 +49,16 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Update) error {
 	for _, topic := range s.Topics {
 		g.Go(func() error {
 			parts, err := s.Partitions(gctx, topic)
+			// Kafka unreachable is not a missing topic: ask again until it answers either way.
+			for err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+				s.Log.Warn("alert subscriber: metadata", zap.String("topic", topic), zap.Error(err))
+				select {
+				case <-gctx.Done():
+					return nil
+				case <-time.After(retryEvery):
+				}
+				parts, err = s.Partitions(gctx, topic)
+			}
 			if err != nil {
 				// Nothing to catch up on: the topic does not exist yet. Wait for it.
 				topicDone()
@@ -77,6 +87,9 @@ func (s *Subscriber) Run(ctx context.Context, out chan<- Update) error {
 	return g.Wait()
 }
 
+// retryEvery is how long the subscriber waits before asking Kafka again.
+const retryEvery = 2 * time.Second
+
 // partitions asks for topic's partitions until it gets them or ctx ends: a topic that does not
 // exist yet (nothing published, no create_topics) is waited for, not an error.
 func (s *Subscriber) partitions(ctx context.Context, topic string) ([]int, error) {
@@ -89,7 +102,7 @@ func (s *Subscriber) partitions(ctx context.Context, topic string) ([]int, error
 		select {
 		case <-ctx.Done():
 			return nil, nil
-		case <-time.After(5 * time.Second):
+		case <-time.After(retryEvery):
 		}
 	}
 }
@@ -118,11 +131,16 @@ func (s *Subscriber) offsets(ctx context.Context, topic string, p int) (first, e
 // before the end offset as of the start was handed on (at once for an empty partition).
 func (s *Subscriber) partition(ctx context.Context, topic string, p int, out chan<- Update, caughtUp func()) error {
 	first, end, err := s.offsets(ctx, topic, p)
-	if err != nil {
-		if ctx.Err() != nil {
+	// A leader that cannot be reached (a broker restarting, a new topic still electing) is waited
+	// for: an error here would end the errgroup, and inside run the whole processor.
+	for err != nil {
+		s.Log.Warn("alert subscriber: offsets", zap.String("topic", topic), zap.Int("partition", p), zap.Error(err))
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-time.After(retryEvery):
 		}
-		return err
+		first, end, err = s.offsets(ctx, topic, p)
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, Dialer: s.Dialer, Topic: topic, Partition: p,
 		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 500 * time.Millisecond})

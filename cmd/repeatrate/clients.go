@@ -229,7 +229,7 @@ func (k *kafkaClients) partitions(ctx context.Context, topic string) ([]int, err
 		}
 		return ps, nil
 	}
-	return nil, fmt.Errorf("topic %s not found", topic)
+	return nil, fmt.Errorf("topic %s: %w", topic, kafka.UnknownTopicOrPartition)
 }
 
 func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
@@ -237,7 +237,7 @@ func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	return redis.NewUniversalClient(&redis.UniversalOptions{
+	opts := &redis.UniversalOptions{
 		Addrs:     c.Addrs,
 		Username:  c.Username,
 		Password:  c.Password,
@@ -246,8 +246,20 @@ func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
 		// Retries are safe: the apply script is idempotent.
 		MaxRetries:  5,
 		DialTimeout: 5 * time.Second,
-	}), nil
+	}
+	if len(c.Addrs) > 1 {
+		co := opts.Cluster()
+		// A pipeline to a dead primary does not make the client read the slot map again, only
+		// this interval does: after a failover, batches fail until then.
+		co.ClusterStateReloadInterval = clusterStateReload
+		return redis.NewClusterClient(co), nil
+	}
+	return redis.NewUniversalClient(opts), nil
 }
+
+// clusterStateReload is how often a Redis Cluster client reads the slot map (CLUSTER SLOTS): the
+// longest a failover stalls the processor beyond the cluster's own detection (node timeout).
+const clusterStateReload = 2 * time.Second
 
 func hostPort(addr string) (string, int, error) {
 	h, p, err := net.SplitHostPort(addr)
