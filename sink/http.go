@@ -66,7 +66,14 @@ type HTTPConfig struct {
 	Catalog *Catalog
 	// Suites reads suites; nil answers suite routes 503.
 	Suites SuiteReader
+	// Ingest serves POST /v1/events (package ingest), with bodies up to IngestMaxBodyBytes (other
+	// routes keep their 4 KiB); nil answers that route 404.
+	Ingest             http.Handler
+	IngestMaxBodyBytes int64
 }
+
+// IngestPath is the route of the HTTP ingest (README, Ingest over HTTP).
+const IngestPath = "/v1/events"
 
 func (c *HTTPConfig) defaults() {
 	if c.RateLimit <= 0 {
@@ -83,6 +90,9 @@ func (c *HTTPConfig) defaults() {
 	}
 	if c.MaxStreams <= 0 {
 		c.MaxStreams = 64
+	}
+	if c.IngestMaxBodyBytes <= 0 {
+		c.IngestMaxBodyBytes = 1 << 20
 	}
 }
 
@@ -148,6 +158,13 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		mux.Handle("GET /metrics", admin(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 	a.routes(mux)
+	mux.HandleFunc("POST "+IngestPath, func(w http.ResponseWriter, req *http.Request) {
+		if cfg.Ingest == nil {
+			writeError(w, http.StatusNotFound, "HTTP ingest is not enabled on this server", false)
+			return
+		}
+		cfg.Ingest.ServeHTTP(w, req)
+	})
 	if cfg.Pprof {
 		mux.Handle("/debug/pprof/", admin(http.HandlerFunc(pprof.Index)))
 		mux.Handle("/debug/pprof/profile", admin(http.HandlerFunc(pprof.Profile)))
@@ -163,11 +180,15 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes), false)
 			return
 		}
-		if req.ContentLength > maxBodyBytes {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is longer than %d bytes", maxBodyBytes), false)
+		bodyLimit := int64(maxBodyBytes)
+		if req.URL.Path == IngestPath && cfg.Ingest != nil {
+			bodyLimit = cfg.IngestMaxBodyBytes
+		}
+		if req.ContentLength > bodyLimit {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is longer than %d bytes", bodyLimit), false)
 			return
 		}
-		req.Body = http.MaxBytesReader(w, req.Body, maxBodyBytes)
+		req.Body = http.MaxBytesReader(w, req.Body, bodyLimit)
 		if req.URL.Path != "/healthz" && req.URL.Path != "/readyz" {
 			key := "addr " + clientIP(req)
 			if p := a.principal(req); p != nil {

@@ -1,0 +1,443 @@
+// Package ingest is repeatrate's HTTP input: POST /v1/events takes CloudEvents in the binary,
+// structured and batch modes of the CloudEvents HTTP binding (read with the CloudEvents SDK's HTTP
+// protocol binding), validates every event with the decoder of the Kafka path (consumer.Decoder,
+// on the very Kafka message it would write), checks that the bearer token may write each event's
+// workspace, and writes the request's events to the input topics, keyed by aggregate as `produce`
+// keys them and acknowledged by all in-sync replicas, before it answers 202 with a result per
+// event.
+//
+// A request is all or nothing: when any of its events is invalid or forbidden, none is written and
+// the answer (400 or 403) gives every event's result, with the dead-letter reasons of
+// docs/semantics.md#validation for the invalid ones. A failed Kafka write answers 503; events of
+// the request may then have reached Kafka, and sending the request again is safe because the
+// processor counts each opportunity and graded run once (docs/semantics.md#ingest).
+//
+// It counts nothing and stores nothing itself: the processor reads what it wrote like any other
+// producer's events. Rate limits, connection caps and the server's body cap are the HTTP server's
+// (package sink), around this handler.
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+	"github.com/repeatrate/repeatrate/sink/auth"
+)
+
+// Writer writes messages, each naming its topic, and returns once all in-sync replicas have them;
+// a *kafka.Writer without a topic of its own and with RequiredAcks RequireAll is one.
+type Writer interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+var _ Writer = (*kafka.Writer)(nil)
+
+// Config configures the handler.
+type Config struct {
+	// LiveTopic receives live attempts, EvalTopic eval results; both must be input topics of the
+	// processor.
+	LiveTopic, EvalTopic string
+	// Tokens are the bearer tokens; an event is written only with a token that holds write
+	// permission in its scope's workspace.
+	Tokens *auth.Store
+	// MaxBodyBytes caps a request's body (default 1 MiB); a longer one is answered 413.
+	MaxBodyBytes int64
+	// RecordLimit is the largest message, as sink.RecordSize counts it, the writer can send (its
+	// BatchBytes); a larger valid event is refused as too_large instead of failing every retry.
+	// Zero means no limit beyond the decoder's.
+	RecordLimit int64
+	// WriteTimeout bounds the Kafka write of one request (default 10 s); past it the answer is 503.
+	WriteTimeout time.Duration
+	// Registerer takes the handler's metrics; nil keeps them private.
+	Registerer prometheus.Registerer
+}
+
+// DefaultMaxBodyBytes is the default body limit: the decoder's default message limit, so one
+// event of any valid size fits in a binary-mode body, and a batch holds up to that much.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	if c.LiveTopic == "" || c.EvalTopic == "" {
+		return errors.New("ingest: live and eval topics are required")
+	}
+	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 {
+		return errors.New("ingest: limits must not be negative")
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 10 * time.Second
+	}
+}
+
+// Handler serves POST /v1/events.
+type Handler struct {
+	cfg     Config
+	dec     *consumer.Decoder
+	w       Writer
+	now     func() time.Time
+	log     *zap.Logger
+	events  *prometheus.CounterVec
+	answers *prometheus.CounterVec
+}
+
+// New returns the handler: events are validated by dec at now() of their request and written
+// through w.
+func New(cfg Config, dec *consumer.Decoder, w Writer, now func() time.Time, log *zap.Logger) (*Handler, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	h := &Handler{cfg: cfg, dec: dec, w: w, now: now, log: log,
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_ingest_events_total",
+			Help: "Events posted to /v1/events by result: accepted (written), invalid, forbidden, not_written (another event of the request was refused), failed (the Kafka write failed)."},
+			[]string{"result"}),
+		answers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_ingest_requests_total",
+			Help: "Requests to /v1/events by answer status."}, []string{"code"}),
+	}
+	reg.MustRegister(h.events, h.answers)
+	return h, nil
+}
+
+// MaxBodyBytes is the body limit the server in front must allow for this route.
+func (h *Handler) MaxBodyBytes() int64 { return h.cfg.MaxBodyBytes }
+
+// Result statuses of one event.
+const (
+	StatusAccepted   = "accepted"    // written and acknowledged by all in-sync replicas
+	StatusInvalid    = "invalid"     // refused with a dead-letter reason: fix it and send again
+	StatusForbidden  = "forbidden"   // the token may not write the event's workspace
+	StatusNotWritten = "not_written" // valid, but another event of the request was refused
+	StatusFailed     = "failed"      // the Kafka write failed: send the request again
+)
+
+// Result is what happened to one event of a request.
+type Result struct {
+	// Index is the event's position in the request (0 for a single event).
+	Index  int    `json:"index"`
+	ID     string `json:"id,omitempty"`
+	Source string `json:"source,omitempty"`
+	Status string `json:"status"`
+	// Reason is the dead-letter reason of an invalid event.
+	Reason schemas.Reason `json:"reason,omitempty"`
+	Detail string         `json:"detail,omitempty"`
+	// Topic and Key say where an accepted event was written (Key: its aggregate ID; absent for an
+	// eval result that is no correction check, which producers write unkeyed).
+	Topic string `json:"topic,omitempty"`
+	Key   string `json:"key,omitempty"`
+}
+
+// Answer is the body of every answer that concerns events.
+type Answer struct {
+	Accepted int      `json:"accepted"`
+	Refused  int      `json:"refused"`
+	Events   []Result `json:"events"`
+	// Error says in one sentence why nothing, or not everything, was written.
+	Error string `json:"error,omitempty"`
+}
+
+// pending is one event of a request: the Kafka message it would be, and its result so far.
+type pending struct {
+	msg kafka.Message
+	res Result
+}
+
+// ServeHTTP answers one POST of events.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	code := h.serve(w, req)
+	h.answers.WithLabelValues(strconv.Itoa(code)).Inc()
+}
+
+func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
+	// Only the Authorization header: a cookie set by the pages' login must not let a page post.
+	p := h.cfg.Tokens.Lookup(auth.Bearer(req))
+	if p == nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="repeatrate"`)
+		return writeError(w, http.StatusUnauthorized, "a bearer token with write permission is required (Authorization: Bearer <token>)")
+	}
+	if len(p.Workspaces(auth.Write)) == 0 {
+		return writeError(w, http.StatusForbidden, "this token may not write any workspace")
+	}
+	now := h.now()
+	events, status, msg := h.read(w, req)
+	if status != 0 {
+		return writeError(w, status, msg)
+	}
+	for i := range events {
+		e := &events[i]
+		e.res.Index = i
+		ev, err := h.dec.Decode(&e.msg, now)
+		if err != nil {
+			var ie *schemas.InvalidError
+			if !errors.As(err, &ie) {
+				ie = schemas.Invalid(schemas.ReasonUndecodable, "%v", err)
+			}
+			e.res.Status, e.res.Reason, e.res.Detail = StatusInvalid, ie.Reason, ie.Detail
+			continue
+		}
+		e.res.ID, e.res.Source = ev.ID, ev.Source
+		ws, topic := "", h.cfg.LiveTopic
+		switch {
+		case ev.Live != nil:
+			ws = ev.Live.Scope.Workspace
+		case ev.Eval != nil:
+			ws, topic = ev.Eval.Scope.Workspace, h.cfg.EvalTopic
+		}
+		if !p.Can(ws, auth.Write) {
+			e.res.Status, e.res.Detail = StatusForbidden, fmt.Sprintf("this token may not write workspace %q", ws)
+			continue
+		}
+		// Keyed as produce and loadgen key events: by aggregate, so one aggregate's events keep
+		// their order on one partition; eval results that are no correction check go unkeyed.
+		if o, ok := ev.Observation(); ok {
+			e.msg.Key = []byte(o.Key.String())
+			e.res.Key = string(e.msg.Key)
+		}
+		e.msg.Topic, e.res.Topic = topic, topic
+		if lim := h.cfg.RecordLimit; lim > 0 && int64(sink.RecordSize(&e.msg)) > lim {
+			e.res.Status, e.res.Reason = StatusInvalid, schemas.ReasonTooLarge
+			e.res.Detail = fmt.Sprintf("the Kafka record would be %d bytes, the input topic takes %d", sink.RecordSize(&e.msg), lim)
+			e.res.Topic, e.res.Key = "", ""
+			continue
+		}
+		e.res.Status = StatusAccepted
+	}
+	// Nothing of a request is written unless all of it may be: 400 when an event is invalid
+	// (the caller's to fix), else 403 when one is forbidden.
+	refusal := 0
+	switch {
+	case hasStatus(events, StatusInvalid):
+		refusal = http.StatusBadRequest
+	case hasStatus(events, StatusForbidden):
+		refusal = http.StatusForbidden
+	}
+	if refusal != 0 {
+		for i := range events {
+			r := &events[i].res
+			if r.Status == StatusAccepted {
+				r.Status, r.Detail, r.Topic, r.Key = StatusNotWritten, "valid, not written: another event of this request was refused", "", ""
+			}
+		}
+		return h.answer(w, refusal, events, "nothing was written: fix or remove the refused events and send the request again")
+	}
+	msgs := make([]kafka.Message, len(events))
+	for i := range events {
+		msgs[i] = events[i].msg
+	}
+	wctx, cancel := context.WithTimeout(req.Context(), h.cfg.WriteTimeout)
+	err := h.w.WriteMessages(wctx, msgs...)
+	cancel()
+	if err != nil {
+		// Some partitions may have taken their events: the processor counts them once however
+		// often they are sent, so the whole request can be sent again.
+		h.log.Warn("write events", zap.Int("events", len(msgs)), zap.Error(err))
+		var werrs kafka.WriteErrors
+		isWriteErrors := errors.As(err, &werrs) && len(werrs) == len(events)
+		for i := range events {
+			r := &events[i].res
+			if !isWriteErrors || werrs[i] != nil {
+				r.Status, r.Detail, r.Topic, r.Key = StatusFailed, "not acknowledged by Kafka: send the request again", "", ""
+			}
+		}
+		w.Header().Set("Retry-After", "1")
+		return h.answer(w, http.StatusServiceUnavailable, events,
+			"Kafka did not acknowledge every event: send the request again (events already written are counted once)")
+	}
+	return h.answer(w, http.StatusAccepted, events, "")
+}
+
+func hasStatus(events []pending, status string) bool {
+	return slices.ContainsFunc(events, func(e pending) bool { return e.res.Status == status })
+}
+
+// answer writes the per-event results with status and counts them.
+func (h *Handler) answer(w http.ResponseWriter, status int, events []pending, msg string) int {
+	ans := Answer{Events: make([]Result, len(events)), Error: msg}
+	for i, e := range events {
+		ans.Events[i] = e.res
+		h.events.WithLabelValues(e.res.Status).Inc()
+		switch e.res.Status {
+		case StatusAccepted:
+			ans.Accepted++
+		case StatusInvalid, StatusForbidden:
+			ans.Refused++
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(ans)
+	return status
+}
+
+// writeError answers a request that concerns no single event: {"error": msg}, as the read API.
+func writeError(w http.ResponseWriter, status int, msg string) int {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(struct {
+		Error string `json:"error"`
+	}{msg})
+	return status
+}
+
+// read turns the request into the Kafka messages its events would be, with the CloudEvents SDK's
+// HTTP binding deciding the mode: binary (ce-* headers, data in the body) becomes a binary-mode
+// Kafka message (ce_* headers, content-type, data as value); structured becomes a structured one
+// with the body as value; each member of a batch becomes a structured one with the member's bytes
+// as value. The decoder then judges exactly what the processor will read. status is non-zero, with
+// msg, when the request as a whole cannot be read.
+func (h *Handler) read(w http.ResponseWriter, req *http.Request) (events []pending, status int, msg string) {
+	req.Body = http.MaxBytesReader(w, req.Body, h.cfg.MaxBodyBytes)
+	m := cehttp.NewMessageFromHttpRequest(req)
+	defer m.Finish(nil)
+	ctx := req.Context()
+	bodyErr := func(err error) (int, string) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return http.StatusRequestEntityTooLarge, fmt.Sprintf("body is longer than %d bytes", h.cfg.MaxBodyBytes)
+		}
+		return http.StatusBadRequest, "the body could not be read"
+	}
+	switch m.ReadEncoding() {
+	case binding.EncodingBinary:
+		bw := &binaryWriter{}
+		if err := m.ReadBinary(ctx, bw); err != nil {
+			status, msg = bodyErr(err)
+			return nil, status, msg
+		}
+		return []pending{{msg: bw.message()}}, 0, ""
+	case binding.EncodingStructured:
+		var body []byte
+		err := m.ReadStructured(ctx, structuredFunc(func(_ context.Context, f format.Format, r io.Reader) error {
+			if f != format.JSON {
+				return errNotJSON
+			}
+			var err error
+			body, err = io.ReadAll(r)
+			return err
+		}))
+		if errors.Is(err, errNotJSON) {
+			return nil, http.StatusUnsupportedMediaType, unsupported
+		}
+		if err != nil {
+			status, msg = bodyErr(err)
+			return nil, status, msg
+		}
+		return []pending{{msg: structured(body)}}, 0, ""
+	case binding.EncodingBatch:
+		body, err := io.ReadAll(m.BodyReader)
+		if err != nil {
+			status, msg = bodyErr(err)
+			return nil, status, msg
+		}
+		var members []json.RawMessage
+		if err := json.Unmarshal(body, &members); err != nil {
+			return nil, http.StatusBadRequest, "a batch (" + cehttp.ContentType + ": application/cloudevents-batch+json) must be a JSON array of structured CloudEvents: " + err.Error()
+		}
+		if len(members) == 0 {
+			return nil, http.StatusBadRequest, "the batch holds no event"
+		}
+		events = make([]pending, len(members))
+		for i, b := range members {
+			events[i] = pending{msg: structured(b)}
+		}
+		return events, 0, ""
+	}
+	if v := req.Header.Get("Ce-Specversion"); v != "" {
+		// A binary-mode request of a version the SDK does not know: the decoder refuses it as
+		// the Kafka path does (bad_cloudevent).
+		return []pending{{msg: kafka.Message{Headers: []kafka.Header{{Key: "ce_specversion", Value: []byte(v)}}}}}, 0, ""
+	}
+	return nil, http.StatusUnsupportedMediaType, unsupported
+}
+
+var errNotJSON = errors.New("structured event format is not JSON")
+
+const unsupported = "send CloudEvents: binary mode (ce-specversion, ce-id, ce-source, ce-type headers and the data as body), " +
+	"structured mode (Content-Type: application/cloudevents+json) or a batch (Content-Type: application/cloudevents-batch+json)"
+
+// structured is the Kafka message of a structured-mode event, as produce writes it.
+func structured(value []byte) kafka.Message {
+	return kafka.Message{Value: value, Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
+}
+
+type structuredFunc func(ctx context.Context, f format.Format, r io.Reader) error
+
+func (f structuredFunc) SetStructuredEvent(ctx context.Context, fm format.Format, r io.Reader) error {
+	return f(ctx, fm, r)
+}
+
+// binaryWriter collects a binary-mode HTTP event as the Kafka binary mode carries it: each
+// attribute and extension in a ce_<name> header, datacontenttype in content-type, data as value
+// (the mapping of the CloudEvents Kafka protocol binding).
+type binaryWriter struct {
+	headers []kafka.Header
+	value   []byte
+}
+
+var _ binding.BinaryWriter = (*binaryWriter)(nil)
+
+func (b *binaryWriter) Start(context.Context) error { return nil }
+func (b *binaryWriter) End(context.Context) error   { return nil }
+
+func (b *binaryWriter) SetAttribute(a spec.Attribute, v any) error {
+	if a.Kind() == spec.DataContentType {
+		return b.set("content-type", v)
+	}
+	return b.set("ce_"+a.Name(), v)
+}
+
+func (b *binaryWriter) SetExtension(name string, v any) error {
+	return b.set("ce_"+strings.ToLower(name), v)
+}
+
+func (b *binaryWriter) set(key string, v any) error {
+	s, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("header %s is not text", key)
+	}
+	b.headers = append(b.headers, kafka.Header{Key: key, Value: []byte(s)})
+	return nil
+}
+
+func (b *binaryWriter) SetData(r io.Reader) error {
+	var err error
+	b.value, err = io.ReadAll(r)
+	return err
+}
+
+// message is the collected Kafka message; headers are sorted (the SDK visits a map).
+func (b *binaryWriter) message() kafka.Message {
+	slices.SortFunc(b.headers, func(x, y kafka.Header) int { return strings.Compare(x.Key, y.Key) })
+	return kafka.Message{Headers: b.headers, Value: b.value}
+}
