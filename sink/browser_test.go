@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -379,10 +382,13 @@ type side struct {
 // windowCell is one window's cell as rendered: its text (white space collapsed) and the interval
 // bar's geometry in CSS pixels.
 type windowCell struct {
-	Text   string  `json:"text"`
-	Bar    float64 `json:"bar"`    // width of the whole bar
-	CI     float64 `json:"ci"`     // width of the interval drawn in it
-	CILeft float64 `json:"ciLeft"` // its left edge, from the bar's
+	Text      string  `json:"text"`
+	Bar       float64 `json:"bar"`       // width of the whole bar
+	CI        float64 `json:"ci"`        // width of the interval drawn in it
+	CILeft    float64 `json:"ciLeft"`    // its left edge, from the bar's
+	CIFill    string  `json:"ciFill"`    // the interval's computed background-image
+	RateColor string  `json:"rateColor"` // the rate's computed colour
+	Marker    string  `json:"marker"`    // the text of a visible narrow-result marker
 }
 
 const readOutcomesJS = `(() => {
@@ -398,8 +404,12 @@ const readOutcomesJS = `(() => {
         if (td.length < 2) continue;
         const bar = td[1].querySelector('.bar'), ci = td[1].querySelector('.ci');
         const rb = bar ? bar.getBoundingClientRect() : null, rc = ci ? ci.getBoundingClientRect() : null;
+        const rate = td[1].querySelector('[data-testid=rate]'), mk = td[1].querySelector('[data-testid=narrow]');
+        const shown = e => !!e && e.getBoundingClientRect().width > 0 && getComputedStyle(e).visibility === 'visible';
         windows[norm(td[0].innerText)] = {text: norm(td[1].innerText), bar: rb ? rb.width : 0,
-          ci: rc ? rc.width : 0, ciLeft: rc ? rc.left - rb.left : 0};
+          ci: rc ? rc.width : 0, ciLeft: rc ? rc.left - rb.left : 0,
+          ciFill: ci ? getComputedStyle(ci).backgroundImage : '',
+          rateColor: rate ? getComputedStyle(rate).color : '', marker: shown(mk) ? norm(mk.innerText) : ''};
       }
       sides[name] = {text: norm(d.innerText), chart: !!d.querySelector('svg polyline'), windows};
     }
@@ -424,8 +434,8 @@ func checkOutcomes(t *testing.T, p outcomesPage) {
 				"1h":  "3.0% [1.4%–6.4%] 6/200 +0 unscored",
 			},
 			"evaluation": {
-				"all": "10.0% [3.5%–25.6%] 3/30 +0 unscored",
-				"1h":  "10.0% [3.5%–25.6%] 3/30 +0 unscored",
+				"all": "10.0% [3.5%–25.6%] 3/30 wide interval +0 unscored",
+				"1h":  "10.0% [3.5%–25.6%] 3/30 wide interval +0 unscored",
 			},
 		},
 		"fix-wide": {
@@ -460,11 +470,65 @@ func checkOutcomes(t *testing.T, p outcomesPage) {
 					t.Errorf("%s %s %s: shows %q, want %q", c.ID, src, win, got, text)
 				}
 			}
+			for win, cell := range s.Windows {
+				checkNarrow(t, c.ID+" "+src+" "+win, cell)
+			}
 			if !strings.Contains(s.Text, "opportunities 20") || !strings.Contains(s.Text, "observed ") {
 				t.Errorf("%s %s: no opportunity window or observation time: %q", c.ID, src, s.Text)
 			}
 		}
 	}
+}
+
+// intervalText finds a cell's "[4.6%–69.9%]".
+var intervalText = regexp.MustCompile(`\[([0-9.]+)%–([0-9.]+)%\]`)
+
+// checkNarrow: narrow results look narrow. Every measured window draws its 95 % interval across
+// the bar in proportion (0 % at the left edge, 100 % at the right); one with few scored (under 20)
+// or a wide interval (20 points or more) carries a visible marker saying which, a hatched interval
+// and a muted rate, while a precise one has none of these.
+func checkNarrow(t *testing.T, where string, c windowCell) {
+	t.Helper()
+	m := intervalText.FindStringSubmatch(c.Text)
+	if m == nil { // not measured: no bar, no marker
+		if c.Bar != 0 || c.Marker != "" {
+			t.Errorf("%s: unmeasured window draws a bar (%v px) or marker %q", where, c.Bar, c.Marker)
+		}
+		return
+	}
+	lo, _ := strconv.ParseFloat(m[1], 64)
+	hi, _ := strconv.ParseFloat(m[2], 64)
+	lo, hi = lo/100, hi/100
+	if c.Bar < 100 || math.Abs(c.CILeft-lo*c.Bar) > 1 || math.Abs(c.CI-max(1, (hi-lo)*c.Bar)) > 1 {
+		t.Errorf("%s: interval [%.3f, %.3f] drawn at %.1f px, %.1f px wide, in a %.1f px bar; want %.1f and %.1f",
+			where, lo, hi, c.CILeft, c.CI, c.Bar, lo*c.Bar, (hi-lo)*c.Bar)
+	}
+	n, _ := strconv.Atoi(strings.Split(strings.Fields(c.Text[strings.Index(c.Text, "]")+1:])[0], "/")[1])
+	want := ""
+	switch {
+	case n < 20:
+		want = "few scored"
+	case hi-lo >= 0.20-0.001: // the shown bounds are rounded to 0.1 %
+		want = "wide interval"
+	}
+	if c.Marker != want {
+		t.Errorf("%s: marker %q, want %q (%d scored, interval %.1f points)", where, c.Marker, want, n, 100*(hi-lo))
+	}
+	hatched := strings.Contains(c.CIFill, "repeating-linear-gradient")
+	// The rate's colour: the page's text colour (#222) when precise, a light grey when not.
+	muted := lightness(t, c.RateColor) >= 0x99
+	if hatched != (want != "") || muted != (want != "") {
+		t.Errorf("%s: interval hatched %v and rate muted %v (%s), want both %v", where, hatched, muted, c.RateColor, want != "")
+	}
+}
+
+// lightness is the mean channel of a computed colour "rgb(r, g, b)".
+func lightness(t *testing.T, rgb string) int {
+	var r, g, b int
+	if _, err := fmt.Sscanf(rgb, "rgb(%d, %d, %d)", &r, &g, &b); err != nil {
+		t.Errorf("colour %q: %v", rgb, err)
+	}
+	return (r + g + b) / 3
 }
 
 // suitePage is what readSuiteJS reads off the rendered suite page: every data-testid's text, the

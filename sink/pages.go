@@ -23,6 +23,32 @@ var templateFS embed.FS
 // Width of an interval bar in pixels.
 const barPx = 160
 
+// A measured window whose evidence is thin is drawn as such (README, Read side): its rate muted,
+// its interval hatched in amber across the bar, and a marker naming why.
+const (
+	// fewScored: below this many scored opportunities the window is marked "few scored". At 20 the
+	// Wilson interval is still about 30 points wide at a 20 % rate (4/20: 8.1–41.6 %).
+	fewScored = 20
+	// wideInterval: a 95 % interval at least this wide (a fraction of the rate scale) is marked
+	// "wide interval": 20 points spans at least two of the badge's colour bands (0, <5, <10, <20,
+	// <35 %), so the rate cannot say which band the correction is in.
+	wideInterval = 0.20
+)
+
+// narrowness says why a window's rate rests on thin evidence: "few scored", "wide interval", or
+// "" when neither (or when it is not measured).
+func narrowness(w schemas.Window) string {
+	switch {
+	case w.Status != schemas.StatusMeasured || w.CI95 == nil:
+		return ""
+	case w.Scored < fewScored:
+		return "few scored"
+	case w.CI95.High-w.CI95.Low >= wideInterval:
+		return "wide interval"
+	}
+	return ""
+}
+
 var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
 	"pct": func(r *float64) string {
 		if r == nil {
@@ -43,7 +69,8 @@ var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
 	},
 	"signed": func(f float64) string { return strconv.FormatFloat(f, 'f', 4, 64) },
 	"win":    func(w schemas.Window) struct{ W schemas.Window } { return struct{ W schemas.Window }{w} },
-	"passk": func(s schemas.SuiteStability, k int) *float64 { return s.PassAtK[strconv.Itoa(k)] },
+	"passk":  func(s schemas.SuiteStability, k int) *float64 { return s.PassAtK[strconv.Itoa(k)] },
+	"narrow": narrowness,
 	"gpass": func(s schemas.SuiteStability, k int) *float64 {
 		return s.GPassAtK[strconv.Itoa(k)]["1"]
 	},
