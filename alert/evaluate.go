@@ -115,7 +115,7 @@ func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
 // rateCondition evaluates a threshold or change rule on one snapshot.
 func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Condition {
 	ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(snap.ObservedAt), Source: snap.Aggregate.Source}
-	w := window(snap, r.Window)
+	w := windowAt(snap, r.Window, now)
 	if r.Kind == KindThreshold {
 		ev.Windows = []schemas.AlertWindow{snapshotWindow(r.Window, w)}
 		ev.Threshold = floatPtr(r.Value)
@@ -124,7 +124,7 @@ func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Co
 			((r.Above && *w.Rate > r.Value) || (!r.Above && *w.Rate < r.Value))
 		return Condition{Subject: s, Active: active, Evidence: ev}
 	}
-	long := window(snap, r.Baseline)
+	long := windowAt(snap, r.Baseline, now)
 	recent := Counts{Confirmed: w.ConfirmedRepeats, Scored: w.Scored}
 	base := Counts{Confirmed: long.ConfirmedRepeats - w.ConfirmedRepeats, Scored: long.Scored - w.Scored}
 	epoch := r.Epoch()
@@ -152,6 +152,40 @@ func (r *Rule) Epoch() time.Duration {
 		return time.Minute
 	}
 	return time.Hour
+}
+
+// windowAt is the snapshot's window name as it stands at now. A snapshot is published only when
+// its aggregate receives events, so one that is older than a rolling window's length holds
+// nothing of that window any more: the window is empty (not measured), and an alert on it must
+// not keep firing on data that left it — an aggregate gone silent, or dropped as idle, whose last
+// snapshot stays in the compacted topic. A window the clock has only partly moved past keeps the
+// snapshot's counts (an upper bound of what it still holds).
+func windowAt(s *schemas.Snapshot, name string, now time.Time) schemas.Window {
+	var bucket time.Duration
+	var n int64
+	switch name {
+	case Window1h:
+		bucket, n = time.Minute, 60
+	case Window24h:
+		bucket, n = time.Hour, 24
+	case Window7d:
+		bucket, n = time.Hour, 168
+	default:
+		return window(s, name)
+	}
+	if floorDiv(now.UnixMicro(), bucket.Microseconds())-floorDiv(s.ObservedAt.UnixMicro(), bucket.Microseconds()) >= n {
+		return schemas.Window{Status: schemas.StatusNotMeasured}
+	}
+	return window(s, name)
+}
+
+// floorDiv is a / b rounded toward negative infinity (b > 0).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
 }
 
 func window(s *schemas.Snapshot, name string) schemas.Window {

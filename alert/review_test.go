@@ -176,3 +176,36 @@ func TestFisherGreaterAgreesWithDirectSum(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleWindowsEmpty: an aggregate that stopped receiving events (silent, or dropped as idle)
+// keeps its last snapshot in the compacted topic; once the clock is past a rolling window's
+// length that window holds nothing, so a threshold or change alert on it resolves instead of
+// firing forever on data that left the window.
+func TestStaleWindowsEmpty(t *testing.T) {
+	s := snap("live", 1, [2]int64{30, 100}, [2]int64{30, 400}, t0.Add(30*time.Minute))
+	s.Windows.Hour = win(30, 100)
+	tab := NewTable()
+	tab.PutSnapshot(s)
+	for _, tc := range []struct {
+		rule   string
+		at     time.Duration // after t0 (the snapshot is at t0+30m)
+		active bool
+	}{
+		{"{name: r, kind: threshold, window: 24h, value: 0.1}", time.Hour, true},
+		{"{name: r, kind: threshold, window: 24h, value: 0.1}", 23*time.Hour + 59*time.Minute, true},
+		{"{name: r, kind: threshold, window: 24h, value: 0.1}", 24 * time.Hour, false},
+		{"{name: r, kind: threshold, window: 1h, value: 0.1}", 60 * time.Minute, true},
+		{"{name: r, kind: threshold, window: 1h, value: 0.1}", 90 * time.Minute, false},
+		{"{name: r, kind: threshold, window: 7d, value: 0.05}", 167 * time.Hour, true},
+		{"{name: r, kind: threshold, window: 7d, value: 0.05}", 168 * time.Hour, false},
+		{"{name: r, kind: threshold, window: all, value: 0.05}", 1000 * time.Hour, true},
+		{"{name: r, kind: change, window: 24h, baseline: 7d, min_scored: 20}", time.Hour, true},
+		{"{name: r, kind: change, window: 24h, baseline: 7d, min_scored: 20}", 25 * time.Hour, false},
+	} {
+		r := mustRule(t, "- "+tc.rule+"\n")
+		cs := Evaluate(r, tab, t0.Add(tc.at))
+		if len(cs) != 1 || cs[0].Active != tc.active {
+			t.Errorf("%s at snapshot+%s: %+v, want active %v", tc.rule, tc.at-30*time.Minute, cs, tc.active)
+		}
+	}
+}
