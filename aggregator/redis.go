@@ -86,6 +86,7 @@ type Redis struct {
 	sealKey  string
 	sealSeq  int64 // the last batch mark written
 	verified int64 // the last batch mark Verify confirmed before a commit
+	sealed   []sealedTokens
 }
 
 // NewRedis returns a store on client.
@@ -142,7 +143,11 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 				applyScript.EvalSha(ctx, p, r.keys(k), args...)
 			}
 			// Last, after every write of the pipeline; its reply is not among cmds' first len(keys).
-			token = r.cfg.Pending.Append(ctx, p, r.cfg.Prefix)
+			written := make([]string, len(keys))
+			for i, k := range keys {
+				written[i] = r.keys(k)[0]
+			}
+			token = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
 			return nil
 		})
 	}
@@ -347,68 +352,203 @@ func (r *Redis) SeedVersion(ctx context.Context, k Key, v int64) error {
 // consumed again, and are applied idempotently.
 var ErrWritesLost = errors.New("redis lost acknowledged writes")
 
-// Pending is a process's chain of pending tokens, the evidence that a batch's writes survived up
+// Pending is a process's chains of pending tokens, the evidence that a batch's writes survived up
 // to its seal. Every pipeline that writes a batch's state ends with SET <token key> <next token>
-// GET, after its other writes; the token it replaces must be the one written last, and Seal checks
-// that the last one is still there before it writes the batch mark. Redis executes one
-// connection's commands in order and persists and replicates them in that order, so a surviving
-// token means every write sent before it survived too, and a replaced token that is not the last
-// one written means Redis lost writes in between (docs/semantics.md#delivery). The pipelines that
+// GET, after its other writes; the token it replaces must be the one written last, and Seal and
+// Verify check that the last one is still there. Redis executes one connection's commands in
+// order and persists and replicates them in that order, so a surviving token means every write
+// sent before it to the same server survived too, and a replaced token that is not the last one
+// written means Redis lost writes in between (docs/semantics.md#delivery). On Redis Cluster the
+// order holds per shard only, so each shard a pipeline writes gets a token of its own: a key whose
+// hash slot that shard serves (the chain follows the slot through a failover). The pipelines that
 // write tokens must not overlap; the processor runs them one after another in its Apply stage.
 type Pending struct {
 	mu     sync.Mutex
 	id     string
 	n      int64
-	held   []string // the tokens Redis may hold: the last one written, and any whose reply was lost
-	broken error    // a replaced token was not one of held: the writes since the last seal are suspect
+	tags   []string          // hash tags of the token keys ever used, "marks" first
+	chains map[string]*chain // by hash tag
 }
+
+// chain is the token state of one token key.
+type chain struct {
+	held     []string // the tokens Redis may hold: the last one written, and any whose reply was lost
+	verified int64    // the token held when Verify last confirmed the chain before a commit
+	broken   error    // a replaced token was not one of held: the writes since the last seal are suspect
+}
+
+const marksTag = "marks"
 
 // NewPending returns an empty chain with a random id of its own.
 func NewPending() *Pending {
 	b := make([]byte, 8)
 	rand.Read(b)
-	return &Pending{id: hex.EncodeToString(b), held: []string{""}}
+	return &Pending{id: hex.EncodeToString(b), tags: []string{marksTag}, chains: map[string]*chain{}}
 }
 
-func (t *Pending) key(prefix string) string { return marksKey(prefix, "pending:"+t.id) }
+func (t *Pending) key(prefix, tag string) string { return prefix + ":{" + tag + "}:pending:" + t.id }
 
-// Append adds the write of the next token to pipeline p, which must come after every other write
-// of the pipeline. Once the pipeline has run, whatever its error, call the returned function: it
-// checks the token the write replaced.
-func (t *Pending) Append(ctx context.Context, p redis.Pipeliner, prefix string) func() {
+func (t *Pending) chain(tag string) *chain {
+	c := t.chains[tag]
+	if c == nil {
+		c = &chain{held: []string{""}}
+		t.chains[tag] = c
+	}
+	return c
+}
+
+// shardTags returns the hash tags of the token keys that cover keys: on Redis Cluster one per
+// primary serving any of them, chosen among the tags used before where one still maps there;
+// elsewhere the one of the batch marks. When the slot map cannot be read, every tag used so far.
+func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix string, keys []string) []string {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return []string{marksTag}
+	}
+	addr := func(key string) (string, error) {
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		return m.Options().Addr, nil
+	}
+	want := map[string]bool{}
+	for _, k := range keys {
+		a, err := addr(k)
+		if err != nil {
+			return slices.Clone(t.tags)
+		}
+		want[a] = true
+	}
+	var tags []string
+	for _, tag := range t.tags {
+		a, err := addr(t.key(prefix, tag))
+		if err != nil {
+			return slices.Clone(t.tags)
+		}
+		if want[a] {
+			tags = append(tags, tag)
+			delete(want, a)
+		}
+	}
+	for i := len(t.tags); len(want) > 0 && i < len(t.tags)+100000; i++ {
+		tag := "p" + strconv.Itoa(i)
+		if a, err := addr(t.key(prefix, tag)); err == nil && want[a] {
+			t.tags = append(t.tags, tag)
+			tags = append(tags, tag)
+			delete(want, a)
+		}
+	}
+	return tags
+}
+
+// Append adds the write of the next token to pipeline p for every shard that keys (the keys the
+// pipeline writes) live on; it must come after every other write of the pipeline. Once the
+// pipeline has run, whatever its error, call the returned function: it checks the tokens the
+// writes replaced.
+func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.Pipeliner, prefix string, keys []string) func() {
 	t.mu.Lock()
 	t.n++
 	next := strconv.FormatInt(t.n, 10)
+	tags := t.shardTags(ctx, c, prefix, keys)
 	t.mu.Unlock()
-	cmd := p.SetArgs(ctx, t.key(prefix), next, redis.SetArgs{Get: true})
+	cmds := make([]*redis.StatusCmd, len(tags))
+	for i, tag := range tags {
+		cmds[i] = p.SetArgs(ctx, t.key(prefix, tag), next, redis.SetArgs{Get: true})
+	}
 	return func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		prev, err := cmd.Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			// No reply: the write may or may not have run.
-			t.held = append(t.held, next)
-			return
+		for i, tag := range tags {
+			ch := t.chain(tag)
+			prev, err := cmds[i].Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				// No reply: the write may or may not have run.
+				ch.held = append(ch.held, next)
+				continue
+			}
+			if !slices.Contains(ch.held, prev) && ch.broken == nil {
+				ch.broken = fmt.Errorf("%w: pending token %s of {%s} replaced %q, want one of %q",
+					ErrWritesLost, next, tag, prev, ch.held)
+			}
+			ch.held = []string{next}
 		}
-		if !slices.Contains(t.held, prev) && t.broken == nil {
-			t.broken = fmt.Errorf("%w: pending token %q replaced %q, want one of %q", ErrWritesLost, next, prev, t.held)
-		}
-		t.held = []string{next}
 	}
 }
 
-// check classifies the token Seal found in Redis and makes it the chain's new baseline, so that the
-// batches consumed again after a reported loss are checked against a token that holds.
-func (t *Pending) check(found string) error {
+// check classifies the token found in Redis for tag and makes it the chain's new baseline, so
+// that the batches consumed again after a reported loss are checked against a token that holds.
+// A token older than the one last verified means committed work is gone: ErrStateLost.
+func (t *Pending) check(tag, found string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	err := t.broken
-	if err == nil && !slices.Contains(t.held, found) {
-		err = fmt.Errorf("%w: pending token is %q, want one of %q: writes made after the previous batch mark are gone",
-			ErrWritesLost, found, t.held)
+	ch := t.chain(tag)
+	err := ch.broken
+	if !slices.Contains(ch.held, found) {
+		if n, _ := strconv.ParseInt(found, 10, 64); n < ch.verified {
+			err = fmt.Errorf("%w: redis lost writes that consumer offsets were committed for (pending token of {%s} is %q, confirmed %d); "+
+				"run `repeatrate rebuild`", ErrStateLost, tag, found, ch.verified)
+		} else if err == nil {
+			err = fmt.Errorf("%w: pending token of {%s} is %q, want one of %q: writes made after the previous batch mark are gone",
+				ErrWritesLost, tag, found, ch.held)
+		}
 	}
-	t.broken, t.held = nil, []string{found}
+	ch.broken, ch.held = nil, []string{found}
 	return err
+}
+
+// checkShards reads the token of every chain but the marks' one (which the seal script reads, and
+// the batch mark covers) and checks each. It returns a read failure unwrapped, a loss as
+// ErrWritesLost or ErrStateLost.
+func (t *Pending) checkShards(ctx context.Context, c redis.UniversalClient, prefix string) error {
+	t.mu.Lock()
+	tags := slices.Clone(t.tags[1:])
+	t.mu.Unlock()
+	if len(tags) == 0 {
+		return nil
+	}
+	cmds := make([]*redis.StringCmd, len(tags))
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, tag := range tags {
+			cmds[i] = p.Get(ctx, t.key(prefix, tag))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read pending tokens: %w", err)
+	}
+	var errs []error
+	for i, tag := range tags {
+		found, _ := cmds[i].Result()
+		if err := t.check(tag, found); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// snapshot returns the token each chain holds, as of a seal.
+func (t *Pending) snapshot() map[string]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	snap := make(map[string]int64, len(t.chains))
+	for tag, ch := range t.chains {
+		if len(ch.held) == 1 {
+			snap[tag], _ = strconv.ParseInt(ch.held[0], 10, 64)
+		}
+	}
+	return snap
+}
+
+// confirm makes the tokens of a seal's snapshot the confirmed ones: offsets are about to be
+// committed for the work they stand for.
+func (t *Pending) confirm(snap map[string]int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for tag, n := range snap {
+		ch := t.chain(tag)
+		ch.verified = max(ch.verified, n)
+	}
 }
 
 // sealScript writes the next batch mark and returns the one it replaced with the pending token it
@@ -421,13 +561,14 @@ return {prev, redis.call('GET', KEYS[2]) or ''}
 `)
 
 // Seal marks the end of a batch: it writes this process's next batch mark to Redis and checks
-// that the previous mark is still there, and that the pending token of the batch's last write
-// pipeline is (Pending). Redis persists writes in order, so a surviving previous mark means every
-// write before it survived too, and the surviving token means every write of this batch did. A
-// missing or older mark or token means recent writes were lost: Seal returns ErrWritesLost, or
-// ErrStateLost when the loss reaches a mark that Verify had confirmed (offsets may have been
-// committed for it). The first Seal of a process checks only the token. A Seal retried after a
-// lost reply finds its own mark, which is fine.
+// that the previous mark is still there, and that the pending tokens of the batch's write
+// pipelines are (Pending), the one beside the mark atomically with writing it. Redis persists
+// writes in order, so a surviving previous mark means every write before it survived too, and a
+// surviving token means every write of this batch to its shard did. A missing or older mark or
+// token means recent writes were lost: Seal returns ErrWritesLost, or ErrStateLost when the loss
+// reaches a mark or token that Verify had confirmed (offsets may have been committed for it). The
+// first Seal of a process checks only the tokens. A Seal retried after a lost reply finds its own
+// mark, which is fine.
 func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
@@ -436,28 +577,46 @@ func (r *Redis) Seal(ctx context.Context) (int64, error) {
 		rand.Read(b)
 		r.sealKey = marksKey(r.cfg.Prefix, "seal:"+hex.EncodeToString(b))
 	}
+	shards := r.cfg.Pending.checkShards(ctx, r.client, r.cfg.Prefix)
+	if shards != nil && !errors.Is(shards, ErrWritesLost) && !errors.Is(shards, ErrStateLost) {
+		return 0, fmt.Errorf("seal batch: %w", shards)
+	}
 	next := r.sealSeq + 1
 	// No expiry: a mark that vanished must mean a loss, however long the process was idle. Close
 	// deletes it; a crashed process leaves one small key behind.
-	res, err := sealScript.Run(ctx, r.client, []string{r.sealKey, r.cfg.Pending.key(r.cfg.Prefix)}, next).StringSlice()
+	res, err := sealScript.Run(ctx, r.client, []string{r.sealKey, r.cfg.Pending.key(r.cfg.Prefix, marksTag)}, next).StringSlice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("seal script returned %d values", len(res))
 	}
 	if err != nil {
-		return 0, fmt.Errorf("seal batch: %w", err)
+		return 0, errors.Join(fmt.Errorf("seal batch: %w", err), shards)
 	}
 	prev, token := res[0], res[1]
 	first := r.sealSeq == 0
 	want := r.sealSeq
 	r.sealSeq = next // the new baseline, whatever the check finds
-	terr := r.cfg.Pending.check(token)
+	errs := []error{r.cfg.Pending.check(marksTag, token), shards}
 	if !first {
-		if err := r.lost(prev, want, next); err != nil {
-			return next, err
-		}
+		errs = append(errs, r.lost(prev, want, next))
 	}
-	return next, terr
+	if err := errors.Join(errs...); err != nil {
+		return next, err
+	}
+	r.sealed = append(r.sealed, sealedTokens{next, r.cfg.Pending.snapshot()})
+	if len(r.sealed) > maxSealedTokens {
+		r.sealed = r.sealed[1:]
+	}
+	return next, nil
 }
+
+// sealedTokens are the pending tokens a batch mark vouches for.
+type sealedTokens struct {
+	mark   int64
+	tokens map[string]int64
+}
+
+// maxSealedTokens bounds the seals kept for Verify to confirm: a consumer verifies far more often.
+const maxSealedTokens = 1024
 
 // Offsets are consumer offsets by topic and partition: the next offset to consume.
 type Offsets map[string]map[int]int64
@@ -498,6 +657,9 @@ func (r *Redis) Verify(ctx context.Context, upTo int64, commit Offsets) error {
 	if r.sealSeq == 0 {
 		return nil
 	}
+	if err := r.cfg.Pending.checkShards(ctx, r.client, r.cfg.Prefix); err != nil {
+		return fmt.Errorf("verify pending tokens: %w", err)
+	}
 	args := []any{strconv.FormatInt(r.sealSeq, 10)}
 	if r.cfg.Group != "" {
 		for topic, parts := range commit {
@@ -515,6 +677,10 @@ func (r *Redis) Verify(ctx context.Context, upTo int64, commit Offsets) error {
 		return r.checkMark(ctx, found)
 	}
 	r.verified = max(r.verified, min(upTo, r.sealSeq))
+	for len(r.sealed) > 0 && r.sealed[0].mark <= r.verified {
+		r.cfg.Pending.confirm(r.sealed[0].tokens)
+		r.sealed = r.sealed[1:]
+	}
 	return nil
 }
 
@@ -597,15 +763,28 @@ func (r *Redis) lost(found string, want, own int64) error {
 	return fmt.Errorf("%w: batch mark is %d, want %d", ErrWritesLost, n, want)
 }
 
-// Close removes this process's batch mark and pending token. It does not close the client.
+// Close removes this process's batch mark and pending tokens. It does not close the client.
 func (r *Redis) Close(ctx context.Context) error {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
-	keys := []string{r.cfg.Pending.key(r.cfg.Prefix)}
+	t := r.cfg.Pending
+	t.mu.Lock()
+	keys := make([]string, 0, len(t.tags)+1)
+	for _, tag := range t.tags {
+		keys = append(keys, t.key(r.cfg.Prefix, tag))
+	}
+	t.mu.Unlock()
 	if r.sealKey != "" {
 		keys = append(keys, r.sealKey)
 	}
-	return r.client.Del(ctx, keys...).Err()
+	// One DEL per key: on Redis Cluster they live in different slots.
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.Del(ctx, k)
+		}
+		return nil
+	})
+	return err
 }
 
 // ErrEvicting means Redis may evict keys when it runs out of memory. Every key of an aggregate

@@ -178,7 +178,11 @@ func (r *Redis) call(ctx context.Context, suites []Key, args func(Key) []any) ([
 			}
 			if r.cfg.Pending != nil {
 				// After the writes: Seal checks it (aggregator.Pending).
-				token = r.cfg.Pending.Append(ctx, p, r.cfg.Prefix)
+				written := make([]string, len(suites))
+				for n, k := range suites {
+					written[n], _ = r.keys(k)
+				}
+				token = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
 			}
 			return nil
 		})

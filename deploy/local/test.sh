@@ -49,7 +49,16 @@ if [ $# -gt 0 ]; then
 fi
 # Every package but the fault suite, then the fault suite alone: it kills and restarts the shared
 # Redis and Kafka, so nothing else may run beside it.
-go test -count=1 -timeout 30m $(go list ./... | grep -v /test/faults)
+go test -count=1 -timeout 30m $(go list ./... | grep -v -e /test/faults -e /test/cluster)
 # The browser test's screenshots (git-ignored test artifacts).
 ls -1 "$PWD"/test-artifacts/browser/*.png 2>/dev/null | sed 's/^/screenshot: /' || true
 go test -count=1 -timeout 40m -p 1 -v ./test/faults
+# The cluster tests: a Redis Cluster (3 primaries, 3 replicas) and 3 Kafka brokers of their own,
+# on their own ports, stopped afterwards like the services above.
+for s in redis-cluster kafka-cluster; do
+  if ! "$here/$s.sh" status >/dev/null 2>&1; then
+    "$here/$s.sh" start
+    started+=("$s")
+  fi
+done
+go test -count=1 -timeout 15m -p 1 -v ./test/cluster

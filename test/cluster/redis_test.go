@@ -1,0 +1,233 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func aggKey(i int) aggregator.Key {
+	return aggregator.Key{Scope: schemas.Scope{Workspace: fmt.Sprintf("w%d", i), Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"},
+		CorrectionID: "fix", Source: aggregator.Live}
+}
+
+// batch returns one observation per aggregate 0..n-1: opportunity b of each, confirmed every third.
+func batch(b, n int) []aggregator.Observation {
+	var obs []aggregator.Observation
+	for i := range n {
+		cl := aggregator.Passed
+		if (b+i)%3 == 0 {
+			cl = aggregator.Confirmed
+		}
+		at := aggregator.Micros(t0.Add(time.Duration(b) * time.Minute))
+		obs = append(obs, aggregator.Observation{Key: aggKey(i), OpportunityID: fmt.Sprintf("o%d", b), Class: cl, Occurred: at, Assessed: at})
+	}
+	return obs
+}
+
+func newStore(t *testing.T, c redis.UniversalClient, prefix string) *aggregator.Redis {
+	t.Helper()
+	s, err := aggregator.NewRedis(c, aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour, Pending: aggregator.NewPending()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// until retries op through a failover's transient errors (connection refused, CLUSTERDOWN,
+// MOVED storms) as the processor's stages do, and returns its first loss error or nil.
+func until(t *testing.T, what string, op func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := op()
+		if err == nil || errors.Is(err, aggregator.ErrWritesLost) || errors.Is(err, aggregator.ErrStateLost) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The store on Redis Cluster computes what the in-memory model (the rules replay applies)
+// computes, for aggregates spread over every shard, with a seal and a verify per batch.
+func TestRedisClusterMatchesModel(t *testing.T) {
+	ctx := context.Background()
+	addrs := redisCluster(t)
+	c := clusterClient(t, addrs)
+	prefix := testenv.Name(t, "clustermodel")
+	cleanPrefix(t, c, prefix)
+	store := newStore(t, c, prefix)
+	model := aggregator.NewModel(30 * 24 * time.Hour)
+	shards := map[string]bool{}
+	for b := range 20 {
+		obs := batch(b, 40)
+		if b%4 == 3 {
+			obs = append(obs, batch(b-1, 40)...) // redelivered: duplicates change nothing
+		}
+		at := t0.Add(time.Duration(b)*time.Minute + time.Second)
+		got, err := store.Apply(ctx, obs, at)
+		if err != nil {
+			t.Fatalf("batch %d: %v", b, err)
+		}
+		want, _ := model.Apply(ctx, obs, at)
+		for _, k := range want.Keys {
+			if got.Tallies[k] != want.Tallies[k] {
+				t.Fatalf("batch %d, %s: redis %+v, model %+v", b, k, got.Tallies[k], want.Tallies[k])
+			}
+		}
+		for i, o := range want.Outcomes {
+			if got.Outcomes[i] != o {
+				t.Fatalf("batch %d, observation %d: redis %v, model %v", b, i, got.Outcomes[i], o)
+			}
+		}
+		m, err := store.Seal(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Verify(ctx, m, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 40 {
+		n, err := c.MasterForKey(ctx, prefix+":{"+aggKey(i).String()+"}:s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		shards[n.Options().Addr] = true
+	}
+	if len(shards) != 3 {
+		t.Fatalf("the aggregates live on %d shards, want all 3", len(shards))
+	}
+}
+
+// A failover to a replica that had not received a batch's writes loses them on one shard while
+// the shard of the batch marks keeps everything. The shard's own pending token finds it before the
+// commit: at the seal when the loss comes first, at the check before the commit when it comes
+// after the seal. Applied again, the batch counts once.
+func TestShardFailoverThatLosesWritesIsFoundBeforeCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		sealFirst bool // the batch is sealed before the failover: Verify must find the loss
+	}{
+		{"failover before the seal", false},
+		{"failover between the seal and the commit", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { shardFailover(t, tc.sealFirst) })
+	}
+}
+
+func shardFailover(t *testing.T, sealFirst bool) {
+	ctx := context.Background()
+	addrs := redisCluster(t)
+	c := clusterClient(t, addrs)
+	prefix := testenv.Name(t, "shardloss")
+	cleanPrefix(t, c, prefix)
+	store := newStore(t, c, prefix)
+	model := aggregator.NewModel(30 * 24 * time.Hour)
+	const n = 30
+	apply := func(b int) error {
+		_, err := store.Apply(ctx, batch(b, n), t0.Add(time.Hour))
+		return err
+	}
+	if err := apply(0); err != nil {
+		t.Fatal(err)
+	}
+	m1, err := store.Seal(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Verify(ctx, m1, nil); err != nil { // batch 0 committed
+		t.Fatal(err)
+	}
+	model.Apply(ctx, batch(0, n), t0.Add(time.Hour))
+
+	// The victim: a primary holding aggregates but not the batch marks.
+	marks, err := c.MasterForKey(ctx, prefix+":{marks}:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim string
+	for i := range n {
+		m, err := c.MasterForKey(ctx, prefix+":{"+aggKey(i).String()+"}:s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := m.Options().Addr; a != marks.Options().Addr {
+			victim = a
+			break
+		}
+	}
+	replica := replicaOf(t, addrs, victim)
+	t.Logf("victim primary %s, its replica %s, marks on %s", victim, replica, marks.Options().Addr)
+	t.Cleanup(func() {
+		signal(t, redisPid(t, replica), syscall.SIGCONT)
+		script(t, "redis-cluster.sh", "start-node", victim[len("127.0.0.1:"):])
+	})
+
+	// Hold the replica back: stop it and cut its replication link, so batch 1 reaches the primary only.
+	signal(t, redisPid(t, replica), syscall.SIGSTOP)
+	vc := redis.NewClient(&redis.Options{Addr: victim})
+	if err := vc.ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	vc.Close()
+	if err := apply(1); err != nil {
+		t.Fatal(err)
+	}
+	if sealFirst {
+		if _, err := store.Seal(ctx); err != nil {
+			t.Fatalf("seal before the failover: %v", err)
+		}
+	}
+	// The primary dies; the lagging replica is promoted without batch 1.
+	signal(t, redisPid(t, victim), syscall.SIGKILL)
+	signal(t, redisPid(t, replica), syscall.SIGCONT)
+	awaitPrimary(t, replica, 30*time.Second)
+
+	var lost error
+	if sealFirst {
+		lost = until(t, "verify", func() error { return store.Verify(ctx, 2, nil) })
+	} else {
+		lost = until(t, "seal", func() error { _, err := store.Seal(ctx); return err })
+	}
+	if !errors.Is(lost, aggregator.ErrWritesLost) {
+		t.Fatalf("the lost writes of batch 1 on %s were not found before the commit: %v", victim, lost)
+	}
+	// The processor consumes batch 1 again from the committed offsets.
+	if err := until(t, "apply again", func() error { return apply(1) }); err != nil {
+		t.Fatal(err)
+	}
+	m, err := store.Seal(ctx)
+	if err != nil {
+		t.Fatalf("seal after applying again: %v", err)
+	}
+	if err := store.Verify(ctx, m, nil); err != nil {
+		t.Fatalf("verify after applying again: %v", err)
+	}
+	model.Apply(ctx, batch(1, n), t0.Add(time.Hour))
+	for i := range n {
+		k := aggKey(i)
+		got, err := store.Tally(ctx, k, t0.Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := model.Tally(k, t0.Add(time.Hour))
+		if got.All != want.All {
+			t.Fatalf("%s: redis %+v, model %+v", k, got.All, want.All)
+		}
+	}
+}
