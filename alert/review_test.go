@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // TestRemovedRuleResolves: a rule taken out of the rules file across a restart while its alert
@@ -208,4 +212,38 @@ func TestStaleWindowsEmpty(t *testing.T) {
 			t.Errorf("%s at snapshot+%s: %+v, want active %v", tc.rule, tc.at-30*time.Minute, cs, tc.active)
 		}
 	}
+}
+
+// TestSinksRefuseRedirects: a receiver that answers a POST with a redirect has not accepted the
+// alerts. Go's client would follow a 302 with a GET (dropping the body) and take the 200 of that
+// GET for a delivery; the sinks must count it a failure and retry.
+func TestSinksRefuseRedirects(t *testing.T) {
+	var posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/moved" {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		posts.Add(1)
+		http.Redirect(w, r, "/moved", http.StatusFound)
+	}))
+	defer srv.Close()
+	note := []Notification{{ID: "x", Kind: "firing", At: t0, Alert: testAlert()}}
+	wh, err := NewWebhook(srv.URL+"/hook", []byte("0123456789abcdef"), time.Second, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []Sink{wh, NewAlertmanager(srv.URL, time.Hour, time.Second)} {
+		if err := s.Send(context.Background(), note); err == nil {
+			t.Errorf("%s: a redirect counted as delivered", s.Name())
+		}
+	}
+	if posts.Load() != 2 {
+		t.Errorf("%d posts, want 2", posts.Load())
+	}
+}
+
+func testAlert() schemas.Alert {
+	return schemas.Alert{Rule: "r", Kind: "threshold", Subject: "a|x", Fields: map[string]string{}, Labels: map[string]string{},
+		Annotations: map[string]string{}, State: "firing", ActiveAt: t0, FiredAt: t0}
 }

@@ -77,7 +77,14 @@ var _ Sink = (*Alertmanager)(nil)
 // prefix). resend is the rules' longest resend interval.
 func NewAlertmanager(baseURL string, resend time.Duration, timeout time.Duration) *Alertmanager {
 	return &Alertmanager{url: strings.TrimRight(baseURL, "/") + "/api/v2/alerts",
-		client: &http.Client{Timeout: timeout}, validFor: 4 * resend}
+		client: noRedirects(timeout), validFor: 4 * resend}
+}
+
+// noRedirects is an HTTP client that does not follow redirects: a 3xx answer to a POST is a
+// failed delivery (following a 302 would GET the new address without the body and take its 200
+// for an acceptance).
+func noRedirects(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 // Name is "alertmanager".

@@ -58,7 +58,7 @@ func NewWebhook(url string, secret []byte, timeout time.Duration, now func() tim
 	if len(secret) < MinWebhookSecret {
 		return nil, fmt.Errorf("alert webhook: the secret has %d bytes, at least %d are required", len(secret), MinWebhookSecret)
 	}
-	return &Webhook{url: url, secret: bytes.Clone(secret), client: &http.Client{Timeout: timeout}, now: now}, nil
+	return &Webhook{url: url, secret: bytes.Clone(secret), client: noRedirects(timeout), now: now}, nil
 }
 
 // Name is "webhook".
