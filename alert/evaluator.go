@@ -393,7 +393,14 @@ func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
 			}
 			continue
 		}
-		sctx, cancel := context.WithTimeout(ctx, e.cfg.Lease*3/4)
+		// Records are sent one after another under one lease: a send may start and run only
+		// within it, since once it ends another sender may claim the record and send it too.
+		// A record not reached waits for its lease to end.
+		left := e.cfg.Lease*3/4 - e.now().Sub(now)
+		if left <= 0 {
+			break
+		}
+		sctx, cancel := context.WithTimeout(ctx, left)
 		err := s.Send(sctx, notes)
 		cancel()
 		if err != nil {

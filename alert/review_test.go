@@ -247,3 +247,58 @@ func testAlert() schemas.Alert {
 	return schemas.Alert{Rule: "r", Kind: "threshold", Subject: "a|x", Fields: map[string]string{}, Labels: map[string]string{},
 		Annotations: map[string]string{}, State: "firing", ActiveAt: t0, FiredAt: t0}
 }
+
+// slowSink takes 40 s of the shared clock per send and records when each send started.
+type slowSink struct {
+	clk    *clock
+	starts []time.Time
+}
+
+func (s *slowSink) Name() string      { return "kafka" }
+func (s *slowSink) Takes(Notify) bool { return true }
+func (s *slowSink) Send(context.Context, []Notification) error {
+	s.starts = append(s.starts, s.clk.now())
+	s.clk.set(s.clk.now().Add(40 * time.Second))
+	return nil
+}
+
+// TestDeliverStaysWithinLease: a sender works through the records it claimed one after another;
+// a slow sink must not make it send one whose lease has run out, which another evaluator may
+// already have claimed and sent (a duplicate). The records it did not reach wait for the lease.
+func TestDeliverStaysWithinLease(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	clk := &clock{t: t0}
+	slow := &slowSink{clk: clk}
+	store, _ := NewRedis(rdb, prefix, []string{"kafka"})
+	e := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{slow}, clk)
+	for i := range 3 {
+		s := snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)
+		s.Aggregate.CorrectionID = fmt.Sprint("fix-", i)
+		e.Apply(Update{Snapshot: s})
+	}
+	if err := e.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Deliver(ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slow.starts {
+		if s.Sub(t0) >= time.Minute {
+			t.Errorf("a send started %s after the claim, past its 1m lease", s.Sub(t0))
+		}
+	}
+	// The rest goes out once its lease is over, each record once.
+	clk.set(t0.Add(2 * time.Minute))
+	for range 3 {
+		if err := e.Deliver(ctx, slow); err != nil {
+			t.Fatal(err)
+		}
+		clk.set(clk.now().Add(2 * time.Minute))
+	}
+	if len(slow.starts) != 3 {
+		t.Errorf("%d sends, want 3 (one per record)", len(slow.starts))
+	}
+}
