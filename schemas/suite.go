@@ -40,23 +40,27 @@ type SuiteDiscrimination struct {
 
 // SuiteStability is the data of a repeatrate.suite.stability.v1 event: repeated-sampling stability
 // of one suite version. StdDev is the sample standard deviation (n−1), null for one run.
-// PassAtK[k] is the mean pass@k over cases with at least k scored runs, null when there are none.
+// PassAtK[k] is the mean pass@k over cases with at least k scored runs, null when there are none
+// (the opencompass reply mode averages over every case with a run: docs/semantics.md#stability).
 type SuiteStability struct {
-	Workspace       string                         `json:"workspace"`
-	Suite           string                         `json:"suite"`
-	Version         string                         `json:"version"`
-	Runs            int64                          `json:"runs"`
-	Cases           int                            `json:"cases"`
-	RunScores       []float64                      `json:"run_scores"`
-	Mean            *float64                       `json:"mean"`
-	StdDev          *float64                       `json:"stddev"`
-	Min             *float64                       `json:"min"`
-	Max             *float64                       `json:"max"`
-	PassAtK         map[string]*float64            `json:"pass_at_k"`
-	GPassAtK        map[string]map[string]*float64 `json:"g_pass_at_k"`
-	MGPassAtK       map[string]*float64            `json:"mg_pass_at_k"`
-	ReplyLength     ReplyLength                    `json:"reply_length"`
-	AbnormalSamples int                            `json:"abnormal_samples"`
+	Workspace string                         `json:"workspace"`
+	Suite     string                         `json:"suite"`
+	Version   string                         `json:"version"`
+	Runs      int64                          `json:"runs"`
+	Cases     int                            `json:"cases"`
+	RunScores []float64                      `json:"run_scores"`
+	Mean      *float64                       `json:"mean"`
+	StdDev    *float64                       `json:"stddev"`
+	Min       *float64                       `json:"min"`
+	Max       *float64                       `json:"max"`
+	PassAtK   map[string]*float64            `json:"pass_at_k"`
+	GPassAtK  map[string]map[string]*float64 `json:"g_pass_at_k"`
+	MGPassAtK map[string]*float64            `json:"mg_pass_at_k"`
+	// Tokenizer names what reply_length and the reply analysis count as a token: whitespace,
+	// o200k_base or cl100k_base (tiktoken encodings).
+	Tokenizer       string      `json:"tokenizer"`
+	ReplyLength     ReplyLength `json:"reply_length"`
+	AbnormalSamples int         `json:"abnormal_samples"`
 	// MissingRuns lists, per case (in case order), the planned runs that had not arrived by the
 	// deadline: only cases with at least one missing run appear, at most MaxListedCases of them
 	// (the rest are cut when the snapshot is published; MissingRunsTotal still counts them).
@@ -66,7 +70,7 @@ type SuiteStability struct {
 	ObservedAt       time.Time `json:"observed_at"`
 }
 
-// ReplyLength summarises reply lengths in whitespace-separated tokens; percentile q is the sorted
+// ReplyLength summarises reply lengths in tokens of the snapshot's tokenizer; percentile q is the sorted
 // lengths' element at index floor(N·q). All null when no reply was seen.
 type ReplyLength struct {
 	Count int      `json:"count"`

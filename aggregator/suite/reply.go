@@ -12,7 +12,9 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// ReplyMode selects the rules that mark a reply abnormal.
+// ReplyMode selects the rules that mark a reply abnormal (ReplyDefault or ReplyOpenCompass, in
+// its low four bits: Rules) and the tokenizer that cuts it into tokens (its high four bits:
+// Tokenizer, whitespace when 0; set by WithTokenizer). Compare modes by Rules().
 type ReplyMode uint8
 
 const (
@@ -28,12 +30,22 @@ const (
 	ReplyOpenCompass
 )
 
+// String names the mode's rules.
 func (m ReplyMode) String() string {
-	if m == ReplyOpenCompass {
+	if m.Rules() == ReplyOpenCompass {
 		return "opencompass"
 	}
 	return "default"
 }
+
+// Rules returns the mode without its tokenizer: ReplyDefault or ReplyOpenCompass.
+func (m ReplyMode) Rules() ReplyMode { return m & 0x0f }
+
+// Tokenizer returns what the mode counts as a token.
+func (m ReplyMode) Tokenizer() Tokenizer { return Tokenizer(m >> 4) }
+
+// WithTokenizer returns the mode's rules with tokenizer t.
+func (m ReplyMode) WithTokenizer(t Tokenizer) ReplyMode { return m.Rules() | ReplyMode(t)<<4 }
 
 // ReplyStats is what the analysis keeps of a reply: numbers and at most a short fragment, never
 // the text itself.
@@ -57,12 +69,12 @@ var gzipRuleBytes = map[ReplyMode]int{ReplyDefault: 256, ReplyOpenCompass: 801}
 // AnalyzeReply measures one reply's length, compressibility and periodic repetition. GzipRatio is
 // 0 for a reply too short for the gzip rule that no other rule flagged (see gzipRuleBytes).
 func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
-	if mode == ReplyOpenCompass {
-		return analyzeOpenCompass(text)
+	if mode.Rules() == ReplyOpenCompass {
+		return analyzeOpenCompass(text, mode)
 	}
-	toks := strings.Fields(text)
+	toks := tokenize(text, mode)
 	s = ReplyStats{Tokens: len(toks)}
-	if len(text) >= gzipRuleBytes[mode] {
+	if len(text) >= gzipRuleBytes[ReplyDefault] {
 		s.GzipRatio = gzipRatio(text)
 	}
 	defer func() {
@@ -170,8 +182,9 @@ const (
 )
 
 // analyzeOpenCompass is OpenCompass's analysis of one candidate reply (its _analyze_benchmark,
-// step 5, and _build_abnormal_samples), on whitespace tokens:
-//   - the tokens are Python's str.split() of the text (pyFields); Tokens is their number;
+// step 5, and _build_abnormal_samples), on the tokens of mode's tokenizer:
+//   - the tokens are Python's str.split() of the text (pyFields), or a tiktoken encoding's token
+//     texts as OpenCompass's TokenizerWrapper makes them (tokenize); Tokens is their number;
 //   - the pattern statistics are taken over the second half of the tokens (ocRepeatPattern);
 //   - the gzip ratio is the second half of the text, cut at half its characters (code points,
 //     not bytes), over its gzip.compress size, which is zlib's level-9 deflate plus 18 bytes;
@@ -182,8 +195,8 @@ const (
 // repeat_pattern (clipped; empty when no window qualified). GzipRatio is 0 when the half is too
 // short for the gzip rule and the reply is normal (gzipRuleBytes). The 75th-percentile gate is
 // applied per version by the summary, not here.
-func analyzeOpenCompass(text string) ReplyStats {
-	toks := pyFields(text)
+func analyzeOpenCompass(text string, mode ReplyMode) ReplyStats {
+	toks := tokenize(text, mode)
 	s := ReplyStats{Tokens: len(toks)}
 	half := toks[len(toks)/2:]
 	count, ratio, off := ocRepeatPattern(half)

@@ -107,8 +107,8 @@ func DiscriminationOf(k Key, s *DiscSummary, cfg Config, at time.Time) schemas.S
 func StabilityOf(k Key, v *VersionSummary, cfg Config, at time.Time) schemas.SuiteStability {
 	s := schemas.SuiteStability{Workspace: k.Workspace, Suite: k.Suite, Version: v.Version, Runs: v.Runs,
 		RunScores: []float64{}, PassAtK: map[string]*float64{}, GPassAtK: map[string]map[string]*float64{},
-		MGPassAtK: map[string]*float64{}, MissingRuns: slices.Clone(v.Missing), MissingRunsTotal: v.MissingTotal,
-		ObservedAt: at.UTC()}
+		MGPassAtK: map[string]*float64{}, Tokenizer: cfg.ReplyMode.Tokenizer().String(), MissingRuns: slices.Clone(v.Missing),
+		MissingRunsTotal: v.MissingTotal, ObservedAt: at.UTC()}
 	if s.MissingRuns == nil {
 		s.MissingRuns = []schemas.MissingRuns{}
 	}
@@ -138,7 +138,7 @@ func StabilityOf(k Key, v *VersionSummary, cfg Config, at time.Time) schemas.Sui
 	// OpenCompass's evaluator does, over every case with a run, errored runs counting as failures
 	// and a case short of k runs taking what OpenCompass's functions give it (pass@k 1, G-Pass@k
 	// and mG-Pass@k 0).
-	hist, gpass, mgpass, parity := v.Cases, GPassAtK, MGPassAtK, cfg.ReplyMode == ReplyOpenCompass
+	hist, gpass, mgpass, parity := v.Cases, GPassAtK, MGPassAtK, cfg.ReplyMode.Rules() == ReplyOpenCompass
 	if parity {
 		gpass, mgpass = OCGPassAtK, OCMGPassAtK
 		if len(v.Attempts) > 0 {

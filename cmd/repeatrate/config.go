@@ -100,6 +100,7 @@ type SuiteConfig struct {
 	JudgeLastVersions int           `yaml:"judge_last_versions"`
 	PassAtK           []string      `yaml:"pass_at_k"`
 	ReplyMode         string        `yaml:"reply_mode"`
+	Tokenizer         string        `yaml:"tokenizer"`
 	MissingAfter      time.Duration `yaml:"missing_after"`
 }
 
@@ -138,7 +139,7 @@ func defaultConfig() Config {
 			InputTopics: []string{TopicLive, TopicEval}, Session: 10 * time.Second,
 			SnapshotTopic: TopicSnapshots, SuiteTopic: TopicSuites, AlertsTopic: TopicAlerts, DLQTopic: TopicDLQ,
 		},
-		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", MissingAfter: time.Hour},
+		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
 		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
 		Retention: 30 * 24 * time.Hour,
 		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
@@ -309,6 +310,7 @@ func (c *Config) settings() []setting {
 		num("suite-judge-last-versions", "judge cases over only the last R versions (0: all)", &c.Suite.JudgeLastVersions),
 		list("suite-pass-at-k", "pass@k levels", &c.Suite.PassAtK),
 		str("suite-reply-mode", "reply repetition rules: default or opencompass", &c.Suite.ReplyMode),
+		str("suite-tokenizer", "what reply analysis counts as a token: whitespace, o200k_base or cl100k_base (tiktoken, offline)", &c.Suite.Tokenizer),
 		dur("suite-missing-after", "planned runs count as missing this long after a case's first run", &c.Suite.MissingAfter),
 		str("alert-rules", "alerting rules file (YAML); empty disables alerting", &c.AlertRules),
 		str("alertmanager-url", "Alertmanager base URL alerts are posted to (http://host:9093); empty posts none", &c.AlertmanagerURL),
@@ -366,6 +368,14 @@ func (s SuiteConfig) aggregator() (suite.Config, error) {
 	default:
 		return out, fmt.Errorf("reply_mode %q is not default or opencompass", s.ReplyMode)
 	}
+	tok, err := suite.ParseTokenizer(s.Tokenizer)
+	if err != nil {
+		return out, err
+	}
+	if err := tok.Load(); err != nil {
+		return out, err
+	}
+	out.ReplyMode = out.ReplyMode.WithTokenizer(tok)
 	return out, out.Validate()
 }
 

@@ -43,6 +43,7 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	fs.IntVar(&sc.JudgeLastVersions, "judge-last-versions", 0, "judge cases over only the last R versions (0: all)")
 	passAtK := fs.String("pass-at-k", strings.Join(sc.PassAtK, ","), "pass@k levels")
 	fs.StringVar(&sc.ReplyMode, "reply-mode", sc.ReplyMode, "reply repetition rules: default or opencompass")
+	fs.StringVar(&sc.Tokenizer, "tokenizer", sc.Tokenizer, "what reply analysis counts as a token: whitespace, o200k_base or cl100k_base")
 	fs.DurationVar(&sc.MissingAfter, "missing-after", sc.MissingAfter, "planned runs count as missing this long after a case's first run")
 	if err := fs.Parse(args); err != nil {
 		return err
