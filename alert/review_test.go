@@ -302,3 +302,29 @@ func TestDeliverStaysWithinLease(t *testing.T) {
 		t.Errorf("%d sends, want 3 (one per record)", len(slow.starts))
 	}
 }
+
+// TestOutboxKeysApart: a subject key ends with a user-chosen part (a case id, a version, a
+// correction id) that may contain ':'. A case named "x:ob:kafka" must not have the record key of
+// case "x"'s outbox (a hash where a list is, WRONGTYPE, a lost notification): both fire, once.
+func TestOutboxKeysApart(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	kafka := &recordingSink{name: "kafka"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"kafka"})
+	e := newTestEvaluator(t, store, "rules:\n- {name: revived, kind: revived_regression}\n", []Sink{kafka}, clk)
+	for _, id := range []string{"x:ob:kafka", "x"} {
+		e.Apply(Update{Revived: &schemas.CaseRevived{Workspace: "acme", Suite: "s", CaseID: id, Version: "v1", Regression: true}})
+		if err := e.Evaluate(ctx, clk.now()); err != nil {
+			t.Errorf("case %q: %v", id, err)
+		}
+	}
+	if err := e.Deliver(ctx, kafka); err != nil {
+		t.Fatal(err)
+	}
+	if got := kafka.kinds(); len(got) != 2 {
+		t.Errorf("delivered %v, want a firing for each case", got)
+	}
+}

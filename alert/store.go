@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -99,8 +100,14 @@ func (s *Redis) Key(rule, subject string) string {
 
 func (s *Redis) index() string          { return s.prefix + ":idx" }
 func (s *Redis) due(sink string) string { return s.prefix + ":due:" + sink }
-func outbox(key, sink string) string    { return key + ":ob:" + sink }
-func msScore(t time.Time) int64         { return t.UnixMilli() }
+
+// outbox is the list of key's notifications for sink. It lives under its own namespace, not
+// under the record key: a record key ends with a part users choose (a case id, a version), which
+// may contain ':', so "<record>:ob:<sink>" could be another subject's record key.
+func (s *Redis) outbox(key, sink string) string {
+	return s.prefix + ":ob:" + sink + ":" + strings.TrimPrefix(key, s.prefix+":s:")
+}
+func msScore(t time.Time) int64 { return t.UnixMilli() }
 
 // us is t in µs since the epoch as text, "0" for the zero time.
 func us(t time.Time) string {
@@ -193,7 +200,7 @@ func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, 
 	args = append(args, string(payload), note != nil && note.Kind == NotifyResend.String(), string(episode))
 	for _, sink := range s.sinks {
 		take := note != nil && takes(sink, notifyOf(note.Kind))
-		keys = append(keys, outbox(key, sink), s.due(sink))
+		keys = append(keys, s.outbox(key, sink), s.due(sink))
 		args = append(args, take)
 	}
 	ok, err := commitScript.Run(ctx, s.rdb, keys, args...).Int()
@@ -224,7 +231,7 @@ func (s *Redis) Claim(ctx context.Context, sink string, now time.Time, lease tim
 	}
 	out := map[string][]Notification{}
 	for _, k := range ks {
-		raw, err := s.rdb.LRange(ctx, outbox(k, sink), 0, 99).Result()
+		raw, err := s.rdb.LRange(ctx, s.outbox(k, sink), 0, 99).Result()
 		if err != nil {
 			return nil, fmt.Errorf("alert outbox %s: %w", k, err)
 		}
@@ -243,9 +250,9 @@ func (s *Redis) Claim(ctx context.Context, sink string, now time.Time, lease tim
 // has firstID) and makes the record due again at retryAt if anything is left. A record resolved
 // or cleared with nothing left to deliver lingers, then expires.
 func (s *Redis) Ack(ctx context.Context, sink, key string, delivered int, firstID string, retryAt time.Time) error {
-	keys := []string{s.due(sink), outbox(key, sink), key, s.index()}
+	keys := []string{s.due(sink), s.outbox(key, sink), key, s.index()}
 	for _, o := range s.sinks {
-		keys = append(keys, outbox(key, o))
+		keys = append(keys, s.outbox(key, o))
 	}
 	if err := ackScript.Run(ctx, s.rdb, keys, delivered, firstID, msScore(retryAt), s.linger.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("alert ack %s: %w", key, err)
