@@ -40,6 +40,14 @@ if ! command -v chromium >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 fi
+# promtool (Debian's prometheus package) validates the example Prometheus rules and runs their unit
+# tests (deploy/prometheus; deploy/metrics_test.go checks their metrics against the code).
+if ! command -v promtool >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; }
+fi
+promtool check rules deploy/prometheus/repeatrate-rules.yaml
+promtool test rules deploy/prometheus/repeatrate-rules.test.yaml
 # The Python venv of the OpenCompass oracle and the Inspect AI logs (made once, then reused).
 test/pyenv.sh
 "${REPEATRATE_TEST_VENV:-.cache/venv}/bin/python" test/inspect/make_logs.py .cache/inspect-logs
