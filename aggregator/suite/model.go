@@ -272,14 +272,18 @@ func (m *Model) Version(k Key, v string, cfg Config, at time.Time) VersionSummar
 	for _, rs := range byRun {
 		out.RunScores = append(out.RunScores, *rs)
 	}
-	hist := map[[2]int64]int64{}
+	hist, attempts := map[[2]int64]int64{}, map[[2]int64]int64{}
 	for _, cs := range cells {
 		if cs.n > 0 {
 			hist[[2]int64{cs.n, cs.c}]++
 		}
+		attempts[[2]int64{int64(len(cs.arrived)), cs.c}]++ // every stored run, errored ones too
 	}
 	for nc, count := range hist {
 		out.Cases = append(out.Cases, CaseCount{N: nc[0], C: nc[1], Cases: count})
+	}
+	for nc, count := range attempts {
+		out.Attempts = append(out.Attempts, CaseCount{N: nc[0], C: nc[1], Cases: count})
 	}
 	for t, count := range lengths {
 		out.Lengths = append(out.Lengths, LengthCount{t, count})

@@ -352,14 +352,18 @@ func parseVersion(f []any) (VersionSummary, error) {
 			case 'a':
 				v.Abnormal = append(v.Abnormal, LengthCount{x, n})
 			}
-		case 'c':
+		case 'c', 't':
 			a, b, ok := strings.Cut(rest, ",")
 			nn, err1 := strconv.ParseInt(a, 10, 64)
 			cc, err2 := strconv.ParseInt(b, 10, 64)
 			if !ok || err1 != nil || err2 != nil {
 				return v, fmt.Errorf("version %q: field %q", v.Version, field)
 			}
-			v.Cases = append(v.Cases, CaseCount{N: nn, C: cc, Cases: n})
+			if field[0] == 'c' {
+				v.Cases = append(v.Cases, CaseCount{N: nn, C: cc, Cases: n})
+			} else {
+				v.Attempts = append(v.Attempts, CaseCount{N: nn, C: cc, Cases: n})
+			}
 		default:
 			return v, fmt.Errorf("version %q: unknown field %q", v.Version, field)
 		}

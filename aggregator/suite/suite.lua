@@ -20,7 +20,8 @@
 --   B..'pa'  zset  revived cases not announced yet, scored 0: every call reports them all, so a
 --                  batch applied again reports what it reported the first time
 --   B..'h'..vid  hash  R greatest planned runs; p<i>/n<i> passed/scored runs of index i;
---                  c<n>,<c> cases with n scored runs of which c passed; l<t> replies of t tokens;
+--                  c<n>,<c> cases with n scored runs of which c passed; t<n>,<c> the same with n
+--                  counting errored runs too (OpenCompass counts them as failures); l<t> replies of t tokens;
 --                  a<t> abnormal replies of t tokens; M missing runs of matured cases; D deadline
 --   B..'i'..vid  zset  cases with missing runs not yet matured, scored by first occurred
 --   B..'x'..vid  zset  cases with missing runs matured (first occurred <= D), scored 0
@@ -323,6 +324,11 @@ for _, x in ipairs(touchedCells) do
   if on ~= nn or oc ~= nc then
     if on > 0 then hadd(id, 'c' .. on .. ',' .. oc, -1) end
     if nn > 0 then hadd(id, 'c' .. nn .. ',' .. nc, 1) end
+  end
+  local oa, na = on + o.e, nn + x.e -- every stored run, errored ones too
+  if oa ~= na or oc ~= nc then
+    if oa > 0 then hadd(id, 't' .. oa .. ',' .. oc, -1) end
+    if na > 0 then hadd(id, 't' .. na .. ',' .. nc, 1) end
   end
   local om = o.exists and (o.planned - (o.p + o.f + o.e)) or 0
   local nm = missing(x)

@@ -48,8 +48,9 @@ type VersionSummary struct {
 	RunScores []RunScore  // by index; indexes with nothing scored are left out
 	Cases     []CaseCount // by (N, C); cases with nothing scored are left out
 	// Attempts is the (n, c) histogram with n counting every stored run of a case, errored ones
-	// included (as failures): what the opencompass mode's pass@k and G-Pass@k read. Empty when the
-	// store does not keep it; then that mode reads Cases, which equals it when no run errored.
+	// included (as failures): what the opencompass mode's pass@k and G-Pass@k read. Both stores
+	// keep it; a summary without it (built by hand) makes that mode read Cases, which equals it
+	// when no run errored.
 	Attempts []CaseCount
 	Lengths  []LengthCount // every stored run's reply, by length
 	Abnormal []LengthCount // stored runs whose reply is abnormal, by length
