@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -113,6 +114,26 @@ type HTTPSettings struct {
 	AdminTokenSHA256 string             `yaml:"admin_token_sha256"`
 	RateLimit        int                `yaml:"rate_limit"`
 	MaxConnections   int                `yaml:"max_connections"`
+	// Ingest (POST /v1/events, README, Ingest over HTTP): the input topics live attempts and eval
+	// results are written to (empty: the first input topic, and the second when there is one),
+	// and the body limit.
+	IngestLiveTopic    string `yaml:"ingest_live_topic"`
+	IngestEvalTopic    string `yaml:"ingest_eval_topic"`
+	IngestMaxBodyBytes int    `yaml:"ingest_max_body_bytes"`
+}
+
+// ingestTopics are the input topics the HTTP ingest writes live attempts and eval results to.
+func (c *Config) ingestTopics() (live, eval string) {
+	live, eval = c.HTTP.IngestLiveTopic, c.HTTP.IngestEvalTopic
+	if n := len(c.Kafka.InputTopics); n > 0 {
+		if live == "" {
+			live = c.Kafka.InputTopics[0]
+		}
+		if eval == "" {
+			eval = c.Kafka.InputTopics[min(1, n-1)]
+		}
+	}
+	return live, eval
 }
 
 // LimitsConfig bounds accepted input.
@@ -145,7 +166,7 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
-		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256},
+		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, IngestMaxBodyBytes: 1 << 20},
 		LogLevel:  "info",
 	}
 }
@@ -213,8 +234,14 @@ func (c *Config) Validate() error {
 	if _, err := auth.NewStore(c.HTTP.Tokens); err != nil {
 		bad("http.tokens: %v", err)
 	}
-	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 {
-		bad("http.rate_limit and http.max_connections must be positive")
+	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 {
+		bad("http.rate_limit, http.max_connections and http.ingest_max_body_bytes must be positive")
+	}
+	// The ingest must write where the processor reads.
+	for _, t := range []string{c.HTTP.IngestLiveTopic, c.HTTP.IngestEvalTopic} {
+		if t != "" && !slices.Contains(c.Kafka.InputTopics, t) {
+			bad("http.ingest_live_topic and ingest_eval_topic: %q is not an input topic", t)
+		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -326,12 +353,16 @@ func (c *Config) settings() []setting {
 		str("http-admin-token-sha256", "SHA-256 (hex) of the token /metrics and /debug/pprof require; empty leaves /metrics open", &c.HTTP.AdminTokenSHA256),
 		num("http-rate-limit", "requests per second per token (or client address without one)", &c.HTTP.RateLimit),
 		num("http-max-connections", "open HTTP connections at most", &c.HTTP.MaxConnections),
+		str("http-ingest-live-topic", "input topic POST /v1/events writes live attempts to (empty: the first input topic)", &c.HTTP.IngestLiveTopic),
+		str("http-ingest-eval-topic", "input topic POST /v1/events writes eval results to (empty: the second input topic, else the first)", &c.HTTP.IngestEvalTopic),
+		num("http-ingest-max-body-bytes", "largest body POST /v1/events accepts (larger: 413)", &c.HTTP.IngestMaxBodyBytes),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
 }
 
-// devToken gives cfg one freshly generated read token over every workspace, for `dev`, and returns
-// it: only its hash is configured, and the token is shown once, to the person who started dev.
+// devToken gives cfg one freshly generated token that reads and writes every workspace (the read
+// side and POST /v1/events), for `dev`, and returns it: only its hash is configured, and the token
+// is shown once, to the person who started dev.
 func devToken(cfg *Config) (string, error) {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {
@@ -339,7 +370,7 @@ func devToken(cfg *Config) (string, error) {
 	}
 	tok := "rr_dev_" + hex.EncodeToString(b)
 	cfg.HTTP.Tokens = append(cfg.HTTP.Tokens, auth.TokenConfig{Name: "dev", SHA256: auth.Hash(tok),
-		Workspaces: map[string]string{auth.AllWorkspaces: "read"}})
+		Workspaces: map[string]string{auth.AllWorkspaces: "read-write"}})
 	return tok, nil
 }
 

@@ -84,8 +84,9 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "read side:             http://%s/ (sign in with the token), API http://%s/v1/openapi.json\ntoken:                 %s\n",
-		*httpAddr, *httpAddr, token)
+	fmt.Fprintf(stdout, "read side:             http://%s/ (sign in with the token), API http://%s/v1/openapi.json\n"+
+		"ingest:                POST http://%s/v1/events (CloudEvents over HTTP, same token)\ntoken:                 %s (reads and writes every workspace)\n",
+		*httpAddr, *httpAddr, *httpAddr, token)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

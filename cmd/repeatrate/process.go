@@ -196,9 +196,15 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		if tokens.Len() == 0 {
 			log.Warn("no http tokens configured: the read API and pages refuse every request (README, Read side)")
 		}
+		ing, closeIngest, err := newIngest(cfg, kc, tokens, st.decoder, reg, log.Named("ingest"))
+		if err != nil {
+			return err
+		}
+		defer closeIngest()
 		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 			Tokens: tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
-			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, Registerer: reg, Catalog: catalog, Suites: st.suites},
+			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, Registerer: reg, Catalog: catalog, Suites: st.suites,
+			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes()},
 			st.rates, reg, time.Now, log.Named("http"))
 		g.Go(func() error { return srv.Run(gctx) })
 		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/ingest"
+	"github.com/repeatrate/repeatrate/sink/auth"
+)
+
+// newIngest builds the handler of POST /v1/events (README, Ingest over HTTP) on a writer of its
+// own: fully acknowledged (RequireAll), each message naming its input topic, its record limit the
+// one every writer of the process has. closeWriter releases the writer's connections.
+func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, reg prometheus.Registerer,
+	log *zap.Logger) (h *ingest.Handler, closeWriter func() error, err error) {
+	live, eval := cfg.ingestTopics()
+	w := kc.writer(live)
+	w.Topic = "" // each message names its topic
+	w.BatchBytes = min(kc.batchBytes(live), kc.batchBytes(eval))
+	h, err = ingest.New(ingest.Config{LiveTopic: live, EvalTopic: eval, Tokens: tokens,
+		MaxBodyBytes: int64(cfg.HTTP.IngestMaxBodyBytes), RecordLimit: w.BatchBytes, WriteTimeout: 10 * time.Second,
+		Registerer: reg}, dec, w, time.Now, log)
+	if err != nil {
+		w.Close()
+		return nil, nil, err
+	}
+	return h, w.Close, nil
+}
