@@ -106,10 +106,13 @@ func TestImportInspectIntoSuiteSnapshots(t *testing.T) {
 		"stability regressions v2": func(b []byte) string { return checkStability(b, check) },
 		"stability broken v1": func(b []byte) string {
 			return checkStability(b, func(s *schemas.SuiteStability) string {
-				// Every run errored: nothing scored, no reply. (Its pass@k follows once the stores
-				// keep errored runs per case: docs/semantics.md#stability.)
+				// Every run errored: nothing scored, no reply; in opencompass mode the errored runs
+				// count as failures, so pass@1 is 0 (docs/semantics.md#stability).
 				if s.Runs != 2 || s.Cases != 0 || len(s.RunScores) != 0 || s.Mean != nil || s.ReplyLength.Count != 0 || s.MissingRunsTotal != 0 {
 					return fmt.Sprintf("%+v", *s)
+				}
+				if p := s.PassAtK["1"]; p == nil || *p != 0 {
+					return fmt.Sprintf("pass@1 %v, want 0: errored runs are failures", p)
 				}
 				return ""
 			})
