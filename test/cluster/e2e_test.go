@@ -1,0 +1,490 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/internal/synth"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// bin is the repeatrate binary under test, built once by TestMain.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "repeatrate-cluster")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "repeatrate")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/repeatrate")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// kafkaCluster returns the three brokers of deploy/local/kafka-cluster.sh.
+func kafkaCluster(t testing.TB) []string {
+	t.Helper()
+	base, _ := strconv.Atoi(env("KAFKA_CLUSTER_PORT", "19301"))
+	var brokers []string
+	for i := range 3 {
+		brokers = append(brokers, "127.0.0.1:"+strconv.Itoa(base+i))
+	}
+	need(t, "Kafka cluster", brokers[0])
+	return brokers
+}
+
+// brokerPid returns the pid of broker node id (1..3).
+func brokerPid(t *testing.T, id int) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, ".cache/kafka", "cluster-"+env("KAFKA_CLUSTER_PORT", "19301"), "node-"+strconv.Itoa(id), "kafka.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// clusterEvents is the input size: enough batches to be in flight through both broker kills.
+const clusterEvents = 30_000
+
+// expected runs replay over the file and returns every aggregate's comparable snapshot.
+func expected(t *testing.T, file string) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "expected.ndjson")
+	if b, err := exec.Command(bin, "replay", "--in", file, "--out", out, "--dlq", filepath.Join(dir, "dlq.ndjson")).CombinedOutput(); err != nil {
+		t.Fatalf("replay: %v: %s", err, b)
+	}
+	want := map[string]string{}
+	f, _ := os.ReadFile(out)
+	for _, l := range bytes.Split(bytes.TrimSpace(f), []byte("\n")) {
+		var e struct {
+			Type string          `json:"type"`
+			Data json.RawMessage `json:"data"`
+		}
+		if err := json.Unmarshal(l, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.Type != schemas.TypeSnapshot {
+			continue // suite snapshots and alerts: not what this test compares
+		}
+		var snap schemas.Snapshot
+		if err := json.Unmarshal(e.Data, &snap); err != nil {
+			t.Fatal(err)
+		}
+		want[snap.Aggregate.ID()] = comparable(snap)
+	}
+	return want
+}
+
+// comparable drops what streaming and replay legitimately differ in: observation time and version.
+func comparable(s schemas.Snapshot) string {
+	s.ObservedAt, s.Version = time.Time{}, 0
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// Three processors run on the Redis Cluster and three brokers (topics at replication factor 3,
+// min.insync.replicas 2). While they work, the broker that coordinates their group and then the
+// leader of an input partition are SIGKILLed (each brought back before the next kill, so two
+// in-sync replicas remain for every acknowledged write). The latest snapshot of every aggregate
+// must equal replay's, and the dead-letter topic must hold exactly the poison.
+func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
+	ctx := context.Background()
+	brokers := kafkaCluster(t)
+	redisAddrs := redisCluster(t)
+	script(t, "kafka-cluster.sh", "status") // all three brokers: a kill must leave a quorum
+	name := testenv.Name(t, "cluster")
+
+	gen := synth.New(synth.Config{Seed: 14, Workspaces: 6, Corrections: 4, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.005, EvalShare: 0.3})
+	now := time.Now()
+	var lines [][]byte
+	poison := map[string]int{}
+	for range clusterEvents {
+		l, bad := gen.Line(now)
+		lines = append(lines, l)
+		if bad {
+			poison[string(l)]++
+		}
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "in.ndjson")
+	if err := os.WriteFile(file, append(bytes.Join(lines, []byte("\n")), '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The input goes in three parts: before the first kill, while the coordinator is down, while
+	// a partition leader is down.
+	var parts []string
+	for i := range 3 {
+		part := filepath.Join(dir, fmt.Sprintf("part%d.ndjson", i))
+		chunk := lines[i*len(lines)/3 : (i+1)*len(lines)/3]
+		if err := os.WriteFile(part, append(bytes.Join(chunk, []byte("\n")), '\n'), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, part)
+	}
+	want := expected(t, file)
+
+	topic := func(s string) string { return name + "." + s }
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}}
+	isr2 := []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: "2"}}
+	var topics []kafka.TopicConfig
+	for _, s := range []string{"in", "snapshots", "suites", "alerts", "dlq"} {
+		parts := 6
+		if s == "dlq" || s == "alerts" {
+			parts = 1
+		}
+		topics = append(topics, kafka.TopicConfig{Topic: topic(s), NumPartitions: parts, ReplicationFactor: 3, ConfigEntries: isr2})
+	}
+	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: topics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tp, err := range res.Errors {
+		if err != nil {
+			t.Fatalf("create %s: %v", tp, err)
+		}
+	}
+	produce := func(part string) {
+		t.Helper()
+		if out, err := exec.Command(bin, "produce", "--brokers", strings.Join(brokers, ","), "--topic", topic("in"), "--in", part).CombinedOutput(); err != nil {
+			t.Fatalf("produce: %v: %s", err, out)
+		}
+	}
+	produce(parts[0])
+
+	seen := &latest{by: map[string]schemas.Snapshot{}}
+	rctx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	for p := range 6 {
+		go seen.follow(rctx, brokers, topic("snapshots"), p)
+	}
+
+	var procs []*proc
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.kill()
+		}
+		if t.Failed() {
+			for _, p := range procs {
+				t.Logf("log of %s:\n%s", p.name, p.tail(30))
+			}
+		}
+	})
+	envv := append(os.Environ(),
+		"REPEATRATE_KAFKA_BROKERS="+strings.Join(brokers, ","),
+		"REPEATRATE_KAFKA_GROUP_ID="+name,
+		"REPEATRATE_KAFKA_INPUT_TOPICS="+topic("in"),
+		"REPEATRATE_KAFKA_SNAPSHOT_TOPIC="+topic("snapshots"),
+		"REPEATRATE_KAFKA_SUITE_TOPIC="+topic("suites"),
+		"REPEATRATE_KAFKA_ALERTS_TOPIC="+topic("alerts"),
+		"REPEATRATE_KAFKA_DLQ_TOPIC="+topic("dlq"),
+		"REPEATRATE_KAFKA_SESSION_TIMEOUT=6s",
+		"REPEATRATE_REDIS_ADDRS="+strings.Join(redisAddrs, ","),
+		"REPEATRATE_REDIS_KEY_PREFIX="+name,
+		"REPEATRATE_LOG_LEVEL=info",
+	)
+	for i := range 3 {
+		p := &proc{name: fmt.Sprintf("run-%d", i), log: &syncBuffer{}}
+		p.cmd = exec.Command(bin, "run", "--http-addr=")
+		p.cmd.Env = envv
+		p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		p.exited = make(chan struct{})
+		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+		procs = append(procs, p)
+	}
+
+	// Kill a broker once the processors are under way, wait until no partition of the input has
+	// it as leader, feed the next part, wait until the processors publish again, bring it back.
+	kill := func(what string, find func() (int, error), part string) {
+		t.Helper()
+		seen.await(t, 100, 2*time.Minute)
+		var id int
+		var err error
+		for try := 0; try < 100; try++ {
+			if id, err = find(); err == nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("find the %s: %v", what, err)
+		}
+		t.Logf("SIGKILL broker %d (%s) after %d snapshots", id, what, seen.count())
+		back := false
+		defer func() {
+			if !back { // the test failed on the way: leave the cluster whole for the next test
+				exec.Command(filepath.Join(root, "deploy/local/kafka-cluster.sh"), "start-node", strconv.Itoa(id)).Run()
+			}
+		}()
+		if err := syscall.Kill(brokerPid(t, id), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		awaitLeadersOff(t, client, topic("in"), id)
+		before := seen.count()
+		produce(part)
+		seen.await(t, before+100, 2*time.Minute)
+		script(t, "kafka-cluster.sh", "start-node", strconv.Itoa(id))
+		back = true
+	}
+	kill("group coordinator", func() (int, error) {
+		coord, err := client.FindCoordinator(ctx, &kafka.FindCoordinatorRequest{Key: name, KeyType: kafka.CoordinatorKeyTypeConsumer})
+		if err == nil && coord.Error != nil {
+			err = coord.Error
+		}
+		if err != nil {
+			return 0, err
+		}
+		return coord.Coordinator.NodeID, nil
+	}, parts[1])
+	awaitLeadersBalanced(t, client, topic("in"))
+	kill("leader of "+topic("in")+"/0", func() (int, error) {
+		meta, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic("in")}})
+		if err != nil {
+			return 0, err
+		}
+		return meta.Topics[0].Partitions[0].Leader.ID, nil
+	}, parts[2])
+
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		ok, why := seen.equal(want)
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshots did not converge to replay: %s", why)
+		}
+		for _, p := range procs {
+			if err, exited := p.wait(0); exited {
+				t.Fatalf("%s exited: %v", p.name, err)
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	checkDeadLetters(t, brokers, topic("dlq"), poison)
+}
+
+// awaitLeadersOff waits until no partition of topic is led by broker id (the controller fenced it).
+func awaitLeadersOff(t *testing.T, c *kafka.Client, topic string, id int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		meta, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(meta.Topics) == 1 {
+			off := true
+			for _, p := range meta.Topics[0].Partitions {
+				off = off && p.Leader.ID != id && p.Leader.ID >= 0
+			}
+			if off {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("broker %d still leads partitions of %s", id, topic)
+}
+
+// awaitLeadersBalanced waits until every partition of topic has all three replicas in sync again.
+func awaitLeadersBalanced(t *testing.T, c *kafka.Client, topic string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		meta, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(meta.Topics) == 1 {
+			ok := true
+			for _, p := range meta.Topics[0].Partitions {
+				ok = ok && len(p.Isr) == 3
+			}
+			if ok {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("partitions of %s not back in sync on three brokers", topic)
+}
+
+// checkDeadLetters requires the dead-letter topic to hold exactly the poison, each line once.
+func checkDeadLetters(t *testing.T, brokers []string, topic string, poison map[string]int) {
+	t.Helper()
+	total := 0
+	for _, n := range poison {
+		total += n
+	}
+	got := map[string]int{}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
+	for n := 0; n <= total; n++ {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		m, err := r.FetchMessage(rctx)
+		cancel()
+		if err != nil {
+			break
+		}
+		got[string(m.Value)]++
+	}
+	for line, n := range poison {
+		if got[line] != n {
+			t.Fatalf("poison %q dead-lettered %d times, want %d", line, got[line], n)
+		}
+	}
+	if len(got) != len(poison) {
+		t.Fatalf("dead-letter topic holds %d distinct messages, want the %d poison", len(got), len(poison))
+	}
+}
+
+// latest keeps the greatest-version snapshot of every aggregate on a topic.
+type latest struct {
+	mu sync.Mutex
+	by map[string]schemas.Snapshot
+	n  int
+}
+
+func (l *latest) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+func (l *latest) await(t *testing.T, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for l.count() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d snapshots read, want %d", l.count(), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// follow reads one partition from the start, replacing its reader whenever it fails (a broker
+// died), at the next offset.
+func (l *latest) follow(ctx context.Context, brokers []string, topic string, partition int) {
+	next := kafka.FirstOffset
+	for ctx.Err() == nil {
+		func() {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: partition, MaxWait: 200 * time.Millisecond, MaxBytes: 16 << 20})
+			defer r.Close()
+			if r.SetOffset(next) != nil {
+				return
+			}
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					return
+				}
+				next = m.Offset + 1
+				var e struct {
+					Data schemas.Snapshot `json:"data"`
+				}
+				if json.Unmarshal(m.Value, &e) != nil {
+					continue
+				}
+				l.mu.Lock()
+				l.n++
+				if cur, ok := l.by[string(m.Key)]; !ok || e.Data.Version >= cur.Version {
+					l.by[string(m.Key)] = e.Data
+				}
+				l.mu.Unlock()
+			}
+		}()
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (l *latest) equal(want map[string]string) (bool, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	missing, differ := 0, 0
+	for k, w := range want {
+		got, ok := l.by[k]
+		switch {
+		case !ok:
+			missing++
+		case comparable(got) != w:
+			differ++
+		}
+	}
+	if missing+differ == 0 && len(l.by) == len(want) {
+		return true, ""
+	}
+	return false, fmt.Sprintf("%d aggregates missing, %d differ, %d seen of %d", missing, differ, len(l.by), len(want))
+}
+
+// proc is one processor process.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	log    *syncBuffer
+	exited chan struct{}
+	err    error
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.exited:
+	default:
+		p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+func (p *proc) wait(within time.Duration) (error, bool) {
+	select {
+	case <-p.exited:
+		return p.err, true
+	case <-time.After(within):
+		return nil, false
+	}
+}
+
+func (p *proc) tail(n int) string {
+	lines := strings.Split(strings.TrimSpace(string(p.log.snapshot())), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's stdout and stderr together.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) snapshot() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
