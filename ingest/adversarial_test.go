@@ -1,0 +1,74 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+)
+
+// TestIngestAcceptsOnlyWhatTheProcessorTakes: an event the handler accepts is one the processor's
+// decoder takes as written — with the key the handler adds. A binary-mode event whose message is
+// exactly the decoder's limit without its key was accepted (202) and then dead-lettered as
+// too_large by the processor, which counts the key.
+func TestIngestAcceptsOnlyWhatTheProcessorTakes(t *testing.T) {
+	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	for _, c := range []struct {
+		name        string
+		recordLimit int64
+	}{
+		{"no record limit", 0},
+		{"input topic taking 2 MiB records", 2 << 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := &fakeWriter{}
+			h := newHandler(t, w, Config{MaxBodyBytes: 2 << 20, RecordLimit: c.recordLimit})
+			data := mustJSON(liveData("acme", "opp-big"))
+			hdr := binaryHeaders("big1", schemas.TypeLiveAttempt)
+			// The message the handler builds: ce_* headers and content-type, data as value.
+			m := kafka.Message{Headers: []kafka.Header{{Key: "content-type", Value: []byte(appJSON)}}}
+			for k, v := range hdr {
+				m.Headers = append(m.Headers, kafka.Header{Key: "ce_" + k[3:], Value: []byte(v)})
+			}
+			size := func(valueLen int) int {
+				n := sink.VarintLen(0) + sink.VarintLen(valueLen) + valueLen + sink.VarintLen(len(m.Headers))
+				for _, hd := range m.Headers {
+					n += sink.HeaderSize(hd)
+				}
+				return n
+			}
+			n := len(data)
+			for size(n+1) <= dec.MaxMessageBytes() {
+				n++
+			}
+			// Padded with white space inside the object: still the same valid data.
+			padded := append([]byte("{"+string(bytes.Repeat([]byte(" "), n-len(data)))), data[1:]...)
+			m.Value = padded
+			if _, err := dec.Decode(&m, testNow); err != nil {
+				t.Fatalf("the unkeyed message at the limit should decode: %v", err)
+			}
+			rec := post(h, request{token: tokenAcme, ctype: appJSON, headers: hdr, body: padded})
+			var ans Answer
+			json.Unmarshal(rec.Body.Bytes(), &ans)
+			switch rec.Code {
+			case 202:
+				for i := range w.msgs {
+					if _, err := dec.Decode(&w.msgs[i], testNow); err != nil {
+						t.Fatalf("accepted (202), but the processor dead-letters the written message: %v", err)
+					}
+				}
+			case 400:
+				if len(ans.Events) != 1 || ans.Events[0].Reason != schemas.ReasonTooLarge || len(w.msgs) != 0 {
+					t.Fatalf("400 but %s", rec.Body)
+				}
+			default:
+				t.Fatalf("%d %s", rec.Code, rec.Body)
+			}
+		})
+	}
+}
