@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -268,12 +269,21 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		}
 		r.Matchers = append(r.Matchers, m)
 	}
-	for k := range r.Labels {
-		if !labelName.MatchString(k) {
+	// Alertmanager knows an alert by its labels, which hold the subject's fields (Labels): a rule
+	// label of the same name would override a field, merging different subjects into one alert.
+	for _, k := range slices.Sorted(maps.Keys(r.Labels)) {
+		switch {
+		case !labelName.MatchString(k):
 			bad("labels", "%q is not a valid label name", k)
-		}
-		if k == "alertname" || k == "rule" {
+		case k == "alertname" || k == "rule" || k == "kind":
 			bad("labels", "%q is set by repeatrate", k)
+		case slices.Contains(fields, k):
+			bad("labels", "%q is a field of %s subjects, which repeatrate sets as a label: choose another name", k, r.Kind)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Annotations)) {
+		if k == "evidence" || k == "subject" {
+			bad("annotations", "%q is set by repeatrate", k)
 		}
 	}
 	dur := func(field string, p *string, min time.Duration) time.Duration {

@@ -81,6 +81,13 @@ func TestParseErrors(t *testing.T) {
 		// Duplicate names; reserved labels.
 		{"duplicates", "rules:\n- name: a\n  kind: revived_regression\n- name: a\n  kind: revived_regression\n  labels: {alertname: x}",
 			[]string{`rule "a": name: used by an earlier rule`, `rule "a": labels: "alertname" is set by repeatrate`}},
+		// A label the subject already carries (or kind) would override it in Alertmanager, which
+		// would merge different subjects into one alert; annotations repeatrate sets likewise.
+		{"subject labels", "rules:\n- name: t\n  kind: threshold\n  value: 0.1\n  labels: {workspace: x, correction_id: y, kind: z}\n" +
+			"- name: v\n  kind: revived_regression\n  labels: {case_id: x, version: y}\n  annotations: {evidence: x, subject: y}",
+			[]string{`rule "t": labels: "workspace" is a field of threshold subjects`, `rule "t": labels: "correction_id" is a field`,
+				`rule "t": labels: "kind" is set by repeatrate`, `rule "v": labels: "case_id" is a field of revived_regression subjects`,
+				`rule "v": labels: "version" is a field`, `rule "v": annotations: "evidence" is set by repeatrate`, `rule "v": annotations: "subject" is set by repeatrate`}},
 		// Badge has no not_measured_for.
 		{"silent badge", "rules:\n- name: s\n  kind: not_measured_for\n  source: badge\n  duration: 1h", []string{`rule "s": source: "badge" is not live, evaluation`}},
 	}
