@@ -43,12 +43,17 @@ var kindNames = map[Kind]string{
 	KindAbnormalShareAbove: "abnormal_share_above", KindMissingRunsAbove: "missing_runs_above",
 }
 
-// String returns the kind as written in a rules file.
+// UnknownKind is the kind a resolved alert carries when its rule has left the rules file and its
+// record, written before records kept the kind they fired with, does not say (the resolved
+// event's JSON Schema allows it; the firing one's does not).
+const UnknownKind = "unknown"
+
+// String returns the kind as written in a rules file, or UnknownKind.
 func (k Kind) String() string {
 	if s, ok := kindNames[k]; ok {
 		return s
 	}
-	return "unknown"
+	return UnknownKind
 }
 
 // Subject kinds a rule evaluates over, and the matcher fields each offers.
