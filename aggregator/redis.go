@@ -118,6 +118,10 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
 	recs := encodeRecords(obs)
+	fields, err := recordFields(obs)
+	if err != nil {
+		return Applied{}, err
+	}
 	// The batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent
 	// writes is found before any tally computed on the lost state is published.
 	r.sealMu.Lock()
@@ -138,7 +142,10 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 				args := make([]any, 0, len(head)+2*len(idx))
 				args = append(args, head...)
 				for _, i := range idx {
-					args = append(args, obs[i].OpportunityID, recs[i])
+					args = append(args, fields[i])
+				}
+				for _, i := range idx {
+					args = append(args, recs[i])
 				}
 				applyScript.EvalSha(ctx, p, r.keys(k), args...)
 			}
@@ -241,6 +248,40 @@ func encodeRecords(obs []Observation) []string {
 	}
 	return recs
 }
+
+// maxIDBytes is the longest opportunity id a record field can hold: its length is written in three
+// hex digits. Identity fields are limited to 512 bytes (docs/semantics.md#limits).
+const maxIDBytes = 0xfff
+
+// recordFields returns each observation's field in the record hash: the id after its length in
+// three hex digits, so that the id index can list fields back to back and split them again whatever
+// bytes they hold. All are slices of one string.
+func recordFields(obs []Observation) ([]string, error) {
+	size := 0
+	for i := range obs {
+		if n := len(obs[i].OpportunityID); n > maxIDBytes {
+			return nil, fmt.Errorf("opportunity id of %d bytes: at most %d can be stored", n, maxIDBytes)
+		}
+		size += 3 + len(obs[i].OpportunityID)
+	}
+	buf := make([]byte, 0, size)
+	for i := range obs {
+		id := obs[i].OpportunityID
+		buf = append(buf, hexDigits[len(id)>>8], hexDigits[len(id)>>4&0xf], hexDigits[len(id)&0xf])
+		buf = append(buf, id...)
+	}
+	s := string(buf)
+	out := make([]string, len(obs))
+	from := 0
+	for i := range obs {
+		to := from + 3 + len(obs[i].OpportunityID)
+		out[i] = s[from:to]
+		from = to
+	}
+	return out, nil
+}
+
+const hexDigits = "0123456789abcdef"
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
@@ -467,9 +508,15 @@ func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.P
 				ch.held = append(ch.held, next)
 				continue
 			}
-			if !slices.Contains(ch.held, prev) && ch.broken == nil {
-				ch.broken = fmt.Errorf("%w: pending token %s of {%s} replaced %q, want one of %q",
-					ErrWritesLost, next, tag, prev, ch.held)
+			if !slices.Contains(ch.held, prev) {
+				if n, _ := strconv.ParseInt(prev, 10, 64); n < ch.verified {
+					// Committed work is gone, whatever else was found first.
+					ch.broken = fmt.Errorf("%w: redis lost writes that consumer offsets were committed for (pending token of {%s} was %q, confirmed %d); "+
+						"run `repeatrate rebuild`", ErrStateLost, tag, prev, ch.verified)
+				} else if ch.broken == nil {
+					ch.broken = fmt.Errorf("%w: pending token %s of {%s} replaced %q, want one of %q",
+						ErrWritesLost, next, tag, prev, ch.held)
+				}
 			}
 			ch.held = []string{next}
 		}

@@ -120,17 +120,27 @@ func TestRedisClusterMatchesModel(t *testing.T) {
 // after the seal. Applied again, the batch counts once.
 func TestShardFailoverThatLosesWritesIsFoundBeforeCommit(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		sealFirst bool // the batch is sealed before the failover: Verify must find the loss
+		name string
+		when failoverAt
 	}{
-		{"failover before the seal", false},
-		{"failover between the seal and the commit", true},
+		{"failover before the seal", beforeSeal},
+		{"failover between the seal and the commit", beforeCommit},
+		// Too late to re-apply: the processor must stop (rebuild), not rewind and lose silently.
+		{"failover after the commit", afterCommit},
 	} {
-		t.Run(tc.name, func(t *testing.T) { shardFailover(t, tc.sealFirst) })
+		t.Run(tc.name, func(t *testing.T) { shardFailover(t, tc.when) })
 	}
 }
 
-func shardFailover(t *testing.T, sealFirst bool) {
+type failoverAt int
+
+const (
+	beforeSeal failoverAt = iota
+	beforeCommit
+	afterCommit
+)
+
+func shardFailover(t *testing.T, when failoverAt) {
 	ctx := context.Background()
 	addrs := redisCluster(t)
 	c := clusterClient(t, addrs)
@@ -188,9 +198,15 @@ func shardFailover(t *testing.T, sealFirst bool) {
 	if err := apply(1); err != nil {
 		t.Fatal(err)
 	}
-	if sealFirst {
-		if _, err := store.Seal(ctx); err != nil {
+	if when >= beforeCommit {
+		m, err := store.Seal(ctx)
+		if err != nil {
 			t.Fatalf("seal before the failover: %v", err)
+		}
+		if when == afterCommit {
+			if err := store.Verify(ctx, m, nil); err != nil {
+				t.Fatalf("verify before the failover: %v", err)
+			}
 		}
 	}
 	// The primary dies; the lagging replica is promoted without batch 1.
@@ -199,10 +215,24 @@ func shardFailover(t *testing.T, sealFirst bool) {
 	awaitPrimary(t, replica, 30*time.Second)
 
 	var lost error
-	if sealFirst {
-		lost = until(t, "verify", func() error { return store.Verify(ctx, 2, nil) })
-	} else {
+	switch when {
+	case beforeSeal:
 		lost = until(t, "seal", func() error { _, err := store.Seal(ctx); return err })
+	case beforeCommit:
+		lost = until(t, "verify", func() error { return store.Verify(ctx, 2, nil) })
+	case afterCommit:
+		// The next batch writes the shard and seals.
+		lost = until(t, "next batch", func() error {
+			if err := apply(2); err != nil {
+				return err
+			}
+			_, err := store.Seal(ctx)
+			return err
+		})
+		if !errors.Is(lost, aggregator.ErrStateLost) {
+			t.Fatalf("committed writes lost on %s, want the state-lost error: %v", victim, lost)
+		}
+		return
 	}
 	if !errors.Is(lost, aggregator.ErrWritesLost) {
 		t.Fatalf("the lost writes of batch 1 on %s were not found before the commit: %v", victim, lost)
