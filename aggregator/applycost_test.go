@@ -23,6 +23,14 @@ import (
 //go:embed testdata/apply_layout3.lua
 var layout3Source string
 
+// layout4Source is the apply script of state layout 4 (commit be0c2b3), the id index in chunks
+// per hour and the state hash read through a cache, kept only to measure the current script
+// against it. Its arguments are those of encodeRecords at that commit: id and record per
+// observation.
+//
+//go:embed testdata/apply_layout4.lua
+var layout4Source string
+
 // costShape is a stream shape of the performance issue: how many aggregates share the events and
 // how far back their occurred times spread.
 type costShape struct {
@@ -88,6 +96,39 @@ func applyLayout3(ctx context.Context, c *redis.Client, script *redis.Script, pr
 					rec += fmt.Sprintf(",%x", o.Seq)
 				}
 				args = append(args, o.OpportunityID, strconv.FormatInt(o.Occurred, 10), rec)
+			}
+			base := prefix + ":{" + k.String() + "}:"
+			cmds[n] = script.EvalSha(ctx, p, []string{base + "o", base + "s", base + "e", base + "z"}, args...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[Key][]any, len(keys))
+	for n, k := range keys {
+		out[k], _ = cmds[n].Slice()
+	}
+	return out, nil
+}
+
+// applyLayout4 applies obs with the layout-4 script as that commit's Redis.Apply did.
+func applyLayout4(ctx context.Context, c *redis.Client, script *redis.Script, prefix string, ret, ttl time.Duration,
+	obs []Observation, at time.Time) (map[Key][]any, error) {
+	groups, keys := groupByKey(obs)
+	head := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10),
+		strconv.FormatInt(ttl.Milliseconds(), 10)}
+	cmds := make([]*redis.Cmd, len(keys))
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for n, k := range keys {
+			args := append([]any{}, head...)
+			for _, i := range groups[k] {
+				o := obs[i]
+				rec := fmt.Sprintf("%c%x,%x", classCode(o.Class), o.Occurred, o.Assessed)
+				if o.Seq != 0 {
+					rec += fmt.Sprintf(",%x", o.Seq)
+				}
+				args = append(args, o.OpportunityID, rec)
 			}
 			base := prefix + ":{" + k.String() + "}:"
 			cmds[n] = script.EvalSha(ctx, p, []string{base + "o", base + "s", base + "e", base + "z"}, args...)
@@ -190,14 +231,15 @@ func memoryOf(ctx context.Context, c *redis.Client, prefix string) int64 {
 	return total
 }
 
-// TestApplyCost feeds the same batches to the layout-3 script and to the current store, alternating
-// batch by batch, and reports Redis CPU and commands per event of each (docs/semantics.md#delivery:
-// one script call per aggregate and batch). Results must agree batch by batch. Run it with
+// TestApplyCost feeds the same batches to the layout-3 script, the layout-4 script and the
+// current store, rotating their order batch by batch, and reports Redis CPU and commands per event
+// of each (docs/semantics.md#delivery: one script call per aggregate and batch). Results must
+// agree batch by batch. Run it with
 //
 //	REPEATRATE_APPLY_COST=240000 go test -count=1 -run TestApplyCost -v ./aggregator
 //
 // (REPEATRATE_APPLY_COST_REDIS names another Redis than the test one; its CPU is then the scripts'
-// alone.)
+// alone. REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it.)
 func TestApplyCost(t *testing.T) {
 	events, _ := strconv.Atoi(os.Getenv("REPEATRATE_APPLY_COST"))
 	if events <= 0 {
@@ -209,12 +251,12 @@ func TestApplyCost(t *testing.T) {
 		client = redis.NewClient(&redis.Options{Addr: a})
 		defer client.Close()
 	}
-	old := redis.NewScript(layout3Source)
-	if err := old.Load(ctx, client).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := applyScript.Load(ctx, client).Err(); err != nil {
-		t.Fatal(err)
+	only := os.Getenv("REPEATRATE_APPLY_COST_ONLY") == "current"
+	old3, old4 := redis.NewScript(layout3Source), redis.NewScript(layout4Source)
+	for _, s := range []*redis.Script{old3, old4, applyScript} {
+		if err := s.Load(ctx, client).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// INFO's own cost, taken off each measurement.
 	var infoCPU float64
@@ -227,75 +269,94 @@ func TestApplyCost(t *testing.T) {
 	for _, shape := range []costShape{{"wide", 60, 30 * 24 * time.Hour}, {"today", 400, 24 * time.Hour}} {
 		t.Run(shape.name, func(t *testing.T) {
 			batches, ats := costStream(shape, events)
-			oldPrefix, newPrefix := testenv.Name(t, "cost-old"), testenv.Name(t, "cost-new")
-			testenv.CleanPrefix(t, client, oldPrefix)
-			testenv.CleanPrefix(t, client, newPrefix)
-			store, err := NewRedis(client, RedisConfig{Prefix: newPrefix, Retention: ret})
+			names := []string{"layout 3", "layout 4", "current"}
+			prefixes := []string{testenv.Name(t, "cost-l3"), testenv.Name(t, "cost-l4"), testenv.Name(t, "cost-new")}
+			for _, p := range prefixes {
+				testenv.CleanPrefix(t, client, p)
+			}
+			store, err := NewRedis(client, RedisConfig{Prefix: prefixes[2], Retention: ret})
 			if err != nil {
 				t.Fatal(err)
 			}
-			costOld := redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
-			costNew := redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
+			costs := make([]redisCost, 3)
+			for i := range costs {
+				costs[i] = redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
+			}
 			// The first tenth creates the aggregates; measured are the batches after it.
 			n, warmup := 0, len(batches)/10
 			for b, batch := range batches {
-				var oldRes map[Key][]any
-				var newRes Applied
 				measured := b >= warmup
-				runOld := func() {
+				var res [3]map[Key]Tally
+				run := func(which int) {
 					before, _ := readCost(ctx, client)
-					if oldRes, err = applyLayout3(ctx, client, old, oldPrefix, ret, ret, batch, ats[b]); err != nil {
+					var raw map[Key][]any
+					switch which {
+					case 0:
+						raw, err = applyLayout3(ctx, client, old3, prefixes[0], ret, ret, batch, ats[b])
+					case 1:
+						raw, err = applyLayout4(ctx, client, old4, prefixes[1], ret, ret, batch, ats[b])
+					default:
+						var got Applied
+						got, err = store.Apply(ctx, batch, ats[b])
+						res[2] = got.Tallies
+					}
+					if err != nil {
 						t.Fatal(err)
 					}
 					after, _ := readCost(ctx, client)
 					if measured {
-						costOld.add(before, after)
-						costOld.cpu -= infoCPU
+						costs[which].add(before, after)
+						costs[which].cpu -= infoCPU
+					}
+					if raw != nil {
+						res[which] = map[Key]Tally{}
+						for k, v := range raw {
+							if res[which][k], _, err = parseReply(v); err != nil {
+								t.Fatal(err)
+							}
+						}
 					}
 				}
-				runNew := func() {
-					before, _ := readCost(ctx, client)
-					if newRes, err = store.Apply(ctx, batch, ats[b]); err != nil {
-						t.Fatal(err)
-					}
-					after, _ := readCost(ctx, client)
-					if measured {
-						costNew.add(before, after)
-						costNew.cpu -= infoCPU
-					}
-				}
-				if b%2 == 0 {
-					runOld()
-					runNew()
+				if only {
+					run(2)
 				} else {
-					runNew()
-					runOld()
+					for j := 0; j < 3; j++ {
+						run((b + j) % 3)
+					}
 				}
 				if measured {
 					n += len(batch)
 				}
-				for _, k := range newRes.Keys {
-					want, _, err := parseReply(oldRes[k])
-					if err != nil {
-						t.Fatal(err)
-					}
-					if newRes.Tallies[k] != want {
-						t.Fatalf("batch %d, %s: new %+v, layout 3 %+v", b, k, newRes.Tallies[k], want)
+				if only {
+					continue
+				}
+				for k, got := range res[2] {
+					for which := 0; which < 2; which++ {
+						if want := res[which][k]; got != want {
+							t.Fatalf("batch %d, %s: current %+v, %s %+v", b, k, got, names[which], want)
+						}
 					}
 				}
 			}
 			per := func(c redisCost) (float64, float64) {
 				return c.cpu * 1e6 / float64(n), float64(c.commands()) / float64(n)
 			}
-			oc, ocmd := per(costOld)
-			nc, ncmd := per(costNew)
-			om, nm := memoryOf(ctx, client, oldPrefix), memoryOf(ctx, client, newPrefix)
 			t.Logf("%s: %d events measured after %d, %d aggregates, occurred over %v, batches of 2000",
 				shape.name, n, warmup*2000, shape.aggregates, shape.span)
-			t.Logf("  layout 3: %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event:%s", oc, costOld.sys*1e6/float64(n), ocmd, costOld.top(n))
-			t.Logf("  current:  %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event:%s", nc, costNew.sys*1e6/float64(n), ncmd, costNew.top(n))
-			t.Logf("  current ÷ layout 3: CPU %.3f, commands %.3f; memory %.1f → %.1f bytes/event (%.3f)",
-				nc/oc, ncmd/ocmd, float64(om)/float64(len(batches)*2000), float64(nm)/float64(len(batches)*2000), float64(nm)/float64(om))
+			cpu, cmds, mem := make([]float64, 3), make([]float64, 3), make([]float64, 3)
+			for i := range costs {
+				if only && i < 2 {
+					continue
+				}
+				cpu[i], cmds[i] = per(costs[i])
+				mem[i] = float64(memoryOf(ctx, client, prefixes[i])) / float64(len(batches)*2000)
+				t.Logf("  %-9s %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event, %.1f bytes/event:%s",
+					names[i]+":", cpu[i], costs[i].sys*1e6/float64(n), cmds[i], mem[i], costs[i].top(n))
+			}
+			if !only {
+				t.Logf("  current ÷ layout 3: CPU %.3f, commands %.3f, memory %.3f; current ÷ layout 4: CPU %.3f, commands %.3f, memory %.3f",
+					cpu[2]/cpu[0], cmds[2]/cmds[0], mem[2]/mem[0], cpu[2]/cpu[1], cmds[2]/cmds[1], mem[2]/mem[1])
+			}
 		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,29 +47,32 @@ func TestApplyCommandsDoNotGrowWithHoursTouched(t *testing.T) {
 	}
 }
 
-// indexEntries returns, per field of aggregate k's id index, the number of ids it lists.
+// indexEntries returns, per chunk of aggregate k's id index (the state hash's field h<hour> holds
+// an hour's open chunk after its counts, h<hour>.<k> its closed ones), the number of ids it lists.
+// Every id listed must be a record field: its length in three hex digits, then the id.
 func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 	t.Helper()
-	kv, err := s.client.HGetAll(context.Background(), s.keys(k)[2]).Result()
+	kv, err := s.client.HGetAll(context.Background(), s.keys(k)[1]).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]int{}
 	for f, v := range kv {
-		if f == "enc" {
+		if !strings.HasPrefix(f, "h") {
 			continue
 		}
-		if _, rest, ok := strings.Cut(v, "|"); ok && !strings.Contains(f, ".") {
-			v = rest
+		if !strings.Contains(f, ".") {
+			_, v, _ = strings.Cut(v, "|")
 		}
-		var ids []string
+		ids := 0
 		for len(v) > 0 {
-			var n int
-			c := strings.IndexByte(v, ':')
-			fmt.Sscan(v[:c], &n)
-			ids, v = append(ids, v[c+1:c+1+n]), v[c+1+n:]
+			n, err := strconv.ParseInt(v[:3], 16, 64)
+			if err != nil || int(n)+3 > len(v) {
+				t.Fatalf("index chunk %s: bad entry at %q", f, v)
+			}
+			ids, v = ids+1, v[3+n:]
 		}
-		out[f] = len(ids)
+		out[strings.TrimPrefix(f, "h")] = ids
 	}
 	return out
 }
@@ -160,7 +164,7 @@ func TestIndexOfExpiredHoursIsCollected(t *testing.T) {
 	if hours := client.ZCard(ctx, store.keys(keyLive)[3]).Val(); hours != 3 {
 		t.Errorf("%d hours listed, want 3", hours)
 	}
-	for _, k := range store.keys(keyLive) {
+	for _, k := range []string{store.keys(keyLive)[0], store.keys(keyLive)[1], store.keys(keyLive)[3]} {
 		if ttl := client.PTTL(ctx, k).Val(); ttl <= 0 {
 			t.Errorf("%s has no TTL (%v)", k, ttl)
 		}

@@ -29,7 +29,9 @@ type State struct {
 // records carry their occurred time, expiry by per-hour id lists. Version 3: records may carry a
 // horizon, and a sorted set names the hours that have id lists. Version 4: one hash holds the id
 // index in chunks per hour instead of a list per hour, and counts that fall to 0 are deleted.
-const stateLayout = "/layout4"
+// Version 5: record fields carry the id's length, the state hash packs the head and each hour
+// (counts, bounds, open index chunk) into one field each, in hex.
+const stateLayout = "/layout5"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 
