@@ -3,6 +3,8 @@ package ingest
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"testing"
 
 	"github.com/segmentio/kafka-go"
@@ -70,5 +72,51 @@ func TestIngestAcceptsOnlyWhatTheProcessorTakes(t *testing.T) {
 				t.Fatalf("%d %s", rec.Code, rec.Body)
 			}
 		})
+	}
+}
+
+// TestIngestBatchOfTinyMembers: a body of many tiny members is refused before each is judged —
+// a 1 MiB batch of "1"s was answered with 52 MB of per-event results after ~1 s of CPU — while a
+// body at the limit full of the smallest valid events is still taken whole.
+func TestIngestBatchOfTinyMembers(t *testing.T) {
+	w := &fakeWriter{}
+	h := newHandler(t, w, Config{})
+	for _, member := range []string{"1", "{}", "null"} {
+		var b bytes.Buffer
+		b.WriteString("[")
+		for b.Len() < DefaultMaxBodyBytes-len(member)-2 {
+			if b.Len() > 1 {
+				b.WriteString(",")
+			}
+			b.WriteString(member)
+		}
+		b.WriteString("]")
+		rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: b.Bytes()})
+		if rec.Code != http.StatusRequestEntityTooLarge || rec.Body.Len() > 4*b.Len() || rec.Body.Len() > 1<<12 {
+			t.Errorf("batch of %q: %d, %d bytes answered to %d", member, rec.Code, rec.Body.Len(), b.Len())
+		}
+	}
+	// The smallest valid events (one-byte identities), as many as the body holds.
+	minimal := func(i int) []byte {
+		return []byte(fmt.Sprintf(`{"specversion":"1.0","id":"%x","source":"s","type":"repeatrate.live.attempt.v1","data":{"scope":`+
+			`{"workspace":"acme","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o","correction_id":"f",`+
+			`"occurred_at":"2026-11-29T11:00:00Z","assessed_at":"2026-11-29T11:00:00Z","outcome":"passed"}}`, i))
+	}
+	if n := len(minimal(0)); n < MinEventBytes {
+		t.Fatalf("a valid event of %d bytes is below MinEventBytes", n)
+	}
+	var b bytes.Buffer
+	b.WriteString("[")
+	n := 0
+	for ; b.Len()+len(minimal(n))+2 < DefaultMaxBodyBytes; n++ {
+		if n > 0 {
+			b.WriteString(",")
+		}
+		b.Write(minimal(n))
+	}
+	b.WriteString("]")
+	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: b.Bytes()})
+	if rec.Code != http.StatusAccepted || len(w.msgs) != n {
+		t.Fatalf("%d smallest valid events: %d, %d written: %.300s", n, rec.Code, len(w.msgs), rec.Body)
 	}
 }

@@ -65,6 +65,11 @@ type Config struct {
 	// BatchBytes); a larger valid event is refused as too_large instead of failing every retry.
 	// Zero means no limit beyond the decoder's.
 	RecordLimit int64
+	// MaxEvents caps a batch's members (default MaxBodyBytes/MinEventBytes: more than any body of
+	// valid events holds); a longer batch is answered 413 before any member is judged, since each
+	// member costs a decode and a result in the answer (a body of a million tiny members was
+	// answered with 50 MB of results).
+	MaxEvents int
 	// WriteTimeout bounds the Kafka write of one request (default 10 s); past it the answer is 503.
 	WriteTimeout time.Duration
 	// Registerer takes the handler's metrics; nil keeps them private.
@@ -80,7 +85,7 @@ func (c *Config) Validate() error {
 	if c.LiveTopic == "" || c.EvalTopic == "" {
 		return errors.New("ingest: live and eval topics are required")
 	}
-	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 {
+	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 || c.MaxEvents < 0 {
 		return errors.New("ingest: limits must not be negative")
 	}
 	return nil
@@ -93,7 +98,15 @@ func (c *Config) defaults() {
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
+	if c.MaxEvents == 0 {
+		c.MaxEvents = int(max(1, c.MaxBodyBytes/MinEventBytes))
+	}
 }
+
+// MinEventBytes is below the size of the smallest valid structured event (about 250 bytes: the
+// attributes, the five non-empty scope parts and the required data members), so a batch of valid
+// events never holds more than MaxBodyBytes/MinEventBytes members.
+const MinEventBytes = 128
 
 // Handler serves POST /v1/events.
 type Handler struct {
@@ -380,6 +393,9 @@ func (h *Handler) read(w http.ResponseWriter, req *http.Request) (events []pendi
 		}
 		if len(members) == 0 {
 			return nil, http.StatusBadRequest, "the batch holds no event"
+		}
+		if len(members) > h.cfg.MaxEvents {
+			return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the batch holds %d events, at most %d are taken", len(members), h.cfg.MaxEvents)
 		}
 		events = make([]pending, len(members))
 		for i, b := range members {
