@@ -315,6 +315,8 @@ func (c *Config) settings() []setting {
 		str("kafka-tls-ca-file", "PEM CA bundle for Kafka", &c.Kafka.TLS.CAFile),
 		str("kafka-tls-cert-file", "PEM client certificate for Kafka", &c.Kafka.TLS.CertFile),
 		str("kafka-tls-key-file", "PEM client key for Kafka", &c.Kafka.TLS.KeyFile),
+		str("kafka-tls-server-name", "name the Kafka brokers' certificates must carry (default: the host dialled)", &c.Kafka.TLS.ServerName),
+		boolean("kafka-tls-insecure-skip-verify", "accept any Kafka broker certificate (testing only: anyone on the path can read and change the traffic; logged as a warning)", &c.Kafka.TLS.InsecureSkipVerify),
 		str("kafka-sasl-mechanism", "plain, scram-sha-256 or scram-sha-512", &c.Kafka.SASL.Mechanism),
 		str("kafka-sasl-username", "Kafka SASL user", &c.Kafka.SASL.Username),
 		str("kafka-sasl-password", "Kafka SASL password (prefer the environment variable)", &c.Kafka.SASL.Password),
@@ -325,6 +327,10 @@ func (c *Config) settings() []setting {
 		str("redis-key-prefix", "prefix of every Redis key", &c.Redis.KeyPrefix),
 		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
 		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
+		str("redis-tls-cert-file", "PEM client certificate for Redis (tls-auth-clients)", &c.Redis.TLS.CertFile),
+		str("redis-tls-key-file", "PEM client key for Redis", &c.Redis.TLS.KeyFile),
+		str("redis-tls-server-name", "name the Redis servers' certificates must carry (default: the host dialled)", &c.Redis.TLS.ServerName),
+		boolean("redis-tls-insecure-skip-verify", "accept any Redis server certificate (testing only; logged as a warning)", &c.Redis.TLS.InsecureSkipVerify),
 		dur("retention", "how long opportunity identities are kept (e.g. 30d); must exceed input topic retention", &c.Retention),
 		num("batch-max-messages", "messages per batch at most", &c.Batch.MaxMessages),
 		dur("batch-linger", "longest wait to fill a batch", &c.Batch.Linger),
@@ -474,4 +480,65 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (Co
 		}
 	}
 	return cfg, cfg.Validate()
+}
+
+// insecureWarnings names each connection whose TLS certificate checks are off
+// (insecure_skip_verify): the processor logs them as warnings at start, produce and tail print them.
+func insecureWarnings(k KafkaConfig, r *RedisConfig) []string {
+	var w []string
+	if k.TLS.Enabled && k.TLS.InsecureSkipVerify {
+		w = append(w, "kafka TLS certificate verification is off (kafka.tls.insecure_skip_verify): anyone on the path can read and change the traffic")
+	}
+	if r != nil && r.TLS.Enabled && r.TLS.InsecureSkipVerify {
+		w = append(w, "redis TLS certificate verification is off (redis.tls.insecure_skip_verify): anyone on the path can read and change the traffic")
+	}
+	return w
+}
+
+// kafkaConnectionFlags registers on fs the Kafka connection settings every subcommand that talks
+// to Kafka takes beside --brokers (TLS and SASL, the same names and REPEATRATE_* variables as
+// run's). The returned function, called after fs.Parse, applies the environment and then the
+// flags, and returns the Kafka configuration for brokers.
+func kafkaConnectionFlags(fs *flag.FlagSet, getenv func(string) string) func(brokers []string) (KafkaConfig, error) {
+	var cfg Config
+	var conn []setting
+	for _, s := range cfg.settings() {
+		if strings.HasPrefix(s.name, "kafka-tls") || strings.HasPrefix(s.name, "kafka-sasl") {
+			conn = append(conn, s)
+		}
+	}
+	vals := map[string]*string{}
+	bools := map[string]*bool{}
+	for _, s := range conn {
+		if s.bool {
+			bools[s.name] = fs.Bool(s.name, false, s.usage+" (env "+s.env()+")")
+		} else {
+			vals[s.name] = fs.String(s.name, "", s.usage+" (env "+s.env()+")")
+		}
+	}
+	return func(brokers []string) (KafkaConfig, error) {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for _, s := range conn {
+			if v := getenv(s.env()); v != "" {
+				if err := s.set(v); err != nil {
+					return KafkaConfig{}, fmt.Errorf("%s: %w", s.env(), err)
+				}
+			}
+			if !set[s.name] {
+				continue
+			}
+			v := ""
+			if s.bool {
+				v = strconv.FormatBool(*bools[s.name])
+			} else {
+				v = *vals[s.name]
+			}
+			if err := s.set(v); err != nil {
+				return KafkaConfig{}, fmt.Errorf("--%s: %w", s.name, err)
+			}
+		}
+		cfg.Kafka.Brokers = brokers
+		return cfg.Kafka, nil
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -97,6 +98,10 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		zap.Bool("kafka_tls", cfg.Kafka.TLS.Enabled), zap.String("kafka_sasl", cfg.Kafka.SASL.Mechanism),
 		zap.Bool("redis_tls", cfg.Redis.TLS.Enabled), zap.Bool("redis_auth", cfg.Redis.Password != ""),
 		zap.Duration("retention", cfg.Retention))
+	for _, w := range insecureWarnings(cfg.Kafka, &cfg.Redis) {
+		log.Warn(w)
+	}
+	redis.SetLogger(redisLog{log.Named("redis")})
 	// A mistake in the rules file stops the start before any connection.
 	var rules alert.Rules
 	if cfg.AlertRules != "" {
@@ -232,4 +237,13 @@ func topicSpecs(cfg Config) []topicSpec {
 		topicSpec{name: cfg.Kafka.SuiteTopic, partitions: 4, compacted: true},
 		topicSpec{name: cfg.Kafka.AlertsTopic, partitions: 1},
 		topicSpec{name: cfg.Kafka.DLQTopic, partitions: 1})
+}
+
+// redisLog sends go-redis's own messages (failed dials, cluster slot reloads) to the JSON log as
+// warnings, instead of plain lines on stderr.
+type redisLog struct{ log *zap.Logger }
+
+// Printf logs one go-redis message.
+func (l redisLog) Printf(_ context.Context, format string, v ...any) {
+	l.log.Warn(strings.TrimSpace(fmt.Sprintf(format, v...)))
 }

@@ -22,8 +22,16 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 	brokers := fs.String("brokers", "127.0.0.1:9092", "Kafka bootstrap brokers (comma-separated)")
 	topic := fs.String("topic", TopicLive, "topic to publish to")
 	in := fs.String("in", "-", "NDJSON file of structured CloudEvents (- for standard input)")
+	conn := kafkaConnectionFlags(fs, os.Getenv)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	kcfg, err := conn(strings.Split(*brokers, ","))
+	if err != nil {
+		return fmt.Errorf("produce: %w", err)
+	}
+	for _, w := range insecureWarnings(kcfg, nil) {
+		fmt.Fprintln(stderr, "warning:", w)
 	}
 	r := stdin
 	if *in != "-" {
@@ -34,7 +42,7 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 		defer f.Close()
 		r = f
 	}
-	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*brokers, ",")})
+	kc, err := newKafkaClients(kcfg)
 	if err != nil {
 		return err
 	}

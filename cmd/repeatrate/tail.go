@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -20,14 +21,22 @@ func tailCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	idle := fs.Duration("idle", 5*time.Second, "exit after this long without a new message")
 	headers := fs.Bool("headers", false, "print each message as {topic, partition, offset, key, headers, value} "+
 		"(the default on the dead-letter topic, whose headers say why each message is there)")
+	conn := kafkaConnectionFlags(fs, os.Getenv)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	kcfg, err := conn(strings.Split(*brokers, ","))
+	if err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
+	for _, w := range insecureWarnings(kcfg, nil) {
+		fmt.Fprintln(stderr, "warning:", w)
 	}
 	withHeaders := *headers
 	if !flagSet(fs, "headers") && *topic == TopicDLQ {
 		withHeaders = true
 	}
-	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*brokers, ",")})
+	kc, err := newKafkaClients(kcfg)
 	if err != nil {
 		return err
 	}
