@@ -67,6 +67,19 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer mr.Close()
 	brokers := cluster.ListenAddrs()
+	// Port 0 takes a free port here, so that the addresses printed below are ones to open.
+	if *httpAddr != "" {
+		host, hport, err := hostPort(*httpAddr)
+		if err != nil {
+			return fmt.Errorf("dev: --http-addr: %w", err)
+		}
+		if hport == 0 {
+			if hport, err = freePort(); err != nil {
+				return err
+			}
+			*httpAddr = net.JoinHostPort(host, strconv.Itoa(hport))
+		}
+	}
 	fmt.Fprintf(stdout, "embedded Kafka broker: %v\nembedded Redis:        %s\nHTTP:                  http://%s/metrics\n",
 		brokers, mr.Addr(), *httpAddr)
 	fmt.Fprintf(stdout, "input topics: %s, %s; snapshots: %s, %s; alerts: %s; dead letters: %s\n",
@@ -97,6 +110,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer log.Sync()
 
 	if *demo {
+		// The stepping correction's page (demoStep): its numbers move every second.
+		fmt.Fprintf(stdout, "demo page:             http://%s/ui/outcomes?artifact=prod&checkpoint=v2&model=support-bot&run=prod&workspace=demo\n", *httpAddr)
 		// The demo evaluates the README's example rules; demoStep makes one of them fire.
 		path, err := writeTemp("repeatrate-demo-rules-*.yaml", deploy.AlertRulesExample)
 		if err != nil {
