@@ -57,11 +57,15 @@ func clipPrediction(s string) string {
 	if len(s) <= limit {
 		return s
 	}
-	s = s[:limit]
-	for len(s) > 0 && !utf8.ValidString(s[len(s)-4:]) {
-		s = s[:len(s)-1]
+	// Back off to the start of the character the limit cuts (at most three bytes back).
+	cut := limit
+	for i := limit; i > 0 && i > limit-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			cut = i
+			break
+		}
 	}
-	return strings.ToValidUTF8(s, "")
+	return strings.ToValidUTF8(s[:cut], "")
 }
 
 // encoder validates and encodes events with the Kafka path's decoder.
