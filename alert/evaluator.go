@@ -31,6 +31,7 @@ type Metrics struct {
 	errors        *prometheus.CounterVec
 	conflicts     prometheus.Counter
 	firing        *prometheus.GaugeVec
+	refused       *prometheus.CounterVec
 }
 
 // NewMetrics registers the alerting metrics on reg.
@@ -48,8 +49,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Compare-and-set conflicts: another evaluator changed a record first."}),
 		firing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "repeatrate_alerts_firing",
 			Help: "Alerts this evaluator saw firing at its last evaluation, by rule."}, []string{"rule"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_refused_total",
+			Help: "Notifications a sink refused for good (an Alertmanager 4xx other than 408 and 429), dropped from the outbox, by sink and kind."},
+			[]string{"sink", "kind"}),
 	}
-	reg.MustRegister(m.evaluations, m.transitions, m.notifications, m.errors, m.conflicts, m.firing)
+	reg.MustRegister(m.evaluations, m.transitions, m.notifications, m.errors, m.conflicts, m.firing, m.refused)
 	return m
 }
 
@@ -378,7 +382,10 @@ func (e *Evaluator) deliverLoop(ctx context.Context, s Sink) {
 }
 
 // Deliver claims what is due for s, sends it and acknowledges it; a failed send is retried after
-// a backoff that doubles with each failure of the record, up to five minutes.
+// a backoff that doubles with each failure of the record, up to five minutes. A batch the sink
+// refuses for good (ErrRefused) is sent again one notification at a time, and each one refused
+// alone is dropped from the outbox, counted and logged: it would be refused forever, while the
+// others keep flowing.
 func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
 	now := e.now()
 	claimed, err := e.store.Claim(ctx, s.Name(), now, e.cfg.Lease, 100)
@@ -396,14 +403,18 @@ func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
 		// Records are sent one after another under one lease: a send may start and run only
 		// within it, since once it ends another sender may claim the record and send it too.
 		// A record not reached waits for its lease to end.
-		left := e.cfg.Lease*3/4 - e.now().Sub(now)
-		if left <= 0 {
+		if e.cfg.Lease*3/4-e.now().Sub(now) <= 0 {
 			break
 		}
-		sctx, cancel := context.WithTimeout(ctx, left)
-		err := s.Send(sctx, notes)
-		cancel()
-		if err != nil {
+		done, err := e.sendRecord(ctx, s, notes, now)
+		if done > 0 {
+			e.store.rdb.HDel(ctx, key, "attempts:"+s.Name())
+			if err := e.store.Ack(ctx, s.Name(), key, done, notes[0].ID, now); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		if err != nil && !errors.Is(err, errLeaseOver) {
 			n, _ := e.store.rdb.HIncrBy(ctx, key, "attempts:"+s.Name(), 1).Result()
 			backoff := min(time.Second<<min(n, 16), 5*time.Minute)
 			e.metrics.errors.WithLabelValues("deliver").Inc()
@@ -412,18 +423,64 @@ func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
 			if rerr := e.store.Retry(ctx, s.Name(), key, now.Add(backoff)); rerr != nil {
 				errs = append(errs, rerr)
 			}
-			continue
-		}
-		e.store.rdb.HDel(ctx, key, "attempts:"+s.Name())
-		if err := e.store.Ack(ctx, s.Name(), key, len(notes), notes[0].ID, now); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, n := range notes {
-			e.metrics.notifications.WithLabelValues(s.Name(), n.Kind).Inc()
-			e.log.Info("alert sent", zap.String("sink", s.Name()), zap.String("rule", n.Alert.Rule),
-				zap.String("subject", n.Alert.Subject), zap.String("kind", n.Kind), zap.String("id", n.ID))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// errLeaseOver stops a record's sends when the delivery lease is (nearly) over: what is left
+// waits for the lease to end, when any sender may claim it.
+var errLeaseOver = errors.New("delivery lease over")
+
+// sendRecord sends one record's notes within the lease taken at claimed and returns how many of
+// the first ones are done (delivered, or refused and dropped) and the error that stopped it.
+func (e *Evaluator) sendRecord(ctx context.Context, s Sink, notes []Notification, claimed time.Time) (int, error) {
+	send := func(batch []Notification) error {
+		left := e.cfg.Lease*3/4 - e.now().Sub(claimed)
+		if left <= 0 {
+			return errLeaseOver
+		}
+		sctx, cancel := context.WithTimeout(ctx, left)
+		defer cancel()
+		return s.Send(sctx, batch)
+	}
+	err := send(notes)
+	if err == nil {
+		e.sent(s, notes)
+		return len(notes), nil
+	}
+	if !errors.Is(err, ErrRefused) {
+		return 0, err
+	}
+	if len(notes) > 1 {
+		// Find the refused ones: each alone.
+		for i := range notes {
+			if err = send(notes[i : i+1]); err == nil {
+				e.sent(s, notes[i:i+1])
+				continue
+			}
+			if !errors.Is(err, ErrRefused) {
+				return i, err
+			}
+			e.refused(s, &notes[i], err)
+		}
+		return len(notes), nil
+	}
+	e.refused(s, &notes[0], err)
+	return 1, nil
+}
+
+func (e *Evaluator) sent(s Sink, notes []Notification) {
+	for _, n := range notes {
+		e.metrics.notifications.WithLabelValues(s.Name(), n.Kind).Inc()
+		e.log.Info("alert sent", zap.String("sink", s.Name()), zap.String("rule", n.Alert.Rule),
+			zap.String("subject", n.Alert.Subject), zap.String("kind", n.Kind), zap.String("id", n.ID))
+	}
+}
+
+// refused counts and logs a notification the sink refused for good; the caller drops it.
+func (e *Evaluator) refused(s Sink, n *Notification, err error) {
+	e.metrics.refused.WithLabelValues(s.Name(), n.Kind).Inc()
+	e.log.Error("alert refused, dropped", zap.String("sink", s.Name()), zap.String("rule", n.Alert.Rule),
+		zap.String("subject", n.Alert.Subject), zap.String("kind", n.Kind), zap.String("id", n.ID), zap.Error(err))
 }

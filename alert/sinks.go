@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -63,7 +64,8 @@ func (k *Kafka) Send(ctx context.Context, notes []Notification) error {
 
 // Alertmanager posts alerts to Alertmanager's v2 API (POST /api/v2/alerts): a firing alert when it
 // fires and again at every resend, valid for four resend intervals (so Alertmanager resolves it
-// by itself if every evaluator is gone), and with endsAt at its resolution when it resolves.
+// by itself if every evaluator is gone), and with endsAt at its resolution when it resolves. A 4xx
+// answer other than 408 and 429 is a refusal (ErrRefused); any other failure is retried.
 type Alertmanager struct {
 	url    string
 	client *http.Client
@@ -151,7 +153,22 @@ func (a *Alertmanager) Send(ctx context.Context, notes []Notification) error {
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("alertmanager: %s: %s", resp.Status, bytes.TrimSpace(msg))
+		err := fmt.Errorf("alertmanager: %s: %s", resp.Status, bytes.TrimSpace(msg))
+		if refusal(resp.StatusCode) {
+			return fmt.Errorf("%w: %w", ErrRefused, err)
+		}
+		return err
 	}
 	return nil
+}
+
+// ErrRefused marks a send the receiver refused for good: sending the same notifications again
+// would be refused again. The evaluator drops a refused notification from its outbox (counting
+// and logging it) instead of retrying it forever.
+var ErrRefused = errors.New("refused")
+
+// refusal reports whether an HTTP status is a permanent refusal: a 4xx other than 408 (request
+// timeout) and 429 (too many requests), which ask to try again later.
+func refusal(status int) bool {
+	return status/100 == 4 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
 }
