@@ -32,7 +32,15 @@ type Options struct {
 	Scorer string
 	// Source is the CloudEvent source; default "repeatrate-import/<format>".
 	Source string
+	// MaxMemberBytes caps the decompressed size of each member of an Inspect .eval archive
+	// (default DefaultMaxMemberBytes): a member declaring more, or decompressing to more, fails the
+	// import instead of exhausting memory (a few kilobytes of zstd can expand to gigabytes).
+	MaxMemberBytes int64
 }
+
+// DefaultMaxMemberBytes is the default Options.MaxMemberBytes: far above an Inspect sample's JSON
+// (its messages, events and scores), far below what a decompression bomb asks for.
+const DefaultMaxMemberBytes = 256 << 20
 
 // Event is one imported result: its CloudEvent id and the structured CloudEvent JSON.
 type Event struct {

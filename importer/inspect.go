@@ -52,7 +52,7 @@ type inspectScore struct {
 
 // readInspect reads one Inspect AI log: a .eval archive (header.json and samples/*.json, stored,
 // deflated or zstd-compressed, as Inspect writes them) or a .json log.
-func readInspect(path string) (inspectLog, error) {
+func readInspect(path string, maxMember int64) (inspectLog, error) {
 	var log inspectLog
 	if strings.HasSuffix(path, ".json") {
 		b, err := os.ReadFile(path)
@@ -71,14 +71,22 @@ func readInspect(path string) (inspectLog, error) {
 	defer z.Close()
 	z.RegisterDecompressor(zstd.ZipMethodWinZip, zstd.ZipDecompressor())
 	read := func(f *zip.File, v any) error {
+		if f.UncompressedSize64 > uint64(maxMember) {
+			return fmt.Errorf("%s in %s: %d bytes decompressed, more than the limit of %d", f.Name, path, f.UncompressedSize64, maxMember)
+		}
 		r, err := f.Open()
 		if err != nil {
 			return err
 		}
 		defer r.Close()
-		b, err := io.ReadAll(r)
+		// archive/zip fails a member that decompresses past its declared size; the limit holds
+		// whatever the declaration says.
+		b, err := io.ReadAll(io.LimitReader(r, maxMember+1))
 		if err != nil {
-			return err
+			return fmt.Errorf("%s in %s: %w", f.Name, path, err)
+		}
+		if int64(len(b)) > maxMember {
+			return fmt.Errorf("%s in %s: more than the limit of %d bytes decompressed", f.Name, path, maxMember)
 		}
 		if err := json.Unmarshal(b, v); err != nil {
 			return fmt.Errorf("%s in %s: %w", f.Name, path, err)
@@ -140,7 +148,11 @@ func Inspect(path string, opt Options) ([]Event, error) {
 	}
 	var out []Event
 	for _, f := range files {
-		log, err := readInspect(f)
+		maxMember := opt.MaxMemberBytes
+		if maxMember <= 0 {
+			maxMember = DefaultMaxMemberBytes
+		}
+		log, err := readInspect(f, maxMember)
 		if err != nil {
 			return nil, err
 		}
