@@ -3,7 +3,8 @@
 -- ARGV: expected rev, state, active_at, fired_at, last_true_at, resolved_at, last_sent_at (µs),
 --       rule, subject, fields (JSON), linger (ms), now (ms), notification (JSON or ''),
 --       is_resend (1/0), episode (JSON of the rule's kind, labels and annotations when the
---       alert fires, else ''), then per sink: takes (1/0).
+--       alert fires, else ''), silent_since (µs, or '' for none), scored (the all-time scored
+--       count at silent_since), then per sink: takes (1/0).
 local rec = KEYS[1]
 local rev = tonumber(redis.call('HGET', rec, 'rev') or '0')
 if rev ~= tonumber(ARGV[1]) then
@@ -15,12 +16,15 @@ redis.call('HSET', rec, 'rev', rev + 1, 'state', ARGV[2], 'active_at', ARGV[3], 
 if ARGV[15] ~= '' then
   redis.call('HSET', rec, 'episode', ARGV[15])
 end
+if ARGV[16] ~= '' then
+  redis.call('HSET', rec, 'silent_since', ARGV[16], 'scored', ARGV[17])
+end
 redis.call('SADD', KEYS[2], rec)
 local pending = false
 local nsinks = (#KEYS - 2) / 2
 for i = 1, nsinks do
   local ob, due = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
-  if ARGV[13] ~= '' and ARGV[15 + i] == '1' then
+  if ARGV[13] ~= '' and ARGV[17 + i] == '1' then
     -- A resend adds nothing while a notification is still waiting: that one carries the alert.
     if ARGV[14] ~= '1' or redis.call('LLEN', ob) == 0 then
       redis.call('RPUSH', ob, ARGV[13])

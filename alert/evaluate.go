@@ -20,6 +20,30 @@ type Condition struct {
 	Subject  Subject
 	Active   bool
 	Evidence schemas.AlertEvidence
+	// silence is, for not_measured_for, where the silence was timed from; the record keeps it so
+	// that a restarted evaluator resumes the silence instead of timing it from the latest snapshot.
+	silence *silence
+}
+
+// silence is when an aggregate's silence began and its all-time scored count then.
+type silence struct {
+	aggregate string
+	since     time.Time
+	scored    int64
+}
+
+// silenceCondition evaluates a not_measured_for rule on the aggregate id of the table.
+func silenceCondition(r *Rule, id string, e *rateEntry, now time.Time) Condition {
+	since := e.silentSince()
+	silent := now.Sub(since)
+	ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(e.snap.ObservedAt), Source: r.Source,
+		Value: floatPtr(silent.Seconds()), Threshold: floatPtr(r.Duration.Seconds()),
+		Windows: []schemas.AlertWindow{snapshotWindow(WindowAll, e.snap.Windows.All)}}
+	if !e.lastScoredAt.IsZero() {
+		ev.LastScoredAt = timePtr(e.lastScoredAt)
+	}
+	return Condition{Subject: aggregateSubject(&e.snap.Aggregate), Active: silent >= r.Duration, Evidence: ev,
+		silence: &silence{aggregate: id, since: since, scored: e.snap.Windows.All.Scored}}
 }
 
 // Evaluate decides r's condition at now for every subject of t its matchers select. Subjects
@@ -46,22 +70,9 @@ func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
 	case KindNotMeasuredFor:
 		for _, id := range sortedKeys(t.rates) {
 			e := t.rates[id]
-			s := aggregateSubject(&e.snap.Aggregate)
-			if e.snap.Aggregate.Source != r.Source || !matchAll(r.Matchers, s.Fields) {
-				continue
+			if e.snap.Aggregate.Source == r.Source && matchAll(r.Matchers, aggregateSubject(&e.snap.Aggregate).Fields) {
+				out = append(out, silenceCondition(r, id, e, now))
 			}
-			since := e.lastScoredAt
-			if since.IsZero() {
-				since = e.firstSeen
-			}
-			silent := now.Sub(since)
-			ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(e.snap.ObservedAt), Source: r.Source,
-				Value: floatPtr(silent.Seconds()), Threshold: floatPtr(r.Duration.Seconds()),
-				Windows: []schemas.AlertWindow{snapshotWindow(WindowAll, e.snap.Windows.All)}}
-			if !e.lastScoredAt.IsZero() {
-				ev.LastScoredAt = timePtr(e.lastScoredAt)
-			}
-			out = append(out, Condition{Subject: s, Active: silent >= r.Duration, Evidence: ev})
 		}
 	case KindRevivedRegression:
 		for _, k := range sortedKeys(t.revived) {

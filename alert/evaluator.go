@@ -246,6 +246,15 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	// A silence this evaluator times only from its first snapshot (just started, and the
+	// compacted topic kept the latest snapshot, not the one that scored last) resumes from the
+	// record's, when nothing was scored since: a firing alert does not resolve and fire again.
+	for i, w := range work {
+		st, sil := recs[e.store.Key(w.rule.Name, w.cond.Subject.Key)], w.cond.silence
+		if sil != nil && e.table.RestoreSilence(sil.aggregate, st.Scored, st.SilentSince) {
+			work[i].cond = silenceCondition(w.rule, sil.aggregate, e.table.rates[sil.aggregate], now)
+		}
+	}
 	for _, k := range gone {
 		st := recs[k]
 		if st.Rev == 0 {
@@ -304,7 +313,7 @@ func (e *Evaluator) step(ctx context.Context, key string, st Stored, r *Rule, c 
 		if notify != NotifyNone {
 			note = e.notification(r, c, next, notify, now, st.Episode)
 		}
-		ok, err := e.store.Commit(ctx, key, st.Rev, r.Name, c.Subject, next, note, e.takes, now)
+		ok, err := e.store.Commit(ctx, key, st.Rev, r.Name, c.Subject, next, note, c.silence, e.takes, now)
 		if err != nil {
 			return st.State, err
 		}

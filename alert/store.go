@@ -47,6 +47,10 @@ type Stored struct {
 	// Episode is what the rule was when the alert last fired (nil before it ever fired): a rule
 	// removed from the rules file still resolves its alert with the kind and labels it fired with.
 	Episode *Episode
+	// SilentSince and Scored are, for not_measured_for, when the silence began and the all-time
+	// scored count then, as the last step saw them (zero when not recorded).
+	SilentSince time.Time
+	Scored      int64
 }
 
 // Episode is the part of a rule a firing alert's later notifications repeat.
@@ -168,6 +172,8 @@ func decodeStored(h map[string]string) Stored {
 	st.ResolvedAt, st.LastSentAt = fromUS(h["resolved_at"]), fromUS(h["last_sent_at"])
 	st.Rule, st.Subject.Key = h["rule"], h["subject"]
 	_ = json.Unmarshal([]byte(h["fields"]), &st.Subject.Fields)
+	st.SilentSince = fromUS(h["silent_since"])
+	st.Scored, _ = strconv.ParseInt(h["scored"], 10, 64)
 	if v, ok := h["episode"]; ok {
 		var ep Episode
 		if json.Unmarshal([]byte(v), &ep) == nil {
@@ -178,10 +184,11 @@ func decodeStored(h map[string]string) Stored {
 }
 
 // Commit writes next over the record at key if it is still at revision rev, and queues note (if
-// any) in the outbox of every sink that takes its kind, atomically. It reports false when another
-// evaluator changed the record first: reload and step again.
+// any) in the outbox of every sink that takes its kind, atomically; sil (if any) is where the
+// condition timed a silence from. It reports false when another evaluator changed the record
+// first: reload and step again.
 func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, subj Subject, next Record,
-	note *Notification, takes func(sink string, n Notify) bool, now time.Time) (bool, error) {
+	note *Notification, sil *silence, takes func(sink string, n Notify) bool, now time.Time) (bool, error) {
 	fields, _ := json.Marshal(subj.Fields)
 	keys := []string{key, s.index()}
 	args := []any{rev, next.State.String(), us(next.ActiveAt), us(next.FiredAt), us(next.LastTrueAt),
@@ -198,6 +205,11 @@ func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, 
 		episode, _ = json.Marshal(Episode{Kind: note.Alert.Kind, Labels: note.Alert.Labels, Annotations: note.Alert.Annotations})
 	}
 	args = append(args, string(payload), note != nil && note.Kind == NotifyResend.String(), string(episode))
+	if sil != nil && !sil.since.IsZero() {
+		args = append(args, us(sil.since), sil.scored)
+	} else {
+		args = append(args, "", 0)
+	}
 	for _, sink := range s.sinks {
 		take := note != nil && takes(sink, notifyOf(note.Kind))
 		keys = append(keys, s.outbox(key, sink), s.due(sink))

@@ -26,6 +26,35 @@ type rateEntry struct {
 	// the latest snapshot whose all-time scored count differed from the one before (or of the
 	// first one seen, when it had anything scored).
 	firstSeen, lastScoredAt time.Time
+	// changed is set once a snapshot's all-time scored count differed from the one before. Until
+	// then the silence is timed from the first snapshot seen, which is only an upper bound of
+	// when it began (the compacted topic keeps the latest snapshot, not the one that scored last).
+	changed bool
+}
+
+// silentSince is when the aggregate's silence began, as far as the table knows.
+func (e *rateEntry) silentSince() time.Time {
+	if e.lastScoredAt.IsZero() {
+		return e.firstSeen
+	}
+	return e.lastScoredAt
+}
+
+// RestoreSilence takes an earlier start of aggregate id's silence, recorded (in Redis) by an
+// evaluator that saw more snapshots, when this table has seen no change of the all-time scored
+// count since its first snapshot and that count is still scored: nothing was scored between.
+// It reports whether the silence now starts earlier.
+func (t *Table) RestoreSilence(id string, scored int64, since time.Time) bool {
+	e, ok := t.rates[id]
+	if !ok || e.changed || since.IsZero() || e.snap.Windows.All.Scored != scored || !since.Before(e.silentSince()) {
+		return false
+	}
+	if e.lastScoredAt.IsZero() {
+		e.firstSeen = since
+	} else {
+		e.lastScoredAt = since
+	}
+	return true
 }
 
 // NewTable returns an empty table.
@@ -51,7 +80,7 @@ func (t *Table) PutSnapshot(s *schemas.Snapshot) bool {
 		return false
 	}
 	if s.Windows.All.Scored != e.snap.Windows.All.Scored && s.ObservedAt.After(e.lastScoredAt) {
-		e.lastScoredAt = s.ObservedAt
+		e.lastScoredAt, e.changed = s.ObservedAt, true
 	}
 	e.snap = *s
 	return true
