@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_notifications_total",
 			Help: "Notifications delivered, by sink and kind."}, []string{"sink", "kind"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_errors_total",
-			Help: "Alerting failures, by stage (state, deliver)."}, []string{"stage"}),
+			Help: "Alerting failures, by stage (state, deliver, refused)."}, []string{"stage"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_alert_conflicts_total",
 			Help: "Compare-and-set conflicts: another evaluator changed a record first."}),
 		firing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "repeatrate_alerts_firing",
@@ -487,9 +487,11 @@ func (e *Evaluator) sent(s Sink, notes []Notification) {
 	}
 }
 
-// refused counts and logs a notification the sink refused for good; the caller drops it.
+// refused counts and logs a notification the sink refused for good; the caller drops it. It counts
+// as an error too (stage refused), so what alerts on alerting errors hears of the drop.
 func (e *Evaluator) refused(s Sink, n *Notification, err error) {
 	e.metrics.refused.WithLabelValues(s.Name(), n.Kind).Inc()
+	e.metrics.errors.WithLabelValues("refused").Inc()
 	e.log.Error("alert refused, dropped", zap.String("sink", s.Name()), zap.String("rule", n.Alert.Rule),
 		zap.String("subject", n.Alert.Subject), zap.String("kind", n.Kind), zap.String("id", n.ID), zap.Error(err))
 }

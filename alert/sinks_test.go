@@ -304,6 +304,9 @@ func TestAlertmanagerRefusalDropped(t *testing.T) {
 	if got := counterValue(t, reg, "repeatrate_alert_refused_total", map[string]string{"sink": "alertmanager", "kind": "resolved"}); got != 1 {
 		t.Errorf("repeatrate_alert_refused_total{sink=alertmanager,kind=resolved} = %v, want 1", got)
 	}
+	if got := counterValue(t, reg, "repeatrate_alert_errors_total", map[string]string{"stage": "refused"}); got != 1 {
+		t.Errorf("repeatrate_alert_errors_total{stage=refused} = %v, want 1", got)
+	}
 	var refusals []observer.LoggedEntry
 	for _, l := range logs.All() {
 		if strings.Contains(l.Message, "refused") {
