@@ -176,8 +176,10 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("X-Frame-Options", "DENY")
 		w.Header().Set("Referrer-Policy", "no-referrer")
+		// The badge answers every error as a badge: its reader is an <img>.
+		badge := strings.HasSuffix(req.URL.Path, ".svg")
 		if len(req.URL.RawQuery) > maxQueryBytes {
-			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes), false)
+			writeError(w, http.StatusRequestURITooLong, fmt.Sprintf("query is longer than %d bytes", maxQueryBytes), badge)
 			return
 		}
 		bodyLimit := int64(maxBodyBytes)
@@ -185,7 +187,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			bodyLimit = cfg.IngestMaxBodyBytes
 		}
 		if req.ContentLength > bodyLimit {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is longer than %d bytes", bodyLimit), false)
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is longer than %d bytes", bodyLimit), badge)
 			return
 		}
 		req.Body = http.MaxBytesReader(w, req.Body, bodyLimit)
@@ -197,7 +199,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			if ok, wait := lim.allow(key); !ok {
 				m.limited.Inc()
 				w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
-				writeError(w, http.StatusTooManyRequests, "rate limit exceeded", strings.HasSuffix(req.URL.Path, ".svg"))
+				writeError(w, http.StatusTooManyRequests, "rate limit exceeded", badge)
 				return
 			}
 		}
@@ -389,12 +391,14 @@ func (a *api) read(w http.ResponseWriter, req *http.Request, badge bool) (live, 
 
 // badgeErrors are the short texts of an error badge by status; the full message is its title.
 var badgeErrors = map[int]string{
-	http.StatusBadRequest:         "invalid query",
-	http.StatusUnauthorized:       "token required",
-	http.StatusForbidden:          "forbidden",
-	http.StatusTooManyRequests:    "rate limited",
-	http.StatusNotFound:           "unknown scope",
-	http.StatusServiceUnavailable: "unavailable",
+	http.StatusBadRequest:            "invalid query",
+	http.StatusUnauthorized:          "token required",
+	http.StatusForbidden:             "forbidden",
+	http.StatusTooManyRequests:       "rate limited",
+	http.StatusRequestURITooLong:     "query too long",
+	http.StatusRequestEntityTooLarge: "body too large",
+	http.StatusNotFound:              "unknown scope",
+	http.StatusServiceUnavailable:    "unavailable",
 }
 
 // writeError is the one error writer of the API: a JSON object {"error": msg} with the status or,

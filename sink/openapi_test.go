@@ -115,6 +115,16 @@ func TestOpenAPI(t *testing.T) {
 		{"/v1/suites/moved", "workspace=w&suite=s&from=v1&to=v2", tokenA, 200},
 		{"/v1/suites/moved", "workspace=w&suite=s&from=v1&to=v9", tokenA, 404},
 		{"/v1/stream", "workspace=w&last_event_id=x", tokenA, 400},
+		// Answers of the server's own limits, on any route.
+		{"/v1/snapshots", scope + "&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
+		{"/v1/suites", "workspace=w&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
+		// The badge answers errors as grey badges (its reader is an <img>).
+		{"/v1/badge.svg", scope + "&correction_id=x", tokenA, 200},
+		{"/v1/badge.svg", scope, tokenA, 400},
+		{"/v1/badge.svg", scope + "&correction_id=x", "", 401},
+		{"/v1/badge.svg", scope + "&correction_id=x", tokenB, 403},
+		{"/v1/badge.svg", scope + "&correction_id=nope", tokenA, 404},
+		{"/v1/badge.svg", scope + "&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
 	} {
 		req := httptest.NewRequest(http.MethodGet, c.path+"?"+c.query, nil)
 		if c.token != "" {
@@ -127,6 +137,18 @@ func TestOpenAPI(t *testing.T) {
 			continue
 		}
 		ctype := rr.Header().Get("Content-Type")
+		if ctype == "image/svg+xml" {
+			// The document must declare the badge's content type for this status.
+			var d map[string]any
+			if err := json.Unmarshal(doc.Paths[c.path]["get"], &d); err != nil {
+				t.Fatal(err)
+			}
+			resp, _ := d["responses"].(map[string]any)[strconv.Itoa(c.status)].(map[string]any)
+			if _, ok := resp["content"].(map[string]any)[ctype]; !ok || !strings.HasPrefix(rr.Body.String(), "<svg") {
+				t.Errorf("%s?%s (%d): answered %s, which the document does not declare for it", c.path, c.query, c.status, ctype)
+			}
+			continue
+		}
 		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(rr.Body.Bytes()))
 		if err != nil || ctype != "application/json" {
 			t.Errorf("%s?%s: %s not JSON: %v", c.path, c.query, ctype, err)

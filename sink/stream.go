@@ -65,6 +65,23 @@ func (s selector) matchAggregate(id string) bool {
 	return true
 }
 
+// ordered reports whether one event id orders every event the stream carries, so that a
+// Last-Event-ID says what the client already has: a stream of one aggregate (every part and the
+// source given), whose ids are its versions, or of one suite, whose ids are observation times.
+// Versions count per aggregate, so the id of one aggregate's event says nothing of another's; a
+// stream of several answers a resume with every selected subject's current snapshot.
+func (s selector) ordered() bool {
+	if s.suite != "" {
+		return true
+	}
+	for _, p := range s.parts {
+		if p == "" {
+			return false
+		}
+	}
+	return true
+}
+
 func (s selector) match(ev *FeedEvent) bool {
 	if ev.Workspace != s.workspace {
 		return false
@@ -189,9 +206,10 @@ func (h *hub) removeLocked(c *streamClient) {
 }
 
 // stream serves GET /v1/stream as Server-Sent Events: first the current snapshot of every
-// selected subject newer than Last-Event-ID (or every one, without it), then each new one as it
-// is published. Event ids are versions (suite snapshots: their observation time in µs); per
-// subject they only grow, so a client that resumes with its last id misses no newer state.
+// selected subject newer than Last-Event-ID (or every one, without it, or when the stream
+// carries several aggregates: see selector.ordered), then each new one as it is published.
+// Event ids are versions (suite snapshots: their observation time in µs); per subject they only
+// grow, so a client that resumes with its last id misses no newer state.
 func (a *api) stream(w http.ResponseWriter, req *http.Request) {
 	v, ok := a.begin(w, req, streamFields, nil)
 	if !ok {
@@ -214,6 +232,9 @@ func (a *api) stream(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	sel := newSelector(v)
+	if !sel.ordered() {
+		last = 0
+	}
 	c, err := a.hub.add(sel, a.principal(req).Name, a.cfg.MaxStreams)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error(), false)
