@@ -42,9 +42,36 @@ func (a *api) allow(w http.ResponseWriter, req *http.Request, ws string, badge b
 	return true
 }
 
+// sameOrigin refuses the forms' posts from another site (Sec-Fetch-Site, else Origin against
+// Host): a login CSRF would sign a visitor in with the attacker's token, so that they read and
+// trust its pages; a cross-site logout would sign them out. Requests without either header (not
+// from a browser, or a browser older than 2023) pass.
+var sameOrigin = http.NewCrossOriginProtection()
+
+// overHTTPS reports whether the browser reached the server over HTTPS: directly, through a
+// TLS-terminating proxy (X-Forwarded-Proto), or as its Origin says. Each only ever adds the
+// cookie's Secure flag, so a forged header costs its sender nothing but their own cookie.
+func overHTTPS(req *http.Request) bool {
+	return req.TLS != nil || strings.EqualFold(req.Header.Get("X-Forwarded-Proto"), "https") ||
+		strings.HasPrefix(req.Header.Get("Origin"), "https://")
+}
+
+// crossSite answers 403 to a cross-site post of a form and reports whether it did.
+func (a *api) crossSite(w http.ResponseWriter, req *http.Request) bool {
+	if err := sameOrigin.Check(req); err != nil {
+		a.metrics.denied.WithLabelValues("403").Inc()
+		a.renderPage(w, http.StatusForbidden, "error", pageData{Title: "Forbidden", Error: "this form may only be posted from this site's own pages"})
+		return true
+	}
+	return false
+}
+
 // login sets the token cookie from a posted form and goes to the index; a wrong token answers
 // 401 with the form again.
 func (a *api) login(w http.ResponseWriter, req *http.Request) {
+	if a.crossSite(w, req) {
+		return
+	}
 	if err := req.ParseForm(); err != nil {
 		writeError(w, http.StatusBadRequest, "unreadable form", false)
 		return
@@ -56,12 +83,15 @@ func (a *api) login(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: tok, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: req.TLS != nil, MaxAge: 12 * 3600})
+		SameSite: http.SameSiteStrictMode, Secure: overHTTPS(req), MaxAge: 12 * 3600})
 	http.Redirect(w, req, "/", http.StatusSeeOther)
 }
 
 func (a *api) logout(w http.ResponseWriter, req *http.Request) {
+	if a.crossSite(w, req) {
+		return
+	}
 	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: "", Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, MaxAge: -1})
+		SameSite: http.SameSiteStrictMode, Secure: overHTTPS(req), MaxAge: -1})
 	http.Redirect(w, req, "/login", http.StatusSeeOther)
 }

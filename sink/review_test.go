@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -169,5 +170,56 @@ func TestStreamResumeAcrossSubjects(t *testing.T) {
 	}
 	if len(evalIDs) != 2 || evalIDs[0] != 2 || evalIDs[1] != 3 {
 		t.Fatalf("resumed with Last-Event-ID 10: events %v; evaluation versions %v, want [2 3]", got, evalIDs)
+	}
+}
+
+// TestLoginCrossSite: the login and logout forms refuse a cross-site post (login CSRF: another
+// site signing a visitor in with its own token, so that the visitor reads and trusts the
+// attacker's pages, or signing them out), while a same-origin post and one without browser
+// headers (curl) sign in. The cookie is Secure when the page was reached over HTTPS, also behind
+// a TLS-terminating proxy (the deployment the README recommends), where req.TLS is nil.
+func TestLoginCrossSite(t *testing.T) {
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t)}, fakeTallies{}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	post := func(path string, hdr map[string]string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "http://rr.example"+path, strings.NewReader("token="+tokenA))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		h.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	for _, c := range []struct {
+		name, path string
+		hdr        map[string]string
+		signedIn   bool
+		secure     bool
+	}{
+		{"cross-site origin", "/login", map[string]string{"Origin": "https://evil.example"}, false, false},
+		{"cross-site fetch metadata", "/login", map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"}, false, false},
+		{"null origin", "/login", map[string]string{"Origin": "null"}, false, false},
+		{"cross-site logout", "/logout", map[string]string{"Sec-Fetch-Site": "cross-site"}, false, false},
+		{"same origin", "/login", map[string]string{"Origin": "http://rr.example", "Sec-Fetch-Site": "same-origin"}, true, false},
+		{"no browser headers", "/login", nil, true, false},
+		{"behind a TLS proxy", "/login", map[string]string{"Origin": "https://rr.example", "X-Forwarded-Proto": "https"}, true, true},
+		{"https origin", "/login", map[string]string{"Origin": "https://rr.example"}, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := post(c.path, c.hdr)
+			cookies := rec.Result().Cookies()
+			if !c.signedIn {
+				if rec.Code != http.StatusForbidden || len(cookies) != 0 {
+					t.Fatalf("%s: %d with cookies %v, want 403 and none", c.path, rec.Code, cookies)
+				}
+				return
+			}
+			if rec.Code != http.StatusSeeOther || len(cookies) != 1 || cookies[0].Value != tokenA {
+				t.Fatalf("%s: %d %v, want 303 and the cookie", c.path, rec.Code, cookies)
+			}
+			if ck := cookies[0]; ck.Secure != c.secure || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
+				t.Fatalf("cookie %+v: want Secure %v, HttpOnly, SameSite=Strict", ck, c.secure)
+			}
+		})
 	}
 }
