@@ -44,7 +44,7 @@ func TestSemanticsAlertingCurrent(t *testing.T) {
 	if !strings.Contains(sec, "`<key_prefix>:{alerts}:…`") {
 		t.Error("semantics#alerting lacks the hash-tagged prefix")
 	}
-	for _, w := range []string{"kind `" + UnknownKind + "`", "408", "429", "Stale windows", "Removed rules"} {
+	for _, w := range []string{"kind `" + UnknownKind + "`", "413", "422", "Stale windows", "Removed rules"} {
 		if !strings.Contains(sec, w) {
 			t.Errorf("semantics#alerting lacks %q", w)
 		}

@@ -64,8 +64,8 @@ func (k *Kafka) Send(ctx context.Context, notes []Notification) error {
 
 // Alertmanager posts alerts to Alertmanager's v2 API (POST /api/v2/alerts): a firing alert when it
 // fires and again at every resend, valid for four resend intervals (so Alertmanager resolves it
-// by itself if every evaluator is gone), and with endsAt at its resolution when it resolves. A 4xx
-// answer other than 408 and 429 is a refusal (ErrRefused); any other failure is retried.
+// by itself if every evaluator is gone), and with endsAt at its resolution when it resolves. A
+// 400, 413 or 422 answer is a refusal of the content (ErrRefused); any other failure is retried.
 type Alertmanager struct {
 	url    string
 	client *http.Client
@@ -167,8 +167,15 @@ func (a *Alertmanager) Send(ctx context.Context, notes []Notification) error {
 // and logging it) instead of retrying it forever.
 var ErrRefused = errors.New("refused")
 
-// refusal reports whether an HTTP status is a permanent refusal: a 4xx other than 408 (request
-// timeout) and 429 (too many requests), which ask to try again later.
+// refusal reports whether an HTTP status refuses the notification itself, for good: 400 (bad
+// request), 413 (too large) and 422 (unprocessable). Every other answer is retried, 4xx included:
+// 401, 403 and 404 say the configuration is wrong (a proxy's credentials, a path prefix), and
+// dropping on them would lose every notification until someone noticed; 408 and 429 ask to try
+// again later.
 func refusal(status int) bool {
-	return status/100 == 4 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
 }

@@ -135,7 +135,7 @@ func TestAlertmanagerRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		status  int
 		refused bool
-	}{{400, true}, {404, true}, {422, true}, {408, false}, {429, false}, {500, false}, {503, false}} {
+	}{{400, true}, {413, true}, {422, true}, {401, false}, {403, false}, {404, false}, {408, false}, {429, false}, {500, false}, {503, false}} {
 		status.Store(int64(tc.status))
 		err = am.Send(context.Background(), []Notification{{ID: "x", Kind: "firing", At: t0}})
 		if err == nil {
