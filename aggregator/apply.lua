@@ -82,8 +82,8 @@ end
 
 -- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, c p u (counts),
 -- a b (bounds or nil), k (closed chunks), e (open chunk), got (read), dirty, lo hi rlo rhi (least
--- and greatest occurred inserted and removed by this batch), add (index entries to append)};
--- mins[-m] = {s, c, p, u, got, dirty}.
+-- and greatest occurred inserted and removed by this batch), add (index entries to append, one string)};
+-- mins[-m] = {s, c, p, u, got, dirty}. Absent values are false.
 -- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
 -- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
@@ -91,14 +91,16 @@ local hours, hlist, mins, mlist = {}, {}, {}, {}
 local function hourOf(h)
   local t = hours[-h]
   if not t then
-    t = {s = fmt('h%d', h), c = 0, p = 0, u = 0, k = 0, e = ''}
+    -- Every field set at once: no rehash as they are set later.
+    t = {s = fmt('h%d', h), c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false, dirty = false,
+      lo = false, hi = false, rlo = false, rhi = false, add = false}
     hours[-h] = t; hlist[#hlist + 1] = h
   end
   return t
 end
 local function minOf(m)
   local t = mins[-m]
-  if not t then t = {s = fmt('m%d', m), c = 0, p = 0, u = 0}; mins[-m] = t; mlist[#mlist + 1] = m end
+  if not t then t = {s = fmt('m%d', m), c = 0, p = 0, u = 0, got = false, dirty = false}; mins[-m] = t; mlist[#mlist + 1] = m end
   return t
 end
 local function parseHour(t, v)
@@ -355,7 +357,7 @@ end
 
 -- Records are written at the end of the loop (one HSET), index entries appended to their hours'
 -- open chunks.
-local pendRec, pendIds, pushHours, pushedTo = {}, {}, {}, {}
+local pending, pendIds, pushHours, pushedTo = {}, {}, {}, {}
 -- push lists record field id under hour once per batch, however often the batch moves it there.
 local function push(id, hour)
   local p = pushedTo[id]
@@ -369,13 +371,11 @@ local function push(id, hour)
   end
   local t = hourOf(hour)
   local e = t.add
-  if not e then e = {}; t.add = e; pushHours[#pushHours + 1] = hour end
-  e[#e + 1] = id
+  if e then t.add = e .. id else t.add = id; pushHours[#pushHours + 1] = hour end
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
-  if pendRec[id] == nil then pendIds[#pendIds + 1] = id end
-  pendRec[id] = value
+  if not pending[id] then pending[id] = true; pendIds[#pendIds + 1] = id end
   held[id] = value
   if h1 then push(id, h1) end
   if h2 and h2 ~= h1 then push(id, h2) end
@@ -433,7 +433,7 @@ end
 
 if #pendIds > 0 then
   local h = {}
-  for _, id in ipairs(pendIds) do h[#h + 1] = id; h[#h + 1] = pendRec[id] end
+  for _, id in ipairs(pendIds) do h[#h + 1] = id; h[#h + 1] = held[id] end
   hset(opps, h)
   if not head then
     -- A new aggregate's record hash would be a listpack up to hash-max-listpack-entries records
@@ -464,7 +464,7 @@ if #pushHours > 0 then
   local zs = {}
   for _, hour in ipairs(pushHours) do
     local t = hours[-hour]
-    local add = concat(t.add)
+    local add = t.add
     local cur = t.e
     if cur == '' and t.k == 0 then zs[#zs + 1] = hour; zs[#zs + 1] = sub(t.s, 2) end
     if #cur + #add > CHUNKBYTES and #cur > 0 then -- close the open chunk

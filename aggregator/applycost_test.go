@@ -231,15 +231,77 @@ func memoryOf(ctx context.Context, c *redis.Client, prefix string) int64 {
 	return total
 }
 
+// floorSource is the reference of the performance issue, "a plain dedupe-and-count script": per
+// aggregate and batch one call that looks the ids up, stores the new ones, counts them and refreshes
+// two TTLs (its record hash made a hash table, as the apply script's). It keeps no windows, bounds,
+// retention or index; it is measured beside the others as the floor one call per aggregate costs,
+// not checked.
+const floorSource = `
+local n = (#ARGV - 3) / 2
+local got = redis.call('HMGET', KEYS[1], unpack(ARGV, 4, 3 + n))
+local sets, c = {}, 0
+for i = 1, n do
+  if not got[i] then sets[#sets + 1] = ARGV[3 + i]; sets[#sets + 1] = ARGV[3 + n + i]; c = c + 1 end
+end
+if #sets > 0 then redis.call('HSET', KEYS[1], unpack(sets)) end
+local total = redis.call('HINCRBY', KEYS[2], 'n', c)
+if total == c and c > 0 then -- a new aggregate: its record hash a hash table, as the apply script makes it
+  local long = string.rep('x', 100)
+  redis.call('HSET', KEYS[1], long, ''); redis.call('HDEL', KEYS[1], long)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3]); redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return total
+`
+
+// applyCurrentArgs applies obs with script (one taking the current store's arguments: record fields,
+// then records) as Redis.Apply does.
+func applyCurrentArgs(ctx context.Context, c *redis.Client, script *redis.Script, prefix string, ret, ttl time.Duration,
+	obs []Observation, at time.Time) (map[Key][]any, error) {
+	groups, keys := groupByKey(obs)
+	head := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10),
+		strconv.FormatInt(ttl.Milliseconds(), 10)}
+	recs := encodeRecords(obs)
+	fields, err := recordFields(obs)
+	if err != nil {
+		return nil, err
+	}
+	cmds := make([]*redis.Cmd, len(keys))
+	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for n, k := range keys {
+			args := append([]any{}, head...)
+			for _, i := range groups[k] {
+				args = append(args, fields[i])
+			}
+			for _, i := range groups[k] {
+				args = append(args, recs[i])
+			}
+			base := prefix + ":{" + k.String() + "}:"
+			cmds[n] = script.EvalSha(ctx, p, []string{base + "o", base + "s", base + "e", base + "z"}, args...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[Key][]any, len(keys))
+	for n, k := range keys {
+		out[k], _ = cmds[n].Slice()
+	}
+	return out, nil
+}
+
 // TestApplyCost feeds the same batches to the layout-3 script, the layout-4 script and the
-// current store, rotating their order batch by batch, and reports Redis CPU and commands per event
-// of each (docs/semantics.md#delivery: one script call per aggregate and batch). Results must
-// agree batch by batch. Run it with
+// current store (and a previous version of the current script when one is named), rotating their
+// order batch by batch, and reports Redis CPU and commands per event of each
+// (docs/semantics.md#delivery: one script call per aggregate and batch), beside the floor of a plain
+// dedupe-and-count script. Results (but the floor's) must agree batch by batch. Run it with
 //
 //	REPEATRATE_APPLY_COST=240000 go test -count=1 -run TestApplyCost -v ./aggregator
 //
 // (REPEATRATE_APPLY_COST_REDIS names another Redis than the test one; its CPU is then the scripts'
-// alone. REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it.)
+// alone. REPEATRATE_APPLY_COST_PREV=<file.lua> adds that script, taking the current arguments, as
+// "previous", to measure a step of the current layout: git show <commit>:aggregator/apply.lua.
+// REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it.)
 func TestApplyCost(t *testing.T) {
 	events, _ := strconv.Atoi(os.Getenv("REPEATRATE_APPLY_COST"))
 	if events <= 0 {
@@ -252,8 +314,16 @@ func TestApplyCost(t *testing.T) {
 		defer client.Close()
 	}
 	only := os.Getenv("REPEATRATE_APPLY_COST_ONLY") == "current"
-	old3, old4 := redis.NewScript(layout3Source), redis.NewScript(layout4Source)
-	for _, s := range []*redis.Script{old3, old4, applyScript} {
+	names := []string{"layout 3", "layout 4", "current", "floor"}
+	scripts := []*redis.Script{redis.NewScript(layout3Source), redis.NewScript(layout4Source), applyScript, redis.NewScript(floorSource)}
+	if f := os.Getenv("REPEATRATE_APPLY_COST_PREV"); f != "" {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, scripts = append(names, "previous"), append(scripts, redis.NewScript(string(src)))
+	}
+	for _, s := range scripts {
 		if err := s.Load(ctx, client).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -266,19 +336,21 @@ func TestApplyCost(t *testing.T) {
 		infoCPU += (b.cpu - a.cpu) / 20
 	}
 	const ret = 30 * 24 * time.Hour
+	const cur, floor = 2, 3 // names[cur] is the current store, names[floor] the unchecked reference
 	for _, shape := range []costShape{{"wide", 60, 30 * 24 * time.Hour}, {"today", 400, 24 * time.Hour}} {
 		t.Run(shape.name, func(t *testing.T) {
 			batches, ats := costStream(shape, events)
-			names := []string{"layout 3", "layout 4", "current"}
-			prefixes := []string{testenv.Name(t, "cost-l3"), testenv.Name(t, "cost-l4"), testenv.Name(t, "cost-new")}
-			for _, p := range prefixes {
-				testenv.CleanPrefix(t, client, p)
+			nc := len(names)
+			prefixes := make([]string, nc)
+			for i := range prefixes {
+				prefixes[i] = testenv.Name(t, fmt.Sprint("cost", i))
+				testenv.CleanPrefix(t, client, prefixes[i])
 			}
-			store, err := NewRedis(client, RedisConfig{Prefix: prefixes[2], Retention: ret})
+			store, err := NewRedis(client, RedisConfig{Prefix: prefixes[cur], Retention: ret})
 			if err != nil {
 				t.Fatal(err)
 			}
-			costs := make([]redisCost, 3)
+			costs := make([]redisCost, nc)
 			for i := range costs {
 				costs[i] = redisCost{calls: map[string]int64{}, usec: map[string]int64{}}
 			}
@@ -286,19 +358,21 @@ func TestApplyCost(t *testing.T) {
 			n, warmup := 0, len(batches)/10
 			for b, batch := range batches {
 				measured := b >= warmup
-				var res [3]map[Key]Tally
+				res := make([]map[Key]Tally, nc)
 				run := func(which int) {
 					before, _ := readCost(ctx, client)
 					var raw map[Key][]any
 					switch which {
 					case 0:
-						raw, err = applyLayout3(ctx, client, old3, prefixes[0], ret, ret, batch, ats[b])
+						raw, err = applyLayout3(ctx, client, scripts[0], prefixes[0], ret, ret, batch, ats[b])
 					case 1:
-						raw, err = applyLayout4(ctx, client, old4, prefixes[1], ret, ret, batch, ats[b])
-					default:
+						raw, err = applyLayout4(ctx, client, scripts[1], prefixes[1], ret, ret, batch, ats[b])
+					case cur:
 						var got Applied
 						got, err = store.Apply(ctx, batch, ats[b])
-						res[2] = got.Tallies
+						res[cur] = got.Tallies
+					default:
+						raw, err = applyCurrentArgs(ctx, client, scripts[which], prefixes[which], ret, ret, batch, ats[b])
 					}
 					if err != nil {
 						t.Fatal(err)
@@ -308,7 +382,7 @@ func TestApplyCost(t *testing.T) {
 						costs[which].add(before, after)
 						costs[which].cpu -= infoCPU
 					}
-					if raw != nil {
+					if raw != nil && which != floor {
 						res[which] = map[Key]Tally{}
 						for k, v := range raw {
 							if res[which][k], _, err = parseReply(v); err != nil {
@@ -318,10 +392,10 @@ func TestApplyCost(t *testing.T) {
 					}
 				}
 				if only {
-					run(2)
+					run(cur)
 				} else {
-					for j := 0; j < 3; j++ {
-						run((b + j) % 3)
+					for j := 0; j < nc; j++ {
+						run((b + j) % nc)
 					}
 				}
 				if measured {
@@ -330,9 +404,9 @@ func TestApplyCost(t *testing.T) {
 				if only {
 					continue
 				}
-				for k, got := range res[2] {
-					for which := 0; which < 2; which++ {
-						if want := res[which][k]; got != want {
+				for k, got := range res[cur] {
+					for which := range nc {
+						if want := res[which][k]; which != cur && which != floor && got != want {
 							t.Fatalf("batch %d, %s: current %+v, %s %+v", b, k, got, names[which], want)
 						}
 					}
@@ -343,9 +417,9 @@ func TestApplyCost(t *testing.T) {
 			}
 			t.Logf("%s: %d events measured after %d, %d aggregates, occurred over %v, batches of 2000",
 				shape.name, n, warmup*2000, shape.aggregates, shape.span)
-			cpu, cmds, mem := make([]float64, 3), make([]float64, 3), make([]float64, 3)
+			cpu, cmds, mem := make([]float64, nc), make([]float64, nc), make([]float64, nc)
 			for i := range costs {
-				if only && i < 2 {
+				if only && i != cur {
 					continue
 				}
 				cpu[i], cmds[i] = per(costs[i])
@@ -353,9 +427,13 @@ func TestApplyCost(t *testing.T) {
 				t.Logf("  %-9s %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event, %.1f bytes/event:%s",
 					names[i]+":", cpu[i], costs[i].sys*1e6/float64(n), cmds[i], mem[i], costs[i].top(n))
 			}
-			if !only {
-				t.Logf("  current ÷ layout 3: CPU %.3f, commands %.3f, memory %.3f; current ÷ layout 4: CPU %.3f, commands %.3f, memory %.3f",
-					cpu[2]/cpu[0], cmds[2]/cmds[0], mem[2]/mem[0], cpu[2]/cpu[1], cmds[2]/cmds[1], mem[2]/mem[1])
+			if only {
+				return
+			}
+			for i := range nc {
+				if i != cur {
+					t.Logf("  current ÷ %s: CPU %.3f, commands %.3f, memory %.3f", names[i], cpu[cur]/cpu[i], cmds[cur]/cmds[i], mem[cur]/mem[i])
+				}
 			}
 		})
 	}
