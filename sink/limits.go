@@ -3,6 +3,8 @@ package sink
 import (
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,14 +43,17 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 	return m
 }
 
-// limiter is a token bucket per key (a token's name or a client address). It keeps at most
-// maxLimiterKeys buckets; when full it forgets those that have refilled, which lose nothing.
+// limiter is a token bucket per key: "token <name>" for a configured token, else "addr <client
+// address>". It keeps at most maxLimiterKeys address buckets; when full it forgets those that have
+// refilled, which lose nothing. Token buckets are kept apart (one per configured token at most),
+// so outsiders keeping address buckets busy never crowd a token out.
 type limiter struct {
 	mu      sync.Mutex
 	rate    float64
 	burst   float64
 	now     func() time.Time
 	buckets map[string]*bucket
+	tokens  map[string]*bucket
 }
 
 type bucket struct {
@@ -59,7 +64,7 @@ type bucket struct {
 const maxLimiterKeys = 10000
 
 func newLimiter(rate float64, burst int, now func() time.Time) *limiter {
-	return &limiter{rate: rate, burst: float64(burst), now: now, buckets: map[string]*bucket{}}
+	return &limiter{rate: rate, burst: float64(burst), now: now, buckets: map[string]*bucket{}, tokens: map[string]*bucket{}}
 }
 
 // allow takes one request from key's bucket; when empty it returns how long until one refills.
@@ -67,6 +72,14 @@ func (l *limiter) allow(key string) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	if strings.HasPrefix(key, "token ") {
+		b := l.tokens[key]
+		if b == nil {
+			b = &bucket{tokens: l.burst, at: now}
+			l.tokens[key] = b
+		}
+		return l.take(b, now)
+	}
 	b := l.buckets[key]
 	if b == nil {
 		if len(l.buckets) >= maxLimiterKeys {
@@ -83,6 +96,11 @@ func (l *limiter) allow(key string) (bool, time.Duration) {
 		b = &bucket{tokens: l.burst, at: now}
 		l.buckets[key] = b
 	}
+	return l.take(b, now)
+}
+
+// take takes one request from b at now.
+func (l *limiter) take(b *bucket, now time.Time) (bool, time.Duration) {
 	b.tokens = min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
 	b.at = now
 	if b.tokens < 1 {
@@ -92,14 +110,30 @@ func (l *limiter) allow(key string) (bool, time.Duration) {
 	return true, 0
 }
 
-// clientIP is the request's remote address without its port. Forwarded headers are not trusted:
-// behind a proxy every client shares the proxy's limit (README, Read side).
+// clientIP is the request's client address as the limits count it (addrKey). Forwarded headers
+// are not trusted: behind a proxy every client shares the proxy's limit (README, Read side).
 func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	return addrKey(r.RemoteAddr)
+}
+
+// addrKey is the client of a remote address ("host:port"): an IPv4 address, or the /64 of an IPv6
+// one — a host is commonly given a whole /64, whose 2^64 addresses would each get their own
+// limits.
+func addrKey(remote string) string {
+	host, _, err := net.SplitHostPort(remote)
 	if err != nil {
-		return r.RemoteAddr
+		host = remote
 	}
-	return host
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	ip = ip.Unmap()
+	if ip.Is4() {
+		return ip.String()
+	}
+	p, _ := ip.WithZone("").Prefix(64)
+	return p.String()
 }
 
 // capListener closes connections beyond max open ones, or beyond perIP from one address, as soon
@@ -124,7 +158,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		ip, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		ip := addrKey(c.RemoteAddr().String())
 		l.mu.Lock()
 		ok := l.open < l.max && l.byIP[ip] < l.perIP
 		if ok {

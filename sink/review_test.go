@@ -223,3 +223,40 @@ func TestLoginCrossSite(t *testing.T) {
 		})
 	}
 }
+
+// TestRateLimitIPv6Prefix: an outsider holding an IPv6 /64 (what one host is usually given) has
+// 2^64 addresses; limited per address it was never limited, and a public badge costs two Lua
+// calls. Addresses of one /64 share a bucket, and so do their connections the per-address cap.
+// And however many address buckets an outsider keeps busy, a configured token is still served.
+func TestRateLimitIPv6Prefix(t *testing.T) {
+	live := aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}, CorrectionID: "x", Source: aggregator.Live}
+	tallies := fakeTallies{t: map[aggregator.Key]aggregator.Tally{live: {Version: 3, All: aggregator.Counts{Confirmed: 1, Passed: 3}}}}
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), PublicBadges: []string{"w"}, RateLimit: 1, RateBurst: 5}, tallies,
+		prometheus.NewRegistry(), time.Now, zap.NewNop())
+	codes := map[int]int{}
+	for i := range 50 {
+		req := httptest.NewRequest(http.MethodGet, "/v1/badge.svg?"+everyParam("w"), nil)
+		req.RemoteAddr = "[2001:db8:1:2::" + strconv.FormatInt(int64(i+1), 16) + "]:4000"
+		rec := httptest.NewRecorder()
+		h.Handler().ServeHTTP(rec, req)
+		codes[rec.Code]++
+	}
+	if codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 45 {
+		t.Fatalf("50 badges from 50 addresses of one /64: %v, want 5 answered, 45 refused", codes)
+	}
+	if a, b := clientIP(&http.Request{RemoteAddr: "[2001:db8:1:2::1]:1"}), clientIP(&http.Request{RemoteAddr: "[2001:db8:1:3::1]:1"}); a == b {
+		t.Fatalf("two /64s share a key %q", a)
+	}
+	if a := clientIP(&http.Request{RemoteAddr: "192.0.2.7:80"}); a != "192.0.2.7" {
+		t.Fatalf("IPv4 key %q", a)
+	}
+
+	// Every address bucket busy: a token's first request still gets through.
+	lim := newLimiter(1, 5, time.Now)
+	for i := range maxLimiterKeys {
+		lim.allow("addr " + strconv.Itoa(i))
+	}
+	if ok, _ := lim.allow("token a"); !ok {
+		t.Fatal("a token was refused because outsiders' addresses filled the limiter")
+	}
+}
