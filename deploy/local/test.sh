@@ -57,7 +57,16 @@ if [ $# -gt 0 ]; then
 fi
 # Every package but the fault suite, then the fault suite alone: it kills and restarts the shared
 # Redis and Kafka, so nothing else may run beside it.
-go test -count=1 -timeout 30m $(go list ./... | grep -v -e /test/faults -e /test/cluster)
+go test -count=1 -timeout 30m $(go list ./... | grep -v -e /test/faults -e /test/cluster -e /test/secure)
+# The secured services (Redis with TLS and the least-privilege ACL user, Kafka SASL_SSL with
+# SCRAM-SHA-512; deploy/local/secure.sh) and the tests that run every subcommand against them.
+if ! "$here/secure.sh" status >/dev/null 2>&1; then
+  "$here/secure.sh" start
+  started+=("secure")
+fi
+go test -count=1 -timeout 10m -v ./test/secure
+# Stopped before the fault suite (one broker less in memory); stopping again at exit is a no-op.
+if [[ " ${started[*]} " == *" secure "* ]]; then "$here/secure.sh" stop >/dev/null; fi
 # The browser test's screenshots (git-ignored test artifacts).
 ls -1 "$PWD"/test-artifacts/browser/*.png 2>/dev/null | sed 's/^/screenshot: /' || true
 go test -count=1 -timeout 40m -p 1 -v ./test/faults
