@@ -4,8 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // go test -run '^$' -bench ApplyBatch -benchmem ./aggregator   (needs the test Redis)
@@ -47,5 +52,81 @@ func BenchmarkModelApplyBatch(b *testing.B) {
 			obs[j] = Observation{Key: keyLive, OpportunityID: fmt.Sprint("o", (i*2000+j)%50000), Class: Passed, Occurred: occ, Assessed: occ}
 		}
 		m.ApplyBatch(obs)
+	}
+}
+
+// TestRedisBytesPerOpportunity measures what make bench reports as redis_bytes_per_opportunity
+// (used_memory growth over 500 000 distinct opportunities in 100 aggregates, occurred over a day),
+// and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store
+// and the layout-4 script, on the Redis REPEATRATE_APPLY_MEMORY_REDIS names; nothing else may use
+// that Redis meanwhile:
+//
+//	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisBytesPerOpportunity -v ./aggregator
+func TestRedisBytesPerOpportunity(t *testing.T) {
+	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
+	if addr == "" {
+		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
+	}
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	used := func() float64 {
+		rdb.Do(ctx, "MEMORY", "PURGE")
+		s, _ := rdb.Info(ctx, "memory").Result()
+		for _, l := range strings.Split(s, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	const total, ret = 500_000, 30 * 24 * time.Hour
+	old := redis.NewScript(layout4Source)
+	for _, run := range []struct {
+		layout string
+		span   int64 // seconds
+	}{{"current", 86400}, {"layout 4", 86400}, {"current", 30 * 86400}, {"layout 4", 30 * 86400}} {
+		layout := run.layout
+		prefix := fmt.Sprintf("membench-%d", time.Now().UnixNano())
+		store, err := NewRedis(rdb, RedisConfig{Prefix: prefix, Retention: ret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := used()
+		now := time.Now()
+		obs := make([]Observation, 0, 2000)
+		var obs0 Observation
+		for i := 0; i < total; i++ {
+			occ := Micros(now) - int64(i)*run.span/total*1e6
+			k := Key{CorrectionID: fmt.Sprintf("fix-%d", i%100), Source: Live}
+			k.Scope.Workspace, k.Scope.Model, k.Scope.Run, k.Scope.Checkpoint, k.Scope.Artifact = "acme", "support-bot", "2026-11", "ckpt-42", "prod"
+			obs = append(obs, Observation{Key: k, OpportunityID: fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3),
+				Class: Class(1 + i%3), Occurred: occ, Assessed: occ + 1e6})
+			obs0 = obs[0]
+			if len(obs) == cap(obs) {
+				if layout == "current" {
+					_, err = store.Apply(ctx, obs, now)
+				} else {
+					_, err = applyLayout4(ctx, rdb, old, prefix, ret, ret, obs, now)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				obs = obs[:0]
+			}
+		}
+		after := used()
+		t.Logf("%s, occurred over %d days: %.1f bytes per retained opportunity (used_memory %.0f → %.0f, %d record fields in fix-0)",
+			layout, run.span/86400, (after-before)/total, before, after,
+			rdb.HLen(ctx, prefix+":{"+obs0.Key.String()+"}:o").Val())
+		var keys []string
+		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		for i := 0; i < len(keys); i += 500 {
+			rdb.Del(ctx, keys[i:min(i+500, len(keys))]...)
+		}
 	}
 }
