@@ -114,6 +114,9 @@ type HTTPSettings struct {
 	AdminTokenSHA256 string             `yaml:"admin_token_sha256"`
 	RateLimit        int                `yaml:"rate_limit"`
 	MaxConnections   int                `yaml:"max_connections"`
+	// MaxConnectionsPerAddress caps one client address's connections (default 32). Behind a
+	// proxy or Ingress every client has the proxy's address: raise it to max_connections there.
+	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
 	// Ingest (POST /v1/events, README, Ingest over HTTP): the input topics live attempts and eval
 	// results are written to (empty: the first input topic, and the second when there is one),
 	// and the body limit.
@@ -166,7 +169,7 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
-		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, IngestMaxBodyBytes: 1 << 20},
+		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20},
 		LogLevel:  "info",
 	}
 }
@@ -234,8 +237,8 @@ func (c *Config) Validate() error {
 	if _, err := auth.NewStore(c.HTTP.Tokens); err != nil {
 		bad("http.tokens: %v", err)
 	}
-	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 {
-		bad("http.rate_limit, http.max_connections and http.ingest_max_body_bytes must be positive")
+	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 || c.HTTP.MaxConnectionsPerAddress <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 {
+		bad("http.rate_limit, http.max_connections, http.max_connections_per_address and http.ingest_max_body_bytes must be positive")
 	}
 	// The ingest must write where the processor reads.
 	for _, t := range []string{c.HTTP.IngestLiveTopic, c.HTTP.IngestEvalTopic} {
@@ -359,6 +362,7 @@ func (c *Config) settings() []setting {
 		str("http-admin-token-sha256", "SHA-256 (hex) of the token /metrics and /debug/pprof require; empty leaves /metrics open", &c.HTTP.AdminTokenSHA256),
 		num("http-rate-limit", "requests per second per token (or client address without one)", &c.HTTP.RateLimit),
 		num("http-max-connections", "open HTTP connections at most", &c.HTTP.MaxConnections),
+		num("http-max-connections-per-address", "open HTTP connections of one client address at most (behind a proxy or Ingress: raise to http-max-connections)", &c.HTTP.MaxConnectionsPerAddress),
 		str("http-ingest-live-topic", "input topic POST /v1/events writes live attempts to (empty: the first input topic)", &c.HTTP.IngestLiveTopic),
 		str("http-ingest-eval-topic", "input topic POST /v1/events writes eval results to (empty: the second input topic, else the first)", &c.HTTP.IngestEvalTopic),
 		num("http-ingest-max-body-bytes", "largest body POST /v1/events accepts (larger: 413)", &c.HTTP.IngestMaxBodyBytes),

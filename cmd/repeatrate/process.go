@@ -124,7 +124,11 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	err = rdb.Ping(pctx).Err()
 	cancel()
 	if err != nil {
-		return fmt.Errorf("redis %v: %w", cfg.Redis.Addrs, err)
+		return explainRedis(cfg.Redis, err)
+	}
+	// A connection to Kafka that cannot work fails here with its cause.
+	if err := kc.checkConnection(ctx); err != nil {
+		return err
 	}
 	if told, err := aggregator.CheckEviction(ctx, rdb); err != nil {
 		return err
@@ -208,7 +212,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		defer closeIngest()
 		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 			Tokens: tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
-			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, Registerer: reg, Catalog: catalog, Suites: st.suites,
+			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
 			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes()},
 			st.rates, reg, time.Now, log.Named("http"))
 		g.Go(func() error { return srv.Run(gctx) })
