@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,6 +73,8 @@ type kafkaClients struct {
 	// limits holds the max.message.bytes of the topics checkOutputLimits read; other topics are
 	// taken to have Kafka's default.
 	limits map[string]int
+	// mechanism is the SASL mechanism configured ("" for none), for error messages.
+	mechanism string
 }
 
 func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
@@ -86,6 +90,7 @@ func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
 		brokers:   c.Brokers,
 		dialer:    &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: t, SASLMechanism: mech},
 		transport: &kafka.Transport{TLS: t, SASL: mech, DialTimeout: 10 * time.Second},
+		mechanism: c.SASL.Mechanism,
 	}, nil
 }
 
@@ -186,8 +191,74 @@ type topicSpec struct {
 	compacted  bool
 }
 
+// checkConnection asks the brokers for metadata once, so that a connection that cannot work fails
+// with its cause (explainKafka): kafka-go reports a failed TLS or SASL handshake only to metadata
+// requests, and a CreateTopics sent after one fails with "[8] Broker Not Available".
+func (k *kafkaClients) checkConnection(ctx context.Context) error {
+	if _, err := k.client().Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
+		return explainKafka(k.brokers, k.mechanism, err)
+	}
+	return nil
+}
+
+// explainKafka names the likely cause of a failure to talk to the brokers beside kafka-go's error:
+// authentication, mechanism, certificate, or TLS on one side only.
+func explainKafka(brokers []string, mechanism string, err error) error {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var hint string
+	switch msg := err.Error(); {
+	case errors.Is(err, kafka.SASLAuthenticationFailed):
+		hint = "authentication failed: wrong kafka.sasl.username or password (or the user does not exist for this mechanism)"
+	case errors.Is(err, kafka.UnsupportedSASLMechanism), errors.Is(err, kafka.IllegalSASLState):
+		hint = fmt.Sprintf("the brokers do not accept SASL mechanism %q: check kafka.sasl.mechanism", mechanism)
+	case errors.As(err, &unknownCA):
+		hint = "the brokers' certificate is not signed by a trusted CA: set kafka.tls.ca_file (--kafka-tls-ca-file) to their CA"
+	case errors.As(err, &hostname):
+		hint = "the brokers' certificate does not carry the name checked (the host dialled, or kafka.tls.server_name)"
+	case strings.Contains(msg, "expecting TLS"):
+		hint = "the brokers expect TLS: set kafka.tls.enabled (--kafka-tls)"
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		hint = "the brokers do not speak TLS on this port: unset kafka.tls.enabled or use their TLS listener"
+	case mechanism == "" && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
+		hint = "the brokers closed the connection: does the listener expect SASL (kafka.sasl.mechanism)?"
+	default:
+		return fmt.Errorf("kafka %v: %w", brokers, err)
+	}
+	return fmt.Errorf("kafka %v: %s: %w", brokers, hint, err)
+}
+
+// explainRedis names the likely cause of a failure to talk to Redis beside go-redis's error.
+func explainRedis(c RedisConfig, err error) error {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var hint string
+	switch msg := err.Error(); {
+	case strings.HasPrefix(msg, "WRONGPASS"), strings.Contains(msg, "invalid password"):
+		hint = "authentication failed: wrong redis.username or redis.password"
+	case strings.HasPrefix(msg, "NOAUTH"):
+		hint = "Redis requires a password: set redis.password (and redis.username for an ACL user)"
+	case strings.HasPrefix(msg, "NOPERM"):
+		hint = "the ACL user lacks a permission the processor needs (README, Security)"
+	case errors.As(err, &unknownCA):
+		hint = "the server's certificate is not signed by a trusted CA: set redis.tls.ca_file (--redis-tls-ca-file) to its CA"
+	case errors.As(err, &hostname):
+		hint = "the server's certificate does not carry the name checked (the host dialled, or redis.tls.server_name)"
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		hint = "the server does not speak TLS on this port: unset redis.tls.enabled or use its tls-port"
+	case !c.TLS.Enabled && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)):
+		hint = "the server closed the connection: does it expect TLS (redis.tls.enabled, --redis-tls)?"
+	default:
+		return fmt.Errorf("redis %v: %w", c.Addrs, err)
+	}
+	return fmt.Errorf("redis %v: %s: %w", c.Addrs, hint, err)
+}
+
 // ensureTopics creates the topics that do not exist yet; existing ones are left as they are.
 func (k *kafkaClients) ensureTopics(ctx context.Context, specs []topicSpec) error {
+	if err := k.checkConnection(ctx); err != nil {
+		return err
+	}
 	client := &kafka.Client{Addr: kafka.TCP(k.brokers...), Transport: k.transport, Timeout: 30 * time.Second}
 	req := &kafka.CreateTopicsRequest{}
 	for _, s := range specs {
@@ -214,7 +285,7 @@ func (k *kafkaClients) partitions(ctx context.Context, topic string) ([]int, err
 	client := &kafka.Client{Addr: kafka.TCP(k.brokers...), Transport: k.transport, Timeout: 30 * time.Second}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return nil, fmt.Errorf("metadata %s: %w", topic, err)
+		return nil, fmt.Errorf("metadata %s: %w", topic, explainKafka(k.brokers, k.mechanism, err))
 	}
 	for _, t := range md.Topics {
 		if t.Name != topic {
