@@ -6,7 +6,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	tiktoken "github.com/pkoukk/tiktoken-go"
+	"github.com/dlclark/regexp2"
 	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 )
 
@@ -43,18 +43,35 @@ func ParseTokenizer(name string) (Tokenizer, error) {
 
 // bpe is one tiktoken encoding, loaded once from the encoding file embedded in the binary
 // (github.com/pkoukk/tiktoken-go-loader; no network), with each token's text as Python's
-// tiktoken decode([id]) gives it.
+// tiktoken decode([id]) gives it. It splits text with the encoding's pattern (the regexp2 engine
+// github.com/pkoukk/tiktoken-go uses) and merges each piece as tiktoken does, lowest rank first
+// and leftmost among equals, but with a heap: tiktoken-go rescans the piece after every merge,
+// which took 3–7 s for one 64 KiB reply without white space (a degenerate reply such as "aaa…").
 type bpe struct {
-	once sync.Once
-	enc  *tiktoken.Tiktoken
-	text []string // by token id
-	err  error
+	once  sync.Once
+	re    *regexp2.Regexp
+	ranks map[string]int
+	text  []string // by token id
+	err   error
 }
 
-var (
-	bpes       = map[Tokenizer]*bpe{TokenizerO200kBase: {}, TokenizerCl100kBase: {}}
-	loaderOnce sync.Once
-)
+// tiktokenEncodings are the encodings' download addresses (the loader's keys) and split
+// patterns, as tiktoken's openai_public.py defines them (in tiktoken-go's regexp2 syntax).
+var tiktokenEncodings = map[Tokenizer]struct{ url, pattern string }{
+	TokenizerO200kBase: {"https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken", strings.Join([]string{
+		`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
+		`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
+		`\p{N}{1,3}`,
+		` ?[^\s\p{L}\p{N}]+[\r\n/]*`,
+		`\s*[\r\n]+`,
+		`\s+(?!\S)`,
+		`\s+`,
+	}, "|")},
+	TokenizerCl100kBase: {"https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+		`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`},
+}
+
+var bpes = map[Tokenizer]*bpe{TokenizerO200kBase: {}, TokenizerCl100kBase: {}}
 
 // Load prepares the tokenizer (o200k_base: about 0.25 s and 30 MB of heap, once per process),
 // so that the first reply does not pay for it; the analysis loads it on first use otherwise.
@@ -72,24 +89,135 @@ func (t Tokenizer) bpe() (*bpe, error) {
 		return nil, fmt.Errorf("unknown %v", t)
 	}
 	b.once.Do(func() {
-		loaderOnce.Do(func() { tiktoken.SetBpeLoader(tiktokenloader.NewOfflineLoader()) })
-		b.enc, b.err = tiktoken.GetEncoding(t.String())
-		if b.err != nil {
+		enc := tiktokenEncodings[t]
+		if b.ranks, b.err = tiktokenloader.NewOfflineLoader().LoadTiktokenBpe(enc.url); b.err != nil {
 			return
 		}
-		// Token ids run from 0 with at most a few gaps (before the special tokens, which
-		// EncodeOrdinary never produces); stop after a long run of unknown ids.
-		for id, misses := 0, 0; misses < 1024; id++ {
-			tok := b.enc.Decode([]int{id})
-			if tok == "" {
-				misses++
-			} else {
-				misses = 0
-			}
-			b.text = append(b.text, pyDecodeReplace(tok))
+		if b.re, b.err = regexp2.Compile(enc.pattern, regexp2.None); b.err != nil {
+			return
+		}
+		top := 0
+		for _, id := range b.ranks {
+			top = max(top, id)
+		}
+		b.text = make([]string, top+1)
+		for tok, id := range b.ranks {
+			b.text[id] = pyDecodeReplace(tok)
 		}
 	})
 	return b, b.err
+}
+
+// encode is tiktoken's encode_ordinary: the ids of text's pieces, special-token text included as
+// ordinary text.
+func (b *bpe) encode(text string) []int {
+	var ids []int
+	m, err := b.re.FindStringMatch(text)
+	for m != nil && err == nil {
+		piece := m.String()
+		if id, ok := b.ranks[piece]; ok {
+			ids = append(ids, id)
+		} else {
+			ids = b.merge(ids, piece)
+		}
+		m, err = b.re.FindNextMatch(m)
+	}
+	return ids
+}
+
+// merge appends the ids of piece's byte-pair encoding: starting from single bytes, the adjacent
+// pair whose concatenation has the lowest rank is merged, the leftmost of equal ranks, until no
+// pair has a rank — tiktoken's byte_pair_merge, in O(n log n). A part is named by its start
+// offset, which a merge never changes; next links the parts.
+func (b *bpe) merge(ids []int, piece string) []int {
+	n := len(piece)
+	if n == 1 {
+		return append(ids, b.ranks[piece])
+	}
+	next, prev, ver := make([]int, n), make([]int, n), make([]int, n)
+	for i := range n {
+		next[i], prev[i] = i+1, i-1
+	}
+	h := make(mergeHeap, 0, n)
+	// push queues the merge of part i with the one after it, when their bytes are a token.
+	push := func(i int) {
+		ver[i]++
+		if j := next[i]; j < n {
+			if r, ok := b.ranks[piece[i:next[j]]]; ok {
+				h.push(mergeItem{rank: r, pos: i, ver: ver[i]})
+			}
+		}
+	}
+	for i := 0; i+1 < n; i++ {
+		push(i)
+	}
+	for len(h) > 0 {
+		it := h.pop()
+		i := it.pos
+		if it.ver != ver[i] {
+			continue // the part or its neighbour changed since
+		}
+		j := next[i]
+		next[i] = next[j]
+		if next[j] < n {
+			prev[next[j]] = i
+		}
+		ver[j]++ // j is gone
+		push(i)
+		if p := prev[i]; p >= 0 {
+			push(p)
+		}
+	}
+	for i := 0; i < n; i = next[i] {
+		ids = append(ids, b.ranks[piece[i:next[i]]])
+	}
+	return ids
+}
+
+type mergeItem struct{ rank, pos, ver int }
+
+// mergeHeap is a binary min-heap of merges by rank, then position.
+type mergeHeap []mergeItem
+
+func (h mergeHeap) less(a, b int) bool {
+	return h[a].rank < h[b].rank || (h[a].rank == h[b].rank && h[a].pos < h[b].pos)
+}
+
+func (h *mergeHeap) push(it mergeItem) {
+	*h = append(*h, it)
+	s := *h
+	for k := len(s) - 1; k > 0; {
+		p := (k - 1) / 2
+		if !s.less(k, p) {
+			break
+		}
+		s[k], s[p] = s[p], s[k]
+		k = p
+	}
+}
+
+func (h *mergeHeap) pop() mergeItem {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s = s[:last]
+	for k := 0; ; {
+		c := 2*k + 1
+		if c >= len(s) {
+			break
+		}
+		if c+1 < len(s) && s.less(c+1, c) {
+			c++
+		}
+		if !s.less(c, k) {
+			break
+		}
+		s[k], s[c] = s[c], s[k]
+		k = c
+	}
+	*h = s
+	return top
 }
 
 // tokenize cuts text into the tokens mode's rules and tokenizer take: for the whitespace
@@ -109,7 +237,7 @@ func tokenize(text string, mode ReplyMode) []string {
 		if err != nil {
 			panic(err) // embedded encoding files: cannot fail but by a broken build
 		}
-		ids := b.enc.EncodeOrdinary(text)
+		ids := b.encode(text)
 		toks := make([]string, len(ids))
 		for i, id := range ids {
 			toks[i] = b.text[id]
