@@ -25,9 +25,10 @@ type Options struct {
 	// start in Unix seconds (Inspect: eval.created; OpenCompass: the output directory's timestamp).
 	Version    string
 	VersionSeq int64
-	// PassThreshold: a numeric score passes at or above it (default 1). Inspect's letter grades
-	// are C = 1, P = 0.5, I = 0 and N = 0.
-	PassThreshold float64
+	// PassThreshold: a numeric score passes at or above it; nil means 1 (a pointer, so that 0 —
+	// every non-negative score passes — can be asked for). Inspect's letter grades are C = 1,
+	// P = 0.5, I = 0 and N = 0.
+	PassThreshold *float64
 	// Scorer picks one of an Inspect sample's scores by name; default the log's first scorer.
 	Scorer string
 	// Source is the CloudEvent source; default "repeatrate-import/<format>".

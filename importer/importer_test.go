@@ -111,6 +111,7 @@ func TestInspectScoreMapping(t *testing.T) {
 		{`true`, 1, "pass", 1}, {`false`, 1, "fail", 0},
 		{`0.8`, 0.75, "pass", 0.8}, {`0.7`, 0.75, "fail", 0.7}, {`3`, 1, "pass", -1},
 		{`"X"`, 1, "error", -1}, {`{"a": 1}`, 1, "error", -1},
+		{`0`, 0, "pass", 0}, {`"I"`, 0, "pass", 0}, // a threshold of 0 passes every score
 	} {
 		res, score := inspectResult(json.RawMessage(tc.value), tc.threshold)
 		if res != tc.result || (score == nil) != (tc.score < 0) || (score != nil && *score != tc.score) {

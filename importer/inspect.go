@@ -69,7 +69,11 @@ func readInspect(path string, maxMember int64) (inspectLog, error) {
 		return log, fmt.Errorf("%s: %w", path, err)
 	}
 	defer z.Close()
-	z.RegisterDecompressor(zstd.ZipMethodWinZip, zstd.ZipDecompressor())
+	// A frame may declare a window of up to 512 MB, allocated before the member cap applies: the
+	// decoder refuses windows over 8 MB (Inspect's writer uses the default level's 8 MB at most)
+	// and holds at most the member cap in memory.
+	z.RegisterDecompressor(zstd.ZipMethodWinZip, zstd.ZipDecompressor(
+		zstd.WithDecoderMaxWindow(8<<20), zstd.WithDecoderMaxMemory(uint64(maxMember))))
 	read := func(f *zip.File, v any) error {
 		if f.UncompressedSize64 > uint64(maxMember) {
 			return fmt.Errorf("%s in %s: %d bytes decompressed, more than the limit of %d", f.Name, path, f.UncompressedSize64, maxMember)
@@ -190,9 +194,9 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 	if scorer == "" && len(log.Eval.Scorers) > 0 {
 		scorer = log.Eval.Scorers[0].Name
 	}
-	threshold := opt.PassThreshold
-	if threshold == 0 {
-		threshold = 1
+	threshold := 1.0
+	if opt.PassThreshold != nil {
+		threshold = *opt.PassThreshold
 	}
 	var out []Event
 	for _, s := range log.Samples {
