@@ -170,3 +170,54 @@ func TestIndexOfExpiredHoursIsCollected(t *testing.T) {
 		}
 	}
 }
+
+func TestRecordAndStateHashesAreHashTables(t *testing.T) {
+	// A hash of up to hash-max-listpack-entries fields (128 to 512) is a listpack, where every
+	// field lookup scans the whole hash: as such, an aggregate's record hash cost more Redis CPU per
+	// event than the rest of the apply script (TestApplyCost, today shape). Both hashes must be
+	// hash tables from the first batch, and the record hash must hold the records alone.
+	ctx := context.Background()
+	store, client := testStore(t, "encoding", RedisConfig{Retention: 30 * 24 * time.Hour})
+	now := time.Now()
+	var batch []Observation
+	for i := 0; i < 10; i++ {
+		batch = append(batch, Observation{Key: keyLive, OpportunityID: fmt.Sprint("o", i), Class: Passed,
+			Occurred: Micros(now) - int64(i)*1e6, Assessed: Micros(now)})
+	}
+	if _, err := store.Apply(ctx, batch, now); err != nil {
+		t.Fatal(err)
+	}
+	keys := store.keys(keyLive)
+	for _, k := range keys[:2] {
+		if enc := client.ObjectEncoding(ctx, k).Val(); enc != "hashtable" {
+			t.Errorf("%s is a %s", k, enc)
+		}
+	}
+	if n := client.HLen(ctx, keys[0]).Val(); n != 10 {
+		t.Errorf("record hash holds %d fields, want the 10 records", n)
+	}
+}
+
+func TestRecordFieldsSplitBack(t *testing.T) {
+	ids := []string{"a", "", strings.Repeat("x", 512), "0|:\x00\xff", strings.Repeat("y", maxIDBytes)}
+	var obs []Observation
+	for _, id := range ids {
+		obs = append(obs, Observation{OpportunityID: id})
+	}
+	fields, err := recordFields(obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The index lists fields back to back and reads each length again.
+	all := strings.Join(fields, "")
+	for i, id := range ids {
+		n, err := strconv.ParseInt(all[:3], 16, 64)
+		if err != nil || all[3:3+n] != id {
+			t.Fatalf("field %d: %q does not start with the length of %q", i, all, id)
+		}
+		all = all[3+n:]
+	}
+	if _, err := recordFields([]Observation{{OpportunityID: strings.Repeat("z", maxIDBytes+1)}}); err == nil {
+		t.Error("an id longer than a record field can say was accepted")
+	}
+}
