@@ -48,6 +48,15 @@ if ! command -v promtool >/dev/null; then
 fi
 promtool check rules deploy/prometheus/repeatrate-rules.yaml
 promtool test rules deploy/prometheus/repeatrate-rules.test.yaml
+# The Kubernetes manifests, validated offline: kubeconform (Go module proxy) with the strict schemas
+# vendored in deploy/k8s/schemas (no schema download); a misspelt field must fail it.
+kubeconform=$(go env GOPATH)/bin/kubeconform
+[ -x "$kubeconform" ] || go install github.com/yannh/kubeconform/cmd/kubeconform@v0.8.0
+schemas='deploy/k8s/schemas/{{ .ResourceKind }}{{ .KindSuffix }}.json'
+"$kubeconform" -strict -summary -schema-location "$schemas" deploy/k8s/*.yaml
+if sed 's/maxSkew:/maxskew:/' deploy/k8s/repeatrate.yaml | "$kubeconform" -strict -schema-location "$schemas" - >/dev/null 2>&1; then
+  echo "kubeconform accepted a misspelt field: the schemas are not strict" >&2; exit 1
+fi
 # The Python venv of the OpenCompass oracle and the Inspect AI logs (made once, then reused).
 test/pyenv.sh
 "${REPEATRATE_TEST_VENV:-.cache/venv}/bin/python" test/inspect/make_logs.py .cache/inspect-logs
