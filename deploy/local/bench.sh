@@ -9,6 +9,8 @@
 #                     alternates it with the working tree's build, and the figures gain ratios
 #   BENCH_ROUNDS      runs per configuration and build, the faster kept (default 2)
 #   BENCH_TIMEOUT     per pipeline run (default 30m); a run cut short reports what it processed
+#   BENCH_CLUSTER=1   instead: 1, 2 and 3 processors on the local Redis Cluster and three brokers
+#                     (started here and stopped afterwards when they were not running)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/local
@@ -26,6 +28,14 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+if [ "${BENCH_CLUSTER:-}" = 1 ]; then
+  for s in redis-cluster kafka-cluster; do
+    if ! "$here/$s.sh" status >/dev/null 2>&1; then "$here/$s.sh" start; started+=("$s"); fi
+  done
+  echo "== cluster harness (BENCH_EVENTS=${BENCH_EVENTS:-1000000} BENCH_ROUNDS=${BENCH_ROUNDS:-2})"
+  go run ./test/bench
+  exit
+fi
 for s in redis kafka; do
   if ! "$here/$s.sh" status >/dev/null 2>&1; then "$here/$s.sh" start; started+=("$s"); fi
 done

@@ -8,6 +8,8 @@
 // the rate holds as the suite grows. With BENCH_BASELINE it alternates every pipeline run between
 // that build and the working tree's and reports their ratios. Progress goes to stderr; the last
 // line on stdout is one JSON object with every figure, nested by shape (see BENCHMARKS.md).
+// With BENCH_CLUSTER=1 it measures instead 1, 2 and 3 processors on the local Redis Cluster and
+// three brokers (cluster.go).
 //
 // It does not start or stop services, and it deletes only the topics and Redis keys it created.
 package main
@@ -126,6 +128,9 @@ func run() error {
 			return err
 		}
 		e.bins = append(e.bins, base)
+	}
+	if getenv("BENCH_CLUSTER", "") == "1" { // 1, 2 and 3 processors on the local clusters (cluster.go)
+		return e.clusterMode(ctx)
 	}
 	defer e.deleteTopics(ctx)
 	var from string
