@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/aggregator"
 )
 
 // scenarioEvents is the input of each Redis fault scenario: enough batches that the processors
@@ -187,4 +189,111 @@ func liveSlots(t *testing.T, addr, prefix string) []int64 {
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// Scenario 2 with the processors running: the replica of a primary that holds aggregates (not the
+// batch marks) is stopped and cut from its primary, the processors write on, and as soon as the
+// primary holds writes its replica lacks it is SIGKILLed and the lagging replica promoted — well
+// inside the commit delay, so the lost writes belong to batches not yet committed. The processors
+// must find the loss before committing, consume those batches again and count them once: the
+// latest snapshots equal replay's and the dead letters are exactly the poison.
+func TestProcessorsEqualReplayAfterFailoverThatLosesWrites(t *testing.T) {
+	ctx := context.Background()
+	s := newScenario(t, 17, scenarioEvents, 3)
+	c := clusterClient(t, s.redisAddrs)
+	cleanPrefix(t, c, s.name)
+	s.produce(0)
+	s.start(3)
+	s.await(100, 2*time.Minute)
+
+	marks, err := c.MasterForKey(ctx, s.name+":{marks}:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim string
+	for _, a := range s.redisAddrs {
+		vc := redis.NewClient(&redis.Options{Addr: a})
+		info, err := vc.Info(ctx, "replication").Result()
+		vc.Close()
+		if err == nil && strings.Contains(info, "role:master") && a != marks.Options().Addr {
+			victim = a
+			break
+		}
+	}
+	if victim == "" {
+		t.Fatal("no primary without the batch marks")
+	}
+	replica := replicaOf(t, s.redisAddrs, victim)
+	_, port, _ := net.SplitHostPort(victim)
+	t.Cleanup(func() {
+		signal(t, redisPid(t, replica), syscall.SIGCONT)
+		script(t, "redis-cluster.sh", "start-node", port)
+	})
+	s.produce(1) // the processors are writing on every shard from here on
+	signal(t, redisPid(t, replica), syscall.SIGSTOP)
+	vc := redis.NewClient(&redis.Options{Addr: victim})
+	defer vc.Close()
+	if err := vc.ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Until the primary holds batch writes its replica never received: its replication offset has
+	// moved on by more than the replication pings and expiries (a batch's scripts are kilobytes)
+	// and the processors have published since the cut.
+	cut, published := replOffset(t, vc), s.seen.count()
+	deadline := time.Now().Add(30 * time.Second)
+	for replOffset(t, vc) < cut+lostBytes || s.seen.count() == published {
+		if time.Now().After(deadline) {
+			t.Fatalf("the processors wrote nothing on %s", victim)
+		}
+		s.alive()
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Then two more publications, so that a batch applied wholly after the cut has been
+	// published; bounded well inside the 2 s commit delay so that nothing lost is committed.
+	for range 2 {
+		n, until := s.seen.count(), time.Now().Add(500*time.Millisecond)
+		for s.seen.count() == n && time.Now().Before(until) {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	t.Logf("SIGKILL primary %s with writes its stopped replica %s lacks (%d snapshots so far)", victim, replica, s.seen.count())
+	signal(t, redisPid(t, victim), syscall.SIGKILL)
+	signal(t, redisPid(t, replica), syscall.SIGCONT)
+	awaitPrimary(t, replica, 30*time.Second)
+	s.produce(2) // part 1 may be consumed already: the rest of the input shows they go on
+	s.converge(3 * time.Minute)
+	// The scenario must have provoked what it is about: a processor found the loss and rewound.
+	var found []string
+	for _, p := range s.procs {
+		for _, l := range strings.Split(string(p.log.snapshot()), "\n") {
+			if strings.Contains(l, aggregator.ErrWritesLost.Error()) {
+				found = append(found, p.name+": "+l)
+			}
+		}
+	}
+	if len(found) == 0 {
+		t.Fatalf("no processor found lost writes on %s: the failover lost nothing the test could see", victim)
+	}
+	t.Logf("%d log lines report the loss, the first: %s", len(found), tail(found[0], 1))
+}
+
+// lostBytes is how far the primary's replication stream must run ahead of its held-back replica
+// before the failover: more than replication pings and key expiries, less than one batch.
+const lostBytes = 4096
+
+// replOffset returns master_repl_offset from INFO replication.
+func replOffset(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "replication").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(l, "master_repl_offset:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	t.Fatal("no master_repl_offset")
+	return 0
 }
