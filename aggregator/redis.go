@@ -508,7 +508,10 @@ func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.P
 				ch.held = append(ch.held, next)
 				continue
 			}
-			if !slices.Contains(ch.held, prev) {
+			// prev == next: this very write ran before, its reply lost and the pipeline sent
+			// again by the client; the first run replaced a held token (or a loss since then
+			// would have taken next with it), so the chain holds.
+			if prev != next && !slices.Contains(ch.held, prev) {
 				if n, _ := strconv.ParseInt(prev, 10, 64); n < ch.verified {
 					// Committed work is gone, whatever else was found first.
 					ch.broken = fmt.Errorf("%w: redis lost writes that consumer offsets were committed for (pending token of {%s} was %q, confirmed %d); "+
