@@ -187,6 +187,20 @@ func idPrefix(v url.Values) string {
 
 // listCorrections pages through the corrections of the index whose ID starts with prefix. Both
 // sources of a correction are adjacent in ID order; the cursor skips past both.
+// beginPage is begin for a paginated route: it also reads the page's cursor and size, answering
+// 400 when they are bad.
+func (a *api) beginPage(w http.ResponseWriter, req *http.Request, names, required []string) (v url.Values, after string, limit int, ok bool) {
+	if v, ok = a.begin(w, req, names, required); !ok {
+		return nil, "", 0, false
+	}
+	after, limit, err := paging(v)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error(), false)
+		return nil, "", 0, false
+	}
+	return v, after, limit, true
+}
+
 func (a *api) listCorrections(ctx context.Context, ws, prefix, after string, limit int) ([]CorrectionRef, string, error) {
 	var out []CorrectionRef
 	for len(out) < limit {
@@ -224,13 +238,8 @@ type CorrectionsPage struct {
 }
 
 func (a *api) corrections(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, scopeFields[1:], nil)
+	v, after, limit, ok := a.beginPage(w, req, scopeFields[1:], nil)
 	if !ok {
-		return
-	}
-	after, limit, err := paging(v)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), false)
 		return
 	}
 	if a.catalog == nil {
@@ -302,13 +311,8 @@ func (a *api) outcomesOf(ctx context.Context, v url.Values, after string, limit 
 }
 
 func (a *api) outcomes(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, scopeFields[1:], scopeFields[1:5])
+	v, after, limit, ok := a.beginPage(w, req, scopeFields[1:], scopeFields[1:5])
 	if !ok {
-		return
-	}
-	after, limit, err := paging(v)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), false)
 		return
 	}
 	if a.catalog == nil {
@@ -366,13 +370,8 @@ type SuitesPage struct {
 }
 
 func (a *api) suiteList(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, nil, nil)
+	v, after, limit, ok := a.beginPage(w, req, nil, nil)
 	if !ok {
-		return
-	}
-	after, limit, err := paging(v)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), false)
 		return
 	}
 	if a.catalog == nil {
@@ -435,13 +434,8 @@ func (a *api) caseTable(ctx context.Context, k suite.Key) (*suite.CaseTable, err
 }
 
 func (a *api) stability(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, []string{"suite", "version"}, []string{"suite"})
+	v, after, limit, ok := a.beginPage(w, req, []string{"suite", "version"}, []string{"suite"})
 	if !ok {
-		return
-	}
-	after, limit, err := paging(v)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), false)
 		return
 	}
 	k, s, ok := a.suiteSummary(w, req, v)
@@ -572,13 +566,8 @@ func (a *api) casesPage(ctx context.Context, k suite.Key, class, tier, after str
 }
 
 func (a *api) suiteCases(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, []string{"suite", "class", "tier"}, []string{"suite"})
+	v, after, limit, ok := a.beginPage(w, req, []string{"suite", "class", "tier"}, []string{"suite"})
 	if !ok {
-		return
-	}
-	after, limit, err := paging(v)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), false)
 		return
 	}
 	k, _, ok := a.suiteSummary(w, req, v)
@@ -700,13 +689,8 @@ func b2int(b bool) int {
 }
 
 func (a *api) moved(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, []string{"suite", "from", "to"}, []string{"suite", "from", "to"})
+	v, after, limit, ok := a.beginPage(w, req, []string{"suite", "from", "to"}, []string{"suite", "from", "to"})
 	if !ok {
-		return
-	}
-	after, limit, err := paging(v)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error(), false)
 		return
 	}
 	k, _, ok := a.suiteSummary(w, req, v)
