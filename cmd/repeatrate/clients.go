@@ -405,8 +405,25 @@ func (k *kafkaClients) committed(ctx context.Context, group string, topics []str
 	return out, nil
 }
 
-// endOffsets returns the next offset to be written of every partition of topics.
+// endOffsets returns the next offset to be written of every partition of topics. A partition
+// whose leader is moving (just created, or a broker restarting) answers with a temporary error
+// such as Not Leader For Partition: asked again for up to 5 s before giving up.
 func (k *kafkaClients) endOffsets(ctx context.Context, topics []string) (map[string]map[int]int64, error) {
+	for attempt := 1; ; attempt++ {
+		out, err := k.endOffsetsOnce(ctx, topics)
+		var ke kafka.Error
+		if err == nil || attempt == 20 || !errors.As(err, &ke) || !ke.Temporary() {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (k *kafkaClients) endOffsetsOnce(ctx context.Context, topics []string) (map[string]map[int]int64, error) {
 	parts, err := k.topicPartitions(ctx, topics)
 	if err != nil {
 		return nil, err
