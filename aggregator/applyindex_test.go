@@ -15,7 +15,7 @@ func TestApplyCommandsDoNotGrowWithHoursTouched(t *testing.T) {
 	// hour of its own. The script's writes per aggregate and batch must be a fixed handful, not a
 	// HINCRBY, an RPUSH and a PEXPIRE per hour (layout 3: about 3 per event).
 	ctx := context.Background()
-	store, client := testStore(t, "hours", RedisConfig{Retention: 30 * 24 * time.Hour})
+	store, client := ownStore(t, "hours", RedisConfig{Retention: 30 * 24 * time.Hour})
 	r := rand.New(rand.NewPCG(3, 4))
 	now := time.Now()
 	batch := func(from int) []Observation {
@@ -41,8 +41,8 @@ func TestApplyCommandsDoNotGrowWithHoursTouched(t *testing.T) {
 	for _, c := range cmds {
 		total += after[c] - before[c]
 	}
-	// 20 calls of a fixed handful each; other clients of a shared test Redis add some noise.
-	if total > 500 {
+	t.Logf("%d commands for 2000 events in 20 aggregates", total)
+	if total > 300 {
 		t.Fatalf("%d commands for 2000 events in 20 aggregates (%v → %v), want a fixed handful per aggregate", total, before, after)
 	}
 }

@@ -30,7 +30,7 @@ func TestFarApartHoursCostWhatTheyHold(t *testing.T) {
 	// An event dated 1970 and one dated today, in one aggregate: garbage collection and the id
 	// lists' TTL refresh visit the two hours that have lists, not the half million between them.
 	ctx := context.Background()
-	store, client := testStore(t, "farapart", RedisConfig{Retention: 7 * 24 * time.Hour, IdleTTL: time.Hour})
+	store, client := ownStore(t, "farapart", RedisConfig{Retention: 7 * 24 * time.Hour, IdleTTL: time.Hour})
 	model := NewModel(7 * 24 * time.Hour)
 	now := time.Now()
 	old := time.Date(1970, 1, 2, 0, 0, 0, 0, time.UTC)

@@ -89,7 +89,18 @@ func randomStreamOver(r *rand.Rand, n int, span time.Duration, jumpEvery int) []
 // (cfg.Prefix is set here), and the client it uses.
 func testStore(t testing.TB, what string, cfg RedisConfig) (*Redis, *redis.Client) {
 	t.Helper()
-	client := testenv.Redis(t)
+	return storeOn(t, testenv.Redis(t), what, cfg)
+}
+
+// ownStore is testStore on a Redis of the test's own, for tests that count commands in INFO
+// commandstats (server-wide: other packages' tests would add to them on the shared Redis).
+func ownStore(t testing.TB, what string, cfg RedisConfig) (*Redis, *redis.Client) {
+	t.Helper()
+	return storeOn(t, testenv.OwnRedis(t), what, cfg)
+}
+
+func storeOn(t testing.TB, client *redis.Client, what string, cfg RedisConfig) (*Redis, *redis.Client) {
+	t.Helper()
 	cfg.Prefix = testenv.Name(t, what)
 	testenv.CleanPrefix(t, client, cfg.Prefix)
 	store, err := NewRedis(client, cfg)

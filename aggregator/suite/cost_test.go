@@ -31,9 +31,10 @@ func scriptCommands(ctx context.Context, c *redis.Client) int64 {
 }
 
 // A batch costs what it changes, not what the suite holds: the commands Redis runs for a batch of
-// 500 new runs of one version are the same whether the version holds 500 runs or 20 000.
+// 500 new runs of one version are the same whether the version holds 500 runs or 20 000. Counted on
+// a Redis of the test's own: on the shared one, other packages' tests add to the counters.
 func TestSuiteApplyCostDoesNotGrowWithTheSuite(t *testing.T) {
-	client := testenv.Redis(t)
+	client := testenv.OwnRedis(t)
 	ctx := context.Background()
 	prefix := testenv.Name(t, "suitecost")
 	testenv.CleanPrefix(t, client, prefix)
@@ -62,7 +63,7 @@ func TestSuiteApplyCostDoesNotGrowWithTheSuite(t *testing.T) {
 		costs = append(costs, scriptCommands(ctx, client)-before)
 	}
 	first, last := costs[1], costs[len(costs)-1]
-	if last > first+first/10 {
+	if last > first+first/100 {
 		t.Fatalf("commands per batch grew with the suite: %d at 1 000 runs, %d at 20 000 (all: %v)", first, last, costs)
 	}
 	t.Logf("commands per 500-run batch: %v", costs)

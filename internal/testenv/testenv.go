@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -59,6 +61,48 @@ func Redis(t testing.TB) *redis.Client {
 		t.Fatalf("ping redis: %v", err)
 	}
 	return c
+}
+
+// OwnRedis starts a Redis of the test's own (Debian's redis-server on a unix socket, no
+// persistence) and returns a client on it; both stop when the test ends. Tests that read
+// server-wide counters (INFO commandstats) use it: on the shared test Redis the packages that
+// `go test ./...` runs in parallel add their commands to the counts.
+func OwnRedis(t testing.TB) *redis.Client {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is required under CI=true: %v", err)
+		}
+		t.Skipf("redis-server not installed (deploy/local/redis.sh installs it): %v", err)
+	}
+	// A short directory of its own: a unix socket's path is limited to about 100 bytes.
+	dir, err := os.MkdirTemp("", "rr-redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "redis.sock")
+	cmd := exec.Command(bin, "--port", "0", "--unixsocket", sock, "--dir", dir, "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
+	t.Cleanup(func() {
+		c.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.RemoveAll(dir)
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := c.Ping(context.Background()).Err()
+		if err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("own redis-server on %s did not answer in 10 s: %v", sock, err)
+		}
+	}
 }
 
 // KafkaBrokers returns the test Kafka bootstrap addresses, skipping (or failing under CI) when the
