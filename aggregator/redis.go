@@ -56,6 +56,11 @@ type RedisConfig struct {
 	// can tell that all of the batch's writes survived (docs/semantics.md#delivery). The rates
 	// store makes one of its own when it is nil; a suite store writes none then.
 	Pending *Pending
+	// WaitReplicas, when positive, makes Verify wait until that many replicas of every primary
+	// the batches wrote acknowledged the writes (Redis WAIT), for at most WaitTimeout
+	// (DefaultWaitTimeout when 0) per primary; fewer is ErrReplicasBehind and no commit.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Validate checks the configuration and fills defaults.
@@ -71,6 +76,12 @@ func (c *RedisConfig) Validate() error {
 	}
 	if c.IdleTTL == 0 {
 		c.IdleTTL = c.Retention
+	}
+	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
+		return errors.New("redis wait_replicas and wait_timeout must not be negative")
+	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
 	}
 	return nil
 }
@@ -700,15 +711,28 @@ return {1, m}
 // ErrStateLost. In the same atomic step it records commit (when the store has a Group), so that
 // CheckOffsets can later tell a loss from any process. Verify(ctx, 0, nil) only checks. Redis keeps
 // writes in order, so the last mark stands for every write before it. How durable the writes are
-// on disk is the persistence setting's business: the commit delay covers AOF everysec.
+// on disk is the persistence setting's business: the commit delay covers AOF everysec. With
+// WaitReplicas, Verify with upTo > 0 also waits until that many replicas of every primary written
+// acknowledged the writes, or returns ErrReplicasBehind (replicas.go).
 func (r *Redis) Verify(ctx context.Context, upTo int64, commit Offsets) error {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	if r.sealSeq == 0 {
 		return nil
 	}
+	wait := r.cfg.WaitReplicas > 0 && upTo > 0 // a check alone (upTo 0) commits nothing
+	var behind error
+	if wait {
+		// Before the tokens are read: a token read after the replicas acknowledged it is one that
+		// a failover from then on keeps, and one that a failover took first is found missing.
+		behind = r.waitPrimaries(ctx)
+	}
 	if err := r.cfg.Pending.checkShards(ctx, r.client, r.cfg.Prefix); err != nil {
+		// A loss comes first: the batches are applied again rather than waited for.
 		return fmt.Errorf("verify pending tokens: %w", err)
+	}
+	if behind != nil {
+		return behind
 	}
 	args := []any{strconv.FormatInt(r.sealSeq, 10)}
 	if r.cfg.Group != "" {
@@ -718,7 +742,10 @@ func (r *Redis) Verify(ctx context.Context, upTo int64, commit Offsets) error {
 			}
 		}
 	}
-	res, err := verifyScript.Run(ctx, r.client, []string{r.sealKey, r.offsetsKey()}, args...).Slice()
+	res, err := r.verifyAndWait(ctx, []string{r.sealKey, r.offsetsKey()}, args, wait)
+	if errors.Is(err, ErrReplicasBehind) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("verify batch mark: %w", err)
 	}

@@ -269,6 +269,11 @@ var ErrFatal = errors.New("fatal")
 // generation ends without committing anything pending, and the member rejoins.
 var ErrRewind = errors.New("rewind to committed offsets")
 
+// ErrNotYet marks a Verify error that only delays the commit: the work is held, but not yet as
+// durable as configured (replicas behind, say). The batches stay pending and the commit is tried
+// again; nothing is consumed again.
+var ErrNotYet = errors.New("not durable yet")
+
 // pendingCommit is a processed batch whose offsets wait for its Redis writes to become durable.
 type pendingCommit struct {
 	offsets map[string]map[int]int64
@@ -547,6 +552,12 @@ func (g *Group) commitPending(genID int32, gen committer, pending *[]pendingComm
 	vctx, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
 	err := g.handler.Verify(vctx, ps[n-1].mark, merged)
 	cancel()
+	if errors.Is(err, ErrNotYet) {
+		g.metrics.Commits.WithLabelValues("waiting").Inc()
+		g.log.Warn("commit waits: the work is not yet as durable as configured", zap.Int32("generation", genID),
+			zap.Int("pending_batches", len(ps)), zap.Error(err))
+		return true
+	}
 	if err != nil {
 		g.metrics.Commits.WithLabelValues("unverified").Inc()
 		*pending = nil

@@ -86,6 +86,8 @@ type gateStore struct {
 	model *aggregator.Model
 	gates map[string]chan struct{}
 	mark  int64
+	// behind is how many Verify calls with upTo > 0 report replicas behind before one succeeds.
+	behind int
 }
 
 func (s *gateStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
@@ -106,6 +108,11 @@ func (s *gateStore) Apply(ctx context.Context, obs []aggregator.Observation, at 
 func (s *gateStore) Seal(context.Context) (int64, error) { s.mark++; return s.mark, nil }
 
 func (s *gateStore) Verify(_ context.Context, upTo int64, commit aggregator.Offsets) error {
+	if upTo > 0 && s.behind > 0 {
+		s.behind--
+		s.tr.add("behind %d", commit["in"][0])
+		return fmt.Errorf("%w: 0 of 1 replicas", aggregator.ErrReplicasBehind)
+	}
 	s.tr.add("verify %d up to offset %d", upTo, commit["in"][0])
 	return nil
 }
@@ -369,6 +376,46 @@ func TestPipelinePublishFailureCommitsNeither(t *testing.T) {
 		last := pub.snaps[len(pub.snaps)-1].Windows.All
 		if last.Passed != 2 || last.ConfirmedRepeats != 1 {
 			t.Fatalf("last snapshot published: %+v", last)
+		}
+	})
+}
+
+// Replicas that have not acknowledged the writes yet hold the commit back without a rewind: the
+// batches stay pending, nothing is applied twice, and the commit that follows once they caught up
+// covers every batch.
+func TestPipelineCommitWaitsForReplicas(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := &trace{}
+		store := &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour), behind: 3}
+		r := newPipelineRig(t, 3, store, &gatePublisher{tr: tr})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := r.run(ctx, []kafka.Message{liveMessage(0, "a", "passed"), liveMessage(1, "b", "confirmed_repeat"), liveMessage(2, "c", "passed")})
+		if !within(tr.seen("commit 3"), time.Hour) {
+			t.Fatalf("never committed: %s (fatal %v)", tr, r.fatal)
+		}
+		cancel()
+		<-done
+		if r.fatal != nil {
+			t.Fatal(r.fatal)
+		}
+		if store.behind != 0 {
+			t.Fatalf("%d replica shortfalls left: the test tests nothing (%s)", store.behind, tr)
+		}
+		for _, b := range []string{"a", "b", "c"} {
+			n := 0
+			for _, e := range tr.events {
+				if e == "apply "+b {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Errorf("batch %s applied %d times, want once: a shortfall must not rewind (%s)", b, n, tr)
+			}
+		}
+		for i, e := range tr.events {
+			if strings.HasPrefix(e, "commit ") && !strings.HasPrefix(tr.events[i-1], "verify ") {
+				t.Errorf("%s without a successful Verify right before it: %s", e, tr)
+			}
 		}
 	})
 }

@@ -308,6 +308,8 @@ func durability(err error) error {
 		return fmt.Errorf("%w: %w", ErrFatal, err)
 	case errors.Is(err, aggregator.ErrWritesLost):
 		return fmt.Errorf("%w: %w", ErrRewind, err)
+	case errors.Is(err, aggregator.ErrReplicasBehind):
+		return fmt.Errorf("%w: %w", ErrNotYet, err)
 	}
 	return err
 }

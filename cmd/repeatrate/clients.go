@@ -317,6 +317,8 @@ func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
 		// Retries are safe: the apply script is idempotent.
 		MaxRetries:  5,
 		DialTimeout: 5 * time.Second,
+		// WAIT blocks up to its timeout before it answers.
+		ReadTimeout: max(3*time.Second, c.WaitTimeout+2*time.Second),
 	}
 	if len(c.Addrs) > 1 {
 		co := opts.Cluster()

@@ -85,6 +85,10 @@ type RedisConfig struct {
 	DB        int       `yaml:"db"`
 	KeyPrefix string    `yaml:"key_prefix"`
 	TLS       TLSConfig `yaml:"tls"`
+	// WaitReplicas, when positive, holds every offset commit until that many replicas of each
+	// primary the batches wrote acknowledged the writes (Redis WAIT), for at most WaitTimeout.
+	WaitReplicas int           `yaml:"wait_replicas"`
+	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 }
 
 // BatchConfig bounds a processing batch.
@@ -215,6 +219,9 @@ func (c *Config) Validate() error {
 	if len(c.Redis.Addrs) == 0 {
 		bad("redis.addrs: at least one address is required")
 	}
+	if c.Redis.WaitReplicas < 0 || c.Redis.WaitTimeout < 0 || (c.Redis.WaitTimeout > 0 && c.Redis.WaitTimeout < time.Millisecond) {
+		bad("redis.wait_replicas must not be negative and redis.wait_timeout must be 0 (the default, 1s) or at least 1ms")
+	}
 	if c.Retention < time.Hour {
 		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)
 	}
@@ -328,6 +335,8 @@ func (c *Config) settings() []setting {
 		str("redis-password", "Redis password (prefer the environment variable)", &c.Redis.Password),
 		num("redis-db", "Redis database (not with Cluster)", &c.Redis.DB),
 		str("redis-key-prefix", "prefix of every Redis key", &c.Redis.KeyPrefix),
+		num("redis-wait-replicas", "replicas of every primary a batch wrote that must acknowledge its writes (Redis WAIT) before its offsets are committed; 0 relies on the commit delay", &c.Redis.WaitReplicas),
+		dur("redis-wait-timeout", "how long to wait for those replicas per commit (default 1s); fewer in time means no commit yet", &c.Redis.WaitTimeout),
 		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
 		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
 		str("redis-tls-cert-file", "PEM client certificate for Redis (tls-auth-clients)", &c.Redis.TLS.CertFile),

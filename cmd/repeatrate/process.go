@@ -56,7 +56,7 @@ func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (
 	var s stores
 	// One chain of pending tokens for both stores: Seal then vouches for the suite writes too.
 	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
-		Pending: aggregator.NewPending()}
+		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout}
 	var err error
 	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
 		return s, err

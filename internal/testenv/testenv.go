@@ -9,9 +9,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,11 +64,25 @@ func Redis(t testing.TB) *redis.Client {
 	return c
 }
 
-// OwnRedis starts a Redis of the test's own (Debian's redis-server on a unix socket, no
-// persistence) and returns a client on it; both stop when the test ends. Tests that read
-// server-wide counters (INFO commandstats) use it: on the shared test Redis the packages that
-// `go test ./...` runs in parallel add their commands to the counts.
+// OwnRedis starts a Redis of the test's own and returns a client on it (see StartRedis). Tests
+// that read server-wide counters (INFO commandstats) use it: on the shared test Redis the packages
+// that `go test ./...` runs in parallel add their commands to the counts.
 func OwnRedis(t testing.TB) *redis.Client {
+	t.Helper()
+	return StartRedis(t).Client
+}
+
+// RedisServer is a redis-server process a test started.
+type RedisServer struct {
+	Addr   string
+	Client *redis.Client
+	Proc   *os.Process
+}
+
+// StartRedis starts Debian's redis-server on a free loopback port with no persistence and args
+// added to its command line (say "--replicaof", "127.0.0.1", "<port>"); it stops when the test
+// ends. Without the binary the test skips, or fails under CI=true.
+func StartRedis(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -76,31 +91,32 @@ func OwnRedis(t testing.TB) *redis.Client {
 		}
 		t.Skipf("redis-server not installed (deploy/local/redis.sh installs it): %v", err)
 	}
-	// A short directory of its own: a unix socket's path is limited to about 100 bytes.
-	dir, err := os.MkdirTemp("", "rr-redis")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "redis.sock")
-	cmd := exec.Command(bin, "--port", "0", "--unixsocket", sock, "--dir", dir, "--save", "", "--appendonly", "no")
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	dir := t.TempDir()
+	cmd := exec.Command(bin, append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", dir, "--save", "", "--appendonly", "no"}, args...)...)
 	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
 		t.Fatal(err)
 	}
-	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock})
+	s := &RedisServer{Addr: "127.0.0.1:" + port, Proc: cmd.Process}
+	s.Client = redis.NewClient(&redis.Options{Addr: s.Addr})
 	t.Cleanup(func() {
-		c.Close()
+		s.Client.Close()
+		cmd.Process.Signal(syscall.SIGCONT) // a test may have stopped it
 		cmd.Process.Kill()
 		cmd.Wait()
-		os.RemoveAll(dir)
 	})
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err := c.Ping(context.Background()).Err()
+		err := s.Client.Ping(context.Background()).Err()
 		if err == nil {
-			return c
+			return s
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("own redis-server on %s did not answer in 10 s: %v", sock, err)
+			t.Fatalf("own redis-server on %s did not answer in 10 s: %v", s.Addr, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -127,6 +128,9 @@ func TestShardFailoverThatLosesWritesIsFoundBeforeCommit(t *testing.T) {
 		{"failover between the seal and the commit", beforeCommit},
 		// Too late to re-apply: the processor must stop (rebuild), not rewind and lose silently.
 		{"failover after the commit", afterCommit},
+		// With redis.wait_replicas 1 there is no such commit: it waits for the held-back replica,
+		// and the failover's loss is found and applied again.
+		{"failover after a commit waiting for the replica", afterWaitingCommit},
 	} {
 		t.Run(tc.name, func(t *testing.T) { shardFailover(t, tc.when) })
 	}
@@ -138,6 +142,7 @@ const (
 	beforeSeal failoverAt = iota
 	beforeCommit
 	afterCommit
+	afterWaitingCommit // the store waits for one replica per primary
 )
 
 func shardFailover(t *testing.T, when failoverAt) {
@@ -147,6 +152,14 @@ func shardFailover(t *testing.T, when failoverAt) {
 	prefix := testenv.Name(t, "shardloss")
 	cleanPrefix(t, c, prefix)
 	store := newStore(t, c, prefix)
+	if when == afterWaitingCommit {
+		var err error
+		store, err = aggregator.NewRedis(c, aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour,
+			Pending: aggregator.NewPending(), WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	model := aggregator.NewModel(30 * 24 * time.Hour)
 	const n = 30
 	apply := func(b int) error {
@@ -208,6 +221,11 @@ func shardFailover(t *testing.T, when failoverAt) {
 				t.Fatalf("verify before the failover: %v", err)
 			}
 		}
+		if when == afterWaitingCommit {
+			if err := store.Verify(ctx, m, nil); !errors.Is(err, aggregator.ErrReplicasBehind) {
+				t.Fatalf("verify with the replica held back: %v, want ErrReplicasBehind (no commit)", err)
+			}
+		}
 	}
 	// The primary dies; the lagging replica is promoted without batch 1.
 	signal(t, redisPid(t, victim), syscall.SIGKILL)
@@ -218,7 +236,7 @@ func shardFailover(t *testing.T, when failoverAt) {
 	switch when {
 	case beforeSeal:
 		lost = until(t, "seal", func() error { _, err := store.Seal(ctx); return err })
-	case beforeCommit:
+	case beforeCommit, afterWaitingCommit:
 		lost = until(t, "verify", func() error { return store.Verify(ctx, 2, nil) })
 	case afterCommit:
 		// The next batch writes the shard and seals.
@@ -245,7 +263,20 @@ func shardFailover(t *testing.T, when failoverAt) {
 	if err != nil {
 		t.Fatalf("seal after applying again: %v", err)
 	}
-	if err := store.Verify(ctx, m, nil); err != nil {
+	if when == afterWaitingCommit {
+		// The promoted replica has no replica of its own until the old primary comes back as one.
+		if err := store.Verify(ctx, m, nil); !errors.Is(err, aggregator.ErrReplicasBehind) {
+			t.Fatalf("verify with the shard's only replica dead: %v, want ErrReplicasBehind", err)
+		}
+		script(t, "redis-cluster.sh", "start-node", victim[len("127.0.0.1:"):])
+		deadline := time.Now().Add(30 * time.Second)
+		for err = store.Verify(ctx, m, nil); errors.Is(err, aggregator.ErrReplicasBehind) && time.Now().Before(deadline); err = store.Verify(ctx, m, nil) {
+			time.Sleep(200 * time.Millisecond)
+		}
+	} else {
+		err = store.Verify(ctx, m, nil)
+	}
+	if err != nil {
 		t.Fatalf("verify after applying again: %v", err)
 	}
 	model.Apply(ctx, batch(1, n), t0.Add(time.Hour))
@@ -258,6 +289,75 @@ func shardFailover(t *testing.T, when failoverAt) {
 		want := model.Tally(k, t0.Add(time.Hour))
 		if got.All != want.All {
 			t.Fatalf("%s: redis %+v, model %+v", k, got.All, want.All)
+		}
+	}
+}
+
+// With redis.wait_replicas 1, no commit is verified until the replica of every primary the batches
+// wrote acknowledged the writes: a stopped replica, of a shard holding only aggregates or of the
+// one holding the batch marks, holds the commit back (ErrReplicasBehind, not a loss), and once it
+// runs again the same Verify passes. A commit can then never run ahead of every replica.
+func TestVerifyWaitsForTheReplicaOfEveryShard(t *testing.T) {
+	ctx := context.Background()
+	addrs := redisCluster(t)
+	c := clusterClient(t, addrs)
+	prefix := testenv.Name(t, "waitreplicas")
+	cleanPrefix(t, c, prefix)
+	const wait = 300 * time.Millisecond
+	store, err := aggregator.NewRedis(c, aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour,
+		Pending: aggregator.NewPending(), WaitReplicas: 1, WaitTimeout: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	b := 0
+	applySeal := func() int64 {
+		t.Helper()
+		if err := until(t, "apply", func() error { _, err := store.Apply(ctx, batch(b, n), t0.Add(time.Hour)); return err }); err != nil {
+			t.Fatal(err)
+		}
+		b++
+		var m int64
+		if err := until(t, "seal", func() (err error) { m, err = store.Seal(ctx); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if err := store.Verify(ctx, applySeal(), nil); err != nil {
+		t.Fatalf("every replica in sync: %v", err)
+	}
+	marks, err := c.MasterForKey(ctx, prefix+":{marks}:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other string
+	for i := range n {
+		m, err := c.MasterForKey(ctx, prefix+":{"+aggKey(i).String()+"}:s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := m.Options().Addr; a != marks.Options().Addr {
+			other = a
+			break
+		}
+	}
+	for _, primary := range []string{other, marks.Options().Addr} {
+		replica := replicaOf(t, addrs, primary)
+		pid := redisPid(t, replica)
+		t.Cleanup(func() { signal(t, pid, syscall.SIGCONT) })
+		signal(t, pid, syscall.SIGSTOP)
+		m := applySeal()
+		err := store.Verify(ctx, m, nil)
+		signal(t, pid, syscall.SIGCONT)
+		if !errors.Is(err, aggregator.ErrReplicasBehind) || errors.Is(err, aggregator.ErrWritesLost) || !strings.Contains(err.Error(), primary+": 0 of 1") {
+			t.Fatalf("replica %s of %s stopped: Verify returned %v, want ErrReplicasBehind naming %s", replica, primary, err, primary)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for err = store.Verify(ctx, m, nil); err != nil; err = store.Verify(ctx, m, nil) {
+			if !errors.Is(err, aggregator.ErrReplicasBehind) || time.Now().After(deadline) {
+				t.Fatalf("replica %s running again: %v", replica, err)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 }

@@ -1,0 +1,158 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrReplicasBehind means fewer replicas than RedisConfig.WaitReplicas acknowledged a batch's
+// writes in time: its offsets are not committed yet (docs/semantics.md#delivery).
+var ErrReplicasBehind = errors.New("redis replicas did not acknowledge the writes")
+
+// DefaultWaitTimeout is how long Verify waits for the replicas of each primary by default.
+const DefaultWaitTimeout = time.Second
+
+// Redis's WAIT counts the replicas that acknowledged the replication stream up to the last write
+// of the connection it runs on. The stream is one per primary and in order, so a write sent just
+// before WAIT on the same connection stands for every write that primary executed before it, from
+// any connection. waitPrimaries does that on every primary that serves a chain of pending tokens
+// (every shard a batch wrote) but the one of the batch marks, in parallel; Verify does it on the
+// marks' primary in the pipeline that checks the mark.
+
+// waitKey names the key whose write precedes WAIT on the shard of hash tag tag.
+func (t *Pending) waitKey(prefix, tag string) string {
+	return prefix + ":{" + tag + "}:wait:" + t.id
+}
+
+// shardKeys returns a key of every chain's shard, the marks' first.
+func (t *Pending) shardKeys(prefix string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keys := make([]string, len(t.tags))
+	for i, tag := range t.tags {
+		keys[i] = t.waitKey(prefix, tag)
+	}
+	return keys
+}
+
+// waitPrimaries makes sure that every write so far on the primaries serving the chains of pending
+// tokens, other than the primary of the batch marks, reached r.cfg.WaitReplicas replicas. On a
+// single Redis there is nothing to do here: the marks' primary is the only one.
+func (r *Redis) waitPrimaries(ctx context.Context) error {
+	cc, ok := r.client.(*redis.ClusterClient)
+	if !ok {
+		return nil
+	}
+	keys := r.cfg.Pending.shardKeys(r.cfg.Prefix)
+	marks, err := cc.MasterForKey(ctx, keys[0])
+	if err != nil {
+		return fmt.Errorf("find the primary of the batch marks: %w", err)
+	}
+	nodes := map[string]bool{marks.Options().Addr: true}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, key := range keys[1:] {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return fmt.Errorf("find the primary of %s: %w", key, err)
+		}
+		if addr := node.Options().Addr; !nodes[addr] {
+			nodes[addr] = true
+			wg.Go(func() {
+				if err := r.waitOn(ctx, node, func(p redis.Pipeliner) { p.Set(ctx, key, addr, time.Minute) }); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// waitOn runs write, which must write, then WAIT in one pipeline on node.
+func (r *Redis) waitOn(ctx context.Context, node redis.Cmdable, write func(redis.Pipeliner)) error {
+	var wait *redis.Cmd
+	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		write(p)
+		wait = p.Do(ctx, "WAIT", r.cfg.WaitReplicas, r.cfg.WaitTimeout.Milliseconds())
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for replicas: %w", err)
+	}
+	acked, _ := wait.Int64()
+	return r.replicasAcked(node, acked)
+}
+
+func (r *Redis) replicasAcked(node redis.Cmdable, acked int64) error {
+	if acked >= int64(r.cfg.WaitReplicas) {
+		return nil
+	}
+	addr := "redis"
+	if c, ok := node.(*redis.Client); ok {
+		addr = c.Options().Addr
+	}
+	return fmt.Errorf("%w: %s: %d of %d replicas within %v", ErrReplicasBehind, addr, acked, r.cfg.WaitReplicas, r.cfg.WaitTimeout)
+}
+
+// verifyAndWait runs the verify script and, when replicas are awaited, WAIT after it in the same
+// pipeline on the marks' primary: the script records commits (a write), so the WAIT covers the
+// record, the mark, and every write before them on that primary.
+func (r *Redis) verifyAndWait(ctx context.Context, keys []string, args []any, wait bool) ([]any, error) {
+	if !wait {
+		return verifyScript.Run(ctx, r.client, keys, args...).Slice()
+	}
+	var node redis.Cmdable = r.client
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		n, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("find the primary of the batch marks: %w", err)
+		}
+		node = n
+	}
+	// The script writes only when it records commits; a write of its own makes WAIT cover the
+	// mark's primary either way.
+	seq := strconv.FormatInt(r.sealSeq, 10)
+	waitKey := r.cfg.Pending.waitKey(r.cfg.Prefix, marksTag)
+	for attempt := 0; ; attempt++ {
+		var res *redis.Cmd
+		var wait *redis.Cmd
+		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			res = verifyScript.EvalSha(ctx, p, keys, args...)
+			p.Set(ctx, waitKey, seq, time.Minute)
+			wait = p.Do(ctx, "WAIT", r.cfg.WaitReplicas, r.cfg.WaitTimeout.Milliseconds())
+			return nil
+		})
+		if err != nil && isNoScript(res.Err()) && attempt == 0 {
+			if err := verifyScript.Load(ctx, node).Err(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		vals, err := res.Slice()
+		if err != nil {
+			return nil, err
+		}
+		if ok, _ := vals[0].(int64); ok == 1 {
+			acked, _ := wait.Int64()
+			if err := r.replicasAcked(node, acked); err != nil {
+				return nil, err
+			}
+		}
+		return vals, nil
+	}
+}
