@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"os/exec"
@@ -24,10 +25,13 @@ const scenarioEvents = 18_000
 // aggregates) is SIGKILLed; the cluster promotes its replica. The processors keep running and
 // publishing, the input goes on arriving, the old primary comes back as a replica, and in the end
 // the latest snapshot of every aggregate equals replay's and the dead letters are exactly the
-// poison.
+// poison. The processors run with redis.wait_replicas 1: while the promoted replica has no replica
+// of its own their commits wait (publishing goes on), and once the old primary is back they commit
+// the input's end.
 func TestProcessorsSurviveRedisPrimaryLossAndEqualReplay(t *testing.T) {
 	ctx := context.Background()
 	s := newScenario(t, 15, scenarioEvents, 3)
+	s.env = append(s.env, "REPEATRATE_REDIS_WAIT_REPLICAS=1")
 	c := clusterClient(t, s.redisAddrs)
 	cleanPrefix(t, c, s.name)
 	s.produce(0)
@@ -57,6 +61,12 @@ func TestProcessorsSurviveRedisPrimaryLossAndEqualReplay(t *testing.T) {
 	back = true
 	s.produce(2)
 	s.converge(3 * time.Minute)
+	s.awaitCommitted(time.Minute)
+	waited := false
+	for _, p := range s.procs {
+		waited = waited || bytes.Contains(p.log.snapshot(), []byte("commit waits"))
+	}
+	t.Logf("a processor's commit waited for a replica: %v", waited)
 }
 
 // Three processors run while `redis-cli --cluster reshard` moves slots that hold live aggregates

@@ -31,6 +31,7 @@ type scenario struct {
 	client     *kafka.Client
 	seen       *latest
 	procs      []*proc
+	env        []string // added to the processors' environment
 }
 
 // newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
@@ -132,6 +133,7 @@ func (s *scenario) start(n int) {
 		"REPEATRATE_REDIS_KEY_PREFIX="+s.name,
 		"REPEATRATE_LOG_LEVEL=info",
 	)
+	envv = append(envv, s.env...)
 	for i := range n {
 		p := &proc{name: fmt.Sprintf("run-%d", i), log: &syncBuffer{}}
 		p.cmd = exec.Command(bin, "run", "--http-addr=")
@@ -187,4 +189,47 @@ func (s *scenario) converge(within time.Duration) {
 	}
 	s.alive()
 	checkDeadLetters(s.t, s.brokers, s.topic("dlq"), s.poison)
+}
+
+// awaitCommitted waits until the group committed the end of every input partition.
+func (s *scenario) awaitCommitted(within time.Duration) {
+	s.t.Helper()
+	ctx := context.Background()
+	parts := make([]kafka.OffsetRequest, 6)
+	ids := make([]int, 6)
+	for p := range parts {
+		parts[p], ids[p] = kafka.LastOffsetOf(p), p
+	}
+	ends, err := s.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{s.topic("in"): parts}})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	want := map[int]int64{}
+	for _, p := range ends.Topics[s.topic("in")] {
+		if p.Error != nil {
+			s.t.Fatalf("end offset of partition %d: %v", p.Partition, p.Error)
+		}
+		want[p.Partition] = p.LastOffset
+	}
+	deadline := time.Now().Add(within)
+	for {
+		res, err := s.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: s.name, Topics: map[string][]int{s.topic("in"): ids}})
+		behind := fmt.Sprint(err)
+		if err == nil {
+			behind = ""
+			for _, p := range res.Topics[s.topic("in")] {
+				if p.CommittedOffset < want[p.Partition] {
+					behind += fmt.Sprintf(" partition %d at %d of %d;", p.Partition, p.CommittedOffset, want[p.Partition])
+				}
+			}
+		}
+		if behind == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the group did not commit the input's end:%s", behind)
+		}
+		s.alive()
+		time.Sleep(250 * time.Millisecond)
+	}
 }
