@@ -23,14 +23,27 @@ import (
 // and 3 processors, so every instance count gets an even share.
 const clusterPartitions = 12
 
-// clusterInstances are the processor counts the cluster mode measures, in this order.
-var clusterInstances = []int{1, 2, 3}
+// clusterVariant is one configuration the cluster mode measures: k processors, each waiting for
+// wait replicas per primary before a commit (redis.wait_replicas; 0 relies on the seal alone).
+type clusterVariant struct{ k, wait int }
+
+func (v clusterVariant) String() string {
+	if v.wait == 0 {
+		return fmt.Sprintf("instances_%d", v.k)
+	}
+	return fmt.Sprintf("instances_%d_wait_%d", v.k, v.wait)
+}
+
+// clusterVariants are what the cluster mode measures, in this order: 1, 2 and 3 processors with
+// the seal alone, then 1 and 3 with WAIT for one replica.
+var clusterVariants = []clusterVariant{{1, 0}, {2, 0}, {3, 0}, {1, 1}, {3, 1}}
 
 // clusterResult is one run of k processors in one group over the cluster input. Per-event figures
 // divide by the events processed between the moment every instance had its first batch and the
 // last batch (so group joins and the commit after the last batch are left out).
 type clusterResult struct {
 	instances  int
+	wait       int // redis.wait_replicas
 	eps        float64
 	procMicros float64   // all processors' CPU µs per event
 	primaries  []primary // per Redis primary
@@ -46,7 +59,8 @@ type primary struct {
 	callsPerEvent float64 // commands it served (INFO commandstats) per event
 }
 
-// clusterMode measures throughput with 1, 2 and 3 `repeatrate run` instances on a 12-partition
+// clusterMode measures throughput with 1, 2 and 3 `repeatrate run` instances (and 1 and 3 with
+// redis.wait_replicas 1: the cost of WAIT against the seal alone) on a 12-partition
 // input (today's shape, 20 % duplicates) at replication factor 3 on the three brokers of
 // deploy/local/kafka-cluster.sh, against the Redis Cluster of deploy/local/redis-cluster.sh
 // (BENCH_CLUSTER_KAFKA, BENCH_CLUSTER_REDIS). Each count runs BENCH_ROUNDS times with a group and
@@ -78,27 +92,27 @@ func (e *env) clusterMode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	best := map[int]clusterResult{}
+	best := map[clusterVariant]clusterResult{}
 	for round := 1; round <= e.rounds; round++ {
-		order := slices.Clone(clusterInstances)
+		order := slices.Clone(clusterVariants)
 		if round%2 == 0 {
 			slices.Reverse(order)
 		}
-		for _, k := range order {
-			r, err := e.clusterRun(ctx, in, k, redisAddrs, primaries, kafkaPIDs)
+		for _, v := range order {
+			r, err := e.clusterRun(ctx, in, v, redisAddrs, primaries, kafkaPIDs)
 			if err != nil {
 				return err
 			}
 			logf("%s", r.describe())
-			if r.eps > best[k].eps {
-				best[k] = r
+			if r.eps > best[v].eps {
+				best[v] = r
 			}
 		}
 	}
 	out := map[string]any{"mode": "cluster", "events": e.n, "partitions": clusterPartitions, "cores": e.cores, "rounds": e.rounds}
-	one := best[1].eps
-	for _, k := range clusterInstances {
-		r := best[k]
+	one := best[clusterVariant{1, 0}].eps
+	for _, v := range clusterVariants {
+		r := best[v]
 		m := map[string]any{
 			"pipeline_eps":               num(r.eps, 0),
 			"vs_one_instance":            num(r.eps/one, 3),
@@ -106,13 +120,17 @@ func (e *env) clusterMode(ctx context.Context) error {
 			"kafka_cpu_us_per_event":     num(r.kafkaMicro, 2),
 			"measured_events":            num(r.measured, 0),
 		}
+		if v.wait > 0 {
+			// The cost of WAIT against the seal alone, same instance count, same run.
+			m["vs_seal_alone"] = num(r.eps/best[clusterVariant{v.k, 0}].eps, 3)
+		}
 		var ps []map[string]any
 		for _, p := range r.primaries {
 			ps = append(ps, map[string]any{"addr": p.addr, "cpu_us_per_event": num(p.cpuMicros, 2), "commands_per_event": num(p.callsPerEvent, 3),
 				"events_per_cpu_second": num(1e6/p.cpuMicros, 0)})
 		}
 		m["redis_primaries"] = ps
-		out[fmt.Sprintf("instances_%d", k)] = m
+		out[v.String()] = m
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
@@ -123,8 +141,8 @@ func (e *env) clusterMode(ctx context.Context) error {
 }
 
 func (r clusterResult) describe() string {
-	s := fmt.Sprintf("cluster %d instance(s): %.0f events/s over %.1f s (%.0f events), processor CPU %.1f µs/event, Kafka %.1f µs/event; Redis primaries:",
-		r.instances, r.eps, r.seconds, r.measured, r.procMicros, r.kafkaMicro)
+	s := fmt.Sprintf("cluster %d instance(s), wait_replicas %d: %.0f events/s over %.1f s (%.0f events), processor CPU %.1f µs/event, Kafka %.1f µs/event; Redis primaries:",
+		r.instances, r.wait, r.eps, r.seconds, r.measured, r.procMicros, r.kafkaMicro)
 	for _, p := range r.primaries {
 		s += fmt.Sprintf(" %s %.1f µs/event %.3f cmds/event;", p.addr, p.cpuMicros, p.callsPerEvent)
 	}
@@ -196,8 +214,9 @@ func (e *env) clusterSample(ctx context.Context, pids, kafkaPIDs []int, primarie
 // clusterRun runs k processors in one new group over the input until the group has committed
 // every partition's end offset. The measured interval runs from the first moment every instance
 // has processed a batch to the last moment the processed count grew.
-func (e *env) clusterRun(ctx context.Context, in *input, k int, redisAddrs, primaries []string, kafkaPIDs []int) (clusterResult, error) {
-	name := fmt.Sprintf("%s-c%d-%d", e.run, k, time.Now().UnixNano()%1e6)
+func (e *env) clusterRun(ctx context.Context, in *input, v clusterVariant, redisAddrs, primaries []string, kafkaPIDs []int) (clusterResult, error) {
+	k := v.k
+	name := fmt.Sprintf("%s-c%d-w%d-%d", e.run, k, v.wait, time.Now().UnixNano()%1e6)
 	type instance struct {
 		cmd    *exec.Cmd
 		url    string
@@ -221,6 +240,7 @@ func (e *env) clusterRun(ctx context.Context, in *input, k int, redisAddrs, prim
 		}
 		cmd := exec.Command(e.bins[0].path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
 		cmd.Env = append(os.Environ(), e.processorEnv(name, in.topic, strings.Join(redisAddrs, ","))...)
+		cmd.Env = append(cmd.Env, fmt.Sprintf("REPEATRATE_REDIS_WAIT_REPLICAS=%d", v.wait))
 		if err := cmd.Start(); err != nil {
 			return clusterResult{}, err
 		}
@@ -274,7 +294,7 @@ func (e *env) clusterRun(ctx context.Context, in *input, k int, redisAddrs, prim
 	if n <= 0 {
 		return clusterResult{}, fmt.Errorf("cluster run %d: nothing processed after every instance joined (raise BENCH_EVENTS)", k)
 	}
-	r := clusterResult{instances: k, measured: n, seconds: last.at.Sub(first.at).Seconds(), kafkaMicro: math.NaN()}
+	r := clusterResult{instances: k, wait: v.wait, measured: n, seconds: last.at.Sub(first.at).Seconds(), kafkaMicro: math.NaN()}
 	r.eps = n / r.seconds
 	r.procMicros = (last.procCPU - first.procCPU) / n * 1e6
 	if !slices.Contains(kafkaPIDs, 0) {
