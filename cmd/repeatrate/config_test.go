@@ -61,6 +61,9 @@ func TestConfigErrors(t *testing.T) {
 		// pass@k levels are bounded so that a stability snapshot fits its record limit.
 		{"too many pass@k levels", []string{"--suite-pass-at-k", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}, "pass_at_k"},
 		{"pass@k above MaxRuns", []string{"--suite-pass-at-k", "10001"}, "pass_at_k"},
+		{"negative wait replicas", []string{"--redis-wait-replicas", "-1"}, "redis.wait_replicas"},
+		// WAIT with a timeout of 0 ms blocks forever.
+		{"wait timeout below 1ms", []string{"--redis-wait-timeout", "500us"}, "redis.wait_timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

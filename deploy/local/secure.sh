@@ -32,7 +32,7 @@ libs="$root/.cache/kafka/libs"
 # CLUSTER SLOTS is the slot map on Redis Cluster. CONFIG GET (the eviction policy check) is left out
 # on purpose: it would also read the server's secrets. test/secure keeps this list honest: it runs
 # the processor as this user and requires Redis's ACL log to hold no other refusal.
-REDIS_ACL='resetkeys ~rr:* resetchannels &rr:* -@all +ping +hello +auth +cluster|slots +evalsha +eval +script|load +time +get +set +del +exists +pexpire +pttl +persist +hget +hset +hsetnx +hdel +hmget +hgetall +hkeys +hvals +hlen +hincrby +hscan +lrange +llen +lindex +lpop +rpush +ltrim +sadd +srem +sismember +smembers +zadd +zrem +zcard +zscore +zrank +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +publish +subscribe +unsubscribe'
+REDIS_ACL='resetkeys ~rr:* resetchannels &rr:* -@all +ping +hello +auth +cluster|slots +evalsha +eval +script|load +time +get +set +del +exists +pexpire +pttl +persist +hget +hset +hsetnx +hdel +hmget +hgetall +hkeys +hvals +hlen +hincrby +hscan +lrange +llen +lindex +lpop +rpush +ltrim +sadd +srem +sismember +smembers +zadd +zrem +zcard +zscore +zrank +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank +publish +subscribe +unsubscribe +wait'
 
 rping() { redis-cli --tls --cacert "$certs/ca.pem" -h 127.0.0.1 -p "$rport" --user admin --pass "$ADMIN_PASSWORD" --no-auth-warning ping 2>/dev/null | grep -q PONG; }
 klistening() { (exec 3<>"/dev/tcp/127.0.0.1/$kport") 2>/dev/null; }
