@@ -85,17 +85,58 @@ func (r *Redis) waitOn(ctx context.Context, node redis.Cmdable, write func(redis
 	var wait *redis.Cmd
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		write(p)
-		wait = p.Do(ctx, "WAIT", r.cfg.WaitReplicas, r.cfg.WaitTimeout.Milliseconds())
+		wait = p.Do(ctx, "WAIT", r.cfg.WaitReplicas, r.waitMillis(ctx))
 		return nil
 	})
+	if err := r.moved(ctx, node, err); err != nil {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("wait for replicas: %w", err)
 	}
 	acked, _ := wait.Int64()
-	return r.replicasAcked(node, acked)
+	return r.replicasAcked(node, acked, wait)
 }
 
-func (r *Redis) replicasAcked(node redis.Cmdable, acked int64) error {
+// waitMillis is WAIT's timeout in milliseconds: WaitTimeout, but no more than half the time left
+// before ctx's deadline, so that the answer (and what Verify does after it) arrives in time — the
+// client does not cut a blocked read short at the deadline, and an answer past it is an error,
+// which the group takes for an unverified commit and consumes everything pending again — and at
+// least 1 ms: WAIT 0 blocks until the replicas acknowledged, however long that takes.
+func (r *Redis) waitMillis(ctx context.Context) int64 {
+	d := r.cfg.WaitTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(deadline)/2)
+	}
+	return max(1, d.Milliseconds())
+}
+
+// moved turns a pipeline error that says the slot is served elsewhere now (MOVED, ASK during a
+// migration, TRYAGAIN) into ErrReplicasBehind after asking the cluster client to read the slot
+// map again: the write and WAIT went to a node picked from a stale map, not through the cluster
+// client, which would have followed the redirection. Nothing is lost (the keys moved with their
+// slot, and the tokens, read through the cluster client, say so when not); the commit waits for
+// the next try. Any other error, or none, is returned as nil.
+func (r *Redis) moved(ctx context.Context, node redis.Cmdable, err error) error {
+	if err == nil {
+		return nil
+	}
+	_, isMoved := redis.IsMovedError(err)
+	_, isAsk := redis.IsAskError(err)
+	if !isMoved && !isAsk && !redis.IsTryAgainError(err) {
+		return nil
+	}
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+	addr := "redis"
+	if c, ok := node.(*redis.Client); ok {
+		addr = c.Options().Addr
+	}
+	return fmt.Errorf("%w: %s no longer serves the slot (%v); the slot map is read again", ErrReplicasBehind, addr, err)
+}
+
+func (r *Redis) replicasAcked(node redis.Cmdable, acked int64, wait *redis.Cmd) error {
 	if acked >= int64(r.cfg.WaitReplicas) {
 		return nil
 	}
@@ -103,7 +144,12 @@ func (r *Redis) replicasAcked(node redis.Cmdable, acked int64) error {
 	if c, ok := node.(*redis.Client); ok {
 		addr = c.Options().Addr
 	}
-	return fmt.Errorf("%w: %s: %d of %d replicas within %v", ErrReplicasBehind, addr, acked, r.cfg.WaitReplicas, r.cfg.WaitTimeout)
+	timeout := r.cfg.WaitTimeout
+	if args := wait.Args(); len(args) == 3 {
+		ms, _ := args[2].(int64)
+		timeout = time.Duration(ms) * time.Millisecond
+	}
+	return fmt.Errorf("%w: %s: %d of %d replicas within %v", ErrReplicasBehind, addr, acked, r.cfg.WaitReplicas, timeout)
 }
 
 // verifyAndWait runs the verify script and, when replicas are awaited, WAIT after it in the same
@@ -131,9 +177,12 @@ func (r *Redis) verifyAndWait(ctx context.Context, keys []string, args []any, wa
 		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			res = verifyScript.EvalSha(ctx, p, keys, args...)
 			p.Set(ctx, waitKey, seq, time.Minute)
-			wait = p.Do(ctx, "WAIT", r.cfg.WaitReplicas, r.cfg.WaitTimeout.Milliseconds())
+			wait = p.Do(ctx, "WAIT", r.cfg.WaitReplicas, r.waitMillis(ctx))
 			return nil
 		})
+		if err := r.moved(ctx, node, err); err != nil {
+			return nil, err
+		}
 		if err != nil && isNoScript(res.Err()) && attempt == 0 {
 			if err := verifyScript.Load(ctx, node).Err(); err != nil {
 				return nil, err
@@ -149,7 +198,7 @@ func (r *Redis) verifyAndWait(ctx context.Context, keys []string, args []any, wa
 		}
 		if ok, _ := vals[0].(int64); ok == 1 {
 			acked, _ := wait.Int64()
-			if err := r.replicasAcked(node, acked); err != nil {
+			if err := r.replicasAcked(node, acked, wait); err != nil {
 				return nil, err
 			}
 		}
