@@ -184,11 +184,11 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 	var procs []*proc
 	t.Cleanup(func() {
 		for _, p := range procs {
-			p.kill()
+			p.Kill()
 		}
 		if t.Failed() {
 			for _, p := range procs {
-				t.Logf("log of %s:\n%s", p.name, p.tail(30))
+				t.Logf("log of %s:\n%s", p.Name, p.Tail(30))
 			}
 		}
 	})
@@ -206,15 +206,12 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 		"REPEATRATE_LOG_LEVEL=info",
 	)
 	for i := range 3 {
-		p := &proc{name: fmt.Sprintf("run-%d", i), log: &syncBuffer{}}
-		p.cmd = exec.Command(bin, "run", "--http-addr=")
-		p.cmd.Env = envv
-		p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-		if err := p.cmd.Start(); err != nil {
+		cmd := exec.Command(bin, "run", "--http-addr=")
+		cmd.Env = envv
+		p, err := testenv.StartProc(fmt.Sprintf("run-%d", i), cmd)
+		if err != nil {
 			t.Fatal(err)
 		}
-		p.exited = make(chan struct{})
-		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 		procs = append(procs, p)
 	}
 
@@ -280,8 +277,8 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 			t.Fatalf("snapshots did not converge to replay: %s", why)
 		}
 		for _, p := range procs {
-			if err, exited := p.wait(0); exited {
-				t.Fatalf("%s exited: %v", p.name, err)
+			if err, exited := p.Wait(0); exited {
+				t.Fatalf("%s exited: %v", p.Name, err)
 			}
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -440,51 +437,4 @@ func (l *latest) equal(want map[string]string) (bool, string) {
 }
 
 // proc is one processor process.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    *syncBuffer
-	exited chan struct{}
-	err    error
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-func (p *proc) wait(within time.Duration) (error, bool) {
-	select {
-	case <-p.exited:
-		return p.err, true
-	case <-time.After(within):
-		return nil, false
-	}
-}
-
-func (p *proc) tail(n int) string {
-	lines := strings.Split(strings.TrimSpace(string(p.log.snapshot())), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's stdout and stderr together.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) snapshot() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}
+type proc = testenv.Proc

@@ -64,7 +64,7 @@ func TestProcessorsSurviveRedisPrimaryLossAndEqualReplay(t *testing.T) {
 	s.awaitCommitted(time.Minute)
 	waited := false
 	for _, p := range s.procs {
-		waited = waited || bytes.Contains(p.log.snapshot(), []byte("commit waits"))
+		waited = waited || bytes.Contains(p.Output(), []byte("commit waits"))
 	}
 	t.Logf("a processor's commit waited for a replica: %v", waited)
 }
@@ -279,9 +279,9 @@ func TestProcessorsEqualReplayAfterFailoverThatLosesWrites(t *testing.T) {
 	// log only says which way it went.
 	var found []string
 	for _, p := range s.procs {
-		for _, l := range strings.Split(string(p.log.snapshot()), "\n") {
+		for _, l := range strings.Split(string(p.Output()), "\n") {
 			if strings.Contains(l, aggregator.ErrWritesLost.Error()) {
-				found = append(found, p.name+": "+l)
+				found = append(found, p.Name+": "+l)
 			}
 		}
 	}

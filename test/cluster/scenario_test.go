@@ -112,11 +112,11 @@ func (s *scenario) start(n int) {
 	s.t.Helper()
 	s.t.Cleanup(func() {
 		for _, p := range s.procs {
-			p.kill()
+			p.Kill()
 		}
 		if s.t.Failed() {
 			for _, p := range s.procs {
-				s.t.Logf("log of %s:\n%s", p.name, p.tail(30))
+				s.t.Logf("log of %s:\n%s", p.Name, p.Tail(30))
 			}
 		}
 	})
@@ -135,15 +135,12 @@ func (s *scenario) start(n int) {
 	)
 	envv = append(envv, s.env...)
 	for i := range n {
-		p := &proc{name: fmt.Sprintf("run-%d", i), log: &syncBuffer{}}
-		p.cmd = exec.Command(bin, "run", "--http-addr=")
-		p.cmd.Env = envv
-		p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-		if err := p.cmd.Start(); err != nil {
+		cmd := exec.Command(bin, "run", "--http-addr=")
+		cmd.Env = envv
+		p, err := testenv.StartProc(fmt.Sprintf("run-%d", i), cmd)
+		if err != nil {
 			s.t.Fatal(err)
 		}
-		p.exited = make(chan struct{})
-		go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 		s.procs = append(s.procs, p)
 	}
 }
@@ -152,8 +149,8 @@ func (s *scenario) start(n int) {
 func (s *scenario) alive() {
 	s.t.Helper()
 	for _, p := range s.procs {
-		if err, exited := p.wait(0); exited {
-			s.t.Fatalf("%s exited: %v", p.name, err)
+		if err, exited := p.Wait(0); exited {
+			s.t.Fatalf("%s exited: %v", p.Name, err)
 		}
 	}
 }

@@ -27,7 +27,7 @@ func TestKillAndRestart(t *testing.T) {
 	kills := 0
 	for ; kills < 6; kills++ {
 		sleepRandom(r, 500*time.Millisecond, 4*time.Second)
-		p.kill()
+		p.Kill()
 		p = s.start()
 	}
 	s.converge(5 * time.Minute)
@@ -43,16 +43,16 @@ func TestRebalanceAndZombie(t *testing.T) {
 	b := s.start()
 	c := s.start()
 	time.Sleep(2 * time.Second)
-	c.signal(syscall.SIGSTOP) // a zombie: its generation ends while it is frozen
-	b.signal(syscall.SIGTERM) // one leaves cleanly
-	if err, ok := b.wait(30 * time.Second); !ok || err != nil {
+	c.Signal(syscall.SIGSTOP) // a zombie: its generation ends while it is frozen
+	b.Signal(syscall.SIGTERM) // one leaves cleanly
+	if err, ok := b.Wait(30 * time.Second); !ok || err != nil {
 		t.Fatalf("instance b did not leave cleanly: %v (exited %v)", err, ok)
 	}
 	time.Sleep(9 * time.Second) // past the 6 s session timeout
-	c.signal(syscall.SIGCONT)
+	c.Signal(syscall.SIGCONT)
 	s.start() // and one joins
 	time.Sleep(time.Second)
-	a.signal(syscall.SIGTERM)
+	a.Signal(syscall.SIGTERM)
 	s.converge(5 * time.Minute)
 	s.checkDeadLetters()
 	t.Logf("%d events: 3 instances, one left, one zombie stopped 9s past a 6s session timeout, one joined: exact", s.in.lines)
@@ -96,21 +96,21 @@ func TestRedisStateLostAndRebuild(t *testing.T) {
 	if err := rdb.FlushAll(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	err, exited := p.wait(2 * time.Minute)
+	err, exited := p.Wait(2 * time.Minute)
 	if !exited || err == nil {
 		t.Fatalf("processor did not stop on lost state (exited %v, err %v)", exited, err)
 	}
-	if log := p.tail(5); !strings.Contains(log, "redis state lost") || !strings.Contains(log, "rebuild") {
+	if log := p.Tail(5); !strings.Contains(log, "redis state lost") || !strings.Contains(log, "rebuild") {
 		t.Fatalf("the error does not say what happened and what to do:\n%s", log)
 	}
 	// Restarting without a rebuild refuses too.
 	q := s.start()
-	if err, exited := q.wait(time.Minute); !exited || err == nil || !strings.Contains(q.tail(3), "rebuild") {
+	if err, exited := q.Wait(time.Minute); !exited || err == nil || !strings.Contains(q.Tail(3), "rebuild") {
 		t.Fatalf("a restart on lost state must refuse (exited %v, err %v)", exited, err)
 	}
 	rebuild := s.run("rebuild")
-	if err, _ := rebuild.wait(5 * time.Minute); err != nil {
-		t.Fatalf("rebuild: %v\n%s", err, rebuild.tail(20))
+	if err, _ := rebuild.Wait(5 * time.Minute); err != nil {
+		t.Fatalf("rebuild: %v\n%s", err, rebuild.Tail(20))
 	}
 	s.start()
 	s.converge(5 * time.Minute)
@@ -138,14 +138,14 @@ func TestGracefulShutdown(t *testing.T) {
 	p := s.start()
 	time.Sleep(3 * time.Second)
 	began := time.Now()
-	p.signal(syscall.SIGTERM)
-	err, exited := p.wait(30 * time.Second)
+	p.Signal(syscall.SIGTERM)
+	err, exited := p.Wait(30 * time.Second)
 	if !exited || err != nil {
-		t.Fatalf("SIGTERM: exited %v, err %v\n%s", exited, err, p.tail(20))
+		t.Fatalf("SIGTERM: exited %v, err %v\n%s", exited, err, p.Tail(20))
 	}
 	took := time.Since(began)
-	if !strings.Contains(p.tail(5), `"msg":"stopped"`) {
-		t.Fatalf("no orderly stop in the log:\n%s", p.tail(10))
+	if !strings.Contains(p.Tail(5), `"msg":"stopped"`) {
+		t.Fatalf("no orderly stop in the log:\n%s", p.Tail(10))
 	}
 	s.start()
 	s.converge(5 * time.Minute)

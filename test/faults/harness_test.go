@@ -7,7 +7,6 @@
 package faults
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,7 +18,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -204,13 +202,13 @@ func newScenario(t *testing.T) *scenario {
 	go func() { s.readErr = s.seen.follow(tctx, s.brokers, s.topic("snapshots")); close(s.stopped) }()
 	t.Cleanup(func() {
 		for _, p := range s.procs {
-			p.kill()
+			p.Kill()
 		}
 		cancel()
 		<-s.stopped
 		if t.Failed() {
 			for _, p := range s.procs {
-				t.Logf("log of %s:\n%s", p.name, p.tail(40))
+				t.Logf("log of %s:\n%s", p.Name, p.Tail(40))
 			}
 		}
 	})
@@ -241,15 +239,12 @@ func (s *scenario) start() *proc { return s.startArgs("run", "--http-addr=") }
 // startArgs runs the binary with args and the scenario's configuration.
 func (s *scenario) startArgs(args ...string) *proc {
 	s.t.Helper()
-	p := &proc{name: fmt.Sprintf("%s-%d", args[0], len(s.procs)), log: &syncBuffer{}}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = s.env()
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = s.env()
+	p, err := testenv.StartProc(fmt.Sprintf("%s-%d", args[0], len(s.procs)), cmd)
+	if err != nil {
 		s.t.Fatal(err)
 	}
-	p.exited = make(chan struct{})
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 	s.procs = append(s.procs, p)
 	return p
 }
@@ -302,45 +297,7 @@ func (s *scenario) checkDeadLetters() {
 }
 
 // proc is one processor process.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    *syncBuffer
-	exited chan struct{}
-	err    error
-}
-
-func (p *proc) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		p.cmd.Process.Signal(syscall.SIGCONT)
-		p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-// wait waits for the process to exit and returns its error (nil for exit 0).
-func (p *proc) wait(within time.Duration) (error, bool) {
-	select {
-	case <-p.exited:
-		return p.err, true
-	case <-time.After(within):
-		return nil, false
-	}
-}
-
-func (p *proc) tail(n int) string {
-	sc := bufio.NewScanner(bytes.NewReader(p.log.snapshot()))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	var lines []string
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-	}
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
+type proc = testenv.Proc
 
 // latest keeps the greatest-version snapshot of every aggregate on a topic.
 type latest struct {
@@ -450,22 +407,4 @@ func needScripts(t *testing.T, script string) {
 		t.Fatalf("deploy/local/%s does not manage the running service; under CI it must", script)
 	}
 	t.Skipf("deploy/local/%s does not manage the running service", script)
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's writes and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) snapshot() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }

@@ -86,9 +86,9 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart boo
 
 	p := s.startArgs("run", "--http-addr=", fmt.Sprintf("--batch-commit-delay=%s", delay))
 	t.Cleanup(func() {
-		p.kill()
+		p.Kill()
 		if t.Failed() {
-			t.Logf("processor log:\n%s", p.tail(40))
+			t.Logf("processor log:\n%s", p.Tail(40))
 		}
 	})
 	send(50, "passed")
@@ -98,7 +98,7 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart boo
 	snaps.await(t, 50, 10)
 	time.Sleep(killAfter)
 	if restart {
-		p.kill()
+		p.Kill()
 	}
 	rs.crashAndRestart(t) // back to the 50
 	if restart {
@@ -108,11 +108,11 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart boo
 	send(5, "passed")
 
 	if stops {
-		err, exited := p.wait(time.Minute)
+		err, exited := p.Wait(time.Minute)
 		if !exited || err == nil {
 			t.Fatalf("the processor went on after Redis lost committed work (exited %v, err %v)", exited, err)
 		}
-		if log := p.tail(5); !strings.Contains(log, "redis state lost") || !strings.Contains(log, "rebuild") {
+		if log := p.Tail(5); !strings.Contains(log, "redis state lost") || !strings.Contains(log, "rebuild") {
 			t.Fatalf("the error does not say what happened and what to do:\n%s", log)
 		}
 		// Nothing computed on the lost state was published: 55 passed without the 10 confirmed.
@@ -121,8 +121,8 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart boo
 		}
 	} else {
 		snaps.await(t, 55, 10)
-		if _, exited := p.wait(0); exited {
-			t.Fatalf("the processor stopped on a loss it can recover from: %v", p.err)
+		if _, exited := p.Wait(0); exited {
+			t.Fatalf("the processor stopped on a loss it can recover from: %v", p.Err())
 		}
 	}
 	snaps.versionsNameOneContent(t)

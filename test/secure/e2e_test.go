@@ -99,8 +99,8 @@ func TestSecuredEndToEnd(t *testing.T) {
 	var got map[string]schemas.Snapshot
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if _, done := p.wait(0); done {
-			t.Fatalf("run exited: %v", p.err)
+		if _, done := p.Wait(0); done {
+			t.Fatalf("run exited: %v", p.Err())
 		}
 		checkACLLog(t, admin, s.RedisUser)
 		got = tailSnapshots(t, s, topic("snapshots"))
@@ -138,8 +138,8 @@ func TestSecuredEndToEnd(t *testing.T) {
 		t.Fatalf("GET /v1/snapshots: %d %s", resp.StatusCode, body)
 	}
 
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	if err, done := p.wait(30 * time.Second); !done || err != nil {
+	p.Signal(syscall.SIGTERM)
+	if err, done := p.Wait(30 * time.Second); !done || err != nil {
 		t.Fatalf("run after SIGTERM: exited %v, %v", done, err)
 	}
 

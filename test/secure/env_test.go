@@ -12,11 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // root is the repository, two levels above this package.
@@ -148,70 +148,23 @@ func (s services) runEnv(extra ...string) []string {
 }
 
 // proc is one processor process.
-type proc struct {
-	cmd    *exec.Cmd
-	log    *syncBuffer
-	exited chan struct{}
-	err    error
-}
+type proc = testenv.Proc
 
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(bin, args...), log: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd.Env = env
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	p, err := testenv.StartProc(args[0], cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
-		p.kill()
+		p.Kill()
 		if t.Failed() {
-			t.Logf("processor log:\n%s", p.tail(40))
+			t.Logf("processor log:\n%s", p.Tail(40))
 		}
 	})
 	return p
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-func (p *proc) wait(within time.Duration) (error, bool) {
-	select {
-	case <-p.exited:
-		return p.err, true
-	case <-time.After(within):
-		return nil, false
-	}
-}
-
-func (p *proc) tail(n int) string {
-	lines := strings.Split(strings.TrimSpace(string(p.log.snapshot())), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's stdout and stderr together.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) snapshot() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }
 
 // command runs the binary to its end and returns standard output and error apart.
