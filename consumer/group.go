@@ -274,6 +274,10 @@ var ErrRewind = errors.New("rewind to committed offsets")
 // again; nothing is consumed again.
 var ErrNotYet = errors.New("not durable yet")
 
+// notYetRetry is the least time between two tries of a commit that Verify answered with ErrNotYet;
+// CommitDelay when longer.
+const notYetRetry = time.Second
+
 // pendingCommit is a processed batch whose offsets wait for its Redis writes to become durable.
 type pendingCommit struct {
 	offsets map[string]map[int]int64
@@ -556,6 +560,12 @@ func (g *Group) commitPending(genID int32, gen committer, pending *[]pendingComm
 		g.metrics.Commits.WithLabelValues("waiting").Inc()
 		g.log.Warn("commit waits: the work is not yet as durable as configured", zap.Int32("generation", genID),
 			zap.Int("pending_batches", len(ps)), zap.Error(err))
+		// Tried again notYetRetry from now, not at once: each try may block this loop, which also
+		// applies, for the store's whole wait (Redis WAIT's timeout), or come back at once; tried
+		// after every batch and whenever due, the apply loop would keep one batch per try, or spin.
+		// The batches tried become one, so that pending stays small however long commits wait.
+		ps[n-1] = pendingCommit{offsets: merged, mark: ps[n-1].mark, ready: time.Now().Add(max(g.cfg.CommitDelay, notYetRetry))}
+		*pending = ps[n-1:]
 		return true
 	}
 	if err != nil {
