@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +20,8 @@ import (
 
 // Read-side bookkeeping kept in Redis beside the state (docs/semantics.md#read-side): an index of
 // the aggregates and suites of each workspace, a bounded history of each aggregate's snapshots,
-// and a channel that carries every published snapshot to the HTTP servers' live streams.
+// and a channel that carries the published snapshots (the latest of each subject per write of the
+// Recorder) to the HTTP servers' live streams.
 const (
 	// HistoryPoints is how many history points an aggregate keeps: one per minute (the last
 	// snapshot of that minute), so 24 hours of a busy aggregate.
@@ -55,7 +57,8 @@ func (c *Catalog) wsKey(ws, kind string) string {
 }
 func (c *Catalog) histKey(aggID string) string { return c.prefix + ":{h|" + aggID + "}" }
 
-// Channel is the Redis Pub/Sub channel that carries every recorded snapshot.
+// Channel is the Redis Pub/Sub channel that carries the recorded snapshots: one FeedEvent per
+// subject per write, its latest snapshot.
 func (c *Catalog) Channel() string { return c.prefix + ":feed" }
 
 // trimScript drops index members (KEYS[1], lexical) whose last-seen time (KEYS[2]) is before
@@ -96,58 +99,118 @@ type FeedEvent struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// record writes one batch's snapshots to the index and history and publishes them on the channel,
-// in one pipeline.
-func (c *Catalog) record(ctx context.Context, snaps []schemas.Snapshot, suites suite.Output, now time.Time) error {
+// feedHead is a FeedEvent without its data: marshalled on its own, the snapshot's JSON (already
+// compact) is appended after it, so the snapshot is encoded once and never compacted again.
+type feedHead struct {
+	Kind      string `json:"kind"`
+	Workspace string `json:"workspace"`
+	Subject   string `json:"subject"`
+	Version   string `json:"version,omitempty"`
+	ID        int64  `json:"id"`
+}
+
+// feedMessage returns the FeedEvent of head with data (compact JSON) as its "data".
+func feedMessage(head feedHead, data []byte) []byte {
+	h, _ := json.Marshal(head) // strings and an integer: cannot fail
+	msg := make([]byte, 0, len(h)+len(data)+9)
+	msg = append(msg, h[:len(h)-1]...)
+	msg = append(msg, `,"data":`...)
+	msg = append(msg, data...)
+	return append(msg, '}')
+}
+
+// indexMembersPerCommand bounds the members of one ZADD, so that a large flush sends several
+// moderate commands rather than one that holds Redis for long.
+const indexMembersPerCommand = 512
+
+// write records a coalesced set in one pipeline: each aggregate's and suite's index entries once
+// (one ZADD per workspace and index), each pending history point, and one feed event per subject
+// (its latest snapshot). trimmed maps an aggregate ID to the minute of the history point this
+// recorder last wrote for it; a point of that same minute replaces a member instead of adding
+// one, so the history cannot have grown past HistoryPoints and needs no trim. write updates
+// trimmed only when the pipeline succeeded.
+func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed map[string]int64) error {
 	ttl := c.idle.Milliseconds()
 	seen := float64(now.UnixMilli())
 	cutoff := strconv.FormatInt(now.Add(-c.idle).UnixMilli(), 10)
-	touched := map[string]bool{}
-	_, err := c.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range snaps {
-			s := &snaps[i]
-			id := s.Aggregate.ID()
-			ws := s.Aggregate.Workspace
-			p.ZAdd(ctx, c.wsKey(ws, "a"), redis.Z{Member: id})
-			p.ZAdd(ctx, c.wsKey(ws, "at"), redis.Z{Score: seen, Member: id})
-			touched[ws+"\x00a"] = true
-			pt, _ := json.Marshal(Point{Version: s.Version, ObservedAt: s.ObservedAt, All: counts(s.Windows.All),
-				Hour: counts(s.Windows.Hour), Day: counts(s.Windows.Day), Week: counts(s.Windows.Week)})
-			minute := strconv.FormatInt(s.ObservedAt.Unix()/60, 10)
+	index := map[string][]any{} // workspace + "\x00" + kind -> members
+	member := func(ws, kind, m string) {
+		k := ws + "\x00" + kind
+		index[k] = append(index[k], m)
+	}
+	_, err := c.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for i := range p.aggs {
+			a := &p.aggs[i]
+			s, id := &a.latest, a.id
+			member(s.Aggregate.Workspace, "a", id)
 			hk := c.histKey(id)
-			p.ZRemRangeByScore(ctx, hk, minute, minute)
-			p.ZAdd(ctx, hk, redis.Z{Score: float64(s.ObservedAt.Unix() / 60), Member: string(pt)})
-			p.ZRemRangeByRank(ctx, hk, 0, -HistoryPoints-1)
-			p.PExpire(ctx, hk, HistoryTTL)
+			grows := false
+			for j := range a.earlier {
+				grows = c.writePoint(ctx, pl, hk, &a.earlier[j], trimmed, id) || grows
+			}
+			grows = c.writePoint(ctx, pl, hk, s, trimmed, id) || grows
+			if grows {
+				pl.ZRemRangeByRank(ctx, hk, 0, -HistoryPoints-1)
+			}
+			pl.PExpire(ctx, hk, HistoryTTL) // always: the key may be new (lost in a failover, say)
 			data, _ := json.Marshal(s)
-			ev, _ := json.Marshal(FeedEvent{Kind: "snapshot", Workspace: ws, Subject: id, ID: s.Version, Data: data})
-			p.Publish(ctx, c.Channel(), ev)
+			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "snapshot", Workspace: s.Aggregate.Workspace,
+				Subject: id, ID: s.Version}, data))
 		}
-		for i := range suites.Discrimination {
-			d := &suites.Discrimination[i]
-			p.ZAdd(ctx, c.wsKey(d.Workspace, "s"), redis.Z{Member: d.Suite})
-			p.ZAdd(ctx, c.wsKey(d.Workspace, "st"), redis.Z{Score: seen, Member: d.Suite})
-			touched[d.Workspace+"\x00s"] = true
+		for i := range p.disc {
+			d := &p.disc[i]
+			member(d.Workspace, "s", d.Suite)
 			data, _ := json.Marshal(d)
-			ev, _ := json.Marshal(FeedEvent{Kind: "discrimination", Workspace: d.Workspace, Subject: d.Suite,
-				ID: d.ObservedAt.UnixMicro(), Data: data})
-			p.Publish(ctx, c.Channel(), ev)
+			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "discrimination", Workspace: d.Workspace,
+				Subject: d.Suite, ID: d.ObservedAt.UnixMicro()}, data))
 		}
-		for i := range suites.Stability {
-			s := &suites.Stability[i]
+		for i := range p.stab {
+			s := &p.stab[i]
 			data, _ := json.Marshal(s)
-			ev, _ := json.Marshal(FeedEvent{Kind: "stability", Workspace: s.Workspace, Subject: s.Suite, Version: s.Version,
-				ID: s.ObservedAt.UnixMicro(), Data: data})
-			p.Publish(ctx, c.Channel(), ev)
+			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "stability", Workspace: s.Workspace,
+				Subject: s.Suite, Version: s.Version, ID: s.ObservedAt.UnixMicro()}, data))
 		}
-		for k := range touched {
+		for k, members := range index {
 			ws, kind, _ := strings.Cut(k, "\x00")
-			trimScript.Eval(ctx, p, []string{c.wsKey(ws, kind), c.wsKey(ws, kind+"t")}, cutoff, ttl)
+			key, seenKey := c.wsKey(ws, kind), c.wsKey(ws, kind+"t")
+			for len(members) > 0 {
+				n := min(len(members), indexMembersPerCommand)
+				zs, ts := make([]redis.Z, n), make([]redis.Z, n)
+				for i, m := range members[:n] {
+					zs[i], ts[i] = redis.Z{Member: m}, redis.Z{Score: seen, Member: m}
+				}
+				pl.ZAdd(ctx, key, zs...)
+				pl.ZAdd(ctx, seenKey, ts...)
+				members = members[n:]
+			}
+			trimScript.Eval(ctx, pl, []string{key, seenKey}, cutoff, ttl)
 		}
 		return nil
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	for i := range p.aggs {
+		trimmed[p.aggs[i].id] = minuteOf(p.aggs[i].latest.ObservedAt)
+	}
+	return nil
 }
+
+// writePoint replaces the history point of s's minute with s and reports whether the history may
+// have grown by a member (a minute other than the one this recorder last wrote for id).
+func (c *Catalog) writePoint(ctx context.Context, pl redis.Pipeliner, hk string, s *schemas.Snapshot, trimmed map[string]int64, id string) bool {
+	pt, _ := json.Marshal(Point{Version: s.Version, ObservedAt: s.ObservedAt, All: counts(s.Windows.All),
+		Hour: counts(s.Windows.Hour), Day: counts(s.Windows.Day), Week: counts(s.Windows.Week)})
+	m := minuteOf(s.ObservedAt)
+	minute := strconv.FormatInt(m, 10)
+	pl.ZRemRangeByScore(ctx, hk, minute, minute)
+	pl.ZAdd(ctx, hk, redis.Z{Score: float64(m), Member: pt})
+	last, ok := trimmed[id]
+	return !ok || last != m
+}
+
+// minuteOf is the history minute of an observation time: Unix seconds / 60.
+func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
 
 // Page lists members of an index after a cursor: the members, and the cursor of the next page
 // ("" on the last page).
@@ -206,16 +269,120 @@ func (c *Catalog) History(ctx context.Context, aggID string) ([]Point, error) {
 	return out, nil
 }
 
+// pending is what the recorder holds between two writes, coalesced: per aggregate its latest
+// snapshot and, for each earlier minute it passed through, that minute's last snapshot (the
+// history keeps one point per minute); per suite its latest discrimination, per suite version its
+// latest stability. "Latest" is the last handed over (docs/semantics.md#read-side).
+type pending struct {
+	aggs    []pendingAggregate
+	aggAt   map[string]int // aggregate ID -> index in aggs
+	disc    []schemas.SuiteDiscrimination
+	discAt  map[string]int // workspace \x00 suite
+	stab    []schemas.SuiteStability
+	stabAt  map[string]int // workspace \x00 suite \x00 version
+	points  int            // history points held: len(aggs) + every earlier minute's
+	batches int            // batches merged since the last write, counted as dropped if it fails
+}
+
+type pendingAggregate struct {
+	id      string
+	latest  schemas.Snapshot
+	earlier []schemas.Snapshot // last snapshot of each other minute, not yet written
+}
+
+func newPending() *pending {
+	return &pending{aggAt: map[string]int{}, discAt: map[string]int{}, stabAt: map[string]int{}}
+}
+
+// size is what the bound on the pending set counts: history points and suite snapshots.
+func (p *pending) size() int { return p.points + len(p.disc) + len(p.stab) }
+
+func (p *pending) empty() bool { return p.size() == 0 }
+
+// reset empties p, keeping its memory for the next interval.
+func (p *pending) reset() {
+	clear(p.aggs) // drop references to the batches' snapshots
+	p.aggs, p.disc, p.stab = p.aggs[:0], p.disc[:0], p.stab[:0]
+	clear(p.aggAt)
+	clear(p.discAt)
+	clear(p.stabAt)
+	p.points, p.batches = 0, 0
+}
+
+// add merges one handed-over batch into p.
+func (p *pending) add(j recordJob) {
+	p.batches++
+	for i := range j.snaps {
+		p.addSnapshot(&j.snaps[i])
+	}
+	for _, d := range j.suites.Discrimination {
+		k := d.Workspace + "\x00" + d.Suite
+		if i, ok := p.discAt[k]; ok {
+			p.disc[i] = d
+			continue
+		}
+		p.discAt[k] = len(p.disc)
+		p.disc = append(p.disc, d)
+	}
+	for _, s := range j.suites.Stability {
+		k := s.Workspace + "\x00" + s.Suite + "\x00" + s.Version
+		if i, ok := p.stabAt[k]; ok {
+			p.stab[i] = s
+			continue
+		}
+		p.stabAt[k] = len(p.stab)
+		p.stab = append(p.stab, s)
+	}
+}
+
+func (p *pending) addSnapshot(s *schemas.Snapshot) {
+	id := s.Aggregate.ID()
+	i, ok := p.aggAt[id]
+	if !ok {
+		p.aggAt[id] = len(p.aggs)
+		p.aggs = append(p.aggs, pendingAggregate{id: id, latest: *s})
+		p.points++
+		return
+	}
+	a := &p.aggs[i]
+	m := minuteOf(s.ObservedAt)
+	if minuteOf(a.latest.ObservedAt) != m {
+		// The latest so far stays the last snapshot of its minute, for the history only; s
+		// replaces an earlier point of its own minute (a clock that went back), if there is one.
+		a.earlier = append(a.earlier, a.latest)
+		p.points++
+		for k := range a.earlier {
+			if minuteOf(a.earlier[k].ObservedAt) == m {
+				a.earlier = append(a.earlier[:k], a.earlier[k+1:]...)
+				p.points--
+				break
+			}
+		}
+	}
+	a.latest = *s
+}
+
 // Recorder is a Publisher that passes every batch to the next one and, once it is acknowledged,
 // hands it to a background writer that records it in the catalog. The queue is bounded: when the
-// writer falls behind, batches are dropped and counted, never waited for.
+// writer falls behind, batches are dropped and counted, never waited for. The writer coalesces:
+// it keeps the latest pending snapshot of each subject (and each earlier minute's last one for
+// the history) and writes them in one pipeline every recordInterval, or sooner when
+// recordMaxPending points are pending, so a busy aggregate costs Redis a few commands per
+// interval instead of seven per batch.
 type Recorder struct {
-	next    Publisher
-	catalog *Catalog
-	queue   chan recordJob
-	dropped prometheus.Counter
-	failed  atomic.Int64
-	log     *zap.Logger
+	next     Publisher
+	catalog  *Catalog
+	queue    chan recordJob
+	dropped  prometheus.Counter
+	failed   atomic.Int64
+	log      *zap.Logger
+	interval time.Duration
+	bound    int
+
+	mu      sync.Mutex // the writer's state below; held across a write, so writes never overlap
+	pending *pending
+	trimmed map[string]int64 // see Catalog.write
+	pruned  int64            // the minute trimmed was last pruned at
 }
 
 type recordJob struct {
@@ -223,9 +390,30 @@ type recordJob struct {
 	suites suite.Output
 }
 
+// Recorder timing and bounds.
+const (
+	// recordInterval is the longest a handed-over snapshot waits before it is written. Half a
+	// second is live for a person watching a page or a stream, far below the history's one point
+	// per minute, and at the bench's rate (about a dozen batches a second) folds five or more
+	// batches of a busy aggregate into one write.
+	recordInterval = 500 * time.Millisecond
+	// recordMaxPending writes sooner when this many history points and suite snapshots are
+	// pending (many distinct aggregates), so one pipeline stays moderate (about 3 commands and
+	// 1 KB per point) and the pending set's memory bounded.
+	recordMaxPending = 4096
+	// recordTimeout bounds one write.
+	recordTimeout = 5 * time.Second
+	// recordShutdownTimeout bounds the final write after Run's context ended.
+	recordShutdownTimeout = 2 * time.Second
+	// trimmedLimit bounds the aggregates Recorder.trimmed remembers; beyond it the map is
+	// cleared, which costs one trim per aggregate, nothing more.
+	trimmedLimit = 1 << 16
+)
+
 // NewRecorder returns a recorder in front of next; Run must run for anything to be recorded.
 func NewRecorder(next Publisher, c *Catalog, reg prometheus.Registerer, log *zap.Logger) *Recorder {
 	r := &Recorder{next: next, catalog: c, queue: make(chan recordJob, recorderQueue), log: log,
+		interval: recordInterval, bound: recordMaxPending, pending: newPending(), trimmed: map[string]int64{},
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_readside_dropped_batches_total",
 			Help: "Published batches the read side did not record (its queue was full or Redis failed)."})}
 	if reg != nil {
@@ -264,35 +452,101 @@ func (r *Recorder) PublishSuites(ctx context.Context, o suite.Output, at time.Ti
 	return nil
 }
 
-// Run records queued batches until ctx ends.
+// Run merges queued batches into the pending set and writes it every recordInterval, or sooner
+// when it reaches its bound, until ctx ends; then it writes what is queued and pending once more
+// within recordShutdownTimeout, so a graceful stop leaves the latest snapshots recorded.
 func (r *Recorder) Run(ctx context.Context) error {
+	// A write is not cut short when ctx ends (it has its own timeout): what it holds would be
+	// lost, and the final write follows it.
+	wctx := context.WithoutCancel(ctx)
+	tick := time.NewTicker(r.interval)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(wctx, recordShutdownTimeout)
+			defer cancel()
+			for r.flushOnce(fctx) {
+			}
 			return nil
 		case j := <-r.queue:
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := r.catalog.record(wctx, j.snaps, j.suites, time.Now())
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				r.dropped.Inc()
-				if r.failed.Add(1)%100 == 1 { // the backend's error, logged, at most every 100th
-					r.log.Warn("record read-side history", zap.Error(err))
-				}
+			r.mu.Lock()
+			r.pending.add(j)
+			full := r.pending.size() >= r.bound
+			r.mu.Unlock()
+			if full {
+				r.flushOnce(wctx)
 			}
+		case <-tick.C:
+			r.flushOnce(wctx)
 		}
 	}
 }
 
-// Flush records every queued batch now (tests).
-func (r *Recorder) Flush(ctx context.Context) error {
-	for {
+// flushOnce moves queued batches into the pending set until it is full or the queue empty,
+// writes the set, and reports whether batches are still queued. A failed write's batches are
+// counted as dropped and its error logged (at most every 100th).
+func (r *Recorder) flushOnce(ctx context.Context) (more bool) {
+	more, err := r.flush(ctx)
+	if err != nil && r.failed.Add(1)%100 == 1 {
+		r.log.Warn("record read-side history", zap.Error(err))
+	}
+	return more && ctx.Err() == nil
+}
+
+func (r *Recorder) flush(ctx context.Context) (more bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pending
+drain:
+	for p.size() < r.bound {
 		select {
 		case j := <-r.queue:
-			if err := r.catalog.record(ctx, j.snaps, j.suites, time.Now()); err != nil {
-				return fmt.Errorf("record: %w", err)
-			}
+			p.add(j)
 		default:
+			break drain
+		}
+	}
+	more = len(r.queue) > 0
+	if p.empty() {
+		return more, nil
+	}
+	now := time.Now()
+	if m := minuteOf(now); m != r.pruned || len(r.trimmed) > trimmedLimit {
+		r.pruneTrimmed(m)
+	}
+	wctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	if err = r.catalog.write(wctx, p, now, r.trimmed); err != nil {
+		r.dropped.Add(float64(p.batches))
+	}
+	p.reset()
+	return more, err
+}
+
+// pruneTrimmed forgets aggregates whose last written minute is more than a minute before m (their
+// next point is a new minute anyway), and everything when the map outgrew trimmedLimit.
+func (r *Recorder) pruneTrimmed(m int64) {
+	r.pruned = m
+	if len(r.trimmed) > trimmedLimit {
+		clear(r.trimmed)
+		return
+	}
+	for id, last := range r.trimmed {
+		if last < m-1 {
+			delete(r.trimmed, id)
+		}
+	}
+}
+
+// Flush writes every queued and pending snapshot now (tests; Run writes on its own).
+func (r *Recorder) Flush(ctx context.Context) error {
+	for {
+		more, err := r.flush(ctx)
+		if err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		if !more {
 			return nil
 		}
 	}
