@@ -54,27 +54,29 @@ func (r *Redis) waitPrimaries(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("find the primary of the batch marks: %w", err)
 	}
-	nodes := map[string]bool{marks.Options().Addr: true}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
+	// Every primary is found before any WAIT starts, so a lookup error leaves nothing running.
+	type target struct {
+		node *redis.Client
+		key  string
+	}
+	seen := map[string]bool{marks.Options().Addr: true}
+	var targets []target
 	for _, key := range keys[1:] {
 		node, err := cc.MasterForKey(ctx, key)
 		if err != nil {
 			return fmt.Errorf("find the primary of %s: %w", key, err)
 		}
-		if addr := node.Options().Addr; !nodes[addr] {
-			nodes[addr] = true
-			wg.Go(func() {
-				if err := r.waitOn(ctx, node, func(p redis.Pipeliner) { p.Set(ctx, key, addr, time.Minute) }); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			})
+		if addr := node.Options().Addr; !seen[addr] {
+			seen[addr] = true
+			targets = append(targets, target{node, key})
 		}
+	}
+	errs := make([]error, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			errs[i] = r.waitOn(ctx, t.node, func(p redis.Pipeliner) { p.Set(ctx, t.key, t.node.Options().Addr, time.Minute) })
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

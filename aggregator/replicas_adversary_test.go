@@ -30,7 +30,7 @@ func TestAdversaryWaitEndsByTheDeadline(t *testing.T) {
 		{"beyond the caller's deadline", 20 * time.Second, 700 * time.Millisecond, 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			primary, replica := replicated(t)
+			primary, replica := testenv.StartReplicated(t)
 			// As cmd/repeatrate builds it: reads wait for WAIT's timeout and 2 s more.
 			client := redis.NewClient(&redis.Options{Addr: primary.Addr, ReadTimeout: max(3*time.Second, tc.wait+2*time.Second)})
 			t.Cleanup(func() { client.Close() })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,32 +12,13 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
-// replicated starts a primary and a replica of it, and waits until the replica is in sync.
-func replicated(t *testing.T) (primary, replica *testenv.RedisServer) {
-	t.Helper()
-	primary = testenv.StartRedis(t, "--repl-diskless-sync-delay", "0")
-	host, port, _ := net.SplitHostPort(primary.Addr)
-	replica = testenv.StartRedis(t, "--replicaof", host, port)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info := replica.Client.Info(context.Background(), "replication").Val()
-		if strings.Contains(info, "master_link_status:up") {
-			return primary, replica
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica of %s not in sync after 10 s:\n%s", primary.Addr, info)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // With WaitReplicas, a commit is verified only once the replica acknowledged every write before
 // it: what Verify vouches for is on the replica when it returns; a stopped replica makes Verify
 // report ErrReplicasBehind (the commit waits) without calling the writes lost, and once the
 // replica is back the same Verify passes. A check alone (upTo 0) does not wait.
 func TestVerifyWaitsForReplicas(t *testing.T) {
 	ctx := context.Background()
-	primary, replica := replicated(t)
+	primary, replica := testenv.StartReplicated(t)
 	cfg := RedisConfig{Prefix: "rr", Retention: 30 * 24 * time.Hour, Group: "g", WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond}
 	store, err := NewRedis(primary.Client, cfg)
 	if err != nil {
@@ -116,7 +96,7 @@ func TestVerifyWaitsForReplicas(t *testing.T) {
 // cache (a restart, SCRIPT FLUSH) still verifies.
 func TestVerifyAndWaitLoadsTheScript(t *testing.T) {
 	ctx := context.Background()
-	primary, _ := replicated(t)
+	primary, _ := testenv.StartReplicated(t)
 	store, err := NewRedis(primary.Client, RedisConfig{Prefix: "rr", Retention: time.Hour, WaitReplicas: 1})
 	if err != nil {
 		t.Fatal(err)

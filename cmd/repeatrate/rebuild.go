@@ -61,6 +61,10 @@ func rebuildCommand(ctx context.Context, args []string, getenv func(string) stri
 // resume the new namespace from the old committed offsets and apply again messages it already
 // holds: harmless only because applying is idempotent and outputs carry deterministic ids, and
 // dependent on the group's start offset for partitions that had no committed offset.
+// rebuildReplicaWait bounds how long a rebuild waits for redis.wait_replicas replicas to
+// acknowledge the rebuilt state before it gives up (nothing committed, nothing cut over).
+const rebuildReplicaWait = 2 * time.Minute
+
 func rebuild(ctx context.Context, cfg Config, log *zap.Logger) error {
 	return rebuildShowing(ctx, cfg, log, io.Discard)
 }
@@ -276,8 +280,22 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 	}
 	// The offsets about to be committed are recorded beside the rebuilt state, as the processor
 	// records its commits, so a later loss of the rebuilt state is caught too.
-	if err := store.Verify(ctx, mark, end); err != nil {
-		return fmt.Errorf("rebuild: %w; run the rebuild again", err)
+	// With redis.wait_replicas, replicas that lag behind the bulk of rebuilt writes are waited for,
+	// up to rebuildReplicaWait; a loss or any other failure ends the rebuild at once.
+	for waited := time.Duration(0); ; waited += time.Second {
+		err := store.Verify(ctx, mark, end)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, aggregator.ErrReplicasBehind) || waited >= rebuildReplicaWait {
+			return fmt.Errorf("rebuild: %w; run the rebuild again", err)
+		}
+		log.Warn("rebuilt state not yet on enough replicas; waiting", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
 	}
 	// A processor that joined after the check above and committed meanwhile published from the
 	// old state, beyond what the versions were seeded from: start over rather than guess.

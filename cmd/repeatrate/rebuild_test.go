@@ -11,12 +11,14 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/consumer"
@@ -466,5 +468,46 @@ func TestRebuildJudgesFutureEventsByMessageTimeUpToItsStart(t *testing.T) {
 	}
 	if passed != int64(wantPassed) || len(dead) != wantDL {
 		t.Errorf("rebuilt snapshot counts %d passed with %d dead letters, want %d and %d", passed, len(dead), wantPassed, wantDL)
+	}
+}
+
+// With redis.wait_replicas, a rebuild whose replica lags (stopped for a few seconds) waits for it
+// rather than failing: the rebuilt state is committed once the replica acknowledged it.
+func TestRebuildWaitsForAReplicaThatLags(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newRebuildFixture(ctx, t)
+	cfg, kc := f.cfg, f.kc
+	primary, replica := testenv.StartReplicated(t)
+	cfg.Redis.Addrs = []string{primary.Addr}
+	cfg.Redis.WaitReplicas, cfg.Redis.WaitTimeout = 1, 100*time.Millisecond
+	w := kc.writer(cfg.Kafka.InputTopics[0])
+	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte(liveAt("o1", time.Now().Add(-time.Minute)))}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+
+	if err := replica.Proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.AfterFunc(3*time.Second, func() { replica.Proc.Signal(syscall.SIGCONT) })
+	defer resumed.Stop()
+	core, logs := observer.New(zap.WarnLevel)
+	begin := time.Now()
+	if err := rebuild(ctx, cfg, zap.New(core)); err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	if took := time.Since(begin); took < 3*time.Second {
+		t.Fatalf("the rebuild ended after %v, before the replica was running again", took)
+	}
+	if n := logs.FilterMessageSnippet("not yet on enough replicas").Len(); n == 0 {
+		t.Fatal("no wait for the replica was logged")
+	}
+	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := committed[cfg.Kafka.InputTopics[0]]; got[0]+got[1] != 1 {
+		t.Fatalf("committed %v, want the one message's offset", committed)
 	}
 }

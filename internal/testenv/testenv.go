@@ -121,6 +121,32 @@ func StartRedis(t testing.TB, args ...string) *RedisServer {
 	}
 }
 
+// StartReplicated starts a primary (StartRedis) and a replica of it, and returns once the
+// primary counts the replica: a write and WAIT on one connection see it acknowledged (the primary
+// counts a replica only after its first acknowledgement, up to a second after the link is up).
+func StartReplicated(t testing.TB) (primary, replica *RedisServer) {
+	t.Helper()
+	primary = StartRedis(t, "--repl-diskless-sync-delay", "0")
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	replica = StartRedis(t, "--replicaof", host, port)
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var wait *redis.Cmd
+		primary.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, "replicated", "1", 0)
+			wait = p.Do(ctx, "WAIT", 1, 100)
+			return nil
+		})
+		if n, _ := wait.Int64(); n == 1 {
+			return primary, replica
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica of %s not in sync after 10 s:\n%s", primary.Addr, replica.Client.Info(ctx, "replication").Val())
+		}
+	}
+}
+
 // KafkaBrokers returns the test Kafka bootstrap addresses, skipping (or failing under CI) when the
 // broker is down.
 func KafkaBrokers(t testing.TB) []string {
