@@ -99,8 +99,9 @@ type FeedEvent struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// feedHead is a FeedEvent without its data: marshalled on its own, the snapshot's JSON (already
-// compact) is appended after it, so the snapshot is encoded once and never compacted again.
+// feedHead is a FeedEvent without its data: marshalled on its own, the data's JSON (compact) is
+// appended after it, so a snapshot is encoded once, straight into the message, and never
+// compacted again as a json.RawMessage would be.
 type feedHead struct {
 	Kind      string `json:"kind"`
 	Workspace string `json:"workspace"`
@@ -109,14 +110,26 @@ type feedHead struct {
 	ID        int64  `json:"id"`
 }
 
+// feedOpen returns head's FeedEvent up to its "data" value, with room for size more bytes; the
+// caller appends the data (compact JSON) and a closing '}'.
+func feedOpen(head feedHead, size int) []byte {
+	h, _ := json.Marshal(head) // strings and an integer: cannot fail
+	msg := make([]byte, 0, len(h)+9+size)
+	msg = append(msg, h[:len(h)-1]...)
+	return append(msg, `,"data":`...)
+}
+
 // feedMessage returns the FeedEvent of head with data (compact JSON) as its "data".
 func feedMessage(head feedHead, data []byte) []byte {
-	h, _ := json.Marshal(head) // strings and an integer: cannot fail
-	msg := make([]byte, 0, len(h)+len(data)+9)
-	msg = append(msg, h[:len(h)-1]...)
-	msg = append(msg, `,"data":`...)
-	msg = append(msg, data...)
-	return append(msg, '}')
+	return append(append(feedOpen(head, len(data)), data...), '}')
+}
+
+// snapshotMessage returns s's FeedEvent, or false for a snapshot encoding/json refuses (a NaN
+// rate), which the feed cannot carry.
+func snapshotMessage(s *schemas.Snapshot, id string) ([]byte, bool) {
+	msg, err := s.AppendJSON(feedOpen(feedHead{Kind: "snapshot", Workspace: s.Aggregate.Workspace, Subject: id,
+		ID: s.Version}, 1024))
+	return append(msg, '}'), err == nil
 }
 
 // indexMembersPerCommand bounds the members of one ZADD, so that a large flush sends several
@@ -153,9 +166,9 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 				pl.ZRemRangeByRank(ctx, hk, 0, -HistoryPoints-1)
 			}
 			pl.PExpire(ctx, hk, HistoryTTL) // always: the key may be new (lost in a failover, say)
-			data, _ := json.Marshal(s)
-			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "snapshot", Workspace: s.Aggregate.Workspace,
-				Subject: id, ID: s.Version}, data))
+			if msg, ok := snapshotMessage(s, id); ok {
+				pl.Publish(ctx, c.Channel(), msg)
+			}
 		}
 		for i := range p.disc {
 			d := &p.disc[i]
