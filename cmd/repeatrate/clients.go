@@ -104,7 +104,11 @@ func (k *kafkaClients) writer(topic string) *kafka.Writer {
 		Topic:        topic,
 		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
-		BatchSize:    5000,
+		// kafka-go gives every new batch a slice of BatchSize messages up front (about 160 bytes
+		// each, zeroed), per partition and publish: 5 000 cost 7 % of the processor's CPU in
+		// clearing memory. A publish of more messages to one partition goes out in several
+		// batches, still in one WriteMessages call.
+		BatchSize:    1000,
 		BatchBytes:   k.batchBytes(topic),
 		BatchTimeout: 2 * time.Millisecond,
 		WriteTimeout: 30 * time.Second,
