@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -53,7 +54,10 @@ func (c DecoderConfig) Validate() error {
 
 // Decoder turns Kafka messages into validated events. It is safe for concurrent use.
 type Decoder struct {
-	cfg DecoderConfig
+	cfg    DecoderConfig
+	parser *schemas.Parser
+	// sources holds source attributes accepted by the fast path: producers repeat them.
+	sources sourceTable
 }
 
 // NewDecoder returns a decoder with the given limits.
@@ -61,7 +65,7 @@ func NewDecoder(cfg DecoderConfig) (*Decoder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Decoder{cfg: cfg}, nil
+	return &Decoder{cfg: cfg, parser: schemas.NewParser(cfg.Limits)}, nil
 }
 
 const (
@@ -79,13 +83,16 @@ func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "message is %d bytes, limit %d", size, d.cfg.MaxMessageBytes)
 	}
 	var a attributes
-	if ct := header(m, headerContentType); !strings.HasPrefix(strings.ToLower(ct), structuredType) && header(m, headerPrefix+"specversion") != "" {
-		e, err := binaryEvent(m, ct)
+	if ct := headerValue(m, headerContentType); !structuredMode(ct) && len(headerValue(m, headerPrefix+"specversion")) > 0 {
+		e, err := binaryEvent(m, string(ct))
 		if err != nil {
 			return Event{}, err
 		}
 		a = attributesOf(e)
 	} else {
+		if ev, ok := d.fastEvent(m.Value, now); ok {
+			return ev, nil
+		}
 		var err error
 		if a, err = structuredEvent(m.Value); err != nil {
 			return Event{}, err
@@ -99,6 +106,9 @@ func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
 func (d *Decoder) DecodeStructured(value []byte, now time.Time) (Event, error) {
 	if len(value) > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "event is %d bytes, limit %d", len(value), d.cfg.MaxMessageBytes)
+	}
+	if ev, ok := d.fastEvent(value, now); ok {
+		return ev, nil
 	}
 	a, err := structuredEvent(value)
 	if err != nil {
@@ -128,13 +138,13 @@ func (d *Decoder) data(e attributes, now time.Time) (Event, error) {
 	out := Event{ID: e.id, Source: e.source, Type: e.typ}
 	switch e.typ {
 	case schemas.TypeLiveAttempt:
-		a, err := schemas.ParseLiveAttempt(e.data, now, d.cfg.Limits)
+		a, err := d.parser.LiveAttempt(e.data, now)
 		if err != nil {
 			return Event{}, err
 		}
 		out.Live = &a
 	case schemas.TypeEvalResult:
-		r, err := schemas.ParseEvalResult(e.data, now, d.cfg.Limits)
+		r, err := d.parser.EvalResult(e.data, now)
 		if err != nil {
 			return Event{}, err
 		}
@@ -292,6 +302,236 @@ func fastStructured(value []byte) (a attributes, ok bool) {
 	}
 	return a, true
 }
+
+// fastEvent decodes the usual structured event in one pass, without the SDK or reflection: the
+// attributes fastStructured reads, each a string without escapes (or null where fastStructured
+// allows it), then object data of a type repeatrate consumes, which the schemas parser reads.
+// ok is false for anything else and for every invalid event: the caller decodes it the full
+// way, which words the error. What it accepts decodes to the same event either way
+// (TestFastEventAgrees, FuzzFastEventAgrees); docs/semantics.md describes what is accepted.
+func (d *Decoder) fastEvent(value []byte, now time.Time) (Event, bool) {
+	value = bytes.TrimSpace(value)
+	if !utf8.Valid(value) {
+		return Event{}, false
+	}
+	var (
+		ev   Event
+		data []byte
+		seen int
+	)
+	i := skipSpace(value, 0)
+	if i >= len(value) || value[i] != '{' {
+		return Event{}, false
+	}
+	for i++; ; {
+		name, j, ok := plainString(value, skipSpace(value, i))
+		if !ok {
+			return Event{}, false
+		}
+		k := envelopeKey(name)
+		if k < 0 || seen&(1<<k) != 0 {
+			return Event{}, false
+		}
+		seen |= 1 << k
+		if i = skipSpace(value, j); i >= len(value) || value[i] != ':' {
+			return Event{}, false
+		}
+		i = skipSpace(value, i+1)
+		if k == keyData {
+			if i >= len(value) || value[i] != '{' {
+				return Event{}, false
+			}
+			// The usual event names its type first: its data is read in the same pass.
+			var end int
+			switch ev.Type {
+			case schemas.TypeLiveAttempt:
+				var a schemas.LiveAttempt
+				if a, end, ok = d.parser.LiveAttemptAt(value, i, now); ok {
+					ev.Live = &a
+				}
+			case schemas.TypeEvalResult:
+				var r schemas.EvalResult
+				if r, end, ok = d.parser.EvalResultAt(value, i, now); ok {
+					ev.Eval = &r
+				}
+			default:
+				ok = false
+			}
+			if !ok {
+				if end, ok = skipValue(value, i); !ok {
+					return Event{}, false
+				}
+				data = value[i:end]
+			}
+			i = end
+		} else if k >= keySubject && i+4 <= len(value) && string(value[i:i+4]) == "null" {
+			// Optional attributes may be null: absent.
+			i += 4
+		} else {
+			s, j, ok := plainString(value, i)
+			if !ok || len(s) == 0 {
+				return Event{}, false
+			}
+			i = j
+			switch k {
+			case keySpecVersion:
+				ok = string(s) == event.CloudEventsVersionV1
+			case keyID:
+				ev.ID = string(s)
+			case keySource:
+				ev.Source, ok = d.source(s)
+			case keyType:
+				switch string(s) {
+				case schemas.TypeLiveAttempt:
+					ev.Type = schemas.TypeLiveAttempt
+				case schemas.TypeEvalResult:
+					ev.Type = schemas.TypeEvalResult
+				default:
+					ok = false
+				}
+			case keyTime:
+				if _, ok = schemas.ParseRFC3339(s); !ok {
+					_, err := time.Parse(time.RFC3339Nano, string(s))
+					ok = err == nil
+				}
+			case keyDataContentType:
+				ok = string(s) == event.ApplicationJSON || isJSON(string(s))
+			}
+			if !ok {
+				return Event{}, false
+			}
+		}
+		i = skipSpace(value, i)
+		if i < len(value) && value[i] == ',' {
+			i++
+			continue
+		}
+		if i >= len(value) || value[i] != '}' || skipSpace(value, i+1) != len(value) {
+			return Event{}, false
+		}
+		break
+	}
+	const needed = 1<<keySpecVersion | 1<<keyID | 1<<keySource | 1<<keyType | 1<<keyData
+	if seen&needed != needed {
+		return Event{}, false
+	}
+	if ev.Live != nil || ev.Eval != nil {
+		return ev, true
+	}
+	var err error
+	if ev.Type == schemas.TypeLiveAttempt {
+		var a schemas.LiveAttempt
+		if a, err = d.parser.LiveAttempt(data, now); err == nil {
+			ev.Live = &a
+		}
+	} else {
+		var r schemas.EvalResult
+		if r, err = d.parser.EvalResult(data, now); err == nil {
+			ev.Eval = &r
+		}
+	}
+	return ev, err == nil
+}
+
+// The indexes of envelopeKeys.
+const (
+	keySpecVersion = iota
+	keyID
+	keySource
+	keyType
+	keySubject
+	keyTime
+	keyDataContentType
+	keyData
+)
+
+// envelopeKey returns the index of name in envelopeKeys, or -1.
+func envelopeKey(name []byte) int {
+	switch string(name) {
+	case "specversion":
+		return keySpecVersion
+	case "id":
+		return keyID
+	case "source":
+		return keySource
+	case "type":
+		return keyType
+	case "subject":
+		return keySubject
+	case "time":
+		return keyTime
+	case "datacontenttype":
+		return keyDataContentType
+	case "data":
+		return keyData
+	}
+	return -1
+}
+
+// plainString reads the JSON string at b[i:] that has no escape and no control character (the
+// caller checked b is valid UTF-8): its contents and the index after it.
+func plainString(b []byte, i int) (s []byte, end int, ok bool) {
+	if i >= len(b) || b[i] != '"' {
+		return nil, 0, false
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			return b[i+1 : j], j + 1, true
+		case c == '\\' || c < 0x20:
+			return nil, 0, false
+		}
+	}
+	return nil, 0, false
+}
+
+// source returns the source attribute s as a string when it is a URI reference the SDK keeps
+// unchanged (fastStructured's rule), the decoder's copy when it accepted s before.
+func (d *Decoder) source(s []byte) (string, bool) {
+	if src, ok := d.sources.get(s); ok {
+		return src, true
+	}
+	src := string(s)
+	if u, err := url.Parse(src); err != nil || u.String() != src {
+		return "", false
+	}
+	d.sources.put(src)
+	return src, true
+}
+
+// sourceSlots is the size of a decoder's table of accepted sources: a few producers' worth. A
+// miss costs only the url.Parse a hit saves.
+const sourceSlots = 64
+
+// sourceTable remembers accepted sources, one per slot of a hash of their bytes; each slot is an
+// immutable string replaced whole, so readers need no lock.
+type sourceTable struct {
+	slots [sourceSlots]atomic.Pointer[string]
+}
+
+func (t *sourceTable) slot(b []byte) *atomic.Pointer[string] {
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return &t.slots[h%sourceSlots]
+}
+
+func (t *sourceTable) get(b []byte) (string, bool) {
+	if p := t.slot(b).Load(); p != nil && *p == string(b) {
+		return *p, true
+	}
+	return "", false
+}
+
+func (t *sourceTable) put(s string) {
+	if len(s) <= maxSourceCached {
+		t.slot([]byte(s)).Store(&s)
+	}
+}
+
+// maxSourceCached is the longest source remembered; longer ones are checked every time.
+const maxSourceCached = 1024
 
 func structuredEvent(value []byte) (attributes, error) {
 	lead := len(value) - len(bytes.TrimLeftFunc(value, unicode.IsSpace))
@@ -546,6 +786,28 @@ func isJSON(ct string) bool {
 	ct, _, _ = strings.Cut(ct, ";")
 	ct = strings.ToLower(strings.TrimSpace(ct))
 	return ct == "application/json" || ct == "text/json" || strings.HasSuffix(ct, "+json")
+}
+
+// headerValue returns the value of m's first header named name (any case), nil when none is.
+func headerValue(m *kafka.Message, name string) []byte {
+	for _, h := range m.Headers {
+		if strings.EqualFold(h.Key, name) {
+			return h.Value
+		}
+	}
+	return nil
+}
+
+// structuredMode reports whether the content type ct is application/cloudevents*, in any case
+// (strings.ToLower's), without converting the usual, ASCII ct.
+func structuredMode(ct []byte) bool {
+	n := min(len(ct), len(structuredType))
+	for _, c := range ct[:n] {
+		if c >= utf8.RuneSelf {
+			return strings.HasPrefix(strings.ToLower(string(ct)), structuredType)
+		}
+	}
+	return n == len(structuredType) && bytes.EqualFold(ct[:n], []byte(structuredType))
 }
 
 func header(m *kafka.Message, name string) string {
