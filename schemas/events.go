@@ -530,8 +530,45 @@ var (
 // left to the decoder.
 const maxSkipDepth = 32
 
+// LiveAttemptAt reads the live-attempt data that starts at b[i] (a JSON object, maybe after white
+// space) the fast way, as LiveAttempt would read it, and returns the index after it. ok is false
+// when the fast way cannot take it (an invalid event, or a form it leaves to the full decoder):
+// the caller then finds the object's end itself and asks LiveAttempt.
+func (p *Parser) LiveAttemptAt(b []byte, i int, now time.Time) (a LiveAttempt, end int, ok bool) {
+	s := scanner{b: b, i: i}
+	if a, ok = liveAt(&s, now, p.lim, &p.strs); !ok {
+		return LiveAttempt{}, 0, false
+	}
+	return a, s.i, true
+}
+
+// EvalResultAt is LiveAttemptAt for eval-result data.
+func (p *Parser) EvalResultAt(b []byte, i int, now time.Time) (r EvalResult, end int, ok bool) {
+	s := scanner{b: b, i: i}
+	if r, ok = evalAt(&s, now, p.lim, &p.strs); !ok {
+		return EvalResult{}, 0, false
+	}
+	return r, s.i, true
+}
+
 func fastLive(data []byte, now time.Time, lim Limits, t *internTable) (LiveAttempt, bool) {
 	s := scanner{b: bytes.TrimSpace(data)}
+	if a, ok := liveAt(&s, now, lim, t); ok && s.end() {
+		return a, true
+	}
+	return LiveAttempt{}, false
+}
+
+func fastEval(data []byte, now time.Time, lim Limits, t *internTable) (EvalResult, bool) {
+	s := scanner{b: bytes.TrimSpace(data)}
+	if r, ok := evalAt(&s, now, lim, t); ok && s.end() {
+		return r, true
+	}
+	return EvalResult{}, false
+}
+
+// liveAt reads live-attempt data, an object, at s.
+func liveAt(s *scanner, now time.Time, lim Limits, t *internTable) (LiveAttempt, bool) {
 	var (
 		a        LiveAttempt
 		occ, asd []byte
@@ -573,7 +610,7 @@ func fastLive(data []byte, now time.Time, lim Limits, t *internTable) (LiveAttem
 		seen |= bit
 		return ok
 	})
-	if !ok || !s.end() || seen&(1<<0|1<<6) != 1<<0|1<<6 || !validScope(&a.Scope) ||
+	if !ok || seen&(1<<0|1<<6) != 1<<0|1<<6 || !validScope(&a.Scope) ||
 		!identity(a.OpportunityID) || !identity(a.CorrectionID) {
 		return LiveAttempt{}, false
 	}
@@ -583,8 +620,8 @@ func fastLive(data []byte, now time.Time, lim Limits, t *internTable) (LiveAttem
 	return a, true
 }
 
-func fastEval(data []byte, now time.Time, lim Limits, t *internTable) (EvalResult, bool) {
-	s := scanner{b: bytes.TrimSpace(data)}
+// evalAt reads eval-result data, an object, at s.
+func evalAt(s *scanner, now time.Time, lim Limits, t *internTable) (EvalResult, bool) {
 	var (
 		r        EvalResult
 		occ, asd []byte
@@ -648,7 +685,7 @@ func fastEval(data []byte, now time.Time, lim Limits, t *internTable) (EvalResul
 		return ok
 	})
 	const needed = 1<<0 | 1<<4 | 1<<5 | 1<<6 | 1<<7
-	if !ok || !s.end() || seen&needed != needed || !validScope(&r.Scope) ||
+	if !ok || seen&needed != needed || !validScope(&r.Scope) ||
 		r.Suite == "" || r.CaseID == "" || r.Version == "" || !bounded1(r.Suite) || !bounded1(r.CaseID) || !bounded1(r.Version) ||
 		!bounded1(r.CorrectionID) || !bounded1(r.OpportunityID) || (r.CorrectionID == "") != (r.OpportunityID == "") ||
 		r.Runs > MaxRuns || r.RunIndex >= r.Runs || (r.Score != nil && !(*r.Score >= 0 && *r.Score <= 1)) {
