@@ -308,7 +308,7 @@ func fastStructured(value []byte) (a attributes, ok bool) {
 // allows it), then object data of a type repeatrate consumes, which the schemas parser reads.
 // ok is false for anything else and for every invalid event: the caller decodes it the full
 // way, which words the error. What it accepts decodes to the same event either way
-// (TestFastEventAgrees, FuzzFastEventAgrees); docs/semantics.md describes what is accepted.
+// (TestFastEventAgrees, FuzzFastEventAgrees); what is valid: docs/semantics.md#validation.
 func (d *Decoder) fastEvent(value []byte, now time.Time) (Event, bool) {
 	value = bytes.TrimSpace(value)
 	if !utf8.Valid(value) {

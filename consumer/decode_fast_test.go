@@ -3,10 +3,13 @@ package consumer
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode"
@@ -368,4 +371,36 @@ func FuzzFastEventAgrees(f *testing.F) {
 			sameDecode(t, value, got, want, gotErr, wantErr)
 		}
 	})
+}
+
+// TestDecoderConcurrent: one decoder shared by goroutines whose events have sources and scopes
+// that compete for the same slots of its tables decodes each as the reference does (run with
+// -race to check the tables' sharing).
+func TestDecoderConcurrent(t *testing.T) {
+	d := newTestDecoder(t)
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				n := strconv.Itoa((g*7 + i) % 200)
+				v := strings.NewReplacer(`"source":"src"`, `"source":"producer-`+n+`"`, `"workspace":"w"`, `"workspace":"ws-`+n+`"`,
+					`"correction_id":"fix"`, `"correction_id":"fix-`+n+`"`).Replace(structured)
+				m := kafka.Message{Value: []byte(v)}
+				got, gotErr := d.Decode(&m, now)
+				want, wantErr := d.refDecode(&m, now)
+				if gotErr != nil || wantErr != nil || !reflect.DeepEqual(got, want) || got.Source != "producer-"+n || got.Live.Scope.Workspace != "ws-"+n {
+					errs <- fmt.Sprintf("%s: %+v %v, want %+v %v", v, got, gotErr, want, wantErr)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
 }

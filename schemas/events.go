@@ -517,7 +517,7 @@ func (p *Parser) EvalResult(data []byte, now time.Time) (EvalResult, error) {
 // form of time's own RFC 3339 fast path, and every check of the data passed. Anything else, and
 // every invalid event, is left to the decoder above (ok false), which words the error: so an
 // input decodes to the same event, or the same error, either way (FuzzFastDataAgrees holds them to
-// that). Rules: docs/semantics.md#limits.
+// that). What is valid: docs/semantics.md#validation.
 
 // The member names of each data type, for shadows.
 var (
@@ -924,6 +924,12 @@ func (s *scanner) str() (raw []byte, esc, ok bool) {
 	i++
 	start := i
 	for i < len(b) {
+		for i < len(b) && plainByte[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			break
+		}
 		switch c := b[i]; {
 		case c == '"':
 			s.i = i + 1
@@ -958,6 +964,14 @@ func (s *scanner) str() (raw []byte, esc, ok bool) {
 	}
 	return nil, false, false
 }
+
+// plainByte marks the bytes a string holds as they are: printable ASCII but '"' and '\\'.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // literal reads lit (true, false or null) if it is next.
 func (s *scanner) literal(lit string) bool {
