@@ -358,6 +358,7 @@ func TestFastDataAgrees(t *testing.T) {
 		{"not an object", `[` + validLive + `]`, false, false},
 		{"empty object", `{}`, false, false},
 		{"correction without opportunity", eval(`"opportunity_id":"refund-17/v12/3",`, ``), true, false},
+		{"null correction and opportunity", eval(`"correction_id":"refund-policy-fix","opportunity_id":"refund-17/v12/3"`, `"correction_id":null,"opportunity_id":null`), true, true},
 		{"no correction", eval(`"correction_id":"refund-policy-fix","opportunity_id":"refund-17/v12/3",`, ``), true, true},
 	}
 	p := NewParser(DefaultLimits)
