@@ -188,15 +188,8 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		return err
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
-	// Alerting first: it starts nothing when it fails to build.
-	if cfg.AlertRules != "" {
-		if err := startAlerting(gctx, g, cfg, rules, kc, rdb, alertWriter, reg, log); err != nil {
-			return err
-		}
-	}
-	g.Go(func() error { return group.Run(gctx) })
-	g.Go(func() error { return recorder.Run(gctx) })
+	// Everything that can fail to build is built before anything runs.
+	var srv *sink.HTTP
 	if cfg.HTTPAddr != "" {
 		tokens, err := auth.NewStore(cfg.HTTP.Tokens)
 		if err != nil {
@@ -210,11 +203,27 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 			return err
 		}
 		defer closeIngest()
-		srv := sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		srv = sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 			Tokens: tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
 			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
 			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes()},
 			st.rates, reg, time.Now, log.Named("http"))
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	// Alerting first: it starts nothing when it fails to build.
+	if cfg.AlertRules != "" {
+		if err := startAlerting(gctx, g, cfg, rules, kc, rdb, alertWriter, reg, log); err != nil {
+			return err
+		}
+	}
+	// The recorder stops once the group has: the group publishes the batches in flight after gctx
+	// ends, and the recorder's last write takes them in.
+	rctx, stopRecording := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopRecording()
+	g.Go(func() error { defer stopRecording(); return group.Run(gctx) })
+	g.Go(func() error { return recorder.Run(rctx) })
+	if srv != nil {
 		g.Go(func() error { return srv.Run(gctx) })
 		log.Info("http listening", zap.String("addr", cfg.HTTPAddr))
 	}
