@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -565,9 +566,27 @@ func sdkStructured(value []byte) (event.Event, error) {
 		e.SetDataContentType(ct)
 	}
 	if err := e.Validate(); err != nil {
-		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(err.Error()))
+		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(validationDetail(err)))
 	}
 	return e, nil
+}
+
+// validationDetail is the SDK's complaint about an envelope, its lines (one per attribute) in the
+// order of the attribute names: the SDK's own text follows its map's order, different each time, so
+// the same bad event would get a different dead-letter detail on every delivery.
+func validationDetail(err error) string {
+	var ve event.ValidationError
+	if !errors.As(err, &ve) {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(ve)) {
+		b.WriteString(k)
+		b.WriteString(": ")
+		b.WriteString(ve[k].Error())
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 // stringAttributes are the CloudEvents attributes whose JSON value must be a string.
@@ -775,7 +794,7 @@ func binaryEvent(m *kafka.Message, contentType string) (event.Event, error) {
 		e.SetDataContentType(contentType)
 	}
 	if err := e.Validate(); err != nil {
-		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(err.Error()))
+		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "%s", clipHeader(validationDetail(err)))
 	}
 	e.DataEncoded = m.Value
 	return e, nil

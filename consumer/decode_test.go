@@ -301,3 +301,26 @@ func TestUndecodableDetail(t *testing.T) {
 		})
 	}
 }
+
+// The dead-letter detail of an envelope with several bad attributes is the same on every
+// delivery: the SDK's complaint lists them in map order, different from run to run.
+func TestBadEnvelopeDetailIsStable(t *testing.T) {
+	d := newTestDecoder(t)
+	msg := kafka.Message{Value: []byte(`{"specversion":"1.0","source":"s","data":{}}`)}
+	var first string
+	for i := range 50 {
+		_, err := d.Decode(&msg, now)
+		var ie *schemas.InvalidError
+		if !errors.As(err, &ie) || ie.Reason != schemas.ReasonBadEnvelope {
+			t.Fatalf("want a bad envelope, got %v", err)
+		}
+		if i == 0 {
+			first = ie.Detail
+			if strings.Count(first, "\n") < 2 {
+				t.Fatalf("detail %q names fewer than two attributes: the test tests nothing", first)
+			}
+		} else if ie.Detail != first {
+			t.Fatalf("detail changed between deliveries:\n%q\n%q", first, ie.Detail)
+		}
+	}
+}
