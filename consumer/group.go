@@ -41,10 +41,13 @@ type GroupConfig struct {
 	Topics  []string
 	Dialer  *kafka.Dialer // TLS and SASL; nil for plaintext
 
-	// MaxBatch and Linger bound a batch: it is processed when it holds MaxBatch messages or Linger
-	// after its first message arrived, whichever comes first.
-	MaxBatch int
-	Linger   time.Duration
+	// MaxBatch, MaxBatchBytes and Linger bound a batch: it is processed when it holds MaxBatch
+	// messages, when its keys and values reach MaxBatchBytes, or Linger after its first message
+	// arrived, whichever comes first. Large batches under load spread each Redis call's fixed cost
+	// over more events; Linger keeps them small, and latency low, when traffic is light.
+	MaxBatch      int
+	MaxBatchBytes int
+	Linger        time.Duration
 	// DrainTimeout bounds finishing a batch (its apply and publish) once its apply began; it is
 	// also what a batch in flight gets to finish once shutdown or a rebalance begins.
 	DrainTimeout time.Duration
@@ -63,13 +66,24 @@ type GroupConfig struct {
 	HeartbeatInterval time.Duration
 }
 
+// Batch bounds by default (GroupConfig.MaxBatch, MaxBatchBytes): at 16 000 messages the fixed
+// cost of each aggregate's Redis script call is spread over many events of a busy stream
+// (BENCHMARKS.md); 32 MiB bounds the memory of a batch of large messages.
+const (
+	DefaultMaxBatch      = 16000
+	DefaultMaxBatchBytes = 32 << 20
+)
+
 // Validate checks the configuration and fills defaults.
 func (c *GroupConfig) Validate() error {
 	if len(c.Brokers) == 0 || c.GroupID == "" || len(c.Topics) == 0 {
 		return errors.New("consumer group needs brokers, a group id and topics")
 	}
 	if c.MaxBatch <= 0 {
-		c.MaxBatch = 2000
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 	if c.Linger <= 0 {
 		c.Linger = 50 * time.Millisecond
@@ -301,7 +315,7 @@ type flight struct {
 // batches collects, handles and commits batches until the generation or ctx ends, in a pipeline
 // of three goroutines, all owned by this call and ended before it returns:
 //
-//   - collect takes messages into batches (MaxBatch, Linger) and decodes them (Prepare);
+//   - collect takes messages into batches (MaxBatch, MaxBatchBytes, Linger) and decodes them (Prepare);
 //   - this goroutine applies them to Redis (Apply), one at a time in order, and commits;
 //   - publish gets their outputs acknowledged (Publish), one at a time in order.
 //
@@ -454,10 +468,13 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			return nil
 		}
 		g.metrics.InFlight.Inc()
-		batch := make([]kafka.Message, 0, g.cfg.MaxBatch)
+		// Grown as messages come: a light stream's batches stay small.
+		batch := make([]kafka.Message, 0, min(g.cfg.MaxBatch, 256))
+		size := 0
 		select {
 		case m := <-in:
 			batch = append(batch, m)
+			size += len(m.Key) + len(m.Value)
 		case <-ectx.Done():
 			return nil
 		case <-gctx.Done():
@@ -469,10 +486,11 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		timer.Reset(g.cfg.Linger)
 		stopping := false
 	fill:
-		for len(batch) < g.cfg.MaxBatch {
+		for len(batch) < g.cfg.MaxBatch && size < g.cfg.MaxBatchBytes {
 			select {
 			case m := <-in:
 				batch = append(batch, m)
+				size += len(m.Key) + len(m.Value)
 			case <-timer.C:
 				break fill
 			case <-ectx.Done():

@@ -459,3 +459,35 @@ func TestPipelineWaitsForAnnouncedRevivedCases(t *testing.T) {
 		}
 	})
 }
+
+// A batch closes once its keys and values reach MaxBatchBytes, however many messages MaxBatch
+// would still take and however long Linger would still wait: large messages cannot pile up a
+// batch of MaxBatch times their size.
+func TestBatchClosesAtMaxBatchBytes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := &trace{}
+		store := &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour)}
+		r := newPipelineRig(t, 1, store, &gatePublisher{tr: tr})
+		var msgs []kafka.Message
+		for i := range 5 {
+			msgs = append(msgs, liveMessage(int64(i), fmt.Sprint("o", i), "passed"))
+		}
+		r.group.cfg.MaxBatch, r.group.cfg.Linger = 100, time.Hour
+		r.group.cfg.MaxBatchBytes = len(msgs[0].Value) + 1 // reached by the second message
+		ctx, cancel := context.WithCancel(t.Context())
+		done := r.run(ctx, msgs)
+		if !within(tr.seen("commit 4"), 10*time.Minute) {
+			t.Fatalf("batches of two not committed: %s", tr)
+		}
+		cancel()
+		<-done
+		for _, first := range []int{0, 2} {
+			if tr.index(fmt.Sprint("prepared ", first)) < 0 {
+				t.Errorf("no batch began at offset %d: %s", first, tr)
+			}
+		}
+		if tr.index("prepared 1") >= 0 || tr.index("prepared 3") >= 0 {
+			t.Errorf("a batch began inside a pair: %s", tr)
+		}
+	})
+}

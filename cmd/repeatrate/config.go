@@ -18,6 +18,7 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/alert"
+	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink/auth"
 )
@@ -94,6 +95,7 @@ type RedisConfig struct {
 // BatchConfig bounds a processing batch.
 type BatchConfig struct {
 	MaxMessages int           `yaml:"max_messages"`
+	MaxBytes    int           `yaml:"max_bytes"`
 	Linger      time.Duration `yaml:"linger"`
 	CommitDelay time.Duration `yaml:"commit_delay"`
 	MaxInFlight int           `yaml:"max_in_flight"`
@@ -170,7 +172,7 @@ func defaultConfig() Config {
 		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
 		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
 		Retention: 30 * 24 * time.Hour,
-		Batch:     BatchConfig{MaxMessages: 2000, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
+		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 50 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
 		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20},
@@ -225,8 +227,8 @@ func (c *Config) Validate() error {
 	if c.Retention < time.Hour {
 		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)
 	}
-	if c.Batch.MaxMessages <= 0 || c.Batch.Linger <= 0 || c.Batch.CommitDelay < 0 || c.Batch.MaxInFlight <= 0 {
-		bad("batch.max_messages, batch.linger and batch.max_in_flight must be positive, batch.commit_delay not negative")
+	if c.Batch.MaxMessages <= 0 || c.Batch.MaxBytes <= 0 || c.Batch.Linger <= 0 || c.Batch.CommitDelay < 0 || c.Batch.MaxInFlight <= 0 {
+		bad("batch.max_messages, batch.max_bytes, batch.linger and batch.max_in_flight must be positive, batch.commit_delay not negative")
 	}
 	if c.Kafka.Session < 6*time.Second {
 		bad("kafka.session_timeout %s is below the broker minimum of 6s", c.Kafka.Session)
@@ -344,7 +346,8 @@ func (c *Config) settings() []setting {
 		str("redis-tls-server-name", "name the Redis servers' certificates must carry (default: the host dialled)", &c.Redis.TLS.ServerName),
 		boolean("redis-tls-insecure-skip-verify", "accept any Redis server certificate (testing only; logged as a warning)", &c.Redis.TLS.InsecureSkipVerify),
 		dur("retention", "how long opportunity identities are kept (e.g. 30d); must exceed input topic retention", &c.Retention),
-		num("batch-max-messages", "messages per batch at most", &c.Batch.MaxMessages),
+		num("batch-max-messages", "messages per batch at most (under load; batch-linger bounds a batch's wait)", &c.Batch.MaxMessages),
+		num("batch-max-bytes", "bytes of message keys and values per batch at most", &c.Batch.MaxBytes),
 		dur("batch-linger", "longest wait to fill a batch", &c.Batch.Linger),
 		num("batch-max-in-flight", "batches decoded, applied and published at once (1: one stage after another)", &c.Batch.MaxInFlight),
 		dur("batch-commit-delay", "hold offsets this long after their batch is applied, until Redis has fsynced it (AOF everysec: ≥ 1s; 0 with WAIT-free setups that accept loss)", &c.Batch.CommitDelay),

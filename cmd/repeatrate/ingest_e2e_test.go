@@ -196,13 +196,18 @@ func TestIngestEndToEnd(t *testing.T) {
 	if got != wantLive+" / "+wantEval {
 		t.Fatalf("snapshots: %s, want %s / %s", got, wantLive, wantEval)
 	}
-	// The processor saw the second copy and counted it a duplicate; nothing was dead-lettered.
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	// The processor saw the second copy and counted it a duplicate (the snapshots are the same
+	// with or without it, so it may come in a later batch); nothing was dead-lettered.
+	var metrics []byte
+	waitFor(t, 30*time.Second, "the second copy counted a duplicate", func() bool {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		metrics, _ = io.ReadAll(resp.Body)
+		return strings.Contains(string(metrics), `repeatrate_observations_total{outcome="duplicate"}`)
+	})
 	if !strings.Contains(string(metrics), `repeatrate_observations_total{outcome="duplicate"} 1`) ||
 		strings.Contains(string(metrics), "repeatrate_dead_letters_total{") {
 		t.Errorf("metrics: want one duplicate and no dead letter:\n%s", grepLines(string(metrics), "repeatrate_observations_total", "repeatrate_dead_letters_total"))

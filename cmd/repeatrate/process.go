@@ -181,7 +181,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}
 	group, err := consumer.NewGroup(consumer.GroupConfig{
 		Brokers: cfg.Kafka.Brokers, GroupID: cfg.Kafka.GroupID, Topics: cfg.Kafka.InputTopics,
-		Dialer: kc.dialer, MaxBatch: cfg.Batch.MaxMessages, Linger: cfg.Batch.Linger,
+		Dialer: kc.dialer, MaxBatch: cfg.Batch.MaxMessages, MaxBatchBytes: cfg.Batch.MaxBytes, Linger: cfg.Batch.Linger,
 		CommitDelay: cfg.Batch.CommitDelay, MaxInFlight: cfg.Batch.MaxInFlight, SessionTimeout: cfg.Kafka.Session,
 	}, proc, log.Named("consumer"), metrics)
 	if err != nil {
