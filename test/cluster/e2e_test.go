@@ -204,6 +204,9 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 		"REPEATRATE_REDIS_ADDRS="+strings.Join(redisAddrs, ","),
 		"REPEATRATE_REDIS_KEY_PREFIX="+name,
 		"REPEATRATE_LOG_LEVEL=info",
+		// Many batches while the faults come: the default bound (16 000) would take a part of the
+		// input in one or two.
+		"REPEATRATE_BATCH_MAX_MESSAGES=2000",
 	)
 	for i := range 3 {
 		cmd := exec.Command(bin, "run", "--http-addr=")

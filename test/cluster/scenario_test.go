@@ -132,6 +132,9 @@ func (s *scenario) start(n int) {
 		"REPEATRATE_REDIS_ADDRS="+strings.Join(s.redisAddrs, ","),
 		"REPEATRATE_REDIS_KEY_PREFIX="+s.name,
 		"REPEATRATE_LOG_LEVEL=info",
+		// Many batches while the faults come: the default bound (16 000) would take a part of the
+		// input in one or two.
+		"REPEATRATE_BATCH_MAX_MESSAGES=2000",
 	)
 	envv = append(envv, s.env...)
 	for i := range n {
