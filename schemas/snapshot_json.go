@@ -56,24 +56,30 @@ func (s *Snapshot) AppendJSON(b []byte) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// plainJSON reports whether every float is finite and every time within the years encoding/json
-// accepts, so that AppendJSON can render s itself.
+// plainJSON reports whether every float is finite and every time within the years and zone
+// offsets encoding/json accepts, so that AppendJSON can render s itself.
 func (s *Snapshot) plainJSON() bool {
 	for _, w := range [...]*Window{&s.Windows.All, &s.Windows.Hour, &s.Windows.Day, &s.Windows.Week} {
 		if !finite(w.Rate) || !finite(w.Percentage) || (w.CI95 != nil && (!finite(&w.CI95.Low) || !finite(&w.CI95.High))) {
 			return false
 		}
 	}
-	ok := plainYear(s.ObservedAt)
+	ok := plainTime(s.ObservedAt)
 	if w := s.OpportunityWindow; w != nil {
-		ok = ok && plainYear(w.First) && plainYear(w.Last)
+		ok = ok && plainTime(w.First) && plainTime(w.Last)
 	}
 	return ok
 }
 
 func finite(f *float64) bool { return f == nil || !(math.IsNaN(*f) || math.IsInf(*f, 0)) }
 
-func plainYear(t time.Time) bool { y := t.Year(); return y >= 0 && y <= 9999 }
+// plainTime reports whether time.Time's MarshalJSON accepts t: a year of four digits and a zone
+// offset under 24 hours (RFC 3339).
+func plainTime(t time.Time) bool {
+	y := t.Year()
+	_, off := t.Zone()
+	return y >= 0 && y <= 9999 && off > -24*3600 && off < 24*3600
+}
 
 func (w *Window) appendJSON(b []byte) []byte {
 	b = append(b, `{"confirmed_repeats":`...)
