@@ -24,7 +24,7 @@ func TestSnapshotAppendJSONEdges(t *testing.T) {
 		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
 		time.Date(1800, 6, 1, 12, 0, 0, 1, lmt),
 		time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("", 5*3600+30*60+17)),
-		time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("", -(23*3600 + 59*60 + 59))),
+		time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("", -(23*3600+59*60+59))),
 		time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("", 24*3600)),
 		time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("", -25*3600)),
 		time.Date(2026, 3, 1, 12, 0, 0, 0, time.FixedZone("", 100*3600)),
