@@ -38,6 +38,26 @@ local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV
 local PER, FIRST = 5, 8
 local nruns = (#ARGV - FIRST + 1) / PER
 
+-- Bulk reads and writes of hash fields, in chunks (Lua unpacks a few thousand values at most, the
+-- embedded Redis of `repeatrate dev` fewer).
+local CHUNK = 1000
+local function hmget(key, fields)
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local got = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #got do out[#out + 1] = got[j] end
+  end
+  return out
+end
+-- hsetAll writes the fields of list fs with their values in t.
+local function hsetAll(key, fs, t)
+  for i = 1, #fs, CHUNK do
+    local args = {}
+    for j = i, math.min(i + CHUNK - 1, #fs) do args[#args + 1] = fs[j]; args[#args + 1] = t[fs[j]] end
+    redis.call('HSET', key, unpack(args))
+  end
+end
+
 -- Versions --------------------------------------------------------------------------------------
 local vidOf, labelOf, rankOf, created = {}, {}, {}, {}
 local count -- ZCARD of VO, nil when unknown
@@ -89,11 +109,13 @@ end
 
 -- Cells: what a case holds in one version ----------------------------------------------------------
 local cells, touchedCells = {}, {}
+local cellRaw = {} -- values of M read ahead: a string, or false when absent
 local function cell(id, c, create)
   local k = id .. '|' .. c
   local x = cells[k]
   if x then return x end
-  local v = redis.call('HGET', M, k)
+  local v = cellRaw[k]
+  if v == nil then v = redis.call('HGET', M, k) end
   if v then
     local bar = string.find(v, '|', 1, true)
     local p, f, e, pl, fo = string.match(string.sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
@@ -141,11 +163,13 @@ end
 
 -- Cases ---------------------------------------------------------------------------------------------
 local caseVids = {}
+local caseRaw = {} -- values of C read ahead: a string, or false when absent
 local function vidsOf(c)
   local l = caseVids[c]
   if not l then
     l = {}
-    local v = redis.call('HGET', C, c)
+    local v = caseRaw[c]
+    if v == nil then v = redis.call('HGET', C, c) end
     if v then for id in string.gmatch(v, '%d+') do l[#l + 1] = id end end
     caseVids[c] = l
   end
@@ -249,6 +273,36 @@ for i = 0, nruns - 1 do
   local v = vid(ARGV[b + 1], false)
   if v then mature(v) end
 end
+-- Read ahead, one HMGET each, what the runs will read one by one: their held records, their cases'
+-- version lists, and the cells of those versions and of the runs' own (existing) versions.
+local heldRun, runWrites, runOrder = {}, {}, {}
+if nruns > 0 then
+  local fs, seen, cs, cseen = {}, {}, {}, {}
+  for i = 0, nruns - 1 do
+    local b = FIRST + i * PER
+    if not seen[ARGV[b]] then seen[ARGV[b]] = true; fs[#fs + 1] = ARGV[b] end
+    if not cseen[ARGV[b + 2]] then cseen[ARGV[b + 2]] = true; cs[#cs + 1] = ARGV[b + 2] end
+  end
+  local got = hmget(R, fs)
+  for j, f in ipairs(fs) do heldRun[f] = got[j] end
+  got = hmget(C, cs)
+  for j, c in ipairs(cs) do caseRaw[c] = got[j] end
+  local ks, kseen = {}, {}
+  local function want(id, c)
+    local k = id .. '|' .. c
+    if not kseen[k] then kseen[k] = true; ks[#ks + 1] = k end
+  end
+  for _, c in ipairs(cs) do
+    for _, id in ipairs(vidsOf(c)) do want(id, c) end
+  end
+  for i = 0, nruns - 1 do
+    local b = FIRST + i * PER
+    local id = vidOf[ARGV[b + 1]]
+    if id then want(id, ARGV[b + 2]) end
+  end
+  got = hmget(M, ks)
+  for j, k in ipairs(ks) do cellRaw[k] = got[j] end
+end
 for i = 0, nruns - 1 do
   local b = FIRST + i * PER
   local field, version, c, idx, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]), ARGV[b + 4]
@@ -290,7 +344,7 @@ for i = 0, nruns - 1 do
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
   -- The run, under the re-assessment rule.
-  local held = redis.call('HGET', R, field)
+  local held = heldRun[field]
   local code, old = 'N', nil
   if held then
     local ores, ha, hs, _, _, _, orep, otok, otrig =
@@ -313,11 +367,16 @@ for i = 0, nruns - 1 do
       x.bm = setBit(x.bm, idx)
     end
     runDelta(x, acc, idx, res, reply, tok, trig, 1)
-    redis.call('HSET', R, field, value)
+    heldRun[field] = value
+    if not runWrites[field] then runOrder[#runOrder + 1] = field end
+    runWrites[field] = value
   end
 end
+hsetAll(R, runOrder, runWrites)
 
--- Cells: their (n, c) histogram entry, missing-run sets and records.
+-- Cells: their (n, c) histogram entry, missing-run sets and records (written in one HSET), and
+-- each version's greatest planned runs.
+local cellOrder, cellWrites, maxRunsOf, versionsRun = {}, {}, {}, {}
 for _, x in ipairs(touchedCells) do
   local id, c, o = x.id, x.c, x.o
   local on, oc, nn, nc = o.p + o.f, o.p, x.p + x.f, x.p
@@ -346,17 +405,28 @@ for _, x in ipairs(touchedCells) do
       redis.call('ZADD', B .. 'i' .. id, string.format('%.0f', x.first), c)
     end
   end
-  redis.call('HSET', M, id .. '|' .. c,
-    string.format('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm)
-  local H = B .. 'h' .. id
-  if x.maxRuns then
-    local held = tonumber(redis.call('HGET', H, 'R') or '0')
-    if x.maxRuns > held then redis.call('HSET', H, 'R', x.maxRuns) end
+  local k = id .. '|' .. c
+  cellOrder[#cellOrder + 1] = k
+  cellWrites[k] = string.format('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
+  if x.maxRuns and x.maxRuns > (maxRunsOf[id] or 0) then
+    if not maxRunsOf[id] then versionsRun[#versionsRun + 1] = id end
+    maxRunsOf[id] = x.maxRuns
   end
 end
-for _, c in ipairs(caseOrder) do
-  if cases[c].vidsChanged then redis.call('HSET', C, c, table.concat(vidsOf(c), ' ')) end
+hsetAll(M, cellOrder, cellWrites)
+for _, id in ipairs(versionsRun) do
+  local H = B .. 'h' .. id
+  local held = tonumber(redis.call('HGET', H, 'R') or '0')
+  if maxRunsOf[id] > held then redis.call('HSET', H, 'R', maxRunsOf[id]) end
 end
+local caseOrderChanged, caseWrites = {}, {}
+for _, c in ipairs(caseOrder) do
+  if cases[c].vidsChanged then
+    caseOrderChanged[#caseOrderChanged + 1] = c
+    caseWrites[c] = table.concat(vidsOf(c), ' ')
+  end
+end
+hsetAll(C, caseOrderChanged, caseWrites)
 
 -- Discrimination: the touched cases' changes, or every case after a reordering.
 local after = {}
