@@ -42,8 +42,8 @@ type GroupConfig struct {
 	Dialer  *kafka.Dialer // TLS and SASL; nil for plaintext
 
 	// MaxBatch, MaxBatchBytes and Linger bound a batch: it is processed when it holds MaxBatch
-	// messages, when its keys and values reach MaxBatchBytes, or Linger after its first message
-	// arrived, whichever comes first. Large batches under load spread each Redis call's fixed cost
+	// messages, when its keys, values and headers reach MaxBatchBytes, or Linger after its first
+	// message arrived, whichever comes first. Large batches under load spread each Redis call's fixed cost
 	// over more events; Linger keeps them small, and latency low, when traffic is light.
 	MaxBatch      int
 	MaxBatchBytes int
@@ -446,6 +446,15 @@ loop:
 	g.commitPending(genID, gen, &pending, true)
 }
 
+// batchBytes is what m counts toward MaxBatchBytes: its key, value and headers.
+func batchBytes(m *kafka.Message) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
 // errPipelineStopped ends the stages once the batch loop stops.
 var errPipelineStopped = errors.New("batch pipeline stopped")
 
@@ -474,7 +483,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		select {
 		case m := <-in:
 			batch = append(batch, m)
-			size += len(m.Key) + len(m.Value)
+			size += batchBytes(&m)
 		case <-ectx.Done():
 			return nil
 		case <-gctx.Done():
@@ -490,7 +499,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			select {
 			case m := <-in:
 				batch = append(batch, m)
-				size += len(m.Key) + len(m.Value)
+				size += batchBytes(&m)
 			case <-timer.C:
 				break fill
 			case <-ectx.Done():
