@@ -37,8 +37,8 @@ type Out struct {
 // written directly, in the order the SDK writes them, before the data; anything else goes through
 // the SDK (TestEncodeAgreesWithSDK). Encoding is a good part of the processor's cost per event.
 func Encode(o *Out) ([]byte, error) {
-	if !plainAttribute(o.Type) || !plainAttribute(o.Subject) || o.Time.IsZero() {
-		return encodeSDK(o)
+	if !plainAttribute(o.Type) || !plainAttribute(o.Subject) || o.Time.IsZero() || o.Data == nil {
+		return encodeSDK(o) // the SDK leaves out the data member of an event without data
 	}
 	id := eventID(o)
 	b := make([]byte, 0, 1280+len(o.Type)+len(o.Subject))
@@ -52,7 +52,7 @@ func Encode(o *Out) ([]byte, error) {
 	b = o.Time.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","data":`...)
 	var err error
-	if snap, ok := o.Data.(*schemas.Snapshot); ok {
+	if snap, ok := o.Data.(*schemas.Snapshot); ok && snap != nil {
 		b, err = snap.AppendJSON(b)
 	} else {
 		var data []byte
