@@ -371,7 +371,7 @@ local function push(id, hour)
   end
   local t = hourOf(hour)
   local e = t.add
-  if e then t.add = e .. id else t.add = id; pushHours[#pushHours + 1] = hour end
+  if e then e[#e + 1] = id else t.add = {id}; pushHours[#pushHours + 1] = hour end
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
@@ -457,23 +457,26 @@ local function entries(ids, s, pos)
   return ids
 end
 
--- Index appends: to the open chunk of each hour, closing it when it would grow past CHUNKBYTES.
--- Pushed hours were read with the head, so they are loaded.
+-- Index appends: to the open chunk of each hour, closing it whenever the next entry would take it
+-- past CHUNKBYTES, so that however many entries a batch adds to an hour, each is copied once and
+-- every chunk stays small. Pushed hours were read with the head, so they are loaded.
 local newHours = false
 if #pushHours > 0 then
   local zs = {}
   for _, hour in ipairs(pushHours) do
     local t = hours[-hour]
-    local add = t.add
     local cur = t.e
     if cur == '' and t.k == 0 then zs[#zs + 1] = hour; zs[#zs + 1] = sub(t.s, 2) end
-    if #cur + #add > CHUNKBYTES and #cur > 0 then -- close the open chunk
-      t.k = t.k + 1
-      cset(t.s .. '.' .. fmt('%d', t.k), cur)
-      t.e = add
-    else
-      t.e = cur .. add
+    local parts, size = {cur}, #cur
+    for _, id in ipairs(t.add) do
+      if size + #id > CHUNKBYTES and size > 0 then -- close the open chunk
+        t.k = t.k + 1
+        cset(t.s .. '.' .. fmt('%d', t.k), concat(parts))
+        parts, size = {}, 0
+      end
+      parts[#parts + 1] = id; size = size + #id
     end
+    t.e = concat(parts)
     t.dirty = true
   end
   if #zs > 0 then

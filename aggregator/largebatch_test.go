@@ -2,7 +2,9 @@ package aggregator
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,5 +41,39 @@ func TestOneAggregateInALargeBatchMatchesModel(t *testing.T) {
 		if got.Tallies[keyLive] != want.Tallies[keyLive] {
 			t.Fatalf("batch of %d: redis %+v, model %+v", size, got.Tallies[keyLive], want.Tallies[keyLive])
 		}
+	}
+}
+
+// However many entries one batch adds to an hour's id index, its chunks stay small: a batch of
+// 4 000 new opportunities in one hour closes chunk after chunk instead of opening one of 100 KB,
+// which every later batch touching the hour would read and write whole.
+func TestIndexChunksStaySmallAfterALargeBatch(t *testing.T) {
+	ctx := context.Background()
+	store, client := testStore(t, "bigchunks", RedisConfig{Retention: 3 * 24 * time.Hour})
+	at := time.Now().Truncate(time.Hour).Add(30 * time.Minute)
+	obs := make([]Observation, 4000)
+	for i := range obs {
+		obs[i] = Observation{Key: keyLive, OpportunityID: fmt.Sprintf("conversation-%08d", i), Class: Passed,
+			Occurred: Micros(at) + int64(i), Assessed: Micros(at) + int64(i)}
+	}
+	if _, err := store.Apply(ctx, obs, at); err != nil {
+		t.Fatal(err)
+	}
+	entries := indexEntries(t, store, keyLive)
+	total := 0
+	for _, n := range entries {
+		total += n
+	}
+	if total != len(obs) {
+		t.Fatalf("the index lists %d ids, want %d", total, len(obs))
+	}
+	fields := client.HGetAll(ctx, store.keys(keyLive)[1]).Val()
+	for f, v := range fields {
+		if strings.HasPrefix(f, "h") && len(v) > 600 {
+			t.Errorf("index field %s holds %d bytes, want chunks of at most about 480", f, len(v))
+		}
+	}
+	if len(entries) < 4000*24/480 {
+		t.Errorf("%d chunks for 4 000 entries of 24 bytes: too few", len(entries))
 	}
 }
