@@ -72,6 +72,9 @@ num.io.threads=2
 num.replica.fetchers=1
 background.threads=2
 log.flush.interval.messages=9223372036854775807
+# The log cleaner takes its dedupe buffer (128 MB by default) from the heap when the broker starts:
+# with 256 MB and compacted topics to recover, a restarted broker ran out of memory.
+log.cleaner.dedupe.buffer.size=16777216
 PROPS
 }
 
