@@ -43,8 +43,8 @@ type GroupConfig struct {
 
 	// MaxBatch, MaxBatchBytes and Linger bound a batch: it is processed when it holds MaxBatch
 	// messages, when its keys, values and headers reach MaxBatchBytes, or Linger after its first
-	// message arrived, whichever comes first. Large batches under load spread each Redis call's fixed cost
-	// over more events; Linger keeps them small, and latency low, when traffic is light.
+	// message arrived, whichever comes first. Large batches under load spread each Redis call's
+	// fixed cost over more events; Linger keeps them small, and latency low, when traffic is light.
 	MaxBatch      int
 	MaxBatchBytes int
 	Linger        time.Duration

@@ -113,10 +113,6 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	}
 	cmd := exec.Command(bin.path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), e.processorEnv(name, in.topic, redisAddr)...)
-	if os.Getenv("BENCH_PPROF") != "" {
-		// /debug/pprof is off by default; the environment (not a flag) reaches older builds too.
-		cmd.Env = append(cmd.Env, "REPEATRATE_PPROF=true")
-	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
