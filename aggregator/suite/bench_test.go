@@ -29,10 +29,17 @@ func redisCPU(ctx context.Context, c *redis.Client) float64 {
 	return sum
 }
 
-// BenchmarkRedisApply feeds one suite version batches of 2 000 graded runs (5 runs per case, a
-// short reply each), as the eval shape of the harness does, and reports Redis CPU per run. The
-// suite grows by b.N runs: the cost must not grow with it.
+// BenchmarkRedisApply feeds one suite version batches of graded runs (5 runs per case, a short
+// reply each), as the eval shape of the harness does, and reports Redis CPU per run, at the batch
+// bounds of `repeatrate dev` (2 000) and of `run` (16 000). The suite grows by b.N runs: the cost
+// must not grow with it, nor with the batch.
 func BenchmarkRedisApply(b *testing.B) {
+	for _, batch := range []int{2000, 16000} {
+		b.Run(fmt.Sprint("batch=", batch), func(b *testing.B) { benchmarkRedisApply(b, batch) })
+	}
+}
+
+func benchmarkRedisApply(b *testing.B, batch int) {
 	client := testenv.Redis(b)
 	ctx := context.Background()
 	prefix := testenv.Name(b, "suitebench")
@@ -45,7 +52,6 @@ func BenchmarkRedisApply(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	const batch = 2000
 	obs := make([]RunObservation, 0, batch)
 	cpu0 := redisCPU(ctx, client)
 	b.ResetTimer()

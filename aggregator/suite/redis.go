@@ -72,17 +72,90 @@ func runField(k RunKey) string {
 	return schemas.JoinEscaped(k.Version, k.Case, strconv.FormatInt(k.RunIndex, 10))
 }
 
-func encodeRun(r *RunRecord) string {
-	trigger := r.Trigger
-	if trigger == "" {
-		trigger = "-"
+// appendRun appends r as the script stores it: "<result> <assessed> <seq> <version_seq> <runs>
+// <occurred> <reply 0|1> <tokens> <gzip ratio> <trigger or ->".
+func appendRun(buf []byte, r *RunRecord) []byte {
+	buf = append(buf, r.Result, ' ')
+	for _, n := range [...]int64{r.Assessed, r.Seq, r.VersionSeq, r.Runs, r.Occurred, runFlag(r.Reply), int64(r.Tokens)} {
+		buf = strconv.AppendInt(buf, n, 10)
+		buf = append(buf, ' ')
 	}
-	reply := 0
-	if r.Reply {
-		reply = 1
+	buf = strconv.AppendFloat(buf, r.GzipRatio, 'g', -1, 64)
+	buf = append(buf, ' ')
+	if r.Trigger == "" {
+		return append(buf, '-')
 	}
-	return fmt.Sprintf("%c %d %d %d %d %d %d %d %s %s", r.Result, r.Assessed, r.Seq, r.VersionSeq, r.Runs, r.Occurred,
-		reply, r.Tokens, strconv.FormatFloat(r.GzipRatio, 'g', -1, 64), trigger)
+	return append(buf, r.Trigger...)
+}
+
+func runFlag(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// runFlags packs what the script adds of a new run, so that it need not parse the record:
+// tokens*16 + result*4 + reply*2 + trigger (result 0 pass, 1 fail, 2 error).
+func runFlags(r *RunRecord) int64 {
+	res := int64(2)
+	switch r.Result {
+	case 'p':
+		res = 0
+	case 'f':
+		res = 1
+	}
+	trig := int64(0)
+	if r.Trigger != "" {
+		trig = 1
+	}
+	return int64(r.Tokens)*16 + res*4 + runFlag(r.Reply)*2 + trig
+}
+
+// cellGroup is the runs of one batch in one (version, case) cell, with what the script takes of
+// them as a whole: the greatest planned runs, the least occurred time, the greatest version_seq.
+type cellGroup struct {
+	version, kase      string
+	runs, occurred, vs int64
+	obs                []int
+}
+
+// scriptArgs returns the suite script's arguments for the observations idx of one suite, grouped
+// by cell in order of first appearance (the order Redis returns their outcome codes in, given in
+// order), after head.
+func scriptArgs(obs []RunObservation, idx []int, head []any) (args []any, order []int) {
+	at := map[[2]string]int{}
+	var cells []cellGroup
+	for _, i := range idx {
+		o := &obs[i]
+		ck := [2]string{o.Key.Version, o.Key.Case}
+		n, ok := at[ck]
+		if !ok {
+			n = len(cells)
+			at[ck] = n
+			cells = append(cells, cellGroup{version: o.Key.Version, kase: o.Key.Case, runs: o.Record.Runs,
+				occurred: o.Record.Occurred, vs: o.Record.VersionSeq})
+		}
+		g := &cells[n]
+		g.runs, g.occurred, g.vs = max(g.runs, o.Record.Runs), min(g.occurred, o.Record.Occurred), max(g.vs, o.Record.VersionSeq)
+		g.obs = append(g.obs, i)
+	}
+	args = make([]any, 0, len(head)+6*len(cells)+4*len(idx))
+	args = append(args, head...)
+	order = make([]int, 0, len(idx))
+	// Records are slices of one buffer: one allocation per suite, not per run.
+	buf := make([]byte, 0, 48*len(idx))
+	for _, g := range cells {
+		args = append(args, g.version, g.kase, len(g.obs), g.runs, g.occurred, g.vs)
+		for _, i := range g.obs {
+			o := &obs[i]
+			start := len(buf)
+			buf = appendRun(buf, &o.Record)
+			args = append(args, runField(o.Key), buf[start:len(buf):len(buf)], o.Key.RunIndex, runFlags(&o.Record))
+			order = append(order, i)
+		}
+	}
+	return args, order
 }
 
 func decodeRun(sk Key, field, value string) (RunEntry, error) {
@@ -131,28 +204,24 @@ func (r *Redis) Apply(ctx context.Context, obs []RunObservation, at time.Time) (
 		}
 		groups[k] = append(groups[k], i)
 	}
-	args := func(k Key, mode string) []any {
-		a := make([]any, 0, 7+5*len(groups[k]))
-		a = append(a, r.cfg.IdleTTL.Milliseconds(), r.suite.MinHistory, r.suite.JudgeLastVersions,
-			aggregator.Micros(at)-r.suite.MissingAfter.Microseconds(), mode, schemas.MaxListedCases,
-			schemas.MaxMissingRunIndexes)
-		for _, i := range groups[k] {
-			o := &obs[i]
-			a = append(a, runField(o.Key), o.Key.Version, o.Key.Case, o.Key.RunIndex, encodeRun(&o.Record))
-		}
-		return a
+	head := []any{r.cfg.IdleTTL.Milliseconds(), r.suite.MinHistory, r.suite.JudgeLastVersions,
+		aggregator.Micros(at) - r.suite.MissingAfter.Microseconds(), "a", schemas.MaxListedCases,
+		schemas.MaxMissingRunIndexes}
+	args, orders := make(map[Key][]any, len(suites)), make(map[Key][]int, len(suites))
+	for _, k := range suites {
+		args[k], orders[k] = scriptArgs(obs, groups[k], head)
 	}
 	res := Applied{Outcomes: make([]aggregator.Outcome, len(obs)), Suites: suites, Summaries: map[Key]*Summary{}}
-	replies, err := r.call(ctx, suites, func(k Key) []any { return args(k, "a") })
+	replies, err := r.call(ctx, suites, func(k Key) []any { return args[k] })
 	if err != nil {
 		return Applied{}, fmt.Errorf("apply runs: %w", err)
 	}
 	for n, k := range suites {
 		codes, sum, err := parseSummary(k, replies[n])
-		if err != nil || len(codes) != len(groups[k]) {
+		if err != nil || len(codes) != len(orders[k]) {
 			return Applied{}, fmt.Errorf("apply runs of %s: %q %v", k.ID(), codes, err)
 		}
-		for j, i := range groups[k] {
+		for j, i := range orders[k] {
 			res.Outcomes[i] = outcomeCodes[codes[j]]
 		}
 		res.Summaries[k] = sum

@@ -27,16 +27,20 @@
 --   B..'x'..vid  zset  cases with missing runs matured (first occurred <= D), scored 0
 --
 -- ARGV: ttl_ms, min_history, judge_last_versions, deadline_us, mode ('a' apply, 'r' read every
--- version), list limit, sample limit, then five per run: field, version, case, run_index, value.
--- Returns {codes, discrimination, revived, versions} (see Redis.Apply in redis.go).
+-- version), list limit, sample limit, then the runs grouped by cell: version, case, n, the
+-- greatest planned runs, the least occurred time and the greatest version_seq of the group's runs,
+-- then four per run: field, value (the run record), run_index, and flags = tokens*16 + result*4 +
+-- reply*2 + trigger (result 0 pass, 1 fail, 2 error; reply and trigger 0 or 1), so that a new run
+-- is applied without parsing its record. Returns {codes (one per run, in argument order),
+-- discrimination, revived, versions} (see Redis.Apply in redis.go).
 local R, AN = KEYS[1], KEYS[2]
 local B = string.sub(R, 1, -2)
 local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 'm', B .. 'd', B .. 'rl'
 local PA = B .. 'pa'
 local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local PER, FIRST = 5, 8
-local nruns = (#ARGV - FIRST + 1) / PER
+local GROUP, PER, FIRST = 6, 4, 8
+local anyRuns = #ARGV >= FIRST
 
 -- Bulk reads and writes of hash fields, in chunks (Lua unpacks a few thousand values at most, the
 -- embedded Redis of `repeatrate dev` fewer).
@@ -138,12 +142,19 @@ local function hasBit(bm, i)
   if b > #bm then return false end
   return math.floor(string.byte(bm, b) / 2 ^ (i % 8)) % 2 == 1
 end
-local function setBit(bm, i)
-  if hasBit(bm, i) then return bm end
+-- setBit sets bit i of cell x's bitmap, held as a table of byte values while the call runs (x.bytes,
+-- made into x.bm again when the cell is written): one string per cell and call, not per run.
+local BIT = { 1, 2, 4, 8, 16, 32, 64, 128 }
+local function setBit(x, i)
+  local t = x.bytes
+  if not t then
+    t = { string.byte(x.bm, 1, -1) }
+    x.bytes = t
+  end
   local b = math.floor(i / 8) + 1
-  if b > #bm then bm = bm .. string.rep('\0', b - #bm) end
-  local v = string.byte(bm, b) + 2 ^ (i % 8)
-  return string.sub(bm, 1, b - 1) .. string.char(v) .. string.sub(bm, b + 1)
+  for k = #t + 1, b do t[k] = 0 end
+  local v, bit = t[b], BIT[i % 8 + 1]
+  if math.floor(v / bit) % 2 == 0 then t[b] = v + bit end
 end
 local function missing(x) return x.planned - (x.p + x.f + x.e) end
 
@@ -247,17 +258,33 @@ local function accOf(id)
   return a
 end
 local function bump(t, k, n) t[k] = (t[k] or 0) + n end
+-- runDelta adds (sign 1) or takes back (-1) one run of result res (0 pass, 1 fail, 2 error) at
+-- index idx; reply and trig are 0 or 1.
 local function runDelta(x, acc, idx, res, reply, tok, trig, sign)
-  if res == 'p' then
+  if res == 0 then
     x.p = x.p + sign; bump(acc.p, idx, sign); bump(acc.n, idx, sign)
-  elseif res == 'f' then
+  elseif res == 1 then
     x.f = x.f + sign; bump(acc.n, idx, sign)
   else
     x.e = x.e + sign
   end
-  if reply == '1' then
+  if reply == 1 then
     bump(acc.l, tok, sign)
-    if trig ~= '-' then bump(acc.a, tok, sign) end
+    if trig == 1 then bump(acc.a, tok, sign) end
+  end
+end
+local RESULT = { p = 0, f = 1, e = 2 }
+local RECORD = '^(%a) (%-?%d+) (%d+) %d+ %d+ %-?%d+ (%d) (%d+) %S+ (%S+)$'
+
+-- groups iterates over the cell groups of ARGV: the index of each group's first argument and its
+-- number of runs.
+local function groups()
+  local b, n = nil, 0
+  return function()
+    b = b and b + GROUP + n * PER or FIRST
+    if b > #ARGV then return nil end
+    n = tonumber(ARGV[b + 2])
+    return b, n
   end
 end
 
@@ -268,20 +295,19 @@ local reorder = false
 local cases, caseOrder = {}, {}
 local touchedVersions, versionOrder = {}, {}
 local seqOf = {} -- version id -> version_seq, as this call left it
-for i = 0, nruns - 1 do
-  local b = FIRST + i * PER
-  local v = vid(ARGV[b + 1], false)
+for b in groups() do
+  local v = vid(ARGV[b], false)
   if v then mature(v) end
 end
 -- Read ahead, one HMGET each, what the runs will read one by one: their held records, their cases'
 -- version lists, and the cells of those versions and of the runs' own (existing) versions.
-local heldRun, runWrites, runOrder = {}, {}, {}
-if nruns > 0 then
-  local fs, seen, cs, cseen = {}, {}, {}, {}
-  for i = 0, nruns - 1 do
-    local b = FIRST + i * PER
-    if not seen[ARGV[b]] then seen[ARGV[b]] = true; fs[#fs + 1] = ARGV[b] end
-    if not cseen[ARGV[b + 2]] then cseen[ARGV[b + 2]] = true; cs[#cs + 1] = ARGV[b + 2] end
+local heldRun, runWrites = {}, {}
+if anyRuns then
+  local fs, cs, cseen = {}, {}, {}
+  for b, n in groups() do
+    local c = ARGV[b + 1]
+    if not cseen[c] then cseen[c] = true; cs[#cs + 1] = c end
+    for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do fs[#fs + 1] = ARGV[r] end
   end
   local got = hmget(R, fs)
   for j, f in ipairs(fs) do heldRun[f] = got[j] end
@@ -295,20 +321,16 @@ if nruns > 0 then
   for _, c in ipairs(cs) do
     for _, id in ipairs(vidsOf(c)) do want(id, c) end
   end
-  for i = 0, nruns - 1 do
-    local b = FIRST + i * PER
-    local id = vidOf[ARGV[b + 1]]
-    if id then want(id, ARGV[b + 2]) end
+  for b in groups() do
+    local id = vidOf[ARGV[b]]
+    if id then want(id, ARGV[b + 1]) end
   end
   got = hmget(M, ks)
   for j, k in ipairs(ks) do cellRaw[k] = got[j] end
 end
-for i = 0, nruns - 1 do
-  local b = FIRST + i * PER
-  local field, version, c, idx, value = ARGV[b], ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]), ARGV[b + 4]
-  local res, asd, seq, vseq, runs, occ, reply, tok, trig =
-    string.match(value, '^(%a) (%-?%d+) (%d+) (%d+) (%d+) (%-?%d+) (%d) (%d+) %S+ (%S+)$')
-  asd, seq, vseq, runs, occ, tok = tonumber(asd), tonumber(seq), tonumber(vseq), tonumber(runs), tonumber(occ), tonumber(tok)
+for b, n in groups() do
+  local version, c = ARGV[b], ARGV[b + 1]
+  local runs, occ, vseq = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   -- The version's order: the greatest version_seq of any result.
   local id = vid(version, true)
   local cur = seqOf[id]
@@ -343,36 +365,39 @@ for i = 0, nruns - 1 do
   x.planned = math.max(x.planned, runs)
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
-  -- The run, under the re-assessment rule.
-  local held = heldRun[field]
-  local code, old = 'N', nil
-  if held then
-    local ores, ha, hs, _, _, _, orep, otok, otrig =
-      string.match(held, '^(%a) (%-?%d+) (%d+) (%d+) (%d+) (%-?%d+) (%d) (%d+) %S+ (%S+)$')
-    ha, hs = tonumber(ha), tonumber(hs)
-    if asd > ha or (asd == ha and seq > hs) then
-      code, old = 'R', { res = ores, reply = orep, tok = tonumber(otok), trig = otrig }
-    elseif asd == ha and seq == hs then
-      code = 'D'
-    else
-      code = 'S'
+  local acc = accOf(id)
+  for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
+    local field, value = ARGV[r], ARGV[r + 1]
+    -- The run, under the re-assessment rule.
+    local held = heldRun[field]
+    local code = 'N'
+    if held then
+      local ores, ha, hs, orep, otok, otrig = string.match(held, RECORD)
+      local _, asd, seq = string.match(value, RECORD)
+      ha, hs, asd, seq = tonumber(ha), tonumber(hs), tonumber(asd), tonumber(seq)
+      if asd > ha or (asd == ha and seq > hs) then
+        code = 'R'
+        runDelta(x, acc, tonumber(ARGV[r + 2]), RESULT[ores], tonumber(orep), tonumber(otok), otrig == '-' and 0 or 1, -1)
+      elseif asd == ha and seq == hs then
+        code = 'D'
+      else
+        code = 'S'
+      end
     end
-  end
-  out[#out + 1] = code
-  if code == 'N' or code == 'R' then
-    local acc = accOf(id)
-    if old then
-      runDelta(x, acc, idx, old.res, old.reply, old.tok, old.trig, -1)
-    else
-      x.bm = setBit(x.bm, idx)
+    out[#out + 1] = code
+    if code == 'N' or code == 'R' then
+      local idx, fl = tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3])
+      if code == 'N' then setBit(x, idx) end
+      runDelta(x, acc, idx, math.floor(fl / 4) % 4, math.floor(fl / 2) % 2, math.floor(fl / 16), fl % 2, 1)
+      heldRun[field] = value
+      runWrites[#runWrites + 1] = field
+      runWrites[#runWrites + 1] = value
     end
-    runDelta(x, acc, idx, res, reply, tok, trig, 1)
-    heldRun[field] = value
-    if not runWrites[field] then runOrder[#runOrder + 1] = field end
-    runWrites[field] = value
   end
 end
-hsetAll(R, runOrder, runWrites)
+for i = 1, #runWrites, 2 * CHUNK do
+  redis.call('HSET', R, unpack(runWrites, i, math.min(i + 2 * CHUNK - 1, #runWrites)))
+end
 
 -- Cells: their (n, c) histogram entry, missing-run sets and records (written in one HSET), and
 -- each version's greatest planned runs.
@@ -406,6 +431,7 @@ for _, x in ipairs(touchedCells) do
     end
   end
   local k = id .. '|' .. c
+  if x.bytes then x.bm = string.char(unpack(x.bytes)); x.bytes = nil end
   cellOrder[#cellOrder + 1] = k
   cellWrites[k] = string.format('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
   if x.maxRuns and x.maxRuns > (maxRunsOf[id] or 0) then
@@ -520,7 +546,7 @@ for _, id in ipairs(versionOrder) do
   vs[#vs + 1] = { label(id), redis.call('HGETALL', B .. 'h' .. id), list }
 end
 
-if nruns > 0 and ttl > 0 then
+if anyRuns and ttl > 0 then
   for _, k in ipairs({ R, AN, VO, VI, VX, C, M, D, RL, PA }) do redis.call('PEXPIRE', k, ttl) end
   for _, id in ipairs(redis.call('HVALS', VI)) do
     for _, p in ipairs({ 'h', 'i', 'x' }) do redis.call('PEXPIRE', B .. p .. id, ttl) end
