@@ -416,18 +416,24 @@ for _, x in ipairs(touchedCells) do
   end
   local om = o.exists and (o.planned - (o.p + o.f + o.e)) or 0
   local nm = missing(x)
-  if om > 0 then
-    if o.first <= dv[id] then
-      redis.call('ZREM', B .. 'x' .. id, c); hadd(id, 'M', -om)
-    else
-      redis.call('ZREM', B .. 'i' .. id, c)
+  local omat, nmat = om > 0 and o.first <= dv[id], nm > 0 and x.first <= dv[id]
+  if om > 0 and nm > 0 and omat == nmat and (omat or o.first == x.first) then
+    -- Still missing runs, in the same set under the same score: only the count moves.
+    if omat then hadd(id, 'M', nm - om) end
+  else
+    if om > 0 then
+      if omat then
+        redis.call('ZREM', B .. 'x' .. id, c); hadd(id, 'M', -om)
+      else
+        redis.call('ZREM', B .. 'i' .. id, c)
+      end
     end
-  end
-  if nm > 0 then
-    if x.first <= dv[id] then
-      redis.call('ZADD', B .. 'x' .. id, 0, c); hadd(id, 'M', nm)
-    else
-      redis.call('ZADD', B .. 'i' .. id, string.format('%.0f', x.first), c)
+    if nm > 0 then
+      if nmat then
+        redis.call('ZADD', B .. 'x' .. id, 0, c); hadd(id, 'M', nm)
+      else
+        redis.call('ZADD', B .. 'i' .. id, string.format('%.0f', x.first), c)
+      end
     end
   end
   local k = id .. '|' .. c
