@@ -196,7 +196,9 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	}
 	// Where a batch's time goes: the stages overlap, so each is a share of the measured interval
 	// (the apply stage waits for Redis; prepare and publish run beside it).
-	stage := func(s string) float64 { return m[`repeatrate_batch_stage_seconds_sum{stage="`+s+`"}`] / end.Sub(first).Seconds() }
+	stage := func(s string) float64 {
+		return m[`repeatrate_batch_stage_seconds_sum{stage="`+s+`"}`] / end.Sub(first).Seconds()
+	}
 	logf("stages %s %s: prepare %.2f, apply %.2f, publish %.2f of the interval; processor %.2f, Redis %.2f cores",
 		name, bin.name, stage("prepare"), stage("apply"), stage("publish"), (cpu1-cpu0)/end.Sub(first).Seconds(),
 		(redis1-redis0)/end.Sub(first).Seconds())
