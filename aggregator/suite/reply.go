@@ -127,9 +127,17 @@ func gzipRatio(text string) float64 {
 	return float64(len(text)) / float64(n)
 }
 
+// idMaps holds token → id maps for reuse by tokenIDs: making one per reply cost a third of a short
+// reply's analysis. A map that grew past maxPooledIDs is left to the collector, so that clearing
+// a pooled one stays cheap.
+var idMaps = sync.Pool{New: func() any { return make(map[string]int32, 64) }}
+
+const maxPooledIDs = 1024
+
+// tokenIDs numbers toks by first appearance, so that equal tokens get equal ids.
 func tokenIDs(toks []string) []int32 {
 	ids := make([]int32, len(toks))
-	seen := make(map[string]int32, len(toks))
+	seen := idMaps.Get().(map[string]int32)
 	for i, t := range toks {
 		id, ok := seen[t]
 		if !ok {
@@ -137,6 +145,10 @@ func tokenIDs(toks []string) []int32 {
 			seen[t] = id
 		}
 		ids[i] = id
+	}
+	if len(seen) <= maxPooledIDs {
+		clear(seen)
+		idMaps.Put(seen)
 	}
 	return ids
 }
