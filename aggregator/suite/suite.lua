@@ -186,12 +186,17 @@ local function vidsOf(c)
   end
   return l
 end
--- judge classifies case c from its outcomes in the versions it has runs in.
-local function judge(c)
+-- judge classifies case c from its outcomes in the versions it has runs in: as the cells stand
+-- now, or as they stood before this call when old is true.
+local function judge(c, old)
   local outs = {}
   for _, id in ipairs(vidsOf(c)) do
     local x = cell(id, c, false)
-    if x and x.p + x.f > 0 then outs[#outs + 1] = { id = id, pass = x.f == 0, rank = rank(id) } end
+    if x then
+      local p, f = x.p, x.f
+      if old then p, f = x.o.p, x.o.f end
+      if p + f > 0 then outs[#outs + 1] = { id = id, pass = f == 0, rank = rank(id) } end
+    end
   end
   local res = { outs = outs }
   if #outs == 0 then return res end
@@ -349,9 +354,8 @@ for b, n in groups() do
     dv[id] = deadline
   end
   if not touchedVersions[id] then touchedVersions[id] = true; versionOrder[#versionOrder + 1] = id end
-  -- The case, classified as it stood before this call, the first time the call touches it.
   if not cases[c] then
-    cases[c] = { before = judge(c) }
+    cases[c] = { cells = {} }
     caseOrder[#caseOrder + 1] = c
   end
   local x = cell(id, c, true)
@@ -361,7 +365,11 @@ for b, n in groups() do
     l[#l + 1] = id
     cases[c].vidsChanged = true
   end
-  if not touchedCells[x] then touchedCells[x] = true; touchedCells[#touchedCells + 1] = x end
+  if not touchedCells[x] then
+    touchedCells[x] = true; touchedCells[#touchedCells + 1] = x
+    local l = cases[c].cells
+    l[#l + 1] = x
+  end
   x.planned = math.max(x.planned, runs)
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
@@ -478,17 +486,28 @@ if reorder or boundary() ~= bound0 then
     end
   end
 else
+  -- A case is judged from its cells' outcomes (none, pass, fail) and the order of versions; with
+  -- the order unchanged, a case none of whose cells changed outcome keeps its class and revival.
+  -- Ranks are read now, after this call's versions were added: a version created by the call has
+  -- no outcome before it, and adding one never reorders the others.
+  local function outcome(p, f) return p + f == 0 and 0 or (f == 0 and 1 or 2) end
   for _, c in ipairs(caseOrder) do
-    local res = judge(c)
-    after[c] = res
-    contribute(cases[c].before, -1)
-    contribute(res, 1)
-    if res.revived and not cases[c].before.revived then
-      redis.call('ZADD', RL, 0, c)
-      if redis.call('SISMEMBER', AN, c) == 0 then redis.call('ZADD', PA, 0, c) end
-    elseif cases[c].before.revived and not res.revived then
-      redis.call('ZREM', RL, c)
-      redis.call('ZREM', PA, c)
+    local changed = false
+    for _, x in ipairs(cases[c].cells) do
+      if outcome(x.o.p, x.o.f) ~= outcome(x.p, x.f) then changed = true; break end
+    end
+    if changed then
+      local before, res = judge(c, true), judge(c)
+      after[c] = res
+      contribute(before, -1)
+      contribute(res, 1)
+      if res.revived and not before.revived then
+        redis.call('ZADD', RL, 0, c)
+        if redis.call('SISMEMBER', AN, c) == 0 then redis.call('ZADD', PA, 0, c) end
+      elseif before.revived and not res.revived then
+        redis.call('ZREM', RL, c)
+        redis.call('ZREM', PA, c)
+      end
     end
   end
 end
