@@ -17,7 +17,7 @@ type Metrics struct {
 	Transport    prometheus.Counter       // transport duplicates: a CloudEvent source+id seen again in one batch
 	BatchSize    prometheus.Histogram     // messages per processed batch
 	BatchSeconds prometheus.Histogram     // time from a batch's first fetch to the end of its publish
-	StageSeconds *prometheus.HistogramVec // time a batch spends in each stage (prepare, apply, publish)
+	StageSeconds *prometheus.HistogramVec // time a batch spends in each stage (prepare, apply, publish), and each commit (commit)
 	InFlight     prometheus.Gauge         // batches between their first message and the end of their publish
 	Retries      *prometheus.CounterVec   // retried batch stages by stage
 	Commits      *prometheus.CounterVec   // offset commits by result
@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10),
 		}),
 		StageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "repeatrate_batch_stage_seconds", Help: "Time a batch spends in each stage of the pipeline, retries included.",
+			Name: "repeatrate_batch_stage_seconds", Help: "Time a batch spends in each stage of the pipeline (prepare, apply, publish), retries included; commit: each offset commit, verify included, which holds up the next apply.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"stage"}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{

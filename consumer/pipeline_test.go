@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
@@ -323,6 +324,24 @@ func TestPipelineOverlapsStages(t *testing.T) {
 				}
 				if i := tr.index("commit 1"); i >= 0 && !strings.HasPrefix(tr.events[i-1], "verify ") {
 					t.Errorf("commit without a Verify right before it: %s", tr)
+				}
+				// Each commit is timed: it holds up the next Apply.
+				reg := prometheus.NewPedanticRegistry()
+				reg.MustRegister(r.group.metrics.StageSeconds)
+				families, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var timed uint64
+				for _, f := range families {
+					for _, m := range f.GetMetric() {
+						if l := m.GetLabel(); len(l) == 1 && l[0].GetValue() == "commit" {
+							timed = m.GetHistogram().GetSampleCount()
+						}
+					}
+				}
+				if len(r.commit.commits) == 0 || timed < uint64(len(r.commit.commits)) {
+					t.Errorf("commit stage timed %d times for %d commits", timed, len(r.commit.commits))
 				}
 			})
 		})
