@@ -254,7 +254,15 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	if len(lat) < total {
 		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
 	}
+	// The tail: the share of events over 250 ms, and the highest latency of each second of sending.
+	var over int
+	for _, l := range lat {
+		if l > 250 {
+			over++
+		}
+	}
 	slices.Sort(lat)
+	logf("latency tail: p90 %.1f, p99.9 %.1f, max %.1f ms; %.2f %% over 250 ms", lat[len(lat)*9/10], lat[len(lat)*999/1000], lat[len(lat)-1], 100*float64(over)/float64(len(lat)))
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
