@@ -119,28 +119,24 @@ type caseOutcome struct {
 	pass    bool
 }
 
-// Discrimination summarises suite k, and returns every revived case with the flip that revived it.
-func (m *Model) Discrimination(k Key, cfg Config) (DiscSummary, map[string]schemas.CaseRevived) {
-	s := m.suites[k]
-	revived := map[string]schemas.CaseRevived{}
-	if s == nil {
-		return DiscSummary{}, revived
-	}
-	versions := m.Versions(k)
-	rank := make(map[string]int, len(versions))
+// ranks returns suite k's versions in order, the rank of each, and the rank of the first judged
+// version.
+func (m *Model) ranks(k Key, cfg Config) (versions []string, rank map[string]int, from int) {
+	versions = m.Versions(k)
+	rank = make(map[string]int, len(versions))
 	for i, v := range versions {
 		rank[v] = i
 	}
-	from := 0
 	if f := judgedFrom(versions, cfg); f != "" {
 		from = rank[f]
 	}
-	d := DiscSummary{VersionsSeen: len(versions)}
-	if len(versions) > 0 {
-		d.Latest = versions[len(versions)-1]
-	}
-	// A case's outcome in a version: fail when any scored run failed, pass when it has scored
-	// runs and all passed, none when all its runs errored.
+	return versions, rank, from
+}
+
+// outcomesByCase returns each case's outcome in every version it has one in: fail when any scored
+// run failed, pass when it has scored runs and all passed, none (left out) when all its runs
+// errored.
+func (s *modelSuite) outcomesByCase() map[string][]caseOutcome {
 	scored, failed := map[cellKey]bool{}, map[cellKey]bool{}
 	for rk, r := range s.runs {
 		x := cellKey{rk.Version, rk.Case}
@@ -155,7 +151,22 @@ func (m *Model) Discrimination(k Key, cfg Config) (DiscSummary, map[string]schem
 	for x := range scored {
 		byCase[x.c] = append(byCase[x.c], caseOutcome{x.version, !failed[x]})
 	}
-	for c, outs := range byCase {
+	return byCase
+}
+
+// Discrimination summarises suite k, and returns every revived case with the flip that revived it.
+func (m *Model) Discrimination(k Key, cfg Config) (DiscSummary, map[string]schemas.CaseRevived) {
+	s := m.suites[k]
+	revived := map[string]schemas.CaseRevived{}
+	if s == nil {
+		return DiscSummary{}, revived
+	}
+	versions, rank, from := m.ranks(k, cfg)
+	d := DiscSummary{VersionsSeen: len(versions)}
+	if len(versions) > 0 {
+		d.Latest = versions[len(versions)-1]
+	}
+	for c, outs := range s.outcomesByCase() {
 		slices.SortFunc(outs, func(a, b caseOutcome) int { return cmp.Compare(rank[a.version], rank[b.version]) })
 		streak := 1
 		for streak < len(outs) && outs[streak].pass == outs[0].pass {

@@ -52,30 +52,8 @@ func sjWantD(m *Model, k Key, cfg Config) map[string]int64 {
 	if s == nil {
 		return out
 	}
-	versions := m.Versions(k)
-	rank := map[string]int{}
-	for i, v := range versions {
-		rank[v] = i
-	}
-	from := 0
-	if f := judgedFrom(versions, cfg); f != "" {
-		from = rank[f]
-	}
-	scored, failed := map[cellKey]bool{}, map[cellKey]bool{}
-	for rk, r := range s.runs {
-		x := cellKey{rk.Version, rk.Case}
-		switch r.Result {
-		case 'p':
-			scored[x] = true
-		case 'f':
-			scored[x], failed[x] = true, true
-		}
-	}
-	byCase := map[string][]caseOutcome{}
-	for x := range scored {
-		byCase[x.c] = append(byCase[x.c], caseOutcome{x.version, !failed[x]})
-	}
-	for _, outs := range byCase {
+	_, rank, from := m.ranks(k, cfg)
+	for _, outs := range s.outcomesByCase() {
 		var pass, fail int64
 		for _, o := range outs {
 			if rank[o.version] >= from {
