@@ -92,12 +92,7 @@ func advCompare(t *testing.T, client *redis.Client, cfg Config, batches []advBat
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	prefix := testenv.Name(t, "advsuite")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newTestRedis(t, client, "advsuite", cfg)
 	model := NewMemory(cfg)
 	st := advStats{codes: map[string]int{}}
 	at := t0

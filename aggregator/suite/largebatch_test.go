@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
@@ -25,12 +24,7 @@ func TestOneSuiteInALargeBatchMatchesModel(t *testing.T) {
 	for i := range stream {
 		stream[i].Key.Key = Key{"ws", "one"}
 	}
-	prefix := testenv.Name(t, "suitelarge")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newTestRedis(t, client, "suitelarge", cfg)
 	model := NewMemory(cfg)
 	at := t0
 	for i, size := 0, 0; i < len(stream); i += size {

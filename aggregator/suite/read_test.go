@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
@@ -30,12 +29,7 @@ func TestCasesMatchRuns(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(7, 11))
-			prefix := testenv.Name(t, "cases")
-			testenv.CleanPrefix(t, client, prefix)
-			store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			store := newTestRedis(t, client, "cases", cfg)
 			model := NewModel()
 			stream := randomRuns(r, 3000)
 			at := t0

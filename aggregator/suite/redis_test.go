@@ -76,12 +76,7 @@ func matchModel(t *testing.T, client *redis.Client) {
 			t.Run(fmt.Sprint(name, " seed ", seed), func(t *testing.T) {
 				r := rand.New(rand.NewPCG(seed, 5))
 				stream := randomRuns(r, 6000)
-				prefix := testenv.Name(t, "suite")
-				testenv.CleanPrefix(t, client, prefix)
-				store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
+				store := newTestRedis(t, client, "suite", cfg)
 				model := NewMemory(cfg)
 				// Observation times move forward through the occurred times, so cases mature
 				// (missing runs count) while the stream runs.

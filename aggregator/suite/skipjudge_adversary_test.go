@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
@@ -156,12 +155,7 @@ func sjCompare(t *testing.T, client *redis.Client, cfg Config, batches []sjBatch
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	prefix := testenv.Name(t, "sjsuite")
-	testenv.CleanPrefix(t, client, prefix)
-	store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newTestRedis(t, client, "sjsuite", cfg)
 	model := NewMemory(cfg)
 	var st sjStats
 	at := t0
