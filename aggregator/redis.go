@@ -120,18 +120,66 @@ func (r *Redis) keys(k Key) []string {
 
 // Apply applies obs in order, one script call per aggregate, all in one pipelined round trip, and
 // returns outcomes and tallies as observed at time at. A call that fails may have been applied in
-// part or whole; calling it again with the same observations is always safe.
+// part or whole; calling it again with the same observations is always safe. It is Encode and
+// ApplyEncoded in a row.
 func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (Applied, error) {
+	return r.ApplyEncoded(ctx, r.Encode(obs), at)
+}
+
+// Encoded is a batch of observations grouped by aggregate and encoded as the apply script takes
+// them, made by Encode without any I/O, so that the processor can do it while Redis applies the
+// batch before (docs/semantics.md#delivery).
+type Encoded struct {
+	obs    []Observation
+	groups map[Key][]int
+	keys   []Key
+	redis  map[Key][]string // each aggregate's Redis keys
+	args   map[Key][]any    // each aggregate's script arguments; the first three are ApplyEncoded's
+	err    error            // why obs cannot be applied, returned by ApplyEncoded
+}
+
+// headArgs is how many script arguments ApplyEncoded fills in: retention, observation time, TTL.
+const headArgs = 3
+
+// Encode groups obs by aggregate and encodes them for ApplyEncoded. An observation that cannot be
+// stored makes ApplyEncoded fail, as Apply would.
+func (r *Redis) Encode(obs []Observation) *Encoded {
 	groups, keys := groupByKey(obs)
-	head := []any{
+	e := &Encoded{obs: obs, groups: groups, keys: keys}
+	fields, err := recordFields(obs)
+	if err != nil {
+		e.err = err
+		return e
+	}
+	recs := encodeRecords(obs)
+	e.redis, e.args = make(map[Key][]string, len(keys)), make(map[Key][]any, len(keys))
+	for _, k := range keys {
+		idx := groups[k]
+		args := make([]any, headArgs, headArgs+2*len(idx))
+		for _, i := range idx {
+			args = append(args, fields[i])
+		}
+		for _, i := range idx {
+			args = append(args, recs[i])
+		}
+		e.redis[k], e.args[k] = r.keys(k), args
+	}
+	return e
+}
+
+// ApplyEncoded applies a batch Encode made, as Apply applies the observations it was made of.
+func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (Applied, error) {
+	if e.err != nil {
+		return Applied{}, e.err
+	}
+	obs, groups, keys := e.obs, e.groups, e.keys
+	head := [headArgs]any{
 		strconv.FormatInt(int64(r.cfg.Retention/time.Microsecond), 10),
 		strconv.FormatInt(Micros(at), 10),
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
-	recs := encodeRecords(obs)
-	fields, err := recordFields(obs)
-	if err != nil {
-		return Applied{}, err
+	for _, k := range keys {
+		copy(e.args[k], head[:])
 	}
 	// The batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent
 	// writes is found before any tally computed on the lost state is published.
@@ -149,21 +197,12 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 				p.Get(ctx, markKey)
 			}
 			for _, k := range keys {
-				idx := groups[k]
-				args := make([]any, 0, len(head)+2*len(idx))
-				args = append(args, head...)
-				for _, i := range idx {
-					args = append(args, fields[i])
-				}
-				for _, i := range idx {
-					args = append(args, recs[i])
-				}
-				applyScript.EvalSha(ctx, p, r.keys(k), args...)
+				applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
 			}
 			// Last, after every write of the pipeline; its reply is not among cmds' first len(keys).
 			written := make([]string, len(keys))
 			for i, k := range keys {
-				written[i] = r.keys(k)[0]
+				written[i] = e.redis[k][0]
 			}
 			token = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
 			return nil

@@ -31,6 +31,20 @@ type Store interface {
 	CheckOffsets(ctx context.Context, committed aggregator.Offsets) error
 }
 
+// encoder is a Store that can do the CPU part of Apply (grouping and encoding the observations)
+// ahead, in Prepare, so that it overlaps the previous batch's Redis work instead of delaying the
+// next one; aggregator.Redis is one.
+type encoder interface {
+	Encode(obs []aggregator.Observation) *aggregator.Encoded
+	ApplyEncoded(ctx context.Context, e *aggregator.Encoded, at time.Time) (aggregator.Applied, error)
+}
+
+// suiteEncoder is a SuiteStore that applies graded runs Prepare encoded with suite.Encode;
+// suite.Redis is one.
+type suiteEncoder interface {
+	ApplyEncoded(ctx context.Context, e *suite.Encoded, at time.Time) (suite.Applied, error)
+}
+
 // Publisher publishes results and returns once they are acknowledged; sink.Kafka is one.
 type Publisher interface {
 	Publish(ctx context.Context, snaps []schemas.Snapshot) error
@@ -102,7 +116,9 @@ func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, suites SuiteStore, p
 type Batch struct {
 	msgs []kafka.Message
 	obs  []aggregator.Observation
+	enc  *aggregator.Encoded // obs encoded by Prepare, when the store is an encoder
 	runs []suite.RunObservation
+	renc *suite.Encoded // runs encoded by Prepare, when the suite store is a suiteEncoder
 	dls  []DeadLetter
 
 	// Filled by Apply.
@@ -139,7 +155,8 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 }
 
 // Prepare decodes msgs, sorts out the bad ones for the dead-letter topic and groups the rest into
-// observations and graded runs. It reads and writes nothing outside the process.
+// observations and graded runs, encoded for the store when it can take them so. It reads and
+// writes nothing outside the process.
 func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 	recv := p.now()
 	b := &Batch{msgs: msgs, obs: make([]aggregator.Observation, 0, len(msgs))}
@@ -170,6 +187,12 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 			b.runs = append(b.runs, suite.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
 		}
 	}
+	if enc, ok := p.store.(encoder); ok && len(b.obs) > 0 {
+		b.enc = enc.Encode(b.obs)
+	}
+	if _, ok := p.suites.(suiteEncoder); ok && len(b.runs) > 0 {
+		b.renc = suite.Encode(b.runs)
+	}
 	return b, nil
 }
 
@@ -197,7 +220,11 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 			}
 			b.at = p.now()
 			var err error
-			b.applied, err = p.store.Apply(ctx, b.obs, b.at)
+			if b.enc != nil {
+				b.applied, err = p.store.(encoder).ApplyEncoded(ctx, b.enc, b.at)
+			} else {
+				b.applied, err = p.store.Apply(ctx, b.obs, b.at)
+			}
 			return durability(err)
 		}},
 		{"suite_apply", func(ctx context.Context) error {
@@ -206,7 +233,11 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 			}
 			now := p.now()
 			var err error
-			b.suites, err = p.suites.Apply(ctx, b.runs, now)
+			if b.renc != nil {
+				b.suites, err = p.suites.(suiteEncoder).ApplyEncoded(ctx, b.renc, now)
+			} else {
+				b.suites, err = p.suites.Apply(ctx, b.runs, now)
+			}
 			if errors.Is(err, aggregator.ErrStateLost) {
 				return fmt.Errorf("%w: %w", ErrFatal, err)
 			}

@@ -122,8 +122,8 @@ type cellGroup struct {
 
 // scriptArgs returns the suite script's arguments for the observations idx of one suite, grouped
 // by cell in order of first appearance (the order Redis returns their outcome codes in, given in
-// order), after head.
-func scriptArgs(obs []RunObservation, idx []int, head []any) (args []any, order []int) {
+// order), after headArgs places for ApplyEncoded to fill.
+func scriptArgs(obs []RunObservation, idx []int) (args []any, order []int) {
 	at := map[[2]string]int{}
 	var cells []cellGroup
 	for _, i := range idx {
@@ -140,8 +140,7 @@ func scriptArgs(obs []RunObservation, idx []int, head []any) (args []any, order 
 		g.runs, g.occurred, g.vs = max(g.runs, o.Record.Runs), min(g.occurred, o.Record.Occurred), max(g.vs, o.Record.VersionSeq)
 		g.obs = append(g.obs, i)
 	}
-	args = make([]any, 0, len(head)+6*len(cells)+4*len(idx))
-	args = append(args, head...)
+	args = make([]any, headArgs, headArgs+6*len(cells)+4*len(idx))
 	order = make([]int, 0, len(idx))
 	// Records are slices of one buffer: one allocation per suite, not per run.
 	buf := make([]byte, 0, 48*len(idx))
@@ -193,26 +192,53 @@ func decodeRun(sk Key, field, value string) (RunEntry, error) {
 // Apply merges obs, updates the summaries of every touched suite and reads them back, as
 // observed at time at (the deadline of missing runs is at minus Config.MissingAfter, and never
 // moves back), in one pipelined round trip with one script call per suite. Calling it again with
-// the same observations changes nothing.
+// the same observations changes nothing. It is Encode and ApplyEncoded in a row.
 func (r *Redis) Apply(ctx context.Context, obs []RunObservation, at time.Time) (Applied, error) {
+	return r.ApplyEncoded(ctx, Encode(obs), at)
+}
+
+// Encoded is a batch of graded runs grouped by suite and cell and encoded as the suite script
+// takes them, made by Encode without any I/O, so that the processor can do it while Redis applies
+// the batch before.
+type Encoded struct {
+	n      int // runs
+	suites []Key
+	args   map[Key][]any // each suite's script arguments; the first headArgs are ApplyEncoded's
+	orders map[Key][]int // each suite's runs (indexes into the batch) in the order of its outcome codes
+}
+
+// headArgs is how many script arguments ApplyEncoded fills in (suite.lua: ttl_ms to sample limit).
+const headArgs = 7
+
+// Encode groups obs by suite and cell and encodes them for ApplyEncoded.
+func Encode(obs []RunObservation) *Encoded {
 	groups := map[Key][]int{}
-	var suites []Key
+	e := &Encoded{n: len(obs)}
 	for i := range obs {
 		k := obs[i].Key.Key
 		if _, ok := groups[k]; !ok {
-			suites = append(suites, k)
+			e.suites = append(e.suites, k)
 		}
 		groups[k] = append(groups[k], i)
 	}
-	head := []any{r.cfg.IdleTTL.Milliseconds(), r.suite.MinHistory, r.suite.JudgeLastVersions,
+	e.args, e.orders = make(map[Key][]any, len(e.suites)), make(map[Key][]int, len(e.suites))
+	for _, k := range e.suites {
+		e.args[k], e.orders[k] = scriptArgs(obs, groups[k])
+	}
+	return e
+}
+
+// ApplyEncoded applies a batch Encode made, as Apply applies the runs it was made of.
+func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (Applied, error) {
+	head := [headArgs]any{r.cfg.IdleTTL.Milliseconds(), r.suite.MinHistory, r.suite.JudgeLastVersions,
 		aggregator.Micros(at) - r.suite.MissingAfter.Microseconds(), "a", schemas.MaxListedCases,
 		schemas.MaxMissingRunIndexes}
-	args, orders := make(map[Key][]any, len(suites)), make(map[Key][]int, len(suites))
-	for _, k := range suites {
-		args[k], orders[k] = scriptArgs(obs, groups[k], head)
+	for _, k := range e.suites {
+		copy(e.args[k], head[:])
 	}
-	res := Applied{Outcomes: make([]aggregator.Outcome, len(obs)), Suites: suites, Summaries: map[Key]*Summary{}}
-	replies, err := r.call(ctx, suites, func(k Key) []any { return args[k] })
+	suites, orders := e.suites, e.orders
+	res := Applied{Outcomes: make([]aggregator.Outcome, e.n), Suites: suites, Summaries: map[Key]*Summary{}}
+	replies, err := r.call(ctx, suites, func(k Key) []any { return e.args[k] })
 	if err != nil {
 		return Applied{}, fmt.Errorf("apply runs: %w", err)
 	}
