@@ -92,6 +92,8 @@ type Processor struct {
 	decoder *Decoder
 	store   Store
 	suites  SuiteStore
+	enc     encoder      // store, when it is one
+	renc    suiteEncoder // suites, when it is one
 	pub     Publisher
 	dlq     DeadLetterSender
 	now     func() time.Time
@@ -108,7 +110,10 @@ func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, suites SuiteStore, p
 	if d == nil || s == nil || suites == nil || p == nil || dlq == nil || now == nil || log == nil || m == nil {
 		return nil, errors.New("processor: every dependency is required")
 	}
-	return &Processor{cfg: cfg, decoder: d, store: s, suites: suites, pub: p, dlq: dlq, now: now, log: log, metrics: m}, nil
+	proc := &Processor{cfg: cfg, decoder: d, store: s, suites: suites, pub: p, dlq: dlq, now: now, log: log, metrics: m}
+	proc.enc, _ = s.(encoder)
+	proc.renc, _ = suites.(suiteEncoder)
+	return proc, nil
 }
 
 // Batch is one batch of input messages on its way through the processor's stages. Each stage
@@ -187,10 +192,10 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 			b.runs = append(b.runs, suite.FromEvalRun(ev.Eval, p.cfg.Suite.ReplyMode))
 		}
 	}
-	if enc, ok := p.store.(encoder); ok && len(b.obs) > 0 {
-		b.enc = enc.Encode(b.obs)
+	if p.enc != nil && len(b.obs) > 0 {
+		b.enc = p.enc.Encode(b.obs)
 	}
-	if _, ok := p.suites.(suiteEncoder); ok && len(b.runs) > 0 {
+	if p.renc != nil && len(b.runs) > 0 {
 		b.renc = suite.Encode(b.runs)
 	}
 	return b, nil
@@ -221,7 +226,7 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 			b.at = p.now()
 			var err error
 			if b.enc != nil {
-				b.applied, err = p.store.(encoder).ApplyEncoded(ctx, b.enc, b.at)
+				b.applied, err = p.enc.ApplyEncoded(ctx, b.enc, b.at)
 			} else {
 				b.applied, err = p.store.Apply(ctx, b.obs, b.at)
 			}
@@ -234,7 +239,7 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 			now := p.now()
 			var err error
 			if b.renc != nil {
-				b.suites, err = p.suites.(suiteEncoder).ApplyEncoded(ctx, b.renc, now)
+				b.suites, err = p.renc.ApplyEncoded(ctx, b.renc, now)
 			} else {
 				b.suites, err = p.suites.Apply(ctx, b.runs, now)
 			}
