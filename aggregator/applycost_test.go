@@ -42,6 +42,15 @@ type costShape struct {
 // costStream returns batches of 2 000 observations (the processor's batch size) of the shape:
 // mostly new opportunities, 5 % byte-identical duplicates and 5 % re-assessments, over a clock
 // that moves 80 ms per batch (25 000 events/s), with the observation time of each batch.
+// costBatch is the batch size of the cost streams: REPEATRATE_APPLY_COST_BATCH, 2000 by default
+// (the processor's batches under load are larger, up to 16 000).
+func costBatch() int {
+	if n, err := strconv.Atoi(os.Getenv("REPEATRATE_APPLY_COST_BATCH")); err == nil && n > 0 {
+		return n
+	}
+	return 2000
+}
+
 func costStream(shape costShape, events int) (batches [][]Observation, ats []time.Time) {
 	r := rand.New(rand.NewPCG(10, uint64(shape.aggregates)))
 	keys := make([]Key, shape.aggregates)
@@ -53,10 +62,11 @@ func costStream(shape costShape, events int) (batches [][]Observation, ats []tim
 	base := Micros(time.Now().Truncate(time.Second))
 	span := int64(shape.span / time.Microsecond)
 	var all []Observation
-	for b := 0; b*2000 < events; b++ {
-		clock := base + int64(b)*80_000
-		batch := make([]Observation, 0, 2000)
-		for len(batch) < 2000 {
+	size := costBatch()
+	for b := 0; b*size < events; b++ {
+		clock := base + int64(b)*int64(size)*40
+		batch := make([]Observation, 0, size)
+		for len(batch) < size {
 			switch p := r.IntN(100); {
 			case p < 5 && len(all) > 0:
 				batch = append(batch, all[r.IntN(len(all))])
@@ -301,7 +311,9 @@ func applyCurrentArgs(ctx context.Context, c *redis.Client, script *redis.Script
 // (REPEATRATE_APPLY_COST_REDIS names another Redis than the test one; its CPU is then the scripts'
 // alone. REPEATRATE_APPLY_COST_PREV=<file.lua> adds that script, taking the current arguments, as
 // "previous", to measure a step of the current layout: git show <commit>:aggregator/apply.lua.
-// REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it.)
+// REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it.
+// REPEATRATE_APPLY_COST_BATCH sets the batch size, 2000 by default: the processor's batches under
+// load hold up to 16 000 events, over which a call's fixed cost spreads further.)
 func TestApplyCost(t *testing.T) {
 	events, _ := strconv.Atoi(os.Getenv("REPEATRATE_APPLY_COST"))
 	if events <= 0 {
@@ -415,15 +427,15 @@ func TestApplyCost(t *testing.T) {
 			per := func(c redisCost) (float64, float64) {
 				return c.cpu * 1e6 / float64(n), float64(c.commands()) / float64(n)
 			}
-			t.Logf("%s: %d events measured after %d, %d aggregates, occurred over %v, batches of 2000",
-				shape.name, n, warmup*2000, shape.aggregates, shape.span)
+			t.Logf("%s: %d events measured after %d, %d aggregates, occurred over %v, batches of %d",
+				shape.name, n, warmup*costBatch(), shape.aggregates, shape.span, costBatch())
 			cpu, cmds, mem := make([]float64, nc), make([]float64, nc), make([]float64, nc)
 			for i := range costs {
 				if only && i != cur {
 					continue
 				}
 				cpu[i], cmds[i] = per(costs[i])
-				mem[i] = float64(memoryOf(ctx, client, prefixes[i])) / float64(len(batches)*2000)
+				mem[i] = float64(memoryOf(ctx, client, prefixes[i])) / float64(len(batches)*costBatch())
 				t.Logf("  %-9s %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event, %.1f bytes/event:%s",
 					names[i]+":", cpu[i], costs[i].sys*1e6/float64(n), cmds[i], mem[i], costs[i].top(n))
 			}
