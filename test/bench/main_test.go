@@ -74,10 +74,10 @@ func TestPollInterval(t *testing.T) {
 		done, total float64
 		want        time.Duration
 	}{
-		{true, 0, 1000, 10 * time.Millisecond},    // the first batch is awaited
-		{false, 1, 1000, 50 * time.Millisecond},   // under way
-		{false, 949, 1000, 50 * time.Millisecond}, // not near the end yet
-		{false, 950, 1000, 10 * time.Millisecond}, // the end is near
+		{true, 0, 1000, 10 * time.Millisecond},     // the first batch is awaited
+		{false, 1, 1000, 200 * time.Millisecond},   // under way
+		{false, 949, 1000, 200 * time.Millisecond}, // not near the end yet
+		{false, 950, 1000, 10 * time.Millisecond},  // the end is near
 	} {
 		if got := pollInterval(tc.waiting, tc.done, tc.total); got != tc.want {
 			t.Errorf("pollInterval(%v, %v, %v) = %v, want %v", tc.waiting, tc.done, tc.total, got, tc.want)
