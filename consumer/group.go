@@ -86,7 +86,7 @@ func (c *GroupConfig) Validate() error {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 	if c.Linger <= 0 {
-		c.Linger = 50 * time.Millisecond
+		c.Linger = 20 * time.Millisecond
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second

@@ -90,7 +90,6 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.Redis.Addrs = []string{mr.Addr()}
 	cfg.HTTPAddr = *httpAddr
 	cfg.LogLevel = *logLevel
-	cfg.Batch.Linger = 20 * time.Millisecond
 	// The embedded Redis runs the scripts on gopher-lua, whose registry overflows on a call of a
 	// few thousand observations of one aggregate (the demo's backlog is mostly a few aggregates);
 	// a demo gains nothing from the large batches that spread Redis's fixed cost under load.
