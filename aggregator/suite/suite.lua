@@ -33,14 +33,23 @@
 -- reply*2 + trigger (result 0 pass, 1 fail, 2 error; reply and trigger 0 or 1), so that a new run
 -- is applied without parsing its record. Returns {codes (one per run, in argument order),
 -- discrimination, revived, versions} (see Redis.Apply in redis.go).
+
+-- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
+-- register.
+local ARGV, tonumber, ipairs, pairs, unpack = ARGV, tonumber, ipairs, pairs, unpack
+local floor, max, min = math.floor, math.max, math.min
+local sub, byte, char, fmt, match, gmatch = string.sub, string.byte, string.char, string.format, string.match, string.gmatch
+local find = string.find
+local call, concat, sort = redis.call, table.concat, table.sort
 local R, AN = KEYS[1], KEYS[2]
-local B = string.sub(R, 1, -2)
+local B = sub(R, 1, -2)
 local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 'm', B .. 'd', B .. 'rl'
 local PA = B .. 'pa'
 local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local GROUP, PER, FIRST = 6, 4, 8
-local anyRuns = #ARGV >= FIRST
+local nargs = #ARGV
+local anyRuns = nargs >= FIRST
 
 -- Bulk reads and writes of hash fields, in chunks (Lua unpacks a few thousand values at most, the
 -- embedded Redis of `repeatrate dev` fewer).
@@ -48,7 +57,7 @@ local CHUNK = 1000
 local function hmget(key, fields)
   local out = {}
   for i = 1, #fields, CHUNK do
-    local got = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    local got = call('HMGET', key, unpack(fields, i, min(i + CHUNK - 1, #fields)))
     for j = 1, #got do out[#out + 1] = got[j] end
   end
   return out
@@ -57,8 +66,8 @@ end
 local function hsetAll(key, fs, t)
   for i = 1, #fs, CHUNK do
     local args = {}
-    for j = i, math.min(i + CHUNK - 1, #fs) do args[#args + 1] = fs[j]; args[#args + 1] = t[fs[j]] end
-    redis.call('HSET', key, unpack(args))
+    for j = i, min(i + CHUNK - 1, #fs) do args[#args + 1] = fs[j]; args[#args + 1] = t[fs[j]] end
+    call('HSET', key, unpack(args))
   end
 end
 
@@ -69,12 +78,12 @@ local function resetRanks() rankOf = {}; count = nil end
 local function vid(label, create)
   local id = vidOf[label]
   if id then return id end
-  id = redis.call('HGET', VI, label)
+  id = call('HGET', VI, label)
   if not id then
     if not create then return nil end
-    id = tostring(redis.call('HINCRBY', D, 'vn', 1))
-    redis.call('HSET', VI, label, id)
-    redis.call('HSET', VX, id, label)
+    id = tostring(call('HINCRBY', D, 'vn', 1))
+    call('HSET', VI, label, id)
+    call('HSET', VX, id, label)
     created[id] = true
   end
   vidOf[label], labelOf[id] = id, label
@@ -83,19 +92,19 @@ end
 local function label(id)
   local l = labelOf[id]
   if not l then
-    l = redis.call('HGET', VX, id)
+    l = call('HGET', VX, id)
     labelOf[id], vidOf[l] = l, id
   end
   return l
 end
 local function versions()
-  if not count then count = redis.call('ZCARD', VO) end
+  if not count then count = call('ZCARD', VO) end
   return count
 end
 local function rank(id)
   local r = rankOf[id]
   if not r then
-    r = redis.call('ZRANK', VO, label(id))
+    r = call('ZRANK', VO, label(id))
     rankOf[id] = r
   end
   return r
@@ -108,7 +117,7 @@ end
 local function boundary()
   local n = versions()
   if judgeLast == 0 or n <= judgeLast then return '' end
-  return redis.call('ZRANGE', VO, n - judgeLast, n - judgeLast)[1]
+  return call('ZRANGE', VO, n - judgeLast, n - judgeLast)[1]
 end
 
 -- Cells: what a case holds in one version ----------------------------------------------------------
@@ -119,12 +128,12 @@ local function cell(id, c, create)
   local x = cells[k]
   if x then return x end
   local v = cellRaw[k]
-  if v == nil then v = redis.call('HGET', M, k) end
+  if v == nil then v = call('HGET', M, k) end
   if v then
-    local bar = string.find(v, '|', 1, true)
-    local p, f, e, pl, fo = string.match(string.sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
+    local bar = find(v, '|', 1, true)
+    local p, f, e, pl, fo = match(sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
     x = { p = tonumber(p), f = tonumber(f), e = tonumber(e), planned = tonumber(pl), first = tonumber(fo),
-          bm = string.sub(v, bar + 1), exists = true }
+          bm = sub(v, bar + 1), exists = true }
   elseif create then
     x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false }
   else
@@ -138,9 +147,9 @@ end
 -- Bit i of a bitmap string (plain arithmetic: the embedded Redis of `repeatrate dev` has no bit
 -- library).
 local function hasBit(bm, i)
-  local b = math.floor(i / 8) + 1
+  local b = floor(i / 8) + 1
   if b > #bm then return false end
-  return math.floor(string.byte(bm, b) / 2 ^ (i % 8)) % 2 == 1
+  return floor(byte(bm, b) / 2 ^ (i % 8)) % 2 == 1
 end
 -- setBit sets bit i of cell x's bitmap, held as a table of byte values while the call runs (x.bytes,
 -- made into x.bm again when the cell is written): one string per cell and call, not per run.
@@ -148,13 +157,13 @@ local BIT = { 1, 2, 4, 8, 16, 32, 64, 128 }
 local function setBit(x, i)
   local t = x.bytes
   if not t then
-    t = { string.byte(x.bm, 1, -1) }
+    t = { byte(x.bm, 1, -1) }
     x.bytes = t
   end
-  local b = math.floor(i / 8) + 1
+  local b = floor(i / 8) + 1
   for k = #t + 1, b do t[k] = 0 end
   local v, bit = t[b], BIT[i % 8 + 1]
-  if math.floor(v / bit) % 2 == 0 then t[b] = v + bit end
+  if floor(v / bit) % 2 == 0 then t[b] = v + bit end
 end
 local function missing(x) return x.planned - (x.p + x.f + x.e) end
 
@@ -168,7 +177,7 @@ end
 local function dadd(f, n) dd[f] = (dd[f] or 0) + n end
 local function flush(key, t)
   for f, n in pairs(t) do
-    if n ~= 0 and redis.call('HINCRBY', key, f, n) == 0 then redis.call('HDEL', key, f) end
+    if n ~= 0 and call('HINCRBY', key, f, n) == 0 then call('HDEL', key, f) end
   end
 end
 
@@ -180,8 +189,8 @@ local function vidsOf(c)
   if not l then
     l = {}
     local v = caseRaw[c]
-    if v == nil then v = redis.call('HGET', C, c) end
-    if v then for id in string.gmatch(v, '%d+') do l[#l + 1] = id end end
+    if v == nil then v = call('HGET', C, c) end
+    if v then for id in gmatch(v, '%d+') do l[#l + 1] = id end end
     caseVids[c] = l
   end
   return l
@@ -200,7 +209,7 @@ local function judge(c, old)
   end
   local res = { outs = outs }
   if #outs == 0 then return res end
-  table.sort(outs, function(a, b) return a.rank < b.rank end)
+  sort(outs, function(a, b) return a.rank < b.rank end)
   local streak = 1
   while streak < #outs and outs[streak + 1].pass == outs[1].pass do streak = streak + 1 end
   if streak >= minHistory and streak < #outs then
@@ -237,17 +246,17 @@ local dv = {} -- version id -> deadline in force this call
 local function mature(id)
   if dv[id] then return end
   local H = B .. 'h' .. id
-  local held = tonumber(redis.call('HGET', H, 'D'))
+  local held = tonumber(call('HGET', H, 'D'))
   if held and held >= deadline then dv[id] = held; return end
-  local dl = string.format('%.0f', deadline)
-  local due = redis.call('ZRANGEBYSCORE', B .. 'i' .. id, '-inf', dl)
+  local dl = fmt('%.0f', deadline)
+  local due = call('ZRANGEBYSCORE', B .. 'i' .. id, '-inf', dl)
   for _, c in ipairs(due) do
     local x = cell(id, c, false)
     hadd(id, 'M', missing(x))
-    redis.call('ZADD', B .. 'x' .. id, 0, c)
+    call('ZADD', B .. 'x' .. id, 0, c)
   end
-  if #due > 0 then redis.call('ZREMRANGEBYSCORE', B .. 'i' .. id, '-inf', dl) end
-  redis.call('HSET', H, 'D', string.format('%.0f', deadline))
+  if #due > 0 then call('ZREMRANGEBYSCORE', B .. 'i' .. id, '-inf', dl) end
+  call('HSET', H, 'D', fmt('%.0f', deadline))
   dv[id] = deadline
 end
 
@@ -287,14 +296,14 @@ local function groups()
   local b, n = nil, 0
   return function()
     b = b and b + GROUP + n * PER or FIRST
-    if b > #ARGV then return nil end
+    if b > nargs then return nil end
     n = tonumber(ARGV[b + 2])
     return b, n
   end
 end
 
 -- Apply ---------------------------------------------------------------------------------------------
-local out = {}
+local out, nout = {}, 0
 local bound0 = boundary()
 local reorder = false
 local cases, caseOrder = {}, {}
@@ -306,13 +315,13 @@ for b in groups() do
 end
 -- Read ahead, one HMGET each, what the runs will read one by one: their held records, their cases'
 -- version lists, and the cells of those versions and of the runs' own (existing) versions.
-local heldRun, runWrites = {}, {}
+local heldRun, runWrites, nwrites = {}, {}, 0
 if anyRuns then
-  local fs, cs, cseen = {}, {}, {}
+  local fs, cs, cseen, nfs = {}, {}, {}, 0
   for b, n in groups() do
     local c = ARGV[b + 1]
     if not cseen[c] then cseen[c] = true; cs[#cs + 1] = c end
-    for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do fs[#fs + 1] = ARGV[r] end
+    for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do nfs = nfs + 1; fs[nfs] = ARGV[r] end
   end
   local got = hmget(R, fs)
   for j, f in ipairs(fs) do heldRun[f] = got[j] end
@@ -340,17 +349,17 @@ for b, n in groups() do
   local id = vid(version, true)
   local cur = seqOf[id]
   if cur == nil then
-    cur = tonumber(redis.call('ZSCORE', VO, version) or '-1')
+    cur = tonumber(call('ZSCORE', VO, version) or '-1')
   end
   if cur < 0 or vseq > cur then
-    redis.call('ZADD', VO, string.format('%.0f', vseq), version)
+    call('ZADD', VO, fmt('%.0f', vseq), version)
     resetRanks()
     if cur >= 0 and not created[id] then reorder = true end
     cur = vseq
   end
   seqOf[id] = cur
   if created[id] and not dv[id] then
-    redis.call('HSET', B .. 'h' .. id, 'D', string.format('%.0f', deadline))
+    call('HSET', B .. 'h' .. id, 'D', fmt('%.0f', deadline))
     dv[id] = deadline
   end
   if not touchedVersions[id] then touchedVersions[id] = true; versionOrder[#versionOrder + 1] = id end
@@ -370,7 +379,7 @@ for b, n in groups() do
     local l = cases[c].cells
     l[#l + 1] = x
   end
-  x.planned = math.max(x.planned, runs)
+  x.planned = max(x.planned, runs)
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
   local acc = accOf(id)
@@ -380,8 +389,8 @@ for b, n in groups() do
     local held = heldRun[field]
     local code = 'N'
     if held then
-      local ores, ha, hs, orep, otok, otrig = string.match(held, RECORD)
-      local _, asd, seq = string.match(value, RECORD)
+      local ores, ha, hs, orep, otok, otrig = match(held, RECORD)
+      local _, asd, seq = match(value, RECORD)
       ha, hs, asd, seq = tonumber(ha), tonumber(hs), tonumber(asd), tonumber(seq)
       if asd > ha or (asd == ha and seq > hs) then
         code = 'R'
@@ -392,19 +401,20 @@ for b, n in groups() do
         code = 'S'
       end
     end
-    out[#out + 1] = code
+    nout = nout + 1
+    out[nout] = code
     if code == 'N' or code == 'R' then
       local idx, fl = tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3])
       if code == 'N' then setBit(x, idx) end
-      runDelta(x, acc, idx, math.floor(fl / 4) % 4, math.floor(fl / 2) % 2, math.floor(fl / 16), fl % 2, 1)
+      runDelta(x, acc, idx, floor(fl / 4) % 4, floor(fl / 2) % 2, floor(fl / 16), fl % 2, 1)
       heldRun[field] = value
-      runWrites[#runWrites + 1] = field
-      runWrites[#runWrites + 1] = value
+      nwrites = nwrites + 2
+      runWrites[nwrites - 1], runWrites[nwrites] = field, value
     end
   end
 end
 for i = 1, #runWrites, 2 * CHUNK do
-  redis.call('HSET', R, unpack(runWrites, i, math.min(i + 2 * CHUNK - 1, #runWrites)))
+  call('HSET', R, unpack(runWrites, i, min(i + 2 * CHUNK - 1, #runWrites)))
 end
 
 -- Cells: their (n, c) histogram entry, missing-run sets and records (written in one HSET), and
@@ -431,23 +441,23 @@ for _, x in ipairs(touchedCells) do
   else
     if om > 0 then
       if omat then
-        redis.call('ZREM', B .. 'x' .. id, c); hadd(id, 'M', -om)
+        call('ZREM', B .. 'x' .. id, c); hadd(id, 'M', -om)
       else
-        redis.call('ZREM', B .. 'i' .. id, c)
+        call('ZREM', B .. 'i' .. id, c)
       end
     end
     if nm > 0 then
       if nmat then
-        redis.call('ZADD', B .. 'x' .. id, 0, c); hadd(id, 'M', nm)
+        call('ZADD', B .. 'x' .. id, 0, c); hadd(id, 'M', nm)
       else
-        redis.call('ZADD', B .. 'i' .. id, string.format('%.0f', x.first), c)
+        call('ZADD', B .. 'i' .. id, fmt('%.0f', x.first), c)
       end
     end
   end
   local k = id .. '|' .. c
-  if x.bytes then x.bm = string.char(unpack(x.bytes)); x.bytes = nil end
+  if x.bytes then x.bm = char(unpack(x.bytes)); x.bytes = nil end
   cellOrder[#cellOrder + 1] = k
-  cellWrites[k] = string.format('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
+  cellWrites[k] = fmt('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
   if x.maxRuns and x.maxRuns > (maxRunsOf[id] or 0) then
     if not maxRunsOf[id] then versionsRun[#versionsRun + 1] = id end
     maxRunsOf[id] = x.maxRuns
@@ -456,14 +466,14 @@ end
 hsetAll(M, cellOrder, cellWrites)
 for _, id in ipairs(versionsRun) do
   local H = B .. 'h' .. id
-  local held = tonumber(redis.call('HGET', H, 'R') or '0')
-  if maxRunsOf[id] > held then redis.call('HSET', H, 'R', maxRunsOf[id]) end
+  local held = tonumber(call('HGET', H, 'R') or '0')
+  if maxRunsOf[id] > held then call('HSET', H, 'R', maxRunsOf[id]) end
 end
 local caseOrderChanged, caseWrites = {}, {}
 for _, c in ipairs(caseOrder) do
   if cases[c].vidsChanged then
     caseOrderChanged[#caseOrderChanged + 1] = c
-    caseWrites[c] = table.concat(vidsOf(c), ' ')
+    caseWrites[c] = concat(vidsOf(c), ' ')
   end
 end
 hsetAll(C, caseOrderChanged, caseWrites)
@@ -471,18 +481,18 @@ hsetAll(C, caseOrderChanged, caseWrites)
 -- Discrimination: the touched cases' changes, or every case after a reordering.
 local after = {}
 if reorder or boundary() ~= bound0 then
-  for _, f in ipairs(redis.call('HKEYS', D)) do
-    if f ~= 'vn' then redis.call('HDEL', D, f) end
+  for _, f in ipairs(call('HKEYS', D)) do
+    if f ~= 'vn' then call('HDEL', D, f) end
   end
   dd = {}
-  redis.call('DEL', RL, PA)
-  for _, c in ipairs(redis.call('HKEYS', C)) do
+  call('DEL', RL, PA)
+  for _, c in ipairs(call('HKEYS', C)) do
     local res = judge(c)
     after[c] = res
     contribute(res, 1)
     if res.revived then
-      redis.call('ZADD', RL, 0, c)
-      if redis.call('SISMEMBER', AN, c) == 0 then redis.call('ZADD', PA, 0, c) end
+      call('ZADD', RL, 0, c)
+      if call('SISMEMBER', AN, c) == 0 then call('ZADD', PA, 0, c) end
     end
   end
 else
@@ -502,11 +512,11 @@ else
       contribute(before, -1)
       contribute(res, 1)
       if res.revived and not before.revived then
-        redis.call('ZADD', RL, 0, c)
-        if redis.call('SISMEMBER', AN, c) == 0 then redis.call('ZADD', PA, 0, c) end
+        call('ZADD', RL, 0, c)
+        if call('SISMEMBER', AN, c) == 0 then call('ZADD', PA, 0, c) end
       elseif before.revived and not res.revived then
-        redis.call('ZREM', RL, c)
-        redis.call('ZREM', PA, c)
+        call('ZREM', RL, c)
+        call('ZREM', PA, c)
       end
     end
   end
@@ -524,26 +534,26 @@ hd = {}
 
 -- Read back ---------------------------------------------------------------------------------------
 local revived = {}
-for _, c in ipairs(redis.call('ZRANGE', PA, 0, -1)) do
+for _, c in ipairs(call('ZRANGE', PA, 0, -1)) do
   local r = (after[c] or judge(c)).revived
   if r then revived[#revived + 1] = { c, label(r.id), r.from and 1 or 0, r.to and 1 or 0, r.streak } end
 end
-local disc = redis.call('HMGET', D, 'ap', 'af', 'di', 'tn')
-disc[5] = redis.call('ZCARD', VO)
-local latest = redis.call('ZRANGE', VO, -1, -1)[1]
+local disc = call('HMGET', D, 'ap', 'af', 'di', 'tn')
+disc[5] = call('ZCARD', VO)
+local latest = call('ZRANGE', VO, -1, -1)[1]
 disc[6] = latest or ''
 if latest then
   local lid = vid(latest, false)
-  local l = redis.call('HMGET', D, lid .. 'n', lid .. 'p', lid .. 'dn', lid .. 'dp')
+  local l = call('HMGET', D, lid .. 'n', lid .. 'p', lid .. 'dn', lid .. 'dp')
   for j = 1, 4 do disc[6 + j] = l[j] end
 end
-disc[11] = redis.call('ZCARD', RL)
-disc[12] = redis.call('ZRANGE', RL, 0, listN - 1)
+disc[11] = call('ZCARD', RL)
+disc[12] = call('ZRANGE', RL, 0, listN - 1)
 for j = 1, 10 do if not disc[j] then disc[j] = '0' end end
 
 if mode == 'r' then
   versionOrder = {}
-  for _, l in ipairs(redis.call('ZRANGE', VO, 0, -1)) do
+  for _, l in ipairs(call('ZRANGE', VO, 0, -1)) do
     local id = vid(l, false)
     mature(id)
     versionOrder[#versionOrder + 1] = id
@@ -553,13 +563,13 @@ end
 local vs = {}
 for _, id in ipairs(versionOrder) do
   local list = {}
-  for _, c in ipairs(redis.call('ZRANGE', B .. 'x' .. id, 0, listN - 1)) do
+  for _, c in ipairs(call('ZRANGE', B .. 'x' .. id, 0, listN - 1)) do
     local x = cell(id, c, false)
     local sample, n = {}, missing(x)
     local i = 0
     while i < x.planned and #sample < sampleN do
-      local byte = math.floor(i / 8) + 1
-      if i % 8 == 0 and byte <= #x.bm and string.byte(x.bm, byte) == 255 then
+      local bi = floor(i / 8) + 1
+      if i % 8 == 0 and bi <= #x.bm and byte(x.bm, bi) == 255 then
         i = i + 8
       else
         if not hasBit(x.bm, i) then sample[#sample + 1] = i end
@@ -568,13 +578,13 @@ for _, id in ipairs(versionOrder) do
     end
     list[#list + 1] = { c, n, sample }
   end
-  vs[#vs + 1] = { label(id), redis.call('HGETALL', B .. 'h' .. id), list }
+  vs[#vs + 1] = { label(id), call('HGETALL', B .. 'h' .. id), list }
 end
 
 if anyRuns and ttl > 0 then
-  for _, k in ipairs({ R, AN, VO, VI, VX, C, M, D, RL, PA }) do redis.call('PEXPIRE', k, ttl) end
-  for _, id in ipairs(redis.call('HVALS', VI)) do
-    for _, p in ipairs({ 'h', 'i', 'x' }) do redis.call('PEXPIRE', B .. p .. id, ttl) end
+  for _, k in ipairs({ R, AN, VO, VI, VX, C, M, D, RL, PA }) do call('PEXPIRE', k, ttl) end
+  for _, id in ipairs(call('HVALS', VI)) do
+    for _, p in ipairs({ 'h', 'i', 'x' }) do call('PEXPIRE', B .. p .. id, ttl) end
   end
 end
-return { table.concat(out), disc, revived, vs }
+return { concat(out), disc, revived, vs }
