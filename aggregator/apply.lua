@@ -53,6 +53,9 @@ local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window p
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
 local CHUNKBYTES = 480 -- an index chunk is closed before it grows past this (a 512-byte allocation)
 local opps, st, listed = KEYS[1], KEYS[2], KEYS[4]
+-- Globals read once: a global is a table lookup by name on every use, a local a register.
+local ARGV, tonumber, ipairs, unpack, type = ARGV, tonumber, ipairs, unpack, type
+local min = math.min
 local ret = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -67,17 +70,17 @@ local function hmget(key, fields)
   if #fields <= CHUNK then return call('HMGET', key, unpack(fields)) end
   local out = {}
   for i = 1, #fields, CHUNK do
-    local got = call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    local got = call('HMGET', key, unpack(fields, i, min(i + CHUNK - 1, #fields)))
     for j = 1, #got do out[#out + 1] = got[j] end
   end
   return out
 end
 local function hdel(key, fields)
-  for i = 1, #fields, CHUNK do call('HDEL', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields))) end
+  for i = 1, #fields, CHUNK do call('HDEL', key, unpack(fields, i, min(i + CHUNK - 1, #fields))) end
 end
 -- hset writes field, value pairs (a flat list).
 local function hset(key, pairs)
-  for i = 1, #pairs, CHUNK do call('HSET', key, unpack(pairs, i, math.min(i + CHUNK - 1, #pairs))) end
+  for i = 1, #pairs, CHUNK do call('HSET', key, unpack(pairs, i, min(i + CHUNK - 1, #pairs))) end
 end
 
 -- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, c p u (counts),
@@ -88,13 +91,14 @@ end
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
 -- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
 local hours, hlist, mins, mlist = {}, {}, {}, {}
+local nhl = 0 -- #hlist
 local function hourOf(h)
   local t = hours[-h]
   if not t then
     -- Every field set at once: no rehash as they are set later.
     t = {s = fmt('h%d', h), c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false, dirty = false,
       lo = false, hi = false, rlo = false, rhi = false, add = false}
-    hours[-h] = t; hlist[#hlist + 1] = h
+    hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
   end
   return t
 end
@@ -162,7 +166,7 @@ end
 -- The records of the batch (one HMGET), each observation's occurred time and hour, and the head,
 -- the hours and the recent minutes the batch touches (one HMGET).
 local occs, hs, held = {}, {}, {}
-local want, wantH, wantM = {'H', 'v'}, {}, {}
+local want, wantH, wantM, nwant = {'H', 'v'}, {}, {}, 2
 if n > 0 then
   local got
   if n <= CHUNK then
@@ -182,14 +186,14 @@ if n > 0 then
     if not hours[-h] then
       local t = hourOf(h)
       t.got = true
-      want[#want + 1] = t.s; wantH[#want] = t
+      nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
     end
     if occ >= recent then
       local m = floor(occ / MIN)
       if not mins[-m] then
         local t = minOf(m)
         t.got = true
-        want[#want + 1] = t.s; wantM[#want] = t
+        nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
       end
     end
   end
@@ -296,7 +300,7 @@ end
 -- are deleted. Only hours between the first and last retained ones can hold anything.
 local function expireHours(newCut)
   if not f then return end
-  local lo, hi = max(cutH, floor(f / HOUR)), math.min(newCut - 1, floor(l / HOUR))
+  local lo, hi = max(cutH, floor(f / HOUR)), min(newCut - 1, floor(l / HOUR))
   if lo > hi then return end
   loadHours(lo, hi)
   local dropped = false
@@ -358,6 +362,7 @@ end
 -- Records are written at the end of the loop (one HSET), index entries appended to their hours'
 -- open chunks.
 local pending, pendIds, pushHours, pushedTo = {}, {}, {}, {}
+local npend = 0 -- #pendIds
 -- push lists record field id under hour once per batch, however often the batch moves it there.
 local function push(id, hour)
   local p = pushedTo[id]
@@ -375,7 +380,7 @@ local function push(id, hour)
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
-  if not pending[id] then pending[id] = true; pendIds[#pendIds + 1] = id end
+  if not pending[id] then pending[id] = true; npend = npend + 1; pendIds[npend] = id end
   held[id] = value
   if h1 then push(id, h1) end
   if h2 and h2 ~= h1 then push(id, h2) end
@@ -431,9 +436,9 @@ for i = 1, n do
   end
 end
 
-if #pendIds > 0 then
+if npend > 0 then
   local h = {}
-  for _, id in ipairs(pendIds) do h[#h + 1] = id; h[#h + 1] = held[id] end
+  for i, id in ipairs(pendIds) do h[2 * i - 1] = id; h[2 * i] = held[id] end
   hset(opps, h)
   if not head then
     -- A new aggregate's record hash would be a listpack up to hash-max-listpack-entries records
@@ -481,7 +486,7 @@ if #pushHours > 0 then
   end
   if #zs > 0 then
     -- The index and the sorted set of its hours change together (expire together, see the end).
-    for i = 1, #zs, CHUNK do call('ZADD', listed, unpack(zs, i, math.min(i + CHUNK - 1, #zs))) end
+    for i = 1, #zs, CHUNK do call('ZADD', listed, unpack(zs, i, min(i + CHUNK - 1, #zs))) end
     for i = 1, #zs, 2 do if not g or zs[i] < g then g = zs[i] end end
     newHours = true
   end
@@ -579,7 +584,7 @@ end
 -- when its horizon is in the hour being collected; one listed there only for its winner stays for
 -- its horizon's. It runs only while the lowest listed hour (g) is expired.
 if n > 0 and cutH and g and g < cutH then
-  local budget = math.min(2 * n + 100, CHUNK)
+  local budget = min(2 * n + 100, CHUNK)
   local hrs = call('ZRANGEBYSCORE', listed, '-inf', '(' .. fmt('%d', cutH), 'LIMIT', 0, 64)
   local ids, idHour, done = {}, {}, {}
   local ts = {}
@@ -656,14 +661,16 @@ if n > 0 and ttl > 0 then
 end
 
 if n > 0 then
+  local ns = #sets
   for _, h in ipairs(hlist) do
     local t = hours[-h]
     if t.dirty then
       if t.c + t.p + t.u == 0 and t.k == 0 and t.e == '' then
         dels[#dels + 1] = t.s
       else
-        sets[#sets + 1] = t.s
-        sets[#sets + 1] = fmt('%x,%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a and t.a + 1 or 0, t.b and t.b + 1 or 0, t.k) .. t.e
+        sets[ns + 1] = t.s
+        sets[ns + 2] = fmt('%x,%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a and t.a + 1 or 0, t.b and t.b + 1 or 0, t.k) .. t.e
+        ns = ns + 2
       end
     end
   end
