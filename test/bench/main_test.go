@@ -1,7 +1,10 @@
 package main
 
 import (
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -82,5 +85,26 @@ func TestPollInterval(t *testing.T) {
 		if got := pollInterval(tc.waiting, tc.done, tc.total); got != tc.want {
 			t.Errorf("pollInterval(%v, %v, %v) = %v, want %v", tc.waiting, tc.done, tc.total, got, tc.want)
 		}
+	}
+}
+
+// TestScrapeRefusedIsNoSample checks that a refused scrape is an error, not an empty sample whose
+// counters read as zeros.
+func TestScrapeRefusedIsNoSample(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/limited" {
+			w.WriteHeader(http.StatusTooManyRequests)
+			io.WriteString(w, `{"error":"rate limit exceeded"}`)
+			return
+		}
+		io.WriteString(w, "# HELP x y\nrepeatrate_graded_runs_total 42\n")
+	}))
+	defer srv.Close()
+	if m, err := scrape(srv.URL + "/limited"); err == nil {
+		t.Fatalf("scrape of a 429 = %v, nil; want an error", m)
+	}
+	m, err := scrape(srv.URL + "/metrics")
+	if err != nil || m["repeatrate_graded_runs_total"] != 42 {
+		t.Fatalf("scrape = %v, %v; want the counter at 42", m, err)
 	}
 }

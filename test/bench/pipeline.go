@@ -174,7 +174,8 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 				}
 			}
 			if !first.IsZero() && in.runs > 0 {
-				if n := sumSeries(m, "repeatrate_graded_runs_total"); len(evals) == 0 || n != evals[len(evals)-1].n {
+				// A counter: a sample is kept when it grew.
+				if n := sumSeries(m, "repeatrate_graded_runs_total"); len(evals) == 0 || n > evals[len(evals)-1].n {
 					evals = append(evals, countSample{now, n})
 				}
 			}
@@ -270,6 +271,12 @@ func scrape(url string) (map[string]float64, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		// A refused scrape (429 past the rate limit, say) is no sample: read as one, its missing
+		// counters were zeros, and a zero among the graded-run samples made the last quarter
+		// look several times faster than it was.
+		return nil, fmt.Errorf("scrape %s: %s", url, resp.Status)
+	}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
