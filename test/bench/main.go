@@ -304,6 +304,9 @@ func (r pipelineResult) describe(cores int) string {
 		r.eps, r.cpuMicros, r.redisMicros, r.kafkaMicros, r.machineLimit(cores), r.eps/r.machineLimit(cores), r.roundTrips, r.commits, r.rssMB, r.aofRewrites)
 	if !math.IsNaN(r.suiteScale()) {
 		s += fmt.Sprintf(", suite scale %.3f (%.0f → %.0f eval results/s)", r.suiteScale(), r.suiteFirst, r.suiteLast)
+		if r.suiteRewrite {
+			s += " with an AOF rewrite in a measured quarter"
+		}
 	}
 	if r.timedOut {
 		s += fmt.Sprintf(", TIMED OUT after %d events", r.processed)
@@ -330,6 +333,7 @@ func (r pipelineResult) figures(in *input, cores int) map[string]any {
 		m["suite_scale_ratio"] = num(r.suiteScale(), 3)
 		m["suite_first_quarter_rps"] = num(r.suiteFirst, 0)
 		m["suite_last_quarter_rps"] = num(r.suiteLast, 0)
+		m["suite_scale_aof_rewrite"] = r.suiteRewrite
 	}
 	if r.timedOut {
 		m["timed_out_after_events"] = r.processed

@@ -17,7 +17,7 @@ func TestQuarterRates(t *testing.T) {
 	at := func(pairs ...float64) []countSample {
 		var s []countSample
 		for i := 0; i < len(pairs); i += 2 {
-			s = append(s, countSample{t0.Add(time.Duration(pairs[i] * float64(time.Second))), pairs[i+1]})
+			s = append(s, countSample{at: t0.Add(time.Duration(pairs[i] * float64(time.Second))), n: pairs[i+1]})
 		}
 		return s
 	}
@@ -106,5 +106,38 @@ func TestScrapeRefusedIsNoSample(t *testing.T) {
 	m, err := scrape(srv.URL + "/metrics")
 	if err != nil || m["repeatrate_graded_runs_total"] != 42 {
 		t.Fatalf("scrape = %v, %v; want the counter at 42", m, err)
+	}
+}
+
+// TestRewriteInQuarters checks that an AOF rewrite seen in the first or the last quarter of a
+// run's graded runs is reported, and one seen only in between is not.
+func TestRewriteInQuarters(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	// Counts 0, 100, …, 800 one second apart; rewriting at the given sample indexes.
+	samples := func(rewriting ...int) []countSample {
+		s := make([]countSample, 9)
+		for i := range s {
+			s[i] = countSample{at: t0.Add(time.Duration(i) * time.Second), n: float64(100 * i)}
+		}
+		for _, i := range rewriting {
+			s[i].rewriting = true
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name      string
+		rewriting []int
+		want      bool
+	}{
+		{"none", nil, false},
+		{"first quarter", []int{1}, true},
+		{"end of the first quarter", []int{2}, true},
+		{"middle", []int{3, 4, 5, 6}, false},
+		{"last quarter", []int{8}, true},
+		{"start of the last quarter", []int{7}, true},
+	} {
+		if got := rewriteInQuarters(samples(tc.rewriting...)); got != tc.want {
+			t.Errorf("%s: rewriteInQuarters = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -28,6 +28,7 @@ type pipelineResult struct {
 	kafkaMicros              float64 // broker user+system CPU µs per event (NaN without its pid)
 	rssMB                    float64
 	suiteFirst, suiteLast    float64 // eval results/s over the first and the last quarter (NaN without eval results)
+	suiteRewrite             bool    // Redis rewrote its AOF during the first or the last quarter
 	aofRewrites              int     // AOF rewrites Redis started during the run
 	processed                int     // messages processed: in.n unless timedOut
 	timedOut                 bool    // BENCH_TIMEOUT passed first; figures cover what was processed
@@ -49,14 +50,11 @@ func faster(a, b pipelineResult) pipelineResult {
 
 // countSample is a cumulative counter read from the processor's /metrics at a moment.
 type countSample struct {
-	at time.Time
-	n  float64
+	at        time.Time
+	n         float64
+	rewriting bool // Redis was seen rewriting its AOF since the previous sample
 }
 
-// quarterRates returns the rate over the first quarter of the counted items and over the last,
-// from cumulative samples (the first taken at the first processed batch, the last at the
-// end). A quarter is a quarter of the items counted between the first and last sample; each rate
-// runs between the samples that bracket it, so it is exact to the batch at which the counter moved.
 // pollInterval is the wait between two scrapes of the processor's metrics: short before its first
 // batch and near the end, so the measured interval's bounds are exact to ~10 ms, and longer in
 // between, where a scrape (the processor renders every metric) would otherwise take a few
@@ -69,35 +67,64 @@ func pollInterval(waiting bool, done, total float64) time.Duration {
 	return 200 * time.Millisecond
 }
 
-func quarterRates(s []countSample) (first, last float64) {
-	nan := math.NaN()
+// quarterBounds returns the index of the sample that ends the first quarter of the counted items
+// and of the one that starts the last, from cumulative samples (the first taken at the first
+// processed batch, the last at the end); false when the samples cannot tell.
+func quarterBounds(s []countSample) (ia, ib int, ok bool) {
 	if len(s) < 3 {
-		return nan, nan
+		return 0, 0, false
 	}
 	s0, s1 := s[0], s[len(s)-1]
 	q := (s1.n - s0.n) / 4
 	if q <= 0 {
-		return nan, nan
+		return 0, 0, false
 	}
-	a := s0
-	for _, x := range s {
+	for i, x := range s {
 		if x.n-s0.n >= q {
-			a = x
+			ia = i
 			break
 		}
 	}
-	b := s0
-	for _, x := range s {
+	for i, x := range s {
 		if s1.n-x.n < q {
 			break
 		}
-		b = x
+		ib = i
 	}
+	return ia, ib, ia > 0 && ib < len(s)-1
+}
+
+// quarterRates returns the rate over the first quarter of the counted items and over the last. A
+// quarter is a quarter of the items counted between the first and last sample; each rate runs
+// between the samples that bracket it, so it is exact to the batch at which the counter moved.
+func quarterRates(s []countSample) (first, last float64) {
+	nan := math.NaN()
+	ia, ib, ok := quarterBounds(s)
+	if !ok {
+		return nan, nan
+	}
+	s0, a, b, s1 := s[0], s[ia], s[ib], s[len(s)-1]
 	da, db := a.at.Sub(s0.at).Seconds(), s1.at.Sub(b.at).Seconds()
 	if da <= 0 || db <= 0 {
 		return nan, nan
 	}
 	return (a.n - s0.n) / da, (s1.n - b.n) / db
+}
+
+// rewriteInQuarters reports whether Redis was seen rewriting its AOF during the first or the last
+// quarter: the rewrite takes a core for a second or more, so a quarter it falls in runs slower
+// for a reason that has nothing to do with the suite's size.
+func rewriteInQuarters(s []countSample) bool {
+	ia, ib, ok := quarterBounds(s)
+	if !ok {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i].rewriting && (i <= ia || i > ib) {
+			return true
+		}
+	}
+	return false
 }
 
 // suiteScale is eval results/s over the last quarter ÷ over the first (NaN when unknown).
@@ -150,6 +177,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		done                 float64
 		m                    = map[string]float64{} // the last successful scrape
 		evals                []countSample          // graded runs applied, when they change
+		rewriting            bool                   // Redis rewrote its AOF since the last sample
 		timedOut             bool
 	)
 	for {
@@ -174,9 +202,11 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 				}
 			}
 			if !first.IsZero() && in.runs > 0 {
+				rewriting = rewriting || infoField(ctx, redisAddr, "persistence", "aof_rewrite_in_progress") == 1
 				// A counter: a sample is kept when it grew.
 				if n := sumSeries(m, "repeatrate_graded_runs_total"); len(evals) == 0 || n > evals[len(evals)-1].n {
-					evals = append(evals, countSample{now, n})
+					evals = append(evals, countSample{at: now, n: n, rewriting: rewriting})
+					rewriting = false
 				}
 			}
 		}
@@ -206,6 +236,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	}
 	if in.runs > 0 {
 		r.suiteFirst, r.suiteLast = quarterRates(evals)
+		r.suiteRewrite = rewriteInQuarters(evals)
 	}
 	// Where a batch's time goes: the stages overlap, so each is a share of the measured interval
 	// (the apply stage waits for Redis; prepare and publish run beside it).
