@@ -272,17 +272,18 @@ func (e *env) clusterRun(ctx context.Context, in *input, v clusterVariant, redis
 		if time.Now().After(deadline) {
 			return clusterResult{}, fmt.Errorf("cluster run %d: not done within %s", k, e.timeout)
 		}
-		total, all := 0.0, true
+		total, all, scraped := 0.0, true, true
 		for _, p := range insts {
 			m, err := scrape(p.url)
 			n := m["repeatrate_batch_messages_sum"]
+			scraped = scraped && err == nil
 			all = all && err == nil && n > 0
 			total += n
 		}
 		if all && first.at.IsZero() {
 			first = e.clusterSample(ctx, pids, kafkaPIDs, primaries, total)
 			last, prev = first, total
-		} else if !first.at.IsZero() && total > prev {
+		} else if scraped && !first.at.IsZero() && total > prev { // a failed scrape is no total
 			last, prev = e.clusterSample(ctx, pids, kafkaPIDs, primaries, total), total
 		}
 		if !first.at.IsZero() && committedAll(ctx, client, name, in.topic, ends) {

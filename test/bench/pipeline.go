@@ -258,6 +258,10 @@ func saveProfile(base, path string) {
 		return
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		logf("profile: %s", resp.Status) // a refused request is no profile
+		return
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		logf("profile: %v", err)
@@ -357,11 +361,15 @@ func peakRSS(pid int) float64 {
 	return 0
 }
 
-// infoField reads one numeric field of a Redis INFO section (0 when absent).
+// infoField reads one numeric field of a Redis INFO section (0 when absent, NaN when INFO fails).
 func infoField(ctx context.Context, addr, section, field string) float64 {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	s, _ := rdb.Info(ctx, section).Result()
+	s, err := rdb.Info(ctx, section).Result()
+	if err != nil {
+		// Unknown, not 0: a CPU reading of 0 at a run's start would count all of Redis's past CPU.
+		return math.NaN()
+	}
 	for _, l := range strings.Split(s, "\r\n") {
 		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			f, _ := strconv.ParseFloat(v, 64)
@@ -380,5 +388,9 @@ func redisCPU(ctx context.Context, addr string) float64 {
 // aofRewrites returns how many AOF rewrites the Redis at addr has done since it started (0 when
 // AOF is off or the figure is unavailable).
 func aofRewrites(ctx context.Context, addr string) int {
-	return int(infoField(ctx, addr, "persistence", "aof_rewrites"))
+	n := infoField(ctx, addr, "persistence", "aof_rewrites")
+	if math.IsNaN(n) {
+		return 0
+	}
+	return int(n)
 }
