@@ -4,17 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"reflect"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
@@ -31,261 +26,6 @@ import (
 //
 // (they are skipped without it: a change that means to change what a script stores differs from
 // every earlier revision).
-
-// adv3PrevCommit is the commit whose scripts the current ones must behave exactly as:
-// REPEATRATE_SCRIPT_PREV, empty when unset.
-func adv3PrevCommit() string { return os.Getenv("REPEATRATE_SCRIPT_PREV") }
-
-// adv3PrevSource returns file path (from the repository's root) as it was at adv3PrevCommit. The
-// comparison is a check for a change meant to keep a script's behaviour (a refactoring), so it runs
-// only when asked for: it is skipped without REPEATRATE_SCRIPT_PREV, and when git cannot show the
-// file at that commit.
-func adv3PrevSource(t *testing.T, path string) string {
-	t.Helper()
-	if adv3PrevCommit() == "" {
-		t.Skip("set REPEATRATE_SCRIPT_PREV=<revision> to compare the script with that revision's (e.g. 1bc9c97, before its globals became locals)")
-	}
-	out, err := exec.Command("git", "show", adv3PrevCommit()+":"+path).Output()
-	if err != nil || len(out) == 0 {
-		t.Skipf("git show %s:%s: %v (no repository history here)", adv3PrevCommit(), path, err)
-	}
-	return string(out)
-}
-
-// adv3Hook makes a client run script prev wherever its commands name script cur (EVALSHA, EVAL,
-// SCRIPT LOAD), and records the replies (or errors) of every call of either, in order.
-type adv3Hook struct {
-	cur, prev *redis.Script
-	swap      bool
-	mu        sync.Mutex
-	replies   []string
-}
-
-func (h *adv3Hook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *adv3Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		mine := h.before(cmd)
-		err := next(ctx, cmd)
-		if mine {
-			h.record(cmd)
-		}
-		return err
-	}
-}
-
-func (h *adv3Hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		mine := make([]bool, len(cmds))
-		for i, c := range cmds {
-			mine[i] = h.before(c)
-		}
-		err := next(ctx, cmds)
-		for i, c := range cmds {
-			if mine[i] {
-				h.record(c)
-			}
-		}
-		return err
-	}
-}
-
-// before swaps the script of cmd when it is the current one (and h swaps), and reports whether
-// cmd is a call of the script.
-func (h *adv3Hook) before(cmd redis.Cmder) bool {
-	args := cmd.Args()
-	if len(args) < 2 {
-		return false
-	}
-	name, _ := args[0].(string)
-	switch strings.ToLower(name) {
-	case "evalsha":
-		if args[1] == h.cur.Hash() {
-			if h.swap {
-				args[1] = h.prev.Hash()
-			}
-			return true
-		}
-	case "eval":
-		if args[1] == adv3Src(h.cur) {
-			if h.swap {
-				args[1] = adv3Src(h.prev)
-			}
-			return true
-		}
-	case "script":
-		if len(args) == 3 && args[2] == adv3Src(h.cur) && h.swap {
-			args[2] = adv3Src(h.prev)
-		}
-	}
-	return false
-}
-
-func (h *adv3Hook) record(cmd redis.Cmder) {
-	var s string
-	if err := cmd.Err(); err != nil && err != redis.Nil {
-		if strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			return // the store loads the script and calls again
-		}
-		s = "error: " + err.Error()
-	} else {
-		s = fmt.Sprintf("%#v", cmd.(*redis.Cmd).Val())
-	}
-	h.mu.Lock()
-	h.replies = append(h.replies, s)
-	h.mu.Unlock()
-}
-
-// take returns the replies recorded since the last take.
-func (h *adv3Hook) take() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	r := h.replies
-	h.replies = nil
-	return r
-}
-
-// adv3Sources maps each script to its source (go-redis keeps it unexported).
-var adv3Sources sync.Map
-
-func adv3Script(src string) *redis.Script {
-	s := redis.NewScript(src)
-	adv3Sources.Store(s, src)
-	return s
-}
-
-func adv3Src(s *redis.Script) string {
-	v, _ := adv3Sources.Load(s)
-	src, _ := v.(string)
-	return src
-}
-
-// adv3Clients returns two clients on addr: cur runs the scripts as they are, prev runs prevSrc in
-// place of curSrc; each records the replies of that script's calls.
-func adv3Clients(t *testing.T, addr, curSrc, prevSrc string) (cur, prev *redis.Client, hc, hp *adv3Hook) {
-	t.Helper()
-	cs, ps := adv3Script(curSrc), adv3Script(prevSrc)
-	if cs.Hash() == ps.Hash() {
-		t.Fatalf("the script at %s is the current one: nothing to compare", adv3PrevCommit())
-	}
-	hc, hp = &adv3Hook{cur: cs, prev: ps}, &adv3Hook{cur: cs, prev: ps, swap: true}
-	cur, prev = redis.NewClient(&redis.Options{Addr: addr}), redis.NewClient(&redis.Options{Addr: addr})
-	cur.AddHook(hc)
-	prev.AddHook(hp)
-	t.Cleanup(func() { cur.Close(); prev.Close() })
-	ctx := context.Background()
-	// Loaded ahead, so that no call meets NOSCRIPT. (Not cs through prev: Load takes the hash
-	// Redis replies, which would then be the previous script's.)
-	if err := cs.Load(ctx, cur).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := ps.Load(ctx, cur).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := prev.ScriptExists(ctx, ps.Hash()).Result(); err != nil || !ok[0] {
-		t.Fatalf("the previous script is not loaded through the swapping client: %v %v", ok, err)
-	}
-	return cur, prev, hc, hp
-}
-
-// adv3Dump returns every key under prefix (renamed "P"), as type, contents and whether it
-// expires, skipping the keys named by ignore. norm rewrites a hash field's value before it is
-// compared. The object encoding is included where the server reports it.
-func adv3Dump(t *testing.T, c *redis.Client, prefix string, ignore func(string) bool, norm func(key, field, v string) string) map[string]string {
-	t.Helper()
-	ctx := context.Background()
-	out := map[string]string{}
-	var keys []string
-	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range keys {
-		name := "P" + strings.TrimPrefix(k, prefix)
-		if ignore(name) {
-			continue
-		}
-		typ, err := c.Type(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b strings.Builder
-		b.WriteString(typ)
-		switch typ {
-		case "hash":
-			h, err := c.HGetAll(ctx, k).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range slices.Sorted(func(yield func(string) bool) {
-				for f := range h {
-					if !yield(f) {
-						return
-					}
-				}
-			}) {
-				fmt.Fprintf(&b, "\n  %q = %q", f, norm(name, f, h[f]))
-			}
-		case "zset":
-			z, err := c.ZRangeWithScores(ctx, k, 0, -1).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range z {
-				fmt.Fprintf(&b, "\n  %q %v", m.Member, m.Score)
-			}
-		case "set":
-			s, err := c.SMembers(ctx, k).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			slices.Sort(s)
-			fmt.Fprintf(&b, "\n  %q", s)
-		case "string":
-			s, err := c.Get(ctx, k).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			fmt.Fprintf(&b, "\n  %q", s)
-		default:
-			t.Fatalf("key %s of type %s", k, typ)
-		}
-		ttl, err := c.PTTL(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&b, "\n  expires %v", ttl > 0)
-		if enc, err := c.ObjectEncoding(ctx, k).Result(); err == nil {
-			fmt.Fprintf(&b, "\n  encoding %s", enc)
-		}
-		out[name] = b.String()
-	}
-	return out
-}
-
-// adv3SameDumps fails on the first key whose dumps differ.
-func adv3SameDumps(t *testing.T, what string, cur, prev map[string]string) {
-	t.Helper()
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range cur {
-			if !yield(k) {
-				return
-			}
-		}
-		for k := range prev {
-			if _, ok := cur[k]; !ok && !yield(k) {
-				return
-			}
-		}
-	}) {
-		if cur[k] != prev[k] {
-			t.Fatalf("%s: key %s differs\ncurrent script:  %s\nprevious script: %s", what, k, cur[k], prev[k])
-		}
-	}
-}
 
 // adv3ApplyBackends runs f on the test Redis and, when embedded, on an embedded one.
 func adv3ApplyBackends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
@@ -322,7 +62,7 @@ type adv3Batch struct {
 func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch) map[Outcome]int {
 	t.Helper()
 	ctx := context.Background()
-	cur, prev, hc, hp := adv3Clients(t, addr, applySource, adv3PrevSource(t, "aggregator/apply.lua"))
+	cur, prev, hc, hp := testenv.ScriptClients(t, addr, applySource, testenv.ScriptPrevSource(t, "aggregator/apply.lua"))
 	cc, cp := cfg, cfg
 	cc.Prefix, cp.Prefix = testenv.Name(t, "adv3cur"), testenv.Name(t, "adv3prev")
 	testenv.CleanPrefix(t, cur, cc.Prefix)
@@ -348,7 +88,7 @@ func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch
 		if err != nil {
 			t.Fatalf("batch %d, previous script: %v", n, err)
 		}
-		rc, rp := hc.take(), hp.take()
+		rc, rp := hc.Take(), hp.Take()
 		if len(rc) == 0 || !reflect.DeepEqual(rc, rp) {
 			t.Fatalf("batch %d: replies differ\ncurrent script:  %v\nprevious script: %v", n, rc, rp)
 		}
@@ -364,9 +104,9 @@ func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch
 		}
 		// The whole state, now and then and at the end (a dump costs a read of every key).
 		if n%max(7, len(batches)/12) == 0 || n == len(batches)-1 {
-			adv3SameDumps(t, fmt.Sprint("after batch ", n),
-				adv3Dump(t, cur, cc.Prefix, adv3IgnorePending, adv3NormState),
-				adv3Dump(t, cur, cp.Prefix, adv3IgnorePending, adv3NormState))
+			testenv.SameDumps(t, fmt.Sprint("after batch ", n),
+				testenv.DumpKeys(t, cur, cc.Prefix, adv3IgnorePending, adv3NormState),
+				testenv.DumpKeys(t, cur, cp.Prefix, adv3IgnorePending, adv3NormState))
 		}
 		last = b.at
 	}
@@ -380,14 +120,14 @@ func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch
 			if err != nil {
 				t.Fatal(err)
 			}
-			rc, rp := hc.take(), hp.take()
+			rc, rp := hc.Take(), hp.Take()
 			if tc != tp || len(rc) != 1 || !reflect.DeepEqual(rc, rp) {
 				t.Fatalf("tally of %s at %v: current %+v %v, previous %+v %v", k, at, tc, rc, tp, rp)
 			}
 		}
 	}
-	adv3SameDumps(t, "after the reads", adv3Dump(t, cur, cc.Prefix, adv3IgnorePending, adv3NormState),
-		adv3Dump(t, cur, cp.Prefix, adv3IgnorePending, adv3NormState))
+	testenv.SameDumps(t, "after the reads", testenv.DumpKeys(t, cur, cc.Prefix, adv3IgnorePending, adv3NormState),
+		testenv.DumpKeys(t, cur, cp.Prefix, adv3IgnorePending, adv3NormState))
 	t.Logf("%d batches, %d script calls, %d aggregates, outcomes %v", len(batches), calls, len(keys), outcomes)
 	return outcomes
 }
