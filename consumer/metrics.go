@@ -18,6 +18,7 @@ type Metrics struct {
 	BatchSize    prometheus.Histogram     // messages per processed batch
 	BatchSeconds prometheus.Histogram     // time from a batch's first fetch to the end of its publish
 	StageSeconds *prometheus.HistogramVec // time a batch spends in each stage (prepare, apply, publish), and each commit (commit)
+	StepSeconds  *prometheus.HistogramVec // time a batch spends in each step of a stage (apply, suite_apply, seal, publish, ...)
 	InFlight     prometheus.Gauge         // batches between their first message and the end of their publish
 	Retries      *prometheus.CounterVec   // retried batch stages by stage
 	Commits      *prometheus.CounterVec   // offset commits by result
@@ -58,6 +59,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "repeatrate_batch_stage_seconds", Help: "Time a batch spends in each stage of the pipeline (prepare, apply, publish), retries included; commit: each offset commit, verify included, which holds up the next apply.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"stage"}),
+		StepSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "repeatrate_batch_step_seconds", Help: "Time a batch spends in each step of the apply and publish stages (apply, suite_apply, seal, dead_letter, publish, suite_publish, suite_announce), retries included: which Redis or Kafka call holds a stage up.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
+		}, []string{"step"}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "repeatrate_batches_in_flight", Help: "Batches between their first message and the end of their publish.",
 		}),
@@ -76,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.RunOutcomes, m.Alerts, m.Transport, m.BatchSize, m.BatchSeconds,
-			m.StageSeconds, m.InFlight, m.Retries, m.Commits, m.Lag, m.LastEvent)
+			m.StageSeconds, m.StepSeconds, m.InFlight, m.Retries, m.Commits, m.Lag, m.LastEvent)
 	}
 	return m
 }

@@ -317,9 +317,11 @@ func (p *Processor) Publish(ctx context.Context, b *Batch) error {
 // run runs stages in order, each retried until it succeeds; stages already done are not repeated.
 func (p *Processor) run(ctx context.Context, stages []stage) error {
 	for _, st := range stages {
+		began := time.Now()
 		if err := p.retry(ctx, st.name, st.run); err != nil {
 			return err
 		}
+		p.metrics.StepSeconds.WithLabelValues(st.name).Observe(time.Since(began).Seconds())
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
@@ -141,6 +142,12 @@ func TestProcessorHandle(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.Retries.WithLabelValues("apply")); got != 2 {
 		t.Errorf("apply retries = %v, want 2", got)
 	}
+	// One observation per step and batch, its retries included: the step's time, not its attempts.
+	for _, step := range []string{"apply", "suite_apply", "seal", "dead_letter", "publish", "suite_publish", "suite_announce"} {
+		if got := stepCount(t, metrics, step); got != 1 {
+			t.Errorf("step %s observed %d times, want 1", step, got)
+		}
+	}
 	// Both eval results (the correction check and the plain one) are graded runs of suite s.
 	if len(pub.suites) != 1 || len(pub.suites[0].Discrimination) != 1 || len(pub.suites[0].Stability) != 1 {
 		t.Fatalf("suite outputs = %+v", pub.suites)
@@ -262,4 +269,14 @@ func TestProcessorRepublishesAlertsOnRedelivery(t *testing.T) {
 		}
 		first = got
 	}
+}
+
+// stepCount is how many times the step's duration was observed.
+func stepCount(t *testing.T, m *Metrics, step string) uint64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.StepSeconds.WithLabelValues(step).(prometheus.Histogram).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram().GetSampleCount()
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -139,5 +142,36 @@ func TestRewriteInQuarters(t *testing.T) {
 		if got := rewriteInQuarters(samples(tc.rewriting...)); got != tc.want {
 			t.Errorf("%s: rewriteInQuarters = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestSchedstat(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got := parseSchedstat(write("ok", "2500000000 500000000 1234\n"))
+	if got.run != 2.5 || got.wait != 0.5 {
+		t.Fatalf("parsed %+v, want run 2.5 s, wait 0.5 s", got)
+	}
+	for name, body := range map[string]string{"empty": "", "one": "12", "text": "a b c"} {
+		if got := parseSchedstat(write(name, body)); !math.IsNaN(got.run) || !math.IsNaN(got.wait) {
+			t.Errorf("%s: parsed %+v, want unknown", name, got)
+		}
+	}
+	if got := parseSchedstat(filepath.Join(dir, "missing")); !math.IsNaN(got.run) {
+		t.Errorf("missing file: parsed %+v, want unknown", got)
+	}
+	run, wait := threadTimes{run: 3, wait: 1}.sub(threadTimes{run: 1, wait: 0.5}, 4*time.Second)
+	if run != 0.5 || wait != 0.125 {
+		t.Errorf("shares %v %v, want 0.5 0.125", run, wait)
+	}
+	// A Redis on another host: a pid from its INFO would name an unrelated local process.
+	if got := redisThread(context.Background(), "192.0.2.1:6379"); !math.IsNaN(got.run) {
+		t.Errorf("remote Redis read as %+v, want unknown", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -174,6 +175,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		first, end           time.Time
 		cpu0, redis0, kafka0 float64
 		cpu1, redis1, kafka1 float64
+		sched0, sched1       threadTimes // Redis's main thread, when Redis runs on this machine
 		done                 float64
 		m                    = map[string]float64{} // the last successful scrape
 		evals                []countSample          // graded runs applied, when they change
@@ -197,6 +199,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 			done = m["repeatrate_batch_messages_sum"]
 			if done > 0 && first.IsZero() {
 				first, cpu0, redis0, kafka0 = now, cpuSeconds(pid), redisCPU(ctx, redisAddr), cpuSeconds(e.kafkaPID)
+				sched0 = redisThread(ctx, redisAddr)
 				if dir := os.Getenv("BENCH_PPROF"); dir != "" {
 					go saveProfile(fmt.Sprintf("http://127.0.0.1:%d", port), filepath.Join(dir, name+".pprof"))
 				}
@@ -212,6 +215,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		}
 		if timedOut || done >= float64(in.n) {
 			end, cpu1, redis1, kafka1 = time.Now(), cpuSeconds(pid), redisCPU(ctx, redisAddr), cpuSeconds(e.kafkaPID)
+			sched1 = redisThread(ctx, redisAddr)
 			break
 		}
 		time.Sleep(pollInterval(first.IsZero(), done, float64(in.n)))
@@ -246,6 +250,15 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	logf("stages %s %s: prepare %.2f, apply %.2f, publish %.2f, commit %.3f of the interval; processor %.2f, Redis %.2f cores",
 		name, bin.name, stage("prepare"), stage("apply"), stage("publish"), stage("commit"), (cpu1-cpu0)/end.Sub(first).Seconds(),
 		(redis1-redis0)/end.Sub(first).Seconds())
+	step := func(s string) float64 {
+		return m[`repeatrate_batch_step_seconds_sum{step="`+s+`"}`] / end.Sub(first).Seconds()
+	}
+	logf("steps %s %s: apply %.2f, suite_apply %.2f, seal %.2f; publish %.2f, suite_publish %.2f of the interval",
+		name, bin.name, step("apply"), step("suite_apply"), step("seal"), step("publish"), step("suite_publish"))
+	if run, wait := sched1.sub(sched0, end.Sub(first)); !math.IsNaN(run) {
+		// What keeps the serial resource from being busy: no work sent (idle) or no core free (waiting).
+		logf("redis main thread %s %s: running %.2f, waiting for a core %.2f, idle %.2f of the interval", name, bin.name, run, wait, 1-run-wait)
+	}
 	return r, nil
 }
 
@@ -393,4 +406,42 @@ func aofRewrites(ctx context.Context, addr string) int {
 		return 0
 	}
 	return int(n)
+}
+
+// threadTimes is a thread's time on a core and waiting in a run queue, from /proc/<pid>/schedstat
+// (NaN when unknown).
+type threadTimes struct{ run, wait float64 }
+
+// sub returns the shares of d that the thread ran and waited for a core between t0 and t.
+func (t threadTimes) sub(t0 threadTimes, d time.Duration) (run, wait float64) {
+	return (t.run - t0.run) / d.Seconds(), (t.wait - t0.wait) / d.Seconds()
+}
+
+// redisThread reads the scheduler times of the main thread of the Redis at addr, which must run on
+// this machine (its pid from INFO server); NaN when it cannot be read.
+func redisThread(ctx context.Context, addr string) threadTimes {
+	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
+		// A Redis elsewhere: its pid names no process here.
+		return threadTimes{math.NaN(), math.NaN()}
+	}
+	pid := infoField(ctx, addr, "server", "process_id")
+	if math.IsNaN(pid) || pid <= 0 {
+		return threadTimes{math.NaN(), math.NaN()}
+	}
+	return parseSchedstat(fmt.Sprintf("/proc/%d/schedstat", int(pid)))
+}
+
+// parseSchedstat reads a schedstat file: nanoseconds on a core, nanoseconds waiting, timeslices.
+func parseSchedstat(path string) threadTimes {
+	b, err := os.ReadFile(path)
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 2 {
+		return threadTimes{math.NaN(), math.NaN()}
+	}
+	run, err1 := strconv.ParseFloat(f[0], 64)
+	wait, err2 := strconv.ParseFloat(f[1], 64)
+	if err1 != nil || err2 != nil {
+		return threadTimes{math.NaN(), math.NaN()}
+	}
+	return threadTimes{run / 1e9, wait / 1e9}
 }
