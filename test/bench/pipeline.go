@@ -263,9 +263,15 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 }
 
 // saveProfile writes a CPU profile (BENCH_PPROF_SECONDS, default 10) of the processor serving base to path (BENCH_PPROF
-// set: the processor runs with /debug/pprof on). Failures are logged: a profile is a diagnostic.
+// set: the processor runs with /debug/pprof on), or an execution trace with BENCH_PPROF_KIND=trace
+// (for `go tool trace`: where the goroutines wait). Failures are logged: a profile is a diagnostic.
 func saveProfile(base, path string) {
-	resp, err := http.Get(base + "/debug/pprof/profile?seconds=" + getenv("BENCH_PPROF_SECONDS", "10"))
+	kind := getenv("BENCH_PPROF_KIND", "profile")
+	if kind != "profile" && kind != "trace" {
+		logf("profile: BENCH_PPROF_KIND %q is neither profile nor trace", kind)
+		return
+	}
+	resp, err := http.Get(base + "/debug/pprof/" + kind + "?seconds=" + getenv("BENCH_PPROF_SECONDS", "10"))
 	if err != nil {
 		logf("profile: %v", err)
 		return
