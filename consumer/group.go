@@ -54,8 +54,10 @@ type GroupConfig struct {
 	// MaxInFlight bounds the batches between the first message of their collection and the end of
 	// their publish: with 1 the stages of a batch run one after another and the next batch is
 	// collected only then; with 2 or more, the next batch is decoded while Redis applies this
-	// one, and applied while this one is published (docs/semantics.md#delivery). Default 3, one
-	// batch per stage.
+	// one, and applied while this one is published (docs/semantics.md#delivery). Default 4: one
+	// batch per stage and one more being collected, so that the next batch is ready when Redis
+	// finishes this one even while a publish is slow (with 3, the applying goroutine waited for a
+	// prepared batch about a tenth of the time under full load; BENCHMARKS.md).
 	MaxInFlight int
 	// CommitDelay holds a batch's offsets back until its Redis writes are durable: at least the
 	// AOF fsync interval (everysec: one second). Zero commits at once.
@@ -73,6 +75,10 @@ const (
 	DefaultMaxBatch      = 16000
 	DefaultMaxBatchBytes = 32 << 20
 )
+
+// DefaultMaxInFlight is GroupConfig.MaxInFlight by default: a batch applying, one publishing, and
+// two collected and decoded ahead (docs/semantics.md#delivery).
+const DefaultMaxInFlight = 4
 
 // Validate checks the configuration and fills defaults.
 func (c *GroupConfig) Validate() error {
@@ -92,7 +98,7 @@ func (c *GroupConfig) Validate() error {
 		c.DrainTimeout = 30 * time.Second
 	}
 	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = 3
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = 10 * time.Second

@@ -172,7 +172,7 @@ func defaultConfig() Config {
 		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
 		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
 		Retention: 30 * 24 * time.Hour,
-		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: 3},
+		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
 		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20},

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,35 @@ func TestAdversary3LingerDefaultsAgree(t *testing.T) {
 	defaults := strings.Split(cells[3], ",")
 	if got := strings.TrimSpace(defaults[len(defaults)-1]); got != defaultConfig().Batch.Linger.String() {
 		t.Errorf("README states the batch-linger default as %q, the processor's is %v", got, defaultConfig().Batch.Linger)
+	}
+}
+
+// The in-flight default is stated in the same three places, and moved from 3 to 4 once.
+func TestMaxInFlightDefaultsAgree(t *testing.T) {
+	if got := defaultConfig().Batch.MaxInFlight; got != consumer.DefaultMaxInFlight {
+		t.Errorf("defaultConfig().Batch.MaxInFlight = %d, want %d", got, consumer.DefaultMaxInFlight)
+	}
+	g := consumer.GroupConfig{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}}
+	if err := g.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if g.MaxInFlight != defaultConfig().Batch.MaxInFlight {
+		t.Errorf("the consumer group's default is %d batches in flight, the processor's %d", g.MaxInFlight, defaultConfig().Batch.MaxInFlight)
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cells []string
+	for _, l := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(l, "|") && strings.Contains(l, "`batch-max-in-flight`") {
+			cells = strings.Split(l, "|")
+		}
+	}
+	if len(cells) < 5 {
+		t.Fatal("README has no configuration row for batch-max-in-flight")
+	}
+	if got := strings.TrimSpace(cells[3]); got != strconv.Itoa(defaultConfig().Batch.MaxInFlight) {
+		t.Errorf("README states the batch-max-in-flight default as %q, the processor's is %d", got, defaultConfig().Batch.MaxInFlight)
 	}
 }
