@@ -318,10 +318,12 @@ func (p *Processor) Publish(ctx context.Context, b *Batch) error {
 func (p *Processor) run(ctx context.Context, stages []stage) error {
 	for _, st := range stages {
 		began := time.Now()
-		if err := p.retry(ctx, st.name, st.run); err != nil {
+		err := p.retry(ctx, st.name, st.run)
+		// Failed steps too: a step retried until its deadline is where the time went.
+		p.metrics.StepSeconds.WithLabelValues(st.name).Observe(time.Since(began).Seconds())
+		if err != nil {
 			return err
 		}
-		p.metrics.StepSeconds.WithLabelValues(st.name).Observe(time.Since(began).Seconds())
 	}
 	return nil
 }
