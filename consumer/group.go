@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -48,8 +49,10 @@ type GroupConfig struct {
 	MaxBatch      int
 	MaxBatchBytes int
 	Linger        time.Duration
-	// DrainTimeout bounds finishing a batch (its apply and publish) once its apply began; it is
-	// also what a batch in flight gets to finish once shutdown or a rebalance begins.
+	// DrainTimeout bounds each stage of a batch, its apply and its publish, from the moment that
+	// stage began (a batch waiting for the publishes before it does not spend its own time), and
+	// it is what the batches in flight get, together, to finish once shutdown or a rebalance
+	// begins.
 	DrainTimeout time.Duration
 	// MaxInFlight bounds the batches between the first message of their collection and the end of
 	// their publish: with 1 the stages of a batch run one after another and the next batch is
@@ -312,10 +315,9 @@ type committer interface {
 
 // flight is one batch in the pipeline, from its first message until it is published.
 type flight struct {
-	msgs     []kafka.Message
-	start    time.Time // its first message was taken
-	batch    *Batch
-	deadline time.Time // DrainTimeout after its apply began: apply and publish must end by then
+	msgs  []kafka.Message
+	start time.Time // its first message was taken
+	batch *Batch
 }
 
 // batches collects, handles and commits batches until the generation or ctx ends, in a pipeline
@@ -353,6 +355,26 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	base, abort := context.WithCancelCause(context.WithoutCancel(gctx))
 	defer abort(nil)
 	eg, ectx := errgroup.WithContext(base)
+	// The drain: once gctx or ctx ends, what is in flight has DrainTimeout in all. Each stage also
+	// has DrainTimeout from its own start (stageCtx).
+	dctx, drained := context.WithCancel(ectx)
+	defer drained()
+	var drainOnce sync.Once
+	var drainTimer *time.Timer
+	startDrain := func() {
+		drainOnce.Do(func() { drainTimer = time.AfterFunc(g.cfg.DrainTimeout, drained) })
+	}
+	defer context.AfterFunc(gctx, startDrain)()
+	defer context.AfterFunc(ctx, startDrain)()
+	defer func() {
+		drainOnce.Do(func() {}) // no timer from here on
+		if drainTimer != nil {
+			drainTimer.Stop()
+		}
+	}()
+	stageCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(dctx, g.cfg.DrainTimeout)
+	}
 	slots := make(chan struct{}, g.cfg.MaxInFlight)
 	// Each queue holds at most MaxInFlight batches, as many as there are places: sends never block.
 	prepared := make(chan *flight, g.cfg.MaxInFlight)
@@ -364,7 +386,7 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	})
 	eg.Go(func() error {
 		defer close(published)
-		return g.publish(ectx, applied, published)
+		return g.publish(ectx, stageCtx, applied, published)
 	})
 
 	var pending []pendingCommit
@@ -397,8 +419,7 @@ loop:
 				close(applied)
 				continue
 			}
-			f.deadline = time.Now().Add(g.cfg.DrainTimeout)
-			actx, cancel := context.WithDeadline(ectx, f.deadline)
+			actx, cancel := stageCtx()
 			began := time.Now()
 			err := g.handler.Apply(actx, f.batch)
 			cancel()
@@ -534,14 +555,14 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 
 // publish publishes applied batches one at a time, in order, until in is closed or the pipeline
 // stops.
-func (g *Group) publish(ectx context.Context, in <-chan *flight, out chan<- *flight) error {
+func (g *Group) publish(ectx context.Context, stageCtx func() (context.Context, context.CancelFunc), in <-chan *flight, out chan<- *flight) error {
 	for {
 		select {
 		case f, ok := <-in:
 			if !ok {
 				return nil
 			}
-			pctx, cancel := context.WithDeadline(ectx, f.deadline)
+			pctx, cancel := stageCtx()
 			began := time.Now()
 			err := g.handler.Publish(pctx, f.batch)
 			cancel()
