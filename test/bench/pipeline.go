@@ -426,15 +426,43 @@ func (t threadTimes) sub(t0 threadTimes, d time.Duration) (run, wait float64) {
 // redisThread reads the scheduler times of the main thread of the Redis at addr, which must run on
 // this machine (its pid from INFO server); NaN when it cannot be read.
 func redisThread(ctx context.Context, addr string) threadTimes {
-	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
+	unknown := threadTimes{math.NaN(), math.NaN()}
+	if !loopback(ctx, addr) {
 		// A Redis elsewhere: its pid names no process here.
-		return threadTimes{math.NaN(), math.NaN()}
+		return unknown
 	}
 	pid := infoField(ctx, addr, "server", "process_id")
 	if math.IsNaN(pid) || pid <= 0 {
-		return threadTimes{math.NaN(), math.NaN()}
+		return unknown
+	}
+	// A Redis behind a loopback port may still run in another PID namespace (a container's
+	// published port, a port-forward), where its pid names an unrelated process here.
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", int(pid)))
+	if err != nil || !strings.HasPrefix(string(comm), "redis") {
+		return unknown
 	}
 	return parseSchedstat(fmt.Sprintf("/proc/%d/schedstat", int(pid)))
+}
+
+// loopback reports whether addr (host:port) names this machine: every address its host resolves
+// to is a loopback address ("localhost" as well as 127.0.0.1 and ::1).
+func loopback(ctx context.Context, addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	if err != nil || len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		if !ip.IP.IsLoopback() {
+			return false
+		}
+	}
+	return true
 }
 
 // parseSchedstat reads a schedstat file: nanoseconds on a core, nanoseconds waiting, timeslices.
