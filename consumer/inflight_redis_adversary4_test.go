@@ -142,35 +142,12 @@ func TestAdversary4DeepPipelineRewindsOnKafkaAndRedis(t *testing.T) {
 			defer cancel()
 			name := testenv.Name(t, "deep")
 			testenv.CleanPrefix(t, client, name)
-			kc := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-			if _, err := kc.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: 1, ReplicationFactor: 1}}}); err != nil {
-				t.Fatal(err)
-			}
+			createTopic(ctx, t, brokers, name, 1)
 			// 100 opportunities, every fourth a confirmed repeat, and 20 of them sent again.
-			var msgs []kafka.Message
-			for i := range 120 {
-				opp, outcome := i, "passed"
-				if i >= 100 {
-					opp = (i - 100) * 5
-				}
-				if opp%4 == 0 {
-					outcome = "confirmed_repeat"
-				}
-				m := liveMessage(int64(i), fmt.Sprintf("o%d", opp), outcome)
-				msgs = append(msgs, kafka.Message{Value: m.Value})
-			}
+			msgs := repeatedLive(0, 120, 20, 5)
 			w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: name, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 			defer w.Close()
-			var err error
-			for range 50 { // a new topic may take a moment to have a leader
-				if err = w.WriteMessages(ctx, msgs...); err == nil {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			writeAll(ctx, t, w, msgs)
 			cfg := aggregator.RedisConfig{Prefix: name, Retention: 30 * 24 * time.Hour, Group: name}
 			rates, err := aggregator.NewRedis(client, cfg)
 			if err != nil {
@@ -342,24 +319,13 @@ func TestAdversary4DeepPipelineRebalanceOnKafkaAndRedis(t *testing.T) {
 			defer cancel()
 			name := testenv.Name(t, "deeprebal")
 			testenv.CleanPrefix(t, client, name)
-			kc := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-			if _, err := kc.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: 2, ReplicationFactor: 1}}}); err != nil {
-				t.Fatal(err)
-			}
+			createTopic(ctx, t, brokers, name, 2)
 			// Two aggregates (runs r0 and r1), one per partition: 100 messages each, 80
 			// opportunities, every fourth a confirmed repeat, 20 sent again.
 			const perPartition = 100
 			var msgs []kafka.Message
 			for part := range 2 {
-				for i := range perPartition {
-					opp, outcome := i, "passed"
-					if i >= 80 {
-						opp = (i - 80) * 4
-					}
-					if opp%4 == 0 {
-						outcome = "confirmed_repeat"
-					}
-					m := liveMessage(int64(part*perPartition+i), fmt.Sprintf("o%d", opp), outcome)
+				for _, m := range repeatedLive(int64(part*perPartition), perPartition, 20, 4) {
 					v := strings.Replace(string(m.Value), `"run":"r"`, fmt.Sprintf(`"run":"r%d"`, part), 1)
 					msgs = append(msgs, kafka.Message{Key: []byte{byte('0' + part)}, Value: []byte(v)})
 				}
@@ -367,16 +333,7 @@ func TestAdversary4DeepPipelineRebalanceOnKafkaAndRedis(t *testing.T) {
 			w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: name, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond,
 				Balancer: kafka.BalancerFunc(func(m kafka.Message, partitions ...int) int { return partitions[int(m.Key[0]-'0')] })}
 			defer w.Close()
-			var err error
-			for range 50 {
-				if err = w.WriteMessages(ctx, msgs...); err == nil {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			writeAll(ctx, t, w, msgs)
 			cfg := aggregator.RedisConfig{Prefix: name, Retention: 30 * 24 * time.Hour, Group: name}
 			pub := &slowShared{delay: 150 * time.Millisecond}
 			var mu sync.Mutex

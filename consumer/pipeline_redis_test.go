@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -140,35 +139,12 @@ func TestPipelinePublishFailureRewindsOnKafkaAndRedis(t *testing.T) {
 	defer cancel()
 	name := testenv.Name(t, "pipeline")
 	testenv.CleanPrefix(t, client, name)
-	kc := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-	if _, err := kc.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: name, NumPartitions: 1, ReplicationFactor: 1}}}); err != nil {
-		t.Fatal(err)
-	}
+	createTopic(ctx, t, brokers, name, 1)
 	// 40 opportunities, every fourth a confirmed repeat, and 8 of them sent again.
-	var msgs []kafka.Message
-	for i := range 48 {
-		opp, outcome := i, "passed"
-		if i >= 40 {
-			opp = (i - 40) * 5
-		}
-		if opp%4 == 0 {
-			outcome = "confirmed_repeat"
-		}
-		m := liveMessage(int64(i), fmt.Sprintf("o%d", opp), outcome)
-		msgs = append(msgs, kafka.Message{Value: m.Value})
-	}
+	msgs := repeatedLive(0, 48, 8, 5)
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: name, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
-	var err error
-	for try := 0; try < 50; try++ { // a new topic may take a moment to have a leader
-		if err = w.WriteMessages(ctx, msgs...); err == nil {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeAll(ctx, t, w, msgs)
 
 	cfg := aggregator.RedisConfig{Prefix: name, Retention: 30 * 24 * time.Hour, Group: name}
 	rates, err := aggregator.NewRedis(client, cfg)
