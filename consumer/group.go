@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -321,17 +320,19 @@ type flight struct {
 }
 
 // batches collects, handles and commits batches until the generation or ctx ends, in a pipeline
-// of three goroutines, all owned by this call and ended before it returns:
+// of three goroutines and a timer, all owned by this call and ended before it returns:
 //
 //   - collect takes messages into batches (MaxBatch, MaxBatchBytes, Linger) and decodes them (Prepare);
 //   - this goroutine applies them to Redis (Apply), one at a time in order, and commits;
-//   - publish gets their outputs acknowledged (Publish), one at a time in order.
+//   - publish gets their outputs acknowledged (Publish), one at a time in order;
+//   - the drain timer cancels what is still in flight DrainTimeout after the generation or ctx
+//     ended (each stage also has DrainTimeout from its own start).
 //
 // At most MaxInFlight batches are between their first message and the end of their publish; a
 // batch takes its place before its first message and gives it back when published, so every
 // queue is bounded and, when all places are taken, the fetchers wait. A batch that is being
 // collected when the generation or ctx ends is still handled, and so are the batches in flight (a
-// drain). Offsets are committed CommitDelay after their batch was published, so that Redis has
+// drain, DrainTimeout in all). Offsets are committed CommitDelay after their batch was published, so that Redis has
 // fsynced the writes they stand for (AOF everysec syncs once a second), after Verify confirmed the
 // batch mark; commits still pending when the loop ends are made before it returns. When any stage
 // fails, nothing pending or in flight is committed: every goroutine stops, and the generation ends
@@ -355,23 +356,26 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	base, abort := context.WithCancelCause(context.WithoutCancel(gctx))
 	defer abort(nil)
 	eg, ectx := errgroup.WithContext(base)
-	// The drain: once gctx or ctx ends, what is in flight has DrainTimeout in all. Each stage also
-	// has DrainTimeout from its own start (stageCtx).
+	// Each stage of a batch has DrainTimeout from its own start (stageCtx); once gctx or ctx ends,
+	// what is in flight has DrainTimeout in all (dctx).
 	dctx, drained := context.WithCancel(ectx)
 	defer drained()
-	var drainOnce sync.Once
-	var drainTimer *time.Timer
-	startDrain := func() {
-		drainOnce.Do(func() { drainTimer = time.AfterFunc(g.cfg.DrainTimeout, drained) })
-	}
-	defer context.AfterFunc(gctx, startDrain)()
-	defer context.AfterFunc(ctx, startDrain)()
-	defer func() {
-		drainOnce.Do(func() {}) // no timer from here on
-		if drainTimer != nil {
-			drainTimer.Stop()
+	eg.Go(func() error {
+		select {
+		case <-gctx.Done():
+		case <-ctx.Done():
+		case <-ectx.Done():
+			return nil
 		}
-	}()
+		t := time.NewTimer(g.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			drained()
+		case <-ectx.Done():
+		}
+		return nil
+	})
 	stageCtx := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(dctx, g.cfg.DrainTimeout)
 	}
