@@ -149,14 +149,7 @@ func TestAdversary4DeepPipelineRewindsOnKafkaAndRedis(t *testing.T) {
 			defer w.Close()
 			writeAll(ctx, t, w, msgs)
 			cfg := aggregator.RedisConfig{Prefix: name, Retention: 30 * 24 * time.Hour, Group: name}
-			rates, err := aggregator.NewRedis(client, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			suites, err := suite.NewRedis(client, cfg, suite.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			rates, suites := redisStores(t, client, cfg)
 			store := &aheadStore{Store: rates, n: maxInFlight, ahead: make(chan struct{})}
 			pub := &lockedPublisher{}
 			metrics := NewMetrics(prometheus.NewRegistry())
@@ -171,15 +164,8 @@ func TestAdversary4DeepPipelineRewindsOnKafkaAndRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			runCtx, stop := context.WithCancel(ctx)
-			ran := make(chan error, 1)
-			go func() { ran <- g.Run(runCtx) }()
-			defer func() {
-				stop()
-				if err := <-ran; err != nil {
-					t.Errorf("group: %v", err)
-				}
-			}()
+			ran, stop := runGroup(ctx, t, g)
+			defer stop()
 			for {
 				h.mu.Lock()
 				committed, failures := h.committed, h.failures

@@ -127,14 +127,7 @@ func TestSealFindsTheLostWritesOfItsOwnBatch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			prefix := fmt.Sprintf("lostbatch%d", time.Now().UnixNano())
 			cfg := aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour, Pending: aggregator.NewPending()}
-			rates, err := aggregator.NewRedis(client, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			suites, err := suite.NewRedis(client, cfg, suite.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			rates, suites := redisStores(t, client, cfg)
 			store, ss := &crashingStore{Store: rates}, &crashingSuites{SuiteStore: suites}
 			p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond}, newTestDecoder(t), store, ss, &recordingPublisher{}, &recordingDLQ{},
 				func() time.Time { return now }, zap.NewNop(), NewMetrics(prometheus.NewRegistry()))

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
-	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 )
@@ -147,14 +146,7 @@ func TestPipelinePublishFailureRewindsOnKafkaAndRedis(t *testing.T) {
 	writeAll(ctx, t, w, msgs)
 
 	cfg := aggregator.RedisConfig{Prefix: name, Retention: 30 * 24 * time.Hour, Group: name}
-	rates, err := aggregator.NewRedis(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	suites, err := suite.NewRedis(client, cfg, suite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rates, suites := redisStores(t, client, cfg)
 	store := &countingStore{Store: rates, second: make(chan struct{})}
 	pub := &breakingPublisher{store: store, broken: true}
 	metrics := NewMetrics(prometheus.NewRegistry())
@@ -169,15 +161,8 @@ func TestPipelinePublishFailureRewindsOnKafkaAndRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- g.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-ran; err != nil {
-			t.Errorf("group: %v", err)
-		}
-	}()
+	ran, stop := runGroup(ctx, t, g)
+	defer stop()
 
 	for {
 		committed, failures, _ := h.state()

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -48,4 +51,33 @@ func writeAll(ctx context.Context, t *testing.T, w *kafka.Writer, msgs []kafka.M
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatal(err)
+}
+
+// redisStores returns the repeat-rate and suite stores of cfg on client.
+func redisStores(t *testing.T, client *redis.Client, cfg aggregator.RedisConfig) (*aggregator.Redis, *suite.Redis) {
+	t.Helper()
+	rates, err := aggregator.NewRedis(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suites, err := suite.NewRedis(client, cfg, suite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rates, suites
+}
+
+// runGroup runs g until the returned stop is called; stop waits for Run to end and reports its
+// error. ran delivers Run's error if it ends first.
+func runGroup(ctx context.Context, t *testing.T, g *Group) (ran <-chan error, stop func()) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	c := make(chan error, 1)
+	go func() { c <- g.Run(runCtx) }()
+	return c, func() {
+		cancel()
+		if err := <-c; err != nil {
+			t.Errorf("group: %v", err)
+		}
+	}
 }
