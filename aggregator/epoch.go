@@ -30,8 +30,9 @@ type State struct {
 // horizon, and a sorted set names the hours that have id lists. Version 4: one hash holds the id
 // index in chunks per hour instead of a list per hour, and counts that fall to 0 are deleted.
 // Version 5: record fields carry the id's length, the state hash packs the head and each hour
-// (counts, bounds, open index chunk) into one field each, in hex.
-const stateLayout = "/layout5"
+// (counts, bounds, open index chunk) into one field each, in hex. Version 6: a suite's runs are
+// held per cell and block of 16 run indexes, one field each, instead of one field per run.
+const stateLayout = "/layout6"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 

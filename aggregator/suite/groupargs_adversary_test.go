@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -164,39 +165,95 @@ func advCompare(t *testing.T, client *redis.Client, cfg Config, batches []advBat
 	return st
 }
 
-// advStored compares the run records and the cells the store holds for suite k with the model's
-// runs: each cell's pass/fail/error counts, planned runs, first occurrence, and its bitmap byte
-// for byte (bit i set exactly for the stored run indexes, no longer than the greatest needs).
+// storedRun is what the store keeps of a run (suite.lua, B..'r'): what the re-assessment rule
+// compares and what a replaced run takes back.
+type storedRun struct {
+	key              RunKey
+	result           byte
+	assessed, seq    int64
+	reply, triggered bool
+	tokens           int
+}
+
+func storedOf(e RunEntry) storedRun {
+	r := &e.Record
+	return storedRun{e.Key, r.Result, r.Assessed, r.Seq, r.Reply, r.Trigger != "", r.Tokens}
+}
+
+// decodeBlock reads one field of a suite's runs hash, "<vid>|<case>|<block>" → entries
+// "<run_index> <assessed> <seq> <flags>;", naming versions by labels (vid → label), and checks
+// that every entry belongs to the field's block and none repeats.
+func decodeBlock(sk Key, labels map[string]string, field, value string) ([]storedRun, error) {
+	vid, rest, ok1 := strings.Cut(field, "|")
+	i := strings.LastIndexByte(rest, '|')
+	label, ok2 := labels[vid]
+	if !ok1 || i < 0 || !ok2 {
+		return nil, fmt.Errorf("run field %q", field)
+	}
+	c := rest[:i]
+	blk, err := strconv.ParseInt(rest[i+1:], 10, 64)
+	if err != nil || !strings.HasSuffix(value, ";") {
+		return nil, fmt.Errorf("run field %q = %q", field, value)
+	}
+	var out []storedRun
+	seen := map[int64]bool{}
+	for _, e := range strings.Split(strings.TrimSuffix(value, ";"), ";") {
+		var n [4]int64
+		f := strings.Fields(e)
+		if len(f) != 4 {
+			return nil, fmt.Errorf("run field %q: entry %q", field, e)
+		}
+		for j := range n {
+			if n[j], err = strconv.ParseInt(f[j], 10, 64); err != nil {
+				return nil, fmt.Errorf("run field %q: entry %q: %w", field, e, err)
+			}
+		}
+		if n[0]/16 != blk || seen[n[0]] {
+			return nil, fmt.Errorf("run field %q: entry %q outside its block or repeated", field, e)
+		}
+		seen[n[0]] = true
+		fl := n[3]
+		out = append(out, storedRun{key: RunKey{Key: sk, Version: label, Case: c, RunIndex: n[0]}, result: "pfe"[fl/4%4],
+			assessed: n[1], seq: n[2], reply: fl/2%2 == 1, triggered: fl%2 == 1, tokens: int(fl / 16)})
+	}
+	return out, nil
+}
+
+// advStored compares the runs and the cells the store holds for suite k with the model's runs:
+// each run's entry (in the field of its cell and block), each cell's pass/fail/error counts,
+// planned runs, first occurrence, and its bitmap byte for byte (bit i set exactly for the stored
+// run indexes, no longer than the greatest needs).
 func advStored(t *testing.T, client *redis.Client, store *Redis, m *Model, k Key) {
 	t.Helper()
 	ctx := context.Background()
 	runsKey, _ := store.keys(k)
 	b := strings.TrimSuffix(runsKey, "r")
+	labels, err := client.HGetAll(ctx, b+"vx").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
 	raw, err := client.HGetAll(ctx, runsKey).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []RunEntry
+	got := map[RunKey]storedRun{}
 	for f, v := range raw {
-		e, err := decodeRun(k, f, v)
+		es, err := decodeBlock(k, labels, f, v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, e)
+		for _, e := range es {
+			got[e.key] = e
+		}
 	}
-	SortRuns(got)
 	want := m.Runs(k)
 	if len(got) != len(want) {
 		t.Fatalf("%v: %d stored runs, model %d", k, len(got), len(want))
 	}
-	for i := range want {
-		if g, w := got[i], want[i]; !reflect.DeepEqual(g, w) {
-			t.Fatalf("%v: stored run %+v, model %+v", k, g, w)
+	for _, w := range want {
+		if g := got[w.Key]; g != storedOf(w) {
+			t.Fatalf("%v: stored run %+v, model %+v", k, g, storedOf(w))
 		}
-	}
-	labels, err := client.HGetAll(ctx, b+"vx").Result()
-	if err != nil {
-		t.Fatal(err)
 	}
 	cells, err := client.HGetAll(ctx, b+"m").Result()
 	if err != nil {

@@ -68,24 +68,16 @@ func (r *Redis) keys(k Key) (runs, announced string) {
 	return base + "r", base + "rv"
 }
 
-func runField(k RunKey) string {
-	return schemas.JoinEscaped(k.Version, k.Case, strconv.FormatInt(k.RunIndex, 10))
-}
-
-// appendRun appends r as the script stores it: "<result> <assessed> <seq> <version_seq> <runs>
-// <occurred> <reply 0|1> <tokens> <gzip ratio> <trigger or ->".
-func appendRun(buf []byte, r *RunRecord) []byte {
-	buf = append(buf, r.Result, ' ')
-	for _, n := range [...]int64{r.Assessed, r.Seq, r.VersionSeq, r.Runs, r.Occurred, runFlag(r.Reply), int64(r.Tokens)} {
+// appendEntry appends run r of index idx as the script stores it among its cell's runs:
+// "<run_index> <assessed> <seq> <flags>;", flags as runFlags packs them. The rest of the record is
+// summed into the suite's counts and not kept.
+func appendEntry(buf []byte, idx int64, r *RunRecord) []byte {
+	for _, n := range [...]int64{idx, r.Assessed, r.Seq} {
 		buf = strconv.AppendInt(buf, n, 10)
 		buf = append(buf, ' ')
 	}
-	buf = strconv.AppendFloat(buf, r.GzipRatio, 'g', -1, 64)
-	buf = append(buf, ' ')
-	if r.Trigger == "" {
-		return append(buf, '-')
-	}
-	return append(buf, r.Trigger...)
+	buf = strconv.AppendInt(buf, runFlags(r), 10)
+	return append(buf, ';')
 }
 
 func runFlag(b bool) int64 {
@@ -140,7 +132,7 @@ func scriptArgs(obs []RunObservation, idx []int) (args []any, order []int) {
 		g.runs, g.occurred, g.vs = max(g.runs, o.Record.Runs), min(g.occurred, o.Record.Occurred), max(g.vs, o.Record.VersionSeq)
 		g.obs = append(g.obs, i)
 	}
-	args = make([]any, headArgs, headArgs+6*len(cells)+4*len(idx))
+	args = make([]any, headArgs, headArgs+6*len(cells)+3*len(idx))
 	order = make([]int, 0, len(idx))
 	// Records are slices of one buffer: one allocation per suite, not per run.
 	buf := make([]byte, 0, 48*len(idx))
@@ -149,44 +141,12 @@ func scriptArgs(obs []RunObservation, idx []int) (args []any, order []int) {
 		for _, i := range g.obs {
 			o := &obs[i]
 			start := len(buf)
-			buf = appendRun(buf, &o.Record)
-			args = append(args, runField(o.Key), buf[start:len(buf):len(buf)], o.Key.RunIndex, runFlags(&o.Record))
+			buf = appendEntry(buf, o.Key.RunIndex, &o.Record)
+			args = append(args, o.Key.RunIndex, runFlags(&o.Record), buf[start:len(buf):len(buf)])
 			order = append(order, i)
 		}
 	}
 	return args, order
-}
-
-func decodeRun(sk Key, field, value string) (RunEntry, error) {
-	parts, err := schemas.SplitEscaped(field)
-	if err != nil || len(parts) != 3 {
-		return RunEntry{}, fmt.Errorf("run field %q", field)
-	}
-	idx, err := strconv.ParseInt(parts[2], 10, 64)
-	if err != nil {
-		return RunEntry{}, fmt.Errorf("run field %q: %w", field, err)
-	}
-	f := strings.Fields(value)
-	if len(f) != 10 || len(f[0]) != 1 {
-		return RunEntry{}, fmt.Errorf("run value %q", value)
-	}
-	e := RunEntry{Key: RunKey{Key: sk, Version: parts[0], Case: parts[1], RunIndex: idx}}
-	r := &e.Record
-	r.Result = f[0][0]
-	var ints [7]int64
-	for i := range ints {
-		if ints[i], err = strconv.ParseInt(f[1+i], 10, 64); err != nil {
-			return RunEntry{}, fmt.Errorf("run value %q: %w", value, err)
-		}
-	}
-	r.Assessed, r.Seq, r.VersionSeq, r.Runs, r.Occurred, r.Reply, r.Tokens = ints[0], ints[1], ints[2], ints[3], ints[4], ints[5] == 1, int(ints[6])
-	if r.GzipRatio, err = strconv.ParseFloat(f[8], 64); err != nil {
-		return RunEntry{}, fmt.Errorf("run value %q: %w", value, err)
-	}
-	if f[9] != "-" {
-		r.Trigger = f[9]
-	}
-	return e, nil
 }
 
 // Apply merges obs, updates the summaries of every touched suite and reads them back, as

@@ -6,7 +6,13 @@
 -- (judge_last_versions > 0): then the discrimination counts are recomputed over every case.
 --
 -- Keys (one hash tag; B is KEYS[1] without its last letter):
---   B..'r'   hash  "<version>|<case>|<run_index>" (escaped) -> run record "<result> <assessed> <seq> …"
+--   B..'r'   hash  "<vid>|<case>|<block>" -> the stored runs of that cell whose run_index div 16 is
+--                  block, each "<run_index> <assessed> <seq> <flags>;" (flags as in ARGV), in the
+--                  order they were first stored: what the re-assessment rule compares and what a
+--                  replaced run takes back. A call reads and writes one field per cell and block it
+--                  touches (cells usually hold fewer than 16 runs), never one per run, and a field
+--                  holds at most 16 runs; the cell's bitmap says which are held, so new runs are
+--                  appended without parsing the field
 --   B..'rv'  set   revived cases already announced (expires with the rest, never before)
 --   B..'vo'  zset  version label, scored by version_seq (ties by label): the order of versions
 --   B..'vi'  hash  version label -> version id;  B..'vx' hash  version id -> label
@@ -29,10 +35,10 @@
 -- ARGV: ttl_ms, min_history, judge_last_versions, deadline_us, mode ('a' apply, 'r' read every
 -- version), list limit, sample limit, then the runs grouped by cell: version, case, n, the
 -- greatest planned runs, the least occurred time and the greatest version_seq of the group's runs,
--- then four per run: field, value (the run record), run_index, and flags = tokens*16 + result*4 +
--- reply*2 + trigger (result 0 pass, 1 fail, 2 error; reply and trigger 0 or 1), so that a new run
--- is applied without parsing its record. Returns {codes (one per run, in argument order),
--- discrimination, revived, versions} (see Redis.Apply in redis.go).
+-- then three per run: run_index, flags = tokens*16 + result*4 + reply*2 + trigger (result 0 pass,
+-- 1 fail, 2 error; reply and trigger 0 or 1), and the run's entry as B..'r' stores it, so that a
+-- new run is applied and stored without parsing anything. Returns {codes (one per run, in
+-- argument order), discrimination, revived, versions} (see Redis.Apply in redis.go).
 
 -- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
 -- register.
@@ -47,7 +53,7 @@ local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 
 local PA = B .. 'pa'
 local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local GROUP, PER, FIRST = 6, 4, 8
+local GROUP, PER, FIRST = 6, 3, 8
 local nargs = #ARGV
 local anyRuns = nargs >= FIRST
 
@@ -287,8 +293,39 @@ local function runDelta(x, acc, idx, res, reply, tok, trig, sign)
     if trig == 1 then bump(acc.a, tok, sign) end
   end
 end
-local RESULT = { p = 0, f = 1, e = 2 }
-local RECORD = '^(%a) (%-?%d+) (%d+) %d+ %d+ %-?%d+ (%d) (%d+) %S+ (%S+)$'
+local ENTRY = '^%d+ (%-?%d+) (%d+) (%d+);$'
+-- BLOCK is how many run indexes one field of B..'r' holds.
+local BLOCK = 16
+
+-- Stored runs (B..'r'). A block is { field, add = entries appended this call } while its held
+-- entries are not needed, and { field, held = run_index -> entry, order = indexes } once parsed;
+-- one table per field and call, whichever group reaches it.
+local blockRaw, blockOf, blockWrites = {}, {}, {} -- values read ahead (false: absent); blocks; changed blocks
+local function block(f)
+  local bt = blockOf[f]
+  if not bt then
+    bt = { field = f, add = {} }
+    blockOf[f] = bt
+  end
+  return bt
+end
+-- parse makes a block's held entries a table: its stored value, then what this call appended.
+local function parse(bt)
+  local held, order = {}, {}
+  for e, i in gmatch((blockRaw[bt.field] or '') .. concat(bt.add), '((%d+) [^;]*;)') do
+    i = tonumber(i)
+    held[i] = e
+    order[#order + 1] = i
+  end
+  bt.held, bt.order, bt.add = held, order, nil
+end
+-- isSet reports whether run index i of cell x is stored (bit i of its bitmap).
+local function isSet(x, i)
+  local t = x.bytes
+  if not t then return hasBit(x.bm, i) end
+  local v = t[floor(i / 8) + 1]
+  return v ~= nil and floor(v / BIT[i % 8 + 1]) % 2 == 1
+end
 
 -- groups iterates over the cell groups of ARGV: the index of each group's first argument and its
 -- number of runs.
@@ -315,16 +352,28 @@ for b in groups() do
 end
 -- Read ahead, one HMGET each, what the runs will read one by one: their held records, their cases'
 -- version lists, and the cells of those versions and of the runs' own (existing) versions.
-local heldRun, runWrites, nwrites = {}, {}, 0
 if anyRuns then
-  local fs, cs, cseen, nfs = {}, {}, {}, 0
+  local fs, cs, cseen = {}, {}, {}
   for b, n in groups() do
     local c = ARGV[b + 1]
     if not cseen[c] then cseen[c] = true; cs[#cs + 1] = c end
-    for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do nfs = nfs + 1; fs[nfs] = ARGV[r] end
+    -- A version this call creates has no stored runs; a cell is one group, so its fields are
+    -- named once.
+    local id = vidOf[ARGV[b]]
+    if id then
+      local seen = {}
+      for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
+        local blk = floor(tonumber(ARGV[r]) / BLOCK)
+        if not seen[blk] then
+          seen[blk] = true
+          local f = id .. '|' .. c .. '|' .. blk
+          if blockRaw[f] == nil then blockRaw[f] = false; fs[#fs + 1] = f end
+        end
+      end
+    end
   end
   local got = hmget(R, fs)
-  for j, f in ipairs(fs) do heldRun[f] = got[j] end
+  for j, f in ipairs(fs) do blockRaw[f] = got[j] end
   got = hmget(C, cs)
   for j, c in ipairs(cs) do caseRaw[c] = got[j] end
   local ks, kseen = {}, {}
@@ -383,18 +432,29 @@ for b, n in groups() do
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
   local acc = accOf(id)
+  -- This group's blocks by number (see block).
+  local blocks = {}
   for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
-    local field, value = ARGV[r], ARGV[r + 1]
-    -- The run, under the re-assessment rule.
-    local held = heldRun[field]
+    local idx = tonumber(ARGV[r])
+    local blk = floor(idx / BLOCK)
+    local bt = blocks[blk]
+    if not bt then
+      bt = block(id .. '|' .. c .. '|' .. blk)
+      blocks[blk] = bt
+    end
+    -- The run, under the re-assessment rule; the cell's bitmap says whether it is held, so a new
+    -- run's block is appended to, never parsed.
+    local entry = ARGV[r + 2]
     local code = 'N'
-    if held then
-      local ores, ha, hs, orep, otok, otrig = match(held, RECORD)
-      local _, asd, seq = match(value, RECORD)
+    if isSet(x, idx) then
+      if not bt.held then parse(bt) end
+      local ha, hs, hfl = match(bt.held[idx], ENTRY)
+      local asd, seq = match(entry, ENTRY)
       ha, hs, asd, seq = tonumber(ha), tonumber(hs), tonumber(asd), tonumber(seq)
       if asd > ha or (asd == ha and seq > hs) then
         code = 'R'
-        runDelta(x, acc, tonumber(ARGV[r + 2]), RESULT[ores], tonumber(orep), tonumber(otok), otrig == '-' and 0 or 1, -1)
+        hfl = tonumber(hfl)
+        runDelta(x, acc, idx, floor(hfl / 4) % 4, floor(hfl / 2) % 2, floor(hfl / 16), hfl % 2, -1)
       elseif asd == ha and seq == hs then
         code = 'D'
       else
@@ -404,17 +464,38 @@ for b, n in groups() do
     nout = nout + 1
     out[nout] = code
     if code == 'N' or code == 'R' then
-      local idx, fl = tonumber(ARGV[r + 2]), tonumber(ARGV[r + 3])
-      if code == 'N' then setBit(x, idx) end
+      local fl = tonumber(ARGV[r + 1])
+      if code == 'N' then
+        setBit(x, idx)
+        if bt.held then
+          bt.order[#bt.order + 1] = idx
+          bt.held[idx] = entry
+        else
+          bt.add[#bt.add + 1] = entry
+        end
+      else
+        bt.held[idx] = entry
+      end
       runDelta(x, acc, idx, floor(fl / 4) % 4, floor(fl / 2) % 2, floor(fl / 16), fl % 2, 1)
-      heldRun[field] = value
-      nwrites = nwrites + 2
-      runWrites[nwrites - 1], runWrites[nwrites] = field, value
+      if not bt.dirty then bt.dirty = true; blockWrites[#blockWrites + 1] = bt end
     end
   end
 end
-for i = 1, #runWrites, 2 * CHUNK do
-  call('HSET', R, unpack(runWrites, i, min(i + 2 * CHUNK - 1, #runWrites)))
+for i = 1, #blockWrites, CHUNK do
+  local args = {}
+  for j = i, min(i + CHUNK - 1, #blockWrites) do
+    local bt, v = blockWrites[j]
+    if bt.held then
+      local es = {}
+      for k, idx in ipairs(bt.order) do es[k] = bt.held[idx] end
+      v = concat(es)
+    else
+      v = (blockRaw[bt.field] or '') .. concat(bt.add)
+    end
+    args[#args + 1] = bt.field
+    args[#args + 1] = v
+  end
+  call('HSET', R, unpack(args))
 end
 
 -- Cells: their (n, c) histogram entry, missing-run sets and records (written in one HSET), and
