@@ -863,6 +863,20 @@ func clipHeader(s string) string {
 // MaxMessageBytes is the largest message the decoder accepts.
 func (d *Decoder) MaxMessageBytes() int { return d.cfg.MaxMessageBytes }
 
+// PartitionKey is the Kafka key the event is written with (docs/semantics.md#message-keys): the
+// aggregate ID of an observation, so one aggregate's events keep their order on one partition;
+// for any other eval result its case (workspace, suite, case_id, escaped), so the runs of one case
+// reach the processor together. ok is false for an event of neither kind.
+func (e Event) PartitionKey() (key string, ok bool) {
+	if o, ok := e.Observation(); ok {
+		return o.Key.String(), true
+	}
+	if e.Eval != nil {
+		return schemas.JoinEscaped(e.Eval.Scope.Workspace, e.Eval.Suite, e.Eval.CaseID), true
+	}
+	return "", false
+}
+
 // Observation is the event's repeat-rate observation: every live attempt, and eval results that
 // are correction checks. ok is false for any other event.
 func (e Event) Observation() (o aggregator.Observation, ok bool) {

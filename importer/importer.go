@@ -46,7 +46,7 @@ const DefaultMaxMemberBytes = 256 << 20
 // Event is one imported result: its CloudEvent id and the structured CloudEvent JSON.
 type Event struct {
 	ID    string
-	Key   string // the aggregate key the processor uses, for Kafka
+	Key   string // its Kafka key (consumer.Event.PartitionKey)
 	Value []byte
 }
 
@@ -111,10 +111,7 @@ func (e *encoder) encode(r schemas.EvalResult) (Event, error) {
 	if err != nil {
 		return Event{}, fmt.Errorf("case %q run %d: %w", r.CaseID, r.RunIndex, err)
 	}
-	key := ""
-	if o, ok := ev.Observation(); ok {
-		key = o.Key.String()
-	}
+	key, _ := ev.PartitionKey()
 	return Event{ID: id, Key: key, Value: b}, nil
 }
 

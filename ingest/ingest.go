@@ -163,8 +163,8 @@ type Result struct {
 	// Reason is the dead-letter reason of an invalid event.
 	Reason schemas.Reason `json:"reason,omitempty"`
 	Detail string         `json:"detail,omitempty"`
-	// Topic and Key say where an accepted event was written (Key: its aggregate ID; absent for an
-	// eval result that is no correction check, which producers write unkeyed).
+	// Topic and Key say where an accepted event was written (Key: its aggregate ID, or for an eval
+	// result that is no correction check its case: workspace|suite|case_id, escaped).
 	Topic string `json:"topic,omitempty"`
 	Key   string `json:"key,omitempty"`
 }
@@ -229,10 +229,11 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			e.res.Status, e.res.Detail = StatusForbidden, fmt.Sprintf("this token may not write workspace %q", ws)
 			continue
 		}
-		// Keyed as produce and loadgen key events: by aggregate, so one aggregate's events keep
-		// their order on one partition; eval results that are no correction check go unkeyed.
-		if o, ok := ev.Observation(); ok {
-			e.msg.Key = []byte(o.Key.String())
+		// Keyed as produce and loadgen key events (Event.PartitionKey): by aggregate, so one
+		// aggregate's events keep their order on one partition, or by case for an eval result that
+		// is no correction check.
+		if k, ok := ev.PartitionKey(); ok {
+			e.msg.Key = []byte(k)
 			e.res.Key = string(e.msg.Key)
 			// The processor's decoder counts the key in the message's size: an event that fit
 			// only without it would be dead-lettered as too_large after a 202. RecordSize is
@@ -243,7 +244,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 					if !errors.As(err, &ie) {
 						ie = schemas.Invalid(schemas.ReasonUndecodable, "%v", err)
 					}
-					e.res.Status, e.res.Reason, e.res.Detail = StatusInvalid, ie.Reason, ie.Detail+" (with its aggregate key)"
+					e.res.Status, e.res.Reason, e.res.Detail = StatusInvalid, ie.Reason, ie.Detail+" (with its key)"
 					e.res.Key = ""
 					continue
 				}

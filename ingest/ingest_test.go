@@ -244,13 +244,13 @@ func TestIngest(t *testing.T) {
 			body: mustJSON(liveData("acme", "opp-b1"))},
 		want: want{status: 202, results: []string{StatusAccepted}, topics: []string{liveTopic}, keys: []string{liveKey}},
 	}, {
-		// A batch: a live attempt, a correction check and a suite-only result (unkeyed, as produce
-		// writes it), each to its topic.
+		// A batch: a live attempt, a correction check and a suite-only result (keyed by its case,
+		// as produce writes it), each to its topic.
 		name: "batch",
 		req: request{token: tokenAcme, ctype: ceBatch, body: mustJSON([]any{live("m1", "acme"),
 			event("m2", schemas.TypeEvalResult, evalData("acme", true)), event("m3", schemas.TypeEvalResult, evalData("acme", false))})},
 		want: want{status: 202, results: []string{StatusAccepted, StatusAccepted, StatusAccepted},
-			topics: []string{liveTopic, evalTopic, evalTopic}, keys: []string{liveKey, evalKey, ""}},
+			topics: []string{liveTopic, evalTopic, evalTopic}, keys: []string{liveKey, evalKey, "acme|s|c1"}},
 	}, {
 		// One bad time refuses the batch: nothing is written, the valid ones say so.
 		name: "batch with an invalid event",

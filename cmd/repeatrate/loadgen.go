@@ -240,8 +240,8 @@ func generateLoad(ctx context.Context, cfg trafficConfig, w consumer.MessageWrit
 			if bad {
 				poison++
 			} else if ev, err := dec.DecodeStructured(line, now); err == nil {
-				if o, ok := ev.Observation(); ok {
-					m.Key = []byte(o.Key.String())
+				if k, ok := ev.PartitionKey(); ok {
+					m.Key = []byte(k)
 				}
 				if ev.Eval != nil {
 					m.Topic = cfg.EvalTopic

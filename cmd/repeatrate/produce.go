@@ -59,9 +59,9 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 	return err
 }
 
-// produce publishes every non-empty line as it is, in structured mode. The key is the aggregate
-// identity when the line decodes as a repeat-rate event, so one aggregate stays on one partition;
-// other lines (including poison) are published unkeyed.
+// produce publishes every non-empty line as it is, in structured mode. A line that decodes is keyed
+// by its partition key (consumer.Event.PartitionKey: its aggregate, or the case of an eval result
+// that is no correction check); other lines (poison) are published unkeyed.
 func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, error) {
 	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
 	if err != nil {
@@ -95,8 +95,8 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 		}
 		m := kafka.Message{Value: slices.Clone(line), Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
 		if ev, err := dec.DecodeStructured(line, now); err == nil {
-			if o, ok := ev.Observation(); ok {
-				m.Key = []byte(o.Key.String())
+			if k, ok := ev.PartitionKey(); ok {
+				m.Key = []byte(k)
 			}
 		}
 		batch = append(batch, m)
