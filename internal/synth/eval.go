@@ -19,7 +19,7 @@ type EvalConfig struct {
 	Runs        int     // graded runs in the version: distinct (case, run_index) pairs
 	RunsPerCase int     // runs planned per case (default 5); cases = ⌈Runs / RunsPerCase⌉
 	LiveShare   float64 // share of lines that are live attempts, each a new opportunity
-	Checks      float64 // share of eval results that are also correction checks
+	Checks      float64 // share of cases whose results are also correction checks (of one correction each)
 	Corrections int     // corrections the live attempts and correction checks spread over (default 10)
 }
 
@@ -109,8 +109,10 @@ func (g *EvalGenerator) Next(now time.Time) ([]byte, bool) {
 		"result": result, "prediction": strings.Join(words, " "),
 		"occurred_at": occ.UTC().Format(time.RFC3339Nano), "assessed_at": assessed.UTC().Format(time.RFC3339Nano),
 	}
-	if g.r.Float64() < g.cfg.Checks {
-		data["correction_id"] = corr
+	// A case checks one correction, as a regression case written for a fix does: all its runs
+	// are checks of it, or none is.
+	if h := caseHash(g.cfg.Seed, c); float64(h>>11)/(1<<53) < g.cfg.Checks {
+		data["correction_id"] = fmt.Sprintf("fix-%d", h%uint64(g.cfg.Corrections))
 		data["opportunity_id"] = fmt.Sprintf("check-%d", g.run)
 	}
 	return g.event(fmt.Sprintf("e-%d", g.run), "repeatrate.eval.result.v1", assessed, data), true
@@ -122,4 +124,13 @@ func (g *EvalGenerator) event(id, typ string, at time.Time, data map[string]any)
 		"time": at.UTC().Format(time.RFC3339Nano), "datacontenttype": "application/json", "data": data,
 	})
 	return b
+}
+
+// caseHash mixes seed and case number c (splitmix64's finalizer): which cases are checks, and of
+// which correction, without drawing from the line generator.
+func caseHash(seed uint64, c int) uint64 {
+	z := seed ^ uint64(c)*0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
 }

@@ -73,7 +73,8 @@ func TestSpread(t *testing.T) {
 
 // TestEval checks the eval-heavy stream: every line decodes; exactly Runs graded runs, each
 // (case, run_index) once with RunsPerCase runs per case, all in one version with a prediction;
-// live attempts and correction checks near their shares.
+// live attempts and correction checks near their shares, a case's runs all checks of one
+// correction or none.
 func TestEval(t *testing.T) {
 	const runs, perCase = 10_000, 5
 	g := synth.NewEval(synth.EvalConfig{Seed: 3, Runs: runs, RunsPerCase: perCase, LiveShare: 0.1, Checks: 0.5})
@@ -87,6 +88,7 @@ func TestEval(t *testing.T) {
 	}
 	seen := map[run]bool{}
 	perCaseRuns := map[string]int{}
+	caseCorr := map[string]string{}
 	var lines, live, checks int
 	for {
 		l, ok := g.Next(now)
@@ -114,6 +116,11 @@ func TestEval(t *testing.T) {
 		if e.IsCorrectionCheck() {
 			checks++
 		}
+		// A case's runs check one correction, or none does: its runs share a partition key.
+		if corr, ok := caseCorr[e.CaseID]; ok && corr != e.CorrectionID {
+			t.Fatalf("case %s checks %q and %q", e.CaseID, corr, e.CorrectionID)
+		}
+		caseCorr[e.CaseID] = e.CorrectionID
 	}
 	if len(seen) != runs || g.Runs() != runs {
 		t.Errorf("%d graded runs (generator says %d), want %d", len(seen), g.Runs(), runs)

@@ -70,8 +70,9 @@ func (e *env) wideInput() (*input, error) {
 }
 
 // evalInput is the eval shape: e.suiteRuns graded runs of one suite version (5 runs per case,
-// case by case, predictions of 3–40 words), half of them correction checks over 10 corrections,
-// and 10 % live attempts mixed in; no duplicates, so every eval result adds a run.
+// case by case, predictions of 3–40 words), the runs of half the cases correction checks (each
+// case of one of 10 corrections), and 10 % live attempts mixed in; no duplicates, so every eval
+// result adds a run. Produced as `produce` keys it: a case's runs share a partition.
 func (e *env) evalInput() (*input, error) {
 	gen := synth.NewEval(synth.EvalConfig{Seed: 37, Runs: e.suiteRuns, RunsPerCase: 5, LiveShare: 0.1, Checks: 0.5})
 	now := time.Now()
