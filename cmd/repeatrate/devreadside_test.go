@@ -79,6 +79,15 @@ func TestDevDemoServesReadSide(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	// dev prints the addresses before its HTTP server listens: wait until it answers at all.
+	for up := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if code, _ := get(demo, ""); code != 0 {
+			break
+		}
+		if time.Now().After(up) {
+			t.Fatalf("dev's HTTP server did not answer within 20 s:\n%s", lastLines(out.String(), 20))
+		}
+	}
 	// Without the token: the page sends to the sign-in form, the API answers 401.
 	if code, _ := get(demo, ""); code != http.StatusSeeOther {
 		t.Errorf("the demo page without a token answered %d, want 303 to /login", code)
