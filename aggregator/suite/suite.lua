@@ -640,6 +640,17 @@ if mode == 'r' then
     versionOrder[#versionOrder + 1] = id
   end
   for id, t in pairs(hd) do flush(B .. 'h' .. id, t) end
+  -- A read refreshes no expiry (it applies no run), but maturing may have created a version's
+  -- matured set: it expires with the suite's runs, never after them (a set left behind would list
+  -- cases of a suite that is gone to the version that reuses its id).
+  local left = call('PTTL', R)
+  if left > 0 then
+    for _, id in ipairs(versionOrder) do
+      for _, p in ipairs({ 'h', 'i', 'x' }) do
+        if call('PTTL', B .. p .. id) == -1 then call('PEXPIRE', B .. p .. id, left) end
+      end
+    end
+  end
 end
 local vs = {}
 for _, id in ipairs(versionOrder) do
