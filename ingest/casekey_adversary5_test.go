@@ -1,0 +1,191 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
+	"github.com/repeatrate/repeatrate/sink/auth"
+)
+
+// An eval result that is no correction check is now written keyed by its case
+// (workspace|suite|case_id, escaped: up to 3 × 1 536 + 2 bytes for identities of 512 bytes that
+// are all escaped). The processor's decoder counts the key in the message's size, so the handler
+// must refuse (too_large) an event that fits the limit only without its key, and take one that
+// fits with it; the record limit counts the key too. These tests build such events, with the
+// longest identities the schema takes, in the binary, structured and batch modes, at the limit
+// without the key, at the limit with it and one byte over.
+
+// adv5Ident is an identity of MaxIdentityBytes bytes, every byte of which JoinEscaped escapes.
+func adv5Ident(c string) string {
+	return strings.Repeat(c, schemas.MaxIdentityBytes/len(c))
+}
+
+// adv5Size is the decoder's count of m (consumer's messageSize): key, value, headers, each with
+// its varint length, and the header count.
+func adv5Size(m *kafka.Message) int {
+	n := sink.VarintLen(len(m.Key)) + len(m.Key) + sink.VarintLen(len(m.Value)) + len(m.Value) + sink.VarintLen(len(m.Headers))
+	for _, h := range m.Headers {
+		n += sink.HeaderSize(h)
+	}
+	return n
+}
+
+func TestAdversary5LongestCaseKeyAtTheLimit(t *testing.T) {
+	ws, suiteName, caseID := adv5Ident("é"), adv5Ident("|"), adv5Ident("%")
+	const token = "token-adversary5-writer-000"
+	store, err := auth.NewStore([]auth.TokenConfig{{Name: "w", SHA256: auth.Hash(token), Workspaces: map[string]string{ws: "write"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := dec.MaxMessageBytes()
+	wantKey := schemas.JoinEscaped(ws, suiteName, caseID)
+	if len(wantKey) != 3*3*schemas.MaxIdentityBytes+2 {
+		t.Fatalf("key of %d bytes: the identities are not all escaped", len(wantKey))
+	}
+	data := evalData(ws, false)
+	data["suite"], data["case_id"] = suiteName, caseID
+	// pad puts n spaces inside a JSON object.
+	pad := func(obj []byte, n int) []byte {
+		return append(append([]byte("{"), bytes.Repeat([]byte(" "), n)...), obj[1:]...)
+	}
+	modes := []struct {
+		name string
+		// req returns the request of the event padded with n spaces.
+		req func(n int) request
+	}{
+		{"binary", func(n int) request {
+			return request{token: token, ctype: appJSON, headers: binaryHeaders("b1", schemas.TypeEvalResult), body: pad(mustJSON(data), n)}
+		}},
+		{"structured", func(n int) request {
+			return request{token: token, ctype: ceJSON, body: pad(mustJSON(event("s1", schemas.TypeEvalResult, data)), n)}
+		}},
+		{"batch", func(n int) request {
+			return request{token: token, ctype: ceBatch, body: append(append([]byte("["), pad(mustJSON(event("m1", schemas.TypeEvalResult, data)), n)...), ']')}
+		}},
+	}
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			newH := func(w Writer, recordLimit int64) *Handler {
+				h, err := New(Config{LiveTopic: liveTopic, EvalTopic: evalTopic, Tokens: store, MaxBodyBytes: 2 << 20, RecordLimit: recordLimit},
+					dec, w, func() time.Time { return testNow }, zap.NewNop())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return h
+			}
+			post1 := func(recordLimit int64, n int) (*httptestAnswer, *fakeWriter) {
+				w := &fakeWriter{}
+				rec := post(newH(w, recordLimit), mode.req(n))
+				var ans Answer
+				if err := json.Unmarshal(rec.Body.Bytes(), &ans); err != nil {
+					t.Fatalf("%d %s", rec.Code, rec.Body)
+				}
+				return &httptestAnswer{code: rec.Code, ans: ans, body: clip300(rec.Body.String())}, w
+			}
+			// The message the handler writes, small: its size without the value tells where the
+			// limit falls.
+			a, w := post1(0, 0)
+			if a.code != http.StatusAccepted || len(w.msgs) != 1 {
+				t.Fatalf("the small event: %d %s", a.code, a.body)
+			}
+			m := w.msgs[0]
+			if string(m.Key) != wantKey || a.ans.Events[0].Key != wantKey || m.Topic != evalTopic {
+				t.Fatalf("written to %q keyed %q (answer says %q), want %q keyed by the case %q", m.Topic, m.Key, a.ans.Events[0].Key, evalTopic, wantKey)
+			}
+			if k, ok := mustEvent(t, dec, &m).PartitionKey(); !ok || k != wantKey {
+				t.Fatalf("the decoded event's partition key is %q", k)
+			}
+			base := len(m.Value)
+			// sizeAt is the decoder's count of the written message with n spaces, keyed or not.
+			sizeAt := func(n int, keyed bool) int {
+				mm := m
+				mm.Value = nil
+				if !keyed {
+					mm.Key = nil
+				}
+				return adv5Size(&mm) - sink.VarintLen(0) + sink.VarintLen(base+n) + base + n
+			}
+			// fits returns the most spaces with which the message fits the limit.
+			fits := func(keyed bool) int {
+				n := limit - sizeAt(0, keyed)
+				for sizeAt(n, keyed) > limit {
+					n--
+				}
+				return n
+			}
+			unkeyedAt, keyedAt := fits(false), fits(true)
+			if unkeyedAt-keyedAt < len(wantKey) {
+				t.Fatalf("the key takes %d bytes, the padding moved by %d", len(wantKey), unkeyedAt-keyedAt)
+			}
+			for _, recordLimit := range []int64{0, 2 << 20} {
+				// Fits only without its key: refused, nothing written.
+				for _, n := range []int{unkeyedAt, keyedAt + 1} {
+					a, w := post1(recordLimit, n)
+					if a.code != http.StatusBadRequest || len(a.ans.Events) != 1 || a.ans.Events[0].Reason != schemas.ReasonTooLarge ||
+						a.ans.Events[0].Key != "" || len(w.msgs) != 0 {
+						t.Fatalf("record limit %d, %d bytes over the keyed limit: %d %s (%d written)", recordLimit, sizeAt(n, true)-limit, a.code, a.body, len(w.msgs))
+					}
+				}
+				// Fits with its key: written, and the processor's decoder takes what was written.
+				a, w := post1(recordLimit, keyedAt)
+				if a.code != http.StatusAccepted || len(w.msgs) != 1 {
+					t.Fatalf("record limit %d, at the keyed limit: %d %s", recordLimit, a.code, a.body)
+				}
+				if got := adv5Size(&w.msgs[0]); got != limit {
+					t.Fatalf("the written message is %d bytes by the decoder's count, want exactly %d", got, limit)
+				}
+				if k, _ := mustEvent(t, dec, &w.msgs[0]).PartitionKey(); k != string(w.msgs[0].Key) {
+					t.Fatalf("written keyed %q, the event's partition key is %q", w.msgs[0].Key, k)
+				}
+			}
+			// The record limit counts the key: exactly the keyed record takes it, a byte less refuses.
+			a, w = post1(0, keyedAt)
+			rs := int64(sink.RecordSize(&w.msgs[0]))
+			if a, w := post1(rs, keyedAt); a.code != http.StatusAccepted || len(w.msgs) != 1 {
+				t.Fatalf("record limit at the keyed record's %d bytes: %d %s", rs, a.code, a.body)
+			}
+			if a, w := post1(rs-1, keyedAt); a.code != http.StatusBadRequest || a.ans.Events[0].Reason != schemas.ReasonTooLarge || len(w.msgs) != 0 {
+				t.Fatalf("record limit a byte below the keyed record's %d bytes: %d %s", rs, a.code, a.body)
+			}
+		})
+	}
+}
+
+// httptestAnswer is one answer of the handler.
+type httptestAnswer struct {
+	code int
+	ans  Answer
+	body string
+}
+
+// clip300 shortens an answer for a failure message (the keys are kilobytes long).
+func clip300(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}
+
+// mustEvent decodes m as the processor does.
+func mustEvent(t *testing.T, dec *consumer.Decoder, m *kafka.Message) consumer.Event {
+	t.Helper()
+	ev, err := dec.Decode(m, testNow)
+	if err != nil {
+		t.Fatalf("the processor would dead-letter the written message: %v", err)
+	}
+	return ev
+}
