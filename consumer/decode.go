@@ -877,6 +877,27 @@ func (e Event) PartitionKey() (key string, ok bool) {
 	return "", false
 }
 
+// MessageKey is the key to write m, a message holding event ev, with: ev's PartitionKey, except
+// that an eval result that is no correction check goes unkeyed when its case key would take m
+// past the decoder's limit. That key only groups a case's runs (docs/semantics.md#message-keys):
+// it must not turn a message the processor takes into a too_large dead letter. An observation
+// keeps its aggregate key whatever its size, as it always has.
+func (d *Decoder) MessageKey(ev Event, m *kafka.Message) []byte {
+	key, ok := ev.PartitionKey()
+	if !ok {
+		return nil
+	}
+	if _, obs := ev.Observation(); !obs {
+		keyed := *m
+		keyed.Key = []byte(key)
+		if messageSize(&keyed) > d.cfg.MaxMessageBytes {
+			return nil
+		}
+		return keyed.Key
+	}
+	return []byte(key)
+}
+
 // Observation is the event's repeat-rate observation: every live attempt, and eval results that
 // are correction checks. ok is false for any other event.
 func (e Event) Observation() (o aggregator.Observation, ok bool) {

@@ -10,8 +10,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 // Options names what the files do not say, and overrides what they do.
@@ -111,8 +114,9 @@ func (e *encoder) encode(r schemas.EvalResult) (Event, error) {
 	if err != nil {
 		return Event{}, fmt.Errorf("case %q run %d: %w", r.CaseID, r.RunIndex, err)
 	}
-	key, _ := ev.PartitionKey()
-	return Event{ID: id, Key: key, Value: b}, nil
+	// Keyed as the message `import` writes (the value and its content-type header) may be.
+	m := kafka.Message{Value: b, Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
+	return Event{ID: id, Key: string(e.dec.MessageKey(ev, &m)), Value: b}, nil
 }
 
 func orDefault(v, def string) string {

@@ -240,9 +240,7 @@ func generateLoad(ctx context.Context, cfg trafficConfig, w consumer.MessageWrit
 			if bad {
 				poison++
 			} else if ev, err := dec.DecodeStructured(line, now); err == nil {
-				if k, ok := ev.PartitionKey(); ok {
-					m.Key = []byte(k)
-				}
+				m.Key = dec.MessageKey(ev, &m)
 				if ev.Eval != nil {
 					m.Topic = cfg.EvalTopic
 					eval++

@@ -60,8 +60,8 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 }
 
 // produce publishes every non-empty line as it is, in structured mode. A line that decodes is keyed
-// by its partition key (consumer.Event.PartitionKey: its aggregate, or the case of an eval result
-// that is no correction check); other lines (poison) are published unkeyed.
+// as consumer.Decoder.MessageKey says (its aggregate, or the case of an eval result that is no
+// correction check when that fits); other lines (poison) are published unkeyed.
 func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, error) {
 	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
 	if err != nil {
@@ -95,9 +95,7 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 		}
 		m := kafka.Message{Value: slices.Clone(line), Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
 		if ev, err := dec.DecodeStructured(line, now); err == nil {
-			if k, ok := ev.PartitionKey(); ok {
-				m.Key = []byte(k)
-			}
+			m.Key = dec.MessageKey(ev, &m)
 		}
 		batch = append(batch, m)
 		if len(batch) == cap(batch) {
