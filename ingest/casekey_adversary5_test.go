@@ -20,10 +20,12 @@ import (
 // An eval result that is no correction check is now written keyed by its case
 // (workspace|suite|case_id, escaped: up to 3 × 1 536 + 2 bytes for identities of 512 bytes that
 // are all escaped). The processor's decoder counts the key in the message's size, so the handler
-// must refuse (too_large) an event that fits the limit only without its key, and take one that
-// fits with it; the record limit counts the key too. These tests build such events, with the
-// longest identities the schema takes, in the binary, structured and batch modes, at the limit
-// without the key, at the limit with it and one byte over.
+// must never accept an event and write it so that the processor dead-letters it as too_large; it
+// must take one that fits with its key; the record limit counts the key too. And the ingest keys
+// as produce keys (docs/semantics.md#ingest), which since 39af07f writes such an eval result
+// unkeyed when its key would not fit (consumer.Decoder.MessageKey). These tests build such
+// events, with the longest identities the schema takes, in the binary, structured and batch
+// modes, at the limit without the key, at the limit with it and one byte over.
 
 // adv5Ident is an identity of MaxIdentityBytes bytes, every byte of which JoinEscaped escapes.
 func adv5Ident(c string) string {
@@ -40,7 +42,21 @@ func adv5Size(m *kafka.Message) int {
 	return n
 }
 
-func TestAdversary5LongestCaseKeyAtTheLimit(t *testing.T) {
+// adv5Limit is what adv5AtTheLimit hands each mode's check: post posts the event padded with n
+// spaces to a handler with that record limit; unkeyedAt and keyedAt are the most spaces with which
+// its message fits the decoder's limit without and with its case key.
+type adv5Limit struct {
+	post               func(recordLimit int64, n int) (*httptestAnswer, *fakeWriter)
+	unkeyedAt, keyedAt int
+	limit              int
+	dec                *consumer.Decoder
+	key                string
+	sizeAt             func(n int, keyed bool) int
+}
+
+// adv5AtTheLimit runs check for the binary, structured and batch modes on an eval result that is
+// no correction check with the longest escaped identities.
+func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
 	ws, suiteName, caseID := adv5Ident("é"), adv5Ident("|"), adv5Ident("%")
 	const token = "token-adversary5-writer-000"
 	store, err := auth.NewStore([]auth.TokenConfig{{Name: "w", SHA256: auth.Hash(token), Workspaces: map[string]string{ws: "write"}}})
@@ -131,38 +147,81 @@ func TestAdversary5LongestCaseKeyAtTheLimit(t *testing.T) {
 			if unkeyedAt-keyedAt < len(wantKey) {
 				t.Fatalf("the key takes %d bytes, the padding moved by %d", len(wantKey), unkeyedAt-keyedAt)
 			}
-			for _, recordLimit := range []int64{0, 2 << 20} {
-				// Fits only without its key: refused, nothing written.
-				for _, n := range []int{unkeyedAt, keyedAt + 1} {
-					a, w := post1(recordLimit, n)
-					if a.code != http.StatusBadRequest || len(a.ans.Events) != 1 || a.ans.Events[0].Reason != schemas.ReasonTooLarge ||
-						a.ans.Events[0].Key != "" || len(w.msgs) != 0 {
-						t.Fatalf("record limit %d, %d bytes over the keyed limit: %d %s (%d written)", recordLimit, sizeAt(n, true)-limit, a.code, a.body, len(w.msgs))
-					}
-				}
-				// Fits with its key: written, and the processor's decoder takes what was written.
-				a, w := post1(recordLimit, keyedAt)
-				if a.code != http.StatusAccepted || len(w.msgs) != 1 {
-					t.Fatalf("record limit %d, at the keyed limit: %d %s", recordLimit, a.code, a.body)
-				}
-				if got := adv5Size(&w.msgs[0]); got != limit {
-					t.Fatalf("the written message is %d bytes by the decoder's count, want exactly %d", got, limit)
-				}
-				if k, _ := mustEvent(t, dec, &w.msgs[0]).PartitionKey(); k != string(w.msgs[0].Key) {
-					t.Fatalf("written keyed %q, the event's partition key is %q", w.msgs[0].Key, k)
-				}
-			}
-			// The record limit counts the key: exactly the keyed record takes it, a byte less refuses.
-			a, w = post1(0, keyedAt)
-			rs := int64(sink.RecordSize(&w.msgs[0]))
-			if a, w := post1(rs, keyedAt); a.code != http.StatusAccepted || len(w.msgs) != 1 {
-				t.Fatalf("record limit at the keyed record's %d bytes: %d %s", rs, a.code, a.body)
-			}
-			if a, w := post1(rs-1, keyedAt); a.code != http.StatusBadRequest || a.ans.Events[0].Reason != schemas.ReasonTooLarge || len(w.msgs) != 0 {
-				t.Fatalf("record limit a byte below the keyed record's %d bytes: %d %s", rs, a.code, a.body)
-			}
+			check(t, adv5Limit{post: post1, unkeyedAt: unkeyedAt, keyedAt: keyedAt, limit: limit, dec: dec, key: wantKey, sizeAt: sizeAt})
 		})
 	}
+}
+
+// TestAdversary5LongestCaseKeyAtTheLimit: never accepted and then dead-lettered. An event that
+// fits only without its key is refused as too_large or written so that the processor takes it;
+// one that fits with its key is written keyed and taken; the record limit counts the key.
+func TestAdversary5LongestCaseKeyAtTheLimit(t *testing.T) {
+	adv5AtTheLimit(t, func(t *testing.T, l adv5Limit) {
+		post1, unkeyedAt, keyedAt, limit, dec, sizeAt := l.post, l.unkeyedAt, l.keyedAt, l.limit, l.dec, l.sizeAt
+		for _, recordLimit := range []int64{0, 2 << 20} {
+			// Fits only without its key: refused as too_large with nothing written, or written
+			// so that the processor takes it.
+			for _, n := range []int{unkeyedAt, keyedAt + 1} {
+				a, w := post1(recordLimit, n)
+				switch a.code {
+				case http.StatusBadRequest:
+					if len(a.ans.Events) != 1 || a.ans.Events[0].Reason != schemas.ReasonTooLarge || a.ans.Events[0].Key != "" || len(w.msgs) != 0 {
+						t.Fatalf("record limit %d, %d bytes over the keyed limit: %d %s (%d written)", recordLimit, sizeAt(n, true)-limit, a.code, a.body, len(w.msgs))
+					}
+				case http.StatusAccepted:
+					if len(w.msgs) != 1 || a.ans.Events[0].Key != string(w.msgs[0].Key) {
+						t.Fatalf("record limit %d, %d bytes over the keyed limit: %d %s (%d written)", recordLimit, sizeAt(n, true)-limit, a.code, a.body, len(w.msgs))
+					}
+					mustEvent(t, dec, &w.msgs[0])
+				default:
+					t.Fatalf("record limit %d, %d bytes over the keyed limit: %d %s", recordLimit, sizeAt(n, true)-limit, a.code, a.body)
+				}
+			}
+			// Fits with its key: written keyed, and the processor's decoder takes what was written.
+			a, w := post1(recordLimit, keyedAt)
+			if a.code != http.StatusAccepted || len(w.msgs) != 1 || string(w.msgs[0].Key) != l.key {
+				t.Fatalf("record limit %d, at the keyed limit: %d %s", recordLimit, a.code, a.body)
+			}
+			if got := adv5Size(&w.msgs[0]); got != limit {
+				t.Fatalf("the written message is %d bytes by the decoder's count, want exactly %d", got, limit)
+			}
+			if k, _ := mustEvent(t, dec, &w.msgs[0]).PartitionKey(); k != string(w.msgs[0].Key) {
+				t.Fatalf("written keyed %q, the event's partition key is %q", w.msgs[0].Key, k)
+			}
+		}
+		// The record limit counts the key: exactly the keyed record takes it, a byte less refuses.
+		_, w := post1(0, keyedAt)
+		rs := int64(sink.RecordSize(&w.msgs[0]))
+		if a, w := post1(rs, keyedAt); a.code != http.StatusAccepted || len(w.msgs) != 1 {
+			t.Fatalf("record limit at the keyed record's %d bytes: %d %s", rs, a.code, a.body)
+		}
+		if a, w := post1(rs-1, keyedAt); a.code != http.StatusBadRequest || a.ans.Events[0].Reason != schemas.ReasonTooLarge || len(w.msgs) != 0 {
+			t.Fatalf("record limit a byte below the keyed record's %d bytes: %d %s", rs, a.code, a.body)
+		}
+	})
+}
+
+// TestAdversary5IngestKeysAsProduceAtTheLimit: docs/semantics.md#ingest writes events "keyed as
+// produce keys them", and #message-keys writes an eval result whose case key would take its
+// message past max_message_bytes unkeyed (consumer.Decoder.MessageKey, which produce, loadgen and
+// import use). A valid eval result that fits only without its key must then be written, unkeyed,
+// as produce writes it, and not refused as too_large.
+func TestAdversary5IngestKeysAsProduceAtTheLimit(t *testing.T) {
+	adv5AtTheLimit(t, func(t *testing.T, l adv5Limit) {
+		for _, n := range []int{l.unkeyedAt, l.keyedAt + 1, l.keyedAt} {
+			a, w := l.post(0, n)
+			if a.code != http.StatusAccepted || len(w.msgs) != 1 {
+				t.Fatalf("%d bytes over the keyed limit, %d under the unkeyed one: %d %s", l.sizeAt(n, true)-l.limit, l.limit-l.sizeAt(n, false), a.code, a.body)
+			}
+			m := w.msgs[0]
+			ev := mustEvent(t, l.dec, &m)
+			unkeyed := m
+			unkeyed.Key = nil
+			if want := l.dec.MessageKey(ev, &unkeyed); string(m.Key) != string(want) {
+				t.Fatalf("ingest keyed the message by %d bytes, produce keys it by %d", len(m.Key), len(want))
+			}
+		}
+	})
 }
 
 // httptestAnswer is one answer of the handler.
