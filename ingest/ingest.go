@@ -164,7 +164,8 @@ type Result struct {
 	Reason schemas.Reason `json:"reason,omitempty"`
 	Detail string         `json:"detail,omitempty"`
 	// Topic and Key say where an accepted event was written (Key: its aggregate ID, or for an eval
-	// result that is no correction check its case: workspace|suite|case_id, escaped).
+	// result that is no correction check its case, workspace|suite|case_id escaped, absent when
+	// that key would take the message past the processor's limit).
 	Topic string `json:"topic,omitempty"`
 	Key   string `json:"key,omitempty"`
 }
@@ -229,14 +230,14 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			e.res.Status, e.res.Detail = StatusForbidden, fmt.Sprintf("this token may not write workspace %q", ws)
 			continue
 		}
-		// Keyed as produce and loadgen key events (Event.PartitionKey): by aggregate, so one
+		// Keyed as produce and loadgen key events (Decoder.MessageKey): by aggregate, so one
 		// aggregate's events keep their order on one partition, or by case for an eval result that
-		// is no correction check.
-		if k, ok := ev.PartitionKey(); ok {
-			e.msg.Key = []byte(k)
+		// is no correction check, unless that key would not fit.
+		if k := h.dec.MessageKey(ev, &e.msg); k != nil {
+			e.msg.Key = k
 			e.res.Key = string(e.msg.Key)
-			// The processor's decoder counts the key in the message's size: an event that fit
-			// only without it would be dead-lettered as too_large after a 202. RecordSize is
+			// The processor's decoder counts the key in the message's size: an observation that
+			// fit only without it would be dead-lettered as too_large after a 202. RecordSize is
 			// never below the decoder's count, so only an event near the limit is decoded again.
 			if sink.RecordSize(&e.msg) > h.dec.MaxMessageBytes() {
 				if _, err := h.dec.Decode(&e.msg, now); err != nil {
