@@ -169,6 +169,26 @@ func (r *Redis) Encode(obs []Observation) *Encoded {
 
 // ApplyEncoded applies a batch Encode made, as Apply applies the observations it was made of.
 func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (Applied, error) {
+	return r.ApplyEncodedWith(ctx, e, at, nil)
+}
+
+// Companion is another store's part of a batch, written in the same pipeline as the batch's
+// observations so that both reach Redis in one round trip instead of two (suite.Redis makes one
+// for graded runs). The companion shares this store's client, namespace and epoch.
+type Companion interface {
+	// Queue adds the companion's commands to p, after the observations' scripts and before the
+	// pending token, which then vouches for its writes too, and returns the keys they write.
+	Queue(ctx context.Context, p redis.Pipeliner) (written []string)
+	// Finish reads the replies of the commands Queue added, once the pipeline ran and the epoch
+	// and the batch mark were found intact.
+	Finish() error
+	// Load loads the companion's scripts into a Redis that has none (after a restart).
+	Load(ctx context.Context) error
+}
+
+// ApplyEncodedWith is ApplyEncoded with c's commands in the same pipeline (c may be nil). Either
+// part failing fails the call; both are idempotent, so a retry applies both again.
+func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, c Companion) (Applied, error) {
 	if e.err != nil {
 		return Applied{}, e.err
 	}
@@ -199,11 +219,14 @@ func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (App
 			for _, k := range keys {
 				applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
 			}
-			// Last, after every write of the pipeline; its reply is not among cmds' first len(keys).
 			written := make([]string, len(keys))
 			for i, k := range keys {
 				written[i] = e.redis[k][0]
 			}
+			if c != nil {
+				written = append(written, c.Queue(ctx, p)...)
+			}
+			// Last, after every write of the pipeline; its reply is not among cmds' first len(keys).
 			token = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
 			return nil
 		})
@@ -214,6 +237,11 @@ func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (App
 		// is safe because the script is idempotent.
 		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
 			return Applied{}, fmt.Errorf("load apply script: %w", lerr)
+		}
+		if c != nil {
+			if lerr := c.Load(ctx); lerr != nil {
+				return Applied{}, lerr
+			}
 		}
 		cmds, err = run()
 	}
@@ -252,6 +280,11 @@ func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (App
 			res.Outcomes[i] = outs[j]
 		}
 		res.Tallies[k] = t
+	}
+	if c != nil {
+		if err := c.Finish(); err != nil {
+			return Applied{}, err
+		}
 	}
 	return res, nil
 }

@@ -190,29 +190,92 @@ func Encode(obs []RunObservation) *Encoded {
 
 // ApplyEncoded applies a batch Encode made, as Apply applies the runs it was made of.
 func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (Applied, error) {
+	r.fill(e, at)
+	replies, err := r.call(ctx, e.suites, func(k Key) []any { return e.args[k] })
+	if err != nil {
+		return Applied{}, fmt.Errorf("apply runs: %w", err)
+	}
+	return e.applied(replies)
+}
+
+// fill sets the head arguments of e's script calls for observation time at.
+func (r *Redis) fill(e *Encoded, at time.Time) {
 	head := [headArgs]any{r.cfg.IdleTTL.Milliseconds(), r.suite.MinHistory, r.suite.JudgeLastVersions,
 		aggregator.Micros(at) - r.suite.MissingAfter.Microseconds(), "a", schemas.MaxListedCases,
 		schemas.MaxMissingRunIndexes}
 	for _, k := range e.suites {
 		copy(e.args[k], head[:])
 	}
-	suites, orders := e.suites, e.orders
-	res := Applied{Outcomes: make([]aggregator.Outcome, e.n), Suites: suites, Summaries: map[Key]*Summary{}}
-	replies, err := r.call(ctx, suites, func(k Key) []any { return e.args[k] })
-	if err != nil {
-		return Applied{}, fmt.Errorf("apply runs: %w", err)
-	}
-	for n, k := range suites {
+}
+
+// applied reads the replies of e's script calls, one per suite in e.suites order.
+func (e *Encoded) applied(replies []any) (Applied, error) {
+	res := Applied{Outcomes: make([]aggregator.Outcome, e.n), Suites: e.suites, Summaries: map[Key]*Summary{}}
+	for n, k := range e.suites {
 		codes, sum, err := parseSummary(k, replies[n])
-		if err != nil || len(codes) != len(orders[k]) {
+		if err != nil || len(codes) != len(e.orders[k]) {
 			return Applied{}, fmt.Errorf("apply runs of %s: %q %v", k.ID(), codes, err)
 		}
-		for j, i := range orders[k] {
+		for j, i := range e.orders[k] {
 			res.Outcomes[i] = outcomeCodes[codes[j]]
 		}
 		res.Summaries[k] = sum
 	}
 	return res, nil
+}
+
+// Companion is a batch of graded runs (made by Encode) written in the pipeline of the batch's
+// observations (aggregator.Redis.ApplyEncodedWith): one round trip for both. It relies on that
+// store, which shares the client, namespace and epoch, for the epoch check and the pending token.
+type Companion struct {
+	r    *Redis
+	e    *Encoded
+	cmds []*redis.Cmd
+	// Applied is what ApplyEncoded would have returned, once the pipeline ran and Finish succeeded.
+	Applied Applied
+}
+
+var _ aggregator.Companion = (*Companion)(nil)
+
+// Companion returns e, observed at time at, as work for the repeat-rate store's pipeline.
+func (r *Redis) Companion(e *Encoded, at time.Time) *Companion {
+	r.fill(e, at)
+	return &Companion{r: r, e: e}
+}
+
+// Queue implements aggregator.Companion: one script call per suite.
+func (c *Companion) Queue(ctx context.Context, p redis.Pipeliner) []string {
+	c.cmds = make([]*redis.Cmd, len(c.e.suites))
+	written := make([]string, len(c.e.suites))
+	for n, k := range c.e.suites {
+		runsKey, annKey := c.r.keys(k)
+		c.cmds[n] = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, c.e.args[k]...)
+		written[n] = runsKey
+	}
+	return written
+}
+
+// Finish implements aggregator.Companion.
+func (c *Companion) Finish() error {
+	replies := make([]any, len(c.cmds))
+	for n, cmd := range c.cmds {
+		v, err := cmd.Result()
+		if err != nil {
+			return fmt.Errorf("apply runs of %s: %w", c.e.suites[n].ID(), err)
+		}
+		replies[n] = v
+	}
+	a, err := c.e.applied(replies)
+	c.Applied = a
+	return err
+}
+
+// Load implements aggregator.Companion.
+func (c *Companion) Load(ctx context.Context) error {
+	if err := suiteScript.Load(ctx, c.r.client).Err(); err != nil {
+		return fmt.Errorf("load suite script: %w", err)
+	}
+	return nil
 }
 
 // call runs the suite script once per suite in one pipeline, after the namespace's epoch check,

@@ -1,0 +1,153 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/internal/synth"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+// separateSuites is a suite.Redis the processor cannot join to the repeat-rate store's pipeline:
+// its Companion is not the one suiteCompanion asks for, so graded runs take a step of their own.
+type separateSuites struct{ *suite.Redis }
+
+func (separateSuites) Companion() {}
+
+// scriptPipelines records, per pipeline a client sends, how many script calls it holds.
+type scriptPipelines struct {
+	mu     sync.Mutex
+	counts []int
+}
+
+func (h *scriptPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *scriptPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *scriptPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, c := range cmds {
+			if strings.HasPrefix(c.Name(), "eval") {
+				n++
+			}
+		}
+		if n > 0 {
+			h.mu.Lock()
+			h.counts = append(h.counts, n)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *scriptPipelines) take() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.counts
+	h.counts = nil
+	return c
+}
+
+// A batch's observations and graded runs reach Redis in one pipeline when both stores are the
+// Redis ones, and that changes nothing: the same batches (live attempts, correction checks, plain
+// eval results, duplicates, re-assessments, poison) applied through the joined pipeline and
+// through separate steps leave the same keys and fields in Redis and publish the same snapshots
+// and suite outputs, batch by batch; and each batch with both kinds costs one pipeline of scripts
+// joined, two separate. A redelivered batch changes nothing either way.
+func TestJointApplyIsTheSeparateApplyInOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	addr := testenv.RedisAddr(t)
+	type side struct {
+		client *redis.Client
+		hook   *scriptPipelines
+		prefix string
+		pub    *recordingPublisher
+		proc   *Processor
+	}
+	mk := func(name string, joined bool) *side {
+		s := &side{client: redis.NewClient(&redis.Options{Addr: addr}), hook: &scriptPipelines{}, pub: &recordingPublisher{}}
+		t.Cleanup(func() { s.client.Close() })
+		s.client.AddHook(s.hook)
+		s.prefix = testenv.Name(t, name)
+		testenv.CleanPrefix(t, s.client, s.prefix)
+		cfg := aggregator.RedisConfig{Prefix: s.prefix, Retention: 30 * 24 * time.Hour}
+		rates, err := aggregator.NewRedis(s.client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		suites, err := suite.NewRedis(s.client, cfg, suite.Config{MinHistory: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss SuiteStore = suites
+		if !joined {
+			ss = separateSuites{suites}
+		}
+		s.proc, err = NewProcessor(ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}, newTestDecoder(t), rates, ss,
+			s.pub, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), NewMetrics(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (s.proc.joint != nil) != joined {
+			t.Fatalf("%s: joined %v, want %v", name, s.proc.joint != nil, joined)
+		}
+		return s
+	}
+	joint, separate := mk("joint", true), mk("separate", false)
+
+	gen := synth.New(synth.Config{Seed: 5, Workspaces: 2, Corrections: 3, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.02, EvalShare: 0.4})
+	var batches [][]kafka.Message
+	for b, off := 0, int64(0); b < 12; b++ {
+		var msgs []kafka.Message
+		for range 150 {
+			line, _ := gen.Line(now)
+			msgs = append(msgs, kafka.Message{Topic: "in", Offset: off, Value: line})
+			off++
+		}
+		batches = append(batches, msgs)
+	}
+	batches = append(batches, batches[3]) // a redelivery
+
+	ignore := func(name string) bool { return strings.Contains(name, ":pending:") || strings.Contains(name, "seal:") }
+	same := func(_, _, v string) string { return v }
+	var both int
+	for i, msgs := range batches {
+		for _, s := range []*side{joint, separate} {
+			if err := s.proc.Handle(ctx, msgs); err != nil {
+				t.Fatalf("batch %d: %v", i, err)
+			}
+		}
+		b, err := joint.proc.Prepare(msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jp, sp := joint.hook.take(), separate.hook.take()
+		if len(b.obs) > 0 && len(b.runs) > 0 {
+			both++
+			// The seal is a lone script call, not a pipeline: what is left is the apply.
+			if len(jp) != 1 || len(sp) != 2 {
+				t.Fatalf("batch %d: pipelines of scripts joined %v, separate %v; want one joined, two separate", i, jp, sp)
+			}
+		}
+		testenv.SameDumps(t, fmt.Sprint("batch ", i), testenv.DumpKeys(t, joint.client, joint.prefix, ignore, same),
+			testenv.DumpKeys(t, separate.client, separate.prefix, ignore, same))
+		if !reflect.DeepEqual(joint.pub, separate.pub) {
+			t.Fatalf("batch %d: published\njoined:   %+v\nseparate: %+v", i, joint.pub, separate.pub)
+		}
+	}
+	if both < 10 || len(joint.pub.suites) == 0 || len(joint.pub.snaps) == 0 {
+		t.Fatalf("%d batches with observations and runs, %d suite outputs, %d snapshots: the stream does not test the join",
+			both, len(joint.pub.suites), len(joint.pub.snaps))
+	}
+}
