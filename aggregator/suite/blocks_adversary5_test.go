@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,26 +127,7 @@ func adv5Compare(t *testing.T, client *redis.Client, cfg Config, calls []adv5Cal
 			testenv.SameDumps(t, fmt.Sprintf("call %d applied again", n), adv5Dump(t, client, prefix), before)
 		}
 	}
-	for _, k := range model.Model.Suites() {
-		got, err := store.Read(ctx, k, at)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := model.Model.Summary(k, slices.Sorted(slices.Values(model.Model.Versions(k))), model.announced[k], cfg, at)
-		if d := summaryDiff(got, &want); d != "" {
-			t.Fatalf("read of %v differs: %s", k, d)
-		}
-		advStored(t, client, store, model.Model, k)
-		table, err := store.Cases(ctx, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		table.Cases = slices.DeleteFunc(table.Cases, func(c CaseRow) bool { return c.Class == ClassNone })
-		wt := casesFromRuns(model.Model, k, cfg)
-		if !reflect.DeepEqual(table.Versions, wt.Versions) || !reflect.DeepEqual(table.Cases, wt.Cases) {
-			t.Fatalf("cases of %v:\n%+v\nmodel\n%+v", k, table, wt)
-		}
-	}
+	advReadAll(t, client, store, model, cfg, at)
 	return codes
 }
 

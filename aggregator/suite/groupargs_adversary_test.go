@@ -136,6 +136,15 @@ func advCompare(t *testing.T, client *redis.Client, cfg Config, batches []advBat
 			}
 		}
 	}
+	advReadAll(t, client, store, model, cfg, at)
+	return st
+}
+
+// advReadAll reads every suite of model back from store at time at and requires the model's
+// summary, its stored runs and cells (advStored) and its case table.
+func advReadAll(t *testing.T, client *redis.Client, store *Redis, model *Memory, cfg Config, at time.Time) {
+	t.Helper()
+	ctx := context.Background()
 	for _, k := range model.Model.Suites() {
 		got, err := store.Read(ctx, k, at)
 		if err != nil {
@@ -162,7 +171,6 @@ func advCompare(t *testing.T, client *redis.Client, cfg Config, batches []advBat
 			}
 		}
 	}
-	return st
 }
 
 // storedRun is what the store keeps of a run (suite.lua, B..'r'): what the re-assessment rule
