@@ -52,10 +52,12 @@ func (m ReplyMode) WithTokenizer(t Tokenizer) ReplyMode { return m.Rules() | Rep
 type ReplyStats struct {
 	Tokens    int
 	GzipRatio float64
-	Fragment  string // the repeated fragment, clipped
-	Repeats   int
-	Share     float64 // share of the reply's tokens the repetition covers (OpenCompass: its repeat_pattern_ratio)
-	Trigger   string  // "gzip_ratio", "repeat_pattern", or "" when normal
+	// Fragment, Repeats and Share describe the reply's repetition when a rule found it abnormal
+	// (what an abnormal sample reports); they are zero for a normal reply.
+	Fragment string // the repeated fragment, clipped
+	Repeats  int
+	Share    float64 // share of the reply's tokens the repetition covers (OpenCompass: its repeat_pattern_ratio)
+	Trigger  string  // "gzip_ratio", "repeat_pattern", or "" when normal
 }
 
 // gzipRuleBytes is, per mode, the shortest text the gzip rule can flag: default mode asks for 256
@@ -83,6 +85,17 @@ func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
 			s.GzipRatio = gzipRatio(text)
 		}
 	}()
+	// The repetition rule looks at the back-to-back repetition covering most tokens over periods
+	// up to 64. Repeated 10 times or more, its period is at most a tenth of the reply, so it is
+	// also the one covering most over those short periods: when that one does not trigger the
+	// rule, neither does the full search, and a reply the gzip rule passed too is normal and
+	// reports no repetition. Most replies end here, without numbering their tokens.
+	if !(len(text) >= 256 && s.GzipRatio >= 8) {
+		_, _, r, c := periodicRun(toks, min(64, len(toks)/10))
+		if r < 10 || 2*c < len(toks) {
+			return s
+		}
+	}
 	ids := tokenIDs(toks)
 	start, period, repeats, covered := periodicRun(ids, 64)
 	if repeats > 1 {
@@ -154,8 +167,9 @@ func tokenIDs(toks []string) []int32 {
 }
 
 // periodicRun finds the back-to-back repetition covering most tokens: a fragment of period p
-// (1..maxPeriod) starting at start, repeated `repeats` whole times over `covered` tokens.
-func periodicRun(ids []int32, maxPeriod int) (start, period, repeats, covered int) {
+// (1..maxPeriod) starting at start, repeated `repeats` whole times over `covered` tokens. Of
+// equal coverings the first found (the shortest period, then the earliest) wins.
+func periodicRun[T comparable](ids []T, maxPeriod int) (start, period, repeats, covered int) {
 	for p := 1; p <= maxPeriod && 2*p <= len(ids); p++ {
 		run, runStart := 0, 0
 		for i := 0; i+p < len(ids); i++ {
