@@ -58,29 +58,13 @@ func (p *lockedPublisher) Publish(_ context.Context, snaps []schemas.Snapshot) e
 
 func (p *lockedPublisher) PublishSuites(context.Context, suite.Output, time.Time) error { return nil }
 
-// deepAudit is the processor with an audit of every commit against what was published, and a
-// publish of the first batch that fails for good once MaxInFlight batches were applied.
+// deepAudit is auditHandler (every commit checked against what was published) with a publish of
+// the first batch that fails for good once MaxInFlight batches were applied.
 type deepAudit struct {
-	*Processor
-	t     *testing.T
-	store *aheadStore
-	pub   *lockedPublisher
-
-	mu        sync.Mutex
-	broken    bool
-	failures  int
-	prepared  map[int64]int
-	published map[int64]bool
-	committed int64
-}
-
-func (h *deepAudit) Prepare(msgs []kafka.Message) (*Batch, error) {
-	h.mu.Lock()
-	for _, m := range msgs {
-		h.prepared[m.Offset]++
-	}
-	h.mu.Unlock()
-	return h.Processor.Prepare(msgs)
+	auditHandler
+	store  *aheadStore
+	locked *lockedPublisher
+	broken bool // under auditHandler.mu
 }
 
 func (h *deepAudit) Publish(ctx context.Context, b *Batch) error {
@@ -98,36 +82,16 @@ func (h *deepAudit) Publish(ctx context.Context, b *Batch) error {
 		h.broken = false
 		h.failures++
 		h.mu.Unlock()
-		h.pub.mu.Lock()
-		h.pub.run++
-		h.pub.mu.Unlock()
+		h.locked.mu.Lock()
+		h.locked.run++
+		h.locked.mu.Unlock()
 		return errors.New("broker not available")
 	}
 	if err := h.Processor.Publish(ctx, b); err != nil {
 		return err
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, m := range b.Messages() {
-		h.published[m.Offset] = true
-	}
+	h.markPublished(b)
 	return nil
-}
-
-func (h *deepAudit) Verify(ctx context.Context, mark int64, offsets map[string]map[int]int64) error {
-	h.mu.Lock()
-	for _, parts := range offsets {
-		for _, next := range parts {
-			for off := int64(0); off < next; off++ {
-				if !h.published[off] {
-					h.t.Errorf("about to commit offset %d although message %d was never published", next, off)
-				}
-			}
-			h.committed = max(h.committed, next)
-		}
-	}
-	h.mu.Unlock()
-	return h.Processor.Verify(ctx, mark, offsets)
 }
 
 // On real Kafka and Redis, with four (the default) and eight batches in flight: the first
@@ -158,7 +122,8 @@ func TestAdversary4DeepPipelineRewindsOnKafkaAndRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := &deepAudit{Processor: p, t: t, store: store, pub: pub, broken: true, prepared: map[int64]int{}, published: map[int64]bool{}}
+			h := &deepAudit{auditHandler: auditHandler{Processor: p, t: t, prepared: map[int64]int{}, published: map[int64]bool{}},
+				store: store, locked: pub, broken: true}
 			g, err := NewGroup(GroupConfig{Brokers: brokers, GroupID: name, Topics: []string{name}, MaxBatch: 10, Linger: 200 * time.Millisecond,
 				DrainTimeout: 5 * time.Second, MaxInFlight: maxInFlight, SessionTimeout: 6 * time.Second}, h, zap.NewNop(), metrics)
 			if err != nil {

@@ -63,7 +63,8 @@ func (p *breakingPublisher) Publish(ctx context.Context, snaps []schemas.Snapsho
 }
 
 // auditHandler checks, at every Verify, that the offsets about to be committed cover only
-// messages of batches that were published, and heals the publisher after its first failure.
+// messages of batches that were published, and heals the publisher (pub, when set) after its
+// first failure.
 type auditHandler struct {
 	*Processor
 	t   *testing.T
@@ -87,19 +88,26 @@ func (h *auditHandler) Prepare(msgs []kafka.Message) (*Batch, error) {
 
 func (h *auditHandler) Publish(ctx context.Context, b *Batch) error {
 	err := h.Processor.Publish(ctx, b)
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if err != nil {
+		h.mu.Lock()
 		h.failures++
+		h.mu.Unlock()
 		h.pub.mu.Lock()
 		h.pub.broken = false
 		h.pub.mu.Unlock()
 		return err
 	}
+	h.markPublished(b)
+	return nil
+}
+
+// markPublished records b's messages as published.
+func (h *auditHandler) markPublished(b *Batch) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	for _, m := range b.Messages() {
 		h.published[m.Offset] = true
 	}
-	return nil
 }
 
 func (h *auditHandler) Verify(ctx context.Context, mark int64, offsets map[string]map[int]int64) error {
