@@ -887,7 +887,7 @@ func (d *Decoder) MessageKey(ev Event, m *kafka.Message) []byte {
 	if !ok {
 		return nil
 	}
-	if _, obs := ev.Observation(); !obs {
+	if ev.Eval != nil && !ev.Eval.IsCorrectionCheck() {
 		keyed := *m
 		keyed.Key = []byte(key)
 		if messageSize(&keyed) > d.cfg.MaxMessageBytes {
