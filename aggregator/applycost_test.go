@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -311,10 +312,14 @@ func applyCurrentArgs(ctx context.Context, c *redis.Client, script *redis.Script
 // (REPEATRATE_APPLY_COST_REDIS names another Redis than the test one; its CPU is then the scripts'
 // alone. REPEATRATE_APPLY_COST_PREV=<file.lua> adds that script, taking the current arguments, as
 // "previous", to measure a step of the current layout: git show <commit>:aggregator/apply.lua.
-// REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it.
+// REPEATRATE_APPLY_COST_ONLY=current runs the current store alone, to profile it;
+// REPEATRATE_APPLY_COST_ONLY=current,previous those two, alternating, checked against each other.
 // REPEATRATE_APPLY_COST_BATCH sets the batch size, 2000 by default: the processor's batches under
 // load hold up to 16 000 events, over which a call's fixed cost spreads further.)
 func TestApplyCost(t *testing.T) {
+	selected := func(only, name string) bool {
+		return only == "" || slices.Contains(strings.Split(only, ","), name)
+	}
 	events, _ := strconv.Atoi(os.Getenv("REPEATRATE_APPLY_COST"))
 	if events <= 0 {
 		t.Skip("set REPEATRATE_APPLY_COST to the number of events per shape")
@@ -325,7 +330,7 @@ func TestApplyCost(t *testing.T) {
 		client = redis.NewClient(&redis.Options{Addr: a})
 		defer client.Close()
 	}
-	only := os.Getenv("REPEATRATE_APPLY_COST_ONLY") == "current"
+	only := os.Getenv("REPEATRATE_APPLY_COST_ONLY")
 	names := []string{"layout 3", "layout 4", "current", "floor"}
 	scripts := []*redis.Script{redis.NewScript(layout3Source), redis.NewScript(layout4Source), applyScript, redis.NewScript(floorSource)}
 	if f := os.Getenv("REPEATRATE_APPLY_COST_PREV"); f != "" {
@@ -403,22 +408,20 @@ func TestApplyCost(t *testing.T) {
 						}
 					}
 				}
-				if only {
-					run(cur)
-				} else {
-					for j := 0; j < nc; j++ {
-						run((b + j) % nc)
+				for j := 0; j < nc; j++ {
+					if which := (b + j) % nc; selected(only, names[which]) {
+						run(which)
 					}
 				}
 				if measured {
 					n += len(batch)
 				}
-				if only {
+				if only == "current" {
 					continue
 				}
 				for k, got := range res[cur] {
 					for which := range nc {
-						if want := res[which][k]; which != cur && which != floor && got != want {
+						if want := res[which][k]; which != cur && which != floor && selected(only, names[which]) && got != want {
 							t.Fatalf("batch %d, %s: current %+v, %s %+v", b, k, got, names[which], want)
 						}
 					}
@@ -431,7 +434,7 @@ func TestApplyCost(t *testing.T) {
 				shape.name, n, warmup*costBatch(), shape.aggregates, shape.span, costBatch())
 			cpu, cmds, mem := make([]float64, nc), make([]float64, nc), make([]float64, nc)
 			for i := range costs {
-				if only && i != cur {
+				if !selected(only, names[i]) {
 					continue
 				}
 				cpu[i], cmds[i] = per(costs[i])
@@ -439,11 +442,11 @@ func TestApplyCost(t *testing.T) {
 				t.Logf("  %-9s %.2f µs Redis CPU/event (%.2f sys), %.3f commands/event, %.1f bytes/event:%s",
 					names[i]+":", cpu[i], costs[i].sys*1e6/float64(n), cmds[i], mem[i], costs[i].top(n))
 			}
-			if only {
+			if only == "current" {
 				return
 			}
 			for i := range nc {
-				if i != cur {
+				if i != cur && selected(only, names[i]) {
 					t.Logf("  current ÷ %s: CPU %.3f, commands %.3f, memory %.3f", names[i], cpu[cur]/cpu[i], cmds[cur]/cmds[i], mem[cur]/mem[i])
 				}
 			}
