@@ -84,9 +84,9 @@ local function hset(key, pairs)
 end
 
 -- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, c p u (counts),
--- a b (bounds or nil), k (closed chunks), e (open chunk), got (read), dirty, lo hi rlo rhi (least
--- and greatest occurred inserted and removed by this batch), add (index entries to append, one string)};
--- mins[-m] = {s, c, p, u, got, dirty}. Absent values are false.
+-- a b (bounds or nil: kept exact as the batch inserts), k (closed chunks), e (open chunk), got
+-- (read), dirty, scan (a bound may have left: recompute from the index), add (index entries to
+-- append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got, dirty}. Absent values are false.
 -- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
 -- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
@@ -97,7 +97,7 @@ local function hourOf(h)
   if not t then
     -- Every field set at once: no rehash as they are set later.
     t = {s = fmt('h%d', h), c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false, dirty = false,
-      lo = false, hi = false, rlo = false, rhi = false, add = false}
+      scan = false, add = false}
     hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
   end
   return t
@@ -179,21 +179,27 @@ if n > 0 then
   local recent = at - 2 * HOUR
   for i = 1, n do
     local id, value = ARGV[3 + i], ARGV[3 + n + i]
-    if held[id] == nil then held[id] = got[i] end
     local occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
-    local h = floor(occ / HOUR)
+    local h = (occ - occ % HOUR) / HOUR -- floor(occ / HOUR) without a call
     occs[i], hs[i] = occ, h
-    if not hours[-h] then
-      local t = hourOf(h)
-      t.got = true
-      nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
-    end
-    if occ >= recent then
-      local m = floor(occ / MIN)
-      if not mins[-m] then
-        local t = minOf(m)
+    local first = held[id] == nil
+    if first then held[id] = got[i] end
+    -- The first observation of an id that is byte for byte its stored record is a duplicate (or
+    -- expired) and changes nothing: its hour and minute are not read for it. Any other reads them
+    -- here, with the head; what the loop below reaches otherwise it reads on the way (getHour).
+    if not first or got[i] ~= value then
+      if not hours[-h] then
+        local t = hourOf(h)
         t.got = true
-        nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
+        nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+      end
+      if occ >= recent then
+        local m = (occ - occ % MIN) / MIN
+        if not mins[-m] then
+          local t = minOf(m)
+          t.got = true
+          nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
+        end
       end
     end
   end
@@ -240,16 +246,16 @@ local M, H = floor(at / MIN), floor(at / HOUR)
 local cached = hcm == M and hch == H
 local cacheDirty = false
 
-local function bump(cls, occ, d)
-  local m = floor(occ / MIN)
-  local h = floor(occ / HOUR)
+-- bump adds d to class cls at occurred time occ, of hour h.
+local function bump(cls, occ, h, d)
   local t = getHour(h)
   local j
   if cls == 'C' then C = C + d; t.c = t.c + d; j = 1
   elseif cls == 'P' then P = P + d; t.p = t.p + d; j = 2
   else U = U + d; t.u = t.u + d; j = 3 end
   t.dirty = true
-  if m >= mfloor then
+  if occ >= mfloor * MIN then
+    local m = (occ - occ % MIN) / MIN
     local q = getMin(m)
     if j == 1 then q.c = q.c + d elseif j == 2 then q.p = q.p + d else q.u = q.u + d end
     q.dirty = true
@@ -342,41 +348,49 @@ local function advance(occ)
   mfloor = floor(w / MIN) - MKEEP
 end
 
--- Per hour touched by the batch: least and greatest occurred inserted (lo, hi) and removed
--- (rlo, rhi).
-local function insertOcc(occ)
-  local t = hourOf(floor(occ / HOUR))
-  if not t.lo or occ < t.lo then t.lo = occ end
-  if not t.hi or occ > t.hi then t.hi = occ end
+-- insertOcc and removeOcc keep the bounds of hour h exact as a winner that occurred at occ enters
+-- or leaves it. One that leaves at a bound marks the hour for a scan of its index at the end
+-- (scanHour); one that leaves from between the bounds leaves them as they are.
+local function insertOcc(occ, h)
+  local t = getHour(h)
+  if not t.a or occ < t.a then t.a, t.dirty = occ, true end
+  if not t.b or occ > t.b then t.b, t.dirty = occ, true end
   if not f or occ < f then f = occ end
   if not l or occ > l then l = occ end
 end
-local function removeOcc(occ)
-  local t = hourOf(floor(occ / HOUR))
-  if not t.rlo or occ < t.rlo then t.rlo = occ end
-  if not t.rhi or occ > t.rhi then t.rhi = occ end
+local function removeOcc(occ, h)
+  local t = getHour(h)
+  if not t.a or occ <= t.a or occ >= t.b then t.scan = true end
   if occ <= f then fDirty = true end
   if occ >= l then lDirty = true end
 end
 
 -- Records are written at the end of the loop (one HSET), index entries appended to their hours'
--- open chunks.
-local pending, pendIds, pushHours, pushedTo = {}, {}, {}, {}
+-- open chunks. pending[id] says that id is written and under which hours this batch listed it:
+-- true (none yet), one hour, or a set of them (keyed by the negative hour).
+local pending, pendIds, pushHours = {}, {}, {}
 local npend = 0 -- #pendIds
--- push lists record field id under hour once per batch, however often the batch moves it there.
+-- push lists record field id (already pending) under hour once per batch, however often the batch
+-- moves it there. An hour's additions are one id, or a list once there are more.
 local function push(id, hour)
-  local p = pushedTo[id]
+  local p = pending[id]
   if p == hour then return end
-  if p then
-    if type(p) ~= 'table' then p = {[-p] = true}; pushedTo[id] = p end
+  if p == true then
+    pending[id] = hour
+  else
+    if type(p) ~= 'table' then p = {[-p] = true}; pending[id] = p end
     if p[-hour] then return end
     p[-hour] = true
-  else
-    pushedTo[id] = hour
   end
   local t = hourOf(hour)
   local e = t.add
-  if e then e[#e + 1] = id else t.add = {id}; pushHours[#pushHours + 1] = hour end
+  if not e then
+    t.add = id; pushHours[#pushHours + 1] = hour
+  elseif type(e) == 'table' then
+    e[#e + 1] = id
+  else
+    t.add = {e, id}
+  end
 end
 -- write records value for id and lists id under each given hour that is not nil.
 local function write(id, value, h1, h2)
@@ -405,23 +419,24 @@ for i = 1, n do
       if oz < cut then rec = nil end -- its horizon expired: the record is garbage
     end
     if not rec then
-      write(id, value, hs[i])
-      insertOcc(occ)
-      bump(sub(value, 1, 1), occ, 1)
+      local h = hs[i]
+      write(id, value, h)
+      insertOcc(occ, h)
+      bump(sub(value, 1, 1), occ, h, 1)
       changed = true
       out[i] = 'N'
     else
       local cls, _, asd, seq = parse(value)
       if asd > oa or (asd == oa and seq > os) then
-        if oo >= cut then bump(oc, oo, -1) end
-        bump(cls, occ, 1)
         local z = max(oz, occ)
         local h, oh, zh, ozh = hs[i], floor(oo / HOUR), floor(z / HOUR), floor(oz / HOUR)
+        if oo >= cut then bump(oc, oo, oh, -1) end
+        bump(cls, occ, h, 1)
         write(id, withHorizon(value, occ, z), h ~= oh and h or nil, zh ~= ozh and zh or nil)
         if oo < cut then
-          insertOcc(occ)
+          insertOcc(occ, h)
         elseif occ ~= oo then
-          removeOcc(oo); insertOcc(occ)
+          removeOcc(oo, oh); insertOcc(occ, h)
         end
         changed = true
         out[i] = 'R'
@@ -469,19 +484,24 @@ local newHours = false
 if #pushHours > 0 then
   local zs = {}
   for _, hour in ipairs(pushHours) do
-    local t = hours[-hour]
-    local cur = t.e
+    local t = getHour(hour)
+    local cur, add = t.e, t.add
     if cur == '' and t.k == 0 then zs[#zs + 1] = hour; zs[#zs + 1] = sub(t.s, 2) end
-    local parts, size = {cur}, #cur
-    for _, id in ipairs(t.add) do
-      if size + #id > CHUNKBYTES and size > 0 then -- close the open chunk
-        t.k = t.k + 1
-        cset(t.s .. '.' .. fmt('%d', t.k), concat(parts))
-        parts, size = {}, 0
+    if type(add) == 'string' and (#cur + #add <= CHUNKBYTES or cur == '') then
+      t.e = cur .. add -- one id that fits: no list
+    else
+      if type(add) == 'string' then add = {add} end
+      local parts, size = {cur}, #cur
+      for _, id in ipairs(add) do
+        if size + #id > CHUNKBYTES and size > 0 then -- close the open chunk
+          t.k = t.k + 1
+          cset(t.s .. '.' .. fmt('%d', t.k), concat(parts))
+          parts, size = {}, 0
+        end
+        parts[#parts + 1] = id; size = size + #id
       end
-      parts[#parts + 1] = id; size = size + #id
+      t.e = concat(parts)
     end
-    t.e = concat(parts)
     t.dirty = true
   end
   if #zs > 0 then
@@ -548,18 +568,11 @@ local function scanHour(h)
   return lo, hi
 end
 
--- Bounds of the touched hours: merged with what was held, or recomputed from the index when an
--- opportunity holding one moved out.
+-- Bounds of the hours an opportunity holding one moved out of, recomputed from their index.
 for _, h in ipairs(hlist) do
   local t = hours[-h]
-  if h >= cutH and (t.lo or t.rlo) then
-    if not t.got then getHour(h) end
-    local a, z = t.a, t.b
-    if t.lo then
-      if not a or t.lo < a then a = t.lo end
-      if not z or t.hi > z then z = t.hi end
-    end
-    if t.rlo and (not a or t.rlo <= a or t.rhi >= z) then a, z = scanHour(h) end
+  if t.scan and h >= cutH then
+    local a, z = scanHour(h)
     if a ~= t.a or z ~= t.b then t.a, t.b, t.dirty = a, z, true end
   end
 end
