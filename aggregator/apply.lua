@@ -14,13 +14,17 @@
 --                     last TTL refresh of KEYS[4], the lowest hour KEYS[4] lists, the retained counts.
 --                     The first eight are stored plus one, 0 meaning absent.
 --               v     the version, in decimal (see below; SeedVersion writes it too)
---               h<hour> "C,P,U,a,b,k|<entries>": the hour's counts, its least and greatest occurred_us
---                     (plus one, 0: none), and its part of the id index: the record fields whose winner
---                     or horizon entered the hour, so that a record can be found from the hour of its
---                     winner (to recompute the hour's bounds) and from the hour of its horizon (to
---                     delete it once that hour expires). <entries> is the open chunk, fields
---                     h<hour>.1 .. h<hour>.<k> the closed ones; a chunk is closed once appending would
---                     take it past CHUNKBYTES, so an append costs a bounded copy.
+--               h<hour> "C,P,U[,a,b][;k]|<entries>": the hour's counts; the least and greatest
+--                     occurred_us of its winners (as offsets from the hour's start), kept once it holds
+--                     BOUNDED winners; the number k of closed index chunks, when not 0; and its part of
+--                     the id index: the record fields whose winner or horizon entered the hour, so that
+--                     a record can be found from the hour of its winner (to find the hour's bounds) and
+--                     from the hour of its horizon (to delete it once that hour expires). <entries> is
+--                     the open chunk, fields h<hour>.1 .. h<hour>.<k> the closed ones; a chunk is
+--                     closed once appending would take it past CHUNKBYTES, so an append costs a
+--                     bounded copy. The bounds of an hour with fewer winners are found from its index
+--                     when needed (when it holds the first or last retained winner and that one
+--                     leaves), which costs fewer reads than keeping them on every write would.
 --               m<minute> "C,P,U": counts of the last 70 minutes.
 --               enc   a long value that keeps the hash a hash table (see below).
 --               An hour or minute whose counts are 0 and that lists nothing is deleted.
@@ -52,6 +56,7 @@ local MIN, HOUR = 60000000, 3600000000
 local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
 local CHUNKBYTES = 480 -- an index chunk is closed before it grows past this (a 512-byte allocation)
+local BOUNDED = 32 -- an hour with this many winners keeps its bounds; one with fewer is scanned
 local opps, st, listed = KEYS[1], KEYS[2], KEYS[4]
 -- Globals read once: a global is a table lookup by name on every use, a local a register.
 local ARGV, tonumber, ipairs, unpack, type = ARGV, tonumber, ipairs, unpack, type
@@ -61,7 +66,7 @@ local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local n = (#ARGV - 3) / 2
 local floor, max = math.floor, math.max
-local find, sub, fmt, match = string.find, string.sub, string.format, string.match
+local find, sub, fmt, match, byte = string.find, string.sub, string.format, string.match, string.byte
 local concat = table.concat
 local call = redis.call
 
@@ -83,10 +88,11 @@ local function hset(key, pairs)
   for i = 1, #pairs, CHUNK do call('HSET', key, unpack(pairs, i, min(i + CHUNK - 1, #pairs))) end
 end
 
--- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, c p u (counts),
--- a b (bounds or nil: kept exact as the batch inserts), k (closed chunks), e (open chunk), got
--- (read), dirty, scan (a bound may have left: recompute from the index), add (index entries to
--- append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got, dirty}. Absent values are false.
+-- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, h (the hour), c p u
+-- (counts), a b (bounds, when kept: exact as the batch inserts; false or nil otherwise), k (closed
+-- chunks), e (open chunk), got (read), dirty, scan (a kept bound may have left: recompute from the
+-- index), add (index entries to append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got,
+-- dirty}. Absent values are false.
 -- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
 -- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
@@ -96,8 +102,8 @@ local function hourOf(h)
   local t = hours[-h]
   if not t then
     -- Every field set at once: no rehash as they are set later.
-    t = {s = fmt('h%d', h), c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false, dirty = false,
-      scan = false, add = false}
+    t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false,
+      dirty = false, scan = false, add = false}
     hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
   end
   return t
@@ -110,10 +116,22 @@ end
 local function parseHour(t, v)
   t.got = true
   if not v then return end
-  local c, p, u, a, b, k, pos = match(v, '^(%x+),(%x+),(%x+),(%x+),(%x+),(%x+)|()')
-  t.c, t.p, t.u, t.k, t.e = tonumber(c, 16), tonumber(p, 16), tonumber(u, 16), tonumber(k, 16), sub(v, pos)
-  a, b = tonumber(a, 16), tonumber(b, 16)
-  if a > 0 then t.a, t.b = a - 1, b - 1 end
+  local c, p, u, pos = match(v, '^(%x+),(%x+),(%x+)()')
+  t.c, t.p, t.u = tonumber(c, 16), tonumber(p, 16), tonumber(u, 16)
+  local sep = byte(v, pos)
+  if sep == 44 then -- ',': the bounds
+    local a, b
+    a, b, pos = match(v, '^(%x+),(%x+)()', pos + 1)
+    local start = t.h * HOUR
+    t.a, t.b = start + tonumber(a, 16), start + tonumber(b, 16)
+    sep = byte(v, pos)
+  end
+  if sep == 59 then -- ';': closed chunks
+    local k
+    k, pos = match(v, '^(%x+)()', pos + 1)
+    t.k = tonumber(k, 16)
+  end
+  t.e = sub(v, pos + 1)
 end
 local function parseMin(t, v)
   t.got = true
@@ -348,13 +366,16 @@ local function advance(occ)
   mfloor = floor(w / MIN) - MKEEP
 end
 
--- insertOcc and removeOcc keep the bounds of hour h exact as a winner that occurred at occ enters
--- or leaves it. One that leaves at a bound marks the hour for a scan of its index at the end
--- (scanHour); one that leaves from between the bounds leaves them as they are.
+-- insertOcc and removeOcc keep the kept bounds of hour h exact as a winner that occurred at occ
+-- enters or leaves it. One that leaves at a bound, or an hour that keeps none, marks the hour for a
+-- scan of its index at the end (scanHour, which also keeps the index proportional to what the hour
+-- holds); one that leaves from between the bounds leaves them as they are.
 local function insertOcc(occ, h)
   local t = getHour(h)
-  if not t.a or occ < t.a then t.a, t.dirty = occ, true end
-  if not t.b or occ > t.b then t.b, t.dirty = occ, true end
+  if t.a then
+    if occ < t.a then t.a, t.dirty = occ, true end
+    if occ > t.b then t.b, t.dirty = occ, true end
+  end
   if not f or occ < f then f = occ end
   if not l or occ > l then l = occ end
 end
@@ -568,27 +589,32 @@ local function scanHour(h)
   return lo, hi
 end
 
--- Bounds of the hours an opportunity holding one moved out of, recomputed from their index.
+-- Bounds of the hours written: recomputed from the index for an hour marked by removeOcc and for
+-- one that reached BOUNDED winners in this batch, and dropped below BOUNDED.
 for _, h in ipairs(hlist) do
   local t = hours[-h]
-  if t.scan and h >= cutH then
-    local a, z = scanHour(h)
-    if a ~= t.a or z ~= t.b then t.a, t.b, t.dirty = a, z, true end
+  if t.dirty and h >= cutH then
+    if t.scan or (not t.a and t.c + t.p + t.u >= BOUNDED) then t.a, t.b = scanHour(h) end
+    if t.c + t.p + t.u < BOUNDED then t.a, t.b = false, false end
   end
 end
 
--- First and last: the least bound of the lowest retained hour, the greatest of the highest.
+-- First and last: the least bound of the lowest retained hour with a winner, the greatest of the
+-- highest (from its index when it keeps no bounds).
 if (fDirty or lDirty) and w then
   local top = floor(w / HOUR)
   loadHours(cutH, top)
   f, l = nil, nil
   for h = cutH, top do
-    local a = hours[-h].a
-    if a then f = a; break end
+    local t = hours[-h]
+    if t.c + t.p + t.u > 0 then f = t.a or scanHour(h); break end
   end
   for h = top, cutH, -1 do
-    local b = hours[-h].b
-    if b then l = b; break end
+    local t = hours[-h]
+    if t.c + t.p + t.u > 0 then
+      if t.b then l = t.b else local _, hi = scanHour(h); l = hi end
+      break
+    end
   end
 end
 
@@ -682,7 +708,20 @@ if n > 0 then
         dels[#dels + 1] = t.s
       else
         sets[ns + 1] = t.s
-        sets[ns + 2] = fmt('%x,%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a and t.a + 1 or 0, t.b and t.b + 1 or 0, t.k) .. t.e
+        local hv
+        if t.a then
+          local start = h * HOUR
+          if t.k > 0 then
+            hv = fmt('%x,%x,%x,%x,%x;%x|', t.c, t.p, t.u, t.a - start, t.b - start, t.k)
+          else
+            hv = fmt('%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a - start, t.b - start)
+          end
+        elseif t.k > 0 then
+          hv = fmt('%x,%x,%x;%x|', t.c, t.p, t.u, t.k)
+        else
+          hv = fmt('%x,%x,%x|', t.c, t.p, t.u)
+        end
+        sets[ns + 2] = hv .. t.e
         ns = ns + 2
       end
     end

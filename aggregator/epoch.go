@@ -32,7 +32,9 @@ type State struct {
 // Version 5: record fields carry the id's length, the state hash packs the head and each hour
 // (counts, bounds, open index chunk) into one field each, in hex. Version 6: a suite's runs are
 // held per cell and block of 16 run indexes, one field each, instead of one field per run.
-const stateLayout = "/layout6"
+// Version 7: an hour keeps its bounds (as offsets from its start) only once it holds 32 winners,
+// and its count of closed index chunks only when not 0.
+const stateLayout = "/layout7"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 
