@@ -264,10 +264,9 @@ local M, H = floor(at / MIN), floor(at / HOUR)
 local cached = hcm == M and hch == H
 local cacheDirty = false
 
--- bump adds d to class cls at occurred time occ, of hour h.
-local function bump(cls, occ, h, d)
-  local t = getHour(h)
-  local j
+-- bump adds d to class cls at occurred time occ, of hour table t (read).
+local function bump(cls, occ, t, d)
+  local h, j = t.h, nil
   if cls == 'C' then C = C + d; t.c = t.c + d; j = 1
   elseif cls == 'P' then P = P + d; t.p = t.p + d; j = 2
   else U = U + d; t.u = t.u + d; j = 3 end
@@ -366,12 +365,11 @@ local function advance(occ)
   mfloor = floor(w / MIN) - MKEEP
 end
 
--- insertOcc and removeOcc keep the kept bounds of hour h exact as a winner that occurred at occ
+-- insertOcc and removeOcc keep the kept bounds of hour table t (read) exact as a winner that occurred at occ
 -- enters or leaves it. One that leaves at a bound, or an hour that keeps none, marks the hour for a
 -- scan of its index at the end (scanHour, which also keeps the index proportional to what the hour
 -- holds); one that leaves from between the bounds leaves them as they are.
-local function insertOcc(occ, h)
-  local t = getHour(h)
+local function insertOcc(occ, t)
   if t.a then
     if occ < t.a then t.a, t.dirty = occ, true end
     if occ > t.b then t.b, t.dirty = occ, true end
@@ -379,8 +377,7 @@ local function insertOcc(occ, h)
   if not f or occ < f then f = occ end
   if not l or occ > l then l = occ end
 end
-local function removeOcc(occ, h)
-  local t = getHour(h)
+local function removeOcc(occ, t)
   if not t.a or occ <= t.a or occ >= t.b then t.scan = true end
   if occ <= f then fDirty = true end
   if occ >= l then lDirty = true end
@@ -442,8 +439,9 @@ for i = 1, n do
     if not rec then
       local h = hs[i]
       write(id, value, h)
-      insertOcc(occ, h)
-      bump(sub(value, 1, 1), occ, h, 1)
+      local t = getHour(h)
+      insertOcc(occ, t)
+      bump(sub(value, 1, 1), occ, t, 1)
       changed = true
       out[i] = 'N'
     else
@@ -451,13 +449,14 @@ for i = 1, n do
       if asd > oa or (asd == oa and seq > os) then
         local z = max(oz, occ)
         local h, oh, zh, ozh = hs[i], floor(oo / HOUR), floor(z / HOUR), floor(oz / HOUR)
-        if oo >= cut then bump(oc, oo, oh, -1) end
-        bump(cls, occ, h, 1)
+        local t, ot = getHour(h), oo >= cut and getHour(oh)
+        if ot then bump(oc, oo, ot, -1) end
+        bump(cls, occ, t, 1)
         write(id, withHorizon(value, occ, z), h ~= oh and h or nil, zh ~= ozh and zh or nil)
         if oo < cut then
-          insertOcc(occ, h)
+          insertOcc(occ, t)
         elseif occ ~= oo then
-          removeOcc(oo, oh); insertOcc(occ, h)
+          removeOcc(oo, ot); insertOcc(occ, t)
         end
         changed = true
         out[i] = 'R'
