@@ -14,9 +14,10 @@
 --                     last TTL refresh of KEYS[4], the lowest hour KEYS[4] lists, the retained counts.
 --                     The first eight are stored plus one, 0 meaning absent.
 --               v     the version, in decimal (see below; SeedVersion writes it too)
---               h<hour> "C,P,U[,a,b][;k]|<entries>": the hour's counts; the least and greatest
+--               h<hour> "C,P,U[,a,b,n,m][;k]|<entries>": the hour's counts; the least and greatest
 --                     occurred_us of its winners (as offsets from the hour's start), kept once it holds
---                     BOUNDED winners; the number k of closed index chunks, when not 0; and its part of
+--                     BOUNDED winners, with the number of index entries it lists and the number it
+--                     listed at its last scan; the number k of closed index chunks, when not 0; and its part of
 --                     the id index: the record fields whose winner or horizon entered the hour, so that
 --                     a record can be found from the hour of its winner (to find the hour's bounds) and
 --                     from the hour of its horizon (to delete it once that hour expires). <entries> is
@@ -89,9 +90,11 @@ local function hset(key, pairs)
 end
 
 -- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, h (the hour), c p u
--- (counts), a b (bounds, when kept: exact as the batch inserts; false or nil otherwise), k (closed
--- chunks), e (open chunk), got (read), dirty, scan (a kept bound may have left: recompute from the
--- index), add (index entries to append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got,
+-- (counts), a b (bounds, when kept: exact as the batch inserts; false or nil otherwise), n m (index
+-- entries, now and at the last scan, with the bounds), k (closed chunks), e (open chunk), got
+-- (read), dirty, scan (true: a kept bound may have left, scan the index; 'grown': a winner left
+-- from between the bounds, scan if the index doubled since its last scan), add (index entries to
+-- append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got,
 -- dirty}. Absent values are false.
 -- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
@@ -103,7 +106,7 @@ local function hourOf(h)
   if not t then
     -- Every field set at once: no rehash as they are set later.
     t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false,
-      dirty = false, scan = false, add = false}
+      n = 0, m = 0, dirty = false, scan = false, add = false}
     hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
   end
   return t
@@ -119,11 +122,11 @@ local function parseHour(t, v)
   local c, p, u, pos = match(v, '^(%x+),(%x+),(%x+)()')
   t.c, t.p, t.u = tonumber(c, 16), tonumber(p, 16), tonumber(u, 16)
   local sep = byte(v, pos)
-  if sep == 44 then -- ',': the bounds
-    local a, b
-    a, b, pos = match(v, '^(%x+),(%x+)()', pos + 1)
+  if sep == 44 then -- ',': the bounds and entry counts
+    local a, b, n, m
+    a, b, n, m, pos = match(v, '^(%x+),(%x+),(%x+),(%x+)()', pos + 1)
     local start = t.h * HOUR
-    t.a, t.b = start + tonumber(a, 16), start + tonumber(b, 16)
+    t.a, t.b, t.n, t.m = start + tonumber(a, 16), start + tonumber(b, 16), tonumber(n, 16), tonumber(m, 16)
     sep = byte(v, pos)
   end
   if sep == 59 then -- ';': closed chunks
@@ -365,10 +368,12 @@ local function advance(occ)
   mfloor = floor(w / MIN) - MKEEP
 end
 
--- insertOcc and removeOcc keep the kept bounds of hour table t (read) exact as a winner that occurred at occ
--- enters or leaves it. One that leaves at a bound, or an hour that keeps none, marks the hour for a
--- scan of its index at the end (scanHour, which also keeps the index proportional to what the hour
--- holds); one that leaves from between the bounds leaves them as they are.
+-- insertOcc and removeOcc keep the kept bounds of hour table t (read) exact as a winner that
+-- occurred at occ enters or leaves it. One that leaves at a bound, or an hour that keeps none,
+-- marks the hour for a scan of its index at the end (scanHour, which also keeps the index
+-- proportional to what the hour holds); one that leaves from between the bounds leaves them as
+-- they are, and has the index scanned once it lists twice what it did at its last scan: each move
+-- in and out leaves an entry behind, and only a scan takes those out.
 local function insertOcc(occ, t)
   if t.a then
     if occ < t.a then t.a, t.dirty = occ, true end
@@ -378,7 +383,7 @@ local function insertOcc(occ, t)
   if not l or occ > l then l = occ end
 end
 local function removeOcc(occ, t)
-  if not t.a or occ <= t.a or occ >= t.b then t.scan = true end
+  if not t.a or occ <= t.a or occ >= t.b then t.scan = true elseif not t.scan then t.scan = 'grown' end
   if occ <= f then fDirty = true end
   if occ >= l then lDirty = true end
 end
@@ -507,6 +512,7 @@ if #pushHours > 0 then
     local t = getHour(hour)
     local cur, add = t.e, t.add
     if cur == '' and t.k == 0 then zs[#zs + 1] = hour; zs[#zs + 1] = sub(t.s, 2) end
+    if t.a then t.n = t.n + (type(add) == 'string' and 1 or #add) end
     if type(add) == 'string' and (#cur + #add <= CHUNKBYTES or cur == '') then
       t.e = cur .. add -- one id that fits: no list
     else
@@ -584,7 +590,8 @@ local function scanHour(h)
       end
     end
   end
-  if #ids > 2 * #keep + 64 then rewriteHour(t, keep) end
+  if #ids > 2 * #keep + 64 then rewriteHour(t, keep); t.n = #keep else t.n = #ids end
+  t.m = t.n
   return lo, hi
 end
 
@@ -593,7 +600,10 @@ end
 for _, h in ipairs(hlist) do
   local t = hours[-h]
   if t.dirty and h >= cutH then
-    if t.scan or (not t.a and t.c + t.p + t.u >= BOUNDED) then t.a, t.b = scanHour(h) end
+    local scan = t.scan
+    if scan == true or (scan and t.n >= 2 * t.m + 64) or (not t.a and t.c + t.p + t.u >= BOUNDED) then
+      t.a, t.b = scanHour(h)
+    end
     if t.c + t.p + t.u < BOUNDED then t.a, t.b = false, false end
   end
 end
@@ -711,9 +721,9 @@ if n > 0 then
         if t.a then
           local start = h * HOUR
           if t.k > 0 then
-            hv = fmt('%x,%x,%x,%x,%x;%x|', t.c, t.p, t.u, t.a - start, t.b - start, t.k)
+            hv = fmt('%x,%x,%x,%x,%x,%x,%x;%x|', t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m, t.k)
           else
-            hv = fmt('%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a - start, t.b - start)
+            hv = fmt('%x,%x,%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m)
           end
         elseif t.k > 0 then
           hv = fmt('%x,%x,%x;%x|', t.c, t.p, t.u, t.k)

@@ -115,6 +115,58 @@ func TestIndexStaysProportionalToWhatHoursHold(t *testing.T) {
 	}
 }
 
+func TestBoundedHourIndexStaysProportional(t *testing.T) {
+	// Two hours of 40 winners each (so both keep their bounds, held at the hours' first and last
+	// microsecond) and one opportunity moved between their middles 2 000 times, a batch each: no
+	// move leaves at a bound, yet every move in leaves an entry behind. The index must stay
+	// proportional to what the hours hold (it grew by one entry per move before).
+	ctx := context.Background()
+	store, _ := testStore(t, "boundedflip", RedisConfig{Retention: 30 * 24 * time.Hour})
+	model := NewModel(30 * 24 * time.Hour)
+	a := time.Now().Add(-5 * time.Hour).Truncate(time.Hour)
+	hours := []time.Time{a, a.Add(time.Hour)}
+	var fixed []Observation
+	for hi, h := range hours {
+		for i := 0; i < 40; i++ {
+			occ := Micros(h) + int64(i)*int64(time.Minute/time.Microsecond)
+			if i == 39 {
+				occ = Micros(h.Add(time.Hour)) - 1
+			}
+			fixed = append(fixed, Observation{Key: keyLive, OpportunityID: fmt.Sprintf("fixed-%d-%d", hi, i), Class: Class(1 + i%3), Occurred: occ, Assessed: occ})
+		}
+	}
+	apply := func(batch []Observation) {
+		t.Helper()
+		at := time.Now()
+		got, err := store.Apply(ctx, batch, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := model.Apply(ctx, batch, at); got.Tallies[keyLive] != want.Tallies[keyLive] {
+			t.Fatalf("redis %+v, model %+v", got.Tallies[keyLive], want.Tallies[keyLive])
+		}
+	}
+	apply(fixed)
+	asd := Micros(time.Now())
+	for i := 0; i < 2000; i++ {
+		asd++
+		occ := hours[i%2].Add(30*time.Minute + time.Duration(i)*time.Microsecond)
+		apply([]Observation{{Key: keyLive, OpportunityID: "bouncer", Class: Class(1 + i%3), Occurred: Micros(occ), Assessed: asd}})
+	}
+	perHour := map[string]int{}
+	for f, n := range indexEntries(t, store, keyLive) {
+		perHour[strings.SplitN(f, ".", 2)[0]] += n
+	}
+	for _, h := range hours {
+		// 41 entries are listed for a reason (40 winners, and the bouncer's horizon or winner): a
+		// scan comes once the index doubled since the last one, and compacts what it finds over
+		// twice what is needed, so an hour lists at most about 2 × (2 × 41 + 64) + 64.
+		if n := perHour[strconv.FormatInt(Micros(h)/hourUS, 10)]; n > 2*(2*41+64)+64 {
+			t.Errorf("after 2 000 moves through the middle of hours of 40 winners, hour %s lists %d ids", h.Format("15h"), n)
+		}
+	}
+}
+
 func TestIndexOfExpiredHoursIsCollected(t *testing.T) {
 	// Hours of 1 500 opportunities each (several chunks) under 2h retention: once they expire,
 	// their chunks and records go, a batch-sized amount at a time.

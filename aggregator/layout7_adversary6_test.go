@@ -178,11 +178,12 @@ func adv6Record(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
 	return cls, occ, asd, seq, horizon, err
 }
 
-// adv6Hour is a parsed hour field "C,P,U[,a,b][;k]|<entries>".
+// adv6Hour is a parsed hour field "C,P,U[,a,b,n,m][;k]|<entries>".
 type adv6Hour struct {
 	c, p, u int64
 	bounded bool
 	a, b    int64 // offsets from the hour's start
+	n, m    int64 // index entries listed, and listed at the last scan (with the bounds)
 	k       int64
 	open    string
 }
@@ -196,7 +197,7 @@ func adv6ParseHour(v string) (adv6Hour, error) {
 	h.open = open
 	nums, k, hasK := strings.Cut(head, ";")
 	p := strings.Split(nums, ",")
-	if len(p) != 3 && len(p) != 5 {
+	if len(p) != 3 && len(p) != 7 {
 		return h, fmt.Errorf("hour field %q: %d numbers before ';'", v, len(p))
 	}
 	vals := make([]int64, len(p))
@@ -208,8 +209,8 @@ func adv6ParseHour(v string) (adv6Hour, error) {
 		vals[i] = n
 	}
 	h.c, h.p, h.u = vals[0], vals[1], vals[2]
-	if len(p) == 5 {
-		h.bounded, h.a, h.b = true, vals[3], vals[4]
+	if len(p) == 7 {
+		h.bounded, h.a, h.b, h.n, h.m = true, vals[3], vals[4], vals[5], vals[6]
 	}
 	if hasK {
 		n, err := strconv.ParseInt(k, 16, 64)
@@ -447,6 +448,9 @@ func (x *adv6) check(what string, k Key) adv6Index {
 			add(c)
 		}
 		add(hv.open)
+		if hv.bounded && (hv.n != int64(idx.listed[h]) || hv.m > hv.n) {
+			fail("hour %d keeps %d index entries (%d at its last scan), lists %d", h, hv.n, hv.m, idx.listed[h])
+		}
 	}
 	for h, cs := range chunks {
 		for i := range cs {
