@@ -354,7 +354,10 @@ func TestApplyCost(t *testing.T) {
 	}
 	const ret = 30 * 24 * time.Hour
 	const cur, floor = 2, 3 // names[cur] is the current store, names[floor] the unchecked reference
-	for _, shape := range []costShape{{"wide", 60, 30 * 24 * time.Hour}, {"today", 400, 24 * time.Hour}} {
+	// wide and today spread occurred times over many hours; recent is the harness's today shape
+	// (occurred within 30 s, so an aggregate's winners crowd one or two hours of 32 and more).
+	shapes := []costShape{{"wide", 60, 30 * 24 * time.Hour}, {"today", 400, 24 * time.Hour}, {"recent", 400, 30 * time.Second}}
+	for _, shape := range shapes {
 		t.Run(shape.name, func(t *testing.T) {
 			batches, ats := costStream(shape, events)
 			nc := len(names)
