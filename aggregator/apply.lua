@@ -7,26 +7,29 @@
 --               applied while retained) when that is above the winner's occurred_us. A record field
 --               is the opportunity id after its length in three hex digits ("014conv-0000001/turn-1"),
 --               so that a run of them splits back into ids whatever bytes they hold.
--- KEYS[2] hash  the state, numbers in hex:
---               H     the head "w,pm,f,l,cm,ch,rt,g,C,P,U,x1,..,x9": newest occurred_us, minute buckets
---                     pruned up to, first and last retained occurred_us, the minute and hour the
---                     window sums x1..x9 (1h, 24h, 7d × C P U) are cached for, server time (s) of the
---                     last TTL refresh of KEYS[4], the lowest hour KEYS[4] lists, the retained counts.
---                     The first eight are stored plus one, 0 meaning absent.
+-- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
+--               H     the head, 20 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9, the newest
+--                     occurred_us, minute buckets pruned up to, first and last retained occurred_us,
+--                     the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U) are cached
+--                     for, server time (s) of the last TTL refresh of KEYS[4], the lowest hour
+--                     KEYS[4] lists, the retained counts. The first eight are stored plus one, 0
+--                     meaning absent.
 --               v     the version, in decimal (see below; SeedVersion writes it too)
---               h<hour> "C,P,U[,a,b,n,m][;k]|<entries>": the hour's counts; the least and greatest
---                     occurred_us of its winners (as offsets from the hour's start), kept once it holds
---                     BOUNDED winners, with the number of index entries it lists and the number it
---                     listed at its last scan; the number k of closed index chunks, when not 0; and its part of
---                     the id index: the record fields whose winner or horizon entered the hour, so that
---                     a record can be found from the hour of its winner (to find the hour's bounds) and
---                     from the hour of its horizon (to delete it once that hour expires). <entries> is
---                     the open chunk, fields h<hour>.1 .. h<hour>.<k> the closed ones; a chunk is
---                     closed once appending would take it past CHUNKBYTES, so an append costs a
---                     bounded copy. The bounds of an hour with fewer winners are found from its index
---                     when needed (when it holds the first or last retained winner and that one
---                     leaves), which costs fewer reads than keeping them on every write would.
---               m<minute> "C,P,U": counts of the last 70 minutes.
+--               h<hour> a kind byte (0: C,P,U; 1: C,P,U,a,b,n,m; 2: C,P,U,k; 3: C,P,U,a,b,n,m,k),
+--                     those numbers in 5 bytes each, then <entries>: the hour's counts; the least
+--                     and greatest occurred_us of its winners (as offsets from the hour's start),
+--                     kept once it holds BOUNDED winners, with the number of index entries it lists
+--                     and the number it listed at its last scan; the number k of closed index
+--                     chunks, when not 0; and its part of the id index: the record fields whose
+--                     winner or horizon entered the hour, so that a record can be found from the
+--                     hour of its winner (to find the hour's bounds) and from the hour of its
+--                     horizon (to delete it once that hour expires). <entries> is the open chunk,
+--                     fields h<hour>.1 .. h<hour>.<k> the closed ones; a chunk is closed once
+--                     appending would take it past CHUNKBYTES, so an append costs a bounded copy.
+--                     The bounds of an hour with fewer winners are found from its index when
+--                     needed (when it holds the first or last retained winner and that one leaves),
+--                     which costs fewer reads than keeping them on every write would.
+--               m<minute> C,P,U in numbers of 5 bytes: counts of the last 70 minutes.
 --               enc   a long value that keeps the hash a hash table (see below).
 --               An hour or minute whose counts are 0 and that lists nothing is deleted.
 -- KEYS[3] unused (the id index lives in KEYS[2]); passed so that every key of the aggregate is named.
@@ -51,8 +54,12 @@
 -- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the records,
 -- one HMGET of the head and of every hour (counts, bounds and open index chunk in one field) and
 -- recent minute the batch touches, one HSET of the records, one HSET of the state, the expiries.
--- Numbers are parsed and formatted in hex (strtoul and integer printf, not strtod and %.14g), each
--- field name once, and no number is handed to redis.call (Redis would format it with %.17g).
+-- Numbers: the state's are unsigned little-endian integers of fixed width (struct.pack and
+-- struct.unpack, one C call per field instead of a pattern match and a conversion per number;
+-- 7 bytes hold any time 1970..2200 in µs, 5 bytes any count a Redis could hold records for, and
+-- every value is a non-negative integer, exact in Lua's doubles). The records' are hex, as the
+-- caller encodes them. Each field name is formatted once, and no number is handed to redis.call
+-- (Redis would format it with %.17g).
 local MIN, HOUR = 60000000, 3600000000
 local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
@@ -67,9 +74,50 @@ local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
 local n = (#ARGV - 3) / 2
 local floor, max = math.floor, math.max
-local find, sub, fmt, match, byte = string.find, string.sub, string.format, string.match, string.byte
+local find, sub, fmt, match = string.find, string.sub, string.format, string.match
 local concat = table.concat
 local call = redis.call
+local byte, char = string.byte, string.char
+
+-- spack and sunpack are struct.pack and struct.unpack for the formats the state uses ('<', then
+-- B and I5 or I7); the embedded Redis of `repeatrate dev` (gopher-lua) has no struct library, so
+-- there the same bytes are made and read in Lua.
+local spack, sunpack
+local struct = rawget(_G, 'struct') -- nil where absent (reading an absent global is an error)
+if struct then
+  spack, sunpack = struct.pack, struct.unpack
+else
+  local widths = {}
+  local function widthsOf(f)
+    local ws = widths[f]
+    if not ws then
+      ws = {}
+      for c, d in string.gmatch(f, '([BI])(%d*)') do ws[#ws + 1] = c == 'B' and 1 or tonumber(d) end
+      widths[f] = ws
+    end
+    return ws
+  end
+  spack = function(f, ...)
+    local xs, out = {...}, {}
+    for i, w in ipairs(widthsOf(f)) do
+      local x = xs[i]
+      for _ = 1, w do local b = x % 256; out[#out + 1] = char(b); x = (x - b) / 256 end
+    end
+    return concat(out)
+  end
+  sunpack = function(f, v, pos)
+    pos = pos or 1
+    local r = {}
+    for i, w in ipairs(widthsOf(f)) do
+      local x, m = 0, 1
+      for j = 0, w - 1 do x = x + byte(v, pos + j) * m; m = m * 256 end
+      r[i], pos = x, pos + w
+    end
+    r[#r + 1] = pos
+    return unpack(r)
+  end
+end
+local HEADF = '<' .. string.rep('I7', 20)
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -119,28 +167,29 @@ end
 local function parseHour(t, v)
   t.got = true
   if not v then return end
-  local c, p, u, pos = match(v, '^(%x+),(%x+),(%x+)()')
-  t.c, t.p, t.u = tonumber(c, 16), tonumber(p, 16), tonumber(u, 16)
-  local sep = byte(v, pos)
-  if sep == 44 then -- ',': the bounds and entry counts
-    local a, b, n, m
-    a, b, n, m, pos = match(v, '^(%x+),(%x+),(%x+),(%x+)()', pos + 1)
+  local kind, pos = byte(v, 1), nil
+  if kind == 0 then
+    t.c, t.p, t.u, pos = sunpack('<I5I5I5', v, 2)
+  elseif kind == 1 or kind == 3 then -- the bounds and entry counts (and closed chunks)
+    local a, b
+    if kind == 1 then
+      t.c, t.p, t.u, a, b, t.n, t.m, pos = sunpack('<I5I5I5I5I5I5I5', v, 2)
+    else
+      t.c, t.p, t.u, a, b, t.n, t.m, t.k, pos = sunpack('<I5I5I5I5I5I5I5I5', v, 2)
+    end
     local start = t.h * HOUR
-    t.a, t.b, t.n, t.m = start + tonumber(a, 16), start + tonumber(b, 16), tonumber(n, 16), tonumber(m, 16)
-    sep = byte(v, pos)
+    t.a, t.b = start + a, start + b
+  elseif kind == 2 then -- closed chunks
+    t.c, t.p, t.u, t.k, pos = sunpack('<I5I5I5I5', v, 2)
+  else
+    error('state field ' .. t.s .. ' is no hour of this layout')
   end
-  if sep == 59 then -- ';': closed chunks
-    local k
-    k, pos = match(v, '^(%x+)()', pos + 1)
-    t.k = tonumber(k, 16)
-  end
-  t.e = sub(v, pos + 1)
+  t.e = sub(v, pos)
 end
 local function parseMin(t, v)
   t.got = true
   if not v then return end
-  local c, p, u = match(v, '^(%x+),(%x+),(%x+)$')
-  t.c, t.p, t.u = tonumber(c, 16), tonumber(p, 16), tonumber(u, 16)
+  t.c, t.p, t.u = sunpack('<I5I5I5', v)
 end
 -- load reads the hours (or minutes) of list hs (tables from hourOf or minOf) not read yet.
 local function load(ts, parse)
@@ -239,8 +288,7 @@ local w, pm, f, l, hcm, hch, rt, g
 local C, P, U = 0, 0, 0
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
 if head then
-  local x = {match(head, '^(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+),(%x+)$')}
-  for i = 1, 20 do x[i] = tonumber(x[i], 16) end
+  local x = {sunpack(HEADF, head)}
   for i = 1, 8 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
   w, pm, f, l, hcm, hch, rt, g = x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8]
   C, P, U = x[9], x[10], x[11]
@@ -721,14 +769,14 @@ if n > 0 then
         if t.a then
           local start = h * HOUR
           if t.k > 0 then
-            hv = fmt('%x,%x,%x,%x,%x,%x,%x;%x|', t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m, t.k)
+            hv = spack('<BI5I5I5I5I5I5I5I5', 3, t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m, t.k)
           else
-            hv = fmt('%x,%x,%x,%x,%x,%x,%x|', t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m)
+            hv = spack('<BI5I5I5I5I5I5I5', 1, t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m)
           end
         elseif t.k > 0 then
-          hv = fmt('%x,%x,%x;%x|', t.c, t.p, t.u, t.k)
+          hv = spack('<BI5I5I5I5', 2, t.c, t.p, t.u, t.k)
         else
-          hv = fmt('%x,%x,%x|', t.c, t.p, t.u)
+          hv = spack('<BI5I5I5', 0, t.c, t.p, t.u)
         end
         sets[ns + 2] = hv .. t.e
         ns = ns + 2
@@ -741,7 +789,7 @@ if n > 0 then
       if t.c + t.p + t.u == 0 then
         dels[#dels + 1] = t.s
       else
-        sets[#sets + 1] = t.s; sets[#sets + 1] = fmt('%x,%x,%x', t.c, t.p, t.u)
+        sets[#sets + 1] = t.s; sets[#sets + 1] = spack('<I5I5I5', t.c, t.p, t.u)
       end
     end
   end
@@ -749,7 +797,7 @@ if n > 0 then
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
   local function e(x) return x and x + 1 or 0 end
-  local nh = fmt('%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x,%x',
+  local nh = spack(HEADF,
     e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
     hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3])
   if nh ~= head then sets[#sets + 1] = 'H'; sets[#sets + 1] = nh end

@@ -48,7 +48,7 @@ func TestApplyCommandsDoNotGrowWithHoursTouched(t *testing.T) {
 }
 
 // indexEntries returns, per chunk of aggregate k's id index (the state hash's field h<hour> holds
-// an hour's open chunk after its counts, h<hour>.<k> its closed ones), the number of ids it lists.
+// an hour's open chunk after its numbers, h<hour>.<k> its closed ones), the number of ids it lists.
 // Every id listed must be a record field: its length in three hex digits, then the id.
 func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 	t.Helper()
@@ -62,7 +62,11 @@ func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 			continue
 		}
 		if !strings.Contains(f, ".") {
-			_, v, _ = strings.Cut(v, "|")
+			h, err := adv6ParseHour(v)
+			if err != nil {
+				t.Fatalf("hour field %s: %v", f, err)
+			}
+			v = h.open
 		}
 		ids := 0
 		for len(v) > 0 {

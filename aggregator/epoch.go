@@ -33,8 +33,10 @@ type State struct {
 // (counts, bounds, open index chunk) into one field each, in hex. Version 6: a suite's runs are
 // held per cell and block of 16 run indexes, one field each, instead of one field per run.
 // Version 7: an hour keeps its bounds (as offsets from its start) only once it holds 32 winners,
-// and its count of closed index chunks only when not 0.
-const stateLayout = "/layout7"
+// and its count of closed index chunks only when not 0. Version 8: the state hash's numbers (the
+// head, each hour's counts and bounds, the minute buckets) are fixed-width little-endian binary,
+// not hex.
+const stateLayout = "/layout8"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 

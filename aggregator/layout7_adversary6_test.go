@@ -178,7 +178,7 @@ func adv6Record(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
 	return cls, occ, asd, seq, horizon, err
 }
 
-// adv6Hour is a parsed hour field "C,P,U[,a,b,n,m][;k]|<entries>".
+// adv6Hour is a parsed hour field: a kind byte, C,P,U[,a,b,n,m][,k] in 5 bytes each, <entries>.
 type adv6Hour struct {
 	c, p, u int64
 	bounded bool
@@ -188,36 +188,45 @@ type adv6Hour struct {
 	open    string
 }
 
+// stateNumbers reads count little-endian unsigned numbers of width bytes from v, and what follows.
+func stateNumbers(v string, width, count int) ([]int64, string, error) {
+	if len(v) < width*count {
+		return nil, "", fmt.Errorf("%d bytes, want %d numbers of %d bytes", len(v), count, width)
+	}
+	out := make([]int64, count)
+	for i := range out {
+		var x int64
+		for j := width - 1; j >= 0; j-- {
+			x = x<<8 | int64(v[i*width+j])
+		}
+		out[i] = x
+	}
+	return out, v[width*count:], nil
+}
+
 func adv6ParseHour(v string) (adv6Hour, error) {
 	var h adv6Hour
-	head, open, ok := strings.Cut(v, "|")
-	if !ok {
-		return h, fmt.Errorf("hour field %q has no '|'", v)
+	if v == "" {
+		return h, fmt.Errorf("empty hour field")
+	}
+	count := map[byte]int{0: 3, 1: 7, 2: 4, 3: 8}[v[0]]
+	if count == 0 {
+		return h, fmt.Errorf("hour field %q: kind %d", v, v[0])
+	}
+	vals, open, err := stateNumbers(v[1:], 5, count)
+	if err != nil {
+		return h, fmt.Errorf("hour field %q: %v", v, err)
 	}
 	h.open = open
-	nums, k, hasK := strings.Cut(head, ";")
-	p := strings.Split(nums, ",")
-	if len(p) != 3 && len(p) != 7 {
-		return h, fmt.Errorf("hour field %q: %d numbers before ';'", v, len(p))
-	}
-	vals := make([]int64, len(p))
-	for i, s := range p {
-		n, err := strconv.ParseInt(s, 16, 64)
-		if err != nil {
-			return h, fmt.Errorf("hour field %q: %v", v, err)
-		}
-		vals[i] = n
-	}
 	h.c, h.p, h.u = vals[0], vals[1], vals[2]
-	if len(p) == 7 {
+	if v[0]&1 != 0 {
 		h.bounded, h.a, h.b, h.n, h.m = true, vals[3], vals[4], vals[5], vals[6]
 	}
-	if hasK {
-		n, err := strconv.ParseInt(k, 16, 64)
-		if err != nil || n <= 0 {
-			return h, fmt.Errorf("hour field %q: closed chunks %q (written only when not 0)", v, k)
+	if v[0]&2 != 0 {
+		h.k = vals[count-1]
+		if h.k <= 0 {
+			return h, fmt.Errorf("hour field %q: %d closed chunks (written only when not 0)", v, h.k)
 		}
-		h.k = n
 	}
 	return h, nil
 }
@@ -503,17 +512,9 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	if !ok {
 		fail("no head")
 	}
-	p := strings.Split(head, ",")
-	if len(p) != 20 {
-		fail("head %q", head)
-	}
-	x16 := make([]int64, 20)
-	for i, s := range p {
-		n, err := strconv.ParseInt(s, 16, 64)
-		if err != nil {
-			fail("head %q", head)
-		}
-		x16[i] = n
+	x16, rest, err := stateNumbers(head, 7, 20)
+	if err != nil || rest != "" {
+		fail("head %q: %v, %d bytes after it", head, err, len(rest))
 	}
 	opt := func(i int) (int64, bool) { return x16[i] - 1, x16[i] > 0 }
 	if hw, ok := opt(0); !ok || hw != a.watermark {
