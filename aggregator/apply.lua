@@ -8,12 +8,12 @@
 --               is the opportunity id after its length in three hex digits ("014conv-0000001/turn-1"),
 --               so that a run of them splits back into ids whatever bytes they hold.
 -- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
---               H     the head, 20 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9, the newest
---                     occurred_us, minute buckets pruned up to, first and last retained occurred_us,
---                     the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U) are cached
---                     for, server time (s) of the last TTL refresh of KEYS[4], the lowest hour
---                     KEYS[4] lists, the retained counts. The first eight are stored plus one, 0
---                     meaning absent.
+--               H     the head, the byte 8 then 20 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,
+--                     x1..x9, the newest occurred_us, minute buckets pruned up to, first and last
+--                     retained occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d
+--                     × C P U) are cached for, server time (s) of the last TTL refresh of KEYS[4],
+--                     the lowest hour KEYS[4] lists, the retained counts. The first eight are stored
+--                     plus one, 0 meaning absent.
 --               v     the version, in decimal (see below; SeedVersion writes it too)
 --               h<hour> a kind byte (0: C,P,U; 1: C,P,U,a,b,n,m; 2: C,P,U,k; 3: C,P,U,a,b,n,m,k),
 --                     those numbers in 5 bytes each, then <entries>: the hour's counts; the least
@@ -29,7 +29,7 @@
 --                     The bounds of an hour with fewer winners are found from its index when
 --                     needed (when it holds the first or last retained winner and that one leaves),
 --                     which costs fewer reads than keeping them on every write would.
---               m<minute> C,P,U in numbers of 5 bytes: counts of the last 70 minutes.
+--               m<minute> the byte 0 then C,P,U in 5 bytes each: counts of the last 70 minutes.
 --               enc   a long value that keeps the hash a hash table (see below).
 --               An hour or minute whose counts are 0 and that lists nothing is deleted.
 -- KEYS[3] unused (the id index lives in KEYS[2]); passed so that every key of the aggregate is named.
@@ -117,7 +117,10 @@ else
     return unpack(r)
   end
 end
-local HEADF = '<' .. string.rep('I7', 20)
+-- The head is the byte 8 and 20 numbers of 7 bytes; a minute the byte 0 and 3 numbers of 5 bytes.
+-- Their first bytes, like an hour's kind byte, are no hex digit: a field of an older layout's
+-- text is refused (parseHour, parseMin, the head's check), not read as numbers.
+local HEADR, HEADW = '<' .. string.rep('I7', 20), '<B' .. string.rep('I7', 20)
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -189,7 +192,8 @@ end
 local function parseMin(t, v)
   t.got = true
   if not v then return end
-  t.c, t.p, t.u = sunpack('<I5I5I5', v)
+  if #v ~= 16 or byte(v, 1) ~= 0 then error('state field ' .. t.s .. ' is no minute of this layout') end
+  t.c, t.p, t.u = sunpack('<I5I5I5', v, 2)
 end
 -- load reads the hours (or minutes) of list hs (tables from hourOf or minOf) not read yet.
 local function load(ts, parse)
@@ -288,7 +292,8 @@ local w, pm, f, l, hcm, hch, rt, g
 local C, P, U = 0, 0, 0
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
 if head then
-  local x = {sunpack(HEADF, head)}
+  if #head ~= 141 or byte(head, 1) ~= 8 then error('state field H is no head of this layout') end
+  local x = {sunpack(HEADR, head, 2)}
   for i = 1, 8 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
   w, pm, f, l, hcm, hch, rt, g = x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8]
   C, P, U = x[9], x[10], x[11]
@@ -789,7 +794,7 @@ if n > 0 then
       if t.c + t.p + t.u == 0 then
         dels[#dels + 1] = t.s
       else
-        sets[#sets + 1] = t.s; sets[#sets + 1] = spack('<I5I5I5', t.c, t.p, t.u)
+        sets[#sets + 1] = t.s; sets[#sets + 1] = spack('<BI5I5I5', 0, t.c, t.p, t.u)
       end
     end
   end
@@ -797,7 +802,7 @@ if n > 0 then
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
   local function e(x) return x and x + 1 or 0 end
-  local nh = spack(HEADF,
+  local nh = spack(HEADW, 8,
     e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
     hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3])
   if nh ~= head then sets[#sets + 1] = 'H'; sets[#sets + 1] = nh end
@@ -809,5 +814,9 @@ if n > 0 then
   end
 end
 
-return {table.concat(out), v, C, P, U, hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
+-- The outcomes joined a thousand at a time: the embedded server's table.concat pushes every element
+-- (and separator) onto a registry of 5 120 slots, which a batch of 2 560 observations overflowed.
+local outcomes = concat(out, '', 1, min(#out, 1000))
+for i = 1001, #out, 1000 do outcomes = outcomes .. concat(out, '', i, min(i + 999, #out)) end
+return {outcomes, v, C, P, U, hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
   f and fmt('%d', f) or '', l and fmt('%d', l) or ''}

@@ -204,6 +204,24 @@ func stateNumbers(v string, width, count int) ([]int64, string, error) {
 	return out, v[width*count:], nil
 }
 
+// headNumbers reads the state's head: the byte 8, then 20 numbers of 7 bytes.
+func headNumbers(v string) ([]int64, error) {
+	if len(v) != 1+20*7 || v[0] != 8 {
+		return nil, fmt.Errorf("head %q: want the byte 8 and 20 numbers of 7 bytes", v)
+	}
+	x, _, err := stateNumbers(v[1:], 7, 20)
+	return x, err
+}
+
+// minuteNumbers reads a minute bucket: the byte 0, then C,P,U in 5 bytes each.
+func minuteNumbers(v string) ([]int64, error) {
+	if len(v) != 1+3*5 || v[0] != 0 {
+		return nil, fmt.Errorf("minute %q: want the byte 0 and 3 numbers of 5 bytes", v)
+	}
+	x, _, err := stateNumbers(v[1:], 5, 3)
+	return x, err
+}
+
 func adv6ParseHour(v string) (adv6Hour, error) {
 	var h adv6Hour
 	if v == "" {
@@ -512,9 +530,9 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	if !ok {
 		fail("no head")
 	}
-	x16, rest, err := stateNumbers(head, 7, 20)
-	if err != nil || rest != "" {
-		fail("head %q: %v, %d bytes after it", head, err, len(rest))
+	x16, err := headNumbers(head)
+	if err != nil {
+		fail("%v", err)
 	}
 	opt := func(i int) (int64, bool) { return x16[i] - 1, x16[i] > 0 }
 	if hw, ok := opt(0); !ok || hw != a.watermark {

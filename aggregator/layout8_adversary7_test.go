@@ -1,0 +1,1059 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+// Adversary tests of state layout 8 (apply.lua): the state hash's numbers are fixed-width
+// little-endian binary, made by Redis's struct library where the server has one and by a pure-Lua
+// fallback where it has none (the embedded server of `repeatrate dev` and of tests). They check:
+//   - the codec alone: both implementations, on both servers, make the bytes the layout names and
+//     read them back, at every boundary of every width (TestAdversary7CodecBytes);
+//   - the same batches applied under the same prefix to the test Redis and to the embedded one
+//     leave byte-identical keys (the head's server-clock stamp masked), and each is what the model
+//     holds, with hours of every kind, 0/1/31/32/33+ winners, closed chunks, moves, expiry, 1970
+//     and 2200 (TestAdversary7BackendsAgreeByteForByte);
+//   - counts of 5 bytes survive reads, writes, moves and expiry (TestAdversary7LargeCounts);
+//   - a state of another layout is refused, not misread (TestAdversary7RefusesOtherLayouts).
+
+const (
+	adv7HeadLen   = 1 + 20*7
+	adv7MinuteLen = 1 + 3*5
+	adv7MKeep     = 70 // apply.lua's MKEEP
+)
+
+// adv7MaxUS is the last µs the decoder accepts (schemas: times before 2200-01-01).
+var adv7MaxUS = Micros(time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)) - 1
+
+// adv7Le is x in width little-endian bytes.
+func adv7Le(x int64, width int) string {
+	b := make([]byte, width)
+	for i := range b {
+		b[i] = byte(x >> (8 * i))
+	}
+	return string(b)
+}
+
+// adv7HourBytes encodes an hour as the layout says: kind byte (1: bounds, 2: closed chunks), C,P,U
+// [,a,b,n,m][,k] in 5 bytes each, then the open chunk.
+func adv7HourBytes(h adv6Hour) string {
+	kind := byte(0)
+	nums := []int64{h.c, h.p, h.u}
+	if h.bounded {
+		kind |= 1
+		nums = append(nums, h.a, h.b, h.n, h.m)
+	}
+	if h.k > 0 {
+		kind |= 2
+		nums = append(nums, h.k)
+	}
+	var b strings.Builder
+	b.WriteByte(kind)
+	for _, x := range nums {
+		b.WriteString(adv7Le(x, 5))
+	}
+	return b.String() + h.open
+}
+
+func adv7Minute(c, p, u int64) string { return "\x00" + adv7Le(c, 5) + adv7Le(p, 5) + adv7Le(u, 5) }
+
+func adv7Head(x []int64) string {
+	var b strings.Builder
+	b.WriteByte(8)
+	for _, v := range x {
+		b.WriteString(adv7Le(v, 7))
+	}
+	return b.String()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The codec alone.
+
+// adv7CodecScript is apply.lua's codec (from "local spack, sunpack" to "local HEADR") in a harness:
+// ARGV[1] 'fallback' hides the struct library from it; then groups of four arguments: a format,
+// numbers to pack (decimal, comma-separated), bytes to unpack and the position to start at. It
+// returns which implementation ran, then per group the packed bytes and the unpacked numbers
+// (with the position after them) in %.17g.
+func adv7CodecScript(t *testing.T) string {
+	from := strings.Index(applySource, "local spack, sunpack")
+	to := strings.Index(applySource, "local HEADR")
+	if from < 0 || to < from {
+		t.Fatal("apply.lua has no codec between \"local spack, sunpack\" and \"local HEADR\"")
+	}
+	return `local realRawget = rawget
+local rawget = function(t, k) if ARGV[1] == 'fallback' then return nil end return realRawget(t, k) end
+local unpack, ipairs, tonumber, concat, byte, char = unpack, ipairs, tonumber, table.concat, string.byte, string.char
+` + applySource[from:to] + `
+local out = {struct and 'struct' or 'fallback'}
+local i = 2
+while i <= #ARGV do
+  local f, vals, data, pos = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  local xs = {}
+  for s in string.gmatch(vals, '[^,]+') do xs[#xs + 1] = tonumber(s) end
+  out[#out + 1] = spack(f, unpack(xs))
+  local got = {sunpack(f, data, pos)}
+  for j = 1, #got do got[j] = string.format('%.17g', got[j]) end
+  out[#out + 1] = concat(got, ',')
+  i = i + 4
+end
+return out`
+}
+
+// TestAdversary7CodecBytes packs and unpacks every format apply.lua uses, with values at every
+// byte boundary of their widths (and the largest hour offset and time that can occur), on the test
+// Redis with its struct library, on the test Redis with the fallback, and on the embedded Redis:
+// the bytes must be the layout's (little-endian, fixed width, no padding) and read back exactly,
+// from any position, whatever follows.
+func TestAdversary7CodecBytes(t *testing.T) {
+	b1 := []int64{0, 1, 2, 3}
+	b5 := []int64{0, 1, 0xff, 0x100, 0xffff, 0x10000, 0xffffff, 0x1000000, 0xffffffff, 0x100000000,
+		hourUS - 1, hourUS, 0x0102030405, 1<<40 - 1}
+	b7 := []int64{0, 1, 0xff, 0x100, 0xffffffff, 0x100000000, 1<<40 - 1, 1 << 40, 1<<48 - 1, 1 << 48,
+		0x01020304050607, adv7MaxUS, adv7MaxUS + 1, 1<<53 - 1, Micros(t0) + 1}
+	type format struct {
+		f      string
+		widths []int
+	}
+	ws := func(s string) []int {
+		var out []int
+		for _, c := range s {
+			out = append(out, int(c-'0'))
+		}
+		return out
+	}
+	formats := []format{
+		{"<I5I5I5", ws("555")},
+		{"<BI5I5I5", ws("1555")},
+		{"<BI5I5I5I5", ws("15555")},
+		{"<BI5I5I5I5I5I5I5", ws("15555555")},
+		{"<BI5I5I5I5I5I5I5I5", ws("155555555")},
+		{"<" + strings.Repeat("I7", 20), ws(strings.Repeat("7", 20))},
+		{"<B" + strings.Repeat("I7", 20), ws("1" + strings.Repeat("7", 20))},
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	var args []any
+	type want struct {
+		packed string
+		nums   string
+	}
+	var wants []want
+	for _, f := range formats {
+		for rot := 0; rot < 16; rot++ {
+			var nums []string
+			var packed strings.Builder
+			for i, w := range f.widths {
+				var x int64
+				switch w {
+				case 1:
+					x = b1[(rot+i)%len(b1)]
+				case 5:
+					x = b5[(rot+i)%len(b5)]
+				default:
+					x = b7[(rot+i)%len(b7)]
+				}
+				nums = append(nums, strconv.FormatInt(x, 10))
+				packed.WriteString(adv7Le(x, w))
+			}
+			before := strings.Repeat("\x01", r.IntN(4)) // bytes before the numbers: read from pos
+			after := []string{"", "\x00", "014conv-0000001/turn-1", "\x03\xff\xff"}[r.IntN(4)]
+			pos := len(before) + 1
+			args = append(args, f.f, strings.Join(nums, ","), before+packed.String()+after, strconv.Itoa(pos))
+			wants = append(wants, want{packed.String(), strings.Join(nums, ",") + "," + strconv.Itoa(pos+packed.Len())})
+		}
+	}
+	src := adv7CodecScript(t)
+	run := func(t *testing.T, c *redis.Client, mode, impl string) {
+		ctx := context.Background()
+		res, err := c.Eval(ctx, src, nil, append([]any{mode}, args...)...).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0] != impl {
+			t.Fatalf("the codec ran as %v, want %s", res[0], impl)
+		}
+		for i, w := range wants {
+			f, nums := args[4*i], args[4*i+1]
+			if got := res[1+2*i].(string); got != w.packed {
+				t.Errorf("%s pack %s (%s): %q, want %q", impl, f, nums, got, w.packed)
+			}
+			if got := res[2+2*i].(string); got != w.nums {
+				t.Errorf("%s unpack %s of %q: %s, want %s", impl, f, args[4*i+2], got, w.nums)
+			}
+		}
+	}
+	t.Run("redis struct", func(t *testing.T) { run(t, testenv.Redis(t), "struct", "struct") })
+	t.Run("redis fallback", func(t *testing.T) { run(t, testenv.Redis(t), "fallback", "fallback") })
+	t.Run("embedded", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		run(t, redis.NewClient(&redis.Options{Addr: m.Addr()}), "struct", "fallback")
+	})
+}
+
+// ---------------------------------------------------------------------------------------------
+// The state's numbers, read from the stored bytes.
+
+// adv7Seen is what the stored states showed, so that a test can require its cases were reached.
+type adv7Seen struct {
+	kinds    map[byte]int
+	winners  map[string]int // "0 listing", "1", "31", "32", "33+"
+	edges    map[string]int // "a=0", "b=HOUR-1"
+	bigMin   int            // minute buckets with a count above 255
+	minTotal int
+}
+
+func newAdv7Seen() *adv7Seen {
+	return &adv7Seen{kinds: map[byte]int{}, winners: map[string]int{}, edges: map[string]int{}}
+}
+
+// adv7Numbers checks the numbers of aggregate k's state that adv6.check does not read, against the
+// model and the stored bytes: every hour, minute and head field has its layout's size and encodes
+// back to the same bytes; every minute bucket the script still reads or writes (the last 70 minutes
+// behind the watermark) holds the model's counts (plus extra, per minute), and none is stored below
+// the head's pruned-up-to minute; the head's cached window sums are the sums of the stored buckets
+// of the minute and hour they are cached for; its server-clock stamp is the server's time.
+func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *adv7Seen) {
+	t := x.t
+	t.Helper()
+	ctx := context.Background()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("%s, %s: %s\n%s", what, k, fmt.Sprintf(format, args...), x.history(2))
+	}
+	st, err := x.c.HGetAll(ctx, x.s.keys(k)[1]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := x.m.aggs[k]
+	if a == nil {
+		return
+	}
+	head, ok := st["H"]
+	if !ok || len(head) != adv7HeadLen {
+		fail("head of %d bytes, want %d", len(head), adv7HeadLen)
+	}
+	hx, _ := headNumbers(head)
+	w := a.watermark
+	cutH := floorDiv(w-x.ret, hourUS)
+	mfloor := floorDiv(w, minuteUS) - adv7MKeep
+
+	model := map[int64][3]int64{}
+	for _, r := range a.opps {
+		if r.occ < cutH*hourUS {
+			continue
+		}
+		c := model[r.occ/minuteUS]
+		c[int(r.class)-1]++
+		model[r.occ/minuteUS] = c
+	}
+	for m, e := range extra {
+		c := model[m]
+		for i := range c {
+			c[i] += e[i]
+		}
+		model[m] = c
+	}
+	if Confirmed != 1 || Passed != 2 || Unscored != 3 {
+		t.Fatal("class numbering changed: fix adv7Numbers")
+	}
+	minutes := map[int64][3]int64{}
+	hours := map[int64][3]int64{}
+	for f, v := range st {
+		switch {
+		case strings.HasPrefix(f, "m"):
+			m, err := strconv.ParseInt(f[1:], 10, 64)
+			if err != nil {
+				fail("state field %q", f)
+			}
+			if len(v) != adv7MinuteLen {
+				fail("minute %s of %d bytes %q", f, len(v), v)
+			}
+			n, _ := minuteNumbers(v)
+			if adv7Minute(n[0], n[1], n[2]) != v {
+				fail("minute %s does not encode back", f)
+			}
+			if n[0]+n[1]+n[2] == 0 {
+				fail("minute %s holds nothing but is stored", f)
+			}
+			minutes[m] = [3]int64{n[0], n[1], n[2]}
+			if max(n[0], n[1], n[2]) > 255 {
+				seen.bigMin++
+			}
+			seen.minTotal++
+		case strings.HasPrefix(f, "h") && !strings.Contains(f, "."):
+			h, err := strconv.ParseInt(f[1:], 10, 64)
+			if err != nil {
+				fail("state field %q", f)
+			}
+			hv, err := adv6ParseHour(v)
+			if err != nil {
+				fail("%s: %v", f, err)
+			}
+			if adv7HourBytes(hv) != v {
+				fail("hour %s %q does not encode back (%q)", f, v, adv7HourBytes(hv))
+			}
+			hours[h] = [3]int64{hv.c, hv.p, hv.u}
+			seen.kinds[v[0]]++
+			switch n := hv.c + hv.p + hv.u; {
+			case n == 0 && hv.open != "":
+				seen.winners["0 listing"]++
+			case n == 1 || n == 31 || n == 32:
+				seen.winners[strconv.FormatInt(n, 10)]++
+			case n > 32:
+				seen.winners["33+"]++
+			}
+			if hv.bounded && hv.a == 0 {
+				seen.edges["a=0"]++
+			}
+			if hv.bounded && hv.b == hourUS-1 {
+				seen.edges["b=HOUR-1"]++
+			}
+		}
+	}
+	for m, c := range model {
+		if m >= mfloor && c != minutes[m] && c != [3]int64{} {
+			fail("minute %d holds %v, the model %v", m, minutes[m], c)
+		}
+	}
+	if hx[1] == 0 {
+		fail("the head keeps no pruned-up-to minute")
+	}
+	pm := hx[1] - 1
+	if pm > max(floorDiv(w, minuteUS)-adv7MKeep, 0) {
+		fail("pruned up to minute %d, past the floor %d", pm, floorDiv(w, minuteUS)-adv7MKeep)
+	}
+	for m, c := range minutes {
+		if m >= mfloor && c != model[m] {
+			fail("minute %d holds %v, the model %v", m, c, model[m])
+		}
+		if m < pm {
+			fail("minute %d is stored below the pruned-up-to minute %d", m, pm)
+		}
+	}
+	// The cached window sums.
+	if hx[4] == 0 || hx[5] == 0 {
+		fail("the head caches no window sums (%d, %d)", hx[4], hx[5])
+	}
+	cm, ch := hx[4]-1, hx[5]-1
+	var sums [9]int64
+	for m := cm - 59; m <= cm; m++ {
+		for i := range 3 {
+			sums[i] += minutes[m][i]
+		}
+	}
+	for h := ch - 167; h <= ch; h++ {
+		for i := range 3 {
+			if h >= ch-23 {
+				sums[3+i] += hours[h][i]
+			}
+			sums[6+i] += hours[h][i]
+		}
+	}
+	if !reflect.DeepEqual(sums[:], hx[11:20]) {
+		fail("cached window sums %v for minute %d and hour %d; the stored buckets sum to %v", hx[11:20], cm, ch, sums)
+	}
+	now, err := x.c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rt := hx[6] - 1; hx[6] == 0 || rt < now.Unix()-30 || rt > now.Unix()+1 {
+		fail("server-clock stamp %d (stored %d), the server's time is %d", rt, hx[6], now.Unix())
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// Both servers, byte for byte.
+
+// adv7Pair applies every batch to the test Redis and to an embedded one under the same prefix,
+// each checked against its own model (adv6.check and adv7Numbers), and requires equal replies and
+// byte-identical keys after every batch.
+type adv7Pair struct {
+	t      *testing.T
+	prefix string
+	sides  [2]*adv6
+	seen   *adv7Seen
+	dumps  int
+}
+
+func newAdv7Pair(t *testing.T, what string, retention time.Duration) *adv7Pair {
+	prefix := testenv.Name(t, what)
+	m := miniredis.RunT(t)
+	clients := [2]*redis.Client{testenv.Redis(t), redis.NewClient(&redis.Options{Addr: m.Addr()})}
+	p := &adv7Pair{t: t, prefix: prefix, seen: newAdv7Seen()}
+	for i, c := range clients {
+		testenv.CleanPrefix(t, c, prefix)
+		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: retention})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.sides[i] = &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond),
+			outs: map[Outcome]int{}, seen: map[string]int{}}
+	}
+	return p
+}
+
+var adv7SideNames = [2]string{"redis", "embedded"}
+
+// adv7Dump renders every key under prefix: type, hash fields (the head's server-clock stamp,
+// bytes [43, 50), masked), sorted-set members and scores, and whether it expires; not the pending
+// tokens of batches.
+func adv7Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, prefix+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, k := range keys {
+		if adv3IgnorePending(k) { // the batch's pending token, not the state
+			continue
+		}
+		typ := c.Type(ctx, k).Val()
+		var b strings.Builder
+		b.WriteString(typ)
+		switch typ {
+		case "hash":
+			h := c.HGetAll(ctx, k).Val()
+			fs := make([]string, 0, len(h))
+			for f := range h {
+				fs = append(fs, f)
+			}
+			sort.Strings(fs)
+			for _, f := range fs {
+				v := h[f]
+				if f == "H" && strings.HasSuffix(k, "}:s") && len(v) == adv7HeadLen {
+					v = v[:43] + "<rt...>" + v[50:]
+				}
+				fmt.Fprintf(&b, "\n  %q = %q", f, v)
+			}
+		case "zset":
+			for _, z := range c.ZRangeWithScores(ctx, k, 0, -1).Val() {
+				fmt.Fprintf(&b, "\n  %q %v", z.Member, z.Score)
+			}
+		case "string":
+			fmt.Fprintf(&b, "\n  %q", c.Get(ctx, k).Val())
+		default:
+			t.Fatalf("key %s of type %s", k, typ)
+		}
+		fmt.Fprintf(&b, "\n  expires %v", c.PTTL(ctx, k).Val() > 0)
+		out[k] = b.String()
+	}
+	return out
+}
+
+// same requires both servers to hold the same keys, byte for byte.
+func (p *adv7Pair) same(what string) {
+	p.t.Helper()
+	a, b := adv7Dump(p.t, p.sides[0].c, p.prefix), adv7Dump(p.t, p.sides[1].c, p.prefix)
+	if len(a) == 0 {
+		p.t.Fatalf("%s: nothing stored under %s", what, p.prefix)
+	}
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	for k := range keys {
+		if a[k] != b[k] {
+			p.t.Fatalf("%s: key %s differs\nredis:    %s\nembedded: %s\n%s", what, k, a[k], b[k], p.sides[0].history(2))
+		}
+	}
+	p.dumps++
+}
+
+func (p *adv7Pair) apply(what string, batch []Observation, at time.Time) {
+	p.t.Helper()
+	var got [2]Applied
+	for i, x := range p.sides {
+		got[i] = x.apply(adv7SideNames[i]+": "+what, batch, at)
+		for _, k := range got[i].Keys {
+			adv7Numbers(x, adv7SideNames[i]+": "+what, k, nil, p.seen)
+		}
+	}
+	if !reflect.DeepEqual(got[0], got[1]) {
+		p.t.Fatalf("%s: replies differ\nredis:    %+v\nembedded: %+v", what, got[0], got[1])
+	}
+	p.same(what)
+}
+
+func (p *adv7Pair) again(what string, batch []Observation, at time.Time) {
+	p.t.Helper()
+	for i, x := range p.sides {
+		x.again(adv7SideNames[i]+": "+what, batch, at)
+	}
+	p.same(what)
+}
+
+func (p *adv7Pair) tallies(at time.Time) {
+	p.t.Helper()
+	for _, x := range p.sides {
+		x.tallies(at)
+	}
+	p.same("after tallies")
+}
+
+func (p *adv7Pair) collect(k Key, at time.Time) {
+	p.t.Helper()
+	for _, x := range p.sides {
+		x.collect(k, at, 20)
+	}
+	p.same("after garbage collection")
+}
+
+// adv7BinID is an opportunity id whose bytes look like a state number or kind byte.
+func adv7BinID(i int) string {
+	return string([]byte{byte(i % 4), byte(i), 0, 0, 0, 0, 0xff, ',', '|', ';'}) + fmt.Sprint(i)
+}
+
+// TestAdversary7BackendsAgreeByteForByte applies the same batches to the test Redis (struct) and
+// to the embedded Redis (the Lua fallback) under the same prefix: replies and every stored key and
+// field must be equal byte for byte, and each side what the model holds.
+func TestAdversary7BackendsAgreeByteForByte(t *testing.T) {
+	t.Run("hour kinds", adv7RunKinds)
+	t.Run("1970 and 2200", adv7RunEdges)
+	t.Run("short retention", adv7RunShort)
+	t.Run("streams", adv7RunStreams)
+	t.Run("wide batches", adv7RunWide)
+}
+
+// adv7RunKinds builds hours of 1, 31, 32, 40 (long ids: bounds and closed chunks), 12 (longer ids:
+// closed chunks, no bounds) and 300 winners (in one minute: counts past one byte), whose ids look
+// like numbers and kind bytes, then moves winners across the 32 line both ways, empties an hour
+// that keeps listing an id (0 winners), moves a bound holder at each edge, retries and redelivers.
+func adv7RunKinds(t *testing.T) {
+	p := newAdv7Pair(t, "kinds", 30*24*time.Hour)
+	h0 := Micros(t0)/hourUS - 8
+	at := time.UnixMicro((h0 + 8) * hourUS)
+	asd := (h0 + 20) * hourUS
+	next := func(id string, cls Class, occ int64) Observation {
+		asd++
+		return Observation{Key: keyLive, OpportunityID: id, Class: cls, Occurred: occ, Assessed: asd}
+	}
+	long := func(i, n int) string { return fmt.Sprintf("%05d-", i) + strings.Repeat("L", n) }
+	spread := func(h int64, i, n int) int64 { // i of n in hour h, the first at 0 and the last at HOUR-1
+		if n == 1 {
+			return h * hourUS
+		}
+		return h*hourUS + int64(i)*(hourUS-1)/int64(n-1)
+	}
+	var b []Observation
+	b = append(b, next("one", Confirmed, h0*hourUS))
+	for i := 0; i < 31; i++ {
+		b = append(b, next(fmt.Sprint("t31-", i), Class(1+i%3), spread(h0+1, i, 31)))
+	}
+	for i := 0; i < 32; i++ {
+		b = append(b, next(adv7BinID(i), Class(1+i%3), spread(h0+2, i, 32)))
+	}
+	for i := 0; i < 40; i++ {
+		b = append(b, next(long(i, 120), Class(1+i%3), spread(h0+3, i, 40)))
+	}
+	for i := 0; i < 12; i++ {
+		b = append(b, next(long(100+i, 200), Class(1+i%3), spread(h0+4, i, 12)))
+	}
+	for i := 0; i < 300; i++ { // one minute: 300 winners, 270 of them passed (counts past one byte)
+		cls := Passed
+		if i >= 270 {
+			cls = Class(1 + i%3)
+		}
+		b = append(b, next(fmt.Sprint("min-", i), cls, (h0+7)*hourUS+int64(i)*1000))
+	}
+	p.apply("build", b, at)
+	for _, want := range []string{"1", "31", "32", "33+"} {
+		if p.seen.winners[want] == 0 {
+			t.Fatalf("no hour of %s winners after the build: %v", want, p.seen.winners)
+		}
+	}
+	p.again("build again", b, at)
+
+	// Across the 32 line: two of hour 2's (32) go to hour 1 (31): 30 and 33. Two of hour 3's bound
+	// holders (offset 0 and HOUR-1) leave for hour 5; one of hour 4's leaves for an earlier hour
+	// (hour 4 keeps listing it for its horizon); "one" leaves hour 0 for hour 6 (hour 0: 0 winners,
+	// still listing it until a scan compacts it).
+	b = []Observation{
+		next(adv7BinID(0), Passed, spread(h0+1, 5, 31)+7),
+		next(adv7BinID(31), Unscored, (h0+1)*hourUS+hourUS-1),
+		next(long(0, 120), Confirmed, (h0+5)*hourUS),
+		next(long(39, 120), Passed, (h0+5)*hourUS+hourUS-1),
+		next(long(105, 200), Confirmed, (h0-1)*hourUS+3),
+		next("one", Unscored, (h0+6)*hourUS+1),
+	}
+	p.apply("across the line", b, at)
+	if p.seen.winners["0 listing"] == 0 {
+		t.Fatalf("no hour of 0 winners listing an id: %v", p.seen.winners)
+	}
+	p.again("across the line, retried", b, at)
+	// And back, with stale and duplicate ones mixed in.
+	b = []Observation{
+		next(adv7BinID(0), Passed, spread(h0+2, 0, 32)),
+		b[1], // the same again: a duplicate
+		next(long(0, 120), Unscored, (h0+3)*hourUS),
+		next(long(39, 120), Passed, (h0+3)*hourUS+hourUS-1),
+	}
+	stale := b[2]
+	stale.Assessed -= 100
+	stale.Occurred += hourUS
+	b = append(b, stale)
+	p.apply("back", b, at)
+
+	// Random moves among hours 0..7, many within a batch, now and then retried.
+	r := rand.New(rand.NewPCG(7, 1))
+	ids := []string{"one"}
+	for i := 0; i < 31; i++ {
+		ids = append(ids, fmt.Sprint("t31-", i), adv7BinID(i))
+	}
+	for i := 0; i < 40; i++ {
+		ids = append(ids, long(i, 120))
+	}
+	for round := 0; round < 12; round++ {
+		b = b[:0]
+		for range 1 + r.IntN(40) {
+			b = append(b, next(ids[r.IntN(len(ids))], Class(1+r.IntN(3)), (h0+int64(r.IntN(8)))*hourUS+adv6Offset(r)))
+		}
+		p.apply(fmt.Sprint("round ", round), b, at)
+		if r.IntN(3) == 0 {
+			p.again(fmt.Sprint("round ", round, " again"), b, at)
+		}
+	}
+	p.tallies(at)
+	for _, kind := range []byte{0, 1, 2, 3} {
+		if p.seen.kinds[kind] == 0 {
+			t.Errorf("no hour of kind %d was stored: %v", kind, p.seen.kinds)
+		}
+	}
+	if p.seen.edges["a=0"] == 0 || p.seen.edges["b=HOUR-1"] == 0 || p.seen.bigMin == 0 {
+		t.Errorf("bounds at the hour's edges %v, minute buckets past one byte %d", p.seen.edges, p.seen.bigMin)
+	}
+	t.Logf("%d dumps compared; kinds %v, winners %v, edges %v", p.dumps, p.seen.kinds, p.seen.winners, p.seen.edges)
+}
+
+// adv7RunEdges dates one aggregate at the first hours of 1970 (bounds at µs 0, first retained at
+// 0) and another at the last hours before 2200 (the last µs the decoder accepts as watermark, last
+// and bound), moves winners, expires them under 2h retention and collects their records.
+func adv7RunEdges(t *testing.T) {
+	p := newAdv7Pair(t, "edges", 2*time.Hour)
+	late := keyLive
+	late.Source = Evaluation
+	r := rand.New(rand.NewPCG(2200, 1970))
+	var asd int64 = 1
+	next := func(k Key, id string, occ int64) Observation {
+		asd++
+		return Observation{Key: k, OpportunityID: id, Class: Class(1 + r.IntN(3)), Occurred: occ, Assessed: asd}
+	}
+	// 1970: hour 0 with 35 winners at 0 .. HOUR-1, hour 1 with 3.
+	var b []Observation
+	for i := 0; i < 35; i++ {
+		b = append(b, next(keyLive, fmt.Sprint("e", i), int64(i)*(hourUS-1)/34))
+	}
+	for i := 0; i < 3; i++ {
+		b = append(b, next(keyLive, fmt.Sprint("f", i), hourUS+int64(i)))
+	}
+	p.apply("1970", b, time.UnixMicro(2*hourUS-1))
+	// 2200: the last hour with 33 winners up to the last µs, the hour before with 2, and one too
+	// old to retain.
+	hm := adv7MaxUS / hourUS
+	b = b[:0]
+	asd = adv7MaxUS - 10*hourUS
+	for i := 0; i < 33; i++ {
+		b = append(b, next(late, fmt.Sprint("z", i), hm*hourUS+int64(i)*(hourUS-1)/32))
+	}
+	b = append(b, next(late, "y0", (hm-1)*hourUS), next(late, "y1", adv7MaxUS-hourUS), next(late, "old", (hm-3)*hourUS))
+	p.apply("2200", b, time.UnixMicro(adv7MaxUS))
+	for _, x := range p.sides {
+		st := x.c.HGetAll(context.Background(), x.s.keys(late)[1]).Val()
+		hx, _ := headNumbers(st["H"])
+		hv, _ := adv6ParseHour(st[fmt.Sprint("h", hm)])
+		if hx[0] != adv7MaxUS+1 || hx[3] != adv7MaxUS+1 || !hv.bounded || hv.b != hourUS-1 || hv.a != 0 {
+			t.Fatalf("2200: head watermark %d and last %d (want %d stored), hour bounds %v [%d, %d]", hx[0], hx[3], adv7MaxUS+1, hv.bounded, hv.a, hv.b)
+		}
+	}
+	// Moves within and across the hours, at both ends of time.
+	for round := 0; round < 8; round++ {
+		b = b[:0]
+		for range 1 + r.IntN(12) {
+			b = append(b, next(keyLive, fmt.Sprint("e", r.IntN(38)), int64(r.IntN(2))*hourUS+adv6Offset(r)))
+		}
+		p.apply(fmt.Sprint("1970 round ", round), b, time.UnixMicro(2*hourUS-1))
+		b = b[:0]
+		for range 1 + r.IntN(12) {
+			occ := min((hm-int64(r.IntN(2)))*hourUS+adv6Offset(r), adv7MaxUS)
+			b = append(b, next(late, fmt.Sprint("z", r.IntN(36)), occ))
+		}
+		p.apply(fmt.Sprint("2200 round ", round), b, time.UnixMicro(adv7MaxUS))
+	}
+	p.tallies(time.UnixMicro(2*hourUS - 1))
+	// 1970 expires: the watermark passes hours 0 and 1, then garbage collection takes them.
+	p.apply("1970 expires", []Observation{next(keyLive, "later", 5*hourUS)}, time.UnixMicro(5*hourUS))
+	p.collect(keyLive, time.UnixMicro(5*hourUS))
+	p.tallies(time.UnixMicro(5 * hourUS))
+	if p.seen.edges["a=0"] == 0 || p.seen.edges["b=HOUR-1"] == 0 {
+		t.Errorf("bounds at the hour's edges %v", p.seen.edges)
+	}
+}
+
+// adv7RunShort is a random stream under 1h retention: hours and their minute buckets expire as the
+// watermark moves by minutes, records are collected, batches are retried and redelivered.
+func adv7RunShort(t *testing.T) {
+	p := newAdv7Pair(t, "short", time.Hour)
+	r := rand.New(rand.NewPCG(77, 1))
+	clock := Micros(t0)
+	asd := clock
+	var done [][]Observation
+	var ats []time.Time
+	for i := 0; i < 45; i++ {
+		clock += int64(r.IntN(12)) * minuteUS
+		var b []Observation
+		for range adv6Size(r) {
+			asd += int64(r.IntN(2))
+			occ := clock - int64(r.IntN(100))*minuteUS + int64(r.IntN(60e6))
+			b = append(b, Observation{Key: keyLive, OpportunityID: adv6ID(r.IntN(80)), Class: Class(1 + r.IntN(3)),
+				Occurred: min(occ, clock), Assessed: asd - int64(r.IntN(3)), Seq: int64(r.IntN(2))})
+		}
+		at := time.UnixMicro(clock + int64(r.IntN(60))*1e6)
+		p.apply(fmt.Sprint("batch ", i), b, at)
+		done, ats = append(done, b), append(ats, at)
+		if r.IntN(6) == 0 {
+			j := r.IntN(len(done))
+			p.again(fmt.Sprint("batch ", j, " redelivered after ", i), done[j], at)
+		}
+	}
+	p.tallies(ats[len(ats)-1])
+	x := p.sides[0]
+	if x.outs[Expired] == 0 || x.outs[Reassessed] == 0 {
+		t.Errorf("outcomes %v, seen %v: the stream does not expire or re-assess", x.outs, x.seen)
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counts of five bytes.
+
+// TestAdversary7LargeCounts gives an hour of 40 winners, one of its minutes and the head counts
+// that need the fifth byte (2^32+5, 2^40-2^20, 2^24+3; written in the layout's bytes, as if that
+// many records had come), then moves winners into and out of the hour and adds new ones: every
+// stored count must be the model's plus those, on both servers byte for byte; when the hour
+// expires, the totals must be the model's again (the large counts leave exactly).
+func TestAdversary7LargeCounts(t *testing.T) {
+	p := newAdv7Pair(t, "largecounts", 3*time.Hour)
+	off := [3]int64{1<<32 + 5, 1<<40 - 1<<20, 1<<24 + 3}
+	h0 := Micros(t0) / hourUS
+	base := h0 * hourUS
+	asd := base + 10*hourUS
+	next := func(id string, cls Class, occ int64) Observation {
+		asd++
+		return Observation{Key: keyLive, OpportunityID: id, Class: cls, Occurred: occ, Assessed: asd}
+	}
+	var b []Observation
+	for i := 0; i < 40; i++ {
+		b = append(b, next(fmt.Sprint("big-", i), Class(1+i%3), base+int64(i)*minuteUS+int64(i)))
+	}
+	at := time.UnixMicro(base + 45*minuteUS)
+	p.apply("40 winners", b, at)
+	m0 := base / minuteUS
+	ctx := context.Background()
+	for _, x := range p.sides {
+		st := x.s.keys(keyLive)[1]
+		all := x.c.HGetAll(ctx, st).Val()
+		hv, err := adv6ParseHour(all[fmt.Sprint("h", h0)])
+		if err != nil || !hv.bounded {
+			t.Fatalf("hour %d: %+v %v", h0, hv, err)
+		}
+		hv.c, hv.p, hv.u = hv.c+off[0], hv.p+off[1], hv.u+off[2]
+		mv, _ := minuteNumbers(all[fmt.Sprint("m", m0)])
+		hx, _ := headNumbers(all["H"])
+		for i := range 3 {
+			hx[8+i] += off[i]
+		}
+		hx[4], hx[5] = 0, 0 // no cached window sums: the next batch sums the buckets
+		x.c.HSet(ctx, st, fmt.Sprint("h", h0), adv7HourBytes(hv), fmt.Sprint("m", m0),
+			adv7Minute(mv[0]+off[0], mv[1]+off[1], mv[2]+off[2]), "H", adv7Head(hx))
+	}
+	p.same("seeded")
+	// The model's tally plus the large counts, wherever hour h0 and minute m0 count.
+	check := func(what string, at time.Time, gone, numbers bool) {
+		t.Helper()
+		for i, x := range p.sides {
+			want := x.m.Tally(keyLive, at)
+			if !gone {
+				add := func(c *Counts) { c.Confirmed += off[0]; c.Passed += off[1]; c.Unscored += off[2] }
+				add(&want.All)
+				hour, day, week := windowOf(base, Micros(at))
+				if hour {
+					add(&want.Hour)
+				}
+				if day {
+					add(&want.Day)
+				}
+				if week {
+					add(&want.Week)
+				}
+			}
+			got, err := x.s.Tally(ctx, keyLive, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("%s, %s: tally %+v, want %+v", what, adv7SideNames[i], got, want)
+			}
+			var extra map[int64][3]int64
+			if !gone {
+				extra = map[int64][3]int64{m0: off}
+			}
+			all := x.c.HGetAll(ctx, x.s.keys(keyLive)[1]).Val()
+			hv, _ := adv6ParseHour(all[fmt.Sprint("h", h0)])
+			var mc, mp, mu int64
+			for _, r := range x.m.aggs[keyLive].opps {
+				if r.occ/hourUS == h0 && r.occ >= floorDiv(x.m.aggs[keyLive].watermark-x.ret, hourUS)*hourUS {
+					switch r.class {
+					case Confirmed:
+						mc++
+					case Passed:
+						mp++
+					default:
+						mu++
+					}
+				}
+			}
+			if !gone {
+				mc, mp, mu = mc+off[0], mp+off[1], mu+off[2]
+			}
+			if hv.c != mc || hv.p != mp || hv.u != mu {
+				t.Fatalf("%s, %s: hour %d holds %d,%d,%d, want %d,%d,%d", what, adv7SideNames[i], h0, hv.c, hv.p, hv.u, mc, mp, mu)
+			}
+			if numbers { // not before a batch has run since the seeding (no cached sums)
+				adv7Numbers(x, what, keyLive, extra, p.seen)
+			}
+		}
+		p.same(what)
+	}
+	applyBoth := func(what string, b []Observation, at time.Time) {
+		t.Helper()
+		var got [2]Applied
+		for i, x := range p.sides {
+			var err error
+			if got[i], err = x.s.Apply(ctx, b, at); err != nil {
+				t.Fatal(err)
+			}
+			want, _ := x.m.Apply(ctx, b, at)
+			if !reflect.DeepEqual(got[i].Outcomes, want.Outcomes) {
+				t.Fatalf("%s, %s: outcomes %v, model %v", what, adv7SideNames[i], got[i].Outcomes, want.Outcomes)
+			}
+		}
+		if !reflect.DeepEqual(got[0], got[1]) {
+			t.Fatalf("%s: replies differ\n%+v\n%+v", what, got[0], got[1])
+		}
+	}
+	check("seeded", at, false, false)
+	// Into, out of and within hour h0 (minute m0 among them), bound holders too, and new ones.
+	b = []Observation{
+		next("big-0", Unscored, base+3),            // within minute m0, another class
+		next("big-39", Passed, base-hourUS+5),      // the top bound holder leaves for h0-1
+		next("big-20", Confirmed, base+hourUS/2+1), // within the hour
+		next("new-1", Confirmed, base+17),          // a new one in minute m0
+		next("new-2", Passed, base+44*minuteUS),    // a new one in another minute of the window
+		next("big-1", Confirmed, base+hourUS+100),  // out to h0+1
+	}
+	// Observed within 10 minutes of the watermark, where the 1h window is exact.
+	atm := time.UnixMicro(base + 55*minuteUS)
+	applyBoth("moves", b, atm)
+	check("moves", atm, false, true)
+	applyBoth("moves again", b, atm)
+	check("moves again", atm, false, true)
+	at2 := time.UnixMicro(base + 90*minuteUS) // the 1h window no longer holds minute m0
+	applyBoth("an hour on", []Observation{next("new-3", Unscored, base+89*minuteUS)}, at2)
+	check("an hour on", at2, false, true)
+	// Hour h0 leaves retention (3h): the large counts leave with it, exactly.
+	at3 := time.UnixMicro(base + 4*hourUS + 1)
+	applyBoth("h0 expires", []Observation{next("new-4", Passed, base+4*hourUS+1)}, at3)
+	check("h0 expires", at3, true, true)
+	for i, x := range p.sides {
+		hx, _ := headNumbers(x.c.HGet(ctx, x.s.keys(keyLive)[1], "H").Val())
+		want := x.m.Tally(keyLive, at3).All
+		if hx[8] != want.Confirmed || hx[9] != want.Passed || hx[10] != want.Unscored {
+			t.Fatalf("%s: head counts %v after the large hour expired, model %+v", adv7SideNames[i], hx[8:11], want)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------------------------
+// Other layouts.
+
+// TestAdversary7RefusesOtherLayouts: a namespace whose epoch marker names layout 7 is refused at
+// start and by the per-batch check; and the script itself refuses an hour field that is not of
+// this layout (layout 7's text, an unknown kind byte, too few bytes for its kind), and a layout-7
+// minute or head (text: its first byte is a hex digit, not this layout's 0 or 8; whatever its
+// length), with an error, changing nothing, on both servers.
+func TestAdversary7RefusesOtherLayouts(t *testing.T) {
+	ctx := context.Background()
+	t.Run("epoch marker", func(t *testing.T) {
+		client := testenv.Redis(t)
+		prefix := testenv.Name(t, "adv7layout")
+		testenv.CleanPrefix(t, client, prefix)
+		st, err := OpenState(ctx, client, prefix, false)
+		if err != nil || !strings.HasSuffix(st.Epoch, "/layout8") {
+			t.Fatalf("new namespace: %+v %v", st, err)
+		}
+		store, err := NewRedis(client, RedisConfig{Prefix: st.Namespace, Retention: time.Hour, Epoch: st.Epoch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch := []Observation{obs("x", Confirmed, 0, 0, 0)}
+		if _, err := store.Apply(ctx, batch, t0); err != nil {
+			t.Fatal(err)
+		}
+		for _, old := range []string{"/layout7", "/layout", "/layout8/layout7", "/layout80"} {
+			client.Set(ctx, EpochKey(st.Namespace), strings.TrimSuffix(st.Epoch, "/layout8")+old, 0)
+			if _, err := OpenState(ctx, client, prefix, true); !errors.Is(err, ErrStateLost) {
+				t.Errorf("open of a namespace marked %q: %v, want ErrStateLost", old, err)
+			}
+			if _, err := store.Apply(ctx, batch, t0); !errors.Is(err, ErrStateLost) {
+				t.Errorf("apply on a namespace marked %q: %v, want ErrStateLost", old, err)
+			}
+		}
+		client.Set(ctx, EpochKey(st.Namespace), st.Epoch, 0)
+		if got, err := OpenState(ctx, client, prefix, true); err != nil || got != st {
+			t.Fatalf("reopen: %+v %v", got, err)
+		}
+	})
+	h0 := Micros(t0) / hourUS
+	bad := []struct {
+		name, field, v string // field "h": the hour's, "m": the minute's, "H": the head
+		kind           bool   // refused for its kind byte (apply.lua's own error)
+	}{
+		{"layout 7 counts", "h", "1,0,0|", true},
+		{"layout 7 bounded", "h", "21,0,0,0,e10,21,21|0041abc", true},
+		{"layout 7 chunks", "h", "3,1,0;2|", true},
+		{"empty", "h", "", true},
+		{"kind 4", "h", "\x04" + adv7Le(1, 5) + adv7Le(0, 10), true},
+		{"kind 255", "h", "\xff" + adv7Le(1, 5) + adv7Le(0, 10), true},
+		{"kind 0 truncated", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 4), false},
+		{"kind 1 truncated", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 25), false},
+		{"kind 3 as kind 1", "h", "\x03" + adv7Le(40, 5) + adv7Le(0, 30), false},
+		{"layout 7 minute", "m", "0,1,0", false},
+		{"layout 7 minute of 15 bytes", "m", "1a,2b,3c,4d,5ef", false},
+		{"layout 7 head", "H", "", false},                           // the head's numbers in layout 7's hex, filled in below
+		{"layout 7 head of 140 bytes and more", "H", "wide", false}, // each number in 8 hex digits
+	}
+	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
+		for _, tc := range bad {
+			t.Run(tc.name, func(t *testing.T) {
+				s, _ := storeOn(t, c, "adv7bad", RedisConfig{Retention: time.Hour})
+				first := []Observation{{Key: keyLive, OpportunityID: "a", Class: Passed, Occurred: h0*hourUS + 5, Assessed: h0 * hourUS}}
+				if _, err := s.Apply(ctx, first, time.UnixMicro(h0*hourUS+5)); err != nil {
+					t.Fatal(err)
+				}
+				field, v := fmt.Sprint("h", h0), tc.v
+				switch tc.field {
+				case "m":
+					field = fmt.Sprint("m", h0*60)
+				case "H":
+					hx, err := headNumbers(c.HGet(ctx, s.keys(keyLive)[1], "H").Val())
+					if err != nil {
+						t.Fatal(err)
+					}
+					hex := make([]string, len(hx))
+					for i, x := range hx {
+						hex[i] = strconv.FormatInt(x, 16)
+						if tc.v == "wide" {
+							hex[i] = fmt.Sprintf("%08x", x)
+						}
+					}
+					field, v = "H", strings.Join(hex, ",")
+					if tc.v == "wide" && len(v) < 140 {
+						t.Fatalf("head %q: shorter than the binary head", v)
+					}
+				}
+				if c.HGet(ctx, s.keys(keyLive)[1], field).Val() == "" {
+					t.Fatalf("no field %s to overwrite", field)
+				}
+				c.HSet(ctx, s.keys(keyLive)[1], field, v)
+				before := adv7Dump(t, c, s.cfg.Prefix)
+				// A new winner in that hour (read with the head), and a re-assessment of the stored one.
+				for _, o := range []Observation{
+					{Key: keyLive, OpportunityID: "b", Class: Confirmed, Occurred: h0*hourUS + 9, Assessed: h0 * hourUS},
+					{Key: keyLive, OpportunityID: "a", Class: Confirmed, Occurred: h0*hourUS + 6, Assessed: h0*hourUS + 1},
+				} {
+					_, err := s.Apply(ctx, []Observation{o}, time.UnixMicro(h0*hourUS+9))
+					if err == nil {
+						t.Fatalf("field %s = %q was read as this layout's", field, v)
+					}
+					if tc.kind && !strings.Contains(err.Error(), "is no hour of this layout") {
+						t.Errorf("field %s = %q: %v, want apply.lua's layout error", field, v, err)
+					}
+					after := adv7Dump(t, c, s.cfg.Prefix)
+					if !reflect.DeepEqual(before, after) {
+						t.Fatalf("a refused batch changed the state:\nbefore %v\nafter  %v", before, after)
+					}
+				}
+			})
+		}
+	})
+}
+
+// adv7RunStreams applies random streams over a dozen aggregates (duplicates, re-assessments across
+// hours, stale and far too late events, watermark leaps that expire whole aggregates, short
+// retention), cut into batches with redeliveries.
+func adv7RunStreams(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		seed      uint64
+		n         int
+		span      time.Duration
+		retention time.Duration
+		jumpEvery int
+		maxBatch  int
+	}{
+		{"leaps", 2, 2000, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 300, 300},
+		{"short retention, leaps", 4, 1500, 2 * time.Hour, time.Hour, 400, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(tc.seed, 7))
+			p := newAdv7Pair(t, "streams", tc.retention)
+			batches := adv3Cut(r, randomStreamOver(r, tc.n, tc.span, tc.jumpEvery), tc.maxBatch)
+			for i, b := range batches {
+				p.apply(fmt.Sprint("batch ", i), b.obs, b.at)
+			}
+			p.tallies(batches[len(batches)-1].at)
+			for _, o := range []Outcome{Counted, Reassessed, Duplicate, Stale, Expired} {
+				if p.sides[0].outs[o] == 0 {
+					t.Errorf("the stream never produced %v", o)
+				}
+			}
+		})
+	}
+}
+
+// adv7RunWide applies large batches of one aggregate over a hundred hours, with long ids (many
+// closed chunks), then most of them again, then later ones that expire most of it and collect its
+// records. (Not past the script's chunk of 4 000 arguments: the embedded server's Lua fails a batch
+// of more than about 2 550 observations of one aggregate, "registry overflow" in table.concat of
+// the outcomes, in layout 7 as in layout 8.)
+func adv7RunWide(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 7))
+	p := newAdv7Pair(t, "wide", 3*24*time.Hour)
+	end := t0.Add(30 * 24 * time.Hour)
+	wide := adv3Wide(r, 4500, 100, end) // past CHUNK (4 000), and past the 2 560 outcomes the embedded concat once overflowed on
+	p.apply("wide", wide, end)
+	p.apply("wide, most again", wide[:4200], end)
+	for i := 1; i <= 3; i++ {
+		at := end.Add(time.Duration(i) * 40 * time.Hour)
+		p.apply(fmt.Sprint("later ", i), adv3Wide(r, 1500, 100, at), at)
+	}
+	if p.seen.kinds[2] == 0 || p.seen.kinds[3] == 0 {
+		t.Errorf("no hour with closed chunks: kinds %v", p.seen.kinds)
+	}
+}
