@@ -43,8 +43,10 @@ type GroupConfig struct {
 
 	// MaxBatch, MaxBatchBytes and Linger bound a batch: it is processed when it holds MaxBatch
 	// messages, when its keys, values and headers reach MaxBatchBytes, or Linger after its first
-	// message arrived, whichever comes first. Large batches under load spread each Redis call's
-	// fixed cost over more events; Linger keeps them small, and latency low, when traffic is light.
+	// message arrived, whichever comes first; but while a batch decoded earlier still waits for
+	// Redis, the one being collected keeps growing past Linger (it could not be applied sooner).
+	// Large batches under load spread each Redis call's fixed cost over more events; Linger keeps
+	// them small, and latency low, when traffic is light.
 	MaxBatch      int
 	MaxBatchBytes int
 	Linger        time.Duration
@@ -489,6 +491,10 @@ func batchBytes(m *kafka.Message) int {
 // errPipelineStopped ends the stages once the batch loop stops.
 var errPipelineStopped = errors.New("batch pipeline stopped")
 
+// waitingPoll is how often a batch past its linger looks whether the batch before it was taken
+// by the apply stage.
+const waitingPoll = time.Millisecond
+
 // collect takes messages from in into batches and prepares them, each after taking a place in
 // slots, until the generation or ctx ends (the batch being collected is still prepared) or the
 // pipeline stops.
@@ -532,7 +538,12 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 				batch = append(batch, m)
 				size += batchBytes(&m)
 			case <-timer.C:
-				break fill
+				if len(out) == 0 {
+					break fill
+				}
+				// The batch before this one waits for Redis: this one keeps filling until that
+				// one is taken, and is decoded while it applies.
+				timer.Reset(waitingPoll)
 			case <-ectx.Done():
 				return nil
 			case <-gctx.Done():
