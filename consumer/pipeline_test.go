@@ -510,3 +510,51 @@ func TestBatchClosesAtMaxBatchBytes(t *testing.T) {
 		}
 	})
 }
+
+// A batch past its linger keeps filling while the batch before it waits for the apply stage: it
+// could not be applied sooner, and a larger batch spreads Redis's per-call cost. Here batch 0's
+// apply waits at a gate, batch 1 waits for the apply stage, and messages 2..5 arrive 20 ms apart
+// (each past a linger of 10 ms): they make one batch, not four. Once the gate opens, everything
+// is committed.
+func TestBatchGrowsWhileTheOneBeforeWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := &trace{}
+		applyGate := make(chan struct{})
+		store := &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour), gates: map[string]chan struct{}{"a": applyGate}}
+		r := newPipelineRig(t, 3, store, &gatePublisher{tr: tr})
+		r.group.cfg.MaxBatch, r.group.cfg.Linger = 100, 10*time.Millisecond
+		ctx, cancel := context.WithCancel(t.Context())
+		in := make(chan kafka.Message, 10)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.group.batches(ctx, ctx, 1, r.commit, in)
+		}()
+		in <- liveMessage(0, "a", "passed")
+		<-tr.seen("apply a")
+		in <- liveMessage(1, "b", "passed")
+		<-tr.seen("prepared 1")
+		for i := 2; i < 6; i++ {
+			time.Sleep(20 * time.Millisecond)
+			in <- liveMessage(int64(i), fmt.Sprint("c", i), "passed")
+		}
+		time.Sleep(time.Second)
+		if tr.index("prepared 2") >= 0 {
+			t.Errorf("batch 2 closed while batch 1 still waited for the apply stage: %s", tr)
+		}
+		close(applyGate)
+		if !within(tr.seen("commit 6"), time.Hour) {
+			t.Fatalf("not all committed: %s (fatal %v)", tr, r.fatal)
+		}
+		cancel()
+		<-done
+		if tr.index("prepared 2") < 0 {
+			t.Fatalf("no batch began with message 2: %s", tr)
+		}
+		for i := 3; i < 6; i++ {
+			if tr.index(fmt.Sprint("prepared ", i)) >= 0 {
+				t.Errorf("message %d began a batch of its own: %s", i, tr)
+			}
+		}
+	})
+}
