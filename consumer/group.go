@@ -386,9 +386,12 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	prepared := make(chan *flight, g.cfg.MaxInFlight)
 	applied := make(chan *flight, g.cfg.MaxInFlight)
 	published := make(chan *flight, g.cfg.MaxInFlight)
+	// taken tells collect that the apply stage took a prepared batch: a batch past its linger
+	// waits for that (collect) without polling.
+	taken := make(chan struct{}, 1)
 	eg.Go(func() error {
 		defer close(prepared)
-		return g.collect(ctx, gctx, ectx, in, slots, prepared)
+		return g.collect(ctx, gctx, ectx, in, slots, prepared, taken)
 	})
 	eg.Go(func() error {
 		defer close(published)
@@ -424,6 +427,10 @@ loop:
 				next = nil
 				close(applied)
 				continue
+			}
+			select {
+			case taken <- struct{}{}:
+			default: // a signal not yet seen says the same
 			}
 			actx, cancel := stageCtx()
 			began := time.Now()
@@ -491,14 +498,12 @@ func batchBytes(m *kafka.Message) int {
 // errPipelineStopped ends the stages once the batch loop stops.
 var errPipelineStopped = errors.New("batch pipeline stopped")
 
-// waitingPoll is how often a batch past its linger looks whether the batch before it was taken
-// by the apply stage.
-const waitingPoll = time.Millisecond
-
 // collect takes messages from in into batches and prepares them, each after taking a place in
 // slots, until the generation or ctx ends (the batch being collected is still prepared) or the
-// pipeline stops.
-func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message, slots chan<- struct{}, out chan<- *flight) error {
+// pipeline stops. A batch past its linger while the one before it still waits in out keeps
+// filling until taken says the apply stage took that one.
+func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message, slots chan<- struct{}, out chan<- *flight,
+	taken <-chan struct{}) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -530,7 +535,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		}
 		start := time.Now()
 		timer.Reset(g.cfg.Linger)
-		stopping := false
+		stopping, lingered := false, false
 	fill:
 		for len(batch) < g.cfg.MaxBatch && size < g.cfg.MaxBatchBytes {
 			select {
@@ -543,7 +548,11 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 				}
 				// The batch before this one waits for Redis: this one keeps filling until that
 				// one is taken, and is decoded while it applies.
-				timer.Reset(waitingPoll)
+				lingered = true
+			case <-taken:
+				if lingered && len(out) == 0 {
+					break fill
+				}
 			case <-ectx.Done():
 				return nil
 			case <-gctx.Done():
