@@ -120,7 +120,7 @@ end
 -- The head is the byte 8 and 20 numbers of 7 bytes; a minute the byte 0 and 3 numbers of 5 bytes.
 -- Their first bytes, like an hour's kind byte, are no hex digit: a field of an older layout's
 -- text is refused (parseHour, parseMin, the head's check), not read as numbers.
-local HEADR, HEADW = '<' .. string.rep('I7', 20), '<B' .. string.rep('I7', 20)
+local HEADR, HEADW, HEADLEN = '<' .. string.rep('I7', 20), '<B' .. string.rep('I7', 20), 1 + 20 * 7
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -145,8 +145,8 @@ end
 -- entries, now and at the last scan, with the bounds), k (closed chunks), e (open chunk), got
 -- (read), dirty, scan (true: a kept bound may have left, scan the index; 'grown': a winner left
 -- from between the bounds, scan if the index doubled since its last scan), add (index entries to
--- append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got,
--- dirty}. Absent values are false.
+-- append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got, dirty}. Absent values are
+-- false.
 -- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
 -- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
@@ -292,7 +292,7 @@ local w, pm, f, l, hcm, hch, rt, g
 local C, P, U = 0, 0, 0
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
 if head then
-  if #head ~= 141 or byte(head, 1) ~= 8 then error('state field H is no head of this layout') end
+  if #head ~= HEADLEN or byte(head, 1) ~= 8 then error('state field H is no head of this layout') end
   local x = {sunpack(HEADR, head, 2)}
   for i = 1, 8 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
   w, pm, f, l, hcm, hch, rt, g = x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8]
