@@ -129,8 +129,8 @@ end
 -- Cells: what a case holds in one version ----------------------------------------------------------
 local cells, touchedCells = {}, {}
 local cellRaw = {} -- values of M read ahead: a string, or false when absent
-local function cell(id, c, create)
-  local k = id .. '|' .. c
+local function cell(id, c, create, k)
+  k = k or id .. '|' .. c
   local x = cells[k]
   if x then return x end
   local v = cellRaw[k]
@@ -139,14 +139,15 @@ local function cell(id, c, create)
     local bar = find(v, '|', 1, true)
     local p, f, e, pl, fo = match(sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
     x = { p = tonumber(p), f = tonumber(f), e = tonumber(e), planned = tonumber(pl), first = tonumber(fo),
-          bm = sub(v, bar + 1), exists = true }
+          bm = sub(v, bar + 1), exists = true, id = id, c = c, o = false, listed = false, maxRuns = false, bytes = false }
   elseif create then
-    x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false }
+    -- Every field the call sets later is named here: no rehash as they are set.
+    x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false, id = id, c = c, o = false,
+          listed = false, maxRuns = false, bytes = false }
   else
     return nil
   end
   x.o = { p = x.p, f = x.f, e = x.e, planned = x.planned, first = x.first, exists = x.exists }
-  x.id, x.c = id, c
   cells[k] = x
   return x
 end
@@ -201,6 +202,7 @@ local function vidsOf(c)
   end
   return l
 end
+local function byRank(a, b) return a.rank < b.rank end
 -- judge classifies case c from its outcomes in the versions it has runs in: as the cells stand
 -- now, or as they stood before this call when old is true.
 local function judge(c, old)
@@ -215,7 +217,7 @@ local function judge(c, old)
   end
   local res = { outs = outs }
   if #outs == 0 then return res end
-  sort(outs, function(a, b) return a.rank < b.rank end)
+  if #outs > 1 then sort(outs, byRank) end
   local streak = 1
   while streak < #outs and outs[streak + 1].pass == outs[1].pass do streak = streak + 1 end
   if streak >= minHistory and streak < #outs then
@@ -233,16 +235,28 @@ local function judge(c, old)
   else res.class = 'di' end
   return res
 end
+-- dfields returns the discrimination fields of version id (n, p, dn, dp), named once per call.
+local dnames = {}
+local function dfields(id)
+  local t = dnames[id]
+  if not t then
+    t = { id .. 'n', id .. 'p', id .. 'dn', id .. 'dp' }
+    dnames[id] = t
+  end
+  return t
+end
 local function contribute(res, sign)
   if not res.class then return end
   dadd(res.class, sign)
   if res.class == 'tn' then return end
+  local di = res.class == 'di'
   for _, o in ipairs(res.outs) do
-    dadd(o.id .. 'n', sign)
-    if o.pass then dadd(o.id .. 'p', sign) end
-    if res.class == 'di' then
-      dadd(o.id .. 'dn', sign)
-      if o.pass then dadd(o.id .. 'dp', sign) end
+    local fs = dfields(o.id)
+    dadd(fs[1], sign)
+    if o.pass then dadd(fs[2], sign) end
+    if di then
+      dadd(fs[3], sign)
+      if o.pass then dadd(fs[4], sign) end
     end
   end
 end
@@ -278,6 +292,14 @@ local function accOf(id)
   return a
 end
 local function bump(t, k, n) t[k] = (t[k] or 0) + n end
+-- num returns integer n in decimal, formatted once per call (a number concatenated to a string is
+-- formatted with %.14g on every use).
+local nums = {}
+local function num(n)
+  local s = nums[n]
+  if not s then s = fmt('%d', n); nums[n] = s end
+  return s
+end
 -- runDelta adds (sign 1) or takes back (-1) one run of result res (0 pass, 1 fail, 2 error) at
 -- index idx; reply and trig are 0 or 1.
 local function runDelta(x, acc, idx, res, reply, tok, trig, sign)
@@ -350,31 +372,18 @@ for b in groups() do
   local v = vid(ARGV[b], false)
   if v then mature(v) end
 end
--- Read ahead, one HMGET each, what the runs will read one by one: their held records, their cases'
--- version lists, and the cells of those versions and of the runs' own (existing) versions.
+-- Read ahead, one HMGET each, what the runs will read one by one: their cases' version lists, the
+-- cells of those versions and of the runs' own (existing) versions, and then the held records of
+-- the blocks those cells hold runs in. A block's bits in its cell's bitmap (bits 16·blk to 16·blk +
+-- 15: bytes 2·blk + 1 and 2·blk + 2) say whether it holds any: the field of a new cell or block is
+-- absent and is not read.
 if anyRuns then
-  local fs, cs, cseen = {}, {}, {}
-  for b, n in groups() do
+  local cs, cseen = {}, {}
+  for b in groups() do
     local c = ARGV[b + 1]
     if not cseen[c] then cseen[c] = true; cs[#cs + 1] = c end
-    -- A version this call creates has no stored runs; a cell is one group, so its fields are
-    -- named once.
-    local id = vidOf[ARGV[b]]
-    if id then
-      local seen = {}
-      for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
-        local blk = floor(tonumber(ARGV[r]) / BLOCK)
-        if not seen[blk] then
-          seen[blk] = true
-          local f = id .. '|' .. c .. '|' .. blk
-          if blockRaw[f] == nil then blockRaw[f] = false; fs[#fs + 1] = f end
-        end
-      end
-    end
   end
-  local got = hmget(R, fs)
-  for j, f in ipairs(fs) do blockRaw[f] = got[j] end
-  got = hmget(C, cs)
+  local got = hmget(C, cs)
   for j, c in ipairs(cs) do caseRaw[c] = got[j] end
   local ks, kseen = {}, {}
   local function want(id, c)
@@ -390,6 +399,28 @@ if anyRuns then
   end
   got = hmget(M, ks)
   for j, k in ipairs(ks) do cellRaw[k] = got[j] end
+  local fs = {}
+  for b, n in groups() do
+    local id, c = vidOf[ARGV[b]], ARGV[b + 1]
+    local v = id and cellRaw[id .. '|' .. c]
+    if v then
+      local bm, last = sub(v, find(v, '|', 1, true) + 1), nil
+      for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
+        local idx = tonumber(ARGV[r])
+        local blk = (idx - idx % BLOCK) / BLOCK
+        if blk ~= last then
+          last = blk
+          local b1, b2 = byte(bm, 2 * blk + 1, 2 * blk + 2)
+          if (b1 or 0) > 0 or (b2 or 0) > 0 then
+            local f = id .. '|' .. c .. '|' .. num(blk)
+            if blockRaw[f] == nil then blockRaw[f] = false; fs[#fs + 1] = f end
+          end
+        end
+      end
+    end
+  end
+  got = hmget(R, fs)
+  for j, f in ipairs(fs) do blockRaw[f] = got[j] end
 end
 for b, n in groups() do
   local version, c = ARGV[b], ARGV[b + 1]
@@ -416,7 +447,8 @@ for b, n in groups() do
     cases[c] = { cells = {} }
     caseOrder[#caseOrder + 1] = c
   end
-  local x = cell(id, c, true)
+  local ck = id .. '|' .. c
+  local x = cell(id, c, true, ck)
   if not x.exists and not x.listed then
     x.listed = true
     local l = vidsOf(c)
@@ -432,21 +464,24 @@ for b, n in groups() do
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
   local acc = accOf(id)
-  -- This group's blocks by number (see block).
-  local blocks = {}
+  local accP, accN, accL, accA = acc.p, acc.n, acc.l, acc.a
+  -- The group's last block (runs of a group are usually all in one).
+  local lastBlk, bt
   for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
     local idx = tonumber(ARGV[r])
-    local blk = floor(idx / BLOCK)
-    local bt = blocks[blk]
-    if not bt then
-      bt = block(id .. '|' .. c .. '|' .. blk)
-      blocks[blk] = bt
+    local blk = (idx - idx % BLOCK) / BLOCK -- floor(idx / BLOCK) without a call, as below
+    if blk ~= lastBlk then
+      lastBlk, bt = blk, block(ck .. '|' .. num(blk))
     end
-    -- The run, under the re-assessment rule; the cell's bitmap says whether it is held, so a new
-    -- run's block is appended to, never parsed.
+    -- The run, under the re-assessment rule; the cell's bitmap says whether it is held (isSet,
+    -- setBit inlined), so a new run's block is appended to, never parsed.
     local entry = ARGV[r + 2]
     local code = 'N'
-    if isSet(x, idx) then
+    local bi, bit = (idx - idx % 8) / 8 + 1, BIT[idx % 8 + 1]
+    local t = x.bytes
+    local v
+    if t then v = t[bi] elseif bi <= #x.bm then v = byte(x.bm, bi) end
+    if v and v % (2 * bit) >= bit then
       if not bt.held then parse(bt) end
       local ha, hs, hfl = match(bt.held[idx], ENTRY)
       local asd, seq = match(entry, ENTRY)
@@ -464,9 +499,13 @@ for b, n in groups() do
     nout = nout + 1
     out[nout] = code
     if code == 'N' or code == 'R' then
-      local fl = tonumber(ARGV[r + 1])
       if code == 'N' then
-        setBit(x, idx)
+        if not t then
+          t = { byte(x.bm, 1, -1) }
+          x.bytes = t
+        end
+        for k = #t + 1, bi do t[k] = 0 end
+        t[bi] = t[bi] + bit -- not set: code N
         if bt.held then
           bt.order[#bt.order + 1] = idx
           bt.held[idx] = entry
@@ -476,7 +515,23 @@ for b, n in groups() do
       else
         bt.held[idx] = entry
       end
-      runDelta(x, acc, idx, floor(fl / 4) % 4, floor(fl / 2) % 2, floor(fl / 16), fl % 2, 1)
+      -- runDelta(x, acc, idx, result, reply, tokens, trigger, 1) inlined: flags are
+      -- tokens*16 + result*4 + reply*2 + trigger.
+      local fl = tonumber(ARGV[r + 1])
+      local low = fl % 16
+      local res = (low - low % 4) / 4
+      if res == 0 then
+        x.p = x.p + 1; accP[idx] = (accP[idx] or 0) + 1; accN[idx] = (accN[idx] or 0) + 1
+      elseif res == 1 then
+        x.f = x.f + 1; accN[idx] = (accN[idx] or 0) + 1
+      else
+        x.e = x.e + 1
+      end
+      if low % 4 >= 2 then
+        local tok = (fl - low) / 16
+        accL[tok] = (accL[tok] or 0) + 1
+        if low % 2 == 1 then accA[tok] = (accA[tok] or 0) + 1 end
+      end
       if not bt.dirty then bt.dirty = true; blockWrites[#blockWrites + 1] = bt end
     end
   end
@@ -505,13 +560,13 @@ for _, x in ipairs(touchedCells) do
   local id, c, o = x.id, x.c, x.o
   local on, oc, nn, nc = o.p + o.f, o.p, x.p + x.f, x.p
   if on ~= nn or oc ~= nc then
-    if on > 0 then hadd(id, 'c' .. on .. ',' .. oc, -1) end
-    if nn > 0 then hadd(id, 'c' .. nn .. ',' .. nc, 1) end
+    if on > 0 then hadd(id, 'c' .. num(on) .. ',' .. num(oc), -1) end
+    if nn > 0 then hadd(id, 'c' .. num(nn) .. ',' .. num(nc), 1) end
   end
   local oa, na = on + o.e, nn + x.e -- every stored run, errored ones too
   if oa ~= na or oc ~= nc then
-    if oa > 0 then hadd(id, 't' .. oa .. ',' .. oc, -1) end
-    if na > 0 then hadd(id, 't' .. na .. ',' .. nc, 1) end
+    if oa > 0 then hadd(id, 't' .. num(oa) .. ',' .. num(oc), -1) end
+    if na > 0 then hadd(id, 't' .. num(na) .. ',' .. num(nc), 1) end
   end
   local om = o.exists and (o.planned - (o.p + o.f + o.e)) or 0
   local nm = missing(x)
