@@ -292,6 +292,14 @@ func saveProfile(base, path string) {
 		return
 	}
 	logf("profile: %s", path)
+	if kind == "trace" {
+		f.Close()
+		if s, err := traceStates(path); err != nil {
+			logf("trace %s: %v", path, err)
+		} else {
+			logf("trace %s: %s of the trace", filepath.Base(path), s)
+		}
+	}
 }
 
 // processorEnv configures a processor with topics, group and key prefix of its own.
