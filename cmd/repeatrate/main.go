@@ -21,27 +21,29 @@ import (
 // cut its CPU per event by about a quarter for about 30 MB more peak RSS (BENCHMARKS.md).
 const defaultGOGC = 400
 
-// minGOMAXPROCS is the fewest Ps the process runs with when GOMAXPROCS is not set. The apply
-// stage's goroutine is the pipeline's critical path: Redis waits while it is not running. On a
-// machine whose cores the processor shares with Redis and Kafka, a P whose thread the OS has
-// descheduled holds up every goroutine queued on it; with two Ps on two cores the apply goroutine
-// waited for one 0.13–0.21 of the time, with four 0.03–0.07, the OS's scheduler taking over
-// (BENCHMARKS.md).
+// minGOMAXPROCS is the fewest Ps the process runs with when GOMAXPROCS is not set and no CPU
+// limit lowered it. The apply stage's goroutine is the pipeline's critical path: Redis waits while
+// it is not running. On a machine whose cores the processor shares with Redis and Kafka, a P whose
+// thread the OS has descheduled holds up every goroutine queued on it; with two Ps on two cores
+// the apply goroutine waited for one 0.13–0.21 of the time, with four 0.03–0.07, the OS's
+// scheduler taking over (BENCHMARKS.md).
 const minGOMAXPROCS = 4
 
 // tuneRuntime sets the garbage collector's target and the number of Ps to the processor's
-// defaults, each unless its environment variable (GOGC, GOMAXPROCS) says otherwise.
-func tuneRuntime(getenv func(string) string) {
+// defaults, each unless its environment variable (GOGC, GOMAXPROCS) says otherwise. The Ps are
+// raised only where the runtime chose one per CPU (cpus: the CPUs the process may use): below
+// that, a container's CPU limit chose them, and more Ps than the quota would only be throttled.
+func tuneRuntime(getenv func(string) string, cpus int) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(defaultGOGC)
 	}
-	if getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < minGOMAXPROCS {
+	if procs := runtime.GOMAXPROCS(0); getenv("GOMAXPROCS") == "" && procs >= cpus && procs < minGOMAXPROCS {
 		runtime.GOMAXPROCS(minGOMAXPROCS)
 	}
 }
 
 func main() {
-	tuneRuntime(os.Getenv)
+	tuneRuntime(os.Getenv, runtime.NumCPU())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()

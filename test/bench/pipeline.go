@@ -293,7 +293,7 @@ func saveProfile(base, path string) {
 	}
 	logf("profile: %s", path)
 	if kind == "trace" {
-		f.Close()
+		f.Close() // all of it on disk before it is read; the deferred Close then does nothing
 		if s, err := traceStates(path); err != nil {
 			logf("trace %s: %v", path, err)
 		} else {
