@@ -158,20 +158,10 @@ local function hasBit(bm, i)
   if b > #bm then return false end
   return floor(byte(bm, b) / 2 ^ (i % 8)) % 2 == 1
 end
--- setBit sets bit i of cell x's bitmap, held as a table of byte values while the call runs (x.bytes,
--- made into x.bm again when the cell is written): one string per cell and call, not per run.
+-- A cell's bitmap is set, bit by bit, as a table of byte values while the call runs (x.bytes, made
+-- into x.bm again when the cell is written): one string per cell and call, not per run. BIT[i % 8
+-- + 1] is bit i's value in its byte.
 local BIT = { 1, 2, 4, 8, 16, 32, 64, 128 }
-local function setBit(x, i)
-  local t = x.bytes
-  if not t then
-    t = { byte(x.bm, 1, -1) }
-    x.bytes = t
-  end
-  local b = floor(i / 8) + 1
-  for k = #t + 1, b do t[k] = 0 end
-  local v, bit = t[b], BIT[i % 8 + 1]
-  if floor(v / bit) % 2 == 0 then t[b] = v + bit end
-end
 local function missing(x) return x.planned - (x.p + x.f + x.e) end
 
 -- Deltas, summed here and written once per field -----------------------------------------------------
@@ -341,13 +331,6 @@ local function parse(bt)
   end
   bt.held, bt.order, bt.add = held, order, nil
 end
--- isSet reports whether run index i of cell x is stored (bit i of its bitmap).
-local function isSet(x, i)
-  local t = x.bytes
-  if not t then return hasBit(x.bm, i) end
-  local v = t[floor(i / 8) + 1]
-  return v ~= nil and floor(v / BIT[i % 8 + 1]) % 2 == 1
-end
 
 -- groups iterates over the cell groups of ARGV: the index of each group's first argument and its
 -- number of runs.
@@ -473,8 +456,8 @@ for b, n in groups() do
     if blk ~= lastBlk then
       lastBlk, bt = blk, block(ck .. '|' .. num(blk))
     end
-    -- The run, under the re-assessment rule; the cell's bitmap says whether it is held (isSet,
-    -- setBit inlined), so a new run's block is appended to, never parsed.
+    -- The run, under the re-assessment rule; the cell's bitmap (x.bytes once set in this call)
+    -- says whether it is held, so a new run's block is appended to, never parsed.
     local entry = ARGV[r + 2]
     local code = 'N'
     local bi, bit = (idx - idx % 8) / 8 + 1, BIT[idx % 8 + 1]
