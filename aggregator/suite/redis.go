@@ -25,7 +25,10 @@ var suiteScript = redis.NewScript(suiteSource)
 // set of revived cases still to announce (KEYS[3]), and gives the announced set the
 // remaining lifetime of the suite's run hash (KEYS[1]), so that neither outlives the other: a set
 // that expired first would have every revived case announced again, one that outlived a dropped
-// suite would silence the revivals of its next history.
+// suite would silence the revivals of its next history. Redis 7.0 reads its clock for each command
+// even inside a script, so the set may outlive the runs by the millisecond between the PTTL and
+// the PEXPIRE (7.2 freezes the clock for a script and makes them equal); PEXPIRETIME and PEXPIREAT
+// would be exact but need two more commands in the documented ACL.
 var announceScript = redis.NewScript(`
 for i = 1, #ARGV do
   redis.call('SADD', KEYS[2], ARGV[i])

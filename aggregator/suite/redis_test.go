@@ -229,12 +229,16 @@ func TestRedisSuitesAnnouncedExpiresWithRuns(t *testing.T) {
 	pttl := func() (runs, ann time.Duration) {
 		return client.PTTL(ctx, runsKey).Val(), client.PTTL(ctx, annKey).Val()
 	}
-	// Within a second of each other: the two keys' TTLs are set a few commands apart.
+	// Within a second of each other: the two keys' TTLs are set a few commands apart, and read by
+	// two commands (the set's second, so it reads lower by the time between them). It may read a
+	// few milliseconds higher: Redis 7.0 reads its clock afresh for each command inside a script,
+	// so the PEXPIRE that copies the runs' PTTL can land a millisecond after the PTTL (CI saw
+	// 59m59.999s against 1h0m0s). That is the safe side: the set never expires before the runs.
 	tied := func(step string, atLeast time.Duration) {
 		t.Helper()
 		runs, ann := pttl()
-		if runs < atLeast || ann < runs-time.Second || ann > runs {
-			t.Fatalf("%s: runs PTTL %v, announced PTTL %v: want both at least %v and the set's within a second below the runs'", step, runs, ann, atLeast)
+		if runs < atLeast || ann < runs-time.Second || ann > runs+50*time.Millisecond {
+			t.Fatalf("%s: runs PTTL %v, announced PTTL %v: want both at least %v and the set's within a second below the runs' (or 50 ms above)", step, runs, ann, atLeast)
 		}
 	}
 
