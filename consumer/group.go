@@ -398,6 +398,10 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 		return g.publish(ectx, stageCtx, applied, published)
 	})
 
+	// Verified offsets go to Kafka on a goroutine of their own; every one queued is sent before
+	// this call returns (kafka-go waits for it before the member leaves the generation).
+	commits := g.startCommits(genID, gen)
+	defer commits.close()
 	var pending []pendingCommit
 	var barrier *flight // an applied batch the next Apply waits for (Batch.Barrier)
 	failed := func(err error) {
@@ -462,15 +466,18 @@ loop:
 				barrier = nil
 			}
 			pending = append(pending, pendingCommit{offsets: g.done(f), mark: f.batch.Mark(), ready: time.Now().Add(g.cfg.CommitDelay)})
-			if !g.commitPending(genID, gen, &pending, false) {
+			if !g.commitPending(genID, commits, &pending, false) {
 				stopped = true
 				break loop
 			}
 		case <-due:
-			if !g.commitPending(genID, gen, &pending, false) {
+			if !g.commitPending(genID, commits, &pending, false) {
 				stopped = true
 				break loop
 			}
+		case <-commits.failed:
+			stopped = true
+			break loop
 		case <-ectx.Done():
 			break loop
 		}
@@ -483,7 +490,7 @@ loop:
 		return
 	}
 	g.metrics.InFlight.Set(0)
-	g.commitPending(genID, gen, &pending, true)
+	g.commitPending(genID, commits, &pending, true)
 }
 
 // batchBytes is what m counts toward MaxBatchBytes: its key, value and headers.
@@ -604,11 +611,12 @@ func (g *Group) publish(ectx context.Context, stageCtx func() (context.Context, 
 	}
 }
 
-// commitPending commits the offsets of every pending batch that is ready (all of them, after
-// waiting, when final), once the handler confirmed that their work is still held; false means the
-// generation is over. A loss found then drops every pending batch (they are consumed again) or,
-// when it reaches committed work, stops the group. It runs on the goroutine that calls Apply.
-func (g *Group) commitPending(genID int32, gen committer, pending *[]pendingCommit, final bool) bool {
+// commitPending queues for commit the offsets of every pending batch that is ready (all of them,
+// after waiting, when final), once the handler confirmed that their work is still held; false
+// means the generation is over. A loss found then drops every pending batch (they are consumed
+// again) or, when it reaches committed work, stops the group. It runs on the goroutine that calls
+// Apply.
+func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pendingCommit, final bool) bool {
 	ps := *pending
 	n := 0
 	for n < len(ps) && (final || !ps[n].ready.After(time.Now())) {
@@ -632,6 +640,7 @@ func (g *Group) commitPending(genID int32, gen committer, pending *[]pendingComm
 		}
 	}
 	// Timed as the "commit" stage: it runs between two Applies, so its time delays the next batch.
+	// The Kafka commit itself does not ("commit_kafka", offsetCommits).
 	began := time.Now()
 	defer func() { g.metrics.StageSeconds.WithLabelValues("commit").Observe(time.Since(began).Seconds()) }()
 	vctx, cancel := context.WithTimeout(context.Background(), g.cfg.DrainTimeout)
@@ -662,13 +671,68 @@ func (g *Group) commitPending(genID int32, gen committer, pending *[]pendingComm
 		return false
 	}
 	*pending = ps[n:]
-	if err := gen.CommitOffsets(merged); err != nil {
-		g.metrics.Commits.WithLabelValues("error").Inc()
-		g.log.Warn("commit failed; the batches will be redelivered and applied idempotently", zap.Int32("generation", genID), zap.Error(err))
+	return commits.queue(merged)
+}
+
+// offsetCommits sends verified offsets to Kafka from a goroutine of its own, one commit at a
+// time in the order they were verified. The broker's answer takes milliseconds, and the goroutine
+// that verifies also applies: waiting for it there would leave Redis idle. Nothing is committed
+// that was not verified first, and a failed commit ends the generation's batch loop, as one made
+// on that goroutine did (failed); the batches not committed are consumed again.
+type offsetCommits struct {
+	offsets chan map[string]map[int]int64
+	failed  chan struct{} // closed when a commit failed; nothing later is sent
+	done    chan struct{} // closed when the goroutine returned
+}
+
+// startCommits starts the goroutine that commits under gen. Its owner calls close, which waits
+// until every commit queued before it was made (or one failed).
+func (g *Group) startCommits(genID int32, gen committer) *offsetCommits {
+	c := &offsetCommits{
+		// Commits come a CommitDelay apart or more; a queue of a few absorbs a slow broker, and a
+		// full one holds the batch loop back rather than letting commits fall further behind.
+		offsets: make(chan map[string]map[int]int64, 4),
+		failed:  make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go func() {
+		defer close(c.done)
+		for offsets := range c.offsets {
+			began := time.Now()
+			err := gen.CommitOffsets(offsets)
+			g.metrics.StageSeconds.WithLabelValues("commit_kafka").Observe(time.Since(began).Seconds())
+			if err != nil {
+				g.metrics.Commits.WithLabelValues("error").Inc()
+				g.log.Warn("commit failed; the batches will be redelivered and applied idempotently", zap.Int32("generation", genID), zap.Error(err))
+				close(c.failed)
+				return
+			}
+			g.metrics.Commits.WithLabelValues("ok").Inc()
+		}
+	}()
+	return c
+}
+
+// queue hands verified offsets to the committing goroutine; false means an earlier commit failed
+// and these will not be sent.
+func (c *offsetCommits) queue(offsets map[string]map[int]int64) bool {
+	select {
+	case <-c.failed:
+		return false
+	default:
+	}
+	select {
+	case c.offsets <- offsets:
+		return true
+	case <-c.failed:
 		return false
 	}
-	g.metrics.Commits.WithLabelValues("ok").Inc()
-	return true
+}
+
+// close ends the queue and waits for the commits in it.
+func (c *offsetCommits) close() {
+	close(c.offsets)
+	<-c.done
 }
 
 // done records a published batch in the metrics and returns the offsets to commit for it.
