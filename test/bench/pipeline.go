@@ -247,8 +247,10 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	stage := func(s string) float64 {
 		return m[`repeatrate_batch_stage_seconds_sum{stage="`+s+`"}`] / end.Sub(first).Seconds()
 	}
-	logf("stages %s %s: prepare %.2f, apply %.2f, publish %.2f, commit %.3f of the interval; processor %.2f, Redis %.2f cores; %.0f messages per batch",
-		name, bin.name, stage("prepare"), stage("apply"), stage("publish"), stage("commit"), (cpu1-cpu0)/end.Sub(first).Seconds(),
+	// commit is what commits cost the apply goroutine (Verify, and before cf13f49 the Kafka commit
+	// too); commit_kafka, from cf13f49 on, the broker's answers on a goroutine of their own.
+	logf("stages %s %s: prepare %.2f, apply %.2f, publish %.2f, commit %.3f (Kafka's answer %.3f) of the interval; processor %.2f, Redis %.2f cores; %.0f messages per batch",
+		name, bin.name, stage("prepare"), stage("apply"), stage("publish"), stage("commit"), stage("commit_kafka"), (cpu1-cpu0)/end.Sub(first).Seconds(),
 		(redis1-redis0)/end.Sub(first).Seconds(), m["repeatrate_batch_messages_sum"]/m["repeatrate_batch_messages_count"])
 	step := func(s string) float64 {
 		return m[`repeatrate_batch_step_seconds_sum{step="`+s+`"}`] / end.Sub(first).Seconds()
