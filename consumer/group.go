@@ -389,9 +389,12 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	// taken tells collect that the apply stage took a prepared batch: a batch past its linger
 	// waits for that (collect) without polling.
 	taken := make(chan struct{}, 1)
+	// The message slices of published batches, for collect to fill again: grown by append, a
+	// batch of 15 000 messages copied ≈ 4 MB, a tenth of the processor's CPU on the bench.
+	spare := make(chan []kafka.Message, g.cfg.MaxInFlight)
 	eg.Go(func() error {
 		defer close(prepared)
-		return g.collect(ctx, gctx, ectx, in, slots, prepared, taken)
+		return g.collect(ctx, gctx, ectx, in, slots, prepared, taken, spare)
 	})
 	eg.Go(func() error {
 		defer close(published)
@@ -466,6 +469,12 @@ loop:
 				barrier = nil
 			}
 			pending = append(pending, pendingCommit{offsets: g.done(f), mark: f.batch.Mark(), ready: time.Now().Add(g.cfg.CommitDelay)})
+			// Published and its offsets taken: nothing reads the batch's messages any more (its
+			// dead letters were copied, its observations hold their own strings).
+			select {
+			case spare <- f.msgs[:0]:
+			default:
+			}
 			if !g.commitPending(genID, commits, &pending, false) {
 				stopped = true
 				break loop
@@ -508,9 +517,10 @@ var errPipelineStopped = errors.New("batch pipeline stopped")
 // collect takes messages from in into batches and prepares them, each after taking a place in
 // slots, until the generation or ctx ends (the batch being collected is still prepared) or the
 // pipeline stops. A batch past its linger while the one before it still waits in out keeps
-// filling until taken says the apply stage took that one.
+// filling until taken says the apply stage took that one. A batch is collected into a slice from
+// spare when there is one.
 func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message, slots chan<- struct{}, out chan<- *flight,
-	taken <-chan struct{}) error {
+	taken <-chan struct{}, spare <-chan []kafka.Message) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -527,7 +537,12 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		}
 		g.metrics.InFlight.Inc()
 		// Grown as messages come: a light stream's batches stay small.
-		batch := make([]kafka.Message, 0, min(g.cfg.MaxBatch, 256))
+		var batch []kafka.Message
+		select {
+		case batch = <-spare:
+		default:
+			batch = make([]kafka.Message, 0, min(g.cfg.MaxBatch, 256))
+		}
 		size := 0
 		select {
 		case m := <-in:
@@ -571,6 +586,8 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			}
 		}
 		timer.Stop()
+		// A reused slice may hold an earlier batch's messages past this one's end: let them go.
+		clear(batch[len(batch):cap(batch)])
 		began := time.Now()
 		b, err := g.handler.Prepare(batch)
 		if err != nil {
