@@ -23,7 +23,7 @@ type Handler interface {
 	// Publish gets an applied batch's outputs acknowledged; a nil return lets its offsets be
 	// committed once Verify confirms that its work is still held.
 	Publish(ctx context.Context, b *Batch) error
-	// Verify confirms, immediately before committing offsets, that the work of every batch up to
+	// Verify confirms, right before offsets are queued for commit, that the work of every batch up to
 	// mark is still held, and records offsets as about to be committed: ErrRewind when recent work
 	// was lost (consume again from the committed offsets), ErrFatal when work whose offsets may be
 	// committed was lost. The group calls it from the goroutine that calls Apply, never between a

@@ -22,7 +22,7 @@ type Store interface {
 	// store lost writes it acknowledged for earlier batches, and with aggregator.ErrStateLost when
 	// the loss reaches a mark that Verify confirmed.
 	Seal(ctx context.Context) (int64, error)
-	// Verify confirms, immediately before a commit, that the store still holds every write up to
+	// Verify confirms, right before a commit is queued, that the store still holds every write up to
 	// the batch of mark upTo, with the same errors as Seal, and records the offsets about to be
 	// committed beside the state.
 	Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error
@@ -359,7 +359,7 @@ func (p *Processor) run(ctx context.Context, stages []stage) error {
 }
 
 // Verify confirms that the store still holds the work of every batch up to mark and records the
-// offsets about to be committed; the group calls it immediately before committing them.
+// offsets about to be committed; the group calls it right before it queues them for commit.
 func (p *Processor) Verify(ctx context.Context, mark int64, commit map[string]map[int]int64) error {
 	return durability(p.store.Verify(ctx, mark, commit))
 }
