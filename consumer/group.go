@@ -755,15 +755,24 @@ func (c *offsetCommits) close() {
 // done records a published batch in the metrics and returns the offsets to commit for it.
 func (g *Group) done(f *flight) map[string]map[int]int64 {
 	offsets := make(map[string]map[int]int64)
+	// The lag of each partition from its newest message in the batch, set once per partition: a
+	// labelled gauge hashes its labels on every lookup.
+	lag := make(map[string]map[int]int64)
 	for i := range f.msgs {
 		m := &f.msgs[i]
 		if offsets[m.Topic] == nil {
 			offsets[m.Topic] = make(map[int]int64)
+			lag[m.Topic] = make(map[int]int64)
 		}
 		if next := m.Offset + 1; next > offsets[m.Topic][m.Partition] {
 			offsets[m.Topic][m.Partition] = next
+			lag[m.Topic][m.Partition] = max(0, m.HighWaterMark-m.Offset-1)
 		}
-		g.metrics.Lag.WithLabelValues(m.Topic, partitionLabel(m.Partition)).Set(float64(max(0, m.HighWaterMark-m.Offset-1)))
+	}
+	for topic, parts := range lag {
+		for part, n := range parts {
+			g.metrics.Lag.WithLabelValues(topic, partitionLabel(part)).Set(float64(n))
+		}
 	}
 	g.metrics.BatchSize.Observe(float64(len(f.msgs)))
 	g.metrics.BatchSeconds.Observe(time.Since(f.start).Seconds())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
@@ -184,6 +185,10 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 	recv := p.now()
 	b := &Batch{msgs: msgs, obs: make([]aggregator.Observation, 0, len(msgs))}
 	seen := make(map[[2]string]struct{}, len(msgs))
+	// Events counted by type per batch, not per event: a labelled counter hashes its labels on
+	// every lookup, and a stream has a handful of types.
+	var types eventTypes
+	defer func() { types.flush(p.metrics.Events) }()
 	for i := range msgs {
 		m := &msgs[i]
 		ev, err := p.decoder.Decode(m, recv)
@@ -196,7 +201,7 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 			p.metrics.DeadLetters.WithLabelValues(string(ie.Reason)).Inc()
 			continue
 		}
-		p.metrics.Events.WithLabelValues(ev.Type).Inc()
+		types.add(ev.Type)
 		id := [2]string{ev.Source, ev.ID}
 		if _, dup := seen[id]; dup {
 			// Counted for visibility only: the opportunity identity, not the CloudEvent id, decides.
@@ -217,6 +222,31 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 		b.renc = suite.Encode(b.runs)
 	}
 	return b, nil
+}
+
+// eventTypes counts a batch's events by type.
+type eventTypes []struct {
+	name string
+	n    int
+}
+
+func (t *eventTypes) add(name string) {
+	for i := range *t {
+		if (*t)[i].name == name {
+			(*t)[i].n++
+			return
+		}
+	}
+	*t = append(*t, struct {
+		name string
+		n    int
+	}{name, 1})
+}
+
+func (t eventTypes) flush(c *prometheus.CounterVec) {
+	for _, e := range t {
+		c.WithLabelValues(e.name).Add(float64(e.n))
+	}
 }
 
 // stage is one retried step of a batch.
