@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -16,7 +17,9 @@ import (
 // batches; *Processor is one. Each stage is called by one goroutine at a time; batches pass Apply
 // and Publish one at a time, in the order they were prepared.
 type Handler interface {
-	// Prepare decodes a batch; it reads and writes nothing outside the process.
+	// Prepare decodes a batch; it reads and writes nothing outside the process. msgs stays the
+	// group's: a handler must not read or keep it once the batch's Publish returned, since the
+	// group fills the same slice with a later batch (copy what must outlive it).
 	Prepare(msgs []kafka.Message) (*Batch, error)
 	// Apply writes a prepared batch durably and seals it (Batch.Mark names its work).
 	Apply(ctx context.Context, b *Batch) error
@@ -402,14 +405,17 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	})
 
 	// Verified offsets go to Kafka on a goroutine of their own; every one queued is sent before
-	// this call returns (kafka-go waits for it before the member leaves the generation).
+	// this call returns (kafka-go waits for it before the member leaves the generation), unless
+	// a failure abandoned them.
 	commits := g.startCommits(genID, gen)
 	defer commits.close()
 	var pending []pendingCommit
 	var barrier *flight // an applied batch the next Apply waits for (Batch.Barrier)
 	failed := func(err error) {
-		// Nothing pending is committed: those batches are consumed again, idempotently.
+		// Nothing pending is committed: those batches are consumed again, idempotently. Nor,
+		// after a loss of verified work, anything queued and not yet sent (lostVerified).
 		pending = nil
+		lostVerified(commits, err)
 		g.log.Error("batch not processed; it and every batch in flight will be redelivered", zap.Int32("generation", genID), zap.Error(err))
 		if errors.Is(err, ErrFatal) {
 			g.fatal(err)
@@ -445,6 +451,9 @@ loop:
 			cancel()
 			if err != nil {
 				err = fmt.Errorf("apply %d messages: %w", len(f.msgs), err)
+				// At once, before the other stages are waited for: the committing goroutine
+				// would send what is queued meanwhile.
+				lostVerified(commits, err)
 				abort(err)
 				// Cancelled because another stage failed first: that stage's error is the cause,
 				// unless this one says more (a loss).
@@ -634,6 +643,11 @@ func (g *Group) publish(ectx context.Context, stageCtx func() (context.Context, 
 // again) or, when it reaches committed work, stops the group. It runs on the goroutine that calls
 // Apply.
 func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pendingCommit, final bool) bool {
+	if commits.hasFailed() {
+		// The generation is over: no commit would be sent, so none is waited for or verified.
+		*pending = nil
+		return false
+	}
 	ps := *pending
 	n := 0
 	for n < len(ps) && (final || !ps[n].ready.After(time.Now())) {
@@ -647,14 +661,7 @@ func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pe
 	}
 	merged := make(map[string]map[int]int64)
 	for _, p := range ps[:n] {
-		for t, parts := range p.offsets {
-			if merged[t] == nil {
-				merged[t] = make(map[int]int64)
-			}
-			for part, off := range parts {
-				merged[t][part] = max(merged[t][part], off)
-			}
-		}
+		mergeOffsets(merged, p.offsets)
 	}
 	// Timed as the "commit" stage: it runs between two Applies, so its time delays the next batch.
 	// The Kafka commit itself does not ("commit_kafka", offsetCommits).
@@ -678,6 +685,7 @@ func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pe
 	if err != nil {
 		g.metrics.Commits.WithLabelValues("unverified").Inc()
 		*pending = nil
+		lostVerified(commits, err)
 		if errors.Is(err, ErrFatal) {
 			g.log.Error("committed work was lost; stopping", zap.Int32("generation", genID), zap.Error(err))
 			g.fatal(err)
@@ -694,27 +702,42 @@ func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pe
 // offsetCommits sends verified offsets to Kafka from a goroutine of its own, one commit at a
 // time in the order they were verified. The broker's answer takes milliseconds, and the goroutine
 // that verifies also applies: waiting for it there would leave Redis idle. Nothing is committed
-// that was not verified first, and a failed commit ends the generation's batch loop, as one made
-// on that goroutine did (failed); the batches not committed are consumed again.
+// that was not verified first. A commit that was queued but not yet sent when the batch loop
+// found a loss of verified work is never sent (abandon): before the loss was found it had not
+// been made, and after it, it might stand for lost work. A failed commit ends the generation's batch loop (failed), as
+// one made on that goroutine did, and nothing later is sent; the batches not committed are
+// consumed again.
 type offsetCommits struct {
-	offsets chan map[string]map[int]int64
-	failed  chan struct{} // closed when a commit failed; nothing later is sent
-	done    chan struct{} // closed when the goroutine returned
+	offsets   chan map[string]map[int]int64
+	failed    chan struct{} // closed when a commit failed; nothing later is sent
+	abandoned chan struct{} // closed by abandon; nothing queued is sent any more
+	abandon1  sync.Once
+	done      chan struct{} // closed when the goroutine returned
 }
 
 // startCommits starts the goroutine that commits under gen. Its owner calls close, which waits
-// until every commit queued before it was made (or one failed).
+// until every commit queued before it was made, or one failed, or they were abandoned.
 func (g *Group) startCommits(genID int32, gen committer) *offsetCommits {
 	c := &offsetCommits{
 		// Commits come a CommitDelay apart or more; a queue of a few absorbs a slow broker, and a
 		// full one holds the batch loop back rather than letting commits fall further behind.
-		offsets: make(chan map[string]map[int]int64, 4),
-		failed:  make(chan struct{}),
-		done:    make(chan struct{}),
+		offsets:   make(chan map[string]map[int]int64, 4),
+		failed:    make(chan struct{}),
+		abandoned: make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	go func() {
 		defer close(c.done)
 		for offsets := range c.offsets {
+			// What else waits goes in the same commit: offsets only grow, so the merge leaves
+			// what sending them one by one would, for one answer of the broker instead of several
+			// (which also bounds how long a shutdown waits for a slow broker).
+			offsets = c.mergeQueued(offsets)
+			select {
+			case <-c.abandoned:
+				return
+			default:
+			}
 			began := time.Now()
 			err := gen.CommitOffsets(offsets)
 			g.metrics.StageSeconds.WithLabelValues("commit_kafka").Observe(time.Since(began).Seconds())
@@ -730,21 +753,80 @@ func (g *Group) startCommits(genID int32, gen committer) *offsetCommits {
 	return c
 }
 
-// queue hands verified offsets to the committing goroutine; false means an earlier commit failed
-// and these will not be sent.
+// mergeQueued returns first merged with every commit queued behind it, each partition at its
+// highest offset.
+func (c *offsetCommits) mergeQueued(first map[string]map[int]int64) map[string]map[int]int64 {
+	var merged map[string]map[int]int64
+	for {
+		var next map[string]map[int]int64
+		select {
+		case o, ok := <-c.offsets:
+			if !ok {
+				return first
+			}
+			next = o
+		default:
+			return first
+		}
+		if merged == nil {
+			merged = make(map[string]map[int]int64, len(first))
+			mergeOffsets(merged, first)
+			first = merged
+		}
+		mergeOffsets(merged, next)
+	}
+}
+
+// mergeOffsets raises every partition of into to at least its offset in from.
+func mergeOffsets(into, from map[string]map[int]int64) {
+	for t, parts := range from {
+		if into[t] == nil {
+			into[t] = make(map[int]int64, len(parts))
+		}
+		for part, off := range parts {
+			into[t][part] = max(into[t][part], off)
+		}
+	}
+}
+
+// queue hands verified offsets to the committing goroutine. False means an earlier commit
+// failed and these will not be sent; true that they were queued, which still does not make them
+// sent (a commit before them may fail, or a loss found later abandon them).
 func (c *offsetCommits) queue(offsets map[string]map[int]int64) bool {
-	select {
-	case <-c.failed:
+	if c.hasFailed() {
 		return false
-	default:
 	}
 	select {
 	case c.offsets <- offsets:
 		return true
 	case <-c.failed:
 		return false
+	case <-c.abandoned:
+		return false
 	}
 }
+
+// hasFailed reports whether a commit failed.
+func (c *offsetCommits) hasFailed() bool {
+	select {
+	case <-c.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+// lostVerified abandons the commits queued and not yet sent when err is the loss of verified work
+// (ErrFatal): they may stand for it. A loss of later work (ErrRewind) leaves them: the work they
+// stand for was verified and, since the loss does not reach it, is still held.
+func lostVerified(c *offsetCommits, err error) {
+	if errors.Is(err, ErrFatal) {
+		c.abandon()
+	}
+}
+
+// abandon drops every commit queued and not yet sent; one being sent is answered.
+func (c *offsetCommits) abandon() { c.abandon1.Do(func() { close(c.abandoned) }) }
 
 // close ends the queue and waits for the commits in it.
 func (c *offsetCommits) close() {

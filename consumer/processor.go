@@ -153,7 +153,8 @@ type Batch struct {
 	mark    int64 // the store's mark of this batch
 }
 
-// Messages returns the batch's input messages.
+// Messages returns the batch's input messages, valid until its Publish returned (Group reuses the
+// slice for a later batch).
 func (b *Batch) Messages() []kafka.Message { return b.msgs }
 
 // Mark returns the store's mark of the batch once Apply sealed it.
