@@ -37,13 +37,6 @@ type Handler interface {
 	CheckOffsets(ctx context.Context, committed map[string]map[int]int64) error
 }
 
-// Predecoder is a Handler that decodes each message as soon as it is collected, so that a
-// batch's Prepare finds most of its work done: collect calls Predecode for every message of a
-// batch, in order and from the goroutine that then calls Prepare with them. Processor is one.
-type Predecoder interface {
-	Predecode(m *kafka.Message)
-}
-
 // GroupConfig configures a Group.
 type GroupConfig struct {
 	Brokers []string
@@ -539,7 +532,6 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 	taken <-chan struct{}, spare <-chan []kafka.Message) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	pre, _ := g.handler.(Predecoder)
 	for {
 		// The place first: with MaxInFlight 1 nothing of the next batch is taken before the
 		// previous one was published, as in a loop without overlap.
@@ -565,9 +557,6 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		case m := <-in:
 			batch = append(batch, m)
 			size += batchBytes(&m)
-			if pre != nil {
-				pre.Predecode(&batch[len(batch)-1])
-			}
 		case <-ectx.Done():
 			return nil
 		case <-gctx.Done():
@@ -584,9 +573,6 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			case m := <-in:
 				batch = append(batch, m)
 				size += batchBytes(&m)
-				if pre != nil {
-					pre.Predecode(&batch[len(batch)-1])
-				}
 			case <-timer.C:
 				if len(out) == 0 {
 					break fill

@@ -113,56 +113,6 @@ type Processor struct {
 	now     func() time.Time
 	log     *zap.Logger
 	metrics *Metrics
-
-	// pre holds the messages Predecode decoded since the last Prepare, in order.
-	pre []predecoded
-}
-
-// predecoded is a message decoded as it was collected, for its batch's Prepare.
-type predecoded struct {
-	topic     string
-	partition int
-	offset    int64
-	value     []byte // the message's value itself (same array), so only that message matches
-	ev        Event
-	err       error
-}
-
-func (d *predecoded) of(m *kafka.Message) bool {
-	return d.offset == m.Offset && d.partition == m.Partition && d.topic == m.Topic && len(d.value) == len(m.Value) &&
-		(len(m.Value) == 0 || &d.value[0] == &m.Value[0])
-}
-
-// Predecode decodes m as soon as the group collected it, so that most of a batch is decoded
-// while the batches before it are applied and its Prepare only finds the results
-// (docs/semantics.md#delivery). It keeps no pointer to m. Predecode and Prepare are called from
-// one goroutine: Group's collect calls Predecode for each message of a batch, then Prepare once.
-func (p *Processor) Predecode(m *kafka.Message) {
-	ev, err := p.decoder.Decode(m, p.now())
-	p.pre = append(p.pre, predecoded{topic: m.Topic, partition: m.Partition, offset: m.Offset, value: m.Value, ev: ev, err: err})
-}
-
-// decoded returns the result Predecode found for msgs[i], or decodes it now. A message matches
-// only the entry of that very message (same value array), so entries left by a batch that was
-// never prepared (the generation ended while it was collected) are skipped, never used.
-func (p *Processor) decoded(msgs []kafka.Message, i int, j *int, recv time.Time) (Event, error) {
-	m := &msgs[i]
-	if i == 0 && len(p.pre) > 0 && !p.pre[0].of(m) {
-		// Leftovers ahead of this batch's first message: start at its entry, if any.
-		*j = len(p.pre)
-		for k := range p.pre {
-			if p.pre[k].of(m) {
-				*j = k
-				break
-			}
-		}
-	}
-	if *j < len(p.pre) && p.pre[*j].of(m) {
-		d := &p.pre[*j]
-		*j++
-		return d.ev, d.err
-	}
-	return p.decoder.Decode(m, recv)
 }
 
 // NewProcessor returns a processor. now is the clock that stamps observation times and judges
@@ -240,14 +190,9 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 	// every lookup, and a stream has a handful of types.
 	var types eventTypes
 	defer func() { types.flush(p.metrics.Events) }()
-	j := 0
-	defer func() {
-		clear(p.pre) // let go of the values and events
-		p.pre = p.pre[:0]
-	}()
 	for i := range msgs {
 		m := &msgs[i]
-		ev, err := p.decoded(msgs, i, &j, recv)
+		ev, err := p.decoder.Decode(m, recv)
 		if err != nil {
 			var ie *schemas.InvalidError
 			if !errors.As(err, &ie) {
