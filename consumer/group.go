@@ -479,7 +479,11 @@ loop:
 			}
 			pending = append(pending, pendingCommit{offsets: g.done(f), mark: f.batch.Mark(), ready: time.Now().Add(g.cfg.CommitDelay)})
 			// Published and its offsets taken: nothing reads the batch's messages any more (its
-			// dead letters were copied, its observations hold their own strings).
+			// dead letters were copied, its observations hold their own strings). Cleared first
+			// (2.4 MB for 16 000 messages, a tenth of a millisecond): a slice waiting in spare
+			// must not keep the batch's values alive, which GOGC=400 would make five times as
+			// much peak memory.
+			clear(f.msgs)
 			select {
 			case spare <- f.msgs[:0]:
 			default:
@@ -595,8 +599,6 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			}
 		}
 		timer.Stop()
-		// A reused slice may hold an earlier batch's messages past this one's end: let them go.
-		clear(batch[len(batch):cap(batch)])
 		began := time.Now()
 		b, err := g.handler.Prepare(batch)
 		if err != nil {
