@@ -706,9 +706,9 @@ func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pe
 // that verifies also applies: waiting for it there would leave Redis idle. Nothing is committed
 // that was not verified first. A commit that was queued but not yet sent when the batch loop
 // found a loss of verified work is never sent (abandon): before the loss was found it had not
-// been made, and after it, it might stand for lost work. A failed commit ends the generation's batch loop (failed), as
-// one made on that goroutine did, and nothing later is sent; the batches not committed are
-// consumed again.
+// been made, and after it, it might stand for lost work. A failed commit ends the generation's
+// batch loop (failed), as one made on that goroutine did, and nothing later is sent; the batches
+// not committed are consumed again.
 type offsetCommits struct {
 	offsets   chan map[string]map[int]int64
 	failed    chan struct{} // closed when a commit failed; nothing later is sent
@@ -755,27 +755,19 @@ func (g *Group) startCommits(genID int32, gen committer) *offsetCommits {
 	return c
 }
 
-// mergeQueued returns first merged with every commit queued behind it, each partition at its
-// highest offset.
+// mergeQueued raises first to every commit queued behind it, each partition at its highest
+// offset, and returns it. The maps are the goroutine's once queued.
 func (c *offsetCommits) mergeQueued(first map[string]map[int]int64) map[string]map[int]int64 {
-	var merged map[string]map[int]int64
 	for {
-		var next map[string]map[int]int64
 		select {
-		case o, ok := <-c.offsets:
+		case next, ok := <-c.offsets:
 			if !ok {
 				return first
 			}
-			next = o
+			mergeOffsets(first, next)
 		default:
 			return first
 		}
-		if merged == nil {
-			merged = make(map[string]map[int]int64, len(first))
-			mergeOffsets(merged, first)
-			first = merged
-		}
-		mergeOffsets(merged, next)
 	}
 }
 
@@ -791,7 +783,8 @@ func mergeOffsets(into, from map[string]map[int]int64) {
 	}
 }
 
-// queue hands verified offsets to the committing goroutine. False means an earlier commit
+// queue hands verified offsets to the committing goroutine, which owns the map from then on.
+// False means an earlier commit
 // failed and these will not be sent; true that they were queued, which still does not make them
 // sent (a commit before them may fail, or a loss found later abandon them).
 func (c *offsetCommits) queue(offsets map[string]map[int]int64) bool {

@@ -226,7 +226,9 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 }
 
 // eventTypes counts a batch's events by type.
-type eventTypes []struct {
+type eventTypes []eventCount
+
+type eventCount struct {
 	name string
 	n    int
 }
@@ -238,10 +240,7 @@ func (t *eventTypes) add(name string) {
 			return
 		}
 	}
-	*t = append(*t, struct {
-		name string
-		n    int
-	}{name, 1})
+	*t = append(*t, eventCount{name, 1})
 }
 
 func (t eventTypes) flush(c *prometheus.CounterVec) {
