@@ -296,7 +296,24 @@ func TestProcessorsEqualReplayAfterFailoverThatLosesWrites(t *testing.T) {
 // before the failover: more than replication pings and key expiries, less than one batch.
 const lostBytes = 4096
 
-// replOffset returns master_repl_offset from INFO replication.
+// awaitReplicated waits until replica has processed everything primary's replication stream
+// held when the wait began.
+func awaitReplicated(t *testing.T, primary, replica string, within time.Duration) {
+	t.Helper()
+	pc, rc := redis.NewClient(&redis.Options{Addr: primary}), redis.NewClient(&redis.Options{Addr: replica})
+	defer pc.Close()
+	defer rc.Close()
+	want, deadline := replOffset(t, pc), time.Now().Add(within)
+	for replOffset(t, rc) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s did not catch up with %s within %v", replica, primary, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// replOffset returns master_repl_offset from INFO replication (on a replica: how far it has
+// processed its primary's stream).
 func replOffset(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "replication").Result()
