@@ -473,7 +473,9 @@ loop:
 			}
 			applied <- f
 		case f, ok := <-published:
-			if !ok {
+			if !ok || ectx.Err() != nil {
+				// A stage failed meanwhile (or the pipeline stopped): nothing more is taken for
+				// commit, even a batch published before the failure (it is consumed again).
 				break loop
 			}
 			if barrier == f {
@@ -485,6 +487,9 @@ loop:
 				break loop
 			}
 		case <-due:
+			if ectx.Err() != nil {
+				break loop
+			}
 			if !g.commitPending(genID, commits, &pending, false) {
 				stopped = true
 				break loop
