@@ -341,8 +341,9 @@ type flight struct {
 //     ended (each stage also has DrainTimeout from its own start).
 //
 // At most MaxInFlight batches are between their first message and the end of their publish; a
-// batch takes its place before its first message and gives it back when published, so every
-// queue is bounded and, when all places are taken, the fetchers wait. A batch that is being
+// batch takes its place before its first message and gives it back when published if it is full,
+// or else once this goroutine took it from publish, so the queues are bounded and, when all
+// places are taken, the fetchers wait. A batch that is being
 // collected when the generation or ctx ends is still handled, and so are the batches in flight (a
 // drain, DrainTimeout in all). Offsets are committed CommitDelay after their batch was published, so that Redis has
 // fsynced the writes they stand for (AOF everysec syncs once a second), after Verify confirmed the
@@ -392,7 +393,10 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 		return context.WithTimeout(dctx, g.cfg.DrainTimeout)
 	}
 	slots := make(chan struct{}, g.cfg.MaxInFlight)
-	// Each queue holds at most MaxInFlight batches, as many as there are places: sends never block.
+	defer g.metrics.InFlight.Set(0) // on every way out: nothing is in flight once this returns
+	// prepared and applied hold at most MaxInFlight batches, one per place: sends there never
+	// block. published can hold more (a full batch gives its place back before this goroutine
+	// takes it), so publish's sends also watch ectx.
 	prepared := make(chan *flight, g.cfg.MaxInFlight)
 	applied := make(chan *flight, g.cfg.MaxInFlight)
 	published := make(chan *flight, g.cfg.MaxInFlight)
@@ -515,7 +519,6 @@ loop:
 		failed(err)
 		return
 	}
-	g.metrics.InFlight.Set(0)
 	g.commitPending(genID, commits, &pending, true)
 }
 
@@ -624,7 +627,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 // from preparing the batch after next while input was waiting, so that Redis then waited for it.
 // A batch its linger closed keeps its place until then: under light load that holds the next
 // batch back, so that messages gather in fewer batches, each paying Redis's per-call cost once
-// (given back here too, p50 and p99 at half load rose by 30 ms and 60–200 ms; BENCHMARKS.md).
+// (given back here too, p50 at half load rose by about 30 ms and p99 by 30–170 ms; BENCHMARKS.md).
 func (g *Group) publish(ectx context.Context, stageCtx func() (context.Context, context.CancelFunc), in <-chan *flight, out chan<- *flight,
 	slots <-chan struct{}, spare chan<- []kafka.Message) error {
 	for {

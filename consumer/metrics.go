@@ -64,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"step"}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "repeatrate_batches_in_flight", Help: "Batches between their first message and the end of their publish.",
+			Name: "repeatrate_batches_in_flight", Help: "Batches between their first message and the end of their publish (a batch its linger closed: until the applying stage took it back).",
 		}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "repeatrate_batch_retries_total", Help: "Batch stages retried after an error, by stage.",
