@@ -726,7 +726,11 @@ func TestAdversary11FailureWhilePublishedWaits(t *testing.T) {
 						}
 					})
 				}
-				t.Logf("%s failed: batches published before it were verified and committed after it in %d of 12 runs", stage, committedAfter)
+				// Nothing pending is committed once a stage failed (docs/semantics.md#delivery), not
+				// even a batch published just before: before f3fa812 this happened in 7–12 of 12 runs.
+				if committedAfter > 0 {
+					t.Errorf("%s failed: batches published before it were verified and committed after it in %d of 12 runs", stage, committedAfter)
+				}
 			})
 		}
 	}
