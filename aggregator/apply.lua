@@ -8,35 +8,38 @@
 --               is the opportunity id after its length in three hex digits ("014conv-0000001/turn-1"),
 --               so that a run of them splits back into ids whatever bytes they hold.
 -- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
---               H     the head, the byte 8 then 20 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,
---                     x1..x9, the newest occurred_us, minute buckets pruned up to, first and last
---                     retained occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d
---                     × C P U) are cached for, server time (s) of the last TTL refresh of KEYS[4],
---                     the lowest hour KEYS[4] lists, the retained counts. The first eight are stored
---                     plus one, 0 meaning absent.
+--               H     the head, the byte 9, the span G of an index group in hours (one byte), then
+--                     20 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9, the newest
+--                     occurred_us, minute buckets pruned up to, first and last retained
+--                     occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U)
+--                     are cached for, server time (s) of the last TTL refresh of KEYS[4], the lowest
+--                     index group KEYS[4] lists, the retained counts. The first eight are stored
+--                     plus one, 0 meaning absent. G is an eighth of the retention, 1 to 24 hours,
+--                     fixed when the aggregate is created (a later retention leaves it as it is).
 --               v     the version, in decimal (see below; SeedVersion writes it too)
---               h<hour> a kind byte (0: C,P,U; 1: C,P,U,a,b,n,m; 2: C,P,U,k; 3: C,P,U,a,b,n,m,k),
---                     those numbers in 5 bytes each, then <entries>: the hour's counts; the least
---                     and greatest occurred_us of its winners (as offsets from the hour's start),
---                     kept once it holds BOUNDED winners, with the number of index entries it lists
---                     and the number it listed at its last scan; the number k of closed index
---                     chunks, when not 0; and its part of the id index: the record fields whose
---                     winner or horizon entered the hour, so that a record can be found from the
---                     hour of its winner (to find the hour's bounds) and from the hour of its
---                     horizon (to delete it once that hour expires). <entries> is the open chunk,
---                     fields h<hour>.1 .. h<hour>.<k> the closed ones; a chunk is closed once
---                     appending would take it past CHUNKBYTES, so an append costs a bounded copy.
---                     The bounds of an hour with fewer winners are found from its index when
---                     needed (when it holds the first or last retained winner and that one leaves),
---                     which costs fewer reads than keeping them on every write would.
+--               h<hour> the byte 1, then C,P,U,a,b in 5 bytes each: the hour's counts, and the least
+--                     and greatest occurred_us of its winners as offsets from the hour's start. Only
+--                     an hour that holds winners is stored.
+--               i<group> the byte 0, then k,n,x in 5 bytes each, then <entries>: the id index of
+--                     index group <group> (hours group·G .. group·G + G - 1), the record fields
+--                     whose winner or horizon entered it, so that a record can be found from the
+--                     group of its winner (to find its hour's bounds again when a bound leaves) and
+--                     from the group of its horizon (to delete it once the group has expired). k is
+--                     the number of closed chunks (fields i<group>.1 .. i<group>.<k>), n the
+--                     entries listed, x how many of them moves may have left without a reason to
+--                     be there; <entries> is the open chunk. A chunk is closed once appending would
+--                     take it past CHUNKBYTES, so an append costs a bounded copy. A batch reads and
+--                     writes a group once however many of its events fall in it: a group rather
+--                     than an hour, because events spread over many hours (a month of backfill)
+--                     would otherwise cost an index read and write each.
 --               m<minute> the byte 0 then C,P,U in 5 bytes each: counts of the last 70 minutes.
 --               enc   a long value that keeps the hash a hash table (see below).
---               An hour or minute whose counts are 0 and that lists nothing is deleted.
+--               A minute whose counts are 0 and a group that lists nothing are deleted.
 -- KEYS[3] unused (the id index lives in KEYS[2]); passed so that every key of the aggregate is named.
--- KEYS[4] sorted set of the hours that have index chunks, scored by hour: garbage collection visits
+-- KEYS[4] sorted set of the index groups that list ids, scored by group: garbage collection visits
 --               exactly those, however far apart (an event dated 1970 and one dated today make two
 --               entries, not half a million hours to walk), and only once the head's lowest one has
---               left retention.
+--               wholly left retention.
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
 -- then the n record fields, then the n records as KEYS[1] stores them (encoded by the caller, so a
 -- byte-identical duplicate is recognised by one string comparison; the occurred time is read
@@ -47,13 +50,13 @@
 -- Retention is by whole hours: hour h is retained while h >= floor((w - retention) / 1h). When an
 -- hour leaves, its bucket counts leave C P U at once. A record is kept while its horizon is retained
 -- (docs/semantics.md#retention), so a redelivered older assessment still meets the identity; records
--- whose horizon expired are deleted a little per batch (garbage collection from the id index), and
--- until then they read as absent.
+-- whose horizon expired are deleted a little per batch once their horizon's index group has wholly
+-- expired (garbage collection from the id index), and until then they read as absent.
 --
 -- Cost: Redis work per call is a fixed handful of commands however many hours the batch touches
 -- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the records,
--- one HMGET of the head and of every hour (counts, bounds and open index chunk in one field) and
--- recent minute the batch touches, one HSET of the records, one HSET of the state, the expiries.
+-- one HMGET of the head, one of every hour, index group and recent minute the batch touches, one
+-- HSET of the records, one HSET of the state, the expiries.
 -- Numbers: the state's are unsigned little-endian integers of fixed width (struct.pack and
 -- struct.unpack, one C call per field instead of a pattern match and a conversion per number;
 -- 7 bytes hold any time 1970..2200 in µs, 5 bytes any count a Redis could hold records for, and
@@ -64,7 +67,7 @@ local MIN, HOUR = 60000000, 3600000000
 local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
 local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
 local CHUNKBYTES = 480 -- an index chunk is closed before it grows past this (a 512-byte allocation)
-local BOUNDED = 32 -- an hour with this many winners keeps its bounds; one with fewer is scanned
+
 local opps, st, listed = KEYS[1], KEYS[2], KEYS[4]
 -- Globals read once: a global is a table lookup by name on every use, a local a register.
 local ARGV, tonumber, ipairs, unpack, type = ARGV, tonumber, ipairs, unpack, type
@@ -117,10 +120,11 @@ else
     return unpack(r)
   end
 end
--- The head is the byte 8 and 20 numbers of 7 bytes; a minute the byte 0 and 3 numbers of 5 bytes.
--- Their first bytes, like an hour's kind byte, are no hex digit: a field of an older layout's
--- text is refused (parseHour, parseMin, the head's check), not read as numbers.
-local HEADR, HEADW, HEADLEN = '<' .. string.rep('I7', 20), '<B' .. string.rep('I7', 20), 1 + 20 * 7
+-- The head is the byte 9, a span byte and 20 numbers of 7 bytes; a minute the byte 0 and 3 numbers
+-- of 5 bytes. Their first bytes, like an hour's and a group's, are no hex digit: a field of an
+-- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
+-- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
+local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 20), '<BB' .. string.rep('I7', 20), 2 + 20 * 7
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -140,25 +144,32 @@ local function hset(key, pairs)
   for i = 1, #pairs, CHUNK do call('HSET', key, unpack(pairs, i, min(i + CHUNK - 1, #pairs))) end
 end
 
--- Hours and minutes the call touches, parsed once: hours[-h] = {s = field name, h (the hour), c p u
--- (counts), a b (bounds, when kept: exact as the batch inserts; false or nil otherwise), n m (index
--- entries, now and at the last scan, with the bounds), k (closed chunks), e (open chunk), got
--- (read), dirty, scan (true: a kept bound may have left, scan the index; 'grown': a winner left
--- from between the bounds, scan if the index doubled since its last scan), add (index entries to
--- append: one id, or a list of them)}; mins[-m] = {s, c, p, u, got, dirty}. Absent values are
--- false.
--- Tables keyed by an hour or minute use its negative: the embedded Redis of `repeatrate dev`
+-- Hours, index groups and minutes the call touches, parsed once: hours[-h] = {s = field name, h
+-- (the hour), c p u (counts), a b (bounds, exact as the batch inserts; false when it holds no
+-- winner), got (read), dirty, scan (a bound may have left: find the bounds again from the index)};
+-- groups[-d] = {s, d (the group), k n x (closed chunks, entries, entries left behind), e (open
+-- chunk), got, dirty, add (index entries to append: one id, or a list of them)}; mins[-m] = {s, c,
+-- p, u, got, dirty}. Absent values are false.
+-- Tables keyed by an hour, group or minute use its negative: the embedded Redis of `repeatrate dev`
 -- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
 -- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
-local hours, hlist, mins, mlist = {}, {}, {}, {}
+local hours, hlist, mins, mlist, groups, glist = {}, {}, {}, {}, {}, {}
 local nhl = 0 -- #hlist
 local function hourOf(h)
   local t = hours[-h]
   if not t then
     -- Every field set at once: no rehash as they are set later.
-    t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, k = 0, e = '', got = false, a = false, b = false,
-      n = 0, m = 0, dirty = false, scan = false, add = false}
+    t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, got = false, a = false, b = false,
+      dirty = false, scan = false}
     hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
+  end
+  return t
+end
+local function groupTable(d)
+  local t = groups[-d]
+  if not t then
+    t = {s = fmt('i%d', d), d = d, k = 0, n = 0, x = 0, e = '', got = false, dirty = false, add = false}
+    groups[-d] = t; glist[#glist + 1] = d
   end
   return t
 end
@@ -170,24 +181,18 @@ end
 local function parseHour(t, v)
   t.got = true
   if not v then return end
-  local kind, pos = byte(v, 1), nil
-  if kind == 0 then
-    t.c, t.p, t.u, pos = sunpack('<I5I5I5', v, 2)
-  elseif kind == 1 or kind == 3 then -- the bounds and entry counts (and closed chunks)
-    local a, b
-    if kind == 1 then
-      t.c, t.p, t.u, a, b, t.n, t.m, pos = sunpack('<I5I5I5I5I5I5I5', v, 2)
-    else
-      t.c, t.p, t.u, a, b, t.n, t.m, t.k, pos = sunpack('<I5I5I5I5I5I5I5I5', v, 2)
-    end
-    local start = t.h * HOUR
-    t.a, t.b = start + a, start + b
-  elseif kind == 2 then -- closed chunks
-    t.c, t.p, t.u, t.k, pos = sunpack('<I5I5I5I5', v, 2)
-  else
-    error('state field ' .. t.s .. ' is no hour of this layout')
-  end
-  t.e = sub(v, pos)
+  if #v ~= 26 or byte(v, 1) ~= 1 then error('state field ' .. t.s .. ' is no hour of this layout') end
+  local a, b
+  t.c, t.p, t.u, a, b = sunpack('<I5I5I5I5I5', v, 2)
+  local start = t.h * HOUR
+  t.a, t.b = start + a, start + b
+end
+local function parseGroup(t, v)
+  t.got = true
+  if not v then return end
+  if #v < 16 or byte(v, 1) ~= 0 then error('state field ' .. t.s .. ' is no index group of this layout') end
+  t.k, t.n, t.x = sunpack('<I5I5I5', v, 2)
+  t.e = sub(v, 17)
 end
 local function parseMin(t, v)
   t.got = true
@@ -195,7 +200,7 @@ local function parseMin(t, v)
   if #v ~= 16 or byte(v, 1) ~= 0 then error('state field ' .. t.s .. ' is no minute of this layout') end
   t.c, t.p, t.u = sunpack('<I5I5I5', v, 2)
 end
--- load reads the hours (or minutes) of list hs (tables from hourOf or minOf) not read yet.
+-- load reads the hours, groups or minutes of list ts (tables from hourOf, groupTable or minOf) not read yet.
 local function load(ts, parse)
   local miss, fs = {}, {}
   for _, t in ipairs(ts) do
@@ -208,6 +213,11 @@ end
 local function getHour(h)
   local t = hourOf(h)
   if not t.got then parseHour(t, call('HGET', st, t.s)) end
+  return t
+end
+local function getGroup(d)
+  local t = groupTable(d)
+  if not t.got then parseGroup(t, call('HGET', st, t.s)) end
   return t
 end
 local function getMin(m)
@@ -237,10 +247,39 @@ local function cset(f, v)
   cv[f] = v
 end
 
--- The records of the batch (one HMGET), each observation's occurred time and hour, and the head,
--- the hours and the recent minutes the batch touches (one HMGET).
+-- The head first: it names the aggregate's index group span, which the fields read next depend on.
+local head, vgot
+do
+  local got = call('HMGET', st, 'H', 'v')
+  head, vgot = got[1], got[2]
+end
+local v = tonumber(vgot) or 0
+local w, pm, f, l, hcm, hch, rt, g
+local C, P, U = 0, 0, 0
+local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
+-- G: the hours an index group spans, fixed when the aggregate is created: an eighth of the
+-- retention, from 1 to 24 hours, so that a record outlives its horizon's expiry by at most that.
+local G
+if head then
+  if #head ~= HEADLEN or byte(head, 1) ~= 9 then error('state field H is no head of this layout') end
+  local x = {sunpack(HEADR, head, 2)}
+  G = x[1]
+  if G < 1 or G > 24 then error('state field H is no head of this layout') end
+  for i = 2, 9 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
+  w, pm, f, l, hcm, hch, rt, g = x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]
+  C, P, U = x[10], x[11], x[12]
+  hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = x[13], x[14], x[15], x[16], x[17], x[18], x[19], x[20], x[21]
+else
+  G = max(1, min(24, floor(ret / (8 * HOUR))))
+end
+local GSPAN = G * HOUR
+local function groupOfHour(h) return (h - h % G) / G end
+local function groupOf(us) return floor(us / GSPAN) end
+
+-- The records of the batch (one HMGET), each observation's occurred time and hour, and the hours,
+-- index groups and recent minutes the batch touches (one HMGET).
 local occs, hs, held = {}, {}, {}
-local want, wantH, wantM, nwant = {'H', 'v'}, {}, {}, 2
+local want, wantH, wantM, wantG, nwant = {}, {}, {}, {}, 0
 if n > 0 then
   local got
   if n <= CHUNK then
@@ -260,12 +299,18 @@ if n > 0 then
     if first then held[id] = got[i] end
     -- The first observation of an id that is byte for byte its stored record is a duplicate (or
     -- expired) and changes nothing: its hour and minute are not read for it. Any other reads them
-    -- here, with the head; what the loop below reaches otherwise it reads on the way (getHour).
+    -- here; what the loop below reaches otherwise it reads on the way (getHour).
     if not first or got[i] ~= value then
       if not hours[-h] then
         local t = hourOf(h)
         t.got = true
         nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+        local d = groupOfHour(h)
+        if not groups[-d] then
+          local td = groupTable(d)
+          td.got = true
+          nwant = nwant + 1; want[nwant] = td.s; wantG[nwant] = td
+        end
       end
       if occ >= recent then
         local m = (occ - occ % MIN) / MIN
@@ -278,26 +323,13 @@ if n > 0 then
     end
   end
 end
-local head, vgot
-do
+if nwant > 0 then
   local got = hmget(st, want)
-  head = got[1]
-  for i = 3, #want do
-    if wantH[i] then parseHour(wantH[i], got[i]) else parseMin(wantM[i], got[i]) end
+  for i = 1, nwant do
+    if wantH[i] then parseHour(wantH[i], got[i])
+    elseif wantG[i] then parseGroup(wantG[i], got[i])
+    else parseMin(wantM[i], got[i]) end
   end
-  vgot = got[2]
-end
-local v = tonumber(vgot) or 0
-local w, pm, f, l, hcm, hch, rt, g
-local C, P, U = 0, 0, 0
-local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
-if head then
-  if #head ~= HEADLEN or byte(head, 1) ~= 8 then error('state field H is no head of this layout') end
-  local x = {sunpack(HEADR, head, 2)}
-  for i = 1, 8 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
-  w, pm, f, l, hcm, hch, rt, g = x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8]
-  C, P, U = x[9], x[10], x[11]
-  hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = x[12], x[13], x[14], x[15], x[16], x[17], x[18], x[19], x[20]
 end
 -- The state hash is read and written a field at a time, so it must be a hash table: a small hash
 -- (up to hash-max-listpack-entries, 128 to 512 fields) is stored as a listpack, where every field
@@ -421,14 +453,13 @@ local function advance(occ)
   mfloor = floor(w / MIN) - MKEEP
 end
 
--- insertOcc and removeOcc keep the kept bounds of hour table t (read) exact as a winner that
--- occurred at occ enters or leaves it. One that leaves at a bound, or an hour that keeps none,
--- marks the hour for a scan of its index at the end (scanHour, which also keeps the index
--- proportional to what the hour holds); one that leaves from between the bounds leaves them as
--- they are, and has the index scanned once it lists twice what it did at its last scan: each move
--- in and out leaves an entry behind, and only a scan takes those out.
+-- insertOcc and removeOcc keep the bounds of hour table t (read) exact as a winner that occurred at
+-- occ enters or leaves it. One that leaves at a bound marks the hour for a scan of its group's
+-- index at the end (scanHour); one that leaves from between the bounds leaves them as they are.
 local function insertOcc(occ, t)
-  if t.a then
+  if not t.a then
+    t.a, t.b, t.dirty = occ, occ, true
+  else
     if occ < t.a then t.a, t.dirty = occ, true end
     if occ > t.b then t.b, t.dirty = occ, true end
   end
@@ -436,44 +467,53 @@ local function insertOcc(occ, t)
   if not l or occ > l then l = occ end
 end
 local function removeOcc(occ, t)
-  if not t.a or occ <= t.a or occ >= t.b then t.scan = true elseif not t.scan then t.scan = 'grown' end
+  if not t.a or occ <= t.a or occ >= t.b then t.scan = true end
   if occ <= f then fDirty = true end
   if occ >= l then lDirty = true end
 end
 
--- Records are written at the end of the loop (one HSET), index entries appended to their hours'
--- open chunks. pending[id] says that id is written and under which hours this batch listed it:
--- true (none yet), one hour, or a set of them (keyed by the negative hour).
-local pending, pendIds, pushHours = {}, {}, {}
+-- Records are written at the end of the loop (one HSET), index entries appended to their groups'
+-- open chunks. pending[id] says that id is written and under which groups this batch listed it:
+-- true (none yet), one group, or a set of them (keyed by the negative group).
+local pending, pendIds, pushGroups = {}, {}, {}
 local npend = 0 -- #pendIds
--- push lists record field id (already pending) under hour once per batch, however often the batch
--- moves it there. An hour's additions are one id, or a list once there are more.
-local function push(id, hour)
+-- push lists record field id (already pending) under group once per batch, however often the batch
+-- moves it there. A group's additions are one id, or a list once there are more.
+local function push(id, grp)
   local p = pending[id]
-  if p == hour then return end
+  if p == grp then return end
   if p == true then
-    pending[id] = hour
+    pending[id] = grp
   else
     if type(p) ~= 'table' then p = {[-p] = true}; pending[id] = p end
-    if p[-hour] then return end
-    p[-hour] = true
+    if p[-grp] then return end
+    p[-grp] = true
   end
-  local t = hourOf(hour)
+  local t = groupTable(grp)
   local e = t.add
   if not e then
-    t.add = id; pushHours[#pushHours + 1] = hour
+    t.add = id; pushGroups[#pushGroups + 1] = grp
   elseif type(e) == 'table' then
     e[#e + 1] = id
   else
     t.add = {e, id}
   end
 end
--- write records value for id and lists id under each given hour that is not nil.
-local function write(id, value, h1, h2)
+-- write records value for id and lists id under each given group that is not nil.
+local function write(id, value, d1, d2)
   if not pending[id] then pending[id] = true; npend = npend + 1; pendIds[npend] = id end
   held[id] = value
-  if h1 then push(id, h1) end
-  if h2 and h2 ~= h1 then push(id, h2) end
+  if d1 then push(id, d1) end
+  if d2 and d2 ~= d1 then push(id, d2) end
+end
+-- leave counts an entry of group d that may no longer be needed (its record's winner and horizon
+-- moved to other groups); a group whose index lists at least as many such entries as others is
+-- compacted at the end. Groups wholly expired are left to garbage collection.
+local function leave(d)
+  if d >= floor(cutH / G) then
+    local t = getGroup(d)
+    t.x, t.dirty = t.x + 1, true
+  end
 end
 
 local out = {}
@@ -492,11 +532,21 @@ for i = 1, n do
     local oc, oo, oa, os, oz, obase
     if rec then
       oc, oo, oa, os, oz, obase = parse(rec)
-      if oz < cut then rec = nil end -- its horizon expired: the record is garbage
+      if oz < cut then -- its horizon expired: the record is garbage, its entries too
+        rec = nil
+      end
     end
     if not rec then
       local h = hs[i]
-      write(id, value, h)
+      local d = groupOfHour(h)
+      if oo then -- garbage: its entries stay listed under its old winner's and horizon's groups
+        local od, ozd = groupOf(oo), groupOf(oz)
+        write(id, value, (d ~= od and d ~= ozd) and d or nil)
+        if od ~= d then leave(od) end
+        if ozd ~= d and ozd ~= od then leave(ozd) end
+      else
+        write(id, value, d)
+      end
       local t = getHour(h)
       insertOcc(occ, t)
       bump(sub(value, 1, 1), occ, t, 1)
@@ -506,11 +556,16 @@ for i = 1, n do
       local cls, _, asd, seq = parse(value)
       if asd > oa or (asd == oa and seq > os) then
         local z = max(oz, occ)
-        local h, oh, zh, ozh = hs[i], floor(oo / HOUR), floor(z / HOUR), floor(oz / HOUR)
+        local h, oh = hs[i], floor(oo / HOUR)
+        local d, od, zd, ozd = groupOfHour(h), groupOf(oo), groupOf(z), groupOf(oz)
         local t, ot = getHour(h), oo >= cut and getHour(oh)
         if ot then bump(oc, oo, ot, -1) end
         bump(cls, occ, t, 1)
-        write(id, withHorizon(value, occ, z), h ~= oh and h or nil, zh ~= ozh and zh or nil)
+        -- The id is listed under its old winner's and old horizon's groups already.
+        write(id, withHorizon(value, occ, z), (d ~= od and d ~= ozd) and d or nil,
+          (zd ~= od and zd ~= ozd) and zd or nil)
+        if od ~= d and od ~= zd then leave(od) end
+        if ozd ~= od and ozd ~= d and ozd ~= zd then leave(ozd) end
         if oo < cut then
           insertOcc(occ, t)
         elseif occ ~= oo then
@@ -519,9 +574,10 @@ for i = 1, n do
         changed = true
         out[i] = 'R'
       else
-        if occ > oz then -- the horizon grows: list the id under its new hour
-          local zh = hs[i]
-          write(id, withHorizon(obase, oo, occ), zh ~= floor(oz / HOUR) and zh or nil)
+        if occ > oz then -- the horizon grows: list the id under its new group
+          local zd, od, ozd = groupOf(occ), groupOf(oo), groupOf(oz)
+          write(id, withHorizon(obase, oo, occ), (zd ~= od and zd ~= ozd) and zd or nil)
+          if ozd ~= od and ozd ~= zd then leave(ozd) end
         end
         out[i] = (asd == oa and seq == os) and 'D' or 'S'
       end
@@ -555,21 +611,22 @@ local function entries(ids, s, pos)
   return ids
 end
 
--- Index appends: to the open chunk of each hour, closing it whenever the next entry would take it
--- past CHUNKBYTES, so that however many entries a batch adds to an hour, each is copied once and
--- every chunk stays small. Pushed hours were read with the head, so they are loaded.
-local newHours = false
-if #pushHours > 0 then
+-- Index appends: to the open chunk of each group, closing it whenever the next entry would take it
+-- past CHUNKBYTES, so that however many entries a batch adds to a group, each is copied once and
+-- every chunk stays small. Pushed groups were read with the head (or by leave), so they are loaded.
+local newGroups = false
+if #pushGroups > 0 then
   local zs = {}
-  for _, hour in ipairs(pushHours) do
-    local t = getHour(hour)
+  for _, grp in ipairs(pushGroups) do
+    local t = getGroup(grp)
     local cur, add = t.e, t.add
-    if cur == '' and t.k == 0 then zs[#zs + 1] = hour; zs[#zs + 1] = sub(t.s, 2) end
-    if t.a then t.n = t.n + (type(add) == 'string' and 1 or #add) end
+    if cur == '' and t.k == 0 then zs[#zs + 1] = grp; zs[#zs + 1] = sub(t.s, 2) end
     if type(add) == 'string' and (#cur + #add <= CHUNKBYTES or cur == '') then
       t.e = cur .. add -- one id that fits: no list
+      t.n = t.n + 1
     else
       if type(add) == 'string' then add = {add} end
+      t.n = t.n + #add
       local parts, size = {cur}, #cur
       for _, id in ipairs(add) do
         if size + #id > CHUNKBYTES and size > 0 then -- close the open chunk
@@ -584,15 +641,15 @@ if #pushHours > 0 then
     t.dirty = true
   end
   if #zs > 0 then
-    -- The index and the sorted set of its hours change together (expire together, see the end).
+    -- The index and the sorted set of its groups change together (expire together, see the end).
     for i = 1, #zs, CHUNK do call('ZADD', listed, unpack(zs, i, min(i + CHUNK - 1, #zs))) end
     for i = 1, #zs, 2 do if not g or zs[i] < g then g = zs[i] end end
-    newHours = true
+    newGroups = true
   end
 end
 
--- hourIds returns the record fields listed under hour h (a loaded hour table t).
-local function hourIds(t)
+-- groupIds returns the record fields listed under a loaded group table t.
+local function groupIds(t)
   local ids = {}
   if t.k > 0 then
     local fs = {}
@@ -604,8 +661,8 @@ local function hourIds(t)
   end
   return entries(ids, t.e, 1)
 end
--- rewriteHour replaces hour table t's chunks by ents, a list of entries.
-local function rewriteHour(t, ents)
+-- rewriteGroup replaces group table t's chunks by ents, a list of entries.
+local function rewriteGroup(t, ents)
   local chunk, size, closed = {}, 0, 0
   for _, e in ipairs(ents) do
     if size + #e > CHUNKBYTES and size > 0 then
@@ -619,46 +676,65 @@ local function rewriteHour(t, ents)
   t.k, t.e, t.dirty = closed, concat(chunk), true
 end
 
--- scanHour returns the least and greatest occurred of hour h's records, reading its ids. An
--- index that holds more than twice the ids still listed there for a reason (their winner or their
--- horizon is in hour h), plus some slack, is rewritten with those alone: an opportunity moved back
--- and forth between hours costs its hour an entry per batch, and the rewrite keeps the cost of a
--- scan proportional to what the hour holds.
-local function scanHour(h)
-  local t = getHour(h)
-  local ids = hourIds(t)
-  local lo, hi
+-- scanGroup returns the winners' occurred times of the records listed under group d, read once per
+-- call (the records are written by then; only garbage collection, later, deletes). An index that
+-- holds more than twice the ids still listed there for a reason (their winner or their horizon
+-- is in group d), plus some slack, is rewritten with those alone: each move of an opportunity
+-- between groups leaves an entry behind, and the rewrite keeps a scan proportional to what the group
+-- holds.
+local scanned = {}
+local function scanGroup(d)
+  local occ = scanned[-d]
+  if occ then return occ end
+  local t = getGroup(d)
+  local ids = groupIds(t)
   local recs = #ids > 0 and hmget(opps, ids) or {}
   local keep, kept = {}, {}
+  occ = {}
   for j = 1, #recs do
-    if recs[j] then
+    if recs[j] and not kept[ids[j]] then
       local _, o, _, _, z = parse(recs[j])
-      if floor(o / HOUR) == h then
-        if not lo or o < lo then lo = o end
-        if not hi or o > hi then hi = o end
-      end
-      if (floor(o / HOUR) == h or floor(z / HOUR) == h) and not kept[ids[j]] then
+      if groupOf(o) == d or groupOf(z) == d then
         kept[ids[j]] = true
         keep[#keep + 1] = ids[j]
+        occ[#occ + 1] = o
       end
     end
   end
-  if #ids > 2 * #keep + 64 then rewriteHour(t, keep); t.n = #keep else t.n = #ids end
-  t.m = t.n
+  if #ids > 2 * #keep + 64 then rewriteGroup(t, keep); t.n, t.x = #keep, 0
+  elseif t.n ~= #ids or t.x ~= #ids - #keep then t.n, t.x, t.dirty = #ids, #ids - #keep, true end
+  scanned[-d] = occ
+  return occ
+end
+-- scanHour returns the least and greatest occurred of hour h's winners, from its group's index.
+local function scanHour(h)
+  local lo, hi
+  local from, to = h * HOUR, (h + 1) * HOUR
+  for _, o in ipairs(scanGroup(groupOfHour(h))) do
+    if o >= from and o < to then
+      if not lo or o < lo then lo = o end
+      if not hi or o > hi then hi = o end
+    end
+  end
   return lo, hi
 end
 
--- Bounds of the hours written: recomputed from the index for an hour marked by removeOcc and for
--- one that reached BOUNDED winners in this batch, and dropped below BOUNDED.
+-- Bounds of the hours written: recomputed from the index for an hour of BOUNDED winners or more
+-- whose kept bound may have left (removeOcc), or that reached BOUNDED in this batch; dropped below.
 for _, h in ipairs(hlist) do
   local t = hours[-h]
   if t.dirty and h >= cutH then
-    local scan = t.scan
-    if scan == true or (scan and t.n >= 2 * t.m + 64) or (not t.a and t.c + t.p + t.u >= BOUNDED) then
-      t.a, t.b = scanHour(h)
+    if t.c + t.p + t.u > 0 then
+      if t.scan or not t.a then t.a, t.b = scanHour(h) end
+    else
+      t.a, t.b = false, false
     end
-    if t.c + t.p + t.u < BOUNDED then t.a, t.b = false, false end
   end
+end
+-- Groups whose index lists at least as many entries left behind by moves as others are compacted.
+for _, d in ipairs(glist) do
+  local t = groups[-d]
+  if t.dirty and 2 * t.x >= t.n + 64 then scanGroup(d) end
 end
 
 -- First and last: the least bound of the lowest retained hour with a winner, the greatest of the
@@ -680,20 +756,22 @@ if (fDirty or lDirty) and w then
   end
 end
 
--- Garbage collection: delete the records of expired hours, a bounded number per batch (at least
--- twice what the batch can add), from the lowest listed hour up, a chunk at a time. A record goes
--- when its horizon is in the hour being collected; one listed there only for its winner stays for
--- its horizon's. It runs only while the lowest listed hour (g) is expired.
-if n > 0 and cutH and g and g < cutH then
+-- Garbage collection: delete the records of wholly expired groups, a bounded number per batch (at
+-- least twice what the batch can add), from the lowest listed group up, a chunk at a time. A record
+-- goes when its horizon is in the group being collected; one listed there only for its winner stays
+-- for its horizon's. It runs only while the lowest listed group (g) is wholly expired; until then a
+-- record whose horizon expired reads as absent.
+local cutG = cutH and floor(cutH / G)
+if n > 0 and cutG and g and g < cutG then
   local budget = min(2 * n + 100, CHUNK)
-  local hrs = call('ZRANGEBYSCORE', listed, '-inf', '(' .. fmt('%d', cutH), 'LIMIT', 0, 64)
-  local ids, idHour, done = {}, {}, {}
+  local grs = call('ZRANGEBYSCORE', listed, '-inf', '(' .. fmt('%d', cutG), 'LIMIT', 0, 64)
+  local ids, idGroup, done = {}, {}, {}
   local ts = {}
-  for i, fh in ipairs(hrs) do ts[i] = hourOf(tonumber(fh)) end
-  load(ts, parseHour)
-  for i, fh in ipairs(hrs) do
+  for i, fd in ipairs(grs) do ts[i] = groupTable(tonumber(fd)) end
+  load(ts, parseGroup)
+  for i, fd in ipairs(grs) do
     if budget <= 0 then break end
-    local h, t = tonumber(fh), ts[i]
+    local d, t = tonumber(fd), ts[i]
     local from = #ids
     while t.k > 0 and budget > 0 do
       local cf = t.s .. '.' .. fmt('%d', t.k)
@@ -705,11 +783,11 @@ if n > 0 and cutH and g and g < cutH then
     end
     if t.k == 0 and budget > 0 then
       entries(ids, t.e, 1)
-      t.e, t.dirty = '', true
-      done[#done + 1] = fh
+      t.e, t.n, t.x, t.dirty = '', 0, 0, true
+      done[#done + 1] = fd
       budget = budget - (#ids - from)
     end
-    for j = #idHour + 1, #ids do idHour[j] = h end
+    for j = #idGroup + 1, #ids do idGroup[j] = d end
   end
   if #ids > 0 then
     local recs = hmget(opps, ids)
@@ -717,7 +795,7 @@ if n > 0 and cutH and g and g < cutH then
     for j = 1, #recs do
       if recs[j] then
         local _, _, _, _, z = parse(recs[j])
-        if floor(z / HOUR) == idHour[j] then del[#del + 1] = ids[j] end
+        if groupOf(z) == idGroup[j] then del[#del + 1] = ids[j] end
       end
     end
     if #del > 0 then hdel(opps, del) end
@@ -758,7 +836,7 @@ end
 local refresh = false
 if n > 0 and ttl > 0 then
   local now = tonumber(call('TIME')[1])
-  if newHours or not rt or now - rt >= ttl / 2000 then refresh = true; rt = now end
+  if newGroups or not rt or now - rt >= ttl / 2000 then refresh = true; rt = now end
 end
 
 if n > 0 then
@@ -766,24 +844,24 @@ if n > 0 then
   for _, h in ipairs(hlist) do
     local t = hours[-h]
     if t.dirty then
-      if t.c + t.p + t.u == 0 and t.k == 0 and t.e == '' then
+      if t.c + t.p + t.u == 0 then
         dels[#dels + 1] = t.s
       else
         sets[ns + 1] = t.s
-        local hv
-        if t.a then
-          local start = h * HOUR
-          if t.k > 0 then
-            hv = spack('<BI5I5I5I5I5I5I5I5', 3, t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m, t.k)
-          else
-            hv = spack('<BI5I5I5I5I5I5I5', 1, t.c, t.p, t.u, t.a - start, t.b - start, t.n, t.m)
-          end
-        elseif t.k > 0 then
-          hv = spack('<BI5I5I5I5', 2, t.c, t.p, t.u, t.k)
-        else
-          hv = spack('<BI5I5I5', 0, t.c, t.p, t.u)
-        end
-        sets[ns + 2] = hv .. t.e
+        local start = h * HOUR
+        sets[ns + 2] = spack('<BI5I5I5I5I5', 1, t.c, t.p, t.u, t.a - start, t.b - start)
+        ns = ns + 2
+      end
+    end
+  end
+  for _, d in ipairs(glist) do
+    local t = groups[-d]
+    if t.dirty then
+      if t.k == 0 and t.e == '' then
+        dels[#dels + 1] = t.s
+      else
+        sets[ns + 1] = t.s
+        sets[ns + 2] = spack('<BI5I5I5', 0, t.k, t.n, t.x) .. t.e
         ns = ns + 2
       end
     end
@@ -802,7 +880,7 @@ if n > 0 then
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
   local function e(x) return x and x + 1 or 0 end
-  local nh = spack(HEADW, 8,
+  local nh = spack(HEADW, 9, G,
     e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
     hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3])
   if nh ~= head then sets[#sets + 1] = 'H'; sets[#sets + 1] = nh end

@@ -47,8 +47,9 @@ func TestApplyCommandsDoNotGrowWithHoursTouched(t *testing.T) {
 	}
 }
 
-// indexEntries returns, per chunk of aggregate k's id index (the state hash's field h<hour> holds
-// an hour's open chunk after its numbers, h<hour>.<k> its closed ones), the number of ids it lists.
+// indexEntries returns, per chunk of aggregate k's id index (the state hash's field i<group> holds
+// an index group's open chunk after its numbers, i<group>.<k> its closed ones), keyed by the field
+// name without its "i", the number of ids it lists.
 // Every id listed must be a record field: its length in three hex digits, then the id.
 func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 	t.Helper()
@@ -58,15 +59,15 @@ func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 	}
 	out := map[string]int{}
 	for f, v := range kv {
-		if !strings.HasPrefix(f, "h") {
+		if !strings.HasPrefix(f, "i") {
 			continue
 		}
 		if !strings.Contains(f, ".") {
-			h, err := adv6ParseHour(v)
+			g, err := adv6ParseGroup(v)
 			if err != nil {
-				t.Fatalf("hour field %s: %v", f, err)
+				t.Fatalf("index group field %s: %v", f, err)
 			}
-			v = h.open
+			v = g.open
 		}
 		ids := 0
 		for len(v) > 0 {
@@ -76,7 +77,7 @@ func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 			}
 			ids, v = ids+1, v[3+n:]
 		}
-		out[strings.TrimPrefix(f, "h")] = ids
+		out[strings.TrimPrefix(f, "i")] = ids
 	}
 	return out
 }
@@ -122,11 +123,19 @@ func TestIndexStaysProportionalToWhatHoursHold(t *testing.T) {
 func TestBoundedHourIndexStaysProportional(t *testing.T) {
 	// Two hours of 40 winners each (so both keep their bounds, held at the hours' first and last
 	// microsecond) and one opportunity moved between their middles 2 000 times, a batch each: no
-	// move leaves at a bound, yet every move in leaves an entry behind. The index must stay
-	// proportional to what the hours hold (it grew by one entry per move before).
+	// move leaves at a bound, yet every move in leaves an entry behind when the hours' index groups
+	// differ. The index must stay proportional to what the hours hold (it grew by one entry per
+	// move before layout 7). Both cases: the hours in one group of 24 (30 days' retention), and in
+	// groups of their own (8 hours' retention: groups of one hour).
+	for _, ret := range []time.Duration{30 * 24 * time.Hour, 8 * time.Hour} {
+		t.Run(ret.String(), func(t *testing.T) { boundedHourIndex(t, ret) })
+	}
+}
+
+func boundedHourIndex(t *testing.T, ret time.Duration) {
 	ctx := context.Background()
-	store, _ := testStore(t, "boundedflip", RedisConfig{Retention: 30 * 24 * time.Hour})
-	model := NewModel(30 * 24 * time.Hour)
+	store, _ := testStore(t, "boundedflip", RedisConfig{Retention: ret})
+	model := NewModel(ret)
 	a := time.Now().Add(-5 * time.Hour).Truncate(time.Hour)
 	hours := []time.Time{a, a.Add(time.Hour)}
 	var fixed []Observation
@@ -157,16 +166,24 @@ func TestBoundedHourIndexStaysProportional(t *testing.T) {
 		occ := hours[i%2].Add(30*time.Minute + time.Duration(i)*time.Microsecond)
 		apply([]Observation{{Key: keyLive, OpportunityID: "bouncer", Class: Class(1 + i%3), Occurred: Micros(occ), Assessed: asd}})
 	}
-	perHour := map[string]int{}
+	span := min(max(int64(ret/(8*time.Hour)), 1), 24)
+	perGroup := map[string]int{}
 	for f, n := range indexEntries(t, store, keyLive) {
-		perHour[strings.SplitN(f, ".", 2)[0]] += n
+		perGroup[strings.SplitN(f, ".", 2)[0]] += n
 	}
+	reasons := map[string]int{}
 	for _, h := range hours {
-		// 41 entries are listed for a reason (40 winners, and the bouncer's horizon or winner): a
-		// scan comes once the index doubled since the last one, and compacts what it finds over
-		// twice what is needed, so an hour lists at most about 2 × (2 × 41 + 64) + 64.
-		if n := perHour[strconv.FormatInt(Micros(h)/hourUS, 10)]; n > 2*(2*41+64)+64 {
-			t.Errorf("after 2 000 moves through the middle of hours of 40 winners, hour %s lists %d ids", h.Format("15h"), n)
+		reasons[strconv.FormatInt(Micros(h)/hourUS/span, 10)] += 41
+	}
+	if len(perGroup) != len(reasons) {
+		t.Fatalf("index groups %v, want those of the two hours %v", perGroup, reasons)
+	}
+	for g, r := range reasons {
+		// r entries are listed for a reason (40 winners per hour, and the bouncer's horizon or
+		// winner): a group is compacted once at least as many entries were left behind as others
+		// plus 64, down to those with a reason, so it lists at most about 2 × (2 × r + 64) + 64.
+		if n := perGroup[g]; n > 2*(2*r+64)+64 {
+			t.Errorf("after 2 000 moves through the middle of hours of 40 winners, index group %s lists %d ids", g, n)
 		}
 	}
 }
@@ -206,7 +223,7 @@ func TestIndexOfExpiredHoursIsCollected(t *testing.T) {
 	for f, n := range indexEntries(t, store, keyLive) {
 		var h int64
 		fmt.Sscan(strings.SplitN(f, ".", 2)[0], &h)
-		if h < cut {
+		if h < cut { // 2 hours' retention: index groups of one hour
 			t.Errorf("index field %s (%d ids) of an expired hour remains", f, n)
 		}
 		listed += n
@@ -218,7 +235,7 @@ func TestIndexOfExpiredHoursIsCollected(t *testing.T) {
 		t.Errorf("record hash holds %d records, want 4500", n)
 	}
 	if hours := client.ZCard(ctx, store.keys(keyLive)[3]).Val(); hours != 3 {
-		t.Errorf("%d hours listed, want 3", hours)
+		t.Errorf("%d index groups (of one hour) listed, want 3", hours)
 	}
 	for _, k := range []string{store.keys(keyLive)[0], store.keys(keyLive)[1], store.keys(keyLive)[3]} {
 		if ttl := client.PTTL(ctx, k).Val(); ttl <= 0 {

@@ -178,13 +178,18 @@ func adv6Record(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
 	return cls, occ, asd, seq, horizon, err
 }
 
-// adv6Hour is a parsed hour field: a kind byte, C,P,U[,a,b,n,m][,k] in 5 bytes each, <entries>.
+// adv6Hour is a parsed hour field: the byte 1, then C,P,U and the bounds a,b (as offsets from the
+// hour's start) in 5 bytes each. Only an hour that holds winners is stored, and it keeps its bounds.
 type adv6Hour struct {
 	c, p, u int64
 	bounded bool
 	a, b    int64 // offsets from the hour's start
-	n, m    int64 // index entries listed, and listed at the last scan (with the bounds)
-	k       int64
+}
+
+// adv6Group is a parsed index group field: the byte 0, k (closed chunks), n (entries listed) and
+// x (entries that moves may have left behind) in 5 bytes each, then the open chunk.
+type adv6Group struct {
+	k, n, x int64
 	open    string
 }
 
@@ -204,12 +209,16 @@ func stateNumbers(v string, width, count int) ([]int64, string, error) {
 	return out, v[width*count:], nil
 }
 
-// headNumbers reads the state's head: the byte 8, then 20 numbers of 7 bytes.
+// headNumbers reads the state's head: the byte 9, the index group span in hours (one byte), then
+// 20 numbers of 7 bytes, which it returns.
 func headNumbers(v string) ([]int64, error) {
-	if len(v) != 1+20*7 || v[0] != 8 {
-		return nil, fmt.Errorf("head %q: want the byte 8 and 20 numbers of 7 bytes", v)
+	if len(v) != 2+20*7 || v[0] != 9 {
+		return nil, fmt.Errorf("head %q: want the byte 9, a span and 20 numbers of 7 bytes", v)
 	}
-	x, _, err := stateNumbers(v[1:], 7, 20)
+	if v[1] < 1 || v[1] > 24 {
+		return nil, fmt.Errorf("head %q: index group span %d hours, want 1 to 24", v, v[1])
+	}
+	x, _, err := stateNumbers(v[2:], 7, 20)
 	return x, err
 }
 
@@ -224,29 +233,28 @@ func minuteNumbers(v string) ([]int64, error) {
 
 func adv6ParseHour(v string) (adv6Hour, error) {
 	var h adv6Hour
-	if v == "" {
-		return h, fmt.Errorf("empty hour field")
+	if len(v) != 1+5*5 || v[0] != 1 {
+		return h, fmt.Errorf("hour field %q: want the byte 1 and 5 numbers of 5 bytes", v)
 	}
-	count := map[byte]int{0: 3, 1: 7, 2: 4, 3: 8}[v[0]]
-	if count == 0 {
-		return h, fmt.Errorf("hour field %q: kind %d", v, v[0])
-	}
-	vals, open, err := stateNumbers(v[1:], 5, count)
+	vals, _, err := stateNumbers(v[1:], 5, 5)
 	if err != nil {
 		return h, fmt.Errorf("hour field %q: %v", v, err)
 	}
-	h.open = open
-	h.c, h.p, h.u = vals[0], vals[1], vals[2]
-	if v[0]&1 != 0 {
-		h.bounded, h.a, h.b, h.n, h.m = true, vals[3], vals[4], vals[5], vals[6]
-	}
-	if v[0]&2 != 0 {
-		h.k = vals[count-1]
-		if h.k <= 0 {
-			return h, fmt.Errorf("hour field %q: %d closed chunks (written only when not 0)", v, h.k)
-		}
-	}
+	h.c, h.p, h.u, h.bounded, h.a, h.b = vals[0], vals[1], vals[2], true, vals[3], vals[4]
 	return h, nil
+}
+
+func adv6ParseGroup(v string) (adv6Group, error) {
+	var g adv6Group
+	if len(v) < 1+3*5 || v[0] != 0 {
+		return g, fmt.Errorf("index group field %q: want the byte 0 and 3 numbers of 5 bytes", v)
+	}
+	vals, open, err := stateNumbers(v[1:], 5, 3)
+	if err != nil {
+		return g, fmt.Errorf("index group field %q: %v", v, err)
+	}
+	g.k, g.n, g.x, g.open = vals[0], vals[1], vals[2], open
+	return g, nil
 }
 
 // adv6Entries splits an index chunk into record fields.
@@ -266,24 +274,32 @@ func adv6Entries(s string) ([]string, error) {
 	return out, nil
 }
 
-// adv6Index is what check learnt of one aggregate's index: per hour, the entries listed and the
-// ids that have a reason to be listed there (their winner, while retained, or their horizon).
+// adv6Index is what check learnt of one aggregate's index: per index group, the entries listed
+// and the ids that have a reason to be listed there (their winner, while retained, or their
+// horizon); per hour, whether it keeps bounds; and the group span G in hours.
 type adv6Index struct {
 	listed  map[int64]int // entries, duplicates included
 	reasons map[int64]int
 	bounded map[int64]bool
+	span    int64
 }
+
+// group returns the index group of hour h.
+func (idx adv6Index) group(h int64) int64 { return floorDiv(h, idx.span) }
 
 // check compares aggregate k's stored state with what the model holds:
 //   - every identity the model holds is stored with the same winner and horizon, and every other
 //     stored record is garbage (its horizon is expired);
-//   - every retained hour's counts are the model's, its bounds are kept exactly when it holds at
-//     least 32 winners and are then the least and greatest occurred time of its winners; an
-//     expired hour keeps no count and no bound; an empty hour that lists nothing is deleted;
-//   - the index lists every retained winner under its hour and every identity under its horizon's
-//     hour; every closed chunk an hour counts exists, and none beyond; every hour that lists ids is
-//     in the sorted set of hours, and the head's lowest listed hour is its lowest member;
-//   - the head's counts and first and last occurred time are the model's.
+//   - every retained hour's counts are the model's and it keeps as bounds the least and greatest
+//     occurred time of its winners; an hour that holds no winner (an expired one included) has no
+//     field;
+//   - the index lists every retained winner under its hour's group and every identity under its
+//     horizon's; every closed chunk a group counts exists, and none beyond; a retained group counts
+//     exactly the entries it lists; a group that lists nothing has no field; every group that
+//     lists ids is in the sorted set of groups, and the head's lowest listed group is its lowest
+//     member;
+//   - the head's counts and first and last occurred time are the model's, and its group span is
+//     an eighth of the retention, from 1 to 24 hours.
 func (x *adv6) check(what string, k Key) adv6Index {
 	t := x.t
 	t.Helper()
@@ -312,6 +328,21 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	}
 	cutH := floorDiv(a.watermark-x.ret, hourUS)
 	cut := cutH * hourUS
+
+	// The head.
+	head, ok := st["H"]
+	if !ok {
+		fail("no head")
+	}
+	x16, err := headNumbers(head)
+	if err != nil {
+		fail("%v", err)
+	}
+	idx.span = int64(head[1])
+	if want := min(max(x.ret/(8*hourUS), 1), 24); idx.span != want {
+		fail("head's index group span %d hours, want %d (retention %d µs)", idx.span, want, x.ret)
+	}
+	cutG := floorDiv(cutH, idx.span)
 
 	// Records.
 	live := map[string]record{}
@@ -384,69 +415,60 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		retained++
 	}
 
-	// Hours and chunks.
+	// Hours, index groups and chunks.
 	hours := map[int64]adv6Hour{}
+	groups := map[int64]adv6Group{}
 	chunks := map[int64]map[int64]string{}
 	for f, v := range st {
-		switch {
-		case f == "H" || f == "v" || f == "enc" || strings.HasPrefix(f, "m"):
+		if f == "H" || f == "v" || f == "enc" || strings.HasPrefix(f, "m") {
 			continue
-		case !strings.HasPrefix(f, "h"):
+		}
+		if !strings.HasPrefix(f, "h") && !strings.HasPrefix(f, "i") {
 			fail("unknown state field %q", f)
 		}
-		hs, is, isChunk := strings.Cut(f[1:], ".")
-		h, err := strconv.ParseInt(hs, 10, 64)
-		if err != nil {
+		ns, is, isChunk := strings.Cut(f[1:], ".")
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil || (isChunk && f[0] == 'h') {
 			fail("state field %q", f)
 		}
-		if isChunk {
+		switch {
+		case isChunk:
 			i, err := strconv.ParseInt(is, 10, 64)
 			if err != nil || i < 1 {
 				fail("state field %q", f)
 			}
-			if chunks[h] == nil {
-				chunks[h] = map[int64]string{}
+			if chunks[n] == nil {
+				chunks[n] = map[int64]string{}
 			}
-			chunks[h][i] = v
-			continue
+			chunks[n][i] = v
+		case f[0] == 'h':
+			hv, err := adv6ParseHour(v)
+			if err != nil {
+				fail("%s: %v", f, err)
+			}
+			hours[n] = hv
+		default:
+			gv, err := adv6ParseGroup(v)
+			if err != nil {
+				fail("%s: %v", f, err)
+			}
+			groups[n] = gv
 		}
-		hv, err := adv6ParseHour(v)
-		if err != nil {
-			fail("%s: %v", f, err)
-		}
-		hours[h] = hv
 	}
 	for h, hv := range hours {
 		m := mh[h]
 		if m == nil {
-			m = &modelHour{}
+			fail("hour %d (cut %d) holds no winner in the model but is stored as %+v", h, cutH, hv)
 		}
-		n := hv.c + hv.p + hv.u
-		if h < cutH {
-			if n != 0 || hv.bounded {
-				fail("expired hour %d (cut %d) still holds %+v", h, cutH, hv)
-			}
-		} else {
-			if hv.c != m.c || hv.p != m.p || hv.u != m.u {
-				fail("hour %d holds %d,%d,%d, the model %d,%d,%d", h, hv.c, hv.p, hv.u, m.c, m.p, m.u)
-			}
-			if n >= adv6Bounded {
-				start := h * hourUS
-				if !hv.bounded || hv.a != m.lo-start || hv.b != m.hi-start {
-					fail("hour %d of %d winners keeps bounds %v [%d, %d], want [%d, %d]", h, n, hv.bounded, hv.a, hv.b, m.lo-start, m.hi-start)
-				}
-				idx.bounded[h] = true
-				x.seen["bounded"]++
-			} else if hv.bounded {
-				fail("hour %d of %d winners keeps bounds [%d, %d]", h, n, hv.a, hv.b)
-			}
+		if hv.c != m.c || hv.p != m.p || hv.u != m.u {
+			fail("hour %d holds %d,%d,%d, the model %d,%d,%d", h, hv.c, hv.p, hv.u, m.c, m.p, m.u)
 		}
-		if n == 0 && hv.k == 0 && hv.open == "" {
-			fail("hour %d holds nothing and lists nothing but is stored (%q)", h, st[fmt.Sprint("h", h)])
+		start := h * hourUS
+		if !hv.bounded || hv.a != m.lo-start || hv.b != m.hi-start {
+			fail("hour %d of %d winners keeps bounds %v [%d, %d], want [%d, %d]", h, m.n, hv.bounded, hv.a, hv.b, m.lo-start, m.hi-start)
 		}
-		if hv.k > 0 {
-			x.seen["closed chunks"]++
-		}
+		idx.bounded[h] = true
+		x.seen["bounded"]++
 	}
 	for h, m := range mh {
 		if _, ok := hours[h]; !ok {
@@ -454,86 +476,83 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		}
 	}
 	listed := map[int64]map[string]bool{}
-	for h, hv := range hours {
+	for g, gv := range groups {
 		set := map[string]bool{}
-		listed[h] = set
+		listed[g] = set
 		add := func(chunk string) {
 			es, err := adv6Entries(chunk)
 			if err != nil {
-				fail("hour %d: %v", h, err)
+				fail("index group %d: %v", g, err)
 			}
 			for _, e := range es {
 				set[e] = true
-				idx.listed[h]++
+				idx.listed[g]++
 			}
 		}
-		for i := int64(1); i <= hv.k; i++ {
-			c, ok := chunks[h][i]
+		for i := int64(1); i <= gv.k; i++ {
+			c, ok := chunks[g][i]
 			if !ok {
-				fail("hour %d counts %d closed chunks but h%d.%d is missing", h, hv.k, h, i)
+				fail("index group %d counts %d closed chunks but i%d.%d is missing", g, gv.k, g, i)
 			}
 			add(c)
 		}
-		add(hv.open)
-		if hv.bounded && (hv.n != int64(idx.listed[h]) || hv.m > hv.n) {
-			fail("hour %d keeps %d index entries (%d at its last scan), lists %d", h, hv.n, hv.m, idx.listed[h])
+		add(gv.open)
+		if gv.k > 0 {
+			x.seen["closed chunks"]++
+		}
+		if idx.listed[g] == 0 {
+			fail("index group %d lists nothing but is stored (%q)", g, st[fmt.Sprint("i", g)])
+		}
+		if g >= cutG && (gv.n != int64(idx.listed[g]) || gv.x > gv.n) {
+			fail("index group %d counts %d entries (%d left behind), lists %d", g, gv.n, gv.x, idx.listed[g])
 		}
 	}
-	for h, cs := range chunks {
+	for g, cs := range chunks {
 		for i := range cs {
-			if hv, ok := hours[h]; !ok || i > hv.k {
-				fail("chunk h%d.%d is stored beyond the hour's %d closed chunks", h, i, hours[h].k)
+			if gv, ok := groups[g]; !ok || i > gv.k {
+				fail("chunk i%d.%d is stored beyond the group's %d closed chunks", g, i, groups[g].k)
 			}
 		}
 	}
 	for f, r := range live {
+		og, zg := idx.group(r.occ/hourUS), idx.group(r.horizon/hourUS)
 		if r.occ >= cut {
-			h := r.occ / hourUS
-			idx.reasons[h]++
-			if !listed[h][f] {
-				fail("retained winner %q (occ %d) is not listed under its hour %d", f, r.occ, h)
+			idx.reasons[og]++
+			if !listed[og][f] {
+				fail("retained winner %q (occ %d) is not listed under its hour's group %d", f, r.occ, og)
 			}
 		}
-		if zh := r.horizon / hourUS; r.occ < cut || zh != r.occ/hourUS {
-			idx.reasons[zh]++
+		if r.occ < cut || zg != og {
+			idx.reasons[zg]++
 		}
-		if !listed[r.horizon/hourUS][f] {
-			fail("identity %q (horizon %d) is not listed under its horizon's hour %d", f, r.horizon, r.horizon/hourUS)
+		if !listed[zg][f] {
+			fail("identity %q (horizon %d) is not listed under its horizon's group %d", f, r.horizon, zg)
 		}
 	}
-	for h, n := range idx.listed {
-		if n > 2*idx.reasons[h]+64 {
+	for g, n := range idx.listed {
+		if n > 2*idx.reasons[g]+64 {
 			x.seen["overgrown index"]++
-			x.seen["most entries over"] = max(x.seen["most entries over"], n-2*idx.reasons[h]-64)
+			x.seen["most entries over"] = max(x.seen["most entries over"], n-2*idx.reasons[g]-64)
 		}
 	}
 	members := map[int64]bool{}
 	var lowest int64
 	for i, z := range zs {
-		h, err := strconv.ParseInt(z.Member.(string), 10, 64)
-		if err != nil || float64(h) != z.Score {
-			fail("hours set member %v", z)
+		g, err := strconv.ParseInt(z.Member.(string), 10, 64)
+		if err != nil || float64(g) != z.Score {
+			fail("groups set member %v", z)
 		}
-		members[h] = true
+		members[g] = true
 		if i == 0 {
-			lowest = h
+			lowest = g
 		}
 	}
-	for h, hv := range hours {
-		if (hv.k > 0 || hv.open != "") && !members[h] {
-			fail("hour %d lists ids but is not in the sorted set of hours %v: garbage collection would never visit it", h, zs)
+	for g := range groups {
+		if !members[g] {
+			fail("index group %d lists ids but is not in the sorted set of groups %v: garbage collection would never visit it", g, zs)
 		}
 	}
 
-	// The head.
-	head, ok := st["H"]
-	if !ok {
-		fail("no head")
-	}
-	x16, err := headNumbers(head)
-	if err != nil {
-		fail("%v", err)
-	}
 	opt := func(i int) (int64, bool) { return x16[i] - 1, x16[i] > 0 }
 	if hw, ok := opt(0); !ok || hw != a.watermark {
 		fail("head watermark %d, model %d", hw, a.watermark)
@@ -555,15 +574,15 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	}
 	g, okg := opt(7)
 	if len(zs) > 0 && (!okg || g != lowest) {
-		fail("head's lowest listed hour %d %v, the sorted set's lowest %d", g, okg, lowest)
+		fail("head's lowest listed group %d %v, the sorted set's lowest %d", g, okg, lowest)
 	}
 	return idx
 }
 
 // collect applies batches of one expired observation (they change nothing, and garbage collection
-// runs with every batch) until the store holds no garbage: no record whose horizon is expired, no
-// index chunk of an expired hour, no expired hour in the sorted set. It fails if rounds batches do
-// not get there.
+// runs with every batch) until the store holds no garbage that collection owes: no record whose
+// horizon's index group is wholly expired, no field of an expired hour or of a wholly expired
+// group, no wholly expired group in the sorted set. It fails if rounds batches do not get there.
 func (x *adv6) collect(k Key, at time.Time, rounds int) {
 	x.t.Helper()
 	ctx := context.Background()
@@ -572,30 +591,32 @@ func (x *adv6) collect(k Key, at time.Time, rounds int) {
 	if cutH <= 0 {
 		x.t.Fatalf("collect needs an expired hour 0 (cut %d)", cutH)
 	}
+	span := min(max(x.ret/(8*hourUS), 1), 24)
+	cutG := floorDiv(cutH, span)
 	for i := 0; i < rounds; i++ {
 		x.apply("collect", []Observation{{Key: k, OpportunityID: "expired-probe", Class: Passed, Occurred: 0, Assessed: 0}}, at)
 		keys := x.s.keys(k)
 		garbage := 0
 		for _, v := range x.c.HGetAll(ctx, keys[0]).Val() {
-			if _, _, _, _, hz, _ := adv6Record(v); hz < cutH*hourUS {
+			if _, _, _, _, hz, _ := adv6Record(v); floorDiv(hz/hourUS, span) < cutG {
 				garbage++
 			}
 		}
 		stale := 0
 		for f := range x.c.HGetAll(ctx, keys[1]).Val() {
-			if strings.HasPrefix(f, "h") {
-				h, _ := strconv.ParseInt(strings.SplitN(f[1:], ".", 2)[0], 10, 64)
-				if h < cutH {
+			if strings.HasPrefix(f, "h") || strings.HasPrefix(f, "i") {
+				n, _ := strconv.ParseInt(strings.SplitN(f[1:], ".", 2)[0], 10, 64)
+				if (f[0] == 'h' && n < cutH) || (f[0] == 'i' && n < cutG) {
 					stale++
 				}
 			}
 		}
-		low := x.c.ZRangeByScore(ctx, keys[3], &redis.ZRangeBy{Min: "-inf", Max: "(" + strconv.FormatInt(cutH, 10)}).Val()
+		low := x.c.ZRangeByScore(ctx, keys[3], &redis.ZRangeBy{Min: "-inf", Max: "(" + strconv.FormatInt(cutG, 10)}).Val()
 		if garbage == 0 && stale == 0 && len(low) == 0 {
 			return
 		}
 		if i == rounds-1 {
-			x.t.Fatalf("after %d batches, %d garbage records, %d fields of expired hours, expired hours listed %v", rounds, garbage, stale, low)
+			x.t.Fatalf("after %d batches, %d garbage records, %d fields of expired hours or groups, expired groups listed %v", rounds, garbage, stale, low)
 		}
 	}
 }
@@ -758,9 +779,10 @@ func adv6RunTies(t *testing.T, c *redis.Client) {
 		x.apply(fmt.Sprint("low holder ", i, " leaves"), []Observation{next(i, start+hourUS+int64(i))}, at)
 	}
 	bounds("32 winners", true)
-	// One from between leaves: 31, no bounds.
+	// One from between leaves: 31, the bounds stay as they are (layout 9: every hour that holds
+	// winners keeps its bounds).
 	x.apply("t10 leaves", []Observation{next(10, start-1)}, at)
-	bounds("31 winners", false)
+	bounds("31 winners", true)
 	// In one batch: the five come back, one of the top holders leaves: 35.
 	batch = nil
 	for _, i := range []int{0, 1, 2, 3, 10} {
@@ -793,6 +815,7 @@ func adv6RunTies(t *testing.T, c *redis.Client) {
 	}
 	x.apply("all but one leave", batch, at)
 	x.apply("the last one leaves", []Observation{next(0, start-1)}, at)
+	bounds("no winner", false)
 	x.tallies(at)
 }
 
@@ -1129,7 +1152,15 @@ func TestAdversary6ManyIDsInOneHour(t *testing.T) {
 }
 
 func adv6RunManyIDs(t *testing.T, c *redis.Client) {
-	x := newAdv6(t, c, "manyids", 30*24*time.Hour)
+	// 8 hours' retention: index groups of one hour, so that the moves between hours leave entries
+	// behind; 30 days': one group of 24 hours holds them all.
+	for _, ret := range []time.Duration{8 * time.Hour, 30 * 24 * time.Hour} {
+		t.Run(ret.String(), func(t *testing.T) { adv6RunManyIDsUnder(t, c, ret) })
+	}
+}
+
+func adv6RunManyIDsUnder(t *testing.T, c *redis.Client, ret time.Duration) {
+	x := newAdv6(t, c, "manyids", ret)
 	id := func(i int) string { return fmt.Sprintf("opportunity-with-a-long-name-%05d", i) }
 	hA := Micros(t0)/hourUS - 10
 	hB := hA - 3
@@ -1145,23 +1176,24 @@ func adv6RunManyIDs(t *testing.T, c *redis.Client) {
 	}
 	x.apply("300 in hour A", batch, at)
 	idx := x.check("300 in hour A", keyLive)
-	if !idx.bounded[hA] || idx.listed[hA] != 300 {
-		t.Fatalf("hour A: bounded %v, %d listed", idx.bounded[hA], idx.listed[hA])
+	gA, gB := idx.group(hA), idx.group(hB)
+	if !idx.bounded[hA] || idx.listed[gA] != 300 {
+		t.Fatalf("hour A: bounded %v, its group lists %d", idx.bounded[hA], idx.listed[gA])
 	}
-	// 290 leave hour A for the earlier hour B, the top bound holders first: A is scanned,
-	// falls below 32 and drops its bounds, and keeps listing them for their horizon.
+	// 290 leave hour A for the earlier hour B, the top bound holders first: A's group is
+	// scanned for its new bounds, and keeps listing them for their horizon.
 	batch = batch[:0]
 	for i := 299; i >= 10; i-- {
 		batch = append(batch, next(i, hB*hourUS+int64(i)))
 	}
 	x.apply("290 leave A for B", batch, at)
 	idx = x.check("290 leave A for B", keyLive)
-	if idx.bounded[hA] || !idx.bounded[hB] || idx.listed[hA] < 300 || x.seen["closed chunks"] == 0 {
-		t.Fatalf("hour A bounded %v listing %d, hour B bounded %v, closed chunks seen %d", idx.bounded[hA], idx.listed[hA], idx.bounded[hB], x.seen["closed chunks"])
+	if !idx.bounded[hA] || !idx.bounded[hB] || idx.listed[gA] < 300 || x.seen["closed chunks"] == 0 {
+		t.Fatalf("hour A bounded %v, its group listing %d, hour B bounded %v, closed chunks seen %d", idx.bounded[hA], idx.listed[gA], idx.bounded[hB], x.seen["closed chunks"])
 	}
-	// Hour A is the highest with winners and keeps no bounds: the last winner moves within A
-	// (A's chunks are read to find the new last), leaves A, and B's first winner leaves B and
-	// comes back.
+	// Hour A is the highest with winners: the last winner (its top bound) moves within A (A's
+	// group is read to find the new bound), leaves A, and B's first winner leaves B and comes
+	// back.
 	x.apply("last moves within A", []Observation{next(9, hA*hourUS+5)}, at)
 	x.apply("last leaves A", []Observation{next(8, hB*hourUS+hourUS-1)}, at)
 	x.apply("first leaves B", []Observation{next(10, hA*hourUS+1)}, at)
@@ -1185,13 +1217,13 @@ func adv6RunManyIDs(t *testing.T, c *redis.Client) {
 		x.apply(fmt.Sprint("winner ", i, " leaves A"), []Observation{next(i, occ)}, at)
 	}
 	idx = x.check("A emptied", keyLive)
-	for _, h := range []int64{hA, hB} {
-		if idx.listed[h] > 2*idx.reasons[h]+64 {
-			t.Errorf("hour %d lists %d ids for %d reasons after it was scanned", h, idx.listed[h], idx.reasons[h])
+	for _, g := range []int64{gA, gB} {
+		if idx.listed[g] > 2*idx.reasons[g]+64 {
+			t.Errorf("index group %d lists %d ids for %d reasons", g, idx.listed[g], idx.reasons[g])
 		}
 	}
-	if idx.listed[hA] == 0 || idx.listed[hA] >= 300 {
-		t.Errorf("hour A lists %d ids: its horizons are lost, or it was never compacted", idx.listed[hA])
+	if idx.listed[gA] == 0 || (idx.span == 1 && idx.listed[gA] >= 300) {
+		t.Errorf("hour A's group lists %d ids: its horizons are lost, or it was never compacted", idx.listed[gA])
 	}
 	x.tallies(at)
 }

@@ -31,7 +31,7 @@ import (
 //   - a state of another layout is refused, not misread (TestAdversary7RefusesOtherLayouts).
 
 const (
-	adv7HeadLen   = 1 + 20*7
+	adv7HeadLen   = 2 + 20*7
 	adv7MinuteLen = 1 + 3*5
 	adv7MKeep     = 70 // apply.lua's MKEEP
 )
@@ -48,32 +48,28 @@ func adv7Le(x int64, width int) string {
 	return string(b)
 }
 
-// adv7HourBytes encodes an hour as the layout says: kind byte (1: bounds, 2: closed chunks), C,P,U
-// [,a,b,n,m][,k] in 5 bytes each, then the open chunk.
+// adv7HourBytes encodes an hour as the layout says: the byte 1, then C,P,U,a,b in 5 bytes each.
 func adv7HourBytes(h adv6Hour) string {
-	kind := byte(0)
-	nums := []int64{h.c, h.p, h.u}
-	if h.bounded {
-		kind |= 1
-		nums = append(nums, h.a, h.b, h.n, h.m)
-	}
-	if h.k > 0 {
-		kind |= 2
-		nums = append(nums, h.k)
-	}
 	var b strings.Builder
-	b.WriteByte(kind)
-	for _, x := range nums {
+	b.WriteByte(1)
+	for _, x := range []int64{h.c, h.p, h.u, h.a, h.b} {
 		b.WriteString(adv7Le(x, 5))
 	}
-	return b.String() + h.open
+	return b.String()
+}
+
+// adv7GroupBytes encodes an index group as the layout says: the byte 0, then k,n,x in 5 bytes
+// each, then the open chunk.
+func adv7GroupBytes(g adv6Group) string {
+	return "\x00" + adv7Le(g.k, 5) + adv7Le(g.n, 5) + adv7Le(g.x, 5) + g.open
 }
 
 func adv7Minute(c, p, u int64) string { return "\x00" + adv7Le(c, 5) + adv7Le(p, 5) + adv7Le(u, 5) }
 
-func adv7Head(x []int64) string {
+func adv7Head(span byte, x []int64) string {
 	var b strings.Builder
-	b.WriteByte(8)
+	b.WriteByte(9)
+	b.WriteByte(span)
 	for _, v := range x {
 		b.WriteString(adv7Le(v, 7))
 	}
@@ -209,7 +205,8 @@ func TestAdversary7CodecBytes(t *testing.T) {
 // adv7Seen is what the stored states showed, so that a test can require its cases were reached.
 type adv7Seen struct {
 	kinds    map[byte]int
-	winners  map[string]int // "0 listing", "1", "31", "32", "33+"
+	closed   int            // index groups with closed chunks
+	winners  map[string]int // "1", "31", "32", "33+"
 	edges    map[string]int // "a=0", "b=HOUR-1"
 	bigMin   int            // minute buckets with a count above 255
 	minTotal int
@@ -308,8 +305,6 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 			hours[h] = [3]int64{hv.c, hv.p, hv.u}
 			seen.kinds[v[0]]++
 			switch n := hv.c + hv.p + hv.u; {
-			case n == 0 && hv.open != "":
-				seen.winners["0 listing"]++
 			case n == 1 || n == 31 || n == 32:
 				seen.winners[strconv.FormatInt(n, 10)]++
 			case n > 32:
@@ -320,6 +315,17 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 			}
 			if hv.bounded && hv.b == hourUS-1 {
 				seen.edges["b=HOUR-1"]++
+			}
+		case strings.HasPrefix(f, "i") && !strings.Contains(f, "."):
+			gv, err := adv6ParseGroup(v)
+			if err != nil {
+				fail("%s: %v", f, err)
+			}
+			if adv7GroupBytes(gv) != v {
+				fail("index group %s %q does not encode back (%q)", f, v, adv7GroupBytes(gv))
+			}
+			if gv.k > 0 {
+				seen.closed++
 			}
 		}
 	}
@@ -436,7 +442,7 @@ func adv7Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 			for _, f := range fs {
 				v := h[f]
 				if f == "H" && strings.HasSuffix(k, "}:s") && len(v) == adv7HeadLen {
-					v = v[:43] + "<rt...>" + v[50:]
+					v = v[:44] + "<rt...>" + v[51:]
 				}
 				fmt.Fprintf(&b, "\n  %q = %q", f, v)
 			}
@@ -535,7 +541,7 @@ func TestAdversary7BackendsAgreeByteForByte(t *testing.T) {
 // adv7RunKinds builds hours of 1, 31, 32, 40 (long ids: bounds and closed chunks), 12 (longer ids:
 // closed chunks, no bounds) and 300 winners (in one minute: counts past one byte), whose ids look
 // like numbers and kind bytes, then moves winners across the 32 line both ways, empties an hour
-// that keeps listing an id (0 winners), moves a bound holder at each edge, retries and redelivers.
+// whose group keeps listing an id, moves a bound holder at each edge, retries and redelivers.
 func adv7RunKinds(t *testing.T) {
 	p := newAdv7Pair(t, "kinds", 30*24*time.Hour)
 	h0 := Micros(t0)/hourUS - 8
@@ -584,7 +590,7 @@ func adv7RunKinds(t *testing.T) {
 	// Across the 32 line: two of hour 2's (32) go to hour 1 (31): 30 and 33. Two of hour 3's bound
 	// holders (offset 0 and HOUR-1) leave for hour 5; one of hour 4's leaves for an earlier hour
 	// (hour 4 keeps listing it for its horizon); "one" leaves hour 0 for hour 6 (hour 0: 0 winners,
-	// still listing it until a scan compacts it).
+	// its field deleted, its group still listing it).
 	b = []Observation{
 		next(adv7BinID(0), Passed, spread(h0+1, 5, 31)+7),
 		next(adv7BinID(31), Unscored, (h0+1)*hourUS+hourUS-1),
@@ -594,9 +600,6 @@ func adv7RunKinds(t *testing.T) {
 		next("one", Unscored, (h0+6)*hourUS+1),
 	}
 	p.apply("across the line", b, at)
-	if p.seen.winners["0 listing"] == 0 {
-		t.Fatalf("no hour of 0 winners listing an id: %v", p.seen.winners)
-	}
 	p.again("across the line, retried", b, at)
 	// And back, with stale and duplicate ones mixed in.
 	b = []Observation{
@@ -631,10 +634,8 @@ func adv7RunKinds(t *testing.T) {
 		}
 	}
 	p.tallies(at)
-	for _, kind := range []byte{0, 1, 2, 3} {
-		if p.seen.kinds[kind] == 0 {
-			t.Errorf("no hour of kind %d was stored: %v", kind, p.seen.kinds)
-		}
+	if p.seen.kinds[1] == 0 || p.seen.closed == 0 {
+		t.Errorf("no hour (kinds %v) or no index group with closed chunks (%d) was stored", p.seen.kinds, p.seen.closed)
 	}
 	if p.seen.edges["a=0"] == 0 || p.seen.edges["b=HOUR-1"] == 0 || p.seen.bigMin == 0 {
 		t.Errorf("bounds at the hour's edges %v, minute buckets past one byte %d", p.seen.edges, p.seen.bigMin)
@@ -780,7 +781,7 @@ func TestAdversary7LargeCounts(t *testing.T) {
 		}
 		hx[4], hx[5] = 0, 0 // no cached window sums: the next batch sums the buckets
 		x.c.HSet(ctx, st, fmt.Sprint("h", h0), adv7HourBytes(hv), fmt.Sprint("m", m0),
-			adv7Minute(mv[0]+off[0], mv[1]+off[1], mv[2]+off[2]), "H", adv7Head(hx))
+			adv7Minute(mv[0]+off[0], mv[1]+off[1], mv[2]+off[2]), "H", adv7Head(all["H"][1], hx))
 	}
 	p.same("seeded")
 	// The model's tally plus the large counts, wherever hour h0 and minute m0 count.
@@ -892,11 +893,12 @@ func TestAdversary7LargeCounts(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Other layouts.
 
-// TestAdversary7RefusesOtherLayouts: a namespace whose epoch marker names layout 7 is refused at
-// start and by the per-batch check; and the script itself refuses an hour field that is not of
-// this layout (layout 7's text, an unknown kind byte, too few bytes for its kind), and a layout-7
-// minute or head (text: its first byte is a hex digit, not this layout's 0 or 8; whatever its
-// length), with an error, changing nothing, on both servers.
+// TestAdversary7RefusesOtherLayouts: a namespace whose epoch marker names an older layout is
+// refused at start and by the per-batch check; and the script itself refuses an hour field that is
+// not of this layout (layout 7's text, layout 8's kinds, an unknown kind byte, too few or too many
+// bytes), an index group field that is not (layout 7's text, too short), and a layout-7 or layout-8
+// minute or head (text: its first byte is a hex digit, not this layout's 0 or 9; layout 8's head
+// of 141 bytes), with an error, changing nothing, on both servers.
 func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 	ctx := context.Background()
 	t.Run("epoch marker", func(t *testing.T) {
@@ -904,7 +906,7 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 		prefix := testenv.Name(t, "adv7layout")
 		testenv.CleanPrefix(t, client, prefix)
 		st, err := OpenState(ctx, client, prefix, false)
-		if err != nil || !strings.HasSuffix(st.Epoch, "/layout8") {
+		if err != nil || !strings.HasSuffix(st.Epoch, "/layout9") {
 			t.Fatalf("new namespace: %+v %v", st, err)
 		}
 		store, err := NewRedis(client, RedisConfig{Prefix: st.Namespace, Retention: time.Hour, Epoch: st.Epoch})
@@ -915,8 +917,8 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 		if _, err := store.Apply(ctx, batch, t0); err != nil {
 			t.Fatal(err)
 		}
-		for _, old := range []string{"/layout7", "/layout", "/layout8/layout7", "/layout80"} {
-			client.Set(ctx, EpochKey(st.Namespace), strings.TrimSuffix(st.Epoch, "/layout8")+old, 0)
+		for _, old := range []string{"/layout8", "/layout7", "/layout", "/layout9/layout8", "/layout90"} {
+			client.Set(ctx, EpochKey(st.Namespace), strings.TrimSuffix(st.Epoch, "/layout9")+old, 0)
 			if _, err := OpenState(ctx, client, prefix, true); !errors.Is(err, ErrStateLost) {
 				t.Errorf("open of a namespace marked %q: %v, want ErrStateLost", old, err)
 			}
@@ -931,22 +933,29 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 	})
 	h0 := Micros(t0) / hourUS
 	bad := []struct {
-		name, field, v string // field "h": the hour's, "m": the minute's, "H": the head
-		kind           bool   // refused for its kind byte (apply.lua's own error)
+		name, field, v string // field "h": the hour's, "i": its index group's, "m": the minute's, "H": the head
+		kind           bool   // refused for its kind byte or size (apply.lua's own error)
 	}{
 		{"layout 7 counts", "h", "1,0,0|", true},
 		{"layout 7 bounded", "h", "21,0,0,0,e10,21,21|0041abc", true},
 		{"layout 7 chunks", "h", "3,1,0;2|", true},
 		{"empty", "h", "", true},
-		{"kind 4", "h", "\x04" + adv7Le(1, 5) + adv7Le(0, 10), true},
-		{"kind 255", "h", "\xff" + adv7Le(1, 5) + adv7Le(0, 10), true},
-		{"kind 0 truncated", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 4), false},
-		{"kind 1 truncated", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 25), false},
-		{"kind 3 as kind 1", "h", "\x03" + adv7Le(40, 5) + adv7Le(0, 30), false},
+		{"layout 8 kind 0", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 10), true},
+		{"layout 8 kind 0 listing", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 10) + "001a", true},
+		{"layout 8 kind 1", "h", "\x01" + adv7Le(40, 5) + adv7Le(0, 30), true},
+		{"layout 8 kind 3", "h", "\x03" + adv7Le(40, 5) + adv7Le(0, 35), true},
+		{"kind 4", "h", "\x04" + adv7Le(1, 5) + adv7Le(0, 20), true},
+		{"kind 255", "h", "\xff" + adv7Le(1, 5) + adv7Le(0, 20), true},
+		{"kind 1 truncated", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 19), true},
+		{"kind 1 and more", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 20) + "001a", true},
+		{"group as layout 7 text", "i", "3,1,0;2|001a", true},
+		{"group truncated", "i", "\x00" + adv7Le(1, 5) + adv7Le(0, 9), true},
+		{"group of kind 1", "i", "\x01" + adv7Le(0, 15) + "001a", true},
 		{"layout 7 minute", "m", "0,1,0", false},
 		{"layout 7 minute of 15 bytes", "m", "1a,2b,3c,4d,5ef", false},
 		{"layout 7 head", "H", "", false},                           // the head's numbers in layout 7's hex, filled in below
 		{"layout 7 head of 140 bytes and more", "H", "wide", false}, // each number in 8 hex digits
+		{"layout 8 head", "H", "layout 8", false},                   // the byte 8 and the same 20 numbers
 	}
 	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
 		for _, tc := range bad {
@@ -958,6 +967,8 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 				}
 				field, v := fmt.Sprint("h", h0), tc.v
 				switch tc.field {
+				case "i":
+					field = fmt.Sprint("i", h0) // an hour's retention: groups of one hour
 				case "m":
 					field = fmt.Sprint("m", h0*60)
 				case "H":
@@ -973,6 +984,9 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 						}
 					}
 					field, v = "H", strings.Join(hex, ",")
+					if tc.v == "layout 8" {
+						v = "\x08" + adv7Head(0, hx)[2:]
+					}
 					if tc.v == "wide" && len(v) < 140 {
 						t.Fatalf("head %q: shorter than the binary head", v)
 					}
@@ -991,7 +1005,7 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 					if err == nil {
 						t.Fatalf("field %s = %q was read as this layout's", field, v)
 					}
-					if tc.kind && !strings.Contains(err.Error(), "is no hour of this layout") {
+					if tc.kind && !strings.Contains(err.Error(), "is no hour of this layout") && !strings.Contains(err.Error(), "is no index group of this layout") {
 						t.Errorf("field %s = %q: %v, want apply.lua's layout error", field, v, err)
 					}
 					after := adv7Dump(t, c, s.cfg.Prefix)
@@ -1053,7 +1067,7 @@ func adv7RunWide(t *testing.T) {
 		at := end.Add(time.Duration(i) * 40 * time.Hour)
 		p.apply(fmt.Sprint("later ", i), adv3Wide(r, 1500, 100, at), at)
 	}
-	if p.seen.kinds[2] == 0 || p.seen.kinds[3] == 0 {
-		t.Errorf("no hour with closed chunks: kinds %v", p.seen.kinds)
+	if p.seen.closed == 0 {
+		t.Error("no index group with closed chunks")
 	}
 }
