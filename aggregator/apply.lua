@@ -14,16 +14,19 @@
 --                     occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U)
 --                     are cached for, server time (s) of the last TTL refresh of KEYS[4], the lowest
 --                     index group KEYS[4] lists, the retained counts. The first eight are stored
---                     plus one, 0 meaning absent. G is an eighth of the retention, 1 to 24 hours,
+--                     plus one, 0 meaning absent. G is an eighth of the retention, 1 to 255 hours,
 --                     fixed when the aggregate is created (a later retention leaves it as it is).
 --               v     the version, in decimal (see below; SeedVersion writes it too)
---               h<hour> the byte 1, then C,P,U,a,b in 5 bytes each: the hour's counts, and the least
---                     and greatest occurred_us of its winners as offsets from the hour's start. Only
+--               h<hour> the byte 1 or 2, then C,P,U,a,b in 5 bytes each: the hour's counts, and
+--                     bounds of the occurred_us of its winners as offsets from the hour's start:
+--                     with 1 their least and greatest, with 2 (loose: a winner at a bound left) a
+--                     range that holds them, made exact only when the hour holds the first or last
+--                     retained winner and that is needed (a move costs no read of the index). Only
 --                     an hour that holds winners is stored.
 --               i<group> the byte 0, then k,n,x in 5 bytes each, then <entries>: the id index of
 --                     index group <group> (hours group·G .. group·G + G - 1), the record fields
 --                     whose winner or horizon entered it, so that a record can be found from the
---                     group of its winner (to find its hour's bounds again when a bound leaves) and
+--                     group of its winner (to make its hour's bounds exact) and
 --                     from the group of its horizon (to delete it once the group has expired). k is
 --                     the number of closed chunks (fields i<group>.1 .. i<group>.<k>), n the
 --                     entries listed, x how many of them moves may have left without a reason to
@@ -146,7 +149,8 @@ end
 
 -- Hours, index groups and minutes the call touches, parsed once: hours[-h] = {s = field name, h
 -- (the hour), c p u (counts), a b (bounds, exact as the batch inserts; false when it holds no
--- winner), got (read), dirty, scan (a bound may have left: find the bounds again from the index)};
+-- winner), lz (loose: a winner at a bound left, so a bound may lie beyond the winners), got (read),
+-- dirty};
 -- groups[-d] = {s, d (the group), k n x (closed chunks, entries, entries left behind), e (open
 -- chunk), got, dirty, add (index entries to append: one id, or a list of them)}; mins[-m] = {s, c,
 -- p, u, got, dirty}. Absent values are false.
@@ -160,7 +164,7 @@ local function hourOf(h)
   if not t then
     -- Every field set at once: no rehash as they are set later.
     t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, got = false, a = false, b = false,
-      dirty = false, scan = false}
+      dirty = false, lz = false}
     hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
   end
   return t
@@ -181,7 +185,9 @@ end
 local function parseHour(t, v)
   t.got = true
   if not v then return end
-  if #v ~= 26 or byte(v, 1) ~= 1 then error('state field ' .. t.s .. ' is no hour of this layout') end
+  local kind = byte(v, 1)
+  if #v ~= 26 or (kind ~= 1 and kind ~= 2) then error('state field ' .. t.s .. ' is no hour of this layout') end
+  t.lz = kind == 2
   local a, b
   t.c, t.p, t.u, a, b = sunpack('<I5I5I5I5I5', v, 2)
   local start = t.h * HOUR
@@ -247,39 +253,20 @@ local function cset(f, v)
   cv[f] = v
 end
 
--- The head first: it names the aggregate's index group span, which the fields read next depend on.
-local head, vgot
-do
-  local got = call('HMGET', st, 'H', 'v')
-  head, vgot = got[1], got[2]
-end
-local v = tonumber(vgot) or 0
-local w, pm, f, l, hcm, hch, rt, g
-local C, P, U = 0, 0, 0
-local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
 -- G: the hours an index group spans, fixed when the aggregate is created: an eighth of the
--- retention, from 1 to 24 hours, so that a record outlives its horizon's expiry by at most that.
-local G
-if head then
-  if #head ~= HEADLEN or byte(head, 1) ~= 9 then error('state field H is no head of this layout') end
-  local x = {sunpack(HEADR, head, 2)}
-  G = x[1]
-  if G < 1 or G > 24 then error('state field H is no head of this layout') end
-  for i = 2, 9 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
-  w, pm, f, l, hcm, hch, rt, g = x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]
-  C, P, U = x[10], x[11], x[12]
-  hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = x[13], x[14], x[15], x[16], x[17], x[18], x[19], x[20], x[21]
-else
-  G = max(1, min(24, floor(ret / (8 * HOUR))))
-end
+-- retention, at least 1 and at most 255 hours, so that a record outlives its horizon's expiry by at
+-- most an eighth of the retention. The fields are read below with the G the retention gives; an
+-- aggregate created under another retention names its own in the head, and its groups are then
+-- read again.
+local G = max(1, min(255, floor(ret / (8 * HOUR))))
 local GSPAN = G * HOUR
 local function groupOfHour(h) return (h - h % G) / G end
 local function groupOf(us) return floor(us / GSPAN) end
 
--- The records of the batch (one HMGET), each observation's occurred time and hour, and the hours,
--- index groups and recent minutes the batch touches (one HMGET).
+-- The records of the batch (one HMGET), each observation's occurred time and hour, and the head,
+-- the hours, index groups and recent minutes the batch touches (one HMGET).
 local occs, hs, held = {}, {}, {}
-local want, wantH, wantM, wantG, nwant = {}, {}, {}, {}, 0
+local want, wantH, wantM, wantG, nwant = {'H', 'v'}, {}, {}, {}, 2
 if n > 0 then
   local got
   if n <= CHUNK then
@@ -299,7 +286,7 @@ if n > 0 then
     if first then held[id] = got[i] end
     -- The first observation of an id that is byte for byte its stored record is a duplicate (or
     -- expired) and changes nothing: its hour and minute are not read for it. Any other reads them
-    -- here; what the loop below reaches otherwise it reads on the way (getHour).
+    -- here, with the head; what the loop below reaches otherwise it reads on the way (getHour).
     if not first or got[i] ~= value then
       if not hours[-h] then
         local t = hourOf(h)
@@ -323,14 +310,43 @@ if n > 0 then
     end
   end
 end
-if nwant > 0 then
+local head, vgot
+local v, w, pm, f, l, hcm, hch, rt, g
+local C, P, U = 0, 0, 0
+local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
+do
   local got = hmget(st, want)
-  for i = 1, nwant do
+  head, vgot = got[1], got[2]
+  local own = G -- the head's G, when there is a head
+  if head then
+    if #head ~= HEADLEN or byte(head, 1) ~= 9 then error('state field H is no head of this layout') end
+    local x = {sunpack(HEADR, head, 2)}
+    own = x[1]
+    if own < 1 then error('state field H is no head of this layout') end
+    for i = 2, 9 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
+    w, pm, f, l, hcm, hch, rt, g = x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]
+    C, P, U = x[10], x[11], x[12]
+    hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = x[13], x[14], x[15], x[16], x[17], x[18], x[19], x[20], x[21]
+  end
+  for i = 3, nwant do
     if wantH[i] then parseHour(wantH[i], got[i])
-    elseif wantG[i] then parseGroup(wantG[i], got[i])
-    else parseMin(wantM[i], got[i]) end
+    elseif wantM[i] then parseMin(wantM[i], got[i])
+    elseif own == G then parseGroup(wantG[i], got[i]) end
+  end
+  if own ~= G then
+    -- Read under another retention's G: forget those groups, read the aggregate's own.
+    G, GSPAN = own, own * HOUR
+    for _, d in ipairs(glist) do groups[-d] = nil end
+    glist = {}
+    local ts = {}
+    for _, h in ipairs(hlist) do
+      local d = groupOfHour(h)
+      if not groups[-d] then ts[#ts + 1] = groupTable(d) end
+    end
+    load(ts, parseGroup)
   end
 end
+v = tonumber(vgot) or 0
 -- The state hash is read and written a field at a time, so it must be a hash table: a small hash
 -- (up to hash-max-listpack-entries, 128 to 512 fields) is stored as a listpack, where every field
 -- lookup scans the whole hash. A value longer than hash-max-listpack-value (64 bytes by default)
@@ -420,7 +436,7 @@ local function expireHours(newCut)
     if t.c + t.p + t.u > 0 then
       C, P, U = C - t.c, P - t.p, U - t.u
       changed, dropped = true, true
-      t.c, t.p, t.u, t.a, t.b, t.dirty = 0, 0, 0, nil, nil, true
+      t.c, t.p, t.u, t.a, t.b, t.lz, t.dirty = 0, 0, 0, false, false, false, true
       if pm and (h + 1) * 60 > pm then -- a short retention: the hour still has minute buckets
         for m = h * 60, h * 60 + 59 do
           local q = minOf(m)
@@ -453,9 +469,11 @@ local function advance(occ)
   mfloor = floor(w / MIN) - MKEEP
 end
 
--- insertOcc and removeOcc keep the bounds of hour table t (read) exact as a winner that occurred at
--- occ enters or leaves it. One that leaves at a bound marks the hour for a scan of its group's
--- index at the end (scanHour); one that leaves from between the bounds leaves them as they are.
+-- insertOcc and removeOcc keep the bounds of hour table t (read) as a winner that occurred at occ
+-- enters or leaves it: exact, or loose (a bound may lie beyond the winners) once one left at a
+-- bound. Loose bounds are made exact again from the group's index (scanHour) only when the hour
+-- holds the first or last retained winner and that one is needed (see First and last below): a
+-- move costs no scan of its own.
 local function insertOcc(occ, t)
   if not t.a then
     t.a, t.b, t.dirty = occ, occ, true
@@ -467,7 +485,8 @@ local function insertOcc(occ, t)
   if not l or occ > l then l = occ end
 end
 local function removeOcc(occ, t)
-  if not t.a or occ <= t.a or occ >= t.b then t.scan = true end
+  if t.c + t.p + t.u == 0 then t.a, t.b, t.lz = false, false, false
+  elseif occ <= t.a or occ >= t.b then t.lz = true end
   if occ <= f then fDirty = true end
   if occ >= l then lDirty = true end
 end
@@ -719,18 +738,6 @@ local function scanHour(h)
   return lo, hi
 end
 
--- Bounds of the hours written: recomputed from the index for an hour of BOUNDED winners or more
--- whose kept bound may have left (removeOcc), or that reached BOUNDED in this batch; dropped below.
-for _, h in ipairs(hlist) do
-  local t = hours[-h]
-  if t.dirty and h >= cutH then
-    if t.c + t.p + t.u > 0 then
-      if t.scan or not t.a then t.a, t.b = scanHour(h) end
-    else
-      t.a, t.b = false, false
-    end
-  end
-end
 -- Groups whose index lists at least as many entries left behind by moves as others are compacted.
 for _, d in ipairs(glist) do
   local t = groups[-d]
@@ -738,21 +745,21 @@ for _, d in ipairs(glist) do
 end
 
 -- First and last: the least bound of the lowest retained hour with a winner, the greatest of the
--- highest (from its index when it keeps no bounds).
+-- highest, made exact from the group's index first when loose.
 if (fDirty or lDirty) and w then
   local top = floor(w / HOUR)
   loadHours(cutH, top)
   f, l = nil, nil
+  local function exact(h, t)
+    if t.lz then t.a, t.b = scanHour(h); t.lz, t.dirty = false, true end
+  end
   for h = cutH, top do
     local t = hours[-h]
-    if t.c + t.p + t.u > 0 then f = t.a or scanHour(h); break end
+    if t.c + t.p + t.u > 0 then exact(h, t); f = t.a; break end
   end
   for h = top, cutH, -1 do
     local t = hours[-h]
-    if t.c + t.p + t.u > 0 then
-      if t.b then l = t.b else local _, hi = scanHour(h); l = hi end
-      break
-    end
+    if t.c + t.p + t.u > 0 then exact(h, t); l = t.b; break end
   end
 end
 
@@ -849,7 +856,7 @@ if n > 0 then
       else
         sets[ns + 1] = t.s
         local start = h * HOUR
-        sets[ns + 2] = spack('<BI5I5I5I5I5', 1, t.c, t.p, t.u, t.a - start, t.b - start)
+        sets[ns + 2] = spack('<BI5I5I5I5I5', t.lz and 2 or 1, t.c, t.p, t.u, t.a - start, t.b - start)
         ns = ns + 2
       end
     end

@@ -166,7 +166,7 @@ func boundedHourIndex(t *testing.T, ret time.Duration) {
 		occ := hours[i%2].Add(30*time.Minute + time.Duration(i)*time.Microsecond)
 		apply([]Observation{{Key: keyLive, OpportunityID: "bouncer", Class: Class(1 + i%3), Occurred: Micros(occ), Assessed: asd}})
 	}
-	span := min(max(int64(ret/(8*time.Hour)), 1), 24)
+	span := adv6Span(int64(ret / time.Microsecond))
 	perGroup := map[string]int{}
 	for f, n := range indexEntries(t, store, keyLive) {
 		perGroup[strings.SplitN(f, ".", 2)[0]] += n

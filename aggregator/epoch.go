@@ -36,8 +36,9 @@ type State struct {
 // and its count of closed index chunks only when not 0. Version 8: the state hash's numbers (the
 // head, each hour's counts and bounds, the minute buckets) are fixed-width little-endian binary,
 // not hex. Version 9: the id index is kept per index group of G hours (an eighth of the retention,
-// 1 to 24, in the head) in fields of its own, so that a batch over many hours reads and writes it
-// once per group instead of once per hour; every hour that holds winners keeps its bounds.
+// 1 to 255, in the head) in fields of its own, so that a batch over many hours reads and writes it
+// once per group instead of once per hour; every hour that holds winners keeps bounds, exact or
+// loose.
 const stateLayout = "/layout9"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }

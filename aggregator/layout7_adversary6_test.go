@@ -53,6 +53,9 @@ type adv6 struct {
 	ret  int64
 	outs map[Outcome]int
 	hist []adv6Batch // every batch applied, in order, for the failure message
+	// spanRet is the retention the aggregates were created under, whose index group span their
+	// heads keep (ret, unless a test changes the retention later).
+	spanRet int64
 	// seen counts what the stored state showed across checks, so a test can require that its
 	// sequence reached the cases it is about.
 	seen map[string]int
@@ -60,7 +63,8 @@ type adv6 struct {
 
 func newAdv6(t *testing.T, c *redis.Client, what string, retention time.Duration) *adv6 {
 	s, _ := storeOn(t, c, what, RedisConfig{Retention: retention})
-	return &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond),
+	ret := int64(retention / time.Microsecond)
+	return &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: ret, spanRet: ret,
 		outs: map[Outcome]int{}, seen: map[string]int{}}
 }
 
@@ -178,13 +182,18 @@ func adv6Record(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
 	return cls, occ, asd, seq, horizon, err
 }
 
-// adv6Hour is a parsed hour field: the byte 1, then C,P,U and the bounds a,b (as offsets from the
-// hour's start) in 5 bytes each. Only an hour that holds winners is stored, and it keeps its bounds.
+// adv6Hour is a parsed hour field: the byte 1 (exact bounds) or 2 (loose: a bound may lie beyond
+// the winners), then C,P,U and the bounds a,b (as offsets from the hour's start) in 5 bytes each.
+// Only an hour that holds winners is stored, and it keeps its bounds.
 type adv6Hour struct {
 	c, p, u int64
 	bounded bool
+	loose   bool
 	a, b    int64 // offsets from the hour's start
 }
+
+// adv6Span is apply.lua's index group span, in hours, under retention ret (µs).
+func adv6Span(ret int64) int64 { return min(max(ret/(8*hourUS), 1), 255) }
 
 // adv6Group is a parsed index group field: the byte 0, k (closed chunks), n (entries listed) and
 // x (entries that moves may have left behind) in 5 bytes each, then the open chunk.
@@ -215,8 +224,8 @@ func headNumbers(v string) ([]int64, error) {
 	if len(v) != 2+20*7 || v[0] != 9 {
 		return nil, fmt.Errorf("head %q: want the byte 9, a span and 20 numbers of 7 bytes", v)
 	}
-	if v[1] < 1 || v[1] > 24 {
-		return nil, fmt.Errorf("head %q: index group span %d hours, want 1 to 24", v, v[1])
+	if v[1] < 1 {
+		return nil, fmt.Errorf("head %q: index group span %d hours, want 1 to 255", v, v[1])
 	}
 	x, _, err := stateNumbers(v[2:], 7, 20)
 	return x, err
@@ -233,9 +242,10 @@ func minuteNumbers(v string) ([]int64, error) {
 
 func adv6ParseHour(v string) (adv6Hour, error) {
 	var h adv6Hour
-	if len(v) != 1+5*5 || v[0] != 1 {
-		return h, fmt.Errorf("hour field %q: want the byte 1 and 5 numbers of 5 bytes", v)
+	if len(v) != 1+5*5 || (v[0] != 1 && v[0] != 2) {
+		return h, fmt.Errorf("hour field %q: want the byte 1 or 2 and 5 numbers of 5 bytes", v)
 	}
+	h.loose = v[0] == 2
 	vals, _, err := stateNumbers(v[1:], 5, 5)
 	if err != nil {
 		return h, fmt.Errorf("hour field %q: %v", v, err)
@@ -291,15 +301,15 @@ func (idx adv6Index) group(h int64) int64 { return floorDiv(h, idx.span) }
 //   - every identity the model holds is stored with the same winner and horizon, and every other
 //     stored record is garbage (its horizon is expired);
 //   - every retained hour's counts are the model's and it keeps as bounds the least and greatest
-//     occurred time of its winners; an hour that holds no winner (an expired one included) has no
-//     field;
+//     occurred time of its winners (exact), or bounds within the hour that hold them (loose); an
+//     hour that holds no winner (an expired one included) has no field;
 //   - the index lists every retained winner under its hour's group and every identity under its
 //     horizon's; every closed chunk a group counts exists, and none beyond; a retained group counts
 //     exactly the entries it lists; a group that lists nothing has no field; every group that
 //     lists ids is in the sorted set of groups, and the head's lowest listed group is its lowest
 //     member;
 //   - the head's counts and first and last occurred time are the model's, and its group span is
-//     an eighth of the retention, from 1 to 24 hours.
+//     an eighth of the retention, from 1 to 255 hours.
 func (x *adv6) check(what string, k Key) adv6Index {
 	t := x.t
 	t.Helper()
@@ -339,7 +349,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		fail("%v", err)
 	}
 	idx.span = int64(head[1])
-	if want := min(max(x.ret/(8*hourUS), 1), 24); idx.span != want {
+	if want := adv6Span(x.spanRet); idx.span != want {
 		fail("head's index group span %d hours, want %d (retention %d µs)", idx.span, want, x.ret)
 	}
 	cutG := floorDiv(cutH, idx.span)
@@ -464,8 +474,14 @@ func (x *adv6) check(what string, k Key) adv6Index {
 			fail("hour %d holds %d,%d,%d, the model %d,%d,%d", h, hv.c, hv.p, hv.u, m.c, m.p, m.u)
 		}
 		start := h * hourUS
-		if !hv.bounded || hv.a != m.lo-start || hv.b != m.hi-start {
-			fail("hour %d of %d winners keeps bounds %v [%d, %d], want [%d, %d]", h, m.n, hv.bounded, hv.a, hv.b, m.lo-start, m.hi-start)
+		if !hv.loose && (hv.a != m.lo-start || hv.b != m.hi-start) {
+			fail("hour %d of %d winners keeps exact bounds [%d, %d], want [%d, %d]", h, m.n, hv.a, hv.b, m.lo-start, m.hi-start)
+		}
+		if hv.loose {
+			x.seen["loose"]++
+			if hv.a > m.lo-start || hv.b < m.hi-start || hv.b >= hourUS {
+				fail("hour %d of %d winners keeps loose bounds [%d, %d] that do not hold its winners [%d, %d]", h, m.n, hv.a, hv.b, m.lo-start, m.hi-start)
+			}
 		}
 		idx.bounded[h] = true
 		x.seen["bounded"]++
@@ -591,7 +607,7 @@ func (x *adv6) collect(k Key, at time.Time, rounds int) {
 	if cutH <= 0 {
 		x.t.Fatalf("collect needs an expired hour 0 (cut %d)", cutH)
 	}
-	span := min(max(x.ret/(8*hourUS), 1), 24)
+	span := adv6Span(x.spanRet)
 	cutG := floorDiv(cutH, span)
 	for i := 0; i < rounds; i++ {
 		x.apply("collect", []Observation{{Key: k, OpportunityID: "expired-probe", Class: Passed, Occurred: 0, Assessed: 0}}, at)

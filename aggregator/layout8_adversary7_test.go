@@ -48,10 +48,15 @@ func adv7Le(x int64, width int) string {
 	return string(b)
 }
 
-// adv7HourBytes encodes an hour as the layout says: the byte 1, then C,P,U,a,b in 5 bytes each.
+// adv7HourBytes encodes an hour as the layout says: the byte 1 (exact) or 2 (loose), then C,P,U,a,b
+// in 5 bytes each.
 func adv7HourBytes(h adv6Hour) string {
 	var b strings.Builder
 	b.WriteByte(1)
+	if h.loose {
+		b.Reset()
+		b.WriteByte(2)
+	}
 	for _, x := range []int64{h.c, h.p, h.u, h.a, h.b} {
 		b.WriteString(adv7Le(x, 5))
 	}
@@ -405,7 +410,7 @@ func newAdv7Pair(t *testing.T, what string, retention time.Duration) *adv7Pair {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.sides[i] = &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond),
+		p.sides[i] = &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond), spanRet: int64(retention / time.Microsecond),
 			outs: map[Outcome]int{}, seen: map[string]int{}}
 	}
 	return p
@@ -944,6 +949,8 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 		{"layout 8 kind 0 listing", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 10) + "001a", true},
 		{"layout 8 kind 1", "h", "\x01" + adv7Le(40, 5) + adv7Le(0, 30), true},
 		{"layout 8 kind 3", "h", "\x03" + adv7Le(40, 5) + adv7Le(0, 35), true},
+		{"layout 8 kind 2", "h", "\x02" + adv7Le(1, 5) + adv7Le(0, 15), true},
+		{"kind 3 of 26 bytes", "h", "\x03" + adv7Le(1, 5) + adv7Le(0, 20), true},
 		{"kind 4", "h", "\x04" + adv7Le(1, 5) + adv7Le(0, 20), true},
 		{"kind 255", "h", "\xff" + adv7Le(1, 5) + adv7Le(0, 20), true},
 		{"kind 1 truncated", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 19), true},
