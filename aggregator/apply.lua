@@ -9,12 +9,13 @@
 --               so that a run of them splits back into ids whatever bytes they hold.
 -- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
 --               H     the head, the byte 9, the span G of an index group in hours (one byte), then
---                     20 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9, the newest
+--                     21 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9,k, the newest
 --                     occurred_us, minute buckets pruned up to, first and last retained
 --                     occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U)
 --                     are cached for, server time (s) of the last TTL refresh of KEYS[4], the lowest
---                     index group KEYS[4] lists, the retained counts. The first eight are stored
---                     plus one, 0 meaning absent. G is an eighth of the retention, 1 to 255 hours,
+--                     index group KEYS[4] lists, the retained counts, the first retained hour (the
+--                     cut, which never moves back). The first eight and k are stored plus one, 0
+--                     meaning absent (k is absent while the cut is below hour 0). G is an eighth of the retention, 1 to 255 hours,
 --                     fixed when the aggregate is created (a later retention leaves it as it is).
 --               v     the version, in decimal (see below; SeedVersion writes it too)
 --               h<hour> the byte 1 or 2, then C,P,U,a,b in 5 bytes each: the hour's counts, and
@@ -123,11 +124,11 @@ else
     return unpack(r)
   end
 end
--- The head is the byte 9, a span byte and 20 numbers of 7 bytes; a minute the byte 0 and 3 numbers
+-- The head is the byte 9, a span byte and 21 numbers of 7 bytes; a minute the byte 0 and 3 numbers
 -- of 5 bytes. Their first bytes, like an hour's and a group's, are no hex digit: a field of an
 -- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
 -- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
-local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 20), '<BB' .. string.rep('I7', 20), 2 + 20 * 7
+local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 21), '<BB' .. string.rep('I7', 21), 2 + 21 * 7
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -311,7 +312,7 @@ if n > 0 then
   end
 end
 local head, vgot
-local v, w, pm, f, l, hcm, hch, rt, g
+local v, w, pm, f, l, hcm, hch, rt, g, kc
 local C, P, U = 0, 0, 0
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
 do
@@ -327,6 +328,7 @@ do
     w, pm, f, l, hcm, hch, rt, g = x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]
     C, P, U = x[10], x[11], x[12]
     hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = x[13], x[14], x[15], x[16], x[17], x[18], x[19], x[20], x[21]
+    if x[22] > 0 then kc = x[22] - 1 end
   end
   for i = 3, nwant do
     if wantH[i] then parseHour(wantH[i], got[i])
@@ -356,8 +358,11 @@ if not head and n > 0 then
   sets[1] = 'enc'
   sets[2] = 'a value longer than hash-max-listpack-value keeps this hash a hash table: field lookups in O(1)'
 end
+-- cutH: the first retained hour. It never moves back (docs/semantics.md#retention): the head keeps
+-- it, so a retention raised between batches neither revives an identity whose horizon it passed
+-- nor counts an hour whose counts left; a lowered one moves it up below, before the batch.
 local cutH, mfloor -- first retained hour, first minute with a bucket
-if w then cutH, mfloor = floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
+if w then cutH, mfloor = kc or floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
 local changed = false
 local fDirty, lDirty = false, false -- f or l may no longer be exact: recompute from the bounds at the end
 
@@ -460,13 +465,20 @@ local function advance(occ)
   w = occ
   local nc = floor((w - ret) / HOUR)
   if cutH and nc > cutH then expireHours(nc) end
-  cutH = nc
+  if not cutH or nc > cutH then cutH = nc end
   local nm = max(floor(w / MIN) - MKEEP, 0)
   -- Minute buckets below the floor are never read or written again; deleting them is only
   -- garbage collection, done in steps of an hour of minutes to keep it cheap.
   if not pm then pm = nm end
   if nm - pm >= 60 then pruneMinutes(pm, nm); pm = nm; cached = false end
   mfloor = floor(w / MIN) - MKEEP
+end
+-- A retention lowered since the last batch: the cut moves up to what it gives now (with a batch;
+-- a read shows the state as the last batch left it).
+if n > 0 and w and floor((w - ret) / HOUR) > cutH then
+  local nc = floor((w - ret) / HOUR)
+  expireHours(nc)
+  cutH = nc
 end
 
 -- insertOcc and removeOcc keep the bounds of hour table t (read) as a winner that occurred at occ
@@ -889,7 +901,8 @@ if n > 0 then
   local function e(x) return x and x + 1 or 0 end
   local nh = spack(HEADW, 9, G,
     e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
-    hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3])
+    hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
+    cutH and cutH >= 0 and cutH + 1 or 0)
   if nh ~= head then sets[#sets + 1] = 'H'; sets[#sets + 1] = nh end
   if #dels > 0 then hdel(st, dels) end
   if #sets > 0 then hset(st, sets) end

@@ -219,15 +219,15 @@ func stateNumbers(v string, width, count int) ([]int64, string, error) {
 }
 
 // headNumbers reads the state's head: the byte 9, the index group span in hours (one byte), then
-// 20 numbers of 7 bytes, which it returns.
+// 21 numbers of 7 bytes, which it returns.
 func headNumbers(v string) ([]int64, error) {
-	if len(v) != 2+20*7 || v[0] != 9 {
-		return nil, fmt.Errorf("head %q: want the byte 9, a span and 20 numbers of 7 bytes", v)
+	if len(v) != 2+21*7 || v[0] != 9 {
+		return nil, fmt.Errorf("head %q: want the byte 9, a span and 21 numbers of 7 bytes", v)
 	}
 	if v[1] < 1 {
 		return nil, fmt.Errorf("head %q: index group span %d hours, want 1 to 255", v, v[1])
 	}
-	x, _, err := stateNumbers(v[2:], 7, 20)
+	x, _, err := stateNumbers(v[2:], 7, 21)
 	return x, err
 }
 
@@ -336,7 +336,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	if a == nil {
 		return idx
 	}
-	cutH := floorDiv(a.watermark-x.ret, hourUS)
+	cutH := floorDiv(a.cut, hourUS)
 	cut := cutH * hourUS
 
 	// The head.
@@ -588,6 +588,9 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	if x16[8] != mc || x16[9] != mp || x16[10] != mu {
 		fail("head counts %d,%d,%d, model %d,%d,%d", x16[8], x16[9], x16[10], mc, mp, mu)
 	}
+	if want := max(cutH+1, 0); x16[20] != want {
+		fail("head's cut %d (stored plus one), the model's %d", x16[20], want)
+	}
 	g, okg := opt(7)
 	if len(zs) > 0 && (!okg || g != lowest) {
 		fail("head's lowest listed group %d %v, the sorted set's lowest %d", g, okg, lowest)
@@ -603,7 +606,7 @@ func (x *adv6) collect(k Key, at time.Time, rounds int) {
 	x.t.Helper()
 	ctx := context.Background()
 	a := x.m.aggs[k]
-	cutH := floorDiv(a.watermark-x.ret, hourUS)
+	cutH := floorDiv(a.cut, hourUS)
 	if cutH <= 0 {
 		x.t.Fatalf("collect needs an expired hour 0 (cut %d)", cutH)
 	}
@@ -877,7 +880,7 @@ func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Dur
 		if a == nil {
 			return "", record{}, false
 		}
-		cut := floorDiv(a.watermark-x.ret, hourUS) * hourUS
+		cut := floorDiv(a.cut, hourUS) * hourUS
 		var id string
 		var best record
 		found := false

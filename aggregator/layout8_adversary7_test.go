@@ -31,7 +31,7 @@ import (
 //   - a state of another layout is refused, not misread (TestAdversary7RefusesOtherLayouts).
 
 const (
-	adv7HeadLen   = 2 + 20*7
+	adv7HeadLen   = 2 + 21*7
 	adv7MinuteLen = 1 + 3*5
 	adv7MKeep     = 70 // apply.lua's MKEEP
 )
@@ -823,7 +823,7 @@ func TestAdversary7LargeCounts(t *testing.T) {
 			hv, _ := adv6ParseHour(all[fmt.Sprint("h", h0)])
 			var mc, mp, mu int64
 			for _, r := range x.m.aggs[keyLive].opps {
-				if r.occ/hourUS == h0 && r.occ >= floorDiv(x.m.aggs[keyLive].watermark-x.ret, hourUS)*hourUS {
+				if r.occ/hourUS == h0 && r.occ >= x.m.aggs[keyLive].cut {
 					switch r.class {
 					case Confirmed:
 						mc++
@@ -992,7 +992,7 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 					}
 					field, v = "H", strings.Join(hex, ",")
 					if tc.v == "layout 8" {
-						v = "\x08" + adv7Head(0, hx)[2:]
+						v = "\x08" + adv7Head(0, hx[:20])[2:]
 					}
 					if tc.v == "wide" && len(v) < 140 {
 						t.Fatalf("head %q: shorter than the binary head", v)

@@ -179,6 +179,10 @@ type modelAgg struct {
 	// minOcc is at most the smallest occurred time of any held record, so expiry scans run only
 	// when something may have expired.
 	minOcc int64
+	// cut is the first retained instant (the start of an hour): retainedFrom the watermark, but
+	// never moving back, so a retention raised between batches forgets nothing twice and revives
+	// nothing (docs/semantics.md#retention).
+	cut int64
 }
 
 // record is what is held of one opportunity: its winning assessment and its horizon, the greatest
@@ -223,21 +227,25 @@ func (m *Model) applyBatch(obs []Observation, at int64) []Outcome {
 	return out
 }
 
-// advance moves the watermark to occ when it is newer, and reports whether counted opportunities
+// advance moves the watermark to occ when it is newer and the cut up to what the watermark and
+// retention give (a lowered retention moves it too), and reports whether counted opportunities
 // left the retained range. Records whose horizon left it are forgotten.
 func (a *modelAgg) advance(occ, retention int64) bool {
-	if a.seen && occ <= a.watermark {
-		return false
-	}
-	old := retainedFrom(a.watermark, retention)
 	first := !a.seen
-	a.watermark, a.seen = occ, true
+	if first || occ > a.watermark {
+		a.watermark, a.seen = occ, true
+	}
 	cut := retainedFrom(a.watermark, retention)
 	if first {
-		a.minOcc = occ
+		a.minOcc, a.cut = occ, cut
 		return false
 	}
-	if cut == old || len(a.opps) == 0 || a.minOcc >= cut {
+	old := a.cut
+	if cut <= old {
+		return false
+	}
+	a.cut = cut
+	if len(a.opps) == 0 || a.minOcc >= cut {
 		return false
 	}
 	changed := false
@@ -259,7 +267,7 @@ func (a *modelAgg) advance(occ, retention int64) bool {
 // the aggregate's counts or bounds changed.
 func (a *modelAgg) apply(o *Observation, retention int64) (Outcome, bool) {
 	changed := a.advance(o.Occurred, retention)
-	cut := retainedFrom(a.watermark, retention)
+	cut := a.cut
 	r, held := a.opps[o.OpportunityID]
 	win := record{o.Class, o.Occurred, o.Assessed, o.Seq, o.Occurred}
 	if o.Occurred < cut {
@@ -293,7 +301,7 @@ func (m *Model) Tally(k Key, at time.Time) Tally {
 	}
 	t := Tally{Version: a.version}
 	atUS := Micros(at)
-	cut := retainedFrom(a.watermark, m.retention)
+	cut := a.cut
 	first := true
 	for _, r := range a.opps {
 		if r.occ < cut {
