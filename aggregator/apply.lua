@@ -382,7 +382,8 @@ local function bump(cls, occ, t, d)
   t.dirty = true
   if occ >= mfloor * MIN then
     local m = (occ - occ % MIN) / MIN
-    local q = getMin(m)
+    local q = mins[-m] -- read with the head when the batch brought it (getMin otherwise)
+    if not q or not q.got then q = getMin(m) end
     if j == 1 then q.c = q.c + d elseif j == 2 then q.p = q.p + d else q.u = q.u + d end
     q.dirty = true
     if cached and m <= M and m >= M - 59 then hr[j] = hr[j] + d; cacheDirty = true end
@@ -569,7 +570,7 @@ for i = 1, n do
     end
     if not rec then
       local h = hs[i]
-      local d = groupOfHour(h)
+      local d = (h - h % G) / G -- groupOfHour(h), inline: this runs for every new opportunity
       if oo then -- garbage: its entries stay listed under its old winner's and horizon's groups
         local od, ozd = groupOf(oo), groupOf(oz)
         write(id, value, (d ~= od and d ~= ozd) and d or nil)
@@ -578,7 +579,8 @@ for i = 1, n do
       else
         write(id, value, d)
       end
-      local t = getHour(h)
+      local t = hours[-h] -- read with the head (getHour otherwise)
+      if not t or not t.got then t = getHour(h) end
       insertOcc(occ, t)
       bump(sub(value, 1, 1), occ, t, 1)
       changed = true
