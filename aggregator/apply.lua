@@ -8,7 +8,7 @@
 --               is the opportunity id after its length in three hex digits ("014conv-0000001/turn-1"),
 --               so that a run of them splits back into ids whatever bytes they hold.
 -- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
---               H     the head, the byte 9, the span G of an index group in hours (one byte), then
+--               H     the head, the byte 10, the span G of an index group in hours (one byte), then
 --                     21 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9,k, the newest
 --                     occurred_us, minute buckets pruned up to, first and last retained
 --                     occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U)
@@ -124,7 +124,7 @@ else
     return unpack(r)
   end
 end
--- The head is the byte 9, a span byte and 21 numbers of 7 bytes; a minute the byte 0 and 3 numbers
+-- The head is the byte 10, a span byte and 21 numbers of 7 bytes; a minute the byte 0 and 3 numbers
 -- of 5 bytes. Their first bytes, like an hour's and a group's, are no hex digit: a field of an
 -- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
 -- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
@@ -320,7 +320,7 @@ do
   head, vgot = got[1], got[2]
   local own = G -- the head's G, when there is a head
   if head then
-    if #head ~= HEADLEN or byte(head, 1) ~= 9 then error('state field H is no head of this layout') end
+    if #head ~= HEADLEN or byte(head, 1) ~= 10 then error('state field H is no head of this layout') end
     local x = {sunpack(HEADR, head, 2)}
     own = x[1]
     if own < 1 then error('state field H is no head of this layout') end
@@ -362,7 +362,8 @@ end
 -- it, so a retention raised between batches neither revives an identity whose horizon it passed
 -- nor counts an hour whose counts left; a lowered one moves it up below, before the batch.
 local cutH, mfloor -- first retained hour, first minute with a bucket
-if w then cutH, mfloor = kc or floor((w - ret) / HOUR), floor(w / MIN) - MKEEP end
+-- A head without it had its cut below hour 0, which holds nothing: -1 stands for any such cut.
+if w then cutH, mfloor = kc or min(floor((w - ret) / HOUR), -1), floor(w / MIN) - MKEEP end
 local changed = false
 local fDirty, lDirty = false, false -- f or l may no longer be exact: recompute from the bounds at the end
 
@@ -882,7 +883,9 @@ if n > 0 then
         dels[#dels + 1] = t.s
       else
         sets[ns + 1] = t.s
-        sets[ns + 2] = spack('<BI5I5I5', 0, t.k, t.n, t.x) .. t.e
+        -- x counts a move per move, and one opportunity may leave a group more than once a batch:
+        -- at most every entry can have been left behind.
+        sets[ns + 2] = spack('<BI5I5I5', 0, t.k, t.n, min(t.x, t.n)) .. t.e
         ns = ns + 2
       end
     end
@@ -901,7 +904,7 @@ if n > 0 then
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
   local function e(x) return x and x + 1 or 0 end
-  local nh = spack(HEADW, 9, G,
+  local nh = spack(HEADW, 10, G,
     e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
     hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
     cutH and cutH >= 0 and cutH + 1 or 0)

@@ -38,8 +38,10 @@ type State struct {
 // not hex. Version 9: the id index is kept per index group of G hours (an eighth of the retention,
 // 1 to 255, in the head) in fields of its own, so that a batch over many hours reads and writes it
 // once per group instead of once per hour; every hour that holds winners keeps bounds, exact or
-// loose.
-const stateLayout = "/layout9"
+// loose. Version 10: version 9 as it landed — the head also keeps the cut (the first retained
+// hour, which never moves back); builds between (commits bcdf9ec and 18ba637) wrote heads and
+// hours of other sizes under the name layout 9, so their state is refused, not misread.
+const stateLayout = "/layout10"
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 

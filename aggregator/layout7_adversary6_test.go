@@ -218,11 +218,11 @@ func stateNumbers(v string, width, count int) ([]int64, string, error) {
 	return out, v[width*count:], nil
 }
 
-// headNumbers reads the state's head: the byte 9, the index group span in hours (one byte), then
+// headNumbers reads the state's head: the byte 10, the index group span in hours (one byte), then
 // 21 numbers of 7 bytes, which it returns.
 func headNumbers(v string) ([]int64, error) {
-	if len(v) != 2+21*7 || v[0] != 9 {
-		return nil, fmt.Errorf("head %q: want the byte 9, a span and 21 numbers of 7 bytes", v)
+	if len(v) != 2+21*7 || v[0] != 10 {
+		return nil, fmt.Errorf("head %q: want the byte 10, a span and 21 numbers of 7 bytes", v)
 	}
 	if v[1] < 1 {
 		return nil, fmt.Errorf("head %q: index group span %d hours, want 1 to 255", v, v[1])

@@ -73,7 +73,7 @@ func adv7Minute(c, p, u int64) string { return "\x00" + adv7Le(c, 5) + adv7Le(p,
 
 func adv7Head(span byte, x []int64) string {
 	var b strings.Builder
-	b.WriteByte(9)
+	b.WriteByte(10)
 	b.WriteByte(span)
 	for _, v := range x {
 		b.WriteString(adv7Le(v, 7))
@@ -911,7 +911,7 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 		prefix := testenv.Name(t, "adv7layout")
 		testenv.CleanPrefix(t, client, prefix)
 		st, err := OpenState(ctx, client, prefix, false)
-		if err != nil || !strings.HasSuffix(st.Epoch, "/layout9") {
+		if err != nil || !strings.HasSuffix(st.Epoch, "/layout10") {
 			t.Fatalf("new namespace: %+v %v", st, err)
 		}
 		store, err := NewRedis(client, RedisConfig{Prefix: st.Namespace, Retention: time.Hour, Epoch: st.Epoch})
@@ -922,8 +922,8 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 		if _, err := store.Apply(ctx, batch, t0); err != nil {
 			t.Fatal(err)
 		}
-		for _, old := range []string{"/layout8", "/layout7", "/layout", "/layout9/layout8", "/layout90"} {
-			client.Set(ctx, EpochKey(st.Namespace), strings.TrimSuffix(st.Epoch, "/layout9")+old, 0)
+		for _, old := range []string{"/layout9", "/layout8", "/layout7", "/layout", "/layout10/layout9", "/layout100", "/layout1"} {
+			client.Set(ctx, EpochKey(st.Namespace), strings.TrimSuffix(st.Epoch, "/layout10")+old, 0)
 			if _, err := OpenState(ctx, client, prefix, true); !errors.Is(err, ErrStateLost) {
 				t.Errorf("open of a namespace marked %q: %v, want ErrStateLost", old, err)
 			}
@@ -963,6 +963,7 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 		{"layout 7 head", "H", "", false},                           // the head's numbers in layout 7's hex, filled in below
 		{"layout 7 head of 140 bytes and more", "H", "wide", false}, // each number in 8 hex digits
 		{"layout 8 head", "H", "layout 8", false},                   // the byte 8 and the same 20 numbers
+		{"layout 9 head", "H", "layout 9", false},                   // the byte 9, the span and the same 20 numbers
 	}
 	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
 		for _, tc := range bad {
@@ -993,6 +994,9 @@ func TestAdversary7RefusesOtherLayouts(t *testing.T) {
 					field, v = "H", strings.Join(hex, ",")
 					if tc.v == "layout 8" {
 						v = "\x08" + adv7Head(0, hx[:20])[2:]
+					}
+					if tc.v == "layout 9" {
+						v = "\x09" + adv7Head(1, hx[:20])[1:]
 					}
 					if tc.v == "wide" && len(v) < 140 {
 						t.Fatalf("head %q: shorter than the binary head", v)

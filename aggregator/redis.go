@@ -245,14 +245,20 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 		}
 		cmds, err = run()
 	}
+	if r.cfg.Epoch != "" && len(cmds) > 0 {
+		// The marker first, even when a script failed: a namespace that is not this build's state
+		// (lost, replaced, or written in another layout) explains a script's error on it, and
+		// must stop the processor as lost state, not be retried.
+		got, gerr := cmds[0].(*redis.StringCmd).Result()
+		if (gerr == nil || errors.Is(gerr, redis.Nil)) && got != r.cfg.Epoch {
+			return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+				ErrStateLost, r.cfg.Prefix, got, r.cfg.Epoch)
+		}
+	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Applied{}, fmt.Errorf("apply batch: %w", err)
 	}
 	if r.cfg.Epoch != "" {
-		if got, _ := cmds[0].(*redis.StringCmd).Result(); got != r.cfg.Epoch {
-			return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
-				ErrStateLost, r.cfg.Prefix, got, r.cfg.Epoch)
-		}
 		cmds = cmds[1:]
 	}
 	if mark > 0 {
