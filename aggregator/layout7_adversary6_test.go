@@ -675,6 +675,14 @@ func adv6Size(r *rand.Rand) int {
 // order, at the current observation time.
 func (x *adv6) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)) time.Time {
 	x.t.Helper()
+	apply := func(what string, b []Observation, at time.Time) { x.apply(what, b, at) }
+	return adv6DeliverWith(r, x.seen, apply, x.again, next)
+}
+
+// adv6DeliverWith is adv6.deliver's schedule through the given apply and again (a rig that checks
+// more than adv6 does reuses it).
+func adv6DeliverWith(r *rand.Rand, seen map[string]int, apply, again func(what string, b []Observation, at time.Time),
+	next func(i int) ([]Observation, time.Time)) time.Time {
 	var done []adv6Batch
 	committed := 0
 	var at time.Time
@@ -684,10 +692,10 @@ func (x *adv6) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)
 			return at
 		}
 		at = bat
-		x.apply(fmt.Sprint("batch ", i), batch, at)
+		apply(fmt.Sprint("batch ", i), batch, at)
 		done = append(done, adv6Batch{batch, at})
 		if r.IntN(6) == 0 {
-			x.again(fmt.Sprint("batch ", i, " retried"), batch, at)
+			again(fmt.Sprint("batch ", i, " retried"), batch, at)
 		}
 		if r.IntN(4) == 0 {
 			committed = len(done)
@@ -695,9 +703,9 @@ func (x *adv6) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)
 		if r.IntN(9) == 0 && committed < len(done) {
 			upTo := committed + r.IntN(len(done)-committed)
 			for j := committed; j <= upTo; j++ {
-				x.again(fmt.Sprint("batch ", j, " redelivered after batch ", i), done[j].obs, at)
+				again(fmt.Sprint("batch ", j, " redelivered after batch ", i), done[j].obs, at)
 			}
-			x.seen["redelivered"]++
+			seen["redelivered"]++
 		}
 	}
 }

@@ -210,31 +210,8 @@ func (y *adv8) again(what string, batch []Observation, at time.Time) {
 // batch since the last commit redelivered in order.
 func (y *adv8) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)) time.Time {
 	y.t.Helper()
-	var done []adv6Batch
-	committed := 0
-	var at time.Time
-	for i := 0; ; i++ {
-		batch, bat := next(i)
-		if batch == nil {
-			return at
-		}
-		at = bat
-		y.apply(fmt.Sprint("batch ", i), batch, at)
-		done = append(done, adv6Batch{batch, at})
-		if r.IntN(6) == 0 {
-			y.again(fmt.Sprint("batch ", i, " retried"), batch, at)
-		}
-		if r.IntN(4) == 0 {
-			committed = len(done)
-		}
-		if r.IntN(9) == 0 && committed < len(done) {
-			upTo := committed + r.IntN(len(done)-committed)
-			for j := committed; j <= upTo; j++ {
-				y.again(fmt.Sprint("batch ", j, " redelivered after batch ", i), done[j].obs, at)
-			}
-			y.seen["redelivered"]++
-		}
-	}
+	apply := func(what string, b []Observation, at time.Time) { y.apply(what, b, at) }
+	return adv6DeliverWith(r, y.seen, apply, y.again, next)
 }
 
 // collect is adv6.collect with the head's span: expired probes until no record whose horizon's
