@@ -59,7 +59,7 @@
 --
 -- Cost: Redis work per call is a fixed handful of commands however many hours the batch touches
 -- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the records,
--- one HMGET of the head, one of every hour, index group and recent minute the batch touches, one
+-- one HMGET of the head and of every hour, index group and recent minute the batch touches, one
 -- HSET of the records, one HSET of the state, the expiries.
 -- Numbers: the state's are unsigned little-endian integers of fixed width (struct.pack and
 -- struct.unpack, one C call per field instead of a pattern match and a conversion per number;
@@ -460,14 +460,20 @@ local function expireHours(newCut)
   end
 end
 
+-- raiseCut moves the cut up to what the watermark and the retention give, never back: the hours
+-- it passes leave every count.
+local function raiseCut()
+  local nc = floor((w - ret) / HOUR)
+  if cutH and nc > cutH then expireHours(nc) end
+  if not cutH or nc > cutH then cutH = nc end
+end
+
 -- advance moves the watermark to occ: hours beyond retention leave every count, and minute buckets
 -- no window can reach any more are dropped.
 local function advance(occ)
   if w and occ <= w then return end
   w = occ
-  local nc = floor((w - ret) / HOUR)
-  if cutH and nc > cutH then expireHours(nc) end
-  if not cutH or nc > cutH then cutH = nc end
+  raiseCut()
   local nm = max(floor(w / MIN) - MKEEP, 0)
   -- Minute buckets below the floor are never read or written again; deleting them is only
   -- garbage collection, done in steps of an hour of minutes to keep it cheap.
@@ -477,11 +483,7 @@ local function advance(occ)
 end
 -- A retention lowered since the last batch: the cut moves up to what it gives now (with a batch;
 -- a read shows the state as the last batch left it).
-if n > 0 and w and floor((w - ret) / HOUR) > cutH then
-  local nc = floor((w - ret) / HOUR)
-  expireHours(nc)
-  cutH = nc
-end
+if n > 0 and w then raiseCut() end
 
 -- insertOcc and removeOcc keep the bounds of hour table t (read) as a winner that occurred at occ
 -- enters or leaves it: exact, or loose (a bound may lie beyond the winners) once one left at a

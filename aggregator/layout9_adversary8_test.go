@@ -163,47 +163,14 @@ func (y *adv8) count(s adv8Snap, batch []Observation, outs []Outcome) {
 
 // applyUnchecked is adv6.apply without adv6.check (inspect checks the state instead).
 func (y *adv8) applyUnchecked(what string, batch []Observation, at time.Time) Applied {
-	x := y.adv6
-	x.t.Helper()
-	ctx := context.Background()
-	x.hist = append(x.hist, adv6Batch{batch, at})
-	got, err := x.s.Apply(ctx, batch, at)
-	if err != nil {
-		x.t.Fatalf("%s: %v", what, err)
-	}
-	want, _ := x.m.Apply(ctx, batch, at)
-	for j := range batch {
-		x.outs[want.Outcomes[j]]++
-		if got.Outcomes[j] != want.Outcomes[j] {
-			x.t.Fatalf("%s, event %d (%+v): redis %v, model %v\n%s", what, j, batch[j], got.Outcomes[j], want.Outcomes[j], x.history(3))
-		}
-	}
-	for _, k := range want.Keys {
-		if got.Tallies[k] != want.Tallies[k] {
-			x.t.Fatalf("%s, %s:\nredis %+v\nmodel %+v\n%s", what, k, got.Tallies[k], want.Tallies[k], x.history(3))
-		}
-	}
-	return got
+	y.t.Helper()
+	return y.adv6.applyChecked(what, batch, at, false)
 }
 
 // again applies a batch once more: it must change nothing, not even a version.
 func (y *adv8) again(what string, batch []Observation, at time.Time) {
 	y.t.Helper()
-	before := map[Key]int64{}
-	for _, k := range y.m.Keys() {
-		before[k] = y.m.Tally(k, at).Version
-	}
-	got := y.apply(what, batch, at)
-	for j, o := range got.Outcomes {
-		if o == Counted || o == Reassessed {
-			y.t.Fatalf("%s: event %d (%+v) was %v when applied again", what, j, batch[j], o)
-		}
-	}
-	for k, tl := range got.Tallies {
-		if tl.Version != before[k] {
-			y.t.Fatalf("%s moved %s from version %d to %d", what, k, before[k], tl.Version)
-		}
-	}
+	y.adv6.againWith(what, batch, at, y.apply)
 }
 
 // deliver is adv6.deliver through adv8's apply: batches, now and then retried at once, or every
