@@ -129,6 +129,7 @@ end
 -- Cells: what a case holds in one version ----------------------------------------------------------
 local cells, touchedCells = {}, {}
 local cellRaw = {} -- values of M read ahead: a string, or false when absent
+local NONE = { p = 0, f = 0, e = 0, planned = 0, exists = false }
 local function cell(id, c, create, k)
   k = k or id .. '|' .. c
   local x = cells[k]
@@ -139,15 +140,16 @@ local function cell(id, c, create, k)
     local bar = find(v, '|', 1, true)
     local p, f, e, pl, fo = match(sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
     x = { p = tonumber(p), f = tonumber(f), e = tonumber(e), planned = tonumber(pl), first = tonumber(fo),
-          bm = sub(v, bar + 1), exists = true, id = id, c = c, o = false, listed = false, maxRuns = false, bytes = false }
+          bm = sub(v, bar + 1), exists = true, id = id, c = c, k = k, o = false, listed = false, maxRuns = false, bytes = false }
   elseif create then
     -- Every field the call sets later is named here: no rehash as they are set.
-    x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false, id = id, c = c, o = false,
+    x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false, id = id, c = c, k = k, o = false,
           listed = false, maxRuns = false, bytes = false }
   else
     return nil
   end
-  x.o = { p = x.p, f = x.f, e = x.e, planned = x.planned, first = x.first, exists = x.exists }
+  -- What the cell held before this call; never written. Every new cell shares one.
+  x.o = x.exists and { p = x.p, f = x.f, e = x.e, planned = x.planned, first = x.first, exists = true } or NONE
   cells[k] = x
   return x
 end
@@ -290,6 +292,16 @@ local function num(n)
   if not s then s = fmt('%d', n); nums[n] = s end
   return s
 end
+-- histName returns the field of the (n, c) histogram entry of prefix p ('c' or 't'), made once per
+-- call: cells mostly fall in a few entries.
+local histNames = { c = {}, t = {} }
+local function histName(p, n, c)
+  local byN = histNames[p][n]
+  if not byN then byN = {}; histNames[p][n] = byN end
+  local f = byN[c]
+  if not f then f = p .. num(n) .. ',' .. num(c); byN[c] = f end
+  return f
+end
 -- runDelta adds (sign 1) or takes back (-1) one run of result res (0 pass, 1 fail, 2 error) at
 -- index idx; reply and trig are 0 or 1.
 local function runDelta(x, acc, idx, res, reply, tok, trig, sign)
@@ -348,7 +360,7 @@ end
 local out, nout = {}, 0
 local bound0 = boundary()
 local reorder = false
-local cases, caseOrder = {}, {}
+local cases, caseOrder, vidsChanged = {}, {}, {} -- case -> its touched cells; cases in order; cases given a version
 local touchedVersions, versionOrder = {}, {}
 local seqOf = {} -- version id -> version_seq, as this call left it
 for b in groups() do
@@ -426,8 +438,10 @@ for b, n in groups() do
     dv[id] = deadline
   end
   if not touchedVersions[id] then touchedVersions[id] = true; versionOrder[#versionOrder + 1] = id end
-  if not cases[c] then
-    cases[c] = { cells = {} }
+  local cs = cases[c]
+  if not cs then
+    cs = {}
+    cases[c] = cs
     caseOrder[#caseOrder + 1] = c
   end
   local ck = id .. '|' .. c
@@ -436,12 +450,11 @@ for b, n in groups() do
     x.listed = true
     local l = vidsOf(c)
     l[#l + 1] = id
-    cases[c].vidsChanged = true
+    vidsChanged[c] = true
   end
   if not touchedCells[x] then
     touchedCells[x] = true; touchedCells[#touchedCells + 1] = x
-    local l = cases[c].cells
-    l[#l + 1] = x
+    cs[#cs + 1] = x
   end
   x.planned = max(x.planned, runs)
   if not x.first or occ < x.first then x.first = occ end
@@ -543,13 +556,13 @@ for _, x in ipairs(touchedCells) do
   local id, c, o = x.id, x.c, x.o
   local on, oc, nn, nc = o.p + o.f, o.p, x.p + x.f, x.p
   if on ~= nn or oc ~= nc then
-    if on > 0 then hadd(id, 'c' .. num(on) .. ',' .. num(oc), -1) end
-    if nn > 0 then hadd(id, 'c' .. num(nn) .. ',' .. num(nc), 1) end
+    if on > 0 then hadd(id, histName('c', on, oc), -1) end
+    if nn > 0 then hadd(id, histName('c', nn, nc), 1) end
   end
   local oa, na = on + o.e, nn + x.e -- every stored run, errored ones too
   if oa ~= na or oc ~= nc then
-    if oa > 0 then hadd(id, 't' .. num(oa) .. ',' .. num(oc), -1) end
-    if na > 0 then hadd(id, 't' .. num(na) .. ',' .. num(nc), 1) end
+    if oa > 0 then hadd(id, histName('t', oa, oc), -1) end
+    if na > 0 then hadd(id, histName('t', na, nc), 1) end
   end
   local om = o.exists and (o.planned - (o.p + o.f + o.e)) or 0
   local nm = missing(x)
@@ -573,7 +586,7 @@ for _, x in ipairs(touchedCells) do
       end
     end
   end
-  local k = id .. '|' .. c
+  local k = x.k
   if x.bytes then x.bm = char(unpack(x.bytes)); x.bytes = nil end
   cellOrder[#cellOrder + 1] = k
   cellWrites[k] = fmt('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
@@ -590,7 +603,7 @@ for _, id in ipairs(versionsRun) do
 end
 local caseOrderChanged, caseWrites = {}, {}
 for _, c in ipairs(caseOrder) do
-  if cases[c].vidsChanged then
+  if vidsChanged[c] then
     caseOrderChanged[#caseOrderChanged + 1] = c
     caseWrites[c] = concat(vidsOf(c), ' ')
   end
@@ -622,10 +635,19 @@ else
   local function outcome(p, f) return p + f == 0 and 0 or (f == 0 and 1 or 2) end
   for _, c in ipairs(caseOrder) do
     local changed = false
-    for _, x in ipairs(cases[c].cells) do
+    local cs = cases[c]
+    for _, x in ipairs(cs) do
       if outcome(x.o.p, x.o.f) ~= outcome(x.p, x.f) then changed = true; break end
     end
-    if changed then
+    if changed and minHistory > 1 and #vidsOf(c) == 1 then
+      -- A case with runs in one version (its cell is the one touched) has at most one outcome:
+      -- too new while it has one (min_history is above 1), unclassified while it has none, never
+      -- revived. judge would find the same, at the cost of two judgements; this is every case of
+      -- a suite's first version, and every case a later version adds.
+      local x = cs[1]
+      local d = (x.p + x.f > 0 and 1 or 0) - (x.o.p + x.o.f > 0 and 1 or 0)
+      if d ~= 0 then dadd('tn', d) end
+    elseif changed then
       local before, res = judge(c, true), judge(c)
       after[c] = res
       contribute(before, -1)
