@@ -3,7 +3,7 @@
 # second Redis without persistence (16380) for the AOF comparison, and Kafka; then the Go
 # micro-benchmarks. Stops whatever it started. The harness reads (BENCHMARKS.md, How to run):
 #   BENCH_EVENTS      events of the today and wide shapes (default 1 000 000)
-#   BENCH_SUITE_RUNS  graded runs the eval shape's suite version grows to (default 150 000)
+#   BENCH_SUITE_RUNS  graded runs the eval shape's suite version grows to (default 1 000 000)
 #   BENCH_SHAPES      which shapes to run, comma-separated (default today,wide,eval)
 #   BENCH_BASELINE    an older repeatrate binary or a git revision to build: every pipeline run
 #                     alternates it with the working tree's build, and the figures gain ratios
@@ -47,5 +47,5 @@ export REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_TEST_KAFKA=127.0.0.1:190
 
 echo "== Go micro-benchmarks"
 go test -run '^$' -bench . -benchmem -benchtime 2s ./consumer ./aggregator
-echo "== end-to-end harness (BENCH_EVENTS=${BENCH_EVENTS:-1000000} BENCH_SUITE_RUNS=${BENCH_SUITE_RUNS:-150000} BENCH_SHAPES=${BENCH_SHAPES:-today,wide,eval}${BENCH_BASELINE:+ BENCH_BASELINE=$BENCH_BASELINE})"
+echo "== end-to-end harness (BENCH_EVENTS=${BENCH_EVENTS:-1000000} BENCH_SUITE_RUNS=${BENCH_SUITE_RUNS:-1000000} BENCH_SHAPES=${BENCH_SHAPES:-today,wide,eval}${BENCH_BASELINE:+ BENCH_BASELINE=$BENCH_BASELINE})"
 go run ./test/bench

@@ -82,7 +82,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	suiteRuns, err := atLeast("BENCH_SUITE_RUNS", "150000", 1000)
+	suiteRuns, err := atLeast("BENCH_SUITE_RUNS", "1000000", 1000)
 	if err != nil {
 		return err
 	}
@@ -308,6 +308,12 @@ func (r pipelineResult) describe(cores int) string {
 		if r.suiteRewrite {
 			s += " with an AOF rewrite in a measured quarter"
 		}
+		if !math.IsNaN(r.windowScale()) {
+			s += fmt.Sprintf("; over its first %d runs %.3f (%.0f → %.0f eval results/s)", suiteWindowRuns, r.windowScale(), r.windowFirst, r.windowLast)
+			if r.windowRewrite {
+				s += " with an AOF rewrite in a measured quarter"
+			}
+		}
 	}
 	if r.timedOut {
 		s += fmt.Sprintf(", TIMED OUT after %d events", r.processed)
@@ -339,6 +345,10 @@ func (r pipelineResult) figures(in *input, cores int) map[string]any {
 		m["suite_first_quarter_rps"] = num(r.suiteFirst, 0)
 		m["suite_last_quarter_rps"] = num(r.suiteLast, 0)
 		m["suite_scale_aof_rewrite"] = r.suiteRewrite
+		if in.runs > suiteWindowRuns {
+			m["suite_scale_ratio_150k"] = num(r.windowScale(), 3)
+			m["suite_scale_150k_aof_rewrite"] = r.windowRewrite
+		}
 	}
 	if r.timedOut {
 		m["timed_out_after_events"] = r.processed
@@ -348,7 +358,7 @@ func (r pipelineResult) figures(in *input, cores int) map[string]any {
 
 // versusKeys are the figures compared between the current build and the baseline.
 var versusKeys = []string{"pipeline_eps", "processor_cpu_us_per_event", "redis_cpu_us_per_event", "kafka_cpu_us_per_event",
-	"pipeline_vs_machine", "redis_rewrite_cpu_us_per_event", "suite_scale_ratio", "redis_roundtrips_per_event", "rss_mb", "p99_ms"}
+	"pipeline_vs_machine", "redis_rewrite_cpu_us_per_event", "suite_scale_ratio", "suite_scale_ratio_150k", "redis_roundtrips_per_event", "rss_mb", "p99_ms"}
 
 // versus returns current ÷ baseline for each compared figure both have.
 func versus(cur, base map[string]any) map[string]any {

@@ -52,6 +52,43 @@ func TestQuarterRates(t *testing.T) {
 	}
 }
 
+// TestWindowQuarterRates checks the suite_scale figure over the first runs of a longer run: the
+// samples up to the one that reaches the window, and their quarters.
+func TestWindowQuarterRates(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var s []countSample
+	// 100 runs/s for 4 s, then 25/s: the window of the first 400 runs never sees the slowdown; the
+	// whole run does.
+	for i, n := 0, 0.0; i <= 12; i++ {
+		s = append(s, countSample{at: t0.Add(time.Duration(i) * time.Second), n: n})
+		if i < 4 {
+			n += 100
+		} else {
+			n += 25
+		}
+	}
+	w := upTo(s, 400)
+	if len(w) != 5 || w[len(w)-1].n != 400 {
+		t.Fatalf("upTo(400) = %v, want the 5 samples up to 400", w)
+	}
+	if first, last := quarterRates(w); !same(first, 100) || !same(last, 100) {
+		t.Errorf("window: quarterRates = %v, %v, want 100, 100", first, last)
+	}
+	if first, last := quarterRates(s); !same(first, 100) || !same(last, 25) {
+		t.Errorf("whole run: quarterRates = %v, %v, want 100, 25", first, last)
+	}
+	if w := upTo(s, 401); w == nil || w[len(w)-1].n != 425 {
+		t.Errorf("upTo(401) ends at %v, want the sample of 425", w)
+	}
+	if w := upTo(s, 1e6); w != nil {
+		t.Errorf("upTo beyond the run = %v, want nil", w)
+	}
+	r := pipelineResult{windowFirst: 100, windowLast: 50}
+	if !same(r.windowScale(), 0.5) {
+		t.Errorf("windowScale = %v, want 0.5", r.windowScale())
+	}
+}
+
 // same reports whether two figures are equal, or both unmeasured.
 func same(a, b float64) bool {
 	return math.IsNaN(a) && math.IsNaN(b) || math.Abs(a-b) < 1e-9

@@ -31,9 +31,12 @@ type pipelineResult struct {
 	rssMB                    float64
 	suiteFirst, suiteLast    float64 // eval results/s over the first and the last quarter (NaN without eval results)
 	suiteRewrite             bool    // Redis rewrote its AOF during the first or the last quarter
-	aofRewrites              int     // AOF rewrites Redis started during the run
-	processed                int     // messages processed: in.n unless timedOut
-	timedOut                 bool    // BENCH_TIMEOUT passed first; figures cover what was processed
+	// The same over the first suiteWindowRuns graded runs of the suite (NaN when the run has fewer).
+	windowFirst, windowLast float64
+	windowRewrite           bool
+	aofRewrites             int  // AOF rewrites Redis started during the run
+	processed               int  // messages processed: in.n unless timedOut
+	timedOut                bool // BENCH_TIMEOUT passed first; figures cover what was processed
 }
 
 // machineLimit is the events per second the machine's cores could carry at this run's CPU cost
@@ -62,6 +65,27 @@ type countSample struct {
 	at        time.Time
 	n         float64
 	rewriting bool // Redis was seen rewriting its AOF since the previous sample
+}
+
+// suiteWindowRuns is the suite size of the first suite_scale figure: eval results/s over the
+// last quarter ÷ over the first of a suite version filled with 150 000 runs. The eval shape grows
+// its version further (BENCH_SUITE_RUNS, 10⁶ by default); this figure is read from the same run,
+// over the samples up to the 150 000th run.
+const suiteWindowRuns = 150000
+
+// windowPoll is the wait between two scrapes while the suite has fewer than suiteWindowRuns runs:
+// its quarters last a few batches each, and a quarter is bracketed by samples (quarterRates).
+const windowPoll = 20 * time.Millisecond
+
+// upTo returns the samples up to the first one that counts at least n items in all, nil when
+// none does.
+func upTo(s []countSample, n float64) []countSample {
+	for i, x := range s {
+		if x.n >= n {
+			return s[:i+1]
+		}
+	}
+	return nil
 }
 
 // pollInterval is the wait between two scrapes of the processor's metrics: short before its first
@@ -138,6 +162,9 @@ func rewriteInQuarters(s []countSample) bool {
 
 // suiteScale is eval results/s over the last quarter ÷ over the first (NaN when unknown).
 func (r pipelineResult) suiteScale() float64 { return r.suiteLast / r.suiteFirst }
+
+// windowScale is suiteScale over the first suiteWindowRuns runs (NaN when unknown).
+func (r pipelineResult) windowScale() float64 { return r.windowLast / r.windowFirst }
 
 // sumSeries adds every series of a metric (all label sets) in a scrape.
 func sumSeries(m map[string]float64, name string) float64 {
@@ -228,7 +255,11 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 			sched1 = redisThread(ctx, redisAddr)
 			break
 		}
-		time.Sleep(pollInterval(first.IsZero(), done, float64(in.n)))
+		wait := pollInterval(first.IsZero(), done, float64(in.n))
+		if in.runs > suiteWindowRuns && !first.IsZero() && (len(evals) == 0 || evals[len(evals)-1].n < suiteWindowRuns) {
+			wait = min(wait, windowPoll)
+		}
+		time.Sleep(wait)
 	}
 	processed := done
 	// A rewrite the run started is the run's work: its child's CPU counts once Redis has reaped
@@ -249,6 +280,8 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		rssMB:         peakRSS(pid),
 		suiteFirst:    math.NaN(),
 		suiteLast:     math.NaN(),
+		windowFirst:   math.NaN(),
+		windowLast:    math.NaN(),
 		aofRewrites:   aofRewrites(ctx, redisAddr) - rewrites0,
 		processed:     int(processed),
 		timedOut:      timedOut,
@@ -259,6 +292,10 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	if in.runs > 0 {
 		r.suiteFirst, r.suiteLast = quarterRates(evals)
 		r.suiteRewrite = rewriteInQuarters(evals)
+		if w := upTo(evals, suiteWindowRuns); in.runs > suiteWindowRuns && w != nil {
+			r.windowFirst, r.windowLast = quarterRates(w)
+			r.windowRewrite = rewriteInQuarters(w)
+		}
 	}
 	// Where a batch's time goes: the stages overlap, so each is a share of the measured interval
 	// (the apply stage waits for Redis; prepare and publish run beside it).
