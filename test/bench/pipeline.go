@@ -186,6 +186,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	if err != nil {
 		return pipelineResult{}, err
 	}
+	compactAOF(ctx, redisAddr)
 	cmd := exec.Command(bin.path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), e.processorEnv(name, in.topic, redisAddr)...)
 	var stderr bytes.Buffer
@@ -477,6 +478,44 @@ func redisChildCPU(ctx context.Context, addr string) float64 {
 
 // aofRewrites returns how many AOF rewrites the Redis at addr has done since it started (0 when
 // AOF is off or the figure is unavailable).
+// compactAOF starts every pipeline run from the same persistence state: when Redis at addr keeps an
+// AOF, it rewrites it (the run's keys of the previous run are deleted by then, so the base is
+// small) and waits for the rewrite to end. Without it, when the run's own writes trigger an
+// automatic rewrite (auto-aof-rewrite-percentage of the last base) depends on which run came
+// before, so two builds' runs met rewrites at different points. A failure is logged: the run
+// then measures what it finds.
+func compactAOF(ctx context.Context, addr string) {
+	if infoField(ctx, addr, "persistence", "aof_enabled") != 1 {
+		return
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	// One already running (or scheduled) is waited for first: BGREWRITEAOF would only schedule.
+	busy := func() bool {
+		return infoField(ctx, addr, "persistence", "aof_rewrite_in_progress") == 1 ||
+			infoField(ctx, addr, "persistence", "aof_rewrite_scheduled") == 1
+	}
+	wait := func() bool {
+		for deadline := time.Now().Add(2 * time.Minute); busy(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return false
+			}
+		}
+		return true
+	}
+	before := aofRewrites(ctx, addr)
+	if !wait() || rdb.BgRewriteAOF(ctx).Err() != nil {
+		logf("compact AOF of %s: skipped (a rewrite did not end, or BGREWRITEAOF failed)", addr)
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); aofRewrites(ctx, addr) == before || busy(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			logf("compact AOF of %s: the rewrite did not end within 2 minutes", addr)
+			return
+		}
+	}
+}
+
 func aofRewrites(ctx context.Context, addr string) int {
 	n := infoField(ctx, addr, "persistence", "aof_rewrites")
 	if math.IsNaN(n) {
