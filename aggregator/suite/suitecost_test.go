@@ -7,7 +7,6 @@ import (
 	"os"
 	"reflect"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -106,22 +105,7 @@ func TestSuiteCost(t *testing.T) {
 		}
 		stores[i] = s
 	}
-	cpuOf := func() float64 {
-		s, err := client.Info(ctx, "cpu").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cpu float64
-		for _, line := range strings.Split(s, "\r\n") {
-			for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
-				if v, ok := strings.CutPrefix(line, f); ok {
-					x, _ := strconv.ParseFloat(v, 64)
-					cpu += x
-				}
-			}
-		}
-		return cpu
-	}
+	cpuOf := func() float64 { return redisCPU(ctx, client) }
 	var info float64 // INFO's own cost, taken off each measurement
 	for i := 0; i < 20; i++ {
 		a := cpuOf()
