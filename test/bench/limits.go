@@ -152,6 +152,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		{Topic: name + ".snapshots", NumPartitions: 4, ReplicationFactor: 1}}}); err != nil {
 		return 0, 0, err
 	}
+	settle(ctx, e.redisAOF)
 	port, _ := freePort()
 	cmd := exec.Command(bin.path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), e.processorEnv(name, name+".in", e.redisAOF)...)
