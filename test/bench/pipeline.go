@@ -265,9 +265,7 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	processed := done
 	// A rewrite the run started is the run's work: its child's CPU counts once Redis has reaped
 	// it, so wait for one in progress (the processor is done; nothing else is measured now).
-	for wait := time.Now().Add(30 * time.Second); infoField(ctx, redisAddr, "persistence", "aof_rewrite_in_progress") == 1 && time.Now().Before(wait); {
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(30*time.Second, func() bool { return infoField(ctx, redisAddr, "persistence", "aof_rewrite_in_progress") != 1 })
 	time.Sleep(200 * time.Millisecond) // serverCron reaps a finished child within 1/hz s
 	child1 := redisChildCPU(ctx, redisAddr)
 	r := pipelineResult{
@@ -476,61 +474,61 @@ func redisChildCPU(ctx context.Context, addr string) float64 {
 	return infoField(ctx, addr, "cpu", "used_cpu_user_children") + infoField(ctx, addr, "cpu", "used_cpu_sys_children")
 }
 
-// aofRewrites returns how many AOF rewrites the Redis at addr has done since it started (0 when
-// AOF is off or the figure is unavailable).
 // settle waits until Redis at addr has freed what the previous run's cleanup unlinked (its
 // lazy-free thread frees a run's keys in the background, taking a core for seconds after a large
 // run), then compacts its AOF: every measured run starts on a Redis at rest, whichever came before.
 // The latency run, which followed the last pipeline run, read p99 204 ms for the build measured
 // first and 109–161 ms for the one measured second, with the same code on that path.
 func settle(ctx context.Context, addr string) {
-	for deadline := time.Now().Add(2 * time.Minute); infoField(ctx, addr, "memory", "lazyfree_pending_objects") > 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			logf("settle %s: objects still pending lazy free after 2 minutes", addr)
-			break
-		}
+	if !waitUntil(2*time.Minute, func() bool { return !(infoField(ctx, addr, "memory", "lazyfree_pending_objects") > 0) }) {
+		logf("settle %s: objects still pending lazy free after 2 minutes", addr)
 	}
 	compactAOF(ctx, addr)
 }
 
-// compactAOF starts every pipeline run from the same persistence state: when Redis at addr keeps an
-// AOF, it rewrites it (the run's keys of the previous run are deleted by then, so the base is
-// small) and waits for the rewrite to end. Without it, when the run's own writes trigger an
-// automatic rewrite (auto-aof-rewrite-percentage of the last base) depends on which run came
-// before, so two builds' runs met rewrites at different points. A failure is logged: the run
-// then measures what it finds.
+// waitUntil polls done every 50 ms until it reports true (true) or d has passed (false).
+func waitUntil(d time.Duration, done func() bool) bool {
+	for deadline := time.Now().Add(d); !done(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// compactAOF starts a run from the same persistence state whatever ran before: when Redis at addr
+// keeps an AOF, it rewrites it (the previous run's keys are deleted by then, so the base is small)
+// and waits for the rewrite to end. Without it, when the run's own writes trigger an automatic
+// rewrite (auto-aof-rewrite-percentage of the last base) depended on which run came before, so two
+// builds' runs met rewrites at different points. A failure is logged: the run then measures what
+// it finds.
 func compactAOF(ctx context.Context, addr string) {
 	if infoField(ctx, addr, "persistence", "aof_enabled") != 1 {
 		return
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
+	idle := func() bool {
+		return infoField(ctx, addr, "persistence", "aof_rewrite_in_progress") != 1 &&
+			infoField(ctx, addr, "persistence", "aof_rewrite_scheduled") != 1
+	}
 	// One already running (or scheduled) is waited for first: BGREWRITEAOF would only schedule.
-	busy := func() bool {
-		return infoField(ctx, addr, "persistence", "aof_rewrite_in_progress") == 1 ||
-			infoField(ctx, addr, "persistence", "aof_rewrite_scheduled") == 1
-	}
-	wait := func() bool {
-		for deadline := time.Now().Add(2 * time.Minute); busy(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				return false
-			}
-		}
-		return true
-	}
-	before := aofRewrites(ctx, addr)
-	if !wait() || rdb.BgRewriteAOF(ctx).Err() != nil {
-		logf("compact AOF of %s: skipped (a rewrite did not end, or BGREWRITEAOF failed)", addr)
+	if !waitUntil(2*time.Minute, idle) {
+		logf("compact AOF of %s: skipped (a rewrite did not end within 2 minutes)", addr)
 		return
 	}
-	for deadline := time.Now().Add(2 * time.Minute); aofRewrites(ctx, addr) == before || busy(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			logf("compact AOF of %s: the rewrite did not end within 2 minutes", addr)
-			return
-		}
+	before := aofRewrites(ctx, addr)
+	if err := rdb.BgRewriteAOF(ctx).Err(); err != nil {
+		logf("compact AOF of %s: skipped: %v", addr, err)
+		return
+	}
+	if !waitUntil(2*time.Minute, func() bool { return aofRewrites(ctx, addr) != before && idle() }) {
+		logf("compact AOF of %s: the rewrite did not end within 2 minutes", addr)
 	}
 }
 
+// aofRewrites returns how many AOF rewrites the Redis at addr has done since it started (0 when
+// AOF is off or the figure is unavailable).
 func aofRewrites(ctx context.Context, addr string) int {
 	n := infoField(ctx, addr, "persistence", "aof_rewrites")
 	if math.IsNaN(n) {
