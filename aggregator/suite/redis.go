@@ -117,8 +117,17 @@ type cellGroup struct {
 
 // scriptArgs returns the suite script's arguments for the observations idx of one suite, grouped
 // by cell in order of first appearance (the order Redis returns their outcome codes in, given in
-// order), after headArgs places for ApplyEncoded to fill.
+// order), after headArgs places for ApplyEncoded to fill: the version sums of every run as if new
+// (totalArgs), then the groups (groupArgs).
 func scriptArgs(obs []RunObservation, idx []int) (args []any, order []int) {
+	cells := cellGroups(obs, idx)
+	args = make([]any, headArgs, headArgs+1+9*len(cells))
+	args = totalArgs(args, obs, idx)
+	return groupArgs(args, obs, cells, len(idx))
+}
+
+// cellGroups groups the observations idx by (version, case) cell, in order of first appearance.
+func cellGroups(obs []RunObservation, idx []int) []cellGroup {
 	at := map[[2]string]int{}
 	var cells []cellGroup
 	for _, i := range idx {
@@ -135,22 +144,110 @@ func scriptArgs(obs []RunObservation, idx []int) (args []any, order []int) {
 		g.runs, g.occurred, g.vs = max(g.runs, o.Record.Runs), min(g.occurred, o.Record.Occurred), max(g.vs, o.Record.VersionSeq)
 		g.obs = append(g.obs, i)
 	}
-	args = make([]any, headArgs, headArgs+6*len(cells)+3*len(idx))
-	order = make([]int, 0, len(idx))
-	// Records are slices of one buffer: one allocation per suite, not per run.
-	buf := make([]byte, 0, 48*len(idx))
+	return cells
+}
+
+// sumKey names one of a version's sums by run index or reply length: kind is 'p' (passed runs of
+// index k), 'n' (scored runs of index k), 'l' (replies of k tokens) or 'a' (abnormal ones).
+type sumKey struct {
+	version string
+	kind    byte
+	k       int64
+}
+
+// totalArgs appends the count of sums and the sums, as (version, field, count) triples, that
+// the observations idx add to their versions' hashes if every one is a new run (suite.lua takes
+// back the share of a run it finds held): the per-run work is done here, once, not in Redis.
+func totalArgs(args []any, obs []RunObservation, idx []int) []any {
+	sums := map[sumKey]int64{}
+	var keys []sumKey
+	add := func(k sumKey) {
+		if _, ok := sums[k]; !ok {
+			keys = append(keys, k)
+		}
+		sums[k]++
+	}
+	for _, i := range idx {
+		o := &obs[i]
+		v, r := o.Key.Version, &o.Record
+		switch r.Result {
+		case 'p':
+			add(sumKey{v, 'p', o.Key.RunIndex})
+			add(sumKey{v, 'n', o.Key.RunIndex})
+		case 'f':
+			add(sumKey{v, 'n', o.Key.RunIndex})
+		}
+		if r.Reply {
+			add(sumKey{v, 'l', int64(r.Tokens)})
+			if r.Trigger != "" {
+				add(sumKey{v, 'a', int64(r.Tokens)})
+			}
+		}
+	}
+	args = append(args, len(keys))
+	for _, k := range keys {
+		args = append(args, k.version, string(k.kind)+strconv.FormatInt(k.k, 10), sums[k])
+	}
+	return args
+}
+
+// groupArgs appends the script's 9 arguments of each cell group (n runs in all) and returns them
+// with the runs in the order of their outcome codes.
+func groupArgs(args []any, obs []RunObservation, cells []cellGroup, n int) ([]any, []int) {
+	order := make([]int, 0, n)
+	// Entries and bitmaps are slices of one buffer: one allocation per suite, not per run.
+	buf := make([]byte, 0, 48*n+8*len(cells))
 	for _, g := range cells {
-		args = append(args, g.version, g.kase, len(g.obs), g.runs, g.occurred, g.vs)
+		start := len(buf)
+		fast := true
+		var pfe [3]int64
+		blk := obs[g.obs[0]].Key.RunIndex / runBlock
 		for _, i := range g.obs {
 			o := &obs[i]
-			start := len(buf)
 			buf = appendEntry(buf, o.Key.RunIndex, &o.Record)
-			args = append(args, o.Key.RunIndex, runFlags(&o.Record), buf[start:len(buf):len(buf)])
+			pfe[runFlags(&o.Record)%16/4]++
+			fast = fast && o.Key.RunIndex/runBlock == blk
 			order = append(order, i)
 		}
+		entries := buf[start:len(buf):len(buf)]
+		var counts, bitmap []byte
+		if fast {
+			// The bitmap of the indexes, as the script keeps it (bit i in byte i/8, low bit
+			// first); a repeated index leaves the group to the script's run-by-run path.
+			start = len(buf)
+			for _, i := range g.obs {
+				ri := obs[i].Key.RunIndex
+				for int64(len(buf)-start) <= ri/8 {
+					buf = append(buf, 0)
+				}
+				bit := byte(1) << (ri % 8)
+				if buf[start+int(ri/8)]&bit != 0 {
+					fast = false
+					break
+				}
+				buf[start+int(ri/8)] |= bit
+			}
+			bitmap = buf[start:len(buf):len(buf)]
+		}
+		if fast {
+			start = len(buf)
+			for j, c := range [...]int64{pfe[0], pfe[1], pfe[2], blk} {
+				if j > 0 {
+					buf = append(buf, ' ')
+				}
+				buf = strconv.AppendInt(buf, c, 10)
+			}
+			counts = buf[start:len(buf):len(buf)]
+		} else {
+			bitmap = nil
+		}
+		args = append(args, g.version, g.kase, len(g.obs), g.runs, g.occurred, g.vs, entries, counts, bitmap)
 	}
 	return args, order
 }
+
+// runBlock is how many run indexes one stored field of runs holds (suite.lua's BLOCK).
+const runBlock = 16
 
 // Apply merges obs, updates the summaries of every touched suite and reads them back, as
 // observed at time at (the deadline of missing runs is at minus Config.MissingAfter, and never

@@ -36,14 +36,15 @@ func splitEncode(obs []RunObservation) *Encoded {
 		first, rest = append(first, idx[:h]...), append(rest, idx[h:]...)
 	}
 	e := &Encoded{n: len(obs), suites: []Key{obs[0].Key.Key}, args: map[Key][]any{}, orders: map[Key][]int{}}
-	args := make([]any, headArgs)
+	args := totalArgs(make([]any, headArgs), obs, append(append([]int(nil), first...), rest...))
 	var order []int
 	for _, part := range [][]int{first, rest} {
 		if len(part) == 0 {
 			continue
 		}
-		a, o := scriptArgs(obs, part)
-		args, order = append(args, a[headArgs:]...), append(order, o...)
+		var o []int
+		args, o = groupArgs(args, obs, cellGroups(obs, part), len(part))
+		order = append(order, o...)
 	}
 	e.args[obs[0].Key.Key], e.orders[obs[0].Key.Key] = args, order
 	return e

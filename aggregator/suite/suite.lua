@@ -33,18 +33,24 @@
 --   B..'x'..vid  zset  cases with missing runs matured (first occurred <= D), scored 0
 --
 -- ARGV: ttl_ms, min_history, judge_last_versions, deadline_us, mode ('a' apply, 'r' read every
--- version), list limit, sample limit, then the runs grouped by cell: version, case, n, the
+-- version), list limit, sample limit; T, then T triples (version, field of B..'h'..vid, count): the
+-- per-run-index and per-reply-length sums (p<i>, n<i>, l<t>, a<t>) of every run of the call as if
+-- each were new, so that a new run adds nothing here one by one (a run found already held takes
+-- its share back); then the runs grouped by cell, 9 arguments per group: version, case, n, the
 -- greatest planned runs, the least occurred time and the greatest version_seq of the group's runs,
--- then three per run: run_index, flags = tokens*16 + result*4 + reply*2 + trigger (result 0 pass,
--- 1 fail, 2 error; reply and trigger 0 or 1), and the run's entry as B..'r' stores it, so that a
--- new run is applied and stored without parsing anything. Returns {codes (one per run, in
--- argument order), discrimination, revived, versions} (see Redis.Apply in redis.go).
+-- the n runs' entries as B..'r' stores them, concatenated ("<run_index> <assessed> <seq>
+-- <flags>;", flags = tokens*16 + result*4 + reply*2 + trigger: result 0 pass, 1 fail, 2 error,
+-- reply and trigger 0 or 1), and, when the runs have distinct indexes in one block, "<passed>
+-- <failed> <errored> <block>" and the bitmap of their indexes (else '' twice): a cell that did
+-- not exist takes those as they are, with its block's value the entries, and no run is looked at
+-- one by one. Returns {codes (one per run, in argument order), discrimination, revived, versions}
+-- (see Redis.Apply in redis.go).
 
 -- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
 -- register.
 local ARGV, tonumber, ipairs, pairs, unpack = ARGV, tonumber, ipairs, pairs, unpack
 local floor, max, min = math.floor, math.max, math.min
-local sub, byte, char, fmt, match, gmatch = string.sub, string.byte, string.char, string.format, string.match, string.gmatch
+local sub, byte, char, fmt, match, gmatch, rep = string.sub, string.byte, string.char, string.format, string.match, string.gmatch, string.rep
 local find = string.find
 local call, concat, sort = redis.call, table.concat, table.sort
 local R, AN = KEYS[1], KEYS[2]
@@ -53,7 +59,9 @@ local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 
 local PA = B .. 'pa'
 local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local GROUP, PER, FIRST = 6, 3, 8
+local GROUP = 9
+local TOTALS = 9 -- the first totals triple
+local FIRST = TOTALS + 3 * (tonumber(ARGV[8]) or 0)
 local nargs = #ARGV
 local anyRuns = nargs >= FIRST
 
@@ -302,22 +310,27 @@ local function histName(p, n, c)
   if not f then f = p .. num(n) .. ',' .. num(c); byN[c] = f end
   return f
 end
--- runDelta adds (sign 1) or takes back (-1) one run of result res (0 pass, 1 fail, 2 error) at
--- index idx; reply and trig are 0 or 1.
-local function runDelta(x, acc, idx, res, reply, tok, trig, sign)
-  if res == 0 then
-    x.p = x.p + sign; bump(acc.p, idx, sign); bump(acc.n, idx, sign)
-  elseif res == 1 then
-    x.f = x.f + sign; bump(acc.n, idx, sign)
-  else
-    x.e = x.e + sign
+-- runDelta adds (sign 1) or takes back (-1) one run of flags fl (tokens*16 + result*4 + reply*2 +
+-- trigger) at index idx: to cell x's counts unless x is nil, and to the version's sums acc unless
+-- acc is nil.
+local function runDelta(x, acc, idx, fl, sign)
+  local low = fl % 16
+  local res = (low - low % 4) / 4
+  if x then
+    if res == 0 then x.p = x.p + sign elseif res == 1 then x.f = x.f + sign else x.e = x.e + sign end
   end
-  if reply == 1 then
+  if not acc then return end
+  if res == 0 then bump(acc.p, idx, sign) end
+  if res <= 1 then bump(acc.n, idx, sign) end
+  if low % 4 >= 2 then
+    local tok = (fl - low) / 16
     bump(acc.l, tok, sign)
-    if trig == 1 then bump(acc.a, tok, sign) end
+    if low % 2 == 1 then bump(acc.a, tok, sign) end
   end
 end
 local ENTRY = '^%d+ (%-?%d+) (%d+) (%d+);$'
+-- ENTRIES matches each entry of a group's runs: the entry, its run_index, assessed, seq and flags.
+local ENTRIES = '((%d+) (%-?%d+) (%d+) (%d+);)'
 -- BLOCK is how many run indexes one field of B..'r' holds.
 local BLOCK = 16
 
@@ -349,7 +362,7 @@ end
 local function groups()
   local b, n = nil, 0
   return function()
-    b = b and b + GROUP + n * PER or FIRST
+    b = b and b + GROUP or FIRST
     if b > nargs then return nil end
     n = tonumber(ARGV[b + 2])
     return b, n
@@ -400,8 +413,8 @@ if anyRuns then
     local v = id and cellRaw[id .. '|' .. c]
     if v then
       local bm, last = sub(v, find(v, '|', 1, true) + 1), nil
-      for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
-        local idx = tonumber(ARGV[r])
+      for idx in gmatch(ARGV[b + 6], '(%d+) [^;]*;') do
+        idx = tonumber(idx)
         local blk = (idx - idx % BLOCK) / BLOCK
         if blk ~= last then
           last = blk
@@ -445,6 +458,7 @@ for b, n in groups() do
     caseOrder[#caseOrder + 1] = c
   end
   local ck = id .. '|' .. c
+  local fresh = cells[ck] == nil -- no group of this call reached the cell yet
   local x = cell(id, c, true, ck)
   if not x.exists and not x.listed then
     x.listed = true
@@ -459,76 +473,74 @@ for b, n in groups() do
   x.planned = max(x.planned, runs)
   if not x.first or occ < x.first then x.first = occ end
   if runs > (x.maxRuns or 0) then x.maxRuns = runs end
-  local acc = accOf(id)
-  local accP, accN, accL, accA = acc.p, acc.n, acc.l, acc.a
-  -- The group's last block (runs of a group are usually all in one).
-  local lastBlk, bt
-  for r = b + GROUP, b + GROUP + (n - 1) * PER, PER do
-    local idx = tonumber(ARGV[r])
-    local blk = (idx - idx % BLOCK) / BLOCK -- floor(idx / BLOCK) without a call, as below
-    if blk ~= lastBlk then
-      lastBlk, bt = blk, block(ck .. '|' .. num(blk))
-    end
-    -- The run, under the re-assessment rule; the cell's bitmap (x.bytes once set in this call)
-    -- says whether it is held, so a new run's block is appended to, never parsed.
-    local entry = ARGV[r + 2]
-    local code = 'N'
-    local bi, bit = (idx - idx % 8) / 8 + 1, BIT[idx % 8 + 1]
-    local t = x.bytes
-    local v
-    if t then v = t[bi] elseif bi <= #x.bm then v = byte(x.bm, bi) end
-    if v and v % (2 * bit) >= bit then
-      if not bt.held then parse(bt) end
-      local ha, hs, hfl = match(bt.held[idx], ENTRY)
-      local asd, seq = match(entry, ENTRY)
-      ha, hs, asd, seq = tonumber(ha), tonumber(hs), tonumber(asd), tonumber(seq)
-      if asd > ha or (asd == ha and seq > hs) then
-        code = 'R'
-        hfl = tonumber(hfl)
-        runDelta(x, acc, idx, floor(hfl / 4) % 4, floor(hfl / 2) % 2, floor(hfl / 16), hfl % 2, -1)
-      elseif asd == ha and seq == hs then
-        code = 'D'
-      else
-        code = 'S'
-      end
-    end
+  local entries, counts = ARGV[b + 6], ARGV[b + 7]
+  if fresh and not x.exists and counts ~= '' then
+    -- A new cell and runs of distinct indexes in one block: every run is new, the cell's counts
+    -- and bitmap are the group's, its block holds the entries, and the version's sums already
+    -- count them (ARGV's totals).
+    local p, f, e, blk = match(counts, '^(%d+) (%d+) (%d+) (%d+)$')
+    x.p, x.f, x.e, x.bm = tonumber(p), tonumber(f), tonumber(e), ARGV[b + 8]
+    local bt = block(ck .. '|' .. blk)
+    bt.add[#bt.add + 1] = entries
+    if not bt.dirty then bt.dirty = true; blockWrites[#blockWrites + 1] = bt end
     nout = nout + 1
-    out[nout] = code
-    if code == 'N' or code == 'R' then
-      if code == 'N' then
-        if not t then
-          t = { byte(x.bm, 1, -1) }
-          x.bytes = t
-        end
-        for k = #t + 1, bi do t[k] = 0 end
-        t[bi] = t[bi] + bit -- not set: code N
-        if bt.held then
-          bt.order[#bt.order + 1] = idx
-          bt.held[idx] = entry
+    out[nout] = rep('N', n)
+  else
+    local acc = accOf(id)
+    -- The group's last block (runs of a group are usually all in one).
+    local lastBlk, bt
+    for entry, idx, asd, seq, fl in gmatch(entries, ENTRIES) do
+      idx, fl = tonumber(idx), tonumber(fl)
+      local blk = (idx - idx % BLOCK) / BLOCK -- floor(idx / BLOCK) without a call, as below
+      if blk ~= lastBlk then
+        lastBlk, bt = blk, block(ck .. '|' .. num(blk))
+      end
+      -- The run, under the re-assessment rule; the cell's bitmap (x.bytes once set in this call)
+      -- says whether it is held, so a new run's block is appended to, never parsed.
+      local code = 'N'
+      local bi, bit = (idx - idx % 8) / 8 + 1, BIT[idx % 8 + 1]
+      local t = x.bytes
+      local v
+      if t then v = t[bi] elseif bi <= #x.bm then v = byte(x.bm, bi) end
+      if v and v % (2 * bit) >= bit then
+        if not bt.held then parse(bt) end
+        local ha, hs, hfl = match(bt.held[idx], ENTRY)
+        ha, hs, asd, seq = tonumber(ha), tonumber(hs), tonumber(asd), tonumber(seq)
+        if asd > ha or (asd == ha and seq > hs) then
+          code = 'R'
+          runDelta(x, acc, idx, tonumber(hfl), -1)
+        elseif asd == ha and seq == hs then
+          code = 'D'
         else
-          bt.add[#bt.add + 1] = entry
+          code = 'S'
         end
+      end
+      nout = nout + 1
+      out[nout] = code
+      if code == 'N' or code == 'R' then
+        if code == 'N' then
+          if not t then
+            t = { byte(x.bm, 1, -1) }
+            x.bytes = t
+          end
+          for k = #t + 1, bi do t[k] = 0 end
+          t[bi] = t[bi] + bit -- not set: code N
+          if bt.held then
+            bt.order[#bt.order + 1] = idx
+            bt.held[idx] = entry
+          else
+            bt.add[#bt.add + 1] = entry
+          end
+        else
+          bt.held[idx] = entry
+        end
+        -- The cell counts the run; the version's sums already do (ARGV's totals).
+        runDelta(x, nil, idx, fl, 1)
+        if not bt.dirty then bt.dirty = true; blockWrites[#blockWrites + 1] = bt end
       else
-        bt.held[idx] = entry
+        -- Not stored: the totals counted it as new.
+        runDelta(nil, acc, idx, fl, -1)
       end
-      -- runDelta(x, acc, idx, result, reply, tokens, trigger, 1) inlined: flags are
-      -- tokens*16 + result*4 + reply*2 + trigger.
-      local fl = tonumber(ARGV[r + 1])
-      local low = fl % 16
-      local res = (low - low % 4) / 4
-      if res == 0 then
-        x.p = x.p + 1; accP[idx] = (accP[idx] or 0) + 1; accN[idx] = (accN[idx] or 0) + 1
-      elseif res == 1 then
-        x.f = x.f + 1; accN[idx] = (accN[idx] or 0) + 1
-      else
-        x.e = x.e + 1
-      end
-      if low % 4 >= 2 then
-        local tok = (fl - low) / 16
-        accL[tok] = (accL[tok] or 0) + 1
-        if low % 2 == 1 then accA[tok] = (accA[tok] or 0) + 1 end
-      end
-      if not bt.dirty then bt.dirty = true; blockWrites[#blockWrites + 1] = bt end
     end
   end
 end
@@ -662,6 +674,8 @@ else
     end
   end
 end
+-- The version sums: the call's totals, then what runs found held took back or replaced.
+for j = TOTALS, FIRST - 1, 3 do hadd(vidOf[ARGV[j]], ARGV[j + 1], tonumber(ARGV[j + 2])) end
 for id, a in pairs(accs) do
   for _, f in ipairs({ 'p', 'n', 'l', 'a' }) do
     for k, n in pairs(a[f]) do
