@@ -1,6 +1,7 @@
 package suite
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -147,47 +148,100 @@ func cellGroups(obs []RunObservation, idx []int) []cellGroup {
 	return cells
 }
 
-// sumKey names one of a version's sums by run index or reply length: kind is 'p' (passed runs of
-// index k), 'n' (scored runs of index k), 'l' (replies of k tokens) or 'a' (abnormal ones).
-type sumKey struct {
-	version string
-	kind    byte
-	k       int64
+// versionSums are one version's sums by run index and reply length that a call's runs add:
+// counts by index or length below denseSums in slices, the rare greater ones in a map.
+type versionSums struct {
+	version    string
+	p, n, l, a []int64 // passed and scored runs by index; replies and abnormal replies by length
+	sparse     map[sparseSum]int64
+}
+
+// sparseSum names one of a version's sums of index or length k (at least denseSums): kind is
+// 'p', 'n', 'l' or 'a' as in suite.lua's field names.
+type sparseSum struct {
+	kind byte
+	k    int64
+}
+
+// denseSums bounds the run indexes and reply lengths versionSums counts in slices.
+const denseSums = 1 << 14
+
+func (v *versionSums) add(kind byte, s *[]int64, k int64) {
+	if k < 0 || k >= denseSums {
+		if v.sparse == nil {
+			v.sparse = map[sparseSum]int64{}
+		}
+		v.sparse[sparseSum{kind, k}]++
+		return
+	}
+	for int64(len(*s)) <= k {
+		*s = append(*s, 0)
+	}
+	(*s)[k]++
 }
 
 // totalArgs appends the count of sums and the sums, as (version, field, count) triples, that
 // the observations idx add to their versions' hashes if every one is a new run (suite.lua takes
 // back the share of a run it finds held): the per-run work is done here, once, not in Redis.
 func totalArgs(args []any, obs []RunObservation, idx []int) []any {
-	sums := map[sumKey]int64{}
-	var keys []sumKey
-	add := func(k sumKey) {
-		if _, ok := sums[k]; !ok {
-			keys = append(keys, k)
-		}
-		sums[k]++
-	}
+	var vs []*versionSums
+	var cur *versionSums
 	for _, i := range idx {
 		o := &obs[i]
-		v, r := o.Key.Version, &o.Record
+		if cur == nil || cur.version != o.Key.Version {
+			cur = nil
+			for _, v := range vs {
+				if v.version == o.Key.Version {
+					cur = v
+					break
+				}
+			}
+			if cur == nil {
+				cur = &versionSums{version: o.Key.Version}
+				vs = append(vs, cur)
+			}
+		}
+		r := &o.Record
 		switch r.Result {
 		case 'p':
-			add(sumKey{v, 'p', o.Key.RunIndex})
-			add(sumKey{v, 'n', o.Key.RunIndex})
+			cur.add('p', &cur.p, o.Key.RunIndex)
+			cur.add('n', &cur.n, o.Key.RunIndex)
 		case 'f':
-			add(sumKey{v, 'n', o.Key.RunIndex})
+			cur.add('n', &cur.n, o.Key.RunIndex)
 		}
 		if r.Reply {
-			add(sumKey{v, 'l', int64(r.Tokens)})
+			cur.add('l', &cur.l, int64(r.Tokens))
 			if r.Trigger != "" {
-				add(sumKey{v, 'a', int64(r.Tokens)})
+				cur.add('a', &cur.a, int64(r.Tokens))
 			}
 		}
 	}
-	args = append(args, len(keys))
-	for _, k := range keys {
-		args = append(args, k.version, string(k.kind)+strconv.FormatInt(k.k, 10), sums[k])
+	at := len(args)
+	args = append(args, 0)
+	n := 0
+	for _, v := range vs {
+		for _, d := range [...]struct {
+			kind byte
+			s    []int64
+		}{{'p', v.p}, {'n', v.n}, {'l', v.l}, {'a', v.a}} {
+			for k, c := range d.s {
+				if c != 0 {
+					args = append(args, v.version, string(d.kind)+strconv.Itoa(k), c)
+					n++
+				}
+			}
+		}
+		keys := make([]sparseSum, 0, len(v.sparse))
+		for k := range v.sparse {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, func(a, b sparseSum) int { return cmp.Or(cmp.Compare(a.kind, b.kind), cmp.Compare(a.k, b.k)) })
+		for _, k := range keys {
+			args = append(args, v.version, string(k.kind)+strconv.FormatInt(k.k, 10), v.sparse[k])
+			n++
+		}
 	}
+	args[at] = n
 	return args
 }
 
