@@ -74,7 +74,21 @@ func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
 	if mode.Rules() == ReplyOpenCompass {
 		return analyzeOpenCompass(text, mode)
 	}
-	toks := tokenize(text, mode)
+	var toks []string
+	if mode.Tokenizer() == TokenizerWhitespace {
+		// What tokenize gives, in a slice of the pool's.
+		buf := fieldsPool.Get().(*[]string)
+		toks = appendFields((*buf)[:0], text)
+		defer func() {
+			if cap(toks) <= maxPooledFields {
+				clear(toks) // hold no reference to the text in the pool
+				*buf = toks[:0]
+				fieldsPool.Put(buf)
+			}
+		}()
+	} else {
+		toks = tokenize(text, mode)
+	}
 	s = ReplyStats{Tokens: len(toks)}
 	if len(text) >= gzipRuleBytes[ReplyDefault] {
 		s.GzipRatio = gzipRatio(text)
@@ -109,6 +123,44 @@ func AnalyzeReply(text string, mode ReplyMode) (s ReplyStats) {
 		s.Trigger = "repeat_pattern"
 	}
 	return s
+}
+
+// fieldsPool holds the token slices of AnalyzeReply's whitespace tokenizer for reuse: a new slice
+// per reply was the largest allocation of an eval result's processing. Slices grown beyond
+// maxPooledFields tokens are left to the collector.
+var fieldsPool = sync.Pool{New: func() any { return new([]string) }}
+
+const maxPooledFields = 1 << 12
+
+// asciiSpace marks the ASCII bytes unicode.IsSpace reports as space.
+var asciiSpace = [utf8.RuneSelf]bool{'\t': true, '\n': true, '\v': true, '\f': true, '\r': true, ' ': true}
+
+// appendFields appends to dst the fields of s as strings.Fields cuts them (around runs of
+// unicode.IsSpace; a byte of invalid UTF-8 is not space), without allocating but to grow dst.
+func appendFields(dst []string, s string) []string {
+	start := -1
+	for i := 0; i < len(s); {
+		size, space := 1, false
+		if c := s[i]; c < utf8.RuneSelf {
+			space = asciiSpace[c]
+		} else {
+			var r rune
+			r, size = utf8.DecodeRuneInString(s[i:])
+			space = unicode.IsSpace(r)
+		}
+		switch {
+		case space && start >= 0:
+			dst = append(dst, s[start:i])
+			start = -1
+		case !space && start < 0:
+			start = i
+		}
+		i += size
+	}
+	if start >= 0 {
+		dst = append(dst, s[start:])
+	}
+	return dst
 }
 
 // gzipWriters holds level-9 gzip writers for reuse: a new one allocates about 800 KB of

@@ -1,6 +1,8 @@
 package suite
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -59,4 +61,25 @@ func FuzzAnalyzeReply(f *testing.F) {
 			t.Fatalf("stats out of range: %+v", s)
 		}
 	})
+}
+
+// TestAppendFieldsMatchesStringsFields: AnalyzeReply's tokenizer cuts every text as strings.Fields
+// does, over ASCII and Unicode spaces (U+0085, U+00A0, U+2000…, U+3000), invalid UTF-8 and texts
+// that start or end in space, and reuses what it appends to.
+func TestAppendFieldsMatchesStringsFields(t *testing.T) {
+	parts := []string{"a", "bc", " ", "\t", "\n", "\v", "\f", "\r", "\u0085", "\u00a0", "\u2000", "\u2028", "\u3000",
+		"\u1680", "é", "日本", "\xff", "\xe2\x80", "\x80", "x\u200by", "\u180e", "\x00"}
+	r := rand.New(rand.NewPCG(5, 6))
+	buf := []string{"stale"}
+	for i := 0; i < 20000; i++ {
+		var b strings.Builder
+		for n := r.IntN(12); n > 0; n-- {
+			b.WriteString(parts[r.IntN(len(parts))])
+		}
+		s := b.String()
+		buf = appendFields(buf[:0], s)
+		if want := strings.Fields(s); !slices.Equal(buf, want) && !(len(buf) == 0 && len(want) == 0) {
+			t.Fatalf("%q: %q, want %q", s, buf, want)
+		}
+	}
 }
