@@ -306,7 +306,7 @@ func (r pipelineResult) describe(cores int) string {
 	if !math.IsNaN(r.suiteScale()) {
 		s += fmt.Sprintf(", suite scale %.3f (%.0f → %.0f eval results/s)", r.suiteScale(), r.suiteFirst, r.suiteLast)
 		if r.suiteRewrite {
-			s += " with an AOF rewrite in a measured quarter"
+			s += fmt.Sprintf(" with an AOF rewrite in a measured quarter (%.3f outside the rewrite's samples)", r.suiteScaleOut)
 		}
 		if !math.IsNaN(r.windowScale()) {
 			s += fmt.Sprintf("; over its first %d runs %.3f (%.0f → %.0f eval results/s)", suiteWindowRuns, r.windowScale(), r.windowFirst, r.windowLast)
@@ -345,6 +345,9 @@ func (r pipelineResult) figures(in *input, cores int) map[string]any {
 		m["suite_first_quarter_rps"] = num(r.suiteFirst, 0)
 		m["suite_last_quarter_rps"] = num(r.suiteLast, 0)
 		m["suite_scale_aof_rewrite"] = r.suiteRewrite
+		if r.suiteRewrite {
+			m["suite_scale_ratio_outside_rewrites"] = num(r.suiteScaleOut, 3)
+		}
 		if in.runs > suiteWindowRuns {
 			m["suite_scale_ratio_150k"] = num(r.windowScale(), 3)
 			m["suite_scale_150k_aof_rewrite"] = r.windowRewrite

@@ -182,6 +182,40 @@ func TestRewriteInQuarters(t *testing.T) {
 	}
 }
 
+// TestQuarterRatesOutsideRewrites checks the suite-scale figure that leaves out the intervals in
+// which Redis rewrote its AOF: a rewrite that halves the rate of one interval of the last quarter
+// lowers quarterRates' figure and leaves this one at the steady rate.
+func TestQuarterRatesOutsideRewrites(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	// 100 runs a second for 8 seconds, but the seventh second (sample 7) makes 50.
+	s := make([]countSample, 9)
+	n := 0.0
+	for i := range s {
+		if i > 0 {
+			n += 100
+			if i == 7 {
+				n -= 50
+			}
+		}
+		s[i] = countSample{at: t0.Add(time.Duration(i) * time.Second), n: n}
+	}
+	first, last := quarterRates(s)
+	if !(last < first) {
+		t.Fatalf("quarterRates = %v, %v; the slow interval should lower the last quarter", first, last)
+	}
+	s[7].rewriting = true
+	first, last = quarterRatesOutsideRewrites(s)
+	if first != 100 || last != 100 {
+		t.Fatalf("quarterRatesOutsideRewrites = %v, %v; want 100, 100", first, last)
+	}
+	for i := 5; i <= 8; i++ {
+		s[i].rewriting = true
+	}
+	if _, last = quarterRatesOutsideRewrites(s); !math.IsNaN(last) {
+		t.Fatalf("a last quarter rewriting throughout: %v, want NaN", last)
+	}
+}
+
 func TestSchedstat(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {

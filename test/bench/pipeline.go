@@ -31,6 +31,7 @@ type pipelineResult struct {
 	rssMB                    float64
 	suiteFirst, suiteLast    float64 // eval results/s over the first and the last quarter (NaN without eval results)
 	suiteRewrite             bool    // Redis rewrote its AOF during the first or the last quarter
+	suiteScaleOut            float64 // suite scale over the samples without a rewrite (NaN when none fell in a quarter)
 	// The same over the first suiteWindowRuns graded runs of the suite (NaN when the run has fewer).
 	windowFirst, windowLast float64
 	windowRewrite           bool
@@ -144,6 +145,30 @@ func quarterRates(s []countSample) (first, last float64) {
 	return (a.n - s0.n) / da, (s1.n - b.n) / db
 }
 
+// quarterRatesOutsideRewrites is quarterRates over only the intervals between samples in which
+// Redis was not seen rewriting its AOF: the rates the suite's own cost allows, apart from the core
+// a rewrite took (NaN when a quarter has no such interval).
+func quarterRatesOutsideRewrites(s []countSample) (first, last float64) {
+	ia, ib, ok := quarterBounds(s)
+	if !ok {
+		return math.NaN(), math.NaN()
+	}
+	rate := func(from, to int) float64 {
+		var n, d float64
+		for i := from + 1; i <= to; i++ {
+			if !s[i].rewriting {
+				n += s[i].n - s[i-1].n
+				d += s[i].at.Sub(s[i-1].at).Seconds()
+			}
+		}
+		if d <= 0 {
+			return math.NaN()
+		}
+		return n / d
+	}
+	return rate(0, ia), rate(ib, len(s)-1)
+}
+
 // rewriteInQuarters reports whether Redis was seen rewriting its AOF during the first or the last
 // quarter: the rewrite takes a core for a second or more, so a quarter it falls in runs slower
 // for a reason that has nothing to do with the suite's size.
@@ -217,6 +242,8 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 		m                    = map[string]float64{} // the last successful scrape
 		evals                []countSample          // graded runs applied, when they change
 		rewriting            bool                   // Redis rewrote its AOF since the last sample
+		wasRewriting         bool                   // … and was rewriting at the last poll
+		rewritesSeen         = math.NaN()           // INFO's aof_rewrites at the last poll
 		timedOut             bool
 	)
 	for {
@@ -243,7 +270,12 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 				}
 			}
 			if !first.IsZero() && in.runs > 0 {
-				rewriting = rewriting || infoField(ctx, redisAddr, "persistence", "aof_rewrite_in_progress") == 1
+				// An interval was rewriting if a rewrite ran at either of its ends or ended within it.
+				busy := infoField(ctx, redisAddr, "persistence", "aof_rewrite_in_progress") == 1
+				rewrites := infoField(ctx, redisAddr, "persistence", "aof_rewrites")
+				ended := !math.IsNaN(rewritesSeen) && rewrites != rewritesSeen
+				rewriting = rewriting || busy || wasRewriting || ended
+				wasRewriting, rewritesSeen = busy, rewrites
 				// A counter: a sample is kept when it grew.
 				if n := sumSeries(m, "repeatrate_graded_runs_total"); len(evals) == 0 || n > evals[len(evals)-1].n {
 					evals = append(evals, countSample{at: now, n: n, rewriting: rewriting})
@@ -291,6 +323,11 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	if in.runs > 0 {
 		r.suiteFirst, r.suiteLast = quarterRates(evals)
 		r.suiteRewrite = rewriteInQuarters(evals)
+		r.suiteScaleOut = math.NaN()
+		if r.suiteRewrite {
+			first, last := quarterRatesOutsideRewrites(evals)
+			r.suiteScaleOut = last / first
+		}
 		if w := upTo(evals, suiteWindowRuns); in.runs > suiteWindowRuns && w != nil {
 			r.windowFirst, r.windowLast = quarterRates(w)
 			r.windowRewrite = rewriteInQuarters(w)
