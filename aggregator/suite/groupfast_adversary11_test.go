@@ -406,7 +406,7 @@ func a11Compare(t *testing.T, client *redis.Client, cfg Config, calls []a11Call)
 			e := cur.encode(c.obs, c.split)
 			for _, k := range e.suites {
 				a := e.args[k]
-				for b := headArgs + 1 + 3*a[headArgs].(int); b < len(a); b += 9 {
+				for b := headArgs + 1 + 3*a[headArgs].(int); b < len(a); b += groupWidth {
 					counts, _ := a[b+7].([]byte)
 					switch {
 					case len(counts) == 0:

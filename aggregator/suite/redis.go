@@ -122,7 +122,7 @@ type cellGroup struct {
 // (totalArgs), then the groups (groupArgs).
 func scriptArgs(obs []RunObservation, idx []int) (args []any, order []int) {
 	cells := cellGroups(obs, idx)
-	args = make([]any, headArgs, headArgs+1+9*len(cells))
+	args = make([]any, headArgs, headArgs+1+groupWidth*len(cells))
 	args = totalArgs(args, obs, idx)
 	return groupArgs(args, obs, cells, len(idx))
 }
@@ -245,7 +245,7 @@ func totalArgs(args []any, obs []RunObservation, idx []int) []any {
 	return args
 }
 
-// groupArgs appends the script's 9 arguments of each cell group (n runs in all) and returns them
+// groupArgs appends the script's groupWidth arguments of each cell group (n runs in all) and returns them
 // with the runs in the order of their outcome codes.
 func groupArgs(args []any, obs []RunObservation, cells []cellGroup, n int) ([]any, []int) {
 	order := make([]int, 0, n)
@@ -264,7 +264,7 @@ func groupArgs(args []any, obs []RunObservation, cells []cellGroup, n int) ([]an
 			order = append(order, i)
 		}
 		entries := buf[start:len(buf):len(buf)]
-		var counts, bitmap []byte
+		var counts, bitmap, record []byte
 		if fast {
 			// The bitmap of the indexes, as the script keeps it (bit i in byte i/8, low bit
 			// first); a repeated index leaves the group to the script's run-by-run path.
@@ -292,13 +292,25 @@ func groupArgs(args []any, obs []RunObservation, cells []cellGroup, n int) ([]an
 				buf = strconv.AppendInt(buf, c, 10)
 			}
 			counts = buf[start:len(buf):len(buf)]
+			// The record of a cell holding just these runs, as suite.lua writes it.
+			start = len(buf)
+			for _, c := range [...]int64{pfe[0], pfe[1], pfe[2], g.runs, g.occurred} {
+				buf = strconv.AppendInt(buf, c, 10)
+				buf = append(buf, ' ')
+			}
+			buf[len(buf)-1] = '|'
+			buf = append(buf, bitmap...)
+			record = buf[start:len(buf):len(buf)]
 		} else {
 			bitmap = nil
 		}
-		args = append(args, g.version, g.kase, len(g.obs), g.runs, g.occurred, g.vs, entries, counts, bitmap)
+		args = append(args, g.version, g.kase, len(g.obs), g.runs, g.occurred, g.vs, entries, counts, bitmap, record)
 	}
 	return args, order
 }
+
+// groupWidth is how many script arguments each cell group takes (suite.lua's GROUP).
+const groupWidth = 10
 
 // runBlock is how many run indexes one stored field of runs holds (suite.lua's BLOCK).
 const runBlock = 16

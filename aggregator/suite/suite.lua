@@ -36,14 +36,14 @@
 -- version), list limit, sample limit; T, then T triples (version, field of B..'h'..vid, count): the
 -- per-run-index and per-reply-length sums (p<i>, n<i>, l<t>, a<t>) of every run of the call as if
 -- each were new, so that a new run adds nothing here one by one (a run found already held takes
--- its share back); then the runs grouped by cell, 9 arguments per group: version, case, n, the
+-- its share back); then the runs grouped by cell, 10 arguments per group: version, case, n, the
 -- greatest planned runs, the least occurred time and the greatest version_seq of the group's runs,
 -- the n runs' entries as B..'r' stores them, concatenated ("<run_index> <assessed> <seq>
 -- <flags>;", flags = tokens*16 + result*4 + reply*2 + trigger: result 0 pass, 1 fail, 2 error,
 -- reply and trigger 0 or 1), and, when the runs have distinct indexes in one block, "<passed>
--- <failed> <errored> <block>" and the bitmap of their indexes (else '' twice): a cell that did
--- not exist takes those as they are, with its block's value the entries, and no run is looked at
--- one by one. Returns {codes (one per run, in argument order), discrimination, revived, versions}
+-- <failed> <errored> <block>", the bitmap of their indexes and the record B..'m' holds of a cell
+-- of just those runs (else '' three times): a cell that did not exist takes those as they are,
+-- with its block's value the entries, and no run is looked at one by one. Returns {codes (one per run, in argument order), discrimination, revived, versions}
 -- (see Redis.Apply in redis.go).
 
 -- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
@@ -59,7 +59,7 @@ local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 
 local PA = B .. 'pa'
 local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local GROUP = 9
+local GROUP = 10
 local TOTALS = 9 -- the first totals triple
 local FIRST = TOTALS + 3 * (tonumber(ARGV[8]) or 0)
 local nargs = #ARGV
@@ -148,11 +148,12 @@ local function cell(id, c, create, k)
     local bar = find(v, '|', 1, true)
     local p, f, e, pl, fo = match(sub(v, 1, bar - 1), '^(%d+) (%d+) (%d+) (%d+) (%-?%d+)$')
     x = { p = tonumber(p), f = tonumber(f), e = tonumber(e), planned = tonumber(pl), first = tonumber(fo),
-          bm = sub(v, bar + 1), exists = true, id = id, c = c, k = k, o = false, listed = false, maxRuns = false, bytes = false }
+          bm = sub(v, bar + 1), exists = true, id = id, c = c, k = k, o = false, listed = false, maxRuns = false, bytes = false,
+          rec = false }
   elseif create then
     -- Every field the call sets later is named here: no rehash as they are set.
     x = { p = 0, f = 0, e = 0, planned = 0, first = nil, bm = '', exists = false, id = id, c = c, k = k, o = false,
-          listed = false, maxRuns = false, bytes = false }
+          listed = false, maxRuns = false, bytes = false, rec = false }
   else
     return nil
   end
@@ -338,6 +339,7 @@ local BLOCK = 16
 -- entries are not needed, and { field, held = run_index -> entry, order = indexes } once parsed;
 -- one table per field and call, whichever group reaches it.
 local blockRaw, blockOf, blockWrites = {}, {}, {} -- values read ahead (false: absent); blocks; changed blocks
+local fastBlocks, nfast = {}, 0 -- field, value, … of the blocks of new cells the group path wrote
 local function block(f)
   local bt = blockOf[f]
   if not bt then
@@ -479,13 +481,19 @@ for b, n in groups() do
     -- and bitmap are the group's, its block holds the entries, and the version's sums already
     -- count them (ARGV's totals).
     local p, f, e, blk = match(counts, '^(%d+) (%d+) (%d+) (%d+)$')
-    x.p, x.f, x.e, x.bm = tonumber(p), tonumber(f), tonumber(e), ARGV[b + 8]
-    local bt = block(ck .. '|' .. blk)
-    bt.add[#bt.add + 1] = entries
-    if not bt.dirty then bt.dirty = true; blockWrites[#blockWrites + 1] = bt end
+    x.p, x.f, x.e, x.bm, x.rec = tonumber(p), tonumber(f), tonumber(e), ARGV[b + 8], ARGV[b + 9]
+    -- The block is written as the entries, before any block table (one of a later group of this
+    -- cell, which finds the entries as if stored and writes after them).
+    local bf = ck .. '|' .. blk
+    blockRaw[bf] = entries
+    nfast = nfast + 1
+    fastBlocks[nfast] = bf
+    nfast = nfast + 1
+    fastBlocks[nfast] = entries
     nout = nout + 1
     out[nout] = rep('N', n)
   else
+    x.rec = false -- its record is made from its counts
     local acc = accOf(id)
     -- The group's last block (runs of a group are usually all in one).
     local lastBlk, bt
@@ -544,6 +552,9 @@ for b, n in groups() do
     end
   end
 end
+for i = 1, nfast, CHUNK do
+  call('HSET', R, unpack(fastBlocks, i, min(i + CHUNK - 1, nfast)))
+end
 for i = 1, #blockWrites, CHUNK do
   local args = {}
   for j = i, min(i + CHUNK - 1, #blockWrites) do
@@ -601,7 +612,7 @@ for _, x in ipairs(touchedCells) do
   local k = x.k
   if x.bytes then x.bm = char(unpack(x.bytes)); x.bytes = nil end
   cellOrder[#cellOrder + 1] = k
-  cellWrites[k] = fmt('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
+  cellWrites[k] = x.rec or fmt('%d %d %d %d %.0f', x.p, x.f, x.e, x.planned, x.first) .. '|' .. x.bm
   if x.maxRuns and x.maxRuns > (maxRunsOf[id] or 0) then
     if not maxRunsOf[id] then versionsRun[#versionsRun + 1] = id end
     maxRunsOf[id] = x.maxRuns
