@@ -43,8 +43,8 @@
 -- reply and trigger 0 or 1), and, when the runs have distinct indexes in one block, "<passed>
 -- <failed> <errored> <block>", the bitmap of their indexes and the record B..'m' holds of a cell
 -- of just those runs (else '' three times): a cell that did not exist takes those as they are,
--- with its block's value the entries, and no run is looked at one by one. Returns {codes (one per run, in argument order), discrimination, revived, versions}
--- (see Redis.Apply in redis.go).
+-- with its block's value the entries, and no run is looked at one by one. Returns {codes (one
+-- per run, in argument order), discrimination, revived, versions} (see Redis.Apply in redis.go).
 
 -- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
 -- register.
