@@ -91,21 +91,25 @@ func runFlag(b bool) int64 {
 	return 0
 }
 
-// runFlags packs what the script adds of a new run, so that it need not parse the record:
-// tokens*16 + result*4 + reply*2 + trigger (result 0 pass, 1 fail, 2 error).
-func runFlags(r *RunRecord) int64 {
-	res := int64(2)
+// resultCode is a run's result as the script numbers it: 0 pass, 1 fail, 2 error.
+func resultCode(r *RunRecord) int64 {
 	switch r.Result {
 	case 'p':
-		res = 0
+		return 0
 	case 'f':
-		res = 1
+		return 1
 	}
+	return 2
+}
+
+// runFlags packs what the script adds of a new run, so that it need not parse the record:
+// tokens*16 + result*4 + reply*2 + trigger (result as resultCode numbers it).
+func runFlags(r *RunRecord) int64 {
 	trig := int64(0)
 	if r.Trigger != "" {
 		trig = 1
 	}
-	return int64(r.Tokens)*16 + res*4 + runFlag(r.Reply)*2 + trig
+	return int64(r.Tokens)*16 + resultCode(r)*4 + runFlag(r.Reply)*2 + trig
 }
 
 // cellGroup is the runs of one batch in one (version, case) cell, with what the script takes of
@@ -249,8 +253,9 @@ func totalArgs(args []any, obs []RunObservation, idx []int) []any {
 // with the runs in the order of their outcome codes.
 func groupArgs(args []any, obs []RunObservation, cells []cellGroup, n int) ([]any, []int) {
 	order := make([]int, 0, n)
-	// Entries and bitmaps are slices of one buffer: one allocation per suite, not per run.
-	buf := make([]byte, 0, 48*n+8*len(cells))
+	// Entries, counts, bitmaps and records are slices of one buffer: one allocation per suite, not
+	// per run (about 48 bytes per run and per cell).
+	buf := make([]byte, 0, 48*n+48*len(cells))
 	for _, g := range cells {
 		start := len(buf)
 		fast := true
@@ -259,7 +264,7 @@ func groupArgs(args []any, obs []RunObservation, cells []cellGroup, n int) ([]an
 		for _, i := range g.obs {
 			o := &obs[i]
 			buf = appendEntry(buf, o.Key.RunIndex, &o.Record)
-			pfe[runFlags(&o.Record)%16/4]++
+			pfe[resultCode(&o.Record)]++
 			fast = fast && o.Key.RunIndex/runBlock == blk
 			order = append(order, i)
 		}

@@ -410,7 +410,7 @@ if anyRuns then
   got = hmget(M, ks)
   for j, k in ipairs(ks) do cellRaw[k] = got[j] end
   local fs = {}
-  for b, n in groups() do
+  for b in groups() do
     local id, c = vidOf[ARGV[b]], ARGV[b + 1]
     local v = id and cellRaw[id .. '|' .. c]
     if v then
