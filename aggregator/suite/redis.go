@@ -362,7 +362,7 @@ func Encode(obs []RunObservation) *Encoded {
 // ApplyEncoded applies a batch Encode made, as Apply applies the runs it was made of.
 func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (Applied, error) {
 	r.fill(e, at)
-	replies, err := r.call(ctx, e.suites, func(k Key) []any { return e.args[k] })
+	replies, err := r.call(ctx, e.suites, true, func(k Key) []any { return e.args[k] })
 	if err != nil {
 		return Applied{}, fmt.Errorf("apply runs: %w", err)
 	}
@@ -450,13 +450,14 @@ func (c *Companion) Load(ctx context.Context) error {
 }
 
 // call runs the suite script once per suite in one pipeline, after the namespace's epoch check,
-// and returns each call's reply.
-func (r *Redis) call(ctx context.Context, suites []Key, args func(Key) []any) ([]any, error) {
+// and returns each call's reply. A batch's call (token true) ends with the write of the next
+// pending token, which the processor's Seal checks; a read leaves the chain alone (Read).
+func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Key) []any) ([]any, error) {
 	var epoch *redis.StringCmd
 	run := func() ([]*redis.Cmd, error) {
 		cmds := make([]*redis.Cmd, len(suites))
-		token := func() {}
-		defer func() { token() }()
+		checkToken := func() {}
+		defer func() { checkToken() }()
 		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
@@ -465,13 +466,13 @@ func (r *Redis) call(ctx context.Context, suites []Key, args func(Key) []any) ([
 				runsKey, annKey := r.keys(k)
 				cmds[n] = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, args(k)...)
 			}
-			if r.cfg.Pending != nil {
+			if token && r.cfg.Pending != nil {
 				// After the writes: Seal checks it (aggregator.Pending).
 				written := make([]string, len(suites))
 				for n, k := range suites {
 					written[n], _ = r.keys(k)
 				}
-				token = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
+				checkToken = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
 			}
 			return nil
 		})
@@ -522,8 +523,11 @@ func (r *Redis) MarkAnnounced(ctx context.Context, k Key, cases []string) error 
 // any run: what a rebuild publishes once it has re-applied the input, and what the read side
 // shows. It is not read-only: like a batch, it advances each version's missing-run deadline to
 // at, which only moves forward and changes no count a later batch would not change the same way.
+// It writes no pending token: readers run at any moment beside the processor's batches, whose
+// token pipelines must not overlap (aggregator.Pending), and no offset commit rests on a read's
+// write, whose loss a later batch or read repeats.
 func (r *Redis) Read(ctx context.Context, k Key, at time.Time) (*Summary, error) {
-	replies, err := r.call(ctx, []Key{k}, func(Key) []any {
+	replies, err := r.call(ctx, []Key{k}, false, func(Key) []any {
 		return []any{0, r.suite.MinHistory, r.suite.JudgeLastVersions,
 			aggregator.Micros(at) - r.suite.MissingAfter.Microseconds(), "r", schemas.MaxListedCases,
 			schemas.MaxMissingRunIndexes}

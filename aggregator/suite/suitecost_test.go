@@ -125,7 +125,7 @@ func TestSuiteCost(t *testing.T) {
 			var err error
 			s.fill(e, ats[b])
 			if which == 0 {
-				replies, err = s.call(ctx, e.suites, func(k Key) []any { return e.args[k] })
+				replies, err = s.call(ctx, e.suites, true, func(k Key) []any { return e.args[k] })
 			} else {
 				replies = make([]any, len(e.suites))
 				for n, k := range e.suites {
