@@ -427,6 +427,7 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 		// after a loss of verified work, anything queued and not yet sent (lostVerified).
 		pending = nil
 		lostVerified(commits, err)
+		g.metrics.Rewinds.WithLabelValues(rewindReason(err)).Inc()
 		g.log.Error("batch not processed; it and every batch in flight will be redelivered", zap.Int32("generation", genID), zap.Error(err))
 		if errors.Is(err, ErrFatal) {
 			g.fatal(err)
@@ -729,6 +730,7 @@ func (g *Group) commitPending(genID int32, commits *offsetCommits, pending *[]pe
 	}
 	if err != nil {
 		g.metrics.Commits.WithLabelValues("unverified").Inc()
+		g.metrics.Rewinds.WithLabelValues(rewindReason(err)).Inc()
 		*pending = nil
 		lostVerified(commits, err)
 		if errors.Is(err, ErrFatal) {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,7 @@ type Metrics struct {
 	InFlight     prometheus.Gauge         // batches between their first message and the end of their publish
 	Retries      *prometheus.CounterVec   // retried batch stages by stage
 	Commits      *prometheus.CounterVec   // offset commits by result
+	Rewinds      *prometheus.CounterVec   // times the batches in flight were dropped to be consumed again, by reason
 	Lag          *prometheus.GaugeVec     // messages behind the high-water mark by topic and partition
 	LastEvent    *prometheus.GaugeVec     // unix time of the newest message processed, by topic
 }
@@ -72,6 +74,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "repeatrate_offset_commits_total", Help: "Offset commits, by result.",
 		}, []string{"result"}),
+		Rewinds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "repeatrate_rewinds_total", Help: "Times the batches in flight and pending commit were dropped, to be consumed again from the committed offsets, by reason: writes_lost (Redis lost acknowledged writes), state_lost (it lost committed work: the processor stops), error (a stage failed).",
+		}, []string{"reason"}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "repeatrate_consumer_lag_messages", Help: "Messages behind the partition's high-water mark after the last batch.",
 		}, []string{"topic", "partition"}),
@@ -81,9 +86,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.RunOutcomes, m.Alerts, m.Transport, m.BatchSize, m.BatchSeconds,
-			m.StageSeconds, m.StepSeconds, m.InFlight, m.Retries, m.Commits, m.Lag, m.LastEvent)
+			m.StageSeconds, m.StepSeconds, m.InFlight, m.Retries, m.Commits, m.Rewinds, m.Lag, m.LastEvent)
 	}
 	return m
 }
 
 func partitionLabel(p int) string { return strconv.Itoa(p) }
+
+// rewindReason is the Rewinds label of an error that drops the work in flight.
+func rewindReason(err error) string {
+	switch {
+	case errors.Is(err, ErrFatal):
+		return "state_lost"
+	case errors.Is(err, ErrRewind):
+		return "writes_lost"
+	}
+	return "error"
+}
