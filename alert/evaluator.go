@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		notifications: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_notifications_total",
 			Help: "Notifications delivered, by sink and kind."}, []string{"sink", "kind"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_errors_total",
-			Help: "Alerting failures, by stage (state, deliver, refused)."}, []string{"stage"}),
+			Help: "Alerting failures, by stage (state, deliver, refused, subscribe: a Kafka read of the snapshot topics, retried)."}, []string{"stage"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_alert_conflicts_total",
 			Help: "Compare-and-set conflicts: another evaluator changed a record first."}),
 		firing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "repeatrate_alerts_firing",

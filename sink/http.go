@@ -42,6 +42,10 @@ type HTTPConfig struct {
 	Addr string
 	// Ready reports whether the processor can serve; nil means always ready.
 	Ready func(ctx context.Context) error
+	// Degraded names the parts that are retrying while the processor still serves and consumes
+	// (alerting's Kafka subscription, say): /readyz stays ready and lists them, one line each.
+	// The names are answered to anyone, so they never carry an address or a secret.
+	Degraded func() []string
 	// Pprof serves Go's profiler under /debug/pprof/. Off by default: it exposes internals.
 	Pprof bool
 	// Tokens are the bearer tokens of the read API and pages; nil accepts none.
@@ -143,6 +147,11 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			}
 		}
 		fmt.Fprintln(w, "ready")
+		if cfg.Degraded != nil {
+			for _, d := range cfg.Degraded() {
+				fmt.Fprintln(w, "degraded:", d)
+			}
+		}
 	})
 	admin := func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -276,3 +276,22 @@ func TestReadyzHidesItsReason(t *testing.T) {
 		t.Fatalf("readyz: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// A part that is retrying while the processor consumes (alerting's subscription, say) leaves
+// /readyz ready, and says so in a line of its own.
+func TestReadyzListsWhatIsDegraded(t *testing.T) {
+	degraded := []string{"alerting: kafka subscription retrying (1 partitions or topics)"}
+	h := NewHTTP(HTTPConfig{Ready: func(context.Context) error { return nil }, Degraded: func() []string { return degraded }},
+		fakeTallies{}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	rec := httptest.NewRecorder()
+	h.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if want := "ready\ndegraded: " + degraded[0] + "\n"; rec.Code != http.StatusOK || rec.Body.String() != want {
+		t.Fatalf("readyz: %d %q, want 200 %q", rec.Code, rec.Body, want)
+	}
+	degraded = nil
+	rec = httptest.NewRecorder()
+	h.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "ready\n" {
+		t.Fatalf("readyz once recovered: %d %q", rec.Code, rec.Body)
+	}
+}

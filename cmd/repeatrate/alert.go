@@ -56,7 +56,7 @@ func runAlertOnly(ctx context.Context, cfg Config, log *zap.Logger) error {
 	defer w.Close()
 	reg := prometheus.NewRegistry()
 	g, gctx := errgroup.WithContext(ctx)
-	if err := startAlerting(gctx, g, cfg, rules, kc, rdb, w, reg, log); err != nil {
+	if _, err := startAlerting(gctx, g, cfg, rules, kc, rdb, w, reg, log); err != nil {
 		return err
 	}
 	if cfg.HTTPAddr != "" {
@@ -82,9 +82,11 @@ func runAlertOnly(ctx context.Context, cfg Config, log *zap.Logger) error {
 // startAlerting starts the alert subscriber and evaluator on g: the subscriber reads the snapshot,
 // suite and alerts topics whole and hands updates to the evaluator through a channel of one
 // (it blocks while the evaluator works, which holds back nothing but its own reads); both end
-// with ctx.
+// with ctx, and neither returns an error before: a Kafka, Redis or sink failure is retried and
+// counted, never the end of g (inside run, of the processor). It returns the subscriber, whose
+// Degraded tells what it is retrying.
 func startAlerting(ctx context.Context, g *errgroup.Group, cfg Config, rules alert.Rules, kc *kafkaClients,
-	rdb redis.UniversalClient, w *kafka.Writer, reg prometheus.Registerer, log *zap.Logger) error {
+	rdb redis.UniversalClient, w *kafka.Writer, reg prometheus.Registerer, log *zap.Logger) (*alert.Subscriber, error) {
 	sinks := []alert.Sink{alert.NewKafka(w)}
 	if cfg.AlertmanagerURL != "" {
 		longest := time.Duration(0)
@@ -96,7 +98,7 @@ func startAlerting(ctx context.Context, g *errgroup.Group, cfg Config, rules ale
 	if cfg.AlertWebhookURL != "" {
 		wh, err := alert.NewWebhook(cfg.AlertWebhookURL, []byte(cfg.AlertWebhookSecret), 30*time.Second, time.Now)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		sinks = append(sinks, wh)
 	}
@@ -106,17 +108,30 @@ func startAlerting(ctx context.Context, g *errgroup.Group, cfg Config, rules ale
 	}
 	store, err := alert.NewRedis(rdb, cfg.Redis.KeyPrefix, names)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ev, err := alert.NewEvaluator(alert.EvaluatorConfig{Rules: rules}, store, sinks, time.Now, log.Named("alert"), alert.NewMetrics(reg))
+	metrics := alert.NewMetrics(reg)
+	ev, err := alert.NewEvaluator(alert.EvaluatorConfig{Rules: rules}, store, sinks, time.Now, log.Named("alert"), metrics)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sub := &alert.Subscriber{Brokers: cfg.Kafka.Brokers, Dialer: kc.dialer, Partitions: kc.partitions, Log: log.Named("alert"),
-		Topics: []string{cfg.Kafka.SnapshotTopic, cfg.Kafka.SuiteTopic, cfg.Kafka.AlertsTopic}}
+		Metrics: metrics, Topics: []string{cfg.Kafka.SnapshotTopic, cfg.Kafka.SuiteTopic, cfg.Kafka.AlertsTopic}}
 	updates := make(chan alert.Update, 1)
 	g.Go(func() error { return sub.Run(ctx, updates) })
 	g.Go(func() error { return ev.Run(ctx, updates) })
 	log.Info("alerting", zap.String("rules", cfg.AlertRules), zap.Int("count", len(rules.Rules)), zap.Strings("sinks", names))
+	return sub, nil
+}
+
+// alertingDegraded is what /readyz says of alerting: nothing while sub reads every partition
+// (or alerting is off), else how many it is retrying, without the topics' names or addresses.
+func alertingDegraded(sub *alert.Subscriber) []string {
+	if sub == nil {
+		return nil
+	}
+	if n := len(sub.Degraded()); n > 0 {
+		return []string{fmt.Sprintf("alerting: kafka subscription retrying (%d partitions or topics)", n)}
+	}
 	return nil
 }

@@ -190,6 +190,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 
 	// Everything that can fail to build is built before anything runs.
 	var srv *sink.HTTP
+	var alerting *alert.Subscriber // set before the server runs
 	if cfg.HTTPAddr != "" {
 		tokens, err := auth.NewStore(cfg.HTTP.Tokens)
 		if err != nil {
@@ -204,6 +205,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		}
 		defer closeIngest()
 		srv = sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+			Degraded: func() []string { return alertingDegraded(alerting) },
 			Tokens: tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
 			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
 			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes()},
@@ -213,7 +215,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	g, gctx := errgroup.WithContext(ctx)
 	// Alerting first: it starts nothing when it fails to build.
 	if cfg.AlertRules != "" {
-		if err := startAlerting(gctx, g, cfg, rules, kc, rdb, alertWriter, reg, log); err != nil {
+		if alerting, err = startAlerting(gctx, g, cfg, rules, kc, rdb, alertWriter, reg, log); err != nil {
 			return err
 		}
 	}
