@@ -249,6 +249,28 @@ func (s *scenario) startArgs(args ...string) *proc {
 	return p
 }
 
+// waitCommitted waits until the scenario's group has committed an offset of the input topic.
+func (s *scenario) waitCommitted(within time.Duration) {
+	s.t.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(s.brokers...), Timeout: 10 * time.Second, Transport: &kafka.Transport{}}
+	deadline := time.Now().Add(within)
+	for {
+		res, err := client.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: s.name,
+			Topics: map[string][]int{s.topic("in"): {0, 1, 2, 3}}})
+		if err == nil {
+			for _, p := range res.Topics[s.topic("in")] {
+				if p.CommittedOffset > 0 {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the group committed no offset within %s (last error %v)", within, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // converge waits until the latest snapshot of every aggregate equals replay's.
 func (s *scenario) converge(within time.Duration) {
 	s.t.Helper()
