@@ -108,6 +108,18 @@ func TestEvaluate(t *testing.T) {
 			now: t0.Add(7 * time.Hour), active: []bool{true},
 		},
 		{
+			// A fall of the scored count (an opportunity re-assessed as unscored, or expired) is
+			// nothing scored: the silence that began at t0+1h goes on, and fires 6h after it.
+			name: "not measured for, through a fall of the scored count",
+			rule: "- {name: s, kind: not_measured_for, duration: 6h}\n",
+			fill: func(tb *Table) {
+				tb.PutSnapshot(snap("live", 1, [2]int64{1, 10}, [2]int64{1, 10}, t0))
+				tb.PutSnapshot(snap("live", 2, [2]int64{1, 11}, [2]int64{1, 11}, t0.Add(time.Hour)))
+				tb.PutSnapshot(snap("live", 3, [2]int64{1, 10}, [2]int64{1, 10}, t0.Add(6*time.Hour)))
+			},
+			now: t0.Add(7 * time.Hour), active: []bool{true},
+		},
+		{
 			name: "not measured for, not yet",
 			rule: "- {name: s, kind: not_measured_for, duration: 6h}\n",
 			fill: func(tb *Table) {

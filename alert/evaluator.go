@@ -347,15 +347,18 @@ func (e *Evaluator) takes(sink string, n Notify) bool {
 	return false
 }
 
-// notification builds the message of a step. A resend or resolution repeats the labels and
+// notification builds the message of a step. A resend or resolution repeats the kind, labels and
 // annotations the alert fired with (ep), even if the rule's changed since: Alertmanager knows an
 // alert by its labels, and a resolution under new ones would leave the old alert firing there.
 func (e *Evaluator) notification(r *Rule, c Condition, rec Record, n Notify, now time.Time, ep *Episode) *Notification {
-	labels, annotations := r.Labels, r.Annotations
+	labels, annotations, kind := r.Labels, r.Annotations, r.Kind.String()
 	if ep != nil && n != NotifyFiring {
 		labels, annotations = ep.Labels, ep.Annotations
+		if ep.Kind != "" {
+			kind = ep.Kind // a label in Alertmanager too
+		}
 	}
-	a := schemas.Alert{Rule: r.Name, Kind: r.Kind.String(), Subject: c.Subject.Key, Fields: maps.Clone(c.Subject.Fields),
+	a := schemas.Alert{Rule: r.Name, Kind: kind, Subject: c.Subject.Key, Fields: maps.Clone(c.Subject.Fields),
 		Labels: maps.Clone(labels), Annotations: maps.Clone(annotations), State: "firing",
 		ActiveAt: rec.ActiveAt, FiredAt: rec.FiredAt, Evidence: c.Evidence}
 	if a.Fields == nil {

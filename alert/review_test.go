@@ -102,6 +102,39 @@ func TestChangedLabelsResolveTheFiredAlert(t *testing.T) {
 	}
 }
 
+// TestChangedKindResolvesTheFiredAlert: a firing rule whose kind changed across a restart
+// resolves its alert under the kind it fired with: the kind is one of the alert's labels in
+// Alertmanager, and a resolution under another kind would leave the old alert firing there.
+func TestChangedKindResolvesTheFiredAlert(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	first := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
+	first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
+	if err := first.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	second := newTestEvaluator(t, store, "rules:\n- {name: high, kind: change, window: 24h, baseline: 7d, min_scored: 20}\n", []Sink{am}, clk)
+	second.Apply(Update{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Hour))})
+	clk.set(t0.Add(time.Hour))
+	if err := second.Evaluate(ctx, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Deliver(ctx, am); err != nil {
+		t.Fatal(err)
+	}
+	if got := am.kinds(); len(got) != 2 || got[1] != "resolved" {
+		t.Fatalf("alertmanager got %v, want [firing resolved]", got)
+	}
+	if k := am.sent[1].Alert.Kind; k != "threshold" {
+		t.Errorf("resolved with kind %q, fired with threshold", k)
+	}
+}
+
 // TestChangeEvidenceMalformedCounts: a snapshot whose counts are impossible (more confirmed than
 // scored, a longer window smaller than a shorter one) must neither fire a change alert nor put a
 // NaN or infinity in its evidence.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math"
 	"regexp"
@@ -195,8 +196,15 @@ func Parse(b []byte) (Rules, error) {
 	var w fileWire
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	if err := dec.Decode(&w); err != nil {
+	if err := dec.Decode(&w); errors.Is(err, io.EOF) {
+		return Rules{}, fmt.Errorf("%w: the file is empty: want evaluation_interval, resend_interval and rules (deploy/alert-rules.example.yaml)", ErrRules)
+	} else if err != nil {
 		return Rules{}, fmt.Errorf("%w: %v", ErrRules, err)
+	}
+	// A second document would be ignored: refuse it rather than run half the rules.
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return Rules{}, fmt.Errorf("%w: the file holds more than one YAML document (a line ---): put every rule under one rules list", ErrRules)
 	}
 	var errs []error
 	out := Rules{EvaluationInterval: DefaultEvaluationInterval}
@@ -287,7 +295,12 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.Annotations)) {
-		if k == "evidence" || k == "subject" {
+		switch {
+		case !labelName.MatchString(k):
+			// Alertmanager refuses the whole alert (400 invalid annotations): every page of the
+			// rule would be dropped.
+			bad("annotations", "%q is not a valid annotation name (letters, digits and _, not starting with a digit: Alertmanager refuses it)", k)
+		case k == "evidence" || k == "subject":
 			bad("annotations", "%q is set by repeatrate", k)
 		}
 	}
@@ -322,6 +335,11 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		op := oneOf(&errs, "op", w.Op, "above", "above", "below")
 		r.Above = op == "above"
 		r.Value = fraction(&errs, "value", w.Value, true)
+		if w.Value != nil && r.Above && r.Value >= 1 {
+			bad("value", "%v: a rate is never above 1, so the rule could never fire", r.Value)
+		} else if w.Value != nil && !r.Above && op != "" && r.Value <= 0 {
+			bad("value", "%v: a rate is never below 0, so the rule could never fire", r.Value)
+		}
 		r.MinScored = minScored(&errs, w.MinScored)
 	case KindChange:
 		allowed = []string{"source", "window", "baseline", "alpha", "min_increase", "min_scored", "horizon"}
@@ -340,6 +358,9 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		}
 		if w.MinIncrease != nil {
 			r.MinIncrease = fraction(&errs, "min_increase", w.MinIncrease, false)
+			if r.MinIncrease >= 1 {
+				bad("min_increase", "%v: a rate cannot rise by 1 or more, so the rule could never fire", r.MinIncrease)
+			}
 		}
 		r.MinScored = minScored(&errs, w.MinScored)
 		r.Horizon = DefaultHorizon
@@ -369,13 +390,23 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		allowed = []string{"value"}
 		if w.Value == nil {
 			bad("value", "is required")
-		} else if r.Value = *w.Value; r.Value < 0 || math.IsNaN(r.Value) {
-			bad("value", "%v must not be negative", r.Value)
+		} else if r.Value = *w.Value; r.Value < 0 || math.IsNaN(r.Value) || math.IsInf(r.Value, 0) {
+			bad("value", "%v: want a finite count, not negative", r.Value)
 		}
 	}
 	for _, f := range []string{"source", "window", "baseline", "op", "value", "min_scored", "alpha", "min_increase", "horizon", "duration"} {
 		if present[f] && !slices.Contains(allowed, f) {
 			bad(f, "does not apply to kind %s", r.Kind)
+		}
+	}
+	// A matcher on source beside the rule's own source either repeats it or never matches.
+	for _, m := range r.Matchers {
+		switch {
+		case m.Name != "source" || r.Source == "":
+		case r.Source == SourceBadge:
+			bad("matchers", "%s: badge subjects have no source (the badge chooses live or evaluation): drop it", m)
+		case !m.Matches(r.Source):
+			bad("matchers", "%s can never match: the rule reads source %s", m, r.Source)
 		}
 	}
 	return r, errs
@@ -415,12 +446,18 @@ func minScored(errs *[]error, p *int64) int64 {
 	return *p
 }
 
-// parseDuration accepts Go durations plus a whole number of days ("7d").
+// maxDays bounds a duration in days: 100 years, far below where time.Duration overflows.
+const maxDays = 36500
+
+// parseDuration accepts Go durations plus a whole number of days ("7d"), up to maxDays.
 func parseDuration(v string) (time.Duration, error) {
 	if d, ok := strings.CutSuffix(v, "d"); ok {
 		n, err := strconv.Atoi(d)
 		if err != nil {
 			return 0, fmt.Errorf("duration %q: %w", v, err)
+		}
+		if n < 0 || n > maxDays {
+			return 0, fmt.Errorf("duration %q: want 0 to %d days", v, maxDays)
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}

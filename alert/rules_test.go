@@ -88,6 +88,24 @@ func TestParseErrors(t *testing.T) {
 			[]string{`rule "t": labels: "workspace" is a field of threshold subjects`, `rule "t": labels: "correction_id" is a field`,
 				`rule "t": labels: "kind" is set by repeatrate`, `rule "v": labels: "case_id" is a field of revived_regression subjects`,
 				`rule "v": labels: "version" is a field`, `rule "v": annotations: "evidence" is set by repeatrate`, `rule "v": annotations: "subject" is set by repeatrate`}},
+		// Annotation names Alertmanager refuses (it would drop every page of the rule).
+		{"annotation names", "rules:\n- name: a\n  kind: revived_regression\n  annotations: {runbook-url: x, 1st: y}",
+			[]string{`rule "a": annotations: "1st" is not a valid annotation name`, `rule "a": annotations: "runbook-url" is not a valid annotation name`}},
+		// A second document would be ignored; an empty file says what it wants.
+		{"two documents", "rules:\n- {name: a, kind: revived_regression}\n---\nrules:\n- {name: b, kind: revived_regression}",
+			[]string{"more than one YAML document"}},
+		{"empty file", "", []string{"the file is empty"}},
+		// Rules that could never fire.
+		{"never fire", "rules:\n- {name: a, kind: threshold, op: above, value: 1}\n- {name: b, kind: threshold, op: below, value: 0}\n" +
+			"- {name: c, kind: change, min_increase: 1}\n- {name: d, kind: missing_runs_above, value: .inf}",
+			[]string{`rule "a": value: 1: a rate is never above 1`, `rule "b": value: 0: a rate is never below 0`,
+				`rule "c": min_increase: 1: a rate cannot rise by 1`, `rule "d": value: +Inf: want a finite count`}},
+		// A source matcher beside the rule's source: never matches, or badge subjects have none.
+		{"source matchers", "rules:\n- {name: a, kind: threshold, value: 0.1, source: badge, matchers: ['source=\"live\"']}\n" +
+			"- {name: b, kind: change, source: evaluation, matchers: ['source=\"live\"']}",
+			[]string{`rule "a": matchers: source="live": badge subjects have no source`, `rule "b": matchers: source="live" can never match`}},
+		// A horizon past what a duration holds.
+		{"huge horizon", "rules:\n- {name: h, kind: change, horizon: 250000d}", []string{`rule "h": horizon: "250000d"`}},
 		// Badge has no not_measured_for.
 		{"silent badge", "rules:\n- name: s\n  kind: not_measured_for\n  source: badge\n  duration: 1h", []string{`rule "s": source: "badge" is not live, evaluation`}},
 	}

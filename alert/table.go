@@ -23,10 +23,10 @@ type Table struct {
 type rateEntry struct {
 	snap schemas.Snapshot
 	// firstSeen is the first snapshot's observation time; lastScoredAt the observation time of
-	// the latest snapshot whose all-time scored count differed from the one before (or of the
-	// first one seen, when it had anything scored).
+	// the latest snapshot whose all-time scored count rose above the one before (or of the first
+	// one seen, when it had anything scored).
 	firstSeen, lastScoredAt time.Time
-	// changed is set once a snapshot's all-time scored count differed from the one before. Until
+	// changed is set once a snapshot's all-time scored count rose above the one before. Until
 	// then the silence is timed from the first snapshot seen, which is only an upper bound of
 	// when it began (the compacted topic keeps the latest snapshot, not the one that scored last).
 	changed bool
@@ -79,7 +79,9 @@ func (t *Table) PutSnapshot(s *schemas.Snapshot) bool {
 	if s.Version <= e.snap.Version {
 		return false
 	}
-	if s.Windows.All.Scored != e.snap.Windows.All.Scored && s.ObservedAt.After(e.lastScoredAt) {
+	// Only a rise is something scored: a fall is a re-assessment to unscored or an expiry, and
+	// must not restart a silence (not_measured_for would resolve and fire again).
+	if s.Windows.All.Scored > e.snap.Windows.All.Scored && s.ObservedAt.After(e.lastScoredAt) {
 		e.lastScoredAt, e.changed = s.ObservedAt, true
 	}
 	e.snap = *s
