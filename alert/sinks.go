@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -78,8 +79,37 @@ var _ Sink = (*Alertmanager)(nil)
 // NewAlertmanager returns a client of the Alertmanager at baseURL (http://host:port, with any path
 // prefix). resend is the rules' longest resend interval.
 func NewAlertmanager(baseURL string, resend time.Duration, timeout time.Duration) *Alertmanager {
-	return &Alertmanager{url: strings.TrimRight(baseURL, "/") + "/api/v2/alerts",
-		client: noRedirects(timeout), validFor: 4 * resend}
+	return &Alertmanager{url: joinPath(baseURL, "/api/v2/alerts"), client: noRedirects(timeout), validFor: 4 * resend}
+}
+
+// joinPath appends path to base's path, keeping its query (a proxy's ?token=…) where it was.
+func joinPath(base, path string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return strings.TrimRight(base, "/") + path
+	}
+	u.Path, u.RawPath = strings.TrimRight(u.Path, "/")+path, ""
+	return u.String()
+}
+
+// Redacted is rawURL as it may be logged: scheme://host/… without user, path or query, which
+// often carry a secret (a chat webhook's path, a proxy's ?token=).
+func Redacted(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return "(unparsable url)"
+	}
+	return u.Scheme + "://" + u.Host + "/…"
+}
+
+// redact replaces the URL that net/http puts in a request's error with its Redacted form: the
+// error is logged by the delivery loop.
+func redact(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = Redacted(ue.URL)
+	}
+	return err
 }
 
 // noRedirects is an HTTP client that does not follow redirects: a 3xx answer to a POST is a
@@ -143,12 +173,12 @@ func (a *Alertmanager) Send(ctx context.Context, notes []Notification) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(b))
 	if err != nil {
-		return err
+		return fmt.Errorf("alertmanager: %w", redact(err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("alertmanager: %w", err)
+		return fmt.Errorf("alertmanager: %w", redact(err))
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))

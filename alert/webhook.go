@@ -53,7 +53,8 @@ var _ Sink = (*Webhook)(nil)
 // MinWebhookSecret bytes); now stamps each request.
 func NewWebhook(url string, secret []byte, timeout time.Duration, now func() time.Time) (*Webhook, error) {
 	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
-		return nil, fmt.Errorf("alert webhook: url %q is not http:// or https://", url)
+		// Not the url itself: its path or query may hold a secret.
+		return nil, errors.New("alert webhook: the url does not start with http:// or https://")
 	}
 	if len(secret) < MinWebhookSecret {
 		return nil, fmt.Errorf("alert webhook: the secret has %d bytes, at least %d are required", len(secret), MinWebhookSecret)
@@ -86,14 +87,14 @@ func (w *Webhook) Send(ctx context.Context, notes []Notification) error {
 	ts := strconv.FormatInt(w.now().Unix(), 10)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body.Bytes()))
 	if err != nil {
-		return fmt.Errorf("webhook: %w", err)
+		return fmt.Errorf("webhook: %w", redact(err))
 	}
 	req.Header.Set("Content-Type", WebhookContentType)
 	req.Header.Set(HeaderTimestamp, ts)
 	req.Header.Set(HeaderSignature, Sign(w.secret, ts, body.Bytes()))
 	resp, err := w.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("webhook: %w", err)
+		return fmt.Errorf("webhook: %w", redact(err))
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))

@@ -240,6 +240,9 @@ func (c *Config) Validate() error {
 		bad("limits.max_future_skew %s is above %s: the store keeps minute buckets for the 1h window plus that much skew",
 			c.Limits.MaxFutureSkew, aggregator.MaxFutureSkew)
 	}
+	if c.Pprof && c.HTTP.AdminTokenSHA256 == "" {
+		bad("pprof: /debug/pprof needs http.admin_token_sha256 (--http-admin-token-sha256): without it anyone who reaches the port could profile the process")
+	}
 	if c.AlertWebhookURL != "" && len(c.AlertWebhookSecret) < alert.MinWebhookSecret {
 		bad("alert_webhook_secret: the webhook needs a secret of at least %d bytes", alert.MinWebhookSecret)
 	}

@@ -64,6 +64,8 @@ func TestConfigErrors(t *testing.T) {
 		{"negative wait replicas", []string{"--redis-wait-replicas", "-1"}, "redis.wait_replicas"},
 		// WAIT with a timeout of 0 ms blocks forever.
 		{"wait timeout below 1ms", []string{"--redis-wait-timeout", "500us"}, "redis.wait_timeout"},
+		// The profiler is never open to whoever reaches the port.
+		{"pprof without an admin token", []string{"--pprof"}, "pprof: /debug/pprof needs http.admin_token_sha256"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/repeatrate/repeatrate/deploy"
+	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -99,6 +100,10 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	token, err := devToken(&cfg)
 	if err != nil {
 		return err
+	}
+	if cfg.Pprof {
+		// Never open: the profiler (and so /metrics) take the printed token.
+		cfg.HTTP.AdminTokenSHA256 = auth.Hash(token)
 	}
 	fmt.Fprintf(stdout, "read side:             http://%s/ (sign in with the token), API http://%s/v1/openapi.json\n"+
 		"ingest:                POST http://%s/v1/events (CloudEvents over HTTP, same token)\ntoken:                 %s (reads and writes every workspace)\n",
