@@ -100,7 +100,9 @@ var windowOrder = map[string]int{Window1h: 1, Window24h: 2, Window7d: 3, WindowA
 
 // Defaults of a rules file.
 const (
-	DefaultResendInterval     = 4 * time.Hour
+	// DefaultResendInterval is Prometheus's resend delay: Alertmanager keeps alerts in memory,
+	// and one that restarted knows a firing alert again only once it is posted again.
+	DefaultResendInterval     = time.Minute
 	DefaultEvaluationInterval = 30 * time.Second
 	DefaultAlpha              = 0.05
 	DefaultHorizon            = 30 * 24 * time.Hour

@@ -42,7 +42,7 @@ func TestParseExample(t *testing.T) {
 	}
 	ch := rs.Rules[0]
 	if ch.Kind != KindChange || ch.Window != Window24h || ch.Baseline != Window7d || ch.Alpha != 0.05 ||
-		ch.Horizon != 30*24*time.Hour || ch.ResendInterval != 4*time.Hour || ch.Epoch() != time.Hour {
+		ch.Horizon != 30*24*time.Hour || ch.ResendInterval != time.Minute || ch.Epoch() != time.Hour {
 		t.Errorf("change rule %+v", ch)
 	}
 	if len(ch.Matchers) != 1 || !ch.Matchers[0].Matches("acme") || ch.Matchers[0].Matches("") {

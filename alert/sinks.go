@@ -72,6 +72,7 @@ type Alertmanager struct {
 	client *http.Client
 	// validFor is how long a posted firing alert stays active without being posted again.
 	validFor time.Duration
+	now      func() time.Time
 }
 
 var _ Sink = (*Alertmanager)(nil)
@@ -79,7 +80,7 @@ var _ Sink = (*Alertmanager)(nil)
 // NewAlertmanager returns a client of the Alertmanager at baseURL (http://host:port, with any path
 // prefix). resend is the rules' longest resend interval.
 func NewAlertmanager(baseURL string, resend time.Duration, timeout time.Duration) *Alertmanager {
-	return &Alertmanager{url: joinPath(baseURL, "/api/v2/alerts"), client: noRedirects(timeout), validFor: 4 * resend}
+	return &Alertmanager{url: joinPath(baseURL, "/api/v2/alerts"), client: noRedirects(timeout), validFor: 4 * resend, now: time.Now}
 }
 
 // joinPath appends path to base's path, keeping its query (a proxy's ?token=…) where it was.
@@ -146,7 +147,12 @@ func Labels(al *schemas.Alert) map[string]string {
 	return l
 }
 
-func (a *Alertmanager) postable(n *Notification) postableAlert {
+// postable is n as posted at time sent. A firing alert stays valid validFor from when it is sent,
+// not from when it was queued: one queued while Alertmanager was down would otherwise arrive
+// already ended. A resolution ends at its resolution time, but never before the alert's start
+// (Alertmanager refuses endsAt < startsAt, which a resolving evaluator whose clock is behind the
+// firing one's would send).
+func (a *Alertmanager) postable(n *Notification, sent time.Time) postableAlert {
 	ann := maps.Clone(n.Alert.Annotations)
 	if ann == nil {
 		ann = map[string]string{}
@@ -154,18 +160,26 @@ func (a *Alertmanager) postable(n *Notification) postableAlert {
 	ev, _ := json.Marshal(n.Alert.Evidence)
 	ann["evidence"] = string(ev)
 	ann["subject"] = n.Alert.Subject
-	p := postableAlert{Labels: Labels(&n.Alert), Annotations: ann, StartsAt: n.Alert.FiredAt, EndsAt: n.At.Add(a.validFor)}
+	p := postableAlert{Labels: Labels(&n.Alert), Annotations: ann, StartsAt: n.Alert.FiredAt, EndsAt: later(n.At, sent).Add(a.validFor)}
 	if n.Alert.ResolvedAt != nil {
-		p.EndsAt = *n.Alert.ResolvedAt
+		p.EndsAt = later(*n.Alert.ResolvedAt, n.Alert.FiredAt)
 	}
 	return p
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Send posts notes in one request.
 func (a *Alertmanager) Send(ctx context.Context, notes []Notification) error {
 	body := make([]postableAlert, len(notes))
+	sent := a.now()
 	for i := range notes {
-		body[i] = a.postable(&notes[i])
+		body[i] = a.postable(&notes[i], sent)
 	}
 	b, err := json.Marshal(body)
 	if err != nil {

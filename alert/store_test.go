@@ -108,15 +108,15 @@ func TestTwoEvaluatorsRace(t *testing.T) {
 	for _, e := range evs {
 		e.Apply(Update{Snapshot: high})
 	}
-	round(0)                           // pending
-	round(5 * time.Minute)             // fires
-	round(6 * time.Minute)             // still firing: nothing new
-	round(4*time.Hour + 5*time.Minute) // resend interval (4h default) over: Alertmanager only
+	round(0)                              // pending
+	round(5 * time.Minute)                // fires
+	round(5*time.Minute + 30*time.Second) // still firing: nothing new
+	round(6 * time.Minute)                // resend interval (1m default) over: Alertmanager only
 	for _, e := range evs {
 		e.Apply(Update{Snapshot: low})
 	}
-	round(6 * time.Hour) // resolves
-	round(7 * time.Hour)
+	round(6*time.Minute + 30*time.Second) // resolves
+	round(7 * time.Minute)
 	if got := kafka.kinds(); len(got) != 2 || got[0] != "firing" || got[1] != "resolved" {
 		t.Errorf("kafka got %v, want [firing resolved]", got)
 	}
