@@ -36,7 +36,11 @@ func (f *fakeAlertmanager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (f *fakeAlertmanager) restart() { f.mu.Lock(); f.active = map[string]postableAlert{}; f.mu.Unlock() }
+func (f *fakeAlertmanager) restart() {
+	f.mu.Lock()
+	f.active = map[string]postableAlert{}
+	f.mu.Unlock()
+}
 
 func (f *fakeAlertmanager) get(name string) (postableAlert, bool) {
 	f.mu.Lock()

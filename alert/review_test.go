@@ -69,69 +69,49 @@ func TestRemovedRuleResolves(t *testing.T) {
 	}
 }
 
-// TestChangedLabelsResolveTheFiredAlert: a rule whose labels changed across a restart while its
-// alert fires resolves it under the labels it fired with, which Alertmanager knows it by.
-func TestChangedLabelsResolveTheFiredAlert(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
-	ctx := context.Background()
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
-	rule := "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, labels: {severity: %s}}\n"
-	first := newTestEvaluator(t, store, fmt.Sprintf(rule, "page"), []Sink{am}, clk)
-	first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
-	if err := first.Evaluate(ctx, t0); err != nil {
-		t.Fatal(err)
+// TestChangedRuleResolvesTheFiredAlert: a rule whose labels or kind changed across a restart
+// while its alert fires resolves it under the labels and kind it fired with: Alertmanager knows
+// an alert by its labels (kind among them), and a resolution under others would leave the old
+// alert firing there.
+func TestChangedRuleResolvesTheFiredAlert(t *testing.T) {
+	const fired = "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, labels: {severity: page}}\n"
+	tests := []struct {
+		name  string
+		after string // the rule as the restarted evaluator has it
+	}{
+		{"labels", "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, labels: {severity: ticket}}\n"},
+		{"kind", "rules:\n- {name: high, kind: change, window: 24h, baseline: 7d, min_scored: 20, labels: {severity: page}}\n"},
 	}
-	second := newTestEvaluator(t, store, fmt.Sprintf(rule, "ticket"), []Sink{am}, clk)
-	second.Apply(Update{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Hour))})
-	clk.set(t0.Add(time.Hour))
-	if err := second.Evaluate(ctx, clk.now()); err != nil {
-		t.Fatal(err)
-	}
-	if err := second.Deliver(ctx, am); err != nil {
-		t.Fatal(err)
-	}
-	if got := am.kinds(); len(got) != 2 || got[1] != "resolved" {
-		t.Fatalf("alertmanager got %v, want [firing resolved]", got)
-	}
-	if l := am.sent[1].Alert.Labels["severity"]; l != "page" {
-		t.Errorf("resolved with severity %q, fired with page", l)
-	}
-}
-
-// TestChangedKindResolvesTheFiredAlert: a firing rule whose kind changed across a restart
-// resolves its alert under the kind it fired with: the kind is one of the alert's labels in
-// Alertmanager, and a resolution under another kind would leave the old alert firing there.
-func TestChangedKindResolvesTheFiredAlert(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
-	ctx := context.Background()
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
-	first := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
-	first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
-	if err := first.Evaluate(ctx, t0); err != nil {
-		t.Fatal(err)
-	}
-	second := newTestEvaluator(t, store, "rules:\n- {name: high, kind: change, window: 24h, baseline: 7d, min_scored: 20}\n", []Sink{am}, clk)
-	second.Apply(Update{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Hour))})
-	clk.set(t0.Add(time.Hour))
-	if err := second.Evaluate(ctx, clk.now()); err != nil {
-		t.Fatal(err)
-	}
-	if err := second.Deliver(ctx, am); err != nil {
-		t.Fatal(err)
-	}
-	if got := am.kinds(); len(got) != 2 || got[1] != "resolved" {
-		t.Fatalf("alertmanager got %v, want [firing resolved]", got)
-	}
-	if k := am.sent[1].Alert.Kind; k != "threshold" {
-		t.Errorf("resolved with kind %q, fired with threshold", k)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := testenv.Redis(t)
+			prefix := testenv.Name(t, "alert")
+			testenv.CleanPrefix(t, rdb, prefix)
+			ctx := context.Background()
+			am := &recordingSink{name: "am"}
+			clk := &clock{t: t0}
+			store, _ := NewRedis(rdb, prefix, []string{"am"})
+			first := newTestEvaluator(t, store, fired, []Sink{am}, clk)
+			first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
+			if err := first.Evaluate(ctx, t0); err != nil {
+				t.Fatal(err)
+			}
+			second := newTestEvaluator(t, store, tc.after, []Sink{am}, clk)
+			second.Apply(Update{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Hour))})
+			clk.set(t0.Add(time.Hour))
+			if err := second.Evaluate(ctx, clk.now()); err != nil {
+				t.Fatal(err)
+			}
+			if err := second.Deliver(ctx, am); err != nil {
+				t.Fatal(err)
+			}
+			if got := am.kinds(); len(got) != 2 || got[1] != "resolved" {
+				t.Fatalf("alertmanager got %v, want [firing resolved]", got)
+			}
+			if a := am.sent[1].Alert; a.Labels["severity"] != "page" || a.Kind != "threshold" {
+				t.Errorf("resolved with severity %q and kind %q, fired with page and threshold", a.Labels["severity"], a.Kind)
+			}
+		})
 	}
 }
 
