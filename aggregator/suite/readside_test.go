@@ -18,14 +18,7 @@ import (
 // flight although Redis lost nothing) or, after a commit, like lost state.
 func TestReadWritesNoPendingToken(t *testing.T) {
 	ctx := context.Background()
-	client := testenv.Redis(t)
-	prefix := testenv.Name(t, "readtoken")
-	testenv.CleanPrefix(t, client, prefix)
-	rcfg := aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour, Pending: aggregator.NewPending()}
-	store, err := NewRedis(client, rcfg, Config{MinHistory: 2, MissingAfter: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, store, prefix := sharedChainStores(t, "readtoken")
 	k := Key{"ws", "suite"}
 	if _, err := store.Apply(ctx, readSideRuns(k, 0), t0); err != nil {
 		t.Fatal(err)
@@ -49,18 +42,7 @@ func TestReadWritesNoPendingToken(t *testing.T) {
 // shares it.
 func TestReadersBesideBatchesCauseNoRewind(t *testing.T) {
 	ctx := context.Background()
-	client := testenv.Redis(t)
-	prefix := testenv.Name(t, "readrewind")
-	testenv.CleanPrefix(t, client, prefix)
-	rcfg := aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour, Pending: aggregator.NewPending()}
-	rates, err := aggregator.NewRedis(client, rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	suites, err := NewRedis(client, rcfg, Config{MinHistory: 2, MissingAfter: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rates, suites, _ := sharedChainStores(t, "readrewind")
 	k := Key{"ws", "suite"}
 	if _, err := suites.Apply(ctx, readSideRuns(k, 0), t0); err != nil {
 		t.Fatal(err)
@@ -107,6 +89,25 @@ func TestReadersBesideBatchesCauseNoRewind(t *testing.T) {
 	}
 	stop()
 	wg.Wait()
+}
+
+// sharedChainStores returns a rate store and a suite store on real Redis under a fresh prefix,
+// sharing one chain of pending tokens as `run` shares it.
+func sharedChainStores(t *testing.T, name string) (*aggregator.Redis, *Redis, string) {
+	t.Helper()
+	client := testenv.Redis(t)
+	prefix := testenv.Name(t, name)
+	testenv.CleanPrefix(t, client, prefix)
+	rcfg := aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour, Pending: aggregator.NewPending()}
+	rates, err := aggregator.NewRedis(client, rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suites, err := NewRedis(client, rcfg, Config{MinHistory: 2, MissingAfter: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rates, suites, prefix
 }
 
 // readSideRuns returns a small batch of version v of suite k: three cases, two runs each.
