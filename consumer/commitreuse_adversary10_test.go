@@ -407,9 +407,13 @@ func TestAdversary10CommitFailureRacesApplyFailure(t *testing.T) {
 				if err := r.fatalErr(); err != nil {
 					t.Fatalf("neither failure is fatal: %v", err)
 				}
-				calls, _ := c.made()
-				if len(calls) != 1 {
-					t.Errorf("commits tried %v, want only the failed first one: %s", calls, tr)
+				// At most the failed first commit is tried, and none is made. None is tried when
+				// the apply loop took batch 4 before it took batch 1 back from publish (its
+				// select picks at random among ready channels; seen on a loaded machine): the
+				// commit of batch 1 is then queued only after Apply(o4) failed, and never sent.
+				calls, ok := c.made()
+				if len(calls) > 1 || len(ok) > 0 {
+					t.Errorf("commits tried %v, made %v; want at most the failed first one, none made: %s", calls, ok, tr)
 				}
 				if a := tr.index("lost at apply o4"); a >= 0 {
 					for _, e := range tr.events[a+1:] {
