@@ -384,10 +384,8 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 	case KindAbnormalShareAbove:
 		allowed = []string{"value", "min_scored"}
 		r.Value = fraction(&errs, "value", w.Value, true)
-		r.MinScored = 1
-		if w.MinScored != nil {
-			r.MinScored = minScored(&errs, w.MinScored)
-		}
+		// As the rate rules: one abnormal reply of one is no share worth a page.
+		r.MinScored = minScored(&errs, w.MinScored)
 	case KindMissingRunsAbove:
 		allowed = []string{"value"}
 		if w.Value == nil {

@@ -104,6 +104,8 @@ func TestParseErrors(t *testing.T) {
 		{"source matchers", "rules:\n- {name: a, kind: threshold, value: 0.1, source: badge, matchers: ['source=\"live\"']}\n" +
 			"- {name: b, kind: change, source: evaluation, matchers: ['source=\"live\"']}",
 			[]string{`rule "a": matchers: source="live": badge subjects have no source`, `rule "b": matchers: source="live" can never match`}},
+		// abnormal_share_above needs as many replies as a rate rule needs scored by default.
+		{"abnormal share default", "rules:\n- {name: a, kind: abnormal_share_above, value: 0.05, min_scored: 0}", []string{`min_scored: 0 must be at least 1`}},
 		// A horizon past what a duration holds.
 		{"huge horizon", "rules:\n- {name: h, kind: change, horizon: 250000d}", []string{`rule "h": horizon: "250000d"`}},
 		// Badge has no not_measured_for.
@@ -148,5 +150,13 @@ func TestMatcher(t *testing.T) {
 		if got := m.Matches(tc.value); got != tc.match {
 			t.Errorf("%s on %q = %v, want %v", tc.in, tc.value, got, tc.match)
 		}
+	}
+}
+
+// An abnormal_share_above rule without min_scored waits for as many replies as a rate rule waits
+// for scored opportunities: one abnormal reply of one is not a share worth a page.
+func TestAbnormalShareDefaultMinScored(t *testing.T) {
+	if r := mustRule(t, "- {name: a, kind: abnormal_share_above, value: 0.05}"); r.MinScored != DefaultMinScored {
+		t.Fatalf("min_scored defaults to %d, want %d", r.MinScored, DefaultMinScored)
 	}
 }
