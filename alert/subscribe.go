@@ -227,6 +227,7 @@ func (s *Subscriber) partition(ctx context.Context, topic string, p int, out cha
 		}
 		first, end, err = s.offsets(ctx, topic, p)
 	}
+	s.ok(where)
 	behind := true
 	if end <= first {
 		behind = false
@@ -260,8 +261,16 @@ func (s *Subscriber) partition(ctx context.Context, topic string, p int, out cha
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		if !backoff(err) {
-			return
+		// Read on once the partition's leader answers again; it is no longer degraded then, even
+		// if no message comes for a long time (a quiet partition of a compacted topic).
+		for {
+			if !backoff(err) {
+				return
+			}
+			if _, _, err = s.offsets(ctx, topic, p); err == nil {
+				s.ok(where)
+				break
+			}
 		}
 	}
 }
