@@ -8,9 +8,12 @@
 //
 // A request is all or nothing: when any of its events is invalid or forbidden, none is written and
 // the answer (400 or 403) gives every event's result, with the dead-letter reasons of
-// docs/semantics.md#validation for the invalid ones. A failed Kafka write answers 503; events of
-// the request may then have reached Kafka, and sending the request again is safe because the
-// processor counts each opportunity and graded run once (docs/semantics.md#ingest).
+// docs/semantics.md#validation for the invalid ones. A Kafka write that fails or is not answered
+// in time answers 503, each event "failed" only when Kafka certainly did not take it, else
+// "unknown"; sending the request again is safe either way, because the processor counts each
+// opportunity and graded run once (docs/semantics.md#ingest). The bytes of writes not yet finished
+// (also those the answer stopped waiting for: the Kafka client keeps trying them) are bounded by
+// MaxInFlightBytes; a request past it is answered 503 before anything is sent.
 //
 // It counts nothing and stores nothing itself: the processor reads what it wrote like any other
 // producer's events. Rate limits, connection caps and the server's body cap are the HTTP server's
@@ -27,6 +30,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
@@ -70,8 +74,13 @@ type Config struct {
 	// member costs a decode and a result in the answer (a body of a million tiny members was
 	// answered with 50 MB of results).
 	MaxEvents int
-	// WriteTimeout bounds the Kafka write of one request (default 10 s); past it the answer is 503.
+	// WriteTimeout bounds how long a request waits for its Kafka write (default 10 s); past it the
+	// answer is 503 with every event "unknown", and the write goes on in the background within
+	// MaxInFlightBytes until the writer ends it.
 	WriteTimeout time.Duration
+	// MaxInFlightBytes bounds the record bytes of writes not yet finished (default 64 MiB): a
+	// request that would pass it is answered 503, nothing of it written, with Retry-After.
+	MaxInFlightBytes int64
 	// Registerer takes the handler's metrics; nil keeps them private.
 	Registerer prometheus.Registerer
 }
@@ -85,7 +94,7 @@ func (c *Config) Validate() error {
 	if c.LiveTopic == "" || c.EvalTopic == "" {
 		return errors.New("ingest: live and eval topics are required")
 	}
-	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 || c.MaxEvents < 0 {
+	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 || c.MaxEvents < 0 || c.MaxInFlightBytes < 0 {
 		return errors.New("ingest: limits must not be negative")
 	}
 	return nil
@@ -101,7 +110,13 @@ func (c *Config) defaults() {
 	if c.MaxEvents == 0 {
 		c.MaxEvents = int(max(1, c.MaxBodyBytes/MinEventBytes))
 	}
+	if c.MaxInFlightBytes == 0 {
+		c.MaxInFlightBytes = DefaultMaxInFlightBytes
+	}
 }
+
+// DefaultMaxInFlightBytes is the default bound of the bytes of Kafka writes not yet finished.
+const DefaultMaxInFlightBytes = 64 << 20
 
 // MinEventBytes is below the size of the smallest valid structured event (about 250 bytes: the
 // attributes, the five non-empty scope parts and the required data members), so a batch of valid
@@ -110,13 +125,21 @@ const MinEventBytes = 128
 
 // Handler serves POST /v1/events.
 type Handler struct {
-	cfg     Config
-	dec     *consumer.Decoder
-	w       Writer
-	now     func() time.Time
-	log     *zap.Logger
-	events  *prometheus.CounterVec
-	answers *prometheus.CounterVec
+	cfg      Config
+	dec      *consumer.Decoder
+	w        Writer
+	now      func() time.Time
+	log      *zap.Logger
+	events   *prometheus.CounterVec
+	answers  *prometheus.CounterVec
+	inflight prometheus.Gauge
+
+	mu      sync.Mutex
+	bytes   int64               // record bytes of the writes not yet finished
+	started map[int64]time.Time // start of each write not yet finished, by id
+	late    map[int64]bool      // the writes among them that their request stopped waiting for
+	nextID  int64
+	writes  sync.WaitGroup // the write goroutines, waited for by Close
 }
 
 // New returns the handler: events are validated by dec at now() of their request and written
@@ -132,12 +155,15 @@ func New(cfg Config, dec *consumer.Decoder, w Writer, now func() time.Time, log 
 	}
 	h := &Handler{cfg: cfg, dec: dec, w: w, now: now, log: log,
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_ingest_events_total",
-			Help: "Events posted to /v1/events by result: accepted (written), invalid, forbidden, not_written (another event of the request was refused), failed (the Kafka write failed)."},
+			Help: "Events posted to /v1/events by result: accepted (written), invalid, forbidden, not_written (another event of the request was refused, or the in-flight budget was full), failed (Kafka certainly did not take it), unknown (Kafka's answer did not come in time, or may have come after a write)."},
 			[]string{"result"}),
 		answers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_ingest_requests_total",
 			Help: "Requests to /v1/events by answer status."}, []string{"code"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "repeatrate_ingest_inflight_bytes",
+			Help: "Record bytes of ingest writes to Kafka not yet finished, those answered unknown included (bounded by the ingest's in-flight budget)."}),
+		started: map[int64]time.Time{}, late: map[int64]bool{},
 	}
-	reg.MustRegister(h.events, h.answers)
+	reg.MustRegister(h.events, h.answers, h.inflight)
 	return h, nil
 }
 
@@ -150,7 +176,8 @@ const (
 	StatusInvalid    = "invalid"     // refused with a dead-letter reason: fix it and send again
 	StatusForbidden  = "forbidden"   // the token may not write the event's workspace
 	StatusNotWritten = "not_written" // valid, but another event of the request was refused
-	StatusFailed     = "failed"      // the Kafka write failed: send the request again
+	StatusFailed     = "failed"      // Kafka refused it: certainly not written; send the request again
+	StatusUnknown    = "unknown"     // no answer in time, or a timeout: may be written; send the request again
 )
 
 // Result is what happened to one event of a request.
@@ -279,29 +306,170 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 		return h.answer(w, refusal, events, "nothing was written: fix or remove the refused events and send the request again")
 	}
 	msgs := make([]kafka.Message, len(events))
+	size := int64(0)
 	for i := range events {
 		msgs[i] = events[i].msg
+		size += int64(sink.RecordSize(&msgs[i]))
 	}
-	wctx, cancel := context.WithTimeout(req.Context(), h.cfg.WriteTimeout)
-	err := h.w.WriteMessages(wctx, msgs...)
-	cancel()
+	id, wait, ok := h.reserve(size)
+	if !ok {
+		for i := range events {
+			events[i].res.Status, events[i].res.Detail, events[i].res.Topic, events[i].res.Key =
+				StatusNotWritten, "not sent: Kafka writes are backed up; send the request again after Retry-After", "", ""
+		}
+		w.Header().Set("Retry-After", retryAfter(wait))
+		return h.answer(w, http.StatusServiceUnavailable, events,
+			"nothing was written: the writes to Kafka in flight fill the ingest's budget; send the request again after Retry-After")
+	}
+	// The write runs on its own goroutine, not cancelled with the request: kafka-go keeps a
+	// cancelled write queued and sends it later anyway, so the bytes stay reserved until the
+	// writer itself ends it (WriteTimeout × attempts of the writer).
+	done := make(chan error, 1)
+	h.writes.Add(1)
+	go func() {
+		defer h.writes.Done()
+		err := h.w.WriteMessages(context.WithoutCancel(req.Context()), msgs...)
+		h.release(id, size)
+		done <- err
+	}()
+	timer := time.NewTimer(h.cfg.WriteTimeout)
+	defer timer.Stop()
+	var err error
+	select {
+	case err = <-done:
+	case <-timer.C:
+		err = errNotAnswered
+	case <-req.Context().Done():
+		err = errNotAnswered
+	}
+	if errors.Is(err, errNotAnswered) {
+		h.abandon(id)
+	}
 	if err != nil {
-		// Some partitions may have taken their events: the processor counts them once however
+		// Events of unknown fate may have reached Kafka: the processor counts them once however
 		// often they are sent, so the whole request can be sent again.
 		h.log.Warn("write events", zap.Int("events", len(msgs)), zap.Error(err))
 		var werrs kafka.WriteErrors
 		isWriteErrors := errors.As(err, &werrs) && len(werrs) == len(events)
 		for i := range events {
 			r := &events[i].res
-			if !isWriteErrors || werrs[i] != nil {
-				r.Status, r.Detail, r.Topic, r.Key = StatusFailed, "not acknowledged by Kafka: send the request again", "", ""
+			e := err
+			if isWriteErrors {
+				e = werrs[i]
+			}
+			switch {
+			case e == nil:
+			case refused(e):
+				r.Status, r.Detail, r.Topic, r.Key = StatusFailed, "refused by Kafka, not written: send the request again", "", ""
+			default:
+				r.Status, r.Detail, r.Topic, r.Key = StatusUnknown, "Kafka did not answer in time: it may or may not be written; send the request again (it is counted once)", "", ""
 			}
 		}
-		w.Header().Set("Retry-After", "1")
+		w.Header().Set("Retry-After", retryAfter(h.oldestWrite()))
 		return h.answer(w, http.StatusServiceUnavailable, events,
 			"Kafka did not acknowledge every event: send the request again (events already written are counted once)")
 	}
 	return h.answer(w, http.StatusAccepted, events, "")
+}
+
+// errNotAnswered stands for a write the request stopped waiting for.
+var errNotAnswered = errors.New("kafka did not answer within the write timeout")
+
+// refused reports whether a write error certainly means the message was not written: the broker
+// answered the produce request of its partition with an error. A timeout, an acknowledgement
+// that did not come, or a broker that wrote but could not replicate in time may have written it.
+func refused(err error) bool {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return false
+	}
+	switch ke {
+	case kafka.RequestTimedOut, kafka.NotEnoughReplicasAfterAppend:
+		return false
+	}
+	return true
+}
+
+// reserve takes size bytes of the in-flight budget for a write and returns its id; when they do
+// not fit it returns how long the oldest write in flight has run instead. A write larger than the
+// whole budget is let through alone, so that no request is refused for ever.
+func (h *Handler) reserve(size int64) (id int64, oldest time.Duration, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.bytes > 0 && h.bytes+size > h.cfg.MaxInFlightBytes {
+		return 0, h.oldestLocked(), false
+	}
+	h.nextID++
+	h.bytes += size
+	h.started[h.nextID] = time.Now()
+	h.inflight.Set(float64(h.bytes))
+	return h.nextID, 0, true
+}
+
+// release gives back a finished write's bytes.
+func (h *Handler) release(id, size int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.bytes -= size
+	delete(h.started, id)
+	delete(h.late, id)
+	h.inflight.Set(float64(h.bytes))
+}
+
+// abandon marks a write its request stopped waiting for, unless it has finished meanwhile.
+func (h *Handler) abandon(id int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.started[id]; ok {
+		h.late[id] = true
+	}
+}
+
+func (h *Handler) oldestWrite() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.oldestLocked()
+}
+
+func (h *Handler) oldestLocked() time.Duration {
+	var oldest time.Duration
+	for _, t := range h.started {
+		oldest = max(oldest, time.Since(t))
+	}
+	return oldest
+}
+
+// retryAfter is the Retry-After of a 503: how long the oldest write in flight has run (Kafka is
+// that far behind), between 1 and 60 seconds.
+func retryAfter(oldest time.Duration) string {
+	return strconv.Itoa(int(min(60, max(1, oldest.Round(time.Second)/time.Second))))
+}
+
+// Backlog says why Kafka writes are backed up, or nil: a write its request stopped waiting for is
+// still running, or the writes in flight hold most of the budget. The server's /readyz is not
+// ready meanwhile.
+func (h *Handler) Backlog() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case len(h.late) > 0:
+		return fmt.Errorf("ingest: %d kafka writes outlived their requests' %s and are still running", len(h.late), h.cfg.WriteTimeout)
+	case h.bytes > h.cfg.MaxInFlightBytes*9/10:
+		return fmt.Errorf("ingest: kafka writes in flight hold %d of %d bytes", h.bytes, h.cfg.MaxInFlightBytes)
+	}
+	return nil
+}
+
+// Close waits for the writes still in flight, or until ctx ends.
+func (h *Handler) Close(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { h.writes.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("ingest: writes still in flight: %w", ctx.Err())
+	}
 }
 
 func hasStatus(events []pending, status string) bool {

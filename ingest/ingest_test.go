@@ -452,8 +452,11 @@ func TestIngestWriteFailure(t *testing.T) {
 		w    *fakeWriter
 		want []string
 	}{
-		// The whole write failed.
-		{"all", &fakeWriter{err: errors.New("broker down")}, []string{StatusFailed, StatusFailed, StatusFailed}},
+		// The broker refused the whole write: certainly not written.
+		{"all refused", &fakeWriter{err: kafka.LeaderNotAvailable}, []string{StatusFailed, StatusFailed, StatusFailed}},
+		// No answer, or a timeout after the leader may have appended: unknown, not failed.
+		{"all unknown", &fakeWriter{err: errors.New("broker down: i/o timeout")}, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
+		{"replication timed out", &fakeWriter{err: kafka.RequestTimedOut}, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
 		// One partition took its events, another did not.
 		{"partial", &fakeWriter{fail: func(i int) bool { return i == 1 }}, []string{StatusAccepted, StatusFailed, StatusAccepted}},
 	} {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +15,8 @@ import (
 
 // newIngest builds the handler of POST /v1/events (README, Ingest over HTTP) on a writer of its
 // own: fully acknowledged (RequireAll), each message naming its input topic, its record limit the
-// one every writer of the process has. closeWriter releases the writer's connections.
+// one every writer of the process has. closeWriter waits a while for the writes in flight, then
+// flushes and closes the writer.
 func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, reg prometheus.Registerer,
 	log *zap.Logger) (h *ingest.Handler, closeWriter func() error, err error) {
 	live, eval := cfg.ingestTopics()
@@ -27,5 +30,12 @@ func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.D
 		w.Close()
 		return nil, nil, err
 	}
-	return h, w.Close, nil
+	// On shutdown the writes in flight get a while to finish (each request already had its
+	// answer); the writer's Close then flushes what kafka-go still holds.
+	closeAll := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return errors.Join(h.Close(ctx), w.Close())
+	}
+	return h, closeAll, nil
 }
