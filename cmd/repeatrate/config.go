@@ -19,6 +19,7 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/ingest"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink/auth"
 )
@@ -125,10 +126,11 @@ type HTTPSettings struct {
 	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
 	// Ingest (POST /v1/events, README, Ingest over HTTP): the input topics live attempts and eval
 	// results are written to (empty: the first input topic, and the second when there is one),
-	// and the body limit.
-	IngestLiveTopic    string `yaml:"ingest_live_topic"`
-	IngestEvalTopic    string `yaml:"ingest_eval_topic"`
-	IngestMaxBodyBytes int    `yaml:"ingest_max_body_bytes"`
+	// the body limit, and the record bytes of Kafka writes not yet finished (past it, 503).
+	IngestLiveTopic        string `yaml:"ingest_live_topic"`
+	IngestEvalTopic        string `yaml:"ingest_eval_topic"`
+	IngestMaxBodyBytes     int    `yaml:"ingest_max_body_bytes"`
+	IngestMaxInFlightBytes int    `yaml:"ingest_max_inflight_bytes"`
 }
 
 // ingestTopics are the input topics the HTTP ingest writes live attempts and eval results to.
@@ -175,8 +177,9 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
-		HTTP:      HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20},
-		LogLevel:  "info",
+		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
+			IngestMaxInFlightBytes: ingest.DefaultMaxInFlightBytes},
+		LogLevel: "info",
 	}
 }
 
@@ -249,8 +252,9 @@ func (c *Config) Validate() error {
 	if _, err := auth.NewStore(c.HTTP.Tokens); err != nil {
 		bad("http.tokens: %v", err)
 	}
-	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 || c.HTTP.MaxConnectionsPerAddress <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 {
-		bad("http.rate_limit, http.max_connections, http.max_connections_per_address and http.ingest_max_body_bytes must be positive")
+	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 || c.HTTP.MaxConnectionsPerAddress <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 ||
+		c.HTTP.IngestMaxInFlightBytes <= 0 {
+		bad("http.rate_limit, http.max_connections, http.max_connections_per_address, http.ingest_max_body_bytes and http.ingest_max_inflight_bytes must be positive")
 	}
 	// The ingest must write where the processor reads.
 	for _, t := range []string{c.HTTP.IngestLiveTopic, c.HTTP.IngestEvalTopic} {
@@ -381,6 +385,7 @@ func (c *Config) settings() []setting {
 		str("http-ingest-live-topic", "input topic POST /v1/events writes live attempts to (empty: the first input topic)", &c.HTTP.IngestLiveTopic),
 		str("http-ingest-eval-topic", "input topic POST /v1/events writes eval results to (empty: the second input topic, else the first)", &c.HTTP.IngestEvalTopic),
 		num("http-ingest-max-body-bytes", "largest body POST /v1/events accepts (larger: 413)", &c.HTTP.IngestMaxBodyBytes),
+		num("http-ingest-max-inflight-bytes", "record bytes of /v1/events writes to Kafka not yet finished (answered or not) at most; past it a request is answered 503 before anything is sent", &c.HTTP.IngestMaxInFlightBytes),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
 }

@@ -25,7 +25,8 @@ func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.D
 	w.BatchBytes = min(kc.batchBytes(live), kc.batchBytes(eval))
 	h, err = ingest.New(ingest.Config{LiveTopic: live, EvalTopic: eval, Tokens: tokens,
 		MaxBodyBytes: int64(cfg.HTTP.IngestMaxBodyBytes), RecordLimit: w.BatchBytes, WriteTimeout: 10 * time.Second,
-		Registerer: reg}, dec, w, time.Now, log)
+		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes),
+		Registerer:       reg}, dec, w, time.Now, log)
 	if err != nil {
 		w.Close()
 		return nil, nil, err

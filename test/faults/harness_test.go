@@ -239,8 +239,14 @@ func (s *scenario) start() *proc { return s.startArgs("run", "--http-addr=") }
 // startArgs runs the binary with args and the scenario's configuration.
 func (s *scenario) startArgs(args ...string) *proc {
 	s.t.Helper()
+	return s.startEnv(nil, args...)
+}
+
+// startEnv runs the binary with args, the scenario's configuration and env besides.
+func (s *scenario) startEnv(env []string, args ...string) *proc {
+	s.t.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = s.env()
+	cmd.Env = append(s.env(), env...)
 	p, err := testenv.StartProc(fmt.Sprintf("%s-%d", args[0], len(s.procs)), cmd)
 	if err != nil {
 		s.t.Fatal(err)
