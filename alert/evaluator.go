@@ -32,6 +32,7 @@ type Metrics struct {
 	conflicts     prometheus.Counter
 	firing        *prometheus.GaugeVec
 	refused       *prometheus.CounterVec
+	unheld        prometheus.Counter
 }
 
 // NewMetrics registers the alerting metrics on reg.
@@ -52,8 +53,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_refused_total",
 			Help: "Notifications a sink refused for good (an Alertmanager 4xx other than 408 and 429), dropped from the outbox, by sink and kind."},
 			[]string{"sink", "kind"}),
+		unheld: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_alert_unheld_subjects_total",
+			Help: "Records of subjects this evaluator's table does not hold, left as they are at an evaluation (not taken for gone: another evaluator may hold them)."}),
 	}
-	reg.MustRegister(m.evaluations, m.transitions, m.notifications, m.errors, m.conflicts, m.firing, m.refused)
+	reg.MustRegister(m.evaluations, m.transitions, m.notifications, m.errors, m.conflicts, m.firing, m.refused, m.unheld)
 	return m
 }
 
@@ -200,7 +203,8 @@ func (e *Evaluator) evaluate(ctx context.Context, trigger string) {
 }
 
 // Evaluate evaluates every rule over the table at now and writes the lifecycle steps. Records of
-// subjects the table no longer holds step as inactive. Until the table has caught up (an Update
+// subjects the rule no longer selects, or that the table shows to be gone (Table.Gone), step as
+// inactive; records of subjects the table does not hold are left as they are. Until the table has caught up (an Update
 // with CaughtUp) it does nothing: after a restart a firing alert whose snapshot has not been read
 // again yet would otherwise resolve, and fire again once it is read.
 func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
@@ -265,6 +269,13 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 			// The rule left the rules file: its alerts resolve at once (a pending one clears),
 			// with the kind and labels they fired with, rather than fire forever unseen.
 			r = removedRule(st)
+		} else if gone, held := e.table.Gone(st.Subject.Key, st.Subject.Fields); !gone && !held {
+			// Not held here is not gone: another evaluator may hold it (lag, a partition this one
+			// has not read, an event expired before it started). Stepping it inactive would
+			// resolve what the other fires, and the two would flap. Left as it is; a subject the
+			// rule no longer selects, though held, steps inactive below.
+			e.metrics.unheld.Inc()
+			continue
 		}
 		work = append(work, item{r, Condition{Subject: st.Subject, Evidence: schemas.AlertEvidence{EvaluatedAt: now}}})
 	}

@@ -3,6 +3,7 @@ package alert
 import (
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/repeatrate/repeatrate/schemas"
@@ -122,6 +123,36 @@ func (t *Table) PutRevived(r *schemas.CaseRevived) bool {
 	c := *r
 	t.revived[k] = &c
 	return true
+}
+
+// Gone reports whether the table holds evidence that the subject of key, whose fields are fields,
+// no longer exists: evidence every evaluator reads the same way once it has read as far. A subject
+// the table does not hold is not gone (another evaluator may hold it: lag, a partition read later,
+// an event expired from a delete-retention topic before this one started), except a revived case
+// whose suite's latest discrimination snapshot, held here, lists its revived cases in full without
+// it. held reports whether the table holds the subject at all.
+func (t *Table) Gone(key string, fields map[string]string) (gone, held bool) {
+	switch {
+	case strings.HasPrefix(key, "a|"):
+		_, held = t.rates[key[2:]]
+	case strings.HasPrefix(key, "b|"):
+		for _, b := range badgeSubjects(t) {
+			held = held || b.subject.Key == key
+		}
+	case strings.HasPrefix(key, "d|"):
+		_, held = t.disc[key]
+	case strings.HasPrefix(key, "s|"):
+		_, held = t.stab[key]
+	case strings.HasPrefix(key, "c|"):
+		if _, held = t.revived[key]; held {
+			break
+		}
+		d, ok := t.disc["d|"+schemas.JoinEscaped(fields["workspace"], fields["suite"])]
+		if ok && d.RevivedTotal <= len(d.Revived) && !slices.Contains(d.Revived, fields["case_id"]) {
+			return true, false
+		}
+	}
+	return false, held
 }
 
 // Len is the number of subjects held.

@@ -1,0 +1,100 @@
+package alert
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// Two evaluators that see the world at different moments share the lifecycles in Redis: B has
+// not read what A has (lag, a partition it has not listed, a case-revived event that expired from
+// the alerts topic before B started). B must not take "not held" for "gone": one unbroken
+// condition gives one firing and no resolution, however the two interleave, and the alert
+// resolves once a record both read the same way says so.
+func TestEvaluatorsThatHoldDifferentSubjectsDoNotFlap(t *testing.T) {
+	revived := &schemas.CaseRevived{Workspace: "acme", Suite: "s", CaseID: "c1", Version: "v9", Regression: true}
+	listing := func(cases ...string) *schemas.SuiteDiscrimination {
+		return &schemas.SuiteDiscrimination{Workspace: "acme", Suite: "s", Revived: cases, RevivedTotal: len(cases), ObservedAt: t0}
+	}
+	tests := []struct {
+		name  string
+		rules string
+		// a is what evaluator A holds; b what B holds; end is the record, read by both, after
+		// which the alert must resolve (nil: it keeps firing).
+		a, b []Update
+		end  []Update
+	}{
+		{
+			name:  "an aggregate B has not read yet",
+			rules: "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n",
+			a:     []Update{{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)}},
+			end:   []Update{{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Minute))}},
+		},
+		{
+			name:  "a revived case whose event B never read, its suite still listing it",
+			rules: "rules:\n- {name: back, kind: revived_regression}\n",
+			a:     []Update{{Revived: revived}, {Discrimination: listing("c1")}},
+			b:     []Update{{Discrimination: listing("c1")}},
+			end:   []Update{{Discrimination: &schemas.SuiteDiscrimination{Workspace: "acme", Suite: "s", Revived: []string{}, ObservedAt: t0.Add(time.Minute)}}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := testenv.Redis(t)
+			prefix := testenv.Name(t, "alert")
+			testenv.CleanPrefix(t, rdb, prefix)
+			ctx := context.Background()
+			am := &recordingSink{name: "am"}
+			clk := &clock{t: t0}
+			store, _ := NewRedis(rdb, prefix, []string{"am"})
+			a := newTestEvaluator(t, store, tc.rules, []Sink{am}, clk)
+			b := newTestEvaluator(t, store, tc.rules, []Sink{am}, clk)
+			for _, u := range tc.a {
+				a.Apply(u)
+			}
+			for _, u := range tc.b {
+				b.Apply(u)
+			}
+			step := func(e *Evaluator, at time.Time) {
+				t.Helper()
+				clk.set(at)
+				if err := e.Evaluate(ctx, at); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Deliver(ctx, am); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, e := range []*Evaluator{a, b, b, a, b, a, a, b} {
+				step(e, t0.Add(time.Duration(i)*20*time.Second))
+			}
+			if got := firingResolved(am.kinds()); len(got) != 1 || got[0] != "firing" {
+				t.Fatalf("notifications %v while A holds the subject and B does not: want one firing", got)
+			}
+			for _, e := range []*Evaluator{a, b} {
+				for _, u := range tc.end {
+					e.Apply(u)
+				}
+			}
+			step(b, t0.Add(5*time.Minute))
+			step(a, t0.Add(5*time.Minute+20*time.Second))
+			if got := firingResolved(am.kinds()); len(got) != 2 || got[1] != "resolved" {
+				t.Fatalf("notifications %v after the record both read: want [firing resolved]", got)
+			}
+		})
+	}
+}
+
+// firingResolved drops resends from kinds.
+func firingResolved(kinds []string) []string {
+	var out []string
+	for _, k := range kinds {
+		if k != "resend" {
+			out = append(out, k)
+		}
+	}
+	return out
+}
