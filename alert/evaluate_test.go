@@ -205,3 +205,32 @@ func TestChangeEvidence(t *testing.T) {
 		t.Errorf("test %+v", ev.Test)
 	}
 }
+
+// Suite snapshots are ordered by their snapshot version when they carry one, not by the clock of
+// the processor that published them: a newer state published by a processor whose clock is behind
+// replaces the held one, and an older one published later by a processor ahead does not.
+func TestSuiteSnapshotsOrderedByVersion(t *testing.T) {
+	tb := NewTable()
+	d := func(v int64, at time.Time, rng float64) *schemas.SuiteDiscrimination {
+		return &schemas.SuiteDiscrimination{Workspace: "a", Suite: "s", SnapshotVersion: v, ObservedAt: at, AchievableRange: &rng}
+	}
+	if !tb.PutDiscrimination(d(10, t0, 0.1)) {
+		t.Fatal("first snapshot not taken")
+	}
+	if !tb.PutDiscrimination(d(11, t0.Add(-time.Hour), 0.2)) {
+		t.Error("a newer version observed by a clock behind was dropped")
+	}
+	if tb.PutDiscrimination(d(9, t0.Add(time.Hour), 0.3)) {
+		t.Error("an older version observed by a clock ahead replaced the newer")
+	}
+	if got := *tb.disc["d|"+schemas.JoinEscaped("a", "s")].AchievableRange; got != 0.2 {
+		t.Errorf("held range %v, want version 11's 0.2", got)
+	}
+	st := func(v int64, at time.Time) *schemas.SuiteStability {
+		return &schemas.SuiteStability{Workspace: "a", Suite: "s", Version: "v1", SnapshotVersion: v, ObservedAt: at}
+	}
+	tb.PutStability(st(10, t0))
+	if !tb.PutStability(st(11, t0.Add(-time.Hour))) || tb.PutStability(st(9, t0.Add(time.Hour))) {
+		t.Error("stability snapshots not ordered by version")
+	}
+}

@@ -89,10 +89,20 @@ func (t *Table) PutSnapshot(s *schemas.Snapshot) bool {
 	return true
 }
 
-// PutDiscrimination records a suite discrimination snapshot unless an later one is held.
+// suiteNewer reports whether a suite snapshot of version v observed at is newer than the held one
+// (hv, hat): by snapshot version when both carry one, which follows Redis's order of changes
+// whatever the processors' clocks; by observation time for events published before versions.
+func suiteNewer(v int64, at time.Time, hv int64, hat time.Time) bool {
+	if v > 0 && hv > 0 {
+		return v > hv
+	}
+	return at.After(hat)
+}
+
+// PutDiscrimination records a suite discrimination snapshot unless a later one is held.
 func (t *Table) PutDiscrimination(d *schemas.SuiteDiscrimination) bool {
 	k := "d|" + schemas.JoinEscaped(d.Workspace, d.Suite)
-	if h, ok := t.disc[k]; ok && !d.ObservedAt.After(h.ObservedAt) {
+	if h, ok := t.disc[k]; ok && !suiteNewer(d.SnapshotVersion, d.ObservedAt, h.SnapshotVersion, h.ObservedAt) {
 		return false
 	}
 	c := *d
@@ -103,7 +113,7 @@ func (t *Table) PutDiscrimination(d *schemas.SuiteDiscrimination) bool {
 // PutStability records a suite stability snapshot unless a later one is held.
 func (t *Table) PutStability(s *schemas.SuiteStability) bool {
 	k := "s|" + schemas.JoinEscaped(s.Workspace, s.Suite, s.Version)
-	if h, ok := t.stab[k]; ok && !s.ObservedAt.After(h.ObservedAt) {
+	if h, ok := t.stab[k]; ok && !suiteNewer(s.SnapshotVersion, s.ObservedAt, h.SnapshotVersion, h.ObservedAt) {
 		return false
 	}
 	c := *s

@@ -36,6 +36,9 @@ type SuiteDiscrimination struct {
 	Revived                      []string  `json:"revived"`
 	RevivedTotal                 int       `json:"revived_total"`
 	ObservedAt                   time.Time `json:"observed_at"`
+	// SnapshotVersion is strictly increasing per suite, as an aggregate snapshot's version:
+	// subscribers keep the greatest (absent, so 0, in events published before it existed).
+	SnapshotVersion int64 `json:"snapshot_version"`
 }
 
 // SuiteStability is the data of a repeatrate.suite.stability.v1 event: repeated-sampling stability
@@ -68,6 +71,8 @@ type SuiteStability struct {
 	// MissingRunsTotal is the sum of MissingRuns' counts over every case of the version.
 	MissingRunsTotal int64     `json:"missing_runs_total"`
 	ObservedAt       time.Time `json:"observed_at"`
+	// SnapshotVersion is the suite's snapshot version (SuiteDiscrimination.SnapshotVersion).
+	SnapshotVersion int64 `json:"snapshot_version"`
 }
 
 // ReplyLength summarises reply lengths in tokens of the snapshot's tokenizer; percentile q is the sorted

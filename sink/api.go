@@ -419,7 +419,7 @@ func (a *api) discrimination(w http.ResponseWriter, req *http.Request) {
 	if !ok {
 		return
 	}
-	writeJSON(w, suite.DiscriminationOf(k, &s.Discrimination, a.suites.Config(), a.now()))
+	writeJSON(w, s.DiscriminationSnapshot(k, a.suites.Config(), a.now()))
 }
 
 // StabilityPage is the answer of /v1/suites/stability: versions in suite order.
@@ -467,7 +467,9 @@ func (a *api) stability(w http.ResponseWriter, req *http.Request) {
 			page.Next = cursor(page.Items[limit-1].Version)
 			break
 		}
-		page.Items = append(page.Items, suite.StabilityOf(k, vs, a.suites.Config(), a.now()))
+		st := suite.StabilityOf(k, vs, a.suites.Config(), a.now())
+		st.SnapshotVersion = s.SnapshotVersion
+		page.Items = append(page.Items, st)
 	}
 	if want != "" && len(page.Items) == 0 {
 		writeError(w, http.StatusNotFound, "no version of this label in the suite", false)

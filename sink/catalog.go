@@ -99,6 +99,16 @@ type FeedEvent struct {
 	Data      json.RawMessage `json:"data"`
 }
 
+// suiteFeedID is a suite snapshot's event id in the live feed: its snapshot version, which orders
+// it by Redis's order of changes (as an aggregate's version does), or for state written before
+// suites had versions its observation time in µs.
+func suiteFeedID(version int64, at time.Time) int64 {
+	if version > 0 {
+		return version
+	}
+	return at.UnixMicro()
+}
+
 // feedHead is a FeedEvent without its data: marshalled on its own, the data's JSON (compact) is
 // appended after it, so a snapshot is encoded once, straight into the message, and never
 // compacted again as a json.RawMessage would be.
@@ -175,13 +185,13 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 			member(d.Workspace, "s", d.Suite)
 			data, _ := json.Marshal(d)
 			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "discrimination", Workspace: d.Workspace,
-				Subject: d.Suite, ID: d.ObservedAt.UnixMicro()}, data))
+				Subject: d.Suite, ID: suiteFeedID(d.SnapshotVersion, d.ObservedAt)}, data))
 		}
 		for i := range p.stab {
 			s := &p.stab[i]
 			data, _ := json.Marshal(s)
 			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "stability", Workspace: s.Workspace,
-				Subject: s.Suite, Version: s.Version, ID: s.ObservedAt.UnixMicro()}, data))
+				Subject: s.Suite, Version: s.Version, ID: suiteFeedID(s.SnapshotVersion, s.ObservedAt)}, data))
 		}
 		for k, members := range index {
 			ws, kind, _ := strings.Cut(k, "\x00")

@@ -304,14 +304,15 @@ func (a *api) catchUp(ctx context.Context, sel selector, v url.Values) []*FeedEv
 				return out
 			}
 			if s != nil && s.Discrimination.VersionsSeen > 0 {
-				d := suite.DiscriminationOf(k, &s.Discrimination, a.suites.Config(), at)
+				d := s.DiscriminationSnapshot(k, a.suites.Config(), at)
 				data, _ := json.Marshal(d)
-				out = append(out, &FeedEvent{Kind: "discrimination", Workspace: k.Workspace, Subject: k.Suite, ID: at.UnixMicro(), Data: data})
+				id := suiteFeedID(s.SnapshotVersion, at)
+				out = append(out, &FeedEvent{Kind: "discrimination", Workspace: k.Workspace, Subject: k.Suite, ID: id, Data: data})
 				for i := range s.Versions {
-					st := suite.StabilityOf(k, &s.Versions[i], a.suites.Config(), at)
+					st := s.StabilitySnapshot(k, i, a.suites.Config(), at)
 					data, _ := json.Marshal(st)
 					out = append(out, &FeedEvent{Kind: "stability", Workspace: k.Workspace, Subject: k.Suite, Version: st.Version,
-						ID: at.UnixMicro(), Data: data})
+						ID: id, Data: data})
 				}
 			}
 		}

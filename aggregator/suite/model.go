@@ -371,20 +371,31 @@ type Memory struct {
 	Model     *Model
 	Config    Config
 	announced map[Key]map[string]bool
+	versions  map[Key]int64 // snapshot versions, by the rule of suite.lua
 }
 
 // NewMemory returns an empty in-memory suite store with configuration cfg (validated).
 func NewMemory(cfg Config) *Memory {
 	cfg.Validate()
-	return &Memory{Model: NewModel(), Config: cfg, announced: map[Key]map[string]bool{}}
+	return &Memory{Model: NewModel(), Config: cfg, announced: map[Key]map[string]bool{}, versions: map[Key]int64{}}
 }
 
 // Apply merges obs and returns what Redis.Apply returns.
 func (m *Memory) Apply(_ context.Context, obs []RunObservation, at time.Time) (Applied, error) {
 	keys, versions := touched(obs)
 	res := Applied{Outcomes: m.Model.Apply(obs), Suites: keys, Summaries: map[Key]*Summary{}}
+	changed := map[Key]bool{}
+	for i, o := range res.Outcomes {
+		if o == aggregator.Counted || o == aggregator.Reassessed {
+			changed[obs[i].Key.Key] = true
+		}
+	}
 	for _, k := range keys {
+		if changed[k] {
+			m.versions[k] = max(m.versions[k]+1, aggregator.Micros(at))
+		}
 		s := m.Model.Summary(k, versions[k], m.announced[k], m.Config, at)
+		s.SnapshotVersion = m.versions[k]
 		res.Summaries[k] = &s
 	}
 	return res, nil

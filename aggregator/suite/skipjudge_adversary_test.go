@@ -109,7 +109,7 @@ func sjCheckState(t *testing.T, client *redis.Client, store *Redis, model *Memor
 	}
 	got := map[string]int64{}
 	for f, v := range raw {
-		if f == "vn" {
+		if f == "vn" || f == "sv" {
 			continue
 		}
 		var n int64

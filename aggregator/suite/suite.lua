@@ -21,7 +21,7 @@
 --                  the bitmap holding bit i (byte i/8, low bit first) for each run index stored
 --   B..'d'   hash  case classes ap/af/di/tn, per version <vid>n <vid>p <vid>dn <vid>dp (judged
 --                  cases with an outcome there, passed there; the same over discriminating
---                  cases), vn (last version id)
+--                  cases), vn (last version id), sv (the suite's snapshot version)
 --   B..'rl'  zset  revived cases, all scored 0 (so in byte order)
 --   B..'pa'  zset  revived cases not announced yet, scored 0: every call reports them all, so a
 --                  batch applied again reports what it reported the first time
@@ -32,8 +32,8 @@
 --   B..'i'..vid  zset  cases with missing runs not yet matured, scored by first occurred
 --   B..'x'..vid  zset  cases with missing runs matured (first occurred <= D), scored 0
 --
--- ARGV: ttl_ms, min_history, judge_last_versions, deadline_us, mode ('a' apply, 'r' read every
--- version), list limit, sample limit; T, then T triples (version, field of B..'h'..vid, count): the
+-- ARGV: ttl_ms, min_history, judge_last_versions, deadline_us, mode ('a' apply, "a:<observed µs>"
+-- likewise with the observation time, 'r' read every version), list limit, sample limit; T, then T triples (version, field of B..'h'..vid, count): the
 -- per-run-index and per-reply-length sums (p<i>, n<i>, l<t>, a<t>) of every run of the call as if
 -- each were new, so that a new run adds nothing here one by one (a run found already held takes
 -- its share back); then the runs grouped by cell, 10 arguments per group: version, case, n, the
@@ -44,7 +44,8 @@
 -- <failed> <errored> <block>", the bitmap of their indexes and the record B..'m' holds of a cell
 -- of just those runs (else '' three times): a cell that did not exist takes those as they are,
 -- with its block's value the entries, and no run is looked at one by one. Returns {codes (one
--- per run, in argument order), discrimination, revived, versions} (see Redis.Apply in redis.go).
+-- per run, in argument order), discrimination, revived, versions, snapshot version} (see
+-- Redis.Apply in redis.go).
 
 -- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
 -- register.
@@ -58,7 +59,9 @@ local B = sub(R, 1, -2)
 local VO, VI, VX, C, M, D, RL = B .. 'vo', B .. 'vi', B .. 'vx', B .. 'c', B .. 'm', B .. 'd', B .. 'rl'
 local PA = B .. 'pa'
 local ttl, minHistory, judgeLast = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local deadline, mode, listN, sampleN = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local deadline, listN, sampleN = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7])
+-- mode 'a' (apply; "a:<µs>" carries the observation time, which the snapshot version takes) or 'r'
+local mode, observed = sub(ARGV[5], 1, 1), tonumber(sub(ARGV[5], 3)) or 0
 local GROUP = 10
 local TOTALS = 9 -- the first totals triple
 local FIRST = TOTALS + 3 * (tonumber(ARGV[8]) or 0)
@@ -373,6 +376,7 @@ end
 
 -- Apply ---------------------------------------------------------------------------------------------
 local out, nout = {}, 0
+local changedRuns = false -- a run of the call was new or replaced one held: the suite changed
 local bound0 = boundary()
 local reorder = false
 local cases, caseOrder, vidsChanged = {}, {}, {} -- case -> its touched cells; cases in order; cases given a version
@@ -492,6 +496,7 @@ for b, n in groups() do
     fastBlocks[nfast] = entries
     nout = nout + 1
     out[nout] = rep('N', n)
+    changedRuns = true
   else
     x.rec = false -- its record is made from its counts
     local acc = accOf(id)
@@ -526,6 +531,7 @@ for b, n in groups() do
       nout = nout + 1
       out[nout] = code
       if code == 'N' or code == 'R' then
+        changedRuns = true
         if code == 'N' then
           if not t then
             t = { byte(x.bm, 1, -1) }
@@ -637,7 +643,7 @@ hsetAll(C, caseOrderChanged, caseWrites)
 local after = {}
 if reorder or boundary() ~= bound0 then
   for _, f in ipairs(call('HKEYS', D)) do
-    if f ~= 'vn' then call('HDEL', D, f) end
+    if f ~= 'vn' and f ~= 'sv' then call('HDEL', D, f) end
   end
   dd = {}
   call('DEL', RL, PA)
@@ -697,6 +703,15 @@ end
 flush(D, dd)
 for id, t in pairs(hd) do flush(B .. 'h' .. id, t) end
 hd = {}
+
+-- The snapshot version: a call that changed the suite sets the greater of the last one + 1 and its
+-- observation time in µs, as a batch does an aggregate's (strictly increasing whatever the clocks
+-- of the processors); a call that changed nothing, and a read, leave it.
+local sv = tonumber(call('HGET', D, 'sv') or '0')
+if mode == 'a' and changedRuns then
+  sv = max(sv + 1, observed)
+  call('HSET', D, 'sv', fmt('%d', sv))
+end
 
 -- Read back ---------------------------------------------------------------------------------------
 local revived = {}
@@ -768,4 +783,4 @@ end
 -- (and separator) onto a registry of 5 120 slots, which a call of 2 560 runs overflowed.
 local outcomes = concat(out, '', 1, min(#out, 1000))
 for i = 1001, #out, 1000 do outcomes = outcomes .. concat(out, '', i, min(i + 999, #out)) end
-return { outcomes, disc, revived, vs }
+return { outcomes, disc, revived, vs, fmt('%d', sv) }

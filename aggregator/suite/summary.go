@@ -66,6 +66,25 @@ type Summary struct {
 	Discrimination DiscSummary
 	Versions       []VersionSummary
 	Revived        []schemas.CaseRevived // revived, not announced before, in case order
+	// SnapshotVersion orders the suite's snapshots as an aggregate's version does: a call that
+	// changed the suite set it to the greater of the last one + 1 and its observation time in µs.
+	SnapshotVersion int64
+}
+
+// DiscriminationSnapshot is the discrimination snapshot of suite k this summary stands for,
+// observed at time at, with the suite's snapshot version.
+func (s *Summary) DiscriminationSnapshot(k Key, cfg Config, at time.Time) schemas.SuiteDiscrimination {
+	d := DiscriminationOf(k, &s.Discrimination, cfg, at)
+	d.SnapshotVersion = s.SnapshotVersion
+	return d
+}
+
+// StabilitySnapshot is the stability snapshot of the summary's i-th version, observed at time at,
+// with the suite's snapshot version.
+func (s *Summary) StabilitySnapshot(k Key, i int, cfg Config, at time.Time) schemas.SuiteStability {
+	st := StabilityOf(k, &s.Versions[i], cfg, at)
+	st.SnapshotVersion = s.SnapshotVersion
+	return st
 }
 
 func ratio(a, b int) *float64 {
@@ -264,10 +283,10 @@ func BuildOutput(a Applied, obs []RunObservation, cfg Config, at time.Time) Outp
 		if s == nil {
 			continue
 		}
-		out.Discrimination = append(out.Discrimination, DiscriminationOf(k, &s.Discrimination, cfg, at))
+		out.Discrimination = append(out.Discrimination, s.DiscriminationSnapshot(k, cfg, at))
 		out.Revived = append(out.Revived, s.Revived...)
 		for i := range s.Versions {
-			out.Stability = append(out.Stability, StabilityOf(k, &s.Versions[i], cfg, at))
+			out.Stability = append(out.Stability, s.StabilitySnapshot(k, i, cfg, at))
 		}
 	}
 	type alert struct {

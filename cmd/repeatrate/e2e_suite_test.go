@@ -27,13 +27,15 @@ type envelope struct {
 	Data    json.RawMessage `json:"data"`
 }
 
-// withoutObservedAt drops observed_at, the one field streaming and replay legitimately differ in.
+// withoutObservedAt drops observed_at and snapshot_version, the fields streaming and replay
+// legitimately differ in (both follow the observation clock).
 func withoutObservedAt(t *testing.T, data []byte) string {
 	var m map[string]any
 	if err := json.Unmarshal(data, &m); err != nil {
 		t.Fatal(err)
 	}
 	delete(m, "observed_at")
+	delete(m, "snapshot_version")
 	b, _ := json.Marshal(m)
 	return string(b)
 }
