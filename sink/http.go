@@ -238,7 +238,9 @@ func (h *HTTP) Run(ctx context.Context) error {
 
 // Serve serves on l (capped to the configured connections) until ctx ends.
 func (h *HTTP) Serve(ctx context.Context, l net.Listener) error {
-	l = newCapListener(l, h.cfg.MaxConns, h.cfg.MaxConnsPerIP, h.metrics)
+	cl := newCapListener(l, h.cfg.MaxConns, h.cfg.MaxConnsPerIP, h.metrics)
+	h.srv.ConnState = cl.state
+	l = cl
 	hctx, stopHub := context.WithCancel(ctx)
 	defer stopHub()
 	if h.hub != nil {

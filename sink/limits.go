@@ -13,13 +13,14 @@ import (
 
 // httpMetrics are the read side's own metrics.
 type httpMetrics struct {
-	rejectedConns prometheus.Counter
-	openConns     prometheus.Gauge
-	limited       prometheus.Counter
-	denied        *prometheus.CounterVec
-	streams       prometheus.Gauge
-	streamDrops   prometheus.Counter
-	streamEvents  prometheus.Counter
+	rejectedConns  prometheus.Counter
+	openConns      prometheus.Gauge
+	reclaimedConns prometheus.Counter
+	limited        prometheus.Counter
+	denied         *prometheus.CounterVec
+	streams        prometheus.Gauge
+	streamDrops    prometheus.Counter
+	streamEvents   prometheus.Counter
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -28,6 +29,8 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Help: "Connections closed on accept: the server's or the client address's cap was reached."}),
 		openConns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "repeatrate_http_open_connections",
 			Help: "Open HTTP connections."}),
+		reclaimedConns: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_reclaimed_connections_total",
+			Help: "Keep-alive connections idle between requests closed to make room for a new one when a connection cap was reached."}),
 		limited: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_rate_limited_total",
 			Help: "Requests answered 429: their token or client address exceeded the rate limit."}),
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_http_denied_total",
@@ -39,7 +42,7 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		streamEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_stream_events_total",
 			Help: "Events written to event streams."}),
 	}
-	reg.MustRegister(m.rejectedConns, m.openConns, m.limited, m.denied, m.streams, m.streamDrops, m.streamEvents)
+	reg.MustRegister(m.rejectedConns, m.openConns, m.reclaimedConns, m.limited, m.denied, m.streams, m.streamDrops, m.streamEvents)
 	return m
 }
 
@@ -139,6 +142,11 @@ func addrKey(remote string) string {
 // capListener closes connections beyond max open ones, or beyond perIP from one address, as soon
 // as they are accepted: an outsider opening thousands of slow connections holds at most perIP of
 // them, each for at most the header timeout, and never exhausts the process's file descriptors.
+// When a cap is reached, a keep-alive connection idle between requests is closed to make room
+// (the longest idle first, of the same address when it is that address's cap): a slot held by a
+// client that sent one request (a health probe, say) and then waits is taken back, so neither
+// unauthenticated clients idling on every slot nor one address can lock the others out, probes
+// included. A connection in the middle of a request is not chosen.
 type capListener struct {
 	net.Listener
 	max, perIP int
@@ -146,10 +154,11 @@ type capListener struct {
 	mu         sync.Mutex
 	open       int
 	byIP       map[string]int
+	conns      map[*capConn]struct{}
 }
 
 func newCapListener(l net.Listener, max, perIP int, m *httpMetrics) *capListener {
-	return &capListener{Listener: l, max: max, perIP: perIP, m: m, byIP: map[string]int{}}
+	return &capListener{Listener: l, max: max, perIP: perIP, m: m, byIP: map[string]int{}, conns: map[*capConn]struct{}{}}
 }
 
 func (l *capListener) Accept() (net.Conn, error) {
@@ -161,18 +170,69 @@ func (l *capListener) Accept() (net.Conn, error) {
 		ip := addrKey(c.RemoteAddr().String())
 		l.mu.Lock()
 		ok := l.open < l.max && l.byIP[ip] < l.perIP
-		if ok {
+		var victim *capConn
+		if !ok {
+			victim = l.idleVictim(ip)
+		}
+		var cc *capConn
+		if ok || victim != nil {
+			// The victim's slot is given up when it closes, just below: counted here already.
 			l.open++
 			l.byIP[ip]++
+			cc = &capConn{Conn: c, l: l, ip: ip}
+			l.conns[cc] = struct{}{}
 		}
 		l.mu.Unlock()
-		if !ok {
+		if cc == nil {
 			l.m.rejectedConns.Inc()
 			c.Close()
 			continue
 		}
+		if victim != nil {
+			l.m.reclaimedConns.Inc()
+			victim.Close()
+		}
 		l.m.openConns.Inc()
-		return &capConn{Conn: c, l: l, ip: ip}, nil
+		return cc, nil
+	}
+}
+
+// idleVictim picks the connection to close for one from ip: the longest idle of ip's when ip is
+// at its cap, else the longest idle of any. It marks it taken, so no other accept picks it. The
+// caller holds mu.
+func (l *capListener) idleVictim(ip string) *capConn {
+	sameIP := l.byIP[ip] >= l.perIP
+	var victim *capConn
+	for c := range l.conns {
+		if c.idleSince.IsZero() || (sameIP && c.ip != ip) {
+			continue
+		}
+		if victim == nil || c.idleSince.Before(victim.idleSince) {
+			victim = c
+		}
+	}
+	if victim != nil {
+		victim.idleSince = time.Time{}
+	}
+	return victim
+}
+
+// state follows the server's connection states (http.Server.ConnState): idle between requests
+// or not.
+func (l *capListener) state(c net.Conn, s http.ConnState) {
+	cc, ok := c.(*capConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, open := l.conns[cc]; !open {
+		return
+	}
+	if s == http.StateIdle {
+		cc.idleSince = time.Now()
+	} else {
+		cc.idleSince = time.Time{}
 	}
 }
 
@@ -181,12 +241,16 @@ type capConn struct {
 	l    *capListener
 	ip   string
 	once sync.Once
+	// idleSince is when the connection went idle between requests, zero while it is not idle
+	// (new, in a request, or taken to be closed); guarded by l.mu.
+	idleSince time.Time
 }
 
 func (c *capConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		c.l.mu.Lock()
+		delete(c.l.conns, c)
 		c.l.open--
 		if c.l.byIP[c.ip]--; c.l.byIP[c.ip] <= 0 {
 			delete(c.l.byIP, c.ip)

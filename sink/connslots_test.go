@@ -1,0 +1,94 @@
+package sink
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+)
+
+// idleClient is a keep-alive connection from local address from that made one unauthenticated
+// GET /healthz and then holds its slot, as an attacker that repeats the probe before the idle
+// timeout does.
+func idleClient(t *testing.T, server, from string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c, err := d.Dial("tcp", server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("idle client from %s: %v", from, err)
+	}
+	resp.Body.Close()
+	return c
+}
+
+// get makes one request on a new connection from local address from.
+func get(server, from, path, token string) (int, error) {
+	tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+server+path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// Connection slots held by idle keep-alive connections (one unauthenticated health probe each,
+// then nothing) do not lock anyone out: when the server's cap, or one address's, is reached, the
+// longest idle connection is closed to make room, so probes and authorised requests from any
+// address keep being answered. Slow connections that never finish a request are still refused
+// past the caps (TestSlowConnections).
+func TestIdleConnectionsCannotHoldEverySlot(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxConns: 8, MaxConnsPerIP: 4, Registerer: reg},
+		fakeTallies{}, reg, time.Now, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	server := l.Addr().String()
+	// Two addresses fill the server: 4 idle connections each.
+	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
+		for range 4 {
+			idleClient(t, server, from)
+		}
+	}
+	for i, c := range []struct{ from, path, token string }{
+		{"127.0.0.2", "/healthz", ""}, // one more from an address at its own cap, the server full
+		{"127.0.0.4", "/healthz", ""}, // a probe from a third address
+		{"127.0.0.5", "/v1/snapshots?workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x", tokenA}, // a reader
+		{"127.0.0.4", "/readyz", ""},
+	} {
+		code, err := get(server, c.from, c.path, c.token)
+		if err != nil || code == 0 || code >= 500 {
+			t.Fatalf("request %d (%s from %s) with every slot held by idle connections: %d %v", i, c.path, c.from, code, err)
+		}
+	}
+	if n := testutil.ToFloat64(h.metrics.reclaimedConns); n < 1 {
+		t.Errorf("%v idle connections reclaimed", n)
+	}
+	if open := testutil.ToFloat64(h.metrics.openConns); open > 8 {
+		t.Errorf("%v connections open, cap 8", open)
+	}
+}
