@@ -22,7 +22,7 @@ import (
 // Adversarial tests of fa6abcb: a published batch gives its place back from the publish goroutine
 // (offsets and mark taken, messages handed back to collect, batch dropped) before the applying
 // goroutine receives it from published. Every helper here is prefixed adv11; the adv10 rig
-// (commitreuse_adversary10_test.go) is reused.
+// (async_commits_test.go) is reused.
 
 // adv11Handler wraps the rig's traced processor: it checks that each batch holds the messages it
 // was prepared with through Apply and Publish, counts batches between Prepare and the end of

@@ -41,7 +41,7 @@ import (
 //
 // Each call is applied through the store's own ApplyEncoded to the current script, to the script
 // of REPEATRATE_SCRIPT_PREV (side by side on one Redis under two prefixes, as in
-// scriptprev_adversary3_test.go) and to the model: every outcome and summary must be the model's,
+// script_refactor_equivalence_test.go) and to the model: every outcome and summary must be the model's,
 // every raw reply of the two scripts must be equal, and every stored key, field, member, score,
 // expiry and encoding must be equal after every call; at the end both stores' runs, cells and
 // bitmaps must be the model's (advStored) and their reads equal. Without REPEATRATE_SCRIPT_PREV
