@@ -1,6 +1,7 @@
 package alert
 
 import (
+	"strings"
 	"time"
 
 	"github.com/repeatrate/repeatrate/schemas"
@@ -222,6 +223,31 @@ func countsWindow(name string, c Counts, ci *schemas.Interval) schemas.AlertWind
 		w.Rate, w.Interval = floatPtr(c.Rate()), ci
 	}
 	return w
+}
+
+// selects reports whether rule r could evaluate subject s at all: s is of the kind of subject r's
+// kind evaluates (and of its source) and r's matchers select its fields. A record whose subject
+// its rule no longer selects (the rules file changed) is stepped inactive whether or not the
+// table holds the subject.
+func (r *Rule) selects(s Subject) bool {
+	prefix, _, _ := strings.Cut(s.Key, "|")
+	var want string
+	switch r.Kind {
+	case KindThreshold, KindChange, KindNotMeasuredFor:
+		want = "a"
+		if r.Source == SourceBadge {
+			want = "b"
+		} else if s.Fields["source"] != r.Source {
+			return false
+		}
+	case KindRevivedRegression:
+		want = "c"
+	case KindAchievableRangeBelow:
+		want = "d"
+	case KindAbnormalShareAbove, KindMissingRunsAbove:
+		want = "s"
+	}
+	return prefix == want && matchAll(r.Matchers, s.Fields)
 }
 
 func aggregateSubject(a *schemas.Aggregate) Subject {

@@ -234,3 +234,19 @@ func TestSuiteSnapshotsOrderedByVersion(t *testing.T) {
 		t.Error("stability snapshots not ordered by version")
 	}
 }
+
+// A snapshot of the same suite version observed later (a call of duplicates that matured missing
+// runs) replaces the held one: missing_runs_above must see runs go missing without a new run.
+func TestSuiteSnapshotOfTheSameVersionObservedLaterIsTaken(t *testing.T) {
+	tb := NewTable()
+	st := func(at time.Time, missing int64) *schemas.SuiteStability {
+		return &schemas.SuiteStability{Workspace: "a", Suite: "s", Version: "v1", SnapshotVersion: 10, ObservedAt: at, MissingRunsTotal: missing}
+	}
+	tb.PutStability(st(t0, 0))
+	if !tb.PutStability(st(t0.Add(5*time.Minute), 2)) {
+		t.Fatal("the later observation of the same version was dropped")
+	}
+	if tb.PutStability(st(t0.Add(time.Minute), 1)) {
+		t.Error("an earlier observation of the same version replaced a later one")
+	}
+}

@@ -269,11 +269,12 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 			// The rule left the rules file: its alerts resolve at once (a pending one clears),
 			// with the kind and labels they fired with, rather than fire forever unseen.
 			r = removedRule(st)
-		} else if gone, held := e.table.Gone(st.Subject.Key, st.Subject.Fields); !gone && !held {
+		} else if gone, held := e.table.Gone(st.Subject.Key, st.Subject.Fields); !gone && !held && r.selects(st.Subject) {
 			// Not held here is not gone: another evaluator may hold it (lag, a partition this one
 			// has not read, an event expired before it started). Stepping it inactive would
 			// resolve what the other fires, and the two would flap. Left as it is; a subject the
-			// rule no longer selects, though held, steps inactive below.
+			// rule no longer selects (its kind, source or matchers changed) steps inactive below,
+			// held or not.
 			e.metrics.unheld.Inc()
 			continue
 		}

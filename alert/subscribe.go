@@ -157,13 +157,14 @@ func (s *Subscriber) topic(ctx context.Context, wg *sync.WaitGroup, topic string
 			return
 		}
 		parts, err := s.Partitions(ctx, topic)
-		if err != nil {
-			if !errors.Is(err, kafka.UnknownTopicOrPartition) {
-				s.failed(topic, fmt.Errorf("metadata: %w", err))
-			}
+		if err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+			s.failed(topic, fmt.Errorf("metadata: %w", err))
 			continue
 		}
-		s.ok(topic)
+		s.ok(topic) // Kafka answered, also when the topic is not there yet
+		if err != nil {
+			continue
+		}
 		for _, p := range parts {
 			if !started[p] {
 				started[p] = true

@@ -212,3 +212,32 @@ func TestSubscriberReadsPartitionsAddedWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A topic that does not exist yet is no failure: once Kafka answers again (saying the topic is
+// not there), a metadata failure in between no longer makes the subscriber degraded.
+func TestSubscriberNotDegradedByAMissingTopic(t *testing.T) {
+	var calls atomic.Int64
+	s := &Subscriber{Topics: []string{"alerts"}, RescanEvery: 10 * time.Millisecond, Log: zap.NewNop(),
+		Partitions: func(context.Context, string) ([]int, error) {
+			if calls.Add(1) == 3 {
+				return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errRefused}
+			}
+			return nil, kafka.UnknownTopicOrPartition
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan Update, 10)
+	done := make(chan struct{})
+	go func() { s.Run(ctx, out); close(done) }()
+	for deadline := time.Now().Add(time.Minute); calls.Load() < 6; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no rescans within a minute")
+		}
+	}
+	d := s.Degraded()
+	cancel()
+	<-done
+	if len(d) != 0 {
+		t.Fatalf("Kafka answers again (the topic is not there yet) but Degraded says %q", d)
+	}
+}

@@ -91,9 +91,11 @@ func (t *Table) PutSnapshot(s *schemas.Snapshot) bool {
 
 // suiteNewer reports whether a suite snapshot of version v observed at is newer than the held one
 // (hv, hat): by snapshot version when both carry one, which follows Redis's order of changes
-// whatever the processors' clocks; by observation time for events published before versions.
+// whatever the processors' clocks, then by observation time (a snapshot of the same runs observed
+// later has its missing runs matured further); by observation time alone for events published
+// before versions.
 func suiteNewer(v int64, at time.Time, hv int64, hat time.Time) bool {
-	if v > 0 && hv > 0 {
+	if v > 0 && hv > 0 && v != hv {
 		return v > hv
 	}
 	return at.After(hat)

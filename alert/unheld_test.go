@@ -98,3 +98,48 @@ func firingResolved(kinds []string) []string {
 	}
 	return out
 }
+
+// A firing alert whose rule no longer selects its subject (a matcher now excludes it, or the
+// rule's kind changed) resolves even on evaluators that do not hold the subject: the rules are
+// evidence every evaluator reads alike. Here the case-revived event expired before the
+// evaluators restarted with the new rules, while the suite still lists the case.
+func TestRuleThatNoLongerSelectsAnUnheldSubjectResolvesIt(t *testing.T) {
+	for _, newRules := range []string{
+		"rules:\n- {name: back, kind: revived_regression, matchers: ['workspace=\"other\"']}\n",
+		"rules:\n- {name: back, kind: achievable_range_below, value: 0.5}\n",
+	} {
+		t.Run(newRules, func(t *testing.T) {
+			rdb := testenv.Redis(t)
+			prefix := testenv.Name(t, "alert")
+			testenv.CleanPrefix(t, rdb, prefix)
+			ctx := context.Background()
+			am := &recordingSink{name: "am"}
+			clk := &clock{t: t0}
+			store, _ := NewRedis(rdb, prefix, []string{"am"})
+			disc := &schemas.SuiteDiscrimination{Workspace: "acme", Suite: "s", Revived: []string{"c1"}, RevivedTotal: 1, ObservedAt: t0}
+			a := newTestEvaluator(t, store, "rules:\n- {name: back, kind: revived_regression}\n", []Sink{am}, clk)
+			a.Apply(Update{Revived: &schemas.CaseRevived{Workspace: "acme", Suite: "s", CaseID: "c1", Version: "v9", Regression: true}})
+			a.Apply(Update{Discrimination: disc})
+			step := func(e *Evaluator, at time.Time) {
+				t.Helper()
+				clk.set(at)
+				if err := e.Evaluate(ctx, at); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Deliver(ctx, am); err != nil {
+					t.Fatal(err)
+				}
+			}
+			step(a, t0)
+			b := newTestEvaluator(t, store, newRules, []Sink{am}, clk)
+			b.Apply(Update{Discrimination: disc})
+			step(b, t0.Add(time.Hour))
+			if got := firingResolved(am.kinds()); len(got) != 2 || got[1] != "resolved" {
+				t.Fatalf("notifications %v: the rule no longer selects the case, want [firing resolved]", got)
+			}
+			if k := am.sent[len(am.sent)-1].Alert.Kind; k != "revived_regression" {
+				t.Errorf("resolved with kind %q, fired with revived_regression", k)
+			}
+		})
+	}
+}

@@ -81,6 +81,12 @@ type Config struct {
 	// MaxInFlightBytes bounds the record bytes of writes not yet finished (default 64 MiB): a
 	// request that would pass it is answered 503, nothing of it written, with Retry-After.
 	MaxInFlightBytes int64
+	// SingleAttempt says the writer makes one produce attempt per write (kafka.Writer with
+	// MaxAttempts 1), so that a broker's refusal means the event was not written. A writer that
+	// retries inside a write reports only its last attempt's error, and an earlier attempt may
+	// have appended what a later one was refused: without SingleAttempt every error answers
+	// "unknown".
+	SingleAttempt bool
 	// Registerer takes the handler's metrics; nil keeps them private.
 	Registerer prometheus.Registerer
 }
@@ -359,7 +365,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			}
 			switch {
 			case e == nil:
-			case refused(e):
+			case h.cfg.SingleAttempt && refused(e):
 				r.Status, r.Detail, r.Topic, r.Key = StatusFailed, "refused by Kafka, not written: send the request again", "", ""
 			default:
 				r.Status, r.Detail, r.Topic, r.Key = StatusUnknown, "Kafka did not answer in time: it may or may not be written; send the request again (it is counted once)", "", ""
@@ -375,9 +381,10 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 // errNotAnswered stands for a write the request stopped waiting for.
 var errNotAnswered = errors.New("kafka did not answer within the write timeout")
 
-// refused reports whether a write error certainly means the message was not written: the broker
-// answered the produce request of its partition with an error. A timeout, an acknowledgement
-// that did not come, or a broker that wrote but could not replicate in time may have written it.
+// refused reports whether the error of a write's only attempt certainly means the message was not
+// written: the broker answered the produce request of its partition with an error. A timeout, an
+// acknowledgement that did not come, or a broker that wrote but could not replicate in time may
+// have written it.
 func refused(err error) bool {
 	var ke kafka.Error
 	if !errors.As(err, &ke) {
@@ -392,7 +399,8 @@ func refused(err error) bool {
 
 // reserve takes size bytes of the in-flight budget for a write and returns its id; when they do
 // not fit it returns how long the oldest write in flight has run instead. A write larger than the
-// whole budget is let through alone, so that no request is refused for ever.
+// whole budget goes through only when nothing else is in flight (the configuration of `run`
+// keeps the budget at least twice the largest body, so that does not happen).
 func (h *Handler) reserve(size int64) (id int64, oldest time.Duration, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

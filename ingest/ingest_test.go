@@ -448,20 +448,23 @@ func TestIngestWriteFailure(t *testing.T) {
 	validate := openAPISchema(t)
 	body := mustJSON([]any{live("w1", "acme"), live("w2", "acme"), live("w3", "acme")})
 	for _, c := range []struct {
-		name string
-		w    *fakeWriter
-		want []string
+		name   string
+		w      *fakeWriter
+		single bool // the writer makes one attempt per write
+		want   []string
 	}{
-		// The broker refused the whole write: certainly not written.
-		{"all refused", &fakeWriter{err: kafka.LeaderNotAvailable}, []string{StatusFailed, StatusFailed, StatusFailed}},
+		// The broker refused the whole write, on the only attempt: certainly not written.
+		{"all refused", &fakeWriter{err: kafka.LeaderNotAvailable}, true, []string{StatusFailed, StatusFailed, StatusFailed}},
+		// The same refusal from a writer that retries: an earlier attempt may have written.
+		{"refused after retries", &fakeWriter{err: kafka.LeaderNotAvailable}, false, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
 		// No answer, or a timeout after the leader may have appended: unknown, not failed.
-		{"all unknown", &fakeWriter{err: errors.New("broker down: i/o timeout")}, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
-		{"replication timed out", &fakeWriter{err: kafka.RequestTimedOut}, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
+		{"all unknown", &fakeWriter{err: errors.New("broker down: i/o timeout")}, true, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
+		{"replication timed out", &fakeWriter{err: kafka.RequestTimedOut}, true, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
 		// One partition took its events, another did not.
-		{"partial", &fakeWriter{fail: func(i int) bool { return i == 1 }}, []string{StatusAccepted, StatusFailed, StatusAccepted}},
+		{"partial", &fakeWriter{fail: func(i int) bool { return i == 1 }}, true, []string{StatusAccepted, StatusFailed, StatusAccepted}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHandler(t, c.w, Config{})
+			h := newHandler(t, c.w, Config{SingleAttempt: c.single})
 			rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: body})
 			if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
 				t.Fatalf("%d Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)

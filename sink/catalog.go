@@ -99,14 +99,11 @@ type FeedEvent struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// suiteFeedID is a suite snapshot's event id in the live feed: its snapshot version, which orders
-// it by Redis's order of changes (as an aggregate's version does), or for state written before
-// suites had versions its observation time in µs.
+// suiteFeedID is a suite snapshot's event id in the live feed: the greater of its snapshot version
+// and its observation time in µs. A change observed by a clock behind the last one's still gets a
+// greater id (its version), and the same runs observed later (missing runs matured further) too.
 func suiteFeedID(version int64, at time.Time) int64 {
-	if version > 0 {
-		return version
-	}
-	return at.UnixMicro()
+	return max(version, at.UnixMicro())
 }
 
 // feedHead is a FeedEvent without its data: marshalled on its own, the data's JSON (compact) is

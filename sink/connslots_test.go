@@ -92,3 +92,50 @@ func TestIdleConnectionsCannotHoldEverySlot(t *testing.T) {
 		t.Errorf("%v connections open, cap 8", open)
 	}
 }
+
+// A kept-alive connection whose next request's header is on its way is not idle, though the
+// server reports the request only once the whole header is read: it is never the one closed to
+// make room, and its request is answered.
+func TestConnectionWithARequestArrivingIsNotReclaimed(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxConns: 2, MaxConnsPerIP: 2, Registerer: reg},
+		fakeTallies{}, reg, time.Now, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	server := l.Addr().String()
+	a := idleClient(t, server, "127.0.0.2") // the longest idle: the first choice to close
+	idleClient(t, server, "127.0.0.3")
+	fmt.Fprintf(a, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // the header's last line not yet sent
+	busy := func() bool {
+		cl := h.conns.Load()
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		for c := range cl.conns {
+			if c.ip == "127.0.0.2" {
+				return c.idleSince.IsZero()
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !busy(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not read the arriving header within 10 s")
+		}
+	}
+	if code, err := get(server, "127.0.0.4", "/healthz", ""); err != nil || code != http.StatusOK {
+		t.Fatalf("a probe while the server is full: %d %v", code, err)
+	}
+	fmt.Fprintf(a, "\r\n")
+	a.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(a), nil)
+	if err != nil {
+		t.Fatalf("the request arriving on a kept-alive connection: %v (closed to make room)", err)
+	}
+	resp.Body.Close()
+}

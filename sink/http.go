@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,6 +108,7 @@ type HTTP struct {
 	cfg     HTTPConfig
 	metrics *httpMetrics
 	hub     *hub
+	conns   atomic.Pointer[capListener] // the listener Serve caps, for tests
 }
 
 // Limits of a request: its query, its body (only the login form has one) and its headers.
@@ -240,6 +242,7 @@ func (h *HTTP) Run(ctx context.Context) error {
 func (h *HTTP) Serve(ctx context.Context, l net.Listener) error {
 	cl := newCapListener(l, h.cfg.MaxConns, h.cfg.MaxConnsPerIP, h.metrics)
 	h.srv.ConnState = cl.state
+	h.conns.Store(cl)
 	l = cl
 	hctx, stopHub := context.WithCancel(ctx)
 	defer stopHub()

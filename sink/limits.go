@@ -246,6 +246,19 @@ type capConn struct {
 	idleSince time.Time
 }
 
+// Read marks the connection busy as soon as bytes of a next request arrive: the server reports
+// a request only once its whole header is read, and a connection whose header is on its way is
+// no idle one to close for another.
+func (c *capConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.l.mu.Lock()
+		c.idleSince = time.Time{}
+		c.l.mu.Unlock()
+	}
+	return n, err
+}
+
 func (c *capConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {

@@ -256,6 +256,10 @@ func (c *Config) Validate() error {
 		c.HTTP.IngestMaxInFlightBytes <= 0 {
 		bad("http.rate_limit, http.max_connections, http.max_connections_per_address, http.ingest_max_body_bytes and http.ingest_max_inflight_bytes must be positive")
 	}
+	if c.HTTP.IngestMaxInFlightBytes > 0 && c.HTTP.IngestMaxInFlightBytes < 2*c.HTTP.IngestMaxBodyBytes {
+		bad("http.ingest_max_inflight_bytes %d is below twice http.ingest_max_body_bytes %d: a largest request would wait for an empty budget",
+			c.HTTP.IngestMaxInFlightBytes, c.HTTP.IngestMaxBodyBytes)
+	}
 	// The ingest must write where the processor reads.
 	for _, t := range []string{c.HTTP.IngestLiveTopic, c.HTTP.IngestEvalTopic} {
 		if t != "" && !slices.Contains(c.Kafka.InputTopics, t) {

@@ -66,6 +66,8 @@ func TestConfigErrors(t *testing.T) {
 		{"wait timeout below 1ms", []string{"--redis-wait-timeout", "500us"}, "redis.wait_timeout"},
 		// The profiler is never open to whoever reaches the port.
 		{"pprof without an admin token", []string{"--pprof"}, "pprof: /debug/pprof needs http.admin_token_sha256"},
+		// The ingest's in-flight budget holds at least two of its largest requests.
+		{"ingest budget below two bodies", []string{"--http-ingest-max-inflight-bytes", "1000"}, "http.ingest_max_inflight_bytes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

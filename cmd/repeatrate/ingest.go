@@ -23,10 +23,13 @@ func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.D
 	w := kc.writer(live)
 	w.Topic = "" // each message names its topic
 	w.BatchBytes = min(kc.batchBytes(live), kc.batchBytes(eval))
+	// One attempt per write: a refusal then means not written, and the client retries (a writer
+	// that retried inside the write could have appended on an attempt before the refused one).
+	w.MaxAttempts = 1
 	h, err = ingest.New(ingest.Config{LiveTopic: live, EvalTopic: eval, Tokens: tokens,
 		MaxBodyBytes: int64(cfg.HTTP.IngestMaxBodyBytes), RecordLimit: w.BatchBytes, WriteTimeout: 10 * time.Second,
-		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes),
-		Registerer:       reg}, dec, w, time.Now, log)
+		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes), SingleAttempt: true,
+		Registerer: reg}, dec, w, time.Now, log)
 	if err != nil {
 		w.Close()
 		return nil, nil, err
