@@ -85,7 +85,7 @@ func checkArgs(t *testing.T, where string, args []any, flags map[string]bool) {
 
 // The deploy files name only settings that exist, and keep them secure: TLS on every connection
 // that carries a password, nothing published beyond loopback by compose, and the same
-// least-privilege Redis ACL in the README, the compose file and the tested secure.sh.
+// least-privilege Redis ACL in docs/operations.md, the compose file and the tested secure.sh.
 func TestDeployFilesUseKnownSettings(t *testing.T) {
 	root := "../.."
 	flags, envs := knownSettings()
@@ -184,13 +184,13 @@ func TestDeployFilesUseKnownSettings(t *testing.T) {
 	}
 
 	// One least-privilege ACL line.
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	readme, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`ACL SETUSER repeatrate on >PASSWORD (.*)`).FindSubmatch(readme)
 	if m == nil {
-		t.Fatal("README has no least-privilege ACL line")
+		t.Fatal("docs/operations.md has no least-privilege ACL line")
 	}
 	acl := string(m[1])
 	script, err := os.ReadFile(filepath.Join(root, "deploy/local/secure.sh"))
@@ -198,9 +198,9 @@ func TestDeployFilesUseKnownSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(script), "REDIS_ACL='"+acl+"'") {
-		t.Errorf("deploy/local/secure.sh (what test/secure checks) does not hold the README's ACL line %q", acl)
+		t.Errorf("deploy/local/secure.sh (what test/secure checks) does not hold the ACL line of docs/operations.md %q", acl)
 	}
 	if !strings.Contains(redisCmd, `--user repeatrate on >$$REDIS_PASSWORD `+acl) {
-		t.Errorf("compose: the repeatrate user's ACL is not the README's line:\n%s\nwant …%s", redisCmd, acl)
+		t.Errorf("compose: the repeatrate user's ACL is not the line of docs/operations.md:\n%s\nwant …%s", redisCmd, acl)
 	}
 }

@@ -2,7 +2,7 @@
 # Starts or stops the secured services of test/secure, on loopback and ports of their own:
 #  - Redis (Debian's redis-server) with TLS only (no plain port) and ACL users: "admin" (everything,
 #    for the test's set-up and checks) and "repeatrate", limited to the key prefix "rr" and the
-#    commands the processor uses (the README's least-privilege line; REDIS_ACL below). The default
+#    commands the processor uses (the least-privilege line of docs/operations.md; REDIS_ACL below). The default
 #    user is off.
 #  - Apache Kafka (KRaft, one broker+controller, the jars of deploy/local/kafka.sh) whose only client
 #    listener is SASL_SSL with SCRAM-SHA-512; users "admin" (the broker's own) and "repeatrate" are
@@ -25,7 +25,7 @@ rdir="$cache/redis-$rport"
 kdir="$cache/kafka-$kport"
 libs="$root/.cache/kafka/libs"
 
-# The least-privilege ACL of the processor's Redis user (README, Security): keys and Pub/Sub
+# The least-privilege ACL of the processor's Redis user (docs/operations.md, Security): keys and Pub/Sub
 # channels under the prefix only; the commands of `run` (including alerting and the read side)
 # and nothing else. EVALSHA runs the scripts, SCRIPT LOAD loads them after a NOSCRIPT, EVAL is what
 # go-redis falls back to; the commands the scripts call are checked against the same list.
