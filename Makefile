@@ -3,8 +3,9 @@
 .PHONY: dev test unit bench build services-up services-down fuzz
 
 # Built, then run as itself (not under `go run`, which exits 1 on Ctrl-C): Ctrl-C ends it with 0.
+# `make dev ARGS="--http-addr 127.0.0.1:9090 --rate 100"` passes flags to dev.
 dev: build
-	bin/repeatrate dev --demo
+	bin/repeatrate dev --demo $(ARGS)
 
 test:
 	deploy/local/test.sh
@@ -18,7 +19,7 @@ unit:
 	go test -count=1 ./...
 
 build:
-	go build -o bin/repeatrate ./cmd/repeatrate
+	go build -ldflags "-X main.commit=$$(git rev-parse --short=12 HEAD 2>/dev/null)" -o bin/repeatrate ./cmd/repeatrate
 
 services-up:
 	deploy/local/redis.sh start

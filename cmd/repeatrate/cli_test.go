@@ -30,6 +30,7 @@ func TestCommandExitCodes(t *testing.T) {
 	}{
 		// Asking for help is no error, for every command.
 		{"help", []string{"help"}, true, "usage: repeatrate"},
+		{"version", []string{"--version"}, true, "repeatrate "},
 		{"run -h", []string{"run", "-h"}, true, "-kafka-brokers"},
 		{"dev --help", []string{"dev", "--help"}, true, "-demo"},
 		{"rebuild --help", []string{"rebuild", "--help"}, true, "-kafka-brokers"},

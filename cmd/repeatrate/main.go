@@ -66,7 +66,43 @@ commands:
   loadgen  publish synthetic telemetry at a steady rate, with the demo's mix
   tail     print a topic as NDJSON until it is idle
 
-"repeatrate <command> -h" lists a command's flags.`
+"repeatrate <command> -h" lists a command's flags; "repeatrate --version" prints the version.`
+
+// commit is the commit the binary was built from when the build says so (`make build` sets it
+// with -ldflags "-X main.commit=…", for toolchains run with -buildvcs=false).
+var commit string
+
+// version is the module's version and the commit it was built from, as the Go toolchain recorded
+// them (or commit): "repeatrate (devel) 0f5e910a1b2c go1.26.8" from a checkout, the tag from
+// `go install …@v1.2.3`.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "repeatrate (unknown version)"
+	}
+	out := "repeatrate " + bi.Main.Version
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = " (modified)"
+			}
+		}
+	}
+	if rev == "" {
+		rev = commit
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" {
+		out += " " + rev + dirty
+	}
+	return out + " " + runtime.Version()
+}
 
 // run dispatches a subcommand. It is main without the process: tests call it directly.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -105,6 +141,9 @@ func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string
 		return tailCommand(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
+		return nil
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, version())
 		return nil
 	}
 	fmt.Fprintln(stderr, usage)
