@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -301,5 +302,24 @@ func TestDevLiveViewInTerminal(t *testing.T) {
 	}
 	if !strings.Contains(screen, "EXIT=0") {
 		t.Fatalf("Ctrl-C did not end the demo with 0:\n%s", screen)
+	}
+}
+
+// dev on a busy HTTP port says so in one line and prints nothing else: no banner, token or URL
+// that would belong to the process holding the port.
+func TestDevOnABusyPortSaysSoFirst(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), []string{"dev", "--http-addr", l.Addr().String(), "--kafka-addr", "127.0.0.1:0", "--redis-addr", "127.0.0.1:0"},
+		func(string) string { return "" }, strings.NewReader(""), &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "address already in use") || !strings.Contains(err.Error(), l.Addr().String()) {
+		t.Fatalf("dev on a busy port: %v", err)
+	}
+	if out.Len() != 0 {
+		t.Errorf("dev printed before failing:\n%s", out.String())
 	}
 }

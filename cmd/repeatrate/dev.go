@@ -80,6 +80,13 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 			*httpAddr = net.JoinHostPort(host, strconv.Itoa(hport))
 		}
+		// A busy port is said in one line before anything is printed: the banner's token and
+		// URLs would belong to whatever holds the port.
+		l, err := net.Listen("tcp", *httpAddr)
+		if err != nil {
+			return fmt.Errorf("dev: --http-addr %s: %w", *httpAddr, err)
+		}
+		l.Close()
 	}
 	fmt.Fprintf(stdout, "embedded Kafka broker: %v\nembedded Redis:        %s\nHTTP:                  http://%s/metrics\n",
 		brokers, mr.Addr(), *httpAddr)
