@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +43,7 @@ func loadgenCommand(ctx context.Context, args []string, stderr io.Writer) error 
 	seed := fs.Uint64("seed", 0, "generator seed (0: from the clock)")
 	mix := fs.String("mix", "", "traffic mix overrides, e.g. poison=0.05,duplicates=0.2 (keys: "+strings.Join(mixKeys, ", ")+
 		"; default: the demo's "+formatMix(demoMix)+")")
+	conn := kafkaConnectionFlags(fs, os.Getenv)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,7 +61,14 @@ func loadgenCommand(ctx context.Context, args []string, stderr io.Writer) error 
 	if m.Seed == 0 {
 		m.Seed = uint64(time.Now().UnixNano())
 	}
-	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*brokers, ",")})
+	kcfg, err := conn(strings.Split(*brokers, ","))
+	if err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	for _, w := range insecureWarnings(kcfg, nil) {
+		fmt.Fprintln(stderr, "warning:", w)
+	}
+	kc, err := newKafkaClients(kcfg)
 	if err != nil {
 		return err
 	}

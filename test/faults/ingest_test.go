@@ -22,14 +22,15 @@ import (
 	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
-// Scenario 8: the Kafka broker freezes (SIGSTOP) while clients post batches to /v1/events. The
+// Scenario 8: the Kafka broker freezes (SIGSTOP) while 4 clients post 1 800-event batches (about
+// 0.9 MB each) to /v1/events, past a 4 MiB in-flight budget. The
 // processor's memory stays within the ingest's in-flight budget plus 100 MB, no event is answered
 // "failed" that Kafka may yet write, past the budget requests are refused up front, and once the
 // broker resumes every accepted event is on the topic and none answered failed or not_written is.
 func TestIngestWhileBrokerFrozen(t *testing.T) {
 	needScripts(t, "kafka.sh")
 	s := newScenario(t)
-	const budget = 8 << 20
+	const budget = 4 << 20
 	addr := freeAddr(t)
 	token := "rr_fault_ingest_token_0123456789"
 	p := s.startEnv([]string{"REPEATRATE_HTTP_TOKENS=ingest:" + auth.Hash(token) + ":*=read-write"},
@@ -82,7 +83,7 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 	client := &http.Client{Timeout: time.Minute}
 	deadline := time.Now().Add(25 * time.Second)
 	var clients sync.WaitGroup
-	for c := range 8 {
+	for c := range 4 {
 		clients.Go(func() {
 			for r := 0; r < 50 && time.Now().Before(deadline); r++ {
 				ids, body := ingestBatch(c, r, 1800)

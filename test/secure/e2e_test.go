@@ -117,6 +117,14 @@ func TestSecuredEndToEnd(t *testing.T) {
 	if out, errOut, err := command(ctx, s.kafkaEnv(), append([]string{"tail", "--topic", topic("suites"), "--idle", "2s"}, s.kafkaFlags()...)...); err != nil || len(out) == 0 {
 		t.Fatalf("tail suites: %v, %d bytes\n%s", err, len(out), errOut)
 	}
+	// loadgen takes the same TLS and SASL settings as every Kafka subcommand.
+	if out, errOut, err := command(ctx, s.kafkaEnv(), append([]string{"loadgen", "--live-topic", topic("gen-live"), "--eval-topic", topic("gen-eval"),
+		"--rate", "50", "--duration", "2s"}, s.kafkaFlags()...)...); err != nil {
+		t.Fatalf("loadgen: %v\n%s%s", err, out, errOut)
+	}
+	if out, errOut, err := command(ctx, s.kafkaEnv(), append([]string{"tail", "--topic", topic("gen-live"), "--idle", "2s"}, s.kafkaFlags()...)...); err != nil || len(out) == 0 {
+		t.Fatalf("tail what loadgen wrote: %v, %d bytes\n%s", err, len(out), errOut)
+	}
 
 	// The read side, through the same ACL user: one aggregate's snapshots over HTTP.
 	var one schemas.Snapshot
