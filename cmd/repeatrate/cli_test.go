@@ -323,3 +323,34 @@ func TestDevOnABusyPortSaysSoFirst(t *testing.T) {
 		t.Errorf("dev printed before failing:\n%s", out.String())
 	}
 }
+
+// Each subcommand's -h lists the settings it uses, not every one of run's: the evaluator alone
+// has no batches or read side, a rebuild no read side or alerting.
+func TestSubcommandHelpListsItsOwnFlags(t *testing.T) {
+	for _, c := range []struct {
+		cmd        string
+		has, lacks []string
+	}{
+		{"run", []string{"-batch-linger", "-http-tokens", "-alert-rules", "-suite-min-history"}, nil},
+		{"alert", []string{"-alert-rules", "-alertmanager-url", "-kafka-snapshot-topic", "-redis-addrs", "-kafka-sasl-mechanism"},
+			[]string{"-batch-linger", "-http-tokens", "-suite-min-history", "-kafka-input-topics", "-pprof"}},
+		{"rebuild", []string{"-kafka-input-topics", "-suite-min-history", "-retention", "-batch-commit-delay"},
+			[]string{"-http-tokens", "-alert-rules", "-http-addr", "-batch-linger"}},
+	} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), []string{c.cmd, "-h"}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
+			t.Fatalf("%s -h: %v", c.cmd, err)
+		}
+		help := errOut.String() + out.String()
+		for _, f := range c.has {
+			if !strings.Contains(help, f+" ") && !strings.Contains(help, f+"\n") {
+				t.Errorf("%s -h does not list %s", c.cmd, f)
+			}
+		}
+		for _, f := range c.lacks {
+			if strings.Contains(help, f+" ") || strings.Contains(help, f+"\n") {
+				t.Errorf("%s -h lists %s, which it does not use", c.cmd, f)
+			}
+		}
+	}
+}

@@ -172,7 +172,7 @@ func defaultConfig() Config {
 			SnapshotTopic: TopicSnapshots, SuiteTopic: TopicSuites, AlertsTopic: TopicAlerts, DLQTopic: TopicDLQ,
 		},
 		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
-		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr"},
+		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr", WaitTimeout: aggregator.DefaultWaitTimeout},
 		Retention: 30 * 24 * time.Hour,
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
@@ -349,7 +349,7 @@ func (c *Config) settings() []setting {
 		num("redis-db", "Redis database (not with Cluster)", &c.Redis.DB),
 		str("redis-key-prefix", "prefix of every Redis key", &c.Redis.KeyPrefix),
 		num("redis-wait-replicas", "replicas of every primary a batch wrote that must acknowledge its writes (Redis WAIT) before its offsets are committed; 0 relies on the commit delay", &c.Redis.WaitReplicas),
-		dur("redis-wait-timeout", "how long to wait for those replicas per commit (default 1s); fewer in time means no commit yet", &c.Redis.WaitTimeout),
+		dur("redis-wait-timeout", "how long to wait for those replicas per commit; fewer in time means no commit yet", &c.Redis.WaitTimeout),
 		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
 		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
 		str("redis-tls-cert-file", "PEM client certificate for Redis (tls-auth-clients)", &c.Redis.TLS.CertFile),
@@ -456,13 +456,51 @@ func parseDuration(v string) (time.Duration, error) {
 	return time.ParseDuration(v)
 }
 
-// loadConfig builds the configuration from defaults, file, environment and flags, in that order.
+// loadConfig builds the configuration from defaults, file, environment and flags, in that order,
+// with a flag for every setting (run's).
 func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) string) (Config, error) {
+	return loadConfigFor(fs, args, getenv, nil)
+}
+
+// commandSettings says which settings a subcommand other than run takes as flags (its -h lists
+// only those); the file and the environment still set any, since a deployment shares one
+// configuration between its commands.
+var commandSettings = map[string]func(name string) bool{
+	// The evaluator alone: Kafka to read the output topics and publish alerts, Redis for its
+	// state, its rules and sinks, and the address of its metrics.
+	"alert": func(n string) bool {
+		if strings.HasPrefix(n, "redis-wait") {
+			return false
+		}
+		for _, p := range []string{"kafka-brokers", "kafka-snapshot-topic", "kafka-suite-topic", "kafka-alerts-topic",
+			"kafka-tls", "kafka-sasl", "redis-", "alert", "http-addr", "log-level"} {
+			if strings.HasPrefix(n, p) {
+				return true
+			}
+		}
+		return false
+	},
+	// A rebuild applies the input as the processor does, without the read side and alerting.
+	"rebuild": func(n string) bool {
+		for _, p := range []string{"alert", "http-", "pprof", "batch-max", "batch-linger"} {
+			if strings.HasPrefix(n, p) {
+				return false
+			}
+		}
+		return true
+	},
+}
+
+// loadConfigFor is loadConfig with flags only for the settings keep takes (nil: all).
+func loadConfigFor(fs *flag.FlagSet, args []string, getenv func(string) string, keep func(string) bool) (Config, error) {
 	cfg := defaultConfig()
 	file := fs.String("config", getenv("REPEATRATE_CONFIG"), "YAML configuration file")
 	flagVals := map[string]*string{}
 	flagBools := map[string]*bool{}
 	for _, s := range cfg.settings() {
+		if keep != nil && !keep(s.name) {
+			continue
+		}
 		if s.bool {
 			flagBools[s.name] = fs.Bool(s.name, false, s.usage+" (env "+s.env()+")")
 		} else {

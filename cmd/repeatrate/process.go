@@ -32,7 +32,7 @@ func runCommand(ctx context.Context, args []string, getenv func(string) string, 
 func configured(ctx context.Context, name string, args []string, getenv func(string) string, stderr io.Writer,
 	fn func(context.Context, Config, *zap.Logger) error) error {
 	fs := newFlagSet(name, stderr)
-	cfg, err := loadConfig(fs, args, getenv)
+	cfg, err := loadConfigFor(fs, args, getenv, commandSettings[name])
 	if err != nil {
 		return err
 	}
