@@ -199,6 +199,7 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 		threshold = *opt.PassThreshold
 	}
 	var out []Event
+	ran, scored := 0, 0 // samples without an error; those with a score from scorer
 	for _, s := range log.Samples {
 		caseID := string(s.ID)
 		var str string
@@ -209,9 +210,11 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 			RunIndex: s.Epoch - 1, Runs: runs, Result: schemas.ResultError,
 			OccurredAt: parseTimeOr(s.StartedAt, created), AssessedAt: parseTimeOr(s.CompletedAt, created)}
 		if s.Error == nil {
+			ran++
 			pred := clipPrediction(s.Output.Completion)
 			r.Prediction = &pred
 			if sc, ok := s.Scores[scorer]; ok {
+				scored++
 				r.Result, r.Score = inspectResult(sc.Value, threshold)
 			}
 		}
@@ -220,6 +223,16 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 			return nil, err
 		}
 		out = append(out, ev)
+	}
+	// Samples ran and none has a score from the scorer: a wrong --scorer, or a log whose scores
+	// this reader does not find. Every result would be an error: refuse, naming what is there.
+	if ran > 0 && scored == 0 {
+		var names []string
+		for _, sc := range log.Eval.Scorers {
+			names = append(names, sc.Name)
+		}
+		return nil, fmt.Errorf("no sample has a score from scorer %q (the log's scorers: %s); choose one with --scorer",
+			scorer, strings.Join(names, ", "))
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,11 +15,31 @@ import (
 	"github.com/repeatrate/repeatrate/sink"
 )
 
+const importUsage = `usage: repeatrate import inspect|opencompass --in PATH --workspace WS (--out FILE | --to-kafka BROKERS) [flags]
+"repeatrate import inspect -h" (or opencompass) lists the flags.`
+
+// importable refuses an import that found nothing to import: exit 1 with what to check, rather
+// than "imported 0" and 0.
+func importable(format, in string, evs []importer.Event) error {
+	if len(evs) == 0 {
+		what := "an Inspect AI log (.eval or .json) or a folder of them"
+		if format == "opencompass" {
+			what = "an OpenCompass output folder (its results and predictions)"
+		}
+		return fmt.Errorf("import %s: no eval results found in %s; it should be %s, and an interrupted or empty run has none", format, in, what)
+	}
+	return nil
+}
+
 // importCommand turns a harness's result files into eval-result events (README, "Importing eval
 // results"): to an NDJSON file or straight to the eval-results topic.
 func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprintln(stderr, importUsage)
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || (args[0] != "inspect" && args[0] != "opencompass") {
-		return fmt.Errorf("import: give a format, inspect or opencompass: repeatrate import <format> --in PATH …")
+		return fmt.Errorf("import: give a format, inspect or opencompass: %s", importUsage)
 	}
 	format := args[0]
 	fs := newFlagSet("import "+format, stderr)
@@ -38,11 +59,22 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	toKafka := fs.String("to-kafka", "", "Kafka bootstrap brokers to publish to (comma-separated)")
 	topic := fs.String("topic", TopicEval, "topic for --to-kafka")
 	out := fs.String("out", "", "NDJSON file to write (- for standard output)")
+	conn := kafkaConnectionFlags(fs, os.Getenv)
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	if *in == "" || opt.Scope.Workspace == "" || (*toKafka == "") == (*out == "") {
-		return fmt.Errorf("import: --in, --workspace and one of --to-kafka or --out are required")
+	var missing []string
+	if *in == "" {
+		missing = append(missing, "--in (the result files)")
+	}
+	if opt.Scope.Workspace == "" {
+		missing = append(missing, "--workspace (the scope's workspace)")
+	}
+	if (*toKafka == "") == (*out == "") {
+		missing = append(missing, "exactly one of --to-kafka (brokers) or --out (a file, - for standard output)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("import %s: missing %s", format, strings.Join(missing, ", "))
 	}
 	read := importer.Inspect
 	if format == "opencompass" {
@@ -51,6 +83,9 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	evs, err := read(*in, opt)
 	if err != nil {
 		return fmt.Errorf("import: %w", err)
+	}
+	if err := importable(format, *in, evs); err != nil {
+		return err
 	}
 	if *out != "" {
 		w := stdout
@@ -70,7 +105,14 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "imported %d eval results to %s\n", len(evs), *out)
 		return nil
 	}
-	kc, err := newKafkaClients(KafkaConfig{Brokers: strings.Split(*toKafka, ",")})
+	kcfg, err := conn(strings.Split(*toKafka, ","))
+	if err != nil {
+		return fmt.Errorf("import: %w", err)
+	}
+	for _, w := range insecureWarnings(kcfg, nil) {
+		fmt.Fprintln(stderr, "warning:", w)
+	}
+	kc, err := newKafkaClients(kcfg)
 	if err != nil {
 		return err
 	}

@@ -192,3 +192,45 @@ func deref(p *float64) float64 {
 	}
 	return *p
 }
+
+// An import that cannot import says so and exits 1, naming what to fix: help is no error; a
+// missing argument is named; a folder with no results, and a --scorer no sample was scored by
+// (every result would have been an error), are refused rather than "imported" with exit 0.
+func TestImportRefusesWhatItCannotImport(t *testing.T) {
+	logs := filepath.Join("..", "..", ".cache", "inspect-logs")
+	if _, err := os.Stat(filepath.Join(logs, "done")); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no Inspect AI logs in %s (deploy/local/test.sh makes them)", logs)
+		}
+		t.Skipf("no Inspect AI logs in %s", logs)
+	}
+	empty := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		says []string // "" for no error
+	}{
+		{[]string{"import", "--help"}, nil},
+		{[]string{"import", "inspect", "--in", empty}, []string{"missing --workspace", "exactly one of --to-kafka"}},
+		{[]string{"import", "inspect", "--in", empty, "--workspace", "w", "--out", "-"}, []string{"no eval results found in " + empty}},
+		{[]string{"import", "inspect", "--in", filepath.Join(logs, "eval"), "--workspace", "w", "--out", "-", "--scorer", "nope"},
+			[]string{`no sample has a score from scorer "nope"`, "the log's scorers:"}},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), c.args, func(string) string { return "" }, strings.NewReader(""), &out, &errOut)
+		if c.says == nil {
+			if err != nil {
+				t.Errorf("%v: %v", c.args, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%v: no error (wrote %d bytes)", c.args, out.Len())
+			continue
+		}
+		for _, s := range c.says {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%v: %v, want it to say %q", c.args, err, s)
+			}
+		}
+	}
+}
