@@ -168,20 +168,10 @@ func TestRateLimit(t *testing.T) {
 // TestSlowConnections opens connections as an outsider would, 1 000 that never send a request:
 // the server holds at most its per-address cap of them and still answers once they are gone.
 func TestSlowConnections(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxConns: 64, MaxConnsPerIP: 16, Registerer: reg},
-		fakeTallies{}, reg, time.Now, zap.NewNop())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
+	h, server := serveCapped(t, 64, 16)
 	var conns []net.Conn
 	for range 1000 {
-		c, err := net.Dial("tcp", l.Addr().String())
+		c, err := net.Dial("tcp", server)
 		if err != nil {
 			break
 		}
@@ -201,7 +191,7 @@ func TestSlowConnections(t *testing.T) {
 	for testutil.ToFloat64(h.metrics.openConns) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	resp, err := http.Get(fmt.Sprintf("http://%s/healthz", l.Addr()))
+	resp, err := http.Get(fmt.Sprintf("http://%s/healthz", server))
 	if err != nil {
 		t.Fatal(err)
 	}

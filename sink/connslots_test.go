@@ -14,6 +14,24 @@ import (
 	"go.uber.org/zap"
 )
 
+// serveCapped serves a server capped at max connections, perIP per address, on a loopback port
+// until the test ends, and returns it with its address.
+func serveCapped(t *testing.T, max, perIP int) (*HTTP, string) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxConns: max, MaxConnsPerIP: perIP, Registerer: reg},
+		fakeTallies{}, reg, time.Now, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return h, l.Addr().String()
+}
+
 // idleClient is a keep-alive connection from local address from that made one unauthenticated
 // GET /healthz and then holds its slot, as an attacker that repeats the probe before the idle
 // timeout does.
@@ -56,18 +74,7 @@ func get(server, from, path, token string) (int, error) {
 // address keep being answered. Slow connections that never finish a request are still refused
 // past the caps (TestSlowConnections).
 func TestIdleConnectionsCannotHoldEverySlot(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxConns: 8, MaxConnsPerIP: 4, Registerer: reg},
-		fakeTallies{}, reg, time.Now, zap.NewNop())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
-	server := l.Addr().String()
+	h, server := serveCapped(t, 8, 4)
 	// Two addresses fill the server: 4 idle connections each.
 	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
 		for range 4 {
@@ -97,18 +104,7 @@ func TestIdleConnectionsCannotHoldEverySlot(t *testing.T) {
 // server reports the request only once the whole header is read: it is never the one closed to
 // make room, and its request is answered.
 func TestConnectionWithARequestArrivingIsNotReclaimed(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxConns: 2, MaxConnsPerIP: 2, Registerer: reg},
-		fakeTallies{}, reg, time.Now, zap.NewNop())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
-	server := l.Addr().String()
+	h, server := serveCapped(t, 2, 2)
 	a := idleClient(t, server, "127.0.0.2") // the longest idle: the first choice to close
 	idleClient(t, server, "127.0.0.3")
 	fmt.Fprintf(a, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // the header's last line not yet sent
