@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/sink"
 )
 
 // Notification is one message a sink delivers: an alert in a state, with a deterministic id so
@@ -275,4 +277,55 @@ func (s *Redis) Ack(ctx context.Context, sink, key string, delivered int, firstI
 // Retry makes key due for sink again at at (a failed delivery's backoff).
 func (s *Redis) Retry(ctx context.Context, sink, key string, at time.Time) error {
 	return s.rdb.ZAddXX(ctx, s.due(sink), redis.Z{Score: float64(at.UnixMilli()), Member: key}).Err()
+}
+
+var _ sink.AlertLister = (*Redis)(nil)
+
+// CurrentAlerts lists the alerts of workspace ws in the index (pending, firing, or resolved and
+// still being delivered), ordered by rule and subject, at most limit: what GET /v1/alerts
+// answers. It reads every indexed record, so its cost is the number of current alerts of all
+// workspaces, not of history. A pending alert has no kind yet (it never fired).
+func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]sink.CurrentAlert, error) {
+	keys, err := s.Keys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := s.Load(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	var out []sink.CurrentAlert
+	for _, st := range recs {
+		if st.Rev == 0 || st.Subject.Fields["workspace"] != ws || st.State == StateInactive {
+			continue
+		}
+		a := sink.CurrentAlert{Rule: st.Rule, Subject: st.Subject.Key, Fields: st.Subject.Fields, State: st.State.String(),
+			ActiveAt: st.ActiveAt, Labels: map[string]string{}, Annotations: map[string]string{}}
+		if ep := st.Episode; ep != nil {
+			a.Kind = ep.Kind
+			if ep.Labels != nil {
+				a.Labels = ep.Labels
+			}
+			if ep.Annotations != nil {
+				a.Annotations = ep.Annotations
+			}
+		}
+		if !st.FiredAt.IsZero() {
+			a.FiredAt = &st.FiredAt
+		}
+		if st.State == StateResolved && !st.ResolvedAt.IsZero() {
+			a.ResolvedAt = &st.ResolvedAt
+		}
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b sink.CurrentAlert) int {
+		if c := strings.Compare(a.Rule, b.Rule); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Subject, b.Subject)
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
 }

@@ -143,3 +143,44 @@ func TestRuleThatNoLongerSelectsAnUnheldSubjectResolvesIt(t *testing.T) {
 		})
 	}
 }
+
+// The read side's /v1/alerts lists a workspace's current alerts from the store every evaluator
+// writes: a firing alert with the kind and labels it fired with, nothing of another workspace,
+// and nothing once the alert resolved and was delivered.
+func TestCurrentAlertsOfAWorkspace(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	ev := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, labels: {severity: page}}\n", []Sink{am}, clk)
+	ev.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
+	if err := ev.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	reader, _ := NewRedis(rdb, prefix, []string{"read"})
+	got, err := reader.CurrentAlerts(ctx, "acme", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].State != "firing" || got[0].Kind != "threshold" || got[0].Labels["severity"] != "page" ||
+		got[0].FiredAt == nil || !got[0].FiredAt.Equal(t0) || got[0].Fields["correction_id"] != "fix" {
+		t.Fatalf("current alerts of acme: %+v", got)
+	}
+	if other, err := reader.CurrentAlerts(ctx, "beta", 10); err != nil || len(other) != 0 {
+		t.Fatalf("current alerts of beta: %+v %v", other, err)
+	}
+	ev.Apply(Update{Snapshot: snap("live", 2, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(time.Hour))})
+	clk.set(t0.Add(time.Hour))
+	if err := ev.Evaluate(ctx, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.Deliver(ctx, am); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := reader.CurrentAlerts(ctx, "acme", 10); err != nil || len(got) != 0 {
+		t.Fatalf("after the resolution was delivered: %+v %v", got, err)
+	}
+}

@@ -56,7 +56,58 @@ func (a *api) apiRoutes() []route {
 		{"GET /v1/suites/cases", a.suiteCases},
 		{"GET /v1/suites/moved", a.moved},
 		{"GET /v1/stream", a.stream},
+		{"GET /v1/alerts", a.alerts},
 	}
+}
+
+// AlertLister lists the alerts of a workspace that are pending, firing, or resolved and still
+// being delivered, ordered by rule and subject, at most limit of them; alert.Redis is one. The
+// read side declares it so that it imports nothing of alerting.
+type AlertLister interface {
+	CurrentAlerts(ctx context.Context, workspace string, limit int) ([]CurrentAlert, error)
+}
+
+// CurrentAlert is one alert of GET /v1/alerts, as the alert store holds it: the rule, the kind,
+// labels and annotations it fired with, its subject's fields, its state and its times.
+type CurrentAlert struct {
+	Rule        string            `json:"rule"`
+	Kind        string            `json:"kind"`
+	Subject     string            `json:"subject"`
+	Fields      map[string]string `json:"fields"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	State       string            `json:"state"` // pending, firing or resolved
+	ActiveAt    time.Time         `json:"active_at"`
+	FiredAt     *time.Time        `json:"fired_at"`
+	ResolvedAt  *time.Time        `json:"resolved_at"`
+}
+
+// AlertsPage is the answer of /v1/alerts.
+type AlertsPage struct {
+	Items []CurrentAlert `json:"items"`
+}
+
+// maxAlerts bounds one answer of /v1/alerts (and the records it reads).
+const maxAlerts = 1000
+
+func (a *api) alerts(w http.ResponseWriter, req *http.Request) {
+	v, ok := a.begin(w, req, nil, nil)
+	if !ok {
+		return
+	}
+	if a.cfg.Alerts == nil {
+		writeError(w, http.StatusServiceUnavailable, "alerting state unavailable", false)
+		return
+	}
+	items, err := a.cfg.Alerts.CurrentAlerts(req.Context(), v.Get("workspace"), maxAlerts)
+	if err != nil {
+		a.unavailable(w, req, err)
+		return
+	}
+	if items == nil {
+		items = []CurrentAlert{}
+	}
+	writeJSON(w, AlertsPage{Items: items})
 }
 
 func (a *api) routes(mux *http.ServeMux) {

@@ -71,6 +71,8 @@ type HTTPConfig struct {
 	Catalog *Catalog
 	// Suites reads suites; nil answers suite routes 503.
 	Suites SuiteReader
+	// Alerts lists a workspace's current alerts (alert.Redis is one); nil answers /v1/alerts 503.
+	Alerts AlertLister
 	// Ingest serves POST /v1/events (package ingest), with bodies up to IngestMaxBodyBytes (other
 	// routes keep their 4 KiB); nil answers that route 404.
 	Ingest             http.Handler

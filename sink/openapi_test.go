@@ -88,7 +88,7 @@ func TestOpenAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	tallies := fakeTallies{t: map[aggregator.Key]aggregator.Tally{key: tally}}
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat, Suites: fakeSuites{}}, tallies, prometheus.NewRegistry(),
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat, Suites: fakeSuites{}, Alerts: fakeAlerts{}}, tallies, prometheus.NewRegistry(),
 		func() time.Time { return now }, zap.NewNop())
 	scope := "workspace=w&model=m&run=r&checkpoint=c&artifact=a"
 	for _, c := range []struct {
@@ -115,6 +115,9 @@ func TestOpenAPI(t *testing.T) {
 		{"/v1/suites/moved", "workspace=w&suite=s&from=v1&to=v2", tokenA, 200},
 		{"/v1/suites/moved", "workspace=w&suite=s&from=v1&to=v9", tokenA, 404},
 		{"/v1/stream", "workspace=w&last_event_id=x", tokenA, 400},
+		{"/v1/alerts", "workspace=w", tokenA, 200},
+		{"/v1/alerts", "workspace=w", tokenB, 403},
+		{"/v1/alerts", "workspace=w", "", 401},
 		// Answers of the server's own limits, on any route.
 		{"/v1/snapshots", scope + "&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
 		{"/v1/suites", "workspace=w&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
@@ -158,4 +161,20 @@ func TestOpenAPI(t *testing.T) {
 			t.Errorf("%s?%s (%d): %v\n%s", c.path, c.query, c.status, err, rr.Body)
 		}
 	}
+}
+
+// fakeAlerts lists one firing and one pending alert of workspace w.
+type fakeAlerts struct{}
+
+func (fakeAlerts) CurrentAlerts(_ context.Context, ws string, _ int) ([]CurrentAlert, error) {
+	if ws != "w" {
+		return nil, nil
+	}
+	fired := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	return []CurrentAlert{
+		{Rule: "high", Kind: "threshold", Subject: "a|w|m|r|c|a|x|live", Fields: map[string]string{"workspace": "w"},
+			Labels: map[string]string{"severity": "page"}, Annotations: map[string]string{}, State: "firing", ActiveAt: fired, FiredAt: &fired},
+		{Rule: "low", Subject: "a|w|m|r|c|a|y|live", Fields: map[string]string{"workspace": "w"},
+			Labels: map[string]string{}, Annotations: map[string]string{}, State: "pending", ActiveAt: fired},
+	}, nil
 }

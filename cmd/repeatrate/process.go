@@ -204,7 +204,13 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 			return err
 		}
 		defer closeIngest()
-		srv = sink.NewHTTP(sink.HTTPConfig{Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
+		// The read side lists the alerts any evaluator on this Redis keeps (run's or `repeatrate
+		// alert`'s); reading needs no sink, so the name given is only a placeholder.
+		alerts, err := alert.NewRedis(rdb, cfg.Redis.KeyPrefix, []string{"read"})
+		if err != nil {
+			return err
+		}
+		srv = sink.NewHTTP(sink.HTTPConfig{Alerts: alerts, Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
 			Degraded: func() []string { return alertingDegraded(alerting) },
 			Tokens:   tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
 			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
