@@ -138,3 +138,29 @@ func TestOpenCompass(t *testing.T) {
 		}
 	}
 }
+
+// OpenCompass's evaluators write correct flags as booleans or as 1/0 (and OpenCompass counts them
+// with int()): both import, per repeat too; anything else is refused with what it was.
+func TestOpenCompassCorrectFlags(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		want []bool
+	}{
+		{`true`, []bool{true}},
+		{`1`, []bool{true}},
+		{`0`, []bool{false}},
+		{`1.0`, []bool{true}},
+		{`0.5`, []bool{false}}, // int(0.5) is 0
+		{`[1, 0, true, false]`, []bool{true, false, true, false}},
+	} {
+		got, err := ocFlags(json.RawMessage(c.raw))
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v %v, want %v", c.raw, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{`"yes"`, `[1, "no"]`, `{"a": 1}`} {
+		if _, err := ocFlags(json.RawMessage(bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package importer
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -141,12 +142,11 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 			if len(raw) == 0 || string(raw) == "null" {
 				continue
 			}
-			var one bool
-			if json.Unmarshal(raw, &one) == nil {
-				flags[i] = []bool{one}
-			} else if err := json.Unmarshal(raw, &flags[i]); err != nil {
-				return nil, fmt.Errorf("details[%d]: correct is neither a bool nor a list of bools", i)
+			f, err := ocFlags(raw)
+			if err != nil {
+				return nil, fmt.Errorf("details[%d]: %w", i, err)
 			}
+			flags[i] = f
 			break
 		}
 		n = max(n, len(flags[i]))
@@ -229,6 +229,39 @@ func ocPredictions(dir, dataset string) (map[int]string, error) {
 			top = max(top, i+1)
 		}
 		base += top
+	}
+	return out, nil
+}
+
+// ocFlags reads a detail's correct flag, or its list of flags (one per repeat): booleans, or
+// numbers as OpenCompass's evaluators write them (1/0) and OpenCompass counts them, with int():
+// a number whose integer part is not 0 is correct.
+func ocFlags(raw json.RawMessage) ([]bool, error) {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("correct: %w", err)
+	}
+	one := func(x any) (bool, bool) {
+		switch x := x.(type) {
+		case bool:
+			return x, true
+		case float64:
+			return math.Trunc(x) != 0, true
+		}
+		return false, false
+	}
+	if f, ok := one(v); ok {
+		return []bool{f}, nil
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("correct is %s, not a bool, a number or a list of them", raw)
+	}
+	out := make([]bool, len(list))
+	for i, x := range list {
+		if out[i], ok = one(x); !ok {
+			return nil, fmt.Errorf("correct[%d] is not a bool or a number", i)
+		}
 	}
 	return out, nil
 }
