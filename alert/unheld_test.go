@@ -46,7 +46,6 @@ func TestEvaluatorsThatHoldDifferentSubjectsDoNotFlap(t *testing.T) {
 			rdb := testenv.Redis(t)
 			prefix := testenv.Name(t, "alert")
 			testenv.CleanPrefix(t, rdb, prefix)
-			ctx := context.Background()
 			am := &recordingSink{name: "am"}
 			clk := &clock{t: t0}
 			store, _ := NewRedis(rdb, prefix, []string{"am"})
@@ -58,16 +57,7 @@ func TestEvaluatorsThatHoldDifferentSubjectsDoNotFlap(t *testing.T) {
 			for _, u := range tc.b {
 				b.Apply(u)
 			}
-			step := func(e *Evaluator, at time.Time) {
-				t.Helper()
-				clk.set(at)
-				if err := e.Evaluate(ctx, at); err != nil {
-					t.Fatal(err)
-				}
-				if err := e.Deliver(ctx, am); err != nil {
-					t.Fatal(err)
-				}
-			}
+			step := func(e *Evaluator, at time.Time) { evaluateAndDeliver(t, e, clk, am, at) }
 			for i, e := range []*Evaluator{a, b, b, a, b, a, a, b} {
 				step(e, t0.Add(time.Duration(i)*20*time.Second))
 			}
@@ -112,7 +102,6 @@ func TestRuleThatNoLongerSelectsAnUnheldSubjectResolvesIt(t *testing.T) {
 			rdb := testenv.Redis(t)
 			prefix := testenv.Name(t, "alert")
 			testenv.CleanPrefix(t, rdb, prefix)
-			ctx := context.Background()
 			am := &recordingSink{name: "am"}
 			clk := &clock{t: t0}
 			store, _ := NewRedis(rdb, prefix, []string{"am"})
@@ -120,16 +109,7 @@ func TestRuleThatNoLongerSelectsAnUnheldSubjectResolvesIt(t *testing.T) {
 			a := newTestEvaluator(t, store, "rules:\n- {name: back, kind: revived_regression}\n", []Sink{am}, clk)
 			a.Apply(Update{Revived: &schemas.CaseRevived{Workspace: "acme", Suite: "s", CaseID: "c1", Version: "v9", Regression: true}})
 			a.Apply(Update{Discrimination: disc})
-			step := func(e *Evaluator, at time.Time) {
-				t.Helper()
-				clk.set(at)
-				if err := e.Evaluate(ctx, at); err != nil {
-					t.Fatal(err)
-				}
-				if err := e.Deliver(ctx, am); err != nil {
-					t.Fatal(err)
-				}
-			}
+			step := func(e *Evaluator, at time.Time) { evaluateAndDeliver(t, e, clk, am, at) }
 			step(a, t0)
 			b := newTestEvaluator(t, store, newRules, []Sink{am}, clk)
 			b.Apply(Update{Discrimination: disc})
@@ -182,5 +162,17 @@ func TestCurrentAlertsOfAWorkspace(t *testing.T) {
 	}
 	if got, err := reader.CurrentAlerts(ctx, "acme", 10); err != nil || len(got) != 0 {
 		t.Fatalf("after the resolution was delivered: %+v %v", got, err)
+	}
+}
+
+// evaluateAndDeliver sets the clock to at, evaluates e and delivers its outbox to am.
+func evaluateAndDeliver(t *testing.T, e *Evaluator, clk *clock, am Sink, at time.Time) {
+	t.Helper()
+	clk.set(at)
+	if err := e.Evaluate(context.Background(), at); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Deliver(context.Background(), am); err != nil {
+		t.Fatal(err)
 	}
 }
