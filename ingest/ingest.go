@@ -87,6 +87,12 @@ type Config struct {
 	// have appended what a later one was refused: without SingleAttempt every error answers
 	// "unknown".
 	SingleAttempt bool
+	// RetryRefusedFor is how long, with SingleAttempt, the handler sends again the events a broker
+	// refused with a transient error (a partition whose leader is moving or still loading:
+	// NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS) before answering; only
+	// the refused events are sent again, since a refusal means not written. Default half the
+	// WriteTimeout; negative sends once.
+	RetryRefusedFor time.Duration
 	// Registerer takes the handler's metrics; nil keeps them private.
 	Registerer prometheus.Registerer
 }
@@ -112,6 +118,9 @@ func (c *Config) defaults() {
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = 10 * time.Second
+	}
+	if c.RetryRefusedFor == 0 {
+		c.RetryRefusedFor = c.WriteTimeout / 2
 	}
 	if c.MaxEvents == 0 {
 		c.MaxEvents = int(max(1, c.MaxBodyBytes/MinEventBytes))
@@ -334,7 +343,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	h.writes.Add(1)
 	go func() {
 		defer h.writes.Done()
-		err := h.w.WriteMessages(context.WithoutCancel(req.Context()), msgs...)
+		err := h.write(context.WithoutCancel(req.Context()), msgs)
 		h.release(id, size)
 		done <- err
 	}()
@@ -376,6 +385,70 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			"Kafka did not acknowledge every event: send the request again (events already written are counted once)")
 	}
 	return h.answer(w, http.StatusAccepted, events, "")
+}
+
+// write writes msgs. With SingleAttempt, the events a broker refused with a transient error are
+// sent again, alone, until RetryRefusedFor has passed: a leader election or a partition still
+// loading after its topic was created refuses for a moment, and the retry spares every client the
+// 503. The result is per message as kafka.WriteErrors whenever any attempt reported per message.
+func (h *Handler) write(ctx context.Context, msgs []kafka.Message) error {
+	err := h.w.WriteMessages(ctx, msgs...)
+	if err == nil || !h.cfg.SingleAttempt {
+		return err
+	}
+	deadline := time.Now().Add(h.cfg.RetryRefusedFor)
+	backoff := 50 * time.Millisecond
+	for {
+		werrs, again := retriable(err, len(msgs))
+		if len(again) == 0 || time.Now().Add(backoff).After(deadline) {
+			return err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Second)
+		resend := make([]kafka.Message, len(again))
+		for j, i := range again {
+			resend[j] = msgs[i]
+		}
+		rerr := h.w.WriteMessages(ctx, resend...)
+		var rerrs kafka.WriteErrors
+		perMessage := errors.As(rerr, &rerrs) && len(rerrs) == len(resend)
+		for j, i := range again {
+			switch {
+			case perMessage:
+				werrs[i] = rerrs[j]
+			default:
+				werrs[i] = rerr
+			}
+		}
+		err = werrs
+		if werrs.Count() == 0 {
+			return nil
+		}
+	}
+}
+
+// retriable splits a write's error per message and lists the messages a broker refused with a
+// transient error; any message whose fate is unknown stops the retries (nothing is listed).
+func retriable(err error, n int) (kafka.WriteErrors, []int) {
+	var werrs kafka.WriteErrors
+	if !errors.As(err, &werrs) || len(werrs) != n {
+		werrs = make(kafka.WriteErrors, n)
+		for i := range werrs {
+			werrs[i] = err
+		}
+	}
+	var again []int
+	for i, e := range werrs {
+		if e == nil {
+			continue
+		}
+		var ke kafka.Error
+		if !refused(e) || !errors.As(e, &ke) || !ke.Temporary() {
+			return werrs, nil
+		}
+		again = append(again, i)
+	}
+	return werrs, again
 }
 
 // errNotAnswered stands for a write the request stopped waiting for.

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,20 +57,25 @@ func tokens(t *testing.T) *auth.Store {
 
 // fakeWriter records what it is given, or fails with err (fail decides per message when set).
 type fakeWriter struct {
-	mu   sync.Mutex
-	msgs []kafka.Message
-	err  error
-	fail func(i int) bool
+	mu     sync.Mutex
+	msgs   []kafka.Message
+	writes int
+	err    error
+	// fail says which messages of the write numbered call (from 1) are refused with failErr
+	// (default NOT_ENOUGH_REPLICAS).
+	fail    func(call, i int) bool
+	failErr error
 }
 
 func (w *fakeWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.writes++
 	if w.fail != nil {
 		werrs := make(kafka.WriteErrors, len(msgs))
 		for i, m := range msgs {
-			if w.fail(i) {
-				werrs[i] = kafka.NotEnoughReplicas
+			if w.fail(w.writes, i) {
+				werrs[i] = cmp.Or(w.failErr, error(kafka.NotEnoughReplicas))
 				continue
 			}
 			w.msgs = append(w.msgs, m)
@@ -453,18 +459,22 @@ func TestIngestWriteFailure(t *testing.T) {
 		single bool // the writer makes one attempt per write
 		want   []string
 	}{
-		// The broker refused the whole write, on the only attempt: certainly not written.
+		// The broker refused the whole write on every attempt: certainly not written.
 		{"all refused", &fakeWriter{err: kafka.LeaderNotAvailable}, true, []string{StatusFailed, StatusFailed, StatusFailed}},
 		// The same refusal from a writer that retries: an earlier attempt may have written.
 		{"refused after retries", &fakeWriter{err: kafka.LeaderNotAvailable}, false, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
 		// No answer, or a timeout after the leader may have appended: unknown, not failed.
 		{"all unknown", &fakeWriter{err: errors.New("broker down: i/o timeout")}, true, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
 		{"replication timed out", &fakeWriter{err: kafka.RequestTimedOut}, true, []string{StatusUnknown, StatusUnknown, StatusUnknown}},
-		// One partition took its events, another did not.
-		{"partial", &fakeWriter{fail: func(i int) bool { return i == 1 }}, true, []string{StatusAccepted, StatusFailed, StatusAccepted}},
+		// One partition took its events, another refused them for good.
+		{"partial", &fakeWriter{fail: func(_, i int) bool { return i == 1 }, failErr: kafka.MessageSizeTooLarge}, true,
+			[]string{StatusAccepted, StatusFailed, StatusAccepted}},
+		// One partition took its events, another refused them on every attempt.
+		{"partial, refused on every attempt", &fakeWriter{fail: func(call, i int) bool { return call == 1 && i == 1 || call > 1 }}, true,
+			[]string{StatusAccepted, StatusFailed, StatusAccepted}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := newHandler(t, c.w, Config{SingleAttempt: c.single})
+			h := newHandler(t, c.w, Config{SingleAttempt: c.single, RetryRefusedFor: 300 * time.Millisecond})
 			rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: body})
 			if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
 				t.Fatalf("%d Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
@@ -480,6 +490,30 @@ func TestIngestWriteFailure(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A partition whose leader is moving, or still loading after its topic was created, refuses a
+// write for a moment (NOT_LEADER_OR_FOLLOWER): the handler sends the refused events again, and
+// only those, so the client gets 202 and Kafka holds each event once.
+func TestTransientRefusalIsSentAgain(t *testing.T) {
+	w := &fakeWriter{fail: func(call, i int) bool { return call == 1 && i == 1 || call == 2 }, failErr: kafka.NotLeaderForPartition}
+	h := newHandler(t, w, Config{SingleAttempt: true, RetryRefusedFor: 5 * time.Second})
+	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: mustJSON([]any{live("t1", "acme"), live("t2", "acme"), live("t3", "acme")})})
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("%d %s, want 202 after the refusal passed", rec.Code, rec.Body)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.writes != 3 || len(w.msgs) != 3 {
+		t.Fatalf("%d writes put %d messages in Kafka, want 3 writes (two refused) and 3 messages", w.writes, len(w.msgs))
+	}
+	for i, m := range w.msgs {
+		var ev struct{ ID string }
+		json.Unmarshal(m.Value, &ev)
+		if want := []string{"t1", "t3", "t2"}[i]; ev.ID != want {
+			t.Errorf("message %d is %s, want %s", i, ev.ID, want)
+		}
 	}
 }
 
