@@ -351,7 +351,7 @@ func (m *Model) Apply(_ context.Context, obs []Observation, at time.Time) (Appli
 }
 
 // Seal is a no-op: memory loses nothing it acknowledged.
-func (m *Model) Seal(context.Context) (int64, error) { return 0, nil }
+func (m *Model) Seal(context.Context, Offsets) (int64, error) { return 0, nil }
 
 // Verify is a no-op: memory loses nothing it acknowledged.
 func (m *Model) Verify(context.Context, int64, Offsets) error { return nil }

@@ -692,10 +692,19 @@ func (t *Pending) confirm(snap map[string]int64) {
 
 // sealScript writes the next batch mark and returns the one it replaced with the pending token it
 // found, in one atomic step: a token checked and a mark written are the same moment in Redis's
-// order. KEYS[1] batch mark, KEYS[2] pending token; ARGV[1] the next mark.
+// order. When the mark it replaced is the expected one (or there is none to expect), it also
+// records the batch's offsets, raising each partition's and never lowering it.
+// KEYS[1] batch mark, KEYS[2] pending token, KEYS[3] recorded commits; ARGV[1] the next mark,
+// ARGV[2] the expected mark ('' on a process's first seal), then field, offset pairs.
 var sealScript = redis.NewScript(`
 local prev = redis.call('GET', KEYS[1]) or ''
 redis.call('SET', KEYS[1], ARGV[1])
+if ARGV[2] == '' or prev == ARGV[2] then
+  for i = 3, #ARGV, 2 do
+    local cur = tonumber(redis.call('HGET', KEYS[3], ARGV[i]) or '-1')
+    if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+  end
+end
 return {prev, redis.call('GET', KEYS[2]) or ''}
 `)
 
@@ -708,7 +717,15 @@ return {prev, redis.call('GET', KEYS[2]) or ''}
 // reaches a mark or token that Verify had confirmed (offsets may have been committed for it). The
 // first Seal of a process checks only the tokens. A Seal retried after a lost reply finds its own
 // mark, which is fine.
-func (r *Redis) Seal(ctx context.Context) (int64, error) {
+//
+// In the same atomic step Seal records the batch's offsets (when the store has a Group) as work
+// Redis holds: the record is written with the batch, so the commit delay ages it with the batch's
+// writes. Recorded only by Verify, right before the commit, it was the newest write, and losing
+// that tail alone (AOF everysec, a failover to a slightly lagging replica) made CheckOffsets find
+// the group committed past the record and stop with ErrStateLost although the work survived. A
+// record the seal writes for a batch that then proves lost is harmless: offsets are committed
+// only after Verify, so the batch is consumed again before any commit passes it.
+func (r *Redis) Seal(ctx context.Context, sealed Offsets) (int64, error) {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	if r.sealKey == "" {
@@ -723,7 +740,16 @@ func (r *Redis) Seal(ctx context.Context) (int64, error) {
 	next := r.sealSeq + 1
 	// No expiry: a mark that vanished must mean a loss, however long the process was idle. Close
 	// deletes it; a crashed process leaves one small key behind.
-	res, err := sealScript.Run(ctx, r.client, []string{r.sealKey, r.cfg.Pending.key(r.cfg.Prefix, marksTag)}, next).StringSlice()
+	expect := ""
+	if r.sealSeq > 0 {
+		expect = strconv.FormatInt(r.sealSeq, 10)
+	}
+	args := []any{next, expect}
+	if r.cfg.Group != "" {
+		args = appendOffsets(args, sealed)
+	}
+	res, err := sealScript.Run(ctx, r.client, []string{r.sealKey, r.cfg.Pending.key(r.cfg.Prefix, marksTag), r.offsetsKey()},
+		args...).StringSlice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("seal script returned %d values", len(res))
 	}
@@ -766,6 +792,16 @@ func marksKey(ns, name string) string { return ns + ":{marks}:" + name }
 
 func (r *Redis) offsetsKey() string {
 	return marksKey(r.cfg.Prefix, "offsets:"+schemas.JoinEscaped(r.cfg.Group))
+}
+
+// appendOffsets appends field, offset pairs of the recorded-commits hash.
+func appendOffsets(args []any, offsets Offsets) []any {
+	for topic, parts := range offsets {
+		for p, off := range parts {
+			args = append(args, offsetField(topic, p), off)
+		}
+	}
+	return args
 }
 
 func offsetField(topic string, partition int) string { return topic + "/" + strconv.Itoa(partition) }
@@ -814,11 +850,7 @@ func (r *Redis) Verify(ctx context.Context, upTo int64, commit Offsets) error {
 	}
 	args := []any{strconv.FormatInt(r.sealSeq, 10)}
 	if r.cfg.Group != "" {
-		for topic, parts := range commit {
-			for p, off := range parts {
-				args = append(args, offsetField(topic, p), off)
-			}
-		}
+		args = appendOffsets(args, commit)
 	}
 	res, err := r.verifyAndWait(ctx, []string{r.sealKey, r.offsetsKey()}, args, wait)
 	if errors.Is(err, ErrReplicasBehind) {

@@ -31,7 +31,7 @@ func TestVerifyWaitsForReplicas(t *testing.T) {
 		if _, err := store.Apply(ctx, obs, now); err != nil {
 			t.Fatal(err)
 		}
-		mark, err := store.Seal(ctx)
+		mark, err := store.Seal(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func TestVerifyAndWaitLoadsTheScript(t *testing.T) {
 	if _, err := store.Apply(ctx, []Observation{{Key: keyLive, OpportunityID: "o", Class: Passed, Occurred: Micros(now), Assessed: Micros(now)}}, now); err != nil {
 		t.Fatal(err)
 	}
-	mark, err := store.Seal(ctx)
+	mark, err := store.Seal(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func TestAdversaryWaitEndsByTheDeadline(t *testing.T) {
 			if _, err := store.Apply(ctx, obs, now); err != nil {
 				t.Fatal(err)
 			}
-			mark, err := store.Seal(ctx)
+			mark, err := store.Seal(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,7 +225,7 @@ func TestAdversaryWaitAcrossAMovedSlot(t *testing.T) {
 				if _, err := store.Apply(ctx, obs, now); err != nil {
 					t.Fatal(err)
 				}
-				mark, err := store.Seal(ctx)
+				mark, err := store.Seal(ctx, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

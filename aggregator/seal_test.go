@@ -9,7 +9,7 @@ import (
 
 func TestSealAndVerifyDetectLostWrites(t *testing.T) {
 	ctx := context.Background()
-	seal := func(s *Redis) (int64, error) { return s.Seal(ctx) }
+	seal := func(s *Redis) (int64, error) { return s.Seal(ctx, nil) }
 	tests := []struct {
 		name string
 		// run seals and verifies as a consumer does, then loses writes by setting the mark back
@@ -96,7 +96,7 @@ func TestSealAndVerifyDetectLostWrites(t *testing.T) {
 func TestCloseRemovesTheMark(t *testing.T) {
 	ctx := context.Background()
 	store, client := testStore(t, "sealclose", RedisConfig{Retention: time.Hour})
-	store.Seal(ctx)
+	store.Seal(ctx, nil)
 	if n := client.Exists(ctx, store.sealKey).Val(); n != 1 {
 		t.Fatalf("mark missing after seal")
 	}
@@ -156,11 +156,11 @@ func TestCheckOffsetsFindsCommittedWorkLostAcrossProcesses(t *testing.T) {
 	// and a new process b (whose own marks prove nothing) takes over the partition.
 	ctx := context.Background()
 	a, client := testStore(t, "offsets", RedisConfig{Retention: time.Hour, Group: "g|1"})
-	m1, _ := a.Seal(ctx)
+	m1, _ := a.Seal(ctx, nil)
 	if err := a.Verify(ctx, m1, Offsets{"in": {0: 10}}); err != nil {
 		t.Fatal(err)
 	}
-	m2, _ := a.Seal(ctx)
+	m2, _ := a.Seal(ctx, nil)
 	if err := a.Verify(ctx, m2, Offsets{"in": {0: 20, 1: 7}}); err != nil {
 		t.Fatal(err)
 	}

@@ -66,11 +66,11 @@ func (s *adv10Store) Apply(ctx context.Context, obs []aggregator.Observation, at
 	return s.gateStore.Apply(ctx, obs, at)
 }
 
-func (s *adv10Store) Seal(ctx context.Context) (int64, error) {
+func (s *adv10Store) Seal(ctx context.Context, _ aggregator.Offsets) (int64, error) {
 	s.mu.Lock()
 	s.seals++
 	s.mu.Unlock()
-	return s.gateStore.Seal(ctx)
+	return s.gateStore.Seal(ctx, nil)
 }
 
 func (s *adv10Store) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {

@@ -127,7 +127,7 @@ func (s deepStore) Apply(ctx context.Context, obs []aggregator.Observation, at t
 	return s.r.model.Apply(ctx, obs, at)
 }
 
-func (s deepStore) Seal(ctx context.Context) (int64, error) {
+func (s deepStore) Seal(ctx context.Context, _ aggregator.Offsets) (int64, error) {
 	if s.r.hit("seal", deepOffset(ctx)) {
 		return 0, fmt.Errorf("%w: injected", aggregator.ErrWritesLost)
 	}

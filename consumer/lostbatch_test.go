@@ -74,12 +74,12 @@ type crashingStore struct {
 	beforeSeal func()
 }
 
-func (s *crashingStore) Seal(ctx context.Context) (int64, error) {
+func (s *crashingStore) Seal(ctx context.Context, _ aggregator.Offsets) (int64, error) {
 	if f := s.beforeSeal; f != nil {
 		s.beforeSeal = nil
 		f()
 	}
-	return s.Store.Seal(ctx)
+	return s.Store.Seal(ctx, nil)
 }
 
 type crashingSuites struct {

@@ -19,10 +19,11 @@ import (
 // tallies. Applying the same observations again must change nothing; aggregator.Redis is one.
 type Store interface {
 	Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error)
-	// Seal ends a batch and returns its mark: it fails with aggregator.ErrWritesLost when the
+	// Seal ends a batch and returns its mark, recording the batch's offsets (the next offset of
+	// each partition it read) beside its work: it fails with aggregator.ErrWritesLost when the
 	// store lost writes it acknowledged for earlier batches, and with aggregator.ErrStateLost when
 	// the loss reaches a mark that Verify confirmed.
-	Seal(ctx context.Context) (int64, error)
+	Seal(ctx context.Context, offsets aggregator.Offsets) (int64, error)
 	// Verify confirms, right before a commit is queued, that the store still holds every write up to
 	// the batch of mark upTo, with the same errors as Seal, and records the offsets about to be
 	// committed beside the state.
@@ -314,13 +315,26 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 		}})
 	}
 	stages = append(stages, stage{"seal", func(ctx context.Context) error {
-		mark, err := p.store.Seal(ctx)
+		mark, err := p.store.Seal(ctx, nextOffsets(b.msgs))
 		if err == nil {
 			b.mark = mark
 		}
 		return durability(err)
 	}})
 	return p.run(ctx, stages)
+}
+
+// nextOffsets returns the next offset to consume of each partition of msgs.
+func nextOffsets(msgs []kafka.Message) aggregator.Offsets {
+	offsets := make(aggregator.Offsets)
+	for i := range msgs {
+		m := &msgs[i]
+		if offsets[m.Topic] == nil {
+			offsets[m.Topic] = make(map[int]int64)
+		}
+		offsets[m.Topic][m.Partition] = max(offsets[m.Topic][m.Partition], m.Offset+1)
+	}
+	return offsets
 }
 
 // Publish gets the batch's outputs acknowledged: dead letters, snapshots, suite outputs and

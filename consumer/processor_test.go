@@ -28,6 +28,7 @@ type flakyStore struct {
 	fails   int
 	calls   int
 	model   *aggregator.Model
+	sealed  aggregator.Offsets // the offsets of the last Seal
 }
 
 func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
@@ -38,7 +39,10 @@ func (s *flakyStore) Apply(ctx context.Context, obs []aggregator.Observation, at
 	return s.model.Apply(ctx, obs, at)
 }
 
-func (s *flakyStore) Seal(ctx context.Context) (int64, error) { return 1, s.sealErr }
+func (s *flakyStore) Seal(ctx context.Context, offsets aggregator.Offsets) (int64, error) {
+	s.sealed = offsets
+	return 1, s.sealErr
+}
 
 func (s *flakyStore) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {
 	return s.sealErr
@@ -105,6 +109,10 @@ func TestProcessorHandle(t *testing.T) {
 	}
 	if store.calls != 3 {
 		t.Fatalf("store called %d times, want 2 failures and 1 success", store.calls)
+	}
+	// The seal records the next offset of every partition the batch read, dead letters included.
+	if got := fmt.Sprint(store.sealed); got != "map[in:map[0:12 1:8]]" {
+		t.Fatalf("sealed offsets %s, want in/0 12 and in/1 8", got)
 	}
 	if dlq.sends != 1 || len(dlq.dls) != 1 || dlq.dls[0].Reason != schemas.ReasonUndecodable {
 		t.Fatalf("dead letters sent %d times: %+v", dlq.sends, dlq.dls)

@@ -79,7 +79,7 @@ func TestReadersBesideBatchesCauseNoRewind(t *testing.T) {
 		if _, err := suites.Apply(ctx, readSideRuns(k, v), t0); err != nil {
 			t.Fatalf("batch %d: apply: %v", v, err)
 		}
-		mark, err := rates.Seal(ctx)
+		mark, err := rates.Seal(ctx, nil)
 		if err != nil {
 			t.Fatalf("batch %d: seal beside readers: %v", v, err)
 		}

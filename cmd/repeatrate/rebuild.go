@@ -230,7 +230,7 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 				}
 				// A Redis that lost writes of an earlier batch fails here or in the next apply.
 				var err error
-				mark, err = store.Seal(ctx)
+				mark, err = store.Seal(ctx, nil)
 				inPart += len(batch)
 				prog.set(int64(total+inPart), doneBefore+batch[len(batch)-1].Offset+1)
 				return err

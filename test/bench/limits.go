@@ -108,7 +108,7 @@ func (e *env) redisOnly(ctx context.Context, in *input) (float64, error) {
 		if _, err := store.Apply(ctx, obs[i:min(i+batch, len(obs))], now); err != nil {
 			return 0, err
 		}
-		if _, err := store.Seal(ctx); err != nil {
+		if _, err := store.Seal(ctx, nil); err != nil {
 			return 0, err
 		}
 	}

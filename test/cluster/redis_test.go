@@ -95,7 +95,7 @@ func TestRedisClusterMatchesModel(t *testing.T) {
 				t.Fatalf("batch %d, observation %d: redis %v, model %v", b, i, got.Outcomes[i], o)
 			}
 		}
-		m, err := store.Seal(ctx)
+		m, err := store.Seal(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +169,7 @@ func shardFailover(t *testing.T, when failoverAt) {
 	if err := apply(0); err != nil {
 		t.Fatal(err)
 	}
-	m1, err := store.Seal(ctx)
+	m1, err := store.Seal(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func shardFailover(t *testing.T, when failoverAt) {
 		t.Fatal(err)
 	}
 	if when >= beforeCommit {
-		m, err := store.Seal(ctx)
+		m, err := store.Seal(ctx, nil)
 		if err != nil {
 			t.Fatalf("seal before the failover: %v", err)
 		}
@@ -239,7 +239,7 @@ func shardFailover(t *testing.T, when failoverAt) {
 	var lost error
 	switch when {
 	case beforeSeal:
-		lost = until(t, "seal", func() error { _, err := store.Seal(ctx); return err })
+		lost = until(t, "seal", func() error { _, err := store.Seal(ctx, nil); return err })
 	case beforeCommit, afterWaitingCommit:
 		lost = until(t, "verify", func() error { return store.Verify(ctx, 2, nil) })
 	case afterCommit:
@@ -248,7 +248,7 @@ func shardFailover(t *testing.T, when failoverAt) {
 			if err := apply(2); err != nil {
 				return err
 			}
-			_, err := store.Seal(ctx)
+			_, err := store.Seal(ctx, nil)
 			return err
 		})
 		if !errors.Is(lost, aggregator.ErrStateLost) {
@@ -263,7 +263,7 @@ func shardFailover(t *testing.T, when failoverAt) {
 	if err := until(t, "apply again", func() error { return apply(1) }); err != nil {
 		t.Fatal(err)
 	}
-	m, err := store.Seal(ctx)
+	m, err := store.Seal(ctx, nil)
 	if err != nil {
 		t.Fatalf("seal after applying again: %v", err)
 	}
@@ -322,7 +322,7 @@ func TestVerifyWaitsForTheReplicaOfEveryShard(t *testing.T) {
 		}
 		b++
 		var m int64
-		if err := until(t, "seal", func() (err error) { m, err = store.Seal(ctx); return err }); err != nil {
+		if err := until(t, "seal", func() (err error) { m, err = store.Seal(ctx, nil); return err }); err != nil {
 			t.Fatal(err)
 		}
 		return m
