@@ -82,6 +82,10 @@ type ProcessorConfig struct {
 	RetryMin, RetryMax time.Duration
 	// Suite configures suite discrimination and stability.
 	Suite suite.Config
+	// Receipt is the clock events are judged "from the future" against (docs/semantics.md:
+	// receipt time); nil uses the processor's clock. `run` passes a ReceiptClock, which a wall
+	// clock stepped back does not turn back.
+	Receipt func() time.Time
 }
 
 // Validate fills defaults.
@@ -185,6 +189,9 @@ func (p *Processor) Handle(ctx context.Context, msgs []kafka.Message) error {
 // writes nothing outside the process.
 func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 	recv := p.now()
+	if p.cfg.Receipt != nil {
+		recv = p.cfg.Receipt()
+	}
 	b := &Batch{msgs: msgs, obs: make([]aggregator.Observation, 0, len(msgs))}
 	seen := make(map[[2]string]struct{}, len(msgs))
 	// Events counted by type per batch, not per event: a labelled counter hashes its labels on

@@ -17,7 +17,7 @@ import (
 // own: fully acknowledged (RequireAll), each message naming its input topic, its record limit the
 // one every writer of the process has. closeWriter waits a while for the writes in flight, then
 // flushes and closes the writer.
-func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, reg prometheus.Registerer,
+func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, receipt func() time.Time, reg prometheus.Registerer,
 	log *zap.Logger) (h *ingest.Handler, closeWriter func() error, err error) {
 	live, eval := cfg.ingestTopics()
 	w := kc.writer(live)
@@ -29,7 +29,7 @@ func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.D
 	h, err = ingest.New(ingest.Config{LiveTopic: live, EvalTopic: eval, Tokens: tokens,
 		MaxBodyBytes: int64(cfg.HTTP.IngestMaxBodyBytes), RecordLimit: w.BatchBytes, WriteTimeout: 10 * time.Second,
 		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes), SingleAttempt: true,
-		Registerer: reg}, dec, w, time.Now, log)
+		Registerer: reg}, dec, w, receipt, log)
 	if err != nil {
 		w.Close()
 		return nil, nil, err

@@ -172,7 +172,10 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	// processor's path (README, Read side).
 	catalog := sink.NewCatalog(rdb, cfg.Redis.KeyPrefix, cfg.Retention)
 	recorder := sink.NewRecorder(sink.NewKafka(snapWriter, suiteWriter, alertWriter), catalog, reg, log.Named("readside"))
-	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: st.suiteCfg}, st.decoder, st.rates, st.suites,
+	// One receipt clock for the processor and the ingest: a wall clock stepped back does not make
+	// either judge valid events "from the future".
+	receipt := consumer.NewReceiptClock()
+	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Suite: st.suiteCfg, Receipt: receipt.Now}, st.decoder, st.rates, st.suites,
 		recorder,
 		consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Client: kc.client(), Topic: cfg.Kafka.DLQTopic}).
 			WithRecordLimit(int(dlqWriter.BatchBytes)), time.Now, log.Named("processor"), metrics)
@@ -199,7 +202,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		if tokens.Len() == 0 {
 			log.Warn("no http tokens configured: the read API and pages refuse every request (README, Read side)")
 		}
-		ing, closeIngest, err := newIngest(cfg, kc, tokens, st.decoder, reg, log.Named("ingest"))
+		ing, closeIngest, err := newIngest(cfg, kc, tokens, st.decoder, receipt.Now, reg, log.Named("ingest"))
 		if err != nil {
 			return err
 		}
