@@ -209,7 +209,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	run := func() ([]redis.Cmder, error) {
 		token := func() {}
 		defer func() { token() }()
-		return r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		return r.cfg.Pending.Writer(r.client).Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				p.Get(ctx, EpochKey(r.cfg.Prefix))
 			}
@@ -493,11 +493,12 @@ var ErrWritesLost = errors.New("redis lost acknowledged writes")
 // hash slot that shard serves (the chain follows the slot through a failover). The pipelines that
 // write tokens must not overlap; the processor runs them one after another in its Apply stage.
 type Pending struct {
-	mu     sync.Mutex
-	id     string
-	n      int64
-	tags   []string          // hash tags of the token keys ever used, "marks" first
-	chains map[string]*chain // by hash tag
+	mu      sync.Mutex
+	id      string
+	n       int64
+	tags    []string          // hash tags of the token keys ever used, "marks" first
+	chains  map[string]*chain // by hash tag
+	writers map[redis.UniversalClient]redis.UniversalClient
 }
 
 // chain is the token state of one token key.
@@ -514,6 +515,45 @@ func NewPending() *Pending {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return &Pending{id: hex.EncodeToString(b), tags: []string{marksTag}, chains: map[string]*chain{}}
+}
+
+// Writer returns the client the pipelines that write a batch and its tokens run on: c itself, or
+// on Redis Cluster a client with c's options that follows no MOVED or ASK redirect. go-redis
+// re-sends a redirected command after the rest of its pipeline, so a write moved by a reshard or
+// a failover landed on its new shard after that pipeline's token writes — outside what any token
+// vouches for, and a failover of that shard could lose it unseen. Refused instead, the pipeline
+// fails and the batch is applied again, idempotently, against the new slot map (for a slot still
+// migrating, once it has moved). The clients live as long as the process; CloseWriters ends them.
+func (t *Pending) Writer(c redis.UniversalClient) redis.UniversalClient {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return c
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if w, ok := t.writers[c]; ok {
+		return w
+	}
+	opt := *cc.Options()
+	opt.MaxRedirects = -1
+	w := redis.NewClusterClient(&opt)
+	if t.writers == nil {
+		t.writers = make(map[redis.UniversalClient]redis.UniversalClient)
+	}
+	t.writers[c] = w
+	return w
+}
+
+// CloseWriters closes the clients Writer made.
+func (t *Pending) CloseWriters() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var errs []error
+	for c, w := range t.writers {
+		errs = append(errs, w.Close())
+		delete(t.writers, c)
+	}
+	return errors.Join(errs...)
 }
 
 func (t *Pending) key(prefix, tag string) string { return prefix + ":{" + tag + "}:pending:" + t.id }
@@ -573,10 +613,14 @@ func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix
 }
 
 // Append adds the write of the next token to pipeline p for every shard that keys (the keys the
-// pipeline writes) live on; it must come after every other write of the pipeline. Once the
+// pipeline writes) live on; it must come after every other write of the pipeline, and p must be a
+// pipeline of t.Writer(c). Once the
 // pipeline has run, whatever its error, call the returned function: it checks the tokens the
 // writes replaced.
 func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.Pipeliner, prefix string, keys []string) func() {
+	// The shards as the client that runs the pipeline maps them (Writer): its writes and tokens
+	// then go to the same primaries.
+	c = t.Writer(c)
 	t.mu.Lock()
 	t.n++
 	next := strconv.FormatInt(t.n, 10)
@@ -950,7 +994,9 @@ func (r *Redis) lost(found string, want, own int64) error {
 	return fmt.Errorf("%w: batch mark is %d, want %d", ErrWritesLost, n, want)
 }
 
-// Close removes this process's batch mark and pending tokens. It does not close the client.
+// Close removes this process's batch mark and pending tokens and closes the write clients of its
+// Pending (Pending.Writer), which the suite store shares: call it once both stores are done. It
+// does not close the client.
 func (r *Redis) Close(ctx context.Context) error {
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
@@ -971,7 +1017,7 @@ func (r *Redis) Close(ctx context.Context) error {
 		}
 		return nil
 	})
-	return err
+	return errors.Join(err, t.CloseWriters())
 }
 
 // ErrEvicting means Redis may evict keys when it runs out of memory. Every key of an aggregate

@@ -458,7 +458,11 @@ func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Ke
 		cmds := make([]*redis.Cmd, len(suites))
 		checkToken := func() {}
 		defer func() { checkToken() }()
-		_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		client := r.client
+		if token && r.cfg.Pending != nil {
+			client = r.cfg.Pending.Writer(client) // aggregator.Pending.Writer: no redirected write outside a token
+		}
+		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
 			}
