@@ -25,3 +25,7 @@ func newTestRedis(t testing.TB, client *redis.Client, name string, cfg Config) *
 	}
 	return store
 }
+
+// testVersions is how many versions' keys a test declares when it calls suite.lua itself: more
+// than any test's suite has.
+const testVersions = 64

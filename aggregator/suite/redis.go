@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,9 +50,99 @@ return ttl`)
 // tag {s|<suite id>} (the keys are described in suite.lua), updated by one idempotent script call
 // per suite and batch that costs what the batch changes, not what the suite holds.
 type Redis struct {
-	client redis.UniversalClient
-	cfg    aggregator.RedisConfig
-	suite  Config
+	client   redis.UniversalClient
+	cfg      aggregator.RedisConfig
+	suite    Config
+	versions versionIDs
+}
+
+// versionIDs remembers the greatest version id of each suite the script reported, so that a call
+// declares the keys of every version without reading them first (suite.lua, Keys). A suite not
+// remembered, or one that gained versions meanwhile, costs one more call: the script answers
+// with the number it needs. Bounded: past maxRemembered suites it starts over.
+type versionIDs struct {
+	mu sync.Mutex
+	n  map[Key]int
+}
+
+const maxRemembered = 1 << 16
+
+func (v *versionIDs) get(k Key) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.n[k]
+}
+
+func (v *versionIDs) set(k Key, n int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.n == nil || len(v.n) >= maxRemembered {
+		v.n = make(map[Key]int)
+	}
+	v.n[k] = n
+}
+
+// fixedKeys are the suffixes of a suite's keys after B..'r' and B..'rv', in suite.lua's order.
+var fixedKeys = [...]string{"vo", "vi", "vx", "c", "m", "d", "rl", "pa"}
+
+// scriptKeys returns the keys a call of suite.lua on suite k declares: the fixed ones, then those
+// of version ids 1 to the greatest the store remembers plus one for each version label of args
+// (which the call may create).
+func (r *Redis) scriptKeys(k Key, args []any) []string {
+	return r.scriptKeysOf(k, r.versions.get(k)+versionLabels(args))
+}
+
+// scriptKeysOf returns the keys of suite k that suite.lua declares for version ids 1 to v.
+func (r *Redis) scriptKeysOf(k Key, v int) []string {
+	runsKey, annKey := r.keys(k)
+	b := strings.TrimSuffix(runsKey, "r")
+	keys := make([]string, 0, 2+len(fixedKeys)+3*v)
+	keys = append(keys, runsKey, annKey)
+	for _, f := range fixedKeys {
+		keys = append(keys, b+f)
+	}
+	for id := 1; id <= v; id++ {
+		n := strconv.Itoa(id)
+		keys = append(keys, b+"h"+n, b+"i"+n, b+"x"+n)
+	}
+	return keys
+}
+
+// versionLabels counts the distinct version labels of a call's arguments (suite.lua, ARGV).
+func versionLabels(args []any) int {
+	if len(args) <= headArgs {
+		return 0
+	}
+	t, _ := args[headArgs].(int)
+	seen := map[string]bool{}
+	for j := headArgs + 1; j < headArgs+1+3*t && j < len(args); j += 3 {
+		seen[fmt.Sprint(args[j])] = true
+	}
+	for j := headArgs + 1 + 3*t; j < len(args); j += groupWidth {
+		seen[fmt.Sprint(args[j])] = true
+	}
+	return len(seen)
+}
+
+// declaredTooFew reads a reply of suite.lua that declined the call, having written nothing,
+// because it declared the keys of fewer versions than the suite has or the call may create:
+// the number it needs.
+func declaredTooFew(reply any) (int, bool) {
+	top, ok := reply.([]any)
+	if !ok || len(top) != 2 || top[0] != "v" {
+		return 0, false
+	}
+	n, ok := top[1].(int64)
+	return int(n), ok
+}
+
+// rememberVersions keeps the greatest version id a reply of suite.lua reports.
+func (r *Redis) rememberVersions(k Key, reply any) {
+	if top, ok := reply.([]any); ok && len(top) == 6 {
+		if n, ok := top[5].(int64); ok {
+			r.versions.set(k, int(n))
+		}
+	}
 }
 
 // NewRedis returns a suite store on client; cfg.IdleTTL drops a suite (its runs and its
@@ -419,9 +510,9 @@ func (c *Companion) Queue(ctx context.Context, p redis.Pipeliner) []string {
 	c.cmds = make([]*redis.Cmd, len(c.e.suites))
 	written := make([]string, len(c.e.suites))
 	for n, k := range c.e.suites {
-		runsKey, annKey := c.r.keys(k)
-		c.cmds[n] = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, c.e.args[k]...)
-		written[n] = runsKey
+		keys := c.r.scriptKeys(k, c.e.args[k])
+		c.cmds[n] = suiteScript.EvalSha(ctx, p, keys, c.e.args[k]...)
+		written[n] = keys[0]
 	}
 	return written
 }
@@ -429,12 +520,23 @@ func (c *Companion) Queue(ctx context.Context, p redis.Pipeliner) []string {
 // Finish implements aggregator.Companion.
 func (c *Companion) Finish() error {
 	replies := make([]any, len(c.cmds))
+	var declined []string
 	for n, cmd := range c.cmds {
 		v, err := cmd.Result()
 		if err != nil {
 			return fmt.Errorf("apply runs of %s: %w", c.e.suites[n].ID(), err)
 		}
+		if need, ok := declaredTooFew(v); ok {
+			c.r.versions.set(c.e.suites[n], need)
+			declined = append(declined, c.e.suites[n].ID())
+			continue
+		}
+		c.r.rememberVersions(c.e.suites[n], v)
 		replies[n] = v
+	}
+	if len(declined) > 0 {
+		// Nothing of theirs was written; the batch is applied again with their versions' keys.
+		return fmt.Errorf("apply runs: suites %q have versions this store did not know of: apply the batch again", declined)
 	}
 	a, err := c.e.applied(replies)
 	c.Applied = a
@@ -453,6 +555,44 @@ func (c *Companion) Load(ctx context.Context) error {
 // and returns each call's reply. A batch's call (token true) ends with the write of the next
 // pending token, which the processor's Seal checks; a read leaves the chain alone (Read).
 func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Key) []any) ([]any, error) {
+	out := make([]any, len(suites))
+	todo := make([]Key, len(suites))
+	copy(todo, suites)
+	at := make([]int, len(suites)) // the index in suites of each of todo
+	for i := range at {
+		at[i] = i
+	}
+	for try := 0; len(todo) > 0; try++ {
+		if try == maxDeclined {
+			return nil, fmt.Errorf("suites %v keep gaining versions faster than the store learns of them: try again", todo)
+		}
+		replies, err := r.callOnce(ctx, todo, token, args)
+		if err != nil {
+			return nil, err
+		}
+		var again []Key
+		var againAt []int
+		for n, k := range todo {
+			if need, ok := declaredTooFew(replies[n]); ok {
+				// Declined, nothing written: called again with every version's keys.
+				r.versions.set(k, need)
+				again, againAt = append(again, k), append(againAt, at[n])
+				continue
+			}
+			r.rememberVersions(k, replies[n])
+			out[at[n]] = replies[n]
+		}
+		todo, at = again, againAt
+	}
+	return out, nil
+}
+
+// maxDeclined bounds the calls of one suite that the script declines for want of declared
+// versions: the second has every version the first found.
+const maxDeclined = 4
+
+// callOnce is one round of call.
+func (r *Redis) callOnce(ctx context.Context, suites []Key, token bool, args func(Key) []any) ([]any, error) {
 	var epoch *redis.StringCmd
 	run := func() ([]*redis.Cmd, error) {
 		cmds := make([]*redis.Cmd, len(suites))
@@ -467,8 +607,8 @@ func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Ke
 				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
 			}
 			for n, k := range suites {
-				runsKey, annKey := r.keys(k)
-				cmds[n] = suiteScript.EvalSha(ctx, p, []string{runsKey, annKey}, args(k)...)
+				a := args(k)
+				cmds[n] = suiteScript.EvalSha(ctx, p, r.scriptKeys(k, a), a...)
 			}
 			if token && r.cfg.Pending != nil {
 				// After the writes: Seal checks it (aggregator.Pending).
@@ -546,8 +686,8 @@ func (r *Redis) Read(ctx context.Context, k Key, at time.Time) (*Summary, error)
 // parseSummary reads one reply of suite.lua: the outcome codes and the suite's summary.
 func parseSummary(k Key, reply any) (string, *Summary, error) {
 	top, ok := reply.([]any)
-	// Four parts from a script older than snapshot versions (the tests compare with one).
-	if !ok || (len(top) != 5 && len(top) != 4) {
+	// Six parts; four or five from the older scripts the tests compare with.
+	if !ok || len(top) < 4 || len(top) > 6 {
 		return "", nil, fmt.Errorf("suite script of %s returned %T", k.ID(), reply)
 	}
 	codes, _ := top[0].(string)
@@ -601,7 +741,7 @@ func parseSummary(k Key, reply any) (string, *Summary, error) {
 		s.Versions = append(s.Versions, v)
 	}
 	slices.SortFunc(s.Versions, func(a, b VersionSummary) int { return strings.Compare(a.Version, b.Version) })
-	if len(top) == 5 {
+	if len(top) >= 5 {
 		sv, err := replyInt(top[4])
 		if err != nil {
 			return "", nil, bad("snapshot version", top[4])

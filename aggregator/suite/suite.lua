@@ -5,7 +5,15 @@
 -- before it (a greater version_seq for one of them) or moves the first judged version
 -- (judge_last_versions > 0): then the discrimination counts are recomputed over every case.
 --
--- Keys (one hash tag; B is KEYS[1] without its last letter):
+-- Keys (one hash tag; B is KEYS[1] without its last letter). Every key the script touches is
+-- declared, so that on Redis Cluster a slot being migrated never runs it on a half-moved suite
+-- (Redis checks only declared keys: it answers ASK or TRYAGAIN until the slot has moved): KEYS[1]
+-- B..'r', KEYS[2] B..'rv', KEYS[3..10] B..'vo', 'vi', 'vx', 'c', 'm', 'd', 'rl', 'pa', then
+-- B..'h'..id, B..'i'..id, B..'x'..id for every version id from 1 to some V. Before any write the
+-- script checks that V covers every version id the suite has and the call may create (one per
+-- version label of its runs not yet known); when not, it returns {'v', the least V that does},
+-- writing nothing, and the caller calls again with that many.
+--
 --   B..'r'   hash  "<vid>|<case>|<block>" -> the stored runs of that cell whose run_index div 16 is
 --                  block, each "<run_index> <assessed> <seq> <flags>;" (flags as in ARGV), in the
 --                  order they were first stored: what the re-assessment rule compares and what a
@@ -44,8 +52,8 @@
 -- <failed> <errored> <block>", the bitmap of their indexes and the record B..'m' holds of a cell
 -- of just those runs (else '' three times): a cell that did not exist takes those as they are,
 -- with its block's value the entries, and no run is looked at one by one. Returns {codes (one
--- per run, in argument order), discrimination, revived, versions, snapshot version} (see
--- Redis.Apply in redis.go).
+-- per run, in argument order), discrimination, revived, versions, snapshot version, the greatest
+-- version id} (see Redis.Apply in redis.go).
 
 -- Globals the loops use, read once: a global is a table lookup by name on every use, a local a
 -- register.
@@ -86,6 +94,28 @@ local function hsetAll(key, fs, t)
     for j = i, min(i + CHUNK - 1, #fs) do args[#args + 1] = fs[j]; args[#args + 1] = t[fs[j]] end
     call('HSET', key, unpack(args))
   end
+end
+
+-- Declared versions: see Keys above. Nothing is written before this check.
+do
+  local declared = (#KEYS - 10) / 3
+  local need = tonumber(call('HGET', D, 'vn') or '0')
+  if anyRuns then
+    local seen, labels = {}, {}
+    for j = TOTALS, FIRST - 1, 3 do
+      local l = ARGV[j]
+      if not seen[l] then seen[l] = true; labels[#labels + 1] = l end
+    end
+    for b = FIRST, nargs, GROUP do
+      local l = ARGV[b]
+      if not seen[l] then seen[l] = true; labels[#labels + 1] = l end
+    end
+    local ids = hmget(VI, labels)
+    for j = 1, #labels do
+      if not ids[j] then need = need + 1 end
+    end
+  end
+  if need > declared then return { 'v', need } end
 end
 
 -- Versions --------------------------------------------------------------------------------------
@@ -783,4 +813,4 @@ end
 -- (and separator) onto a registry of 5 120 slots, which a call of 2 560 runs overflowed.
 local outcomes = concat(out, '', 1, min(#out, 1000))
 for i = 1001, #out, 1000 do outcomes = outcomes .. concat(out, '', i, min(i + 999, #out)) end
-return { outcomes, disc, revived, vs, fmt('%d', sv) }
+return { outcomes, disc, revived, vs, fmt('%d', sv), tonumber(call('HGET', D, 'vn') or '0') }
