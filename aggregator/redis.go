@@ -739,7 +739,7 @@ func (t *Pending) confirm(snap map[string]int64) {
 // order. When the mark it replaced is the expected one (or there is none to expect), it also
 // records the batch's offsets, raising each partition's and never lowering it.
 // KEYS[1] batch mark, KEYS[2] pending token, KEYS[3] recorded commits; ARGV[1] the next mark,
-// ARGV[2] the expected mark ('' on a process's first seal), then field, offset pairs.
+// ARGV[2] the expected mark (empty on a process's first seal), then field, offset pairs.
 var sealScript = redis.NewScript(`
 local prev = redis.call('GET', KEYS[1]) or ''
 redis.call('SET', KEYS[1], ARGV[1])
