@@ -239,7 +239,39 @@ func (g *Group) runGeneration(ctx context.Context, gen *kafka.Generation) {
 			gen.Start(func(gctx context.Context) { g.fetch(gctx, topic, a, msgs) })
 		}
 	}
-	gen.Start(func(gctx context.Context) { g.batches(ctx, gctx, gen.ID, gen, msgs) })
+	gen.Start(func(gctx context.Context) { g.consume(ctx, gctx, gen.ID, gen, msgs) })
+}
+
+// consume runs the generation's batch loop, then settles its output writes before the member may
+// rejoin.
+func (g *Group) consume(ctx, gctx context.Context, genID int32, gen committer, msgs <-chan kafka.Message) {
+	g.batches(ctx, gctx, genID, gen, msgs)
+	g.settle(genID)
+}
+
+// settler is a Handler whose output writes can outlive the publish that started them (a stage
+// timeout stops the wait, not kafka-go's write): Processor, on sink.Kafka.
+type settler interface {
+	Settle(ctx context.Context) error
+}
+
+// settle waits, before the member rejoins and its partitions go to another, until every output
+// write of the generation has ended: a snapshot whose publish timed out would otherwise land after
+// the new owner's newer one, and compaction keep the older. The wait is bounded by half the
+// rebalance timeout, within which the group waits for this member; past it the late writes are
+// logged and counted (repeatrate_unsettled_handovers_total).
+func (g *Group) settle(genID int32) {
+	s, ok := g.handler.(settler)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RebalanceTimeout/2)
+	defer cancel()
+	if err := s.Settle(ctx); err != nil {
+		g.metrics.UnsettledHandovers.Inc()
+		g.log.Error("output writes still running as the partitions are handed over: a snapshot may land after the next owner's",
+			zap.Int32("generation", genID), zap.Error(err))
+	}
 }
 
 func (g *Group) fetch(gctx context.Context, topic string, a kafka.PartitionAssignment, out chan<- kafka.Message) {

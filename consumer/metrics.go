@@ -24,8 +24,10 @@ type Metrics struct {
 	Retries      *prometheus.CounterVec   // retried batch stages by stage
 	Commits      *prometheus.CounterVec   // offset commits by result
 	Rewinds      *prometheus.CounterVec   // times the batches in flight were dropped to be consumed again, by reason
-	Lag          *prometheus.GaugeVec     // messages behind the high-water mark by topic and partition
-	LastEvent    *prometheus.GaugeVec     // unix time of the newest message processed, by topic
+	// UnsettledHandovers counts generations that ended with output writes still running.
+	UnsettledHandovers prometheus.Counter
+	Lag                *prometheus.GaugeVec // messages behind the high-water mark by topic and partition
+	LastEvent          *prometheus.GaugeVec // unix time of the newest message processed, by topic
 }
 
 // NewMetrics registers the consumer's series on reg.
@@ -77,6 +79,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Rewinds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "repeatrate_rewinds_total", Help: "Times the batches in flight and pending commit were dropped, to be consumed again from the committed offsets, by reason: writes_lost (Redis lost acknowledged writes), state_lost (it lost committed work: the processor stops), error (a stage failed).",
 		}, []string{"reason"}),
+		UnsettledHandovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "repeatrate_unsettled_handovers_total", Help: "Generations that ended, their partitions going to the next owner, while output writes whose publish timed out were still running (past half the rebalance timeout): a snapshot may have landed after the next owner's.",
+		}),
 		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "repeatrate_consumer_lag_messages", Help: "Messages behind the partition's high-water mark after the last batch.",
 		}, []string{"topic", "partition"}),
@@ -86,7 +91,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Events, m.DeadLetters, m.Outcomes, m.RunOutcomes, m.Alerts, m.Transport, m.BatchSize, m.BatchSeconds,
-			m.StageSeconds, m.StepSeconds, m.InFlight, m.Retries, m.Commits, m.Rewinds, m.Lag, m.LastEvent)
+			m.StageSeconds, m.StepSeconds, m.InFlight, m.Retries, m.Commits, m.Rewinds, m.UnsettledHandovers, m.Lag, m.LastEvent)
 	}
 	return m
 }

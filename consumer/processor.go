@@ -344,6 +344,15 @@ func nextOffsets(msgs []kafka.Message) aggregator.Offsets {
 	return offsets
 }
 
+// Settle waits until every output write the publisher started has ended, when the publisher can
+// tell (sink.Kafka.Settle); the group calls it before it hands its partitions over.
+func (p *Processor) Settle(ctx context.Context) error {
+	if s, ok := p.pub.(interface{ Settle(context.Context) error }); ok {
+		return s.Settle(ctx)
+	}
+	return nil
+}
+
 // Publish gets the batch's outputs acknowledged: dead letters, snapshots, suite outputs and
 // alerts, then marks revived cases announced. Batches must be published in the order they were
 // applied, one at a time: each aggregate's snapshots then reach Kafka in version order.

@@ -450,6 +450,14 @@ func (r *Recorder) enqueue(j recordJob) {
 	}
 }
 
+// Settle waits for the next publisher's writes, when it has a Settle (Kafka.Settle).
+func (r *Recorder) Settle(ctx context.Context) error {
+	if s, ok := r.next.(interface{ Settle(context.Context) error }); ok {
+		return s.Settle(ctx)
+	}
+	return nil
+}
+
 // Publish publishes through the next publisher, then queues the snapshots for recording.
 func (r *Recorder) Publish(ctx context.Context, snaps []schemas.Snapshot) error {
 	if err := r.next.Publish(ctx, snaps); err != nil {

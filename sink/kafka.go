@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -22,6 +23,7 @@ type MessageWriter interface {
 // snapshot of everything.
 type Kafka struct {
 	snapshots, suites, alerts MessageWriter
+	writes                    inflight
 }
 
 // NewKafka returns a publisher on the three writers.
@@ -29,7 +31,10 @@ func NewKafka(snapshots, suites, alerts MessageWriter) *Kafka {
 	return &Kafka{snapshots: snapshots, suites: suites, alerts: alerts}
 }
 
-func write(ctx context.Context, w MessageWriter, outs []Out) error {
+// write writes outs and returns once they are acknowledged or ctx ends. The write itself is not
+// cancelled with ctx: kafka-go keeps a cancelled write queued and sends it later anyway, so it
+// runs on until the writer ends it, and Settle waits for it.
+func (k *Kafka) write(ctx context.Context, w MessageWriter, outs []Out) error {
 	if len(outs) == 0 {
 		return nil
 	}
@@ -41,10 +46,67 @@ func write(ctx context.Context, w MessageWriter, outs []Out) error {
 			return err
 		}
 	}
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		return fmt.Errorf("publish %d %s events: %w", len(msgs), outs[0].Type, err)
+	done := make(chan error, 1)
+	k.writes.add()
+	go func() {
+		defer k.writes.done()
+		done <- w.WriteMessages(context.WithoutCancel(ctx), msgs...)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("publish %d %s events: %w", len(msgs), outs[0].Type, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("publish %d %s events: stopped waiting (%w); the writer may still deliver them", len(msgs), outs[0].Type, ctx.Err())
 	}
-	return nil
+}
+
+// Settle waits until every write this publisher started has ended, delivered or given up by its
+// writer: the consumer group settles before it hands its partitions over, so that a snapshot it
+// stopped waiting for cannot land on a compacted topic after the new owner's newer one (where
+// compaction would then keep the older). It returns an error when ctx ends first.
+func (k *Kafka) Settle(ctx context.Context) error { return k.writes.wait(ctx) }
+
+// inflight counts running writes.
+type inflight struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to 0
+}
+
+func (f *inflight) add() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		f.zero = make(chan struct{})
+	}
+	f.n++
+}
+
+func (f *inflight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.n == 0 {
+		close(f.zero)
+	}
+}
+
+func (f *inflight) wait(ctx context.Context) error {
+	f.mu.Lock()
+	n, zero := f.n, f.zero
+	f.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	select {
+	case <-zero:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%d kafka writes still running: %w", n, ctx.Err())
+	}
 }
 
 // Publish writes repeat-rate snapshots and returns once all are acknowledged.
@@ -53,17 +115,17 @@ func (k *Kafka) Publish(ctx context.Context, snaps []schemas.Snapshot) error {
 	for i := range snaps {
 		outs[i] = SnapshotOut(&snaps[i])
 	}
-	return write(ctx, k.snapshots, outs)
+	return k.write(ctx, k.snapshots, outs)
 }
 
 // PublishSuites writes suite snapshots to the suite topic and revived and abnormal events to the
 // alerts topic, and returns once all are acknowledged.
 func (k *Kafka) PublishSuites(ctx context.Context, o suite.Output, at time.Time) error {
 	snaps, alerts := SuiteOuts(o, at)
-	if err := write(ctx, k.suites, snaps); err != nil {
+	if err := k.write(ctx, k.suites, snaps); err != nil {
 		return err
 	}
-	return write(ctx, k.alerts, alerts)
+	return k.write(ctx, k.alerts, alerts)
 }
 
 // SuiteOuts renders suite outputs as output events: snapshots, then alerts.
