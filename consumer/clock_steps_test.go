@@ -16,8 +16,9 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// A wall clock stepped back (a minute, an hour) or forward dead-letters no valid event: the
-// receipt time events are judged against never runs back. Each batch carries an event that
+// A wall clock stepped back (a minute, an hour) or forward dead-letters no valid event, counts
+// every valid one once, and leaves the snapshot versions rising: the receipt time events are
+// judged against never runs back, and versions are max(last + 1, observation µs). Each batch carries an event that
 // occurred at the true time (valid, counted) and one a day ahead of it (future_event under every
 // step: the guard still holds). Without the receipt clock, the processor judged against its wall
 // clock, and the events after the backward steps were dead-lettered for good.
@@ -74,6 +75,12 @@ func TestClockStepsDeadLetterNoValidEvent(t *testing.T) {
 	for _, id := range ids {
 		if !strings.Contains(id, `"id":"f`) {
 			t.Errorf("a valid event was dead-lettered: %.120s", id)
+		}
+	}
+	// The aggregate's versions rise with every batch, whichever way its observation time stepped.
+	for i := 1; i < len(pub.snaps); i++ {
+		if pub.snaps[i].Version <= pub.snaps[i-1].Version {
+			t.Fatalf("snapshot %d has version %d after %d: versions must rise across clock steps", i, pub.snaps[i].Version, pub.snaps[i-1].Version)
 		}
 	}
 	last := pub.snaps[len(pub.snaps)-1]

@@ -17,7 +17,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 )
@@ -112,117 +111,17 @@ func comparable(s schemas.Snapshot) string {
 // must equal replay's, and the dead-letter topic must hold exactly the poison.
 func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 	ctx := context.Background()
-	brokers := kafkaCluster(t)
-	redisAddrs := redisCluster(t)
-	script(t, "kafka-cluster.sh", "status") // all three brokers: a kill must leave a quorum
-	name := testenv.Name(t, "cluster")
-
-	gen := synth.New(synth.Config{Seed: 14, Workspaces: 6, Corrections: 4, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.005, EvalShare: 0.3})
-	now := time.Now()
-	var lines [][]byte
-	poison := map[string]int{}
-	for range clusterEvents {
-		l, bad := gen.Line(now)
-		lines = append(lines, l)
-		if bad {
-			poison[string(l)]++
-		}
-	}
-	dir := t.TempDir()
-	file := filepath.Join(dir, "in.ndjson")
-	if err := os.WriteFile(file, append(bytes.Join(lines, []byte("\n")), '\n'), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// The input goes in three parts: before the first kill, while the coordinator is down, while
 	// a partition leader is down.
-	var parts []string
-	for i := range 3 {
-		part := filepath.Join(dir, fmt.Sprintf("part%d.ndjson", i))
-		chunk := lines[i*len(lines)/3 : (i+1)*len(lines)/3]
-		if err := os.WriteFile(part, append(bytes.Join(chunk, []byte("\n")), '\n'), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		parts = append(parts, part)
-	}
-	want := expected(t, file)
-
-	topic := func(s string) string { return name + "." + s }
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}}
-	isr2 := []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: "2"}}
-	var topics []kafka.TopicConfig
-	for _, s := range []string{"in", "snapshots", "suites", "alerts", "dlq"} {
-		parts := 6
-		if s == "dlq" || s == "alerts" {
-			parts = 1
-		}
-		topics = append(topics, kafka.TopicConfig{Topic: topic(s), NumPartitions: parts, ReplicationFactor: 3, ConfigEntries: isr2})
-	}
-	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: topics})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for tp, err := range res.Errors {
-		if err != nil {
-			t.Fatalf("create %s: %v", tp, err)
-		}
-	}
-	produce := func(part string) {
-		t.Helper()
-		if out, err := exec.Command(bin, "produce", "--brokers", strings.Join(brokers, ","), "--topic", topic("in"), "--in", part).CombinedOutput(); err != nil {
-			t.Fatalf("produce: %v: %s", err, out)
-		}
-	}
-	produce(parts[0])
-
-	seen := &latest{by: map[string]schemas.Snapshot{}}
-	rctx, stopReading := context.WithCancel(ctx)
-	defer stopReading()
-	for p := range 6 {
-		go seen.follow(rctx, brokers, topic("snapshots"), p)
-	}
-
-	var procs []*proc
-	t.Cleanup(func() {
-		for _, p := range procs {
-			p.Kill()
-		}
-		if t.Failed() {
-			for _, p := range procs {
-				t.Logf("log of %s:\n%s", p.Name, p.Tail(30))
-			}
-		}
-	})
-	envv := append(os.Environ(),
-		"REPEATRATE_KAFKA_BROKERS="+strings.Join(brokers, ","),
-		"REPEATRATE_KAFKA_GROUP_ID="+name,
-		"REPEATRATE_KAFKA_INPUT_TOPICS="+topic("in"),
-		"REPEATRATE_KAFKA_SNAPSHOT_TOPIC="+topic("snapshots"),
-		"REPEATRATE_KAFKA_SUITE_TOPIC="+topic("suites"),
-		"REPEATRATE_KAFKA_ALERTS_TOPIC="+topic("alerts"),
-		"REPEATRATE_KAFKA_DLQ_TOPIC="+topic("dlq"),
-		"REPEATRATE_KAFKA_SESSION_TIMEOUT=6s",
-		"REPEATRATE_REDIS_ADDRS="+strings.Join(redisAddrs, ","),
-		"REPEATRATE_REDIS_KEY_PREFIX="+name,
-		"REPEATRATE_LOG_LEVEL=info",
-		// Many batches while the faults come: the default bound (16 000) would take a part of the
-		// input in one or two.
-		"REPEATRATE_BATCH_MAX_MESSAGES=2000",
-	)
-	for i := range 3 {
-		cmd := exec.Command(bin, "run", "--http-addr=")
-		cmd.Env = envv
-		p, err := testenv.StartProc(fmt.Sprintf("run-%d", i), cmd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, p)
-	}
+	s := newScenario(t, 14, clusterEvents, 3)
+	s.produce(0)
+	s.start(3)
 
 	// Kill a broker once the processors are under way, wait until no partition of the input has
 	// it as leader, feed the next part, wait until the processors publish again, bring it back.
-	kill := func(what string, find func() (int, error), part string) {
+	kill := func(what string, find func() (int, error), part int) {
 		t.Helper()
-		seen.await(t, 100, 2*time.Minute)
+		s.await(100, 2*time.Minute)
 		var id int
 		var err error
 		for try := 0; try < 100; try++ {
@@ -234,7 +133,7 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 		if err != nil {
 			t.Fatalf("find the %s: %v", what, err)
 		}
-		t.Logf("SIGKILL broker %d (%s) after %d snapshots", id, what, seen.count())
+		t.Logf("SIGKILL broker %d (%s) after %d snapshots", id, what, s.seen.count())
 		back := false
 		defer func() {
 			if !back { // the test failed on the way: leave the cluster whole for the next test
@@ -244,15 +143,15 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 		if err := syscall.Kill(brokerPid(t, id), syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		awaitLeadersOff(t, client, topic("in"), id)
-		before := seen.count()
-		produce(part)
-		seen.await(t, before+100, 2*time.Minute)
+		awaitLeadersOff(t, s.client, s.topic("in"), id)
+		before := s.seen.count()
+		s.produce(part)
+		s.await(before+100, 2*time.Minute)
 		script(t, "kafka-cluster.sh", "start-node", strconv.Itoa(id))
 		back = true
 	}
 	kill("group coordinator", func() (int, error) {
-		coord, err := client.FindCoordinator(ctx, &kafka.FindCoordinatorRequest{Key: name, KeyType: kafka.CoordinatorKeyTypeConsumer})
+		coord, err := s.client.FindCoordinator(ctx, &kafka.FindCoordinatorRequest{Key: s.name, KeyType: kafka.CoordinatorKeyTypeConsumer})
 		if err == nil && coord.Error != nil {
 			err = coord.Error
 		}
@@ -260,33 +159,16 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 			return 0, err
 		}
 		return coord.Coordinator.NodeID, nil
-	}, parts[1])
-	awaitLeadersBalanced(t, client, topic("in"))
-	kill("leader of "+topic("in")+"/0", func() (int, error) {
-		meta, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic("in")}})
+	}, 1)
+	awaitLeadersBalanced(t, s.client, s.topic("in"))
+	kill("leader of "+s.topic("in")+"/0", func() (int, error) {
+		meta, err := s.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{s.topic("in")}})
 		if err != nil {
 			return 0, err
 		}
 		return meta.Topics[0].Partitions[0].Leader.ID, nil
-	}, parts[2])
-
-	deadline := time.Now().Add(4 * time.Minute)
-	for {
-		ok, why := seen.equal(want)
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshots did not converge to replay: %s", why)
-		}
-		for _, p := range procs {
-			if err, exited := p.Wait(0); exited {
-				t.Fatalf("%s exited: %v", p.Name, err)
-			}
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	checkDeadLetters(t, brokers, topic("dlq"), poison)
+	}, 2)
+	s.converge(4 * time.Minute)
 }
 
 // awaitLeadersOff waits until no partition of topic is led by broker id (the controller fenced it).

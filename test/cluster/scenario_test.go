@@ -32,6 +32,37 @@ type scenario struct {
 	seen       *latest
 	procs      []*proc
 	env        []string // added to the processors' environment
+
+	// The read side, busy throughout: every processor serves it, and readers loop on its suite
+	// pages, suite API and SSE catch-ups beside the batches.
+	readers *testenv.Readers
+	addrs   []string
+	// mayLoseWrites says the scenario makes Redis lose acknowledged writes; in any other, a
+	// processor that finds writes lost (and rewinds) fails the test.
+	mayLoseWrites bool
+}
+
+// checkBusyReadSide requires that the readers read suites, and, unless the scenario loses writes
+// on purpose, that no processor found writes lost.
+func (s *scenario) checkBusyReadSide() {
+	s.t.Helper()
+	if s.readers == nil {
+		return
+	}
+	if n := s.readers.SuiteAnswers.Load(); n == 0 {
+		s.t.Fatalf("the busy readers got no suite answer in %d requests: the read side was not exercised", s.readers.Requests.Load())
+	}
+	if !s.mayLoseWrites {
+		for _, p := range s.procs {
+			out := string(p.Output())
+			for _, loss := range []string{"redis lost acknowledged writes", "committed work was lost"} {
+				if strings.Contains(out, loss) {
+					s.t.Fatalf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
+				}
+			}
+		}
+	}
+	s.t.Logf("read side busy: %d requests, %d suite answers", s.readers.Requests.Load(), s.readers.SuiteAnswers.Load())
 }
 
 // newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
@@ -137,8 +168,14 @@ func (s *scenario) start(n int) {
 		"REPEATRATE_BATCH_MAX_MESSAGES=2000",
 	)
 	envv = append(envv, s.env...)
+	workspaces := testenv.Workspaces(6)
 	for i := range n {
-		cmd := exec.Command(bin, "run", "--http-addr=")
+		args, addr, err := testenv.ReadSideArgs(workspaces)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		s.addrs = append(s.addrs, addr)
+		cmd := exec.Command(bin, append([]string{"run"}, args...)...)
 		cmd.Env = envv
 		p, err := testenv.StartProc(fmt.Sprintf("run-%d", i), cmd)
 		if err != nil {
@@ -146,6 +183,13 @@ func (s *scenario) start(n int) {
 		}
 		s.procs = append(s.procs, p)
 	}
+	var suites []testenv.SuiteRef
+	for _, w := range workspaces {
+		suites = append(suites, testenv.SuiteRef{Workspace: w, Suite: "regressions"})
+	}
+	addrs := s.addrs
+	s.readers = testenv.StartReaders(3, func() []string { return addrs }, suites)
+	s.t.Cleanup(s.readers.Stop)
 }
 
 // alive fails the test when a processor has exited: they must run through every fault.
@@ -189,6 +233,7 @@ func (s *scenario) converge(within time.Duration) {
 	}
 	s.alive()
 	checkDeadLetters(s.t, s.brokers, s.topic("dlq"), s.poison)
+	s.checkBusyReadSide()
 }
 
 // awaitCommitted waits until the group committed the end of every input partition.

@@ -82,6 +82,7 @@ func TestKafkaRestart(t *testing.T) {
 func TestRedisCrash(t *testing.T) {
 	needScripts(t, "redis.sh")
 	s := newScenario(t)
+	s.mayLoseWrites = true // AOF everysec: a SIGKILL loses up to a second of writes
 	s.start()
 	for i := 0; i < 2; i++ {
 		time.Sleep(2 * time.Second)
@@ -97,6 +98,7 @@ func TestRedisCrash(t *testing.T) {
 // Scenario 5: Redis loses everything; the processor stops with a clear error; rebuild recovers.
 func TestRedisStateLostAndRebuild(t *testing.T) {
 	s := newScenario(t)
+	s.mayLoseWrites = true
 	p := s.start()
 	// The restart below must find committed work gone: wait for a commit rather than a time that
 	// a slow machine may not have committed within (it then rightly starts fresh).

@@ -165,6 +165,53 @@ type scenario struct {
 	cancel  context.CancelFunc
 	stopped chan struct{} // closed when the snapshot reader returns
 	readErr error         // why it returned, once stopped is closed
+
+	// The read side, busy throughout: every processor start() runs serves it, and readers loop
+	// on its suite pages, suite API and SSE catch-ups beside the batches.
+	readers *testenv.Readers
+	mu      sync.Mutex
+	addrs   map[*proc]string
+	// mayLoseWrites says the scenario makes Redis lose acknowledged writes; any other scenario
+	// in which a processor finds writes lost (and rewinds) fails.
+	mayLoseWrites bool
+}
+
+// suiteWorkspaces are the workspaces of the generated input; its eval results are all of the
+// suite "regressions".
+var suiteWorkspaces = testenv.Workspaces(6)
+
+// liveAddrs returns the read-side addresses of the processors still running.
+func (s *scenario) liveAddrs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for p, a := range s.addrs {
+		if _, exited := p.Wait(0); !exited {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// checkBusyReadSide requires that the readers read suites, and, unless the scenario loses
+// writes on purpose, that no processor found writes lost: a rewind without a loss is a failure.
+func (s *scenario) checkBusyReadSide() {
+	s.t.Helper()
+	if n := s.readers.SuiteAnswers.Load(); n == 0 {
+		s.t.Fatalf("the busy readers got no suite answer in %d requests: the read side was not exercised", s.readers.Requests.Load())
+	}
+	if s.mayLoseWrites {
+		return
+	}
+	for _, p := range s.procs {
+		out := string(p.Output())
+		for _, loss := range []string{"redis lost acknowledged writes", "committed work was lost"} {
+			if strings.Contains(out, loss) {
+				s.t.Fatalf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
+			}
+		}
+	}
+	s.t.Logf("read side busy: %d requests, %d suite answers, no rewind for lost writes", s.readers.Requests.Load(), s.readers.SuiteAnswers.Load())
 }
 
 func newScenario(t *testing.T) *scenario {
@@ -200,7 +247,14 @@ func newScenario(t *testing.T) *scenario {
 	tctx, cancel := context.WithCancel(ctx)
 	s.cancel, s.stopped = cancel, make(chan struct{})
 	go func() { s.readErr = s.seen.follow(tctx, s.brokers, s.topic("snapshots")); close(s.stopped) }()
+	var suites []testenv.SuiteRef
+	for _, w := range suiteWorkspaces {
+		suites = append(suites, testenv.SuiteRef{Workspace: w, Suite: "regressions"})
+	}
+	s.addrs = map[*proc]string{}
+	s.readers = testenv.StartReaders(3, s.liveAddrs, suites)
 	t.Cleanup(func() {
+		s.readers.Stop()
 		for _, p := range s.procs {
 			p.Kill()
 		}
@@ -233,8 +287,19 @@ func (s *scenario) env() []string {
 	)
 }
 
-// start runs one more processor.
-func (s *scenario) start() *proc { return s.startArgs("run", "--http-addr=") }
+// start runs one more processor, its read side served for the busy readers.
+func (s *scenario) start() *proc {
+	s.t.Helper()
+	args, addr, err := testenv.ReadSideArgs(suiteWorkspaces)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	p := s.startArgs(append([]string{"run"}, args...)...)
+	s.mu.Lock()
+	s.addrs[p] = addr
+	s.mu.Unlock()
+	return p
+}
 
 // startArgs runs the binary with args and the scenario's configuration.
 func (s *scenario) startArgs(args ...string) *proc {
@@ -284,6 +349,7 @@ func (s *scenario) converge(within time.Duration) {
 	for {
 		ok, why := s.seen.equal(s.in.expected)
 		if ok {
+			s.checkBusyReadSide()
 			return
 		}
 		if time.Now().After(deadline) {

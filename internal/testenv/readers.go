@@ -1,0 +1,126 @@
+package testenv
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ReadToken is the bearer token of the busy readers; ReadSideArgs grants it read permission.
+const ReadToken = "rr-test-busy-reader-0123456789"
+
+// ReadSideArgs returns the flags of `run` that serve the read side on a free local port for
+// ReadToken in workspaces, with a rate limit the readers do not reach, and the address.
+func ReadSideArgs(workspaces []string) (args []string, addr string, err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	addr = l.Addr().String()
+	l.Close()
+	sum := sha256.Sum256([]byte(ReadToken))
+	grants := make([]string, len(workspaces))
+	for i, w := range workspaces {
+		grants[i] = w + "=read"
+	}
+	return []string{"--http-addr=" + addr, "--http-tokens=busy:" + hex.EncodeToString(sum[:]) + ":" + strings.Join(grants, ","),
+		"--http-rate-limit=100000"}, addr, nil
+}
+
+// SuiteRef names a suite the busy readers read.
+type SuiteRef struct{ Workspace, Suite string }
+
+// Readers keep the read side of processors busy beside their batches, as dashboards do: each
+// loops over the processors' addresses and the suites, reading the suite page, the suite API
+// (discrimination, stability) and an SSE catch-up (/v1/stream?suite=…, read for a moment). The
+// suite reads go through the same suite store as the processor's batches.
+type Readers struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// Requests and SuiteAnswers count what was sent and the suite API's 200 answers.
+	Requests, SuiteAnswers atomic.Int64
+}
+
+// StartReaders starts n readers on the processors addrs returns (asked again each round: the
+// scenario starts and kills processors) and the suites. Stop ends them.
+func StartReaders(n int, addrs func() []string, suites []SuiteRef) *Readers {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Readers{cancel: cancel}
+	client := &http.Client{Timeout: 5 * time.Second}
+	for i := range n {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			for round := i; ctx.Err() == nil; round++ {
+				as := addrs()
+				if len(as) == 0 || len(suites) == 0 {
+					sleep(ctx, 100*time.Millisecond)
+					continue
+				}
+				addr, s := as[round%len(as)], suites[round%len(suites)]
+				q := url.Values{"workspace": {s.Workspace}, "suite": {s.Suite}}.Encode()
+				for _, path := range []string{"/v1/suites/discrimination", "/v1/suites/stability", "/ui/suite"} {
+					if code := r.get(ctx, client, "http://"+addr+path+"?"+q, 0); code == http.StatusOK && strings.HasPrefix(path, "/v1/") {
+						r.SuiteAnswers.Add(1)
+					}
+				}
+				r.get(ctx, client, "http://"+addr+"/v1/stream?"+q+"&last_event_id=0", 200*time.Millisecond)
+				sleep(ctx, 10*time.Millisecond)
+			}
+		}()
+	}
+	return r
+}
+
+// get sends one request and reads the answer, for at most within when not zero (a stream).
+func (r *Readers) get(ctx context.Context, client *http.Client, u string, within time.Duration) int {
+	if within > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, within)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0
+	}
+	req.Header.Set("Authorization", "Bearer "+ReadToken)
+	r.Requests.Add(1)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// Stop ends the readers and waits for them.
+func (r *Readers) Stop() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// Workspaces returns the names ws-0 … ws-(n-1), as the synthetic generator names them.
+func Workspaces(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "ws-" + strconv.Itoa(i)
+	}
+	return out
+}
