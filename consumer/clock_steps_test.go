@@ -102,9 +102,9 @@ func TestReceiptClockNeverRunsBack(t *testing.T) {
 	}{
 		{now, 0, now},
 		{now.Add(time.Second), time.Second, now.Add(time.Second)},
-		{now.Add(-time.Hour), 2 * time.Second, now.Add(2 * time.Second)},           // stepped back an hour
+		{now.Add(-time.Hour), 2 * time.Second, now.Add(2 * time.Second)},               // stepped back an hour
 		{now.Add(-time.Hour + time.Second), 3 * time.Second, now.Add(3 * time.Second)}, // still back
-		{now.Add(time.Hour), 4 * time.Second, now.Add(time.Hour)},                    // stepped forward: followed
+		{now.Add(time.Hour), 4 * time.Second, now.Add(time.Hour)},                      // stepped forward: followed
 	} {
 		wallAt, mono = s.wall, s.mono
 		if got := c.Now(); !got.Equal(s.want) {

@@ -107,7 +107,10 @@ func (s *gateStore) Apply(ctx context.Context, obs []aggregator.Observation, at 
 	return a, err
 }
 
-func (s *gateStore) Seal(context.Context, aggregator.Offsets) (int64, error) { s.mark++; return s.mark, nil }
+func (s *gateStore) Seal(context.Context, aggregator.Offsets) (int64, error) {
+	s.mark++
+	return s.mark, nil
+}
 
 func (s *gateStore) Verify(_ context.Context, upTo int64, commit aggregator.Offsets) error {
 	if upTo > 0 && s.behind > 0 {
