@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
@@ -123,4 +124,25 @@ func Workspaces(n int) []string {
 		out[i] = "ws-" + strconv.Itoa(i)
 	}
 	return out
+}
+
+// Check fails t when the readers got no suite answer (the read side was not exercised), or,
+// unless mayLoseWrites (the scenario makes Redis lose acknowledged writes on purpose), when a
+// processor's log says it found writes lost: a rewind without a loss is a failure.
+func (r *Readers) Check(t testing.TB, procs []*Proc, mayLoseWrites bool) {
+	t.Helper()
+	if n := r.SuiteAnswers.Load(); n == 0 {
+		t.Fatalf("the busy readers got no suite answer in %d requests: the read side was not exercised", r.Requests.Load())
+	}
+	if !mayLoseWrites {
+		for _, p := range procs {
+			out := string(p.Output())
+			for _, loss := range []string{"redis lost acknowledged writes", "committed work was lost"} {
+				if strings.Contains(out, loss) {
+					t.Fatalf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
+				}
+			}
+		}
+	}
+	t.Logf("read side busy: %d requests, %d suite answers", r.Requests.Load(), r.SuiteAnswers.Load())
 }

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -45,80 +44,16 @@ func TestRedirectedWriteIsAppliedAgainUnderItsShardsToken(t *testing.T) {
 	}
 
 	key := prefix + ":{" + aggKey(0).String() + "}:s"
-	slot, err := c.ClusterKeySlot(ctx, key).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := c.MasterForKey(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodes, err := clusterNodes(ctx, src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var from, to node
-	var primaries []node
-	for _, n := range nodes {
-		if !n.primary {
-			continue
-		}
-		primaries = append(primaries, n)
-		if n.addr == src.Options().Addr {
-			from = n
-		} else if to.id == "" {
-			to = n
-		}
-	}
-	if from.id == "" || to.id == "" {
-		t.Fatalf("no source and target among %+v", nodes)
-	}
-	dst := redis.NewClient(&redis.Options{Addr: to.addr})
-	defer dst.Close()
-	setSlot := func(n node, args ...any) error {
-		nc := redis.NewClient(&redis.Options{Addr: n.addr})
-		defer nc.Close()
-		return nc.Do(ctx, append([]any{"CLUSTER", "SETSLOT", slot}, args...)...).Err()
-	}
-	// Whatever happens below, the slot ends on one node, stable.
-	migrated := false
-	t.Cleanup(func() {
-		owner := from
-		if migrated {
-			owner = to
-		}
-		for _, n := range primaries {
-			setSlot(n, "NODE", owner.id)
-		}
-	})
-	if err := setSlot(to, "IMPORTING", from.id); err != nil {
-		t.Fatal(err)
-	}
-	if err := setSlot(from, "MIGRATING", to.id); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), 10000).Result()
+	move := startSlotMove(t, c, key)
+	keys, err := move.src.ClusterGetKeysInSlot(ctx, int(move.slot), 10000).Result()
 	if err != nil || len(keys) == 0 {
-		t.Fatalf("keys of slot %d: %v %v", slot, keys, err)
+		t.Fatalf("keys of slot %d: %v %v", move.slot, keys, err)
 	}
-	host, port, _ := net.SplitHostPort(to.addr)
-	args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	if err := src.Do(ctx, args...).Err(); err != nil {
-		t.Fatalf("migrate %d keys: %v", len(keys), err)
-	}
-	migrated = true
-
-	for _, n := range primaries {
-		if err := setSlot(n, "NODE", to.id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	move.migrate(keys...)
+	move.finish()
 	// The slot is the target's; the store's client still maps it to the source.
 	if _, err := apply(1); err == nil || !strings.Contains(err.Error(), "MOVED") {
-		t.Fatalf("a batch whose write was redirected (MOVED) to %s: %v; want it refused, not written after its pipeline's tokens", to.addr, err)
+		t.Fatalf("a batch whose write was redirected (MOVED) to %s: %v; want it refused, not written after its pipeline's tokens", move.to.addr, err)
 	}
 	// Applied again, as the processor's stage retries it, once the client follows the new map.
 	var got aggregator.Applied
@@ -138,9 +73,11 @@ func TestRedirectedWriteIsAppliedAgainUnderItsShardsToken(t *testing.T) {
 	if err := until(t, "verify", func() error { return store.Verify(ctx, m, nil) }); err != nil {
 		t.Fatal(err)
 	}
+	dst := redis.NewClient(&redis.Options{Addr: move.to.addr})
+	defer dst.Close()
 	tokens, err := dst.Keys(ctx, prefix+":{*}:pending:*").Result()
 	if err != nil || len(tokens) == 0 {
-		t.Fatalf("no pending token of this process on %s, the aggregate's shard now: %v %v", to.addr, tokens, err)
+		t.Fatalf("no pending token of this process on %s, the aggregate's shard now: %v %v", move.to.addr, tokens, err)
 	}
-	t.Logf("slot %d (%d keys) moved from %s to %s; tokens there: %s", slot, len(keys), from.addr, to.addr, fmt.Sprint(tokens))
+	t.Logf("slot %d (%d keys) moved from %s to %s; tokens there: %s", move.slot, len(keys), move.from.addr, move.to.addr, fmt.Sprint(tokens))
 }

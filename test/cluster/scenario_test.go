@@ -42,29 +42,6 @@ type scenario struct {
 	mayLoseWrites bool
 }
 
-// checkBusyReadSide requires that the readers read suites, and, unless the scenario loses writes
-// on purpose, that no processor found writes lost.
-func (s *scenario) checkBusyReadSide() {
-	s.t.Helper()
-	if s.readers == nil {
-		return
-	}
-	if n := s.readers.SuiteAnswers.Load(); n == 0 {
-		s.t.Fatalf("the busy readers got no suite answer in %d requests: the read side was not exercised", s.readers.Requests.Load())
-	}
-	if !s.mayLoseWrites {
-		for _, p := range s.procs {
-			out := string(p.Output())
-			for _, loss := range []string{"redis lost acknowledged writes", "committed work was lost"} {
-				if strings.Contains(out, loss) {
-					s.t.Fatalf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
-				}
-			}
-		}
-	}
-	s.t.Logf("read side busy: %d requests, %d suite answers", s.readers.Requests.Load(), s.readers.SuiteAnswers.Load())
-}
-
 // newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
 // whole, creates the topics and starts following the snapshot topic.
 func newScenario(t *testing.T, seed uint64, events, nparts int) *scenario {
@@ -233,7 +210,7 @@ func (s *scenario) converge(within time.Duration) {
 	}
 	s.alive()
 	checkDeadLetters(s.t, s.brokers, s.topic("dlq"), s.poison)
-	s.checkBusyReadSide()
+	s.readers.Check(s.t, s.procs, s.mayLoseWrites)
 }
 
 // awaitCommitted waits until the group committed the end of every input partition.

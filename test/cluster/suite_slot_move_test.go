@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"reflect"
 	"strings"
 	"testing"
@@ -91,69 +90,13 @@ func TestSuiteIsNotAppliedOnAHalfMovedSlot(t *testing.T) {
 	if base == "" {
 		t.Fatalf("no runs hash among %q", keys)
 	}
-	slot, err := c.ClusterKeySlot(ctx, base+"r").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := c.MasterForKey(ctx, base+"r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := clusterNodes(ctx, src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var from, to node
-	var primaries []node
-	for _, n := range all {
-		if !n.primary {
-			continue
-		}
-		primaries = append(primaries, n)
-		if n.addr == src.Options().Addr {
-			from = n
-		} else if to.id == "" {
-			to = n
-		}
-	}
-	dst := redis.NewClient(&redis.Options{Addr: to.addr})
+	move := startSlotMove(t, c, base+"r")
+	src := move.src
+	dst := redis.NewClient(&redis.Options{Addr: move.to.addr})
 	defer dst.Close()
-	setSlot := func(n node, args ...any) error {
-		nc := redis.NewClient(&redis.Options{Addr: n.addr})
-		defer nc.Close()
-		return nc.Do(ctx, append([]any{"CLUSTER", "SETSLOT", slot}, args...)...).Err()
-	}
-	migrated := false
-	t.Cleanup(func() {
-		owner := from
-		if migrated {
-			owner = to
-		}
-		for _, n := range primaries {
-			setSlot(n, "NODE", owner.id)
-		}
-	})
-	if err := setSlot(to, "IMPORTING", from.id); err != nil {
-		t.Fatal(err)
-	}
-	if err := setSlot(from, "MIGRATING", to.id); err != nil {
-		t.Fatal(err)
-	}
-	migrate := func(keys ...string) {
-		t.Helper()
-		host, port, _ := net.SplitHostPort(to.addr)
-		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		if err := src.Do(ctx, args...).Err(); err != nil {
-			t.Fatalf("migrate %q: %v", keys, err)
-		}
-		migrated = true
-	}
 	// Half moved: the sums of the first version, which the batch does not touch but whose expiry
 	// it refreshes last, are on the target.
-	migrate(base + "h1")
+	move.migrate(base + "h1")
 	dump := func() map[string]string {
 		out := map[string]string{}
 		for _, n := range []*redis.Client{src, dst} {
@@ -189,12 +132,8 @@ func TestSuiteIsNotAppliedOnAHalfMovedSlot(t *testing.T) {
 			rest = append(rest, key)
 		}
 	}
-	migrate(rest...)
-	for _, n := range primaries {
-		if err := setSlot(n, "NODE", to.id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	move.migrate(rest...)
+	move.finish()
 	var got suite.Applied
 	if err := until(t, "batch after the move", func() (err error) { got, err = apply(third); return err }); err != nil {
 		t.Fatal(err)
@@ -205,5 +144,5 @@ func TestSuiteIsNotAppliedOnAHalfMovedSlot(t *testing.T) {
 	if !reflect.DeepEqual(g, w) {
 		t.Fatalf("after the move the suite is\n%+v\nthe model's\n%+v", g, w)
 	}
-	t.Logf("slot %d moved from %s to %s in two steps; %d keys", slot, from.addr, to.addr, len(keys))
+	t.Logf("slot %d moved from %s to %s in two steps; %d keys", move.slot, move.from.addr, move.to.addr, len(keys))
 }

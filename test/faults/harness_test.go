@@ -193,27 +193,6 @@ func (s *scenario) liveAddrs() []string {
 	return out
 }
 
-// checkBusyReadSide requires that the readers read suites, and, unless the scenario loses
-// writes on purpose, that no processor found writes lost: a rewind without a loss is a failure.
-func (s *scenario) checkBusyReadSide() {
-	s.t.Helper()
-	if n := s.readers.SuiteAnswers.Load(); n == 0 {
-		s.t.Fatalf("the busy readers got no suite answer in %d requests: the read side was not exercised", s.readers.Requests.Load())
-	}
-	if s.mayLoseWrites {
-		return
-	}
-	for _, p := range s.procs {
-		out := string(p.Output())
-		for _, loss := range []string{"redis lost acknowledged writes", "committed work was lost"} {
-			if strings.Contains(out, loss) {
-				s.t.Fatalf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
-			}
-		}
-	}
-	s.t.Logf("read side busy: %d requests, %d suite answers, no rewind for lost writes", s.readers.Requests.Load(), s.readers.SuiteAnswers.Load())
-}
-
 func newScenario(t *testing.T) *scenario {
 	t.Helper()
 	s := &scenario{t: t, name: testenv.Name(t, "fault"), brokers: testenv.KafkaBrokers(t), redis: testenv.RedisAddr(t)}
@@ -349,7 +328,7 @@ func (s *scenario) converge(within time.Duration) {
 	for {
 		ok, why := s.seen.equal(s.in.expected)
 		if ok {
-			s.checkBusyReadSide()
+			s.readers.Check(s.t, s.procs, s.mayLoseWrites)
 			return
 		}
 		if time.Now().After(deadline) {
