@@ -89,9 +89,20 @@ func (m *slotMove) migrate(keys ...string) {
 	m.migrated = true
 }
 
-// finish assigns the slot to the target on every primary.
+// finish migrates what the source still holds of the slot and assigns the slot to the target on
+// every primary.
 func (m *slotMove) finish() {
 	m.t.Helper()
+	for {
+		keys, err := m.src.ClusterGetKeysInSlot(context.Background(), int(m.slot), 1000).Result()
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		m.migrate(keys...)
+	}
 	for _, n := range m.primaries {
 		if err := m.setSlot(n, "NODE", m.to.id); err != nil {
 			m.t.Fatal(err)
