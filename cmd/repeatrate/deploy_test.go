@@ -167,6 +167,14 @@ func TestDeployFilesUseKnownSettings(t *testing.T) {
 			}
 		}
 	}
+	// Kafka has no authentication in compose: published even on loopback, any local user could
+	// write any workspace past the ingest's tokens.
+	if ps := list(at(services["kafka"], "ports")); len(ps) > 0 {
+		t.Errorf("compose: Kafka, unauthenticated, is published on %v", ps)
+	}
+	if l, _ := at(services["kafka"], "environment", "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP").(string); strings.Contains(l, "HOST:") {
+		t.Errorf("compose: Kafka keeps a host listener: %s", l)
+	}
 	rr := services["repeatrate"]
 	checkArgs(t, "compose repeatrate", list(at(rr, "command")), flags)
 	renv, _ := at(rr, "environment").(map[string]any)
