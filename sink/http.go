@@ -171,6 +171,11 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		mux.Handle("GET /metrics", admin(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 	a.routes(mux)
+	// Any other method: a JSON error like every answer of the API, not the mux's plain text.
+	mux.HandleFunc(IngestPath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "events are sent with POST (README, Ingest over HTTP)", false)
+	})
 	mux.HandleFunc("POST "+IngestPath, func(w http.ResponseWriter, req *http.Request) {
 		if cfg.Ingest == nil {
 			writeError(w, http.StatusNotFound, "HTTP ingest is not enabled on this server", false)

@@ -118,6 +118,7 @@ func TestOpenAPI(t *testing.T) {
 		{"/v1/alerts", "workspace=w", tokenA, 200},
 		{"/v1/alerts", "workspace=w", tokenB, 403},
 		{"/v1/alerts", "workspace=w", "", 401},
+		{IngestPath, "", tokenA, 405},
 		// Answers of the server's own limits, on any route.
 		{"/v1/snapshots", scope + "&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
 		{"/v1/suites", "workspace=w&pad=" + strings.Repeat("x", maxQueryBytes), tokenA, 414},
