@@ -80,6 +80,10 @@ const (
 // binary mode; any other message is tried as a structured event, the form `produce` and most tools
 // write. Every error wraps schemas.ErrInvalid and carries a schemas.Reason.
 func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
+	return textAttributes(d.decode(m, now))
+}
+
+func (d *Decoder) decode(m *kafka.Message, now time.Time) (Event, error) {
 	if size := messageSize(m); size > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "message is %d bytes, limit %d", size, d.cfg.MaxMessageBytes)
 	}
@@ -105,6 +109,10 @@ func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
 // DecodeStructured decodes one structured-mode CloudEvent (a JSON object), as replay and produce
 // read them from NDJSON.
 func (d *Decoder) DecodeStructured(value []byte, now time.Time) (Event, error) {
+	return textAttributes(d.decodeStructured(value, now))
+}
+
+func (d *Decoder) decodeStructured(value []byte, now time.Time) (Event, error) {
 	if len(value) > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "event is %d bytes, limit %d", len(value), d.cfg.MaxMessageBytes)
 	}
@@ -116,6 +124,17 @@ func (d *Decoder) DecodeStructured(value []byte, now time.Time) (Event, error) {
 		return Event{}, err
 	}
 	return d.data(a, now)
+}
+
+// textAttributes refuses an event whose id is not UTF-8 text (bad_cloudevent): CloudEvents
+// attributes are strings, and a raw byte sequence would be written on, into dead letters, answers
+// and logs, where every JSON encoder then changes it. The source is a URI reference, already
+// escaped by its parser; the data's strings are checked by the schemas.
+func textAttributes(ev Event, err error) (Event, error) {
+	if err == nil && !utf8.ValidString(ev.ID) {
+		return Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "id %q is not valid UTF-8 text", clipHeader(ev.ID))
+	}
+	return ev, err
 }
 
 // attributes are what repeatrate reads of a valid CloudEvent. The fast structured path fills them

@@ -48,7 +48,7 @@ func (d *Decoder) refDecode(m *kafka.Message, now time.Time) (Event, error) {
 			return Event{}, err
 		}
 	}
-	return d.refData(a, now)
+	return textAttributes(d.refData(a, now))
 }
 
 // refDecodeStructured (reference) decodes one structured-mode CloudEvent (a JSON object), as replay and produce
@@ -61,7 +61,7 @@ func (d *Decoder) refDecodeStructured(value []byte, now time.Time) (Event, error
 	if err != nil {
 		return Event{}, err
 	}
-	return d.refData(a, now)
+	return textAttributes(d.refData(a, now))
 }
 
 // refData (reference) validates the data of a CloudEvent by its type.
