@@ -254,6 +254,9 @@ func unmarshalObject(data []byte, v any, eval bool) error {
 			return err
 		}
 	}
+	if name, dup := DuplicateMember(data, true); dup {
+		return Invalid(ReasonBadDataFormat, "member %q appears twice in one object: JSON readers disagree on which counts", clip(name))
+	}
 	// goccy/go-json: the same semantics as encoding/json at a fraction of the cost (the decode is
 	// most of the processor's CPU); the fuzz test of the decoder holds it to the same outcomes.
 	if err := fastjson.Unmarshal(data, v); err != nil {
