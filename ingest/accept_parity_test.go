@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/segmentio/kafka-go"
@@ -94,6 +95,17 @@ func TestIngestBatchOfTinyMembers(t *testing.T) {
 		rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: b.Bytes()})
 		if rec.Code != http.StatusRequestEntityTooLarge || rec.Body.Len() > 4*b.Len() || rec.Body.Len() > 1<<12 {
 			t.Errorf("batch of %q: %d, %d bytes answered to %d", member, rec.Code, rec.Body.Len(), b.Len())
+		}
+	}
+	// Small bodies of tiny members: refused whole, the answer within a small multiple of the
+	// request (a result each made 16 KB of "{}" members an 810 KB answer).
+	for _, member := range []string{"{}", "1", `{"id":"x"}`} {
+		for _, n := range []int{2, 100, 8000} {
+			body := []byte("[" + strings.TrimSuffix(strings.Repeat(member+",", n), ",") + "]")
+			rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: body})
+			if rec.Code != http.StatusBadRequest || rec.Body.Len() > 2*len(body)+maxUnfitResults*200 {
+				t.Errorf("%d members %q in %d bytes: %d, answered with %d bytes", n, member, len(body), rec.Code, rec.Body.Len())
+			}
 		}
 	}
 	// The smallest valid events (one-byte identities), as many as the body holds.

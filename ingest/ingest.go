@@ -648,6 +648,14 @@ func (h *Handler) read(w http.ResponseWriter, req *http.Request) (events []pendi
 		if len(members) > h.cfg.MaxEvents {
 			return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the batch holds %d events, at most %d are taken", len(members), h.cfg.MaxEvents)
 		}
+		// More members than the body's bytes could hold as valid events: some are invalid
+		// whatever they say. Past a few dozen (whose results are small whatever they hold) such a
+		// batch is refused whole, without a result each, so that an answer stays within a small
+		// multiple of its request (16 KB of 8 192 members "{}" was answered with 810 KB).
+		if fit := max(1, len(body)/MinEventBytes); len(members) > fit && len(members) > maxUnfitResults {
+			return nil, http.StatusBadRequest, fmt.Sprintf("the batch holds %d members in %d bytes: a valid event takes at least %d bytes, so %d at most fit; "+
+				"some members are not events", len(members), len(body), MinEventBytes, fit)
+		}
 		events = make([]pending, len(members))
 		for i, b := range members {
 			events[i] = pending{msg: structured(b)}
@@ -661,6 +669,10 @@ func (h *Handler) read(w http.ResponseWriter, req *http.Request) (events []pendi
 	}
 	return nil, http.StatusUnsupportedMediaType, unsupported
 }
+
+// maxUnfitResults is how many members a batch too dense to hold valid events may have and still
+// be answered with a result each.
+const maxUnfitResults = 64
 
 var errNotJSON = errors.New("structured event format is not JSON")
 
