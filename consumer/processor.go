@@ -156,6 +156,10 @@ type Batch struct {
 	at      time.Time // observation time of the snapshots
 	out     suite.Output
 	mark    int64 // the store's mark of this batch
+	// applyTries counts the attempts of the apply stage: after a failed one, duplicates may be
+	// that attempt's own work (metric outcome "reapplied").
+	applyTries int
+	suiteTries int // the same for the suite_apply stage (0 when the runs go with the apply stage)
 }
 
 // Messages returns the batch's input messages, valid until its Publish returned (Group reuses the
@@ -276,6 +280,7 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 	suiteOut := func(now time.Time) { b.out = suite.BuildOutput(b.suites, b.runs, p.cfg.Suite, now) }
 	joined := p.joint != nil && b.enc != nil && b.renc != nil
 	stages := []stage{{"apply", func(ctx context.Context) error {
+		b.applyTries++
 		if len(b.obs) == 0 {
 			if len(b.runs) == 0 {
 				return nil
@@ -302,6 +307,7 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 	}}}
 	if !joined {
 		stages = append(stages, stage{"suite_apply", func(ctx context.Context) error {
+			b.suiteTries++
 			if len(b.runs) == 0 {
 				return nil
 			}
@@ -394,10 +400,20 @@ func (p *Processor) Publish(ctx context.Context, b *Batch) error {
 		return err
 	}
 	for _, o := range b.applied.Outcomes {
-		p.metrics.Outcomes.WithLabelValues(o.String()).Inc()
+		label := o.String()
+		if o == aggregator.Duplicate && b.applyTries > 1 {
+			// Applied again after an attempt whose answer was lost: the duplicate may be that
+			// attempt's own work, not an event sent twice.
+			label = "reapplied"
+		}
+		p.metrics.Outcomes.WithLabelValues(label).Inc()
 	}
 	for _, o := range b.suites.Outcomes {
-		p.metrics.RunOutcomes.WithLabelValues(o.String()).Inc()
+		label := o.String()
+		if o == aggregator.Duplicate && (b.suiteTries > 1 || b.suiteTries == 0 && b.applyTries > 1) {
+			label = "reapplied"
+		}
+		p.metrics.RunOutcomes.WithLabelValues(label).Inc()
 	}
 	p.metrics.Alerts.WithLabelValues("revived").Add(float64(len(b.out.Revived)))
 	p.metrics.Alerts.WithLabelValues("abnormal_sample").Add(float64(len(b.out.Abnormal)))

@@ -318,11 +318,17 @@ func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
 		Password:  c.Password,
 		DB:        c.DB,
 		TLSConfig: t,
-		// Retries are safe: the apply script is idempotent.
-		MaxRetries:  5,
+		// Never re-sent blind: a command the client re-sent after a read timeout had usually run
+		// (a batch's pipeline slower than the timeout ran up to six times, its new opportunities
+		// counted as duplicates, Redis doing the most work when it was most loaded). A failed
+		// batch step is retried by the processor, counted (repeatrate_batch_retries_total).
+		MaxRetries:  -1,
 		DialTimeout: 5 * time.Second,
-		// WAIT blocks up to its timeout before it answers.
-		ReadTimeout: max(3*time.Second, c.WaitTimeout+2*time.Second),
+		// Sized to the work: a batch's pipeline may take seconds under load, bounded by the
+		// batch's own deadline (the drain timeout) through ContextTimeoutEnabled; WAIT blocks up
+		// to its timeout before it answers.
+		ReadTimeout:           max(redisReadTimeout, c.WaitTimeout+2*time.Second),
+		ContextTimeoutEnabled: true,
 	}
 	if len(c.Addrs) > 1 {
 		co := opts.Cluster()
@@ -333,6 +339,9 @@ func newRedisClient(c RedisConfig) (redis.UniversalClient, error) {
 	}
 	return redis.NewUniversalClient(opts), nil
 }
+
+// redisReadTimeout bounds a Redis answer when the caller's context has no earlier deadline.
+const redisReadTimeout = 30 * time.Second
 
 // clusterStateReload is how often a Redis Cluster client reads the slot map (CLUSTER SLOTS): the
 // longest a failover stalls the processor beyond the cluster's own detection (node timeout).
