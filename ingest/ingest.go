@@ -294,6 +294,11 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			}
 		}
 		e.msg.Topic, e.res.Topic = topic, topic
+		// Stamped with the receipt time it was judged against: rebuild judges each record against
+		// its timestamp, and the writer's own stamp (the wall clock, possibly stepped back since the
+		// receipt clock last moved) would have it dead-letter, as from the future, an event this
+		// answer accepted.
+		e.msg.Time = now
 		if lim := h.cfg.RecordLimit; lim > 0 && int64(sink.RecordSize(&e.msg)) > lim {
 			e.res.Status, e.res.Reason = StatusInvalid, schemas.ReasonTooLarge
 			e.res.Detail = fmt.Sprintf("the Kafka record would be %d bytes, the input topic takes %d", sink.RecordSize(&e.msg), lim)

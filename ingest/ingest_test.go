@@ -439,6 +439,13 @@ func TestIngestWritesWhatTheProcessorDecodes(t *testing.T) {
 	if !bytes.Equal(w.msgs[1].Value, body) {
 		t.Errorf("structured value %q, want the body %q", w.msgs[1].Value, body)
 	}
+	// Each record is stamped with the receipt time the event was judged against, which rebuild
+	// judges it against again (the writer's own stamp is the wall clock, maybe stepped back since).
+	for i, m := range w.msgs {
+		if !m.Time.Equal(testNow) {
+			t.Errorf("message %d stamped %v, want the receipt time %v", i, m.Time, testNow)
+		}
+	}
 	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
 	for i, id := range []string{"x1", "x2"} {
 		ev, err := dec.Decode(&w.msgs[i], testNow)
