@@ -59,10 +59,11 @@ type Redis struct {
 // versionIDs remembers the greatest version id of each suite the script reported, so that a call
 // declares the keys of every version without reading them first (suite.lua, Keys). A suite not
 // remembered, or one that gained versions meanwhile, costs one more call: the script answers
-// with the number it needs. Bounded: past maxRemembered suites it starts over.
+// with the number it needs. Bounded: past maxRemembered suites, one is forgotten for each new one.
 type versionIDs struct {
-	mu sync.Mutex
-	n  map[Key]int
+	mu    sync.Mutex
+	n     map[Key]int
+	limit int // maxRemembered when 0
 }
 
 const maxRemembered = 1 << 16
@@ -76,8 +77,14 @@ func (v *versionIDs) get(k Key) int {
 func (v *versionIDs) set(k Key, n int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.n == nil || len(v.n) >= maxRemembered {
+	if v.n == nil {
 		v.n = make(map[Key]int)
+	}
+	if _, ok := v.n[k]; !ok && len(v.n) >= cmp.Or(v.limit, maxRemembered) {
+		for old := range v.n { // any one: map order
+			delete(v.n, old)
+			break
+		}
 	}
 	v.n[k] = n
 }
@@ -90,6 +97,11 @@ var fixedKeys = [...]string{"vo", "vi", "vx", "c", "m", "d", "rl", "pa"}
 // (which the call may create).
 func (r *Redis) scriptKeys(k Key, args []any) []string {
 	return r.scriptKeysOf(k, r.versions.get(k)+versionLabels(args))
+}
+
+// scriptKeysAtLeast is scriptKeys declaring at least the versions need says.
+func (r *Redis) scriptKeysAtLeast(k Key, args []any, need int) []string {
+	return r.scriptKeysOf(k, max(need, r.versions.get(k)+versionLabels(args)))
 }
 
 // scriptKeysOf returns the keys of suite k that suite.lua declares for version ids 1 to v.
@@ -562,20 +574,24 @@ func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Ke
 	for i := range at {
 		at[i] = i
 	}
+	// What the script asked for, for this call's next round: the store's memory of it may be
+	// forgotten meanwhile (versionIDs is bounded).
+	need := map[Key]int{}
 	for try := 0; len(todo) > 0; try++ {
 		if try == maxDeclined {
 			return nil, fmt.Errorf("suites %v keep gaining versions faster than the store learns of them: try again", todo)
 		}
-		replies, err := r.callOnce(ctx, todo, token, args)
+		replies, err := r.callOnce(ctx, todo, token, args, need)
 		if err != nil {
 			return nil, err
 		}
 		var again []Key
 		var againAt []int
 		for n, k := range todo {
-			if need, ok := declaredTooFew(replies[n]); ok {
+			if v, ok := declaredTooFew(replies[n]); ok {
 				// Declined, nothing written: called again with every version's keys.
-				r.versions.set(k, need)
+				r.versions.set(k, v)
+				need[k] = v
 				again, againAt = append(again, k), append(againAt, at[n])
 				continue
 			}
@@ -592,7 +608,7 @@ func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Ke
 const maxDeclined = 4
 
 // callOnce is one round of call.
-func (r *Redis) callOnce(ctx context.Context, suites []Key, token bool, args func(Key) []any) ([]any, error) {
+func (r *Redis) callOnce(ctx context.Context, suites []Key, token bool, args func(Key) []any, need map[Key]int) ([]any, error) {
 	var epoch *redis.StringCmd
 	run := func() ([]*redis.Cmd, error) {
 		cmds := make([]*redis.Cmd, len(suites))
@@ -608,7 +624,7 @@ func (r *Redis) callOnce(ctx context.Context, suites []Key, token bool, args fun
 			}
 			for n, k := range suites {
 				a := args(k)
-				cmds[n] = suiteScript.EvalSha(ctx, p, r.scriptKeys(k, a), a...)
+				cmds[n] = suiteScript.EvalSha(ctx, p, r.scriptKeysAtLeast(k, a, need[k]), a...)
 			}
 			if token && r.cfg.Pending != nil {
 				// After the writes: Seal checks it (aggregator.Pending).
