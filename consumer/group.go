@@ -245,8 +245,18 @@ func (g *Group) runGeneration(ctx context.Context, gen *kafka.Generation) {
 // consume runs the generation's batch loop, then settles its output writes before the member may
 // rejoin.
 func (g *Group) consume(ctx, gctx context.Context, genID int32, gen committer, msgs <-chan kafka.Message) {
+	// When the generation ended (a rebalance began): the group waits RebalanceTimeout from then
+	// for this member, the drain included.
+	ended := make(chan time.Time, 1)
+	stop := context.AfterFunc(gctx, func() { ended <- time.Now() })
+	defer stop()
 	g.batches(ctx, gctx, genID, gen, msgs)
-	g.settle(genID)
+	from := time.Now() // the batch loop ended on its own: the generation ends now
+	select {
+	case from = <-ended:
+	default:
+	}
+	g.settle(genID, from)
 }
 
 // settler is a Handler whose output writes can outlive the publish that started them (a stage
@@ -257,15 +267,16 @@ type settler interface {
 
 // settle waits, before the member rejoins and its partitions go to another, until every output
 // write of the generation has ended: a snapshot whose publish timed out would otherwise land after
-// the new owner's newer one, and compaction keep the older. The wait is bounded by half the
-// rebalance timeout, within which the group waits for this member; past it the late writes are
-// logged and counted (repeatrate_unsettled_handovers_total).
-func (g *Group) settle(genID int32) {
+// the new owner's newer one, and compaction keep the older. The wait ends half the rebalance
+// timeout after the generation ended (from, before the drain), within the time the group waits
+// for this member; writes still running then are logged and counted
+// (repeatrate_unsettled_handovers_total).
+func (g *Group) settle(genID int32, from time.Time) {
 	s, ok := g.handler.(settler)
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RebalanceTimeout/2)
+	ctx, cancel := context.WithDeadline(context.Background(), from.Add(g.cfg.RebalanceTimeout/2))
 	defer cancel()
 	if err := s.Settle(ctx); err != nil {
 		g.metrics.UnsettledHandovers.Inc()

@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
@@ -63,5 +64,51 @@ func TestGenerationEndsAfterItsLateWritesSettle(t *testing.T) {
 		if delivered := w.deliveredAt.Sub(start); ended < delivered {
 			t.Fatalf("the generation ended after %v, before the abandoned snapshot landed (%v)", ended, delivered)
 		}
+	})
+}
+
+// The settle wait is bounded from the moment the generation ended, the drain included: the group
+// waits RebalanceTimeout from then for this member, and hands its partitions to others after. A
+// write that lands later than the wait allows is counted (repeatrate_unsettled_handovers_total).
+// Here, with run's defaults (drain and rebalance timeouts 30 s), a rebalance begins while a
+// snapshot's publish waits for a broker that answers after 40 s. Before, settle waited half the
+// rebalance timeout from the end of the drain: the member rejoined 39 s after the rebalance
+// began, and counted nothing.
+func TestSettleEndsWithinTheRebalanceOrIsCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := &slowWriter{delay: 40 * time.Second}
+		p, err := NewProcessor(ProcessorConfig{RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond}, newTestDecoder(t),
+			&flakyStore{model: aggregator.NewModel(30 * 24 * time.Hour)}, suite.NewMemory(suite.Config{}), sink.NewKafka(w, w, w),
+			&recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics := NewMetrics(nil)
+		g, err := NewGroup(GroupConfig{Brokers: []string{"unused"}, GroupID: "g", Topics: []string{"in"}, MaxBatch: 1,
+			Linger: time.Millisecond}, p, zap.NewNop(), metrics)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := make(chan kafka.Message, 1)
+		in <- kafka.Message{Topic: "in", Partition: 0, Offset: 0, Value: []byte(structured)}
+		gctx, rebalance := context.WithCancel(t.Context())
+		defer rebalance()
+		done := make(chan struct{})
+		go func() {
+			g.consume(t.Context(), gctx, 0, nopCommitter{}, in)
+			close(done)
+		}()
+		time.Sleep(time.Second) // the snapshot is being published
+		rebalance()
+		began := time.Now()
+		<-done
+		rejoined := time.Since(began)
+		if rejoined > g.cfg.RebalanceTimeout {
+			t.Errorf("the member rejoined %v after the rebalance began, past the rebalance timeout (%v)", rejoined, g.cfg.RebalanceTimeout)
+		}
+		if n := testutil.ToFloat64(metrics.UnsettledHandovers); n != 1 {
+			t.Errorf("repeatrate_unsettled_handovers_total %v, want 1: the snapshot lands after the member rejoined", n)
+		}
+		time.Sleep(time.Minute) // let the write end, inside the bubble
 	})
 }

@@ -104,6 +104,11 @@ func (f *inflight) wait(ctx context.Context) error {
 	select {
 	case <-zero:
 		return nil
+	default:
+	}
+	select {
+	case <-zero:
+		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("%d kafka writes still running: %w", n, ctx.Err())
 	}
