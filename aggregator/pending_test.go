@@ -19,7 +19,7 @@ func TestPendingTokenWrittenTwiceIsNoLoss(t *testing.T) {
 	testenv.CleanPrefix(t, client, prefix)
 	pend := NewPending()
 	run := func(before func(next string)) error {
-		var done func()
+		var done func() error
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if before != nil {
 				before("2") // the token the second pipeline writes
@@ -30,7 +30,9 @@ func TestPendingTokenWrittenTwiceIsNoLoss(t *testing.T) {
 		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatal(err)
 		}
-		done()
+		if err := done(); err != nil {
+			t.Fatal(err)
+		}
 		return pend.check(marksTag, client.Get(ctx, pend.key(prefix, marksTag)).Val())
 	}
 	if err := run(nil); err != nil {

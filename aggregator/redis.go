@@ -206,9 +206,13 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	markKey, mark := r.sealKey, r.sealSeq
-	run := func() ([]redis.Cmder, error) {
-		token := func() {}
-		defer func() { token() }()
+	run := func() (cmds []redis.Cmder, err error) {
+		token := func() error { return nil }
+		defer func() {
+			if terr := token(); err == nil {
+				err = terr
+			}
+		}()
 		return r.cfg.Pending.Writer(r.client).Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				p.Get(ctx, EpochKey(r.cfg.Prefix))
@@ -617,7 +621,7 @@ func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix
 // pipeline of t.Writer(c). Once the
 // pipeline has run, whatever its error, call the returned function: it checks the tokens the
 // writes replaced.
-func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.Pipeliner, prefix string, keys []string) func() {
+func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.Pipeliner, prefix string, keys []string) func() error {
 	// The shards as the client that runs the pipeline maps them (Writer): its writes and tokens
 	// then go to the same primaries.
 	c = t.Writer(c)
@@ -627,36 +631,90 @@ func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.P
 	tags := t.shardTags(ctx, c, prefix, keys)
 	t.mu.Unlock()
 	cmds := make([]*redis.StatusCmd, len(tags))
+	tokenKeys := make([]string, len(tags))
 	for i, tag := range tags {
-		cmds[i] = p.SetArgs(ctx, t.key(prefix, tag), next, redis.SetArgs{Get: true})
+		tokenKeys[i] = t.key(prefix, tag)
+		cmds[i] = p.SetArgs(ctx, tokenKeys[i], next, redis.SetArgs{Get: true})
 	}
-	return func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		for i, tag := range tags {
-			ch := t.chain(tag)
-			prev, err := cmds[i].Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				// No reply: the write may or may not have run.
-				ch.held = append(ch.held, next)
-				continue
-			}
-			// prev == next: this very write ran before, its reply lost and the pipeline sent
-			// again by the client; the first run replaced a held token (or a loss since then
-			// would have taken next with it), so the chain holds.
-			if prev != next && !slices.Contains(ch.held, prev) {
-				if n, _ := strconv.ParseInt(prev, 10, 64); n < ch.verified {
-					// Committed work is gone, whatever else was found first.
-					ch.broken = fmt.Errorf("%w: redis lost writes that consumer offsets were committed for (pending token of {%s} was %q, confirmed %d); "+
-						"run `repeatrate rebuild`", ErrStateLost, tag, prev, ch.verified)
-				} else if ch.broken == nil {
-					ch.broken = fmt.Errorf("%w: pending token %s of {%s} replaced %q, want one of %q",
-						ErrWritesLost, next, tag, prev, ch.held)
-				}
-			}
-			ch.held = []string{next}
+	// The client reads its slot map again when it runs the pipeline, and may have reloaded it
+	// since the token shards were picked: the owners are compared after it ran.
+	mapped := slices.Concat(keys, tokenKeys)
+	owners := primariesOf(ctx, c, mapped)
+	return func() error {
+		defer t.checkReplaced(tags, cmds, next)
+		if owners == nil {
+			return nil
 		}
+		if now := primariesOf(ctx, c, mapped); !slices.Equal(now, owners) {
+			return fmt.Errorf("%w: the slot map changed while the batch was written, so its writes may have gone where no token of its pipeline did; it is applied again",
+				errMapMoved)
+		}
+		return nil
 	}
+}
+
+// errMapMoved is the error of a batch pipeline whose writes and tokens may have followed different
+// slot maps: the batch is applied again, which is safe.
+var errMapMoved = errors.New("redis cluster slot map moved")
+
+// primariesOf returns the address of the primary serving each key, as c's slot map says now; nil
+// off Redis Cluster, or when the map cannot be read (then shardTags already covered every shard
+// used so far).
+func primariesOf(ctx context.Context, c redis.UniversalClient, keys []string) []string {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return nil
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		m, err := cc.MasterForKey(ctx, k)
+		if err != nil {
+			return nil
+		}
+		out[i] = m.Options().Addr
+	}
+	return out
+}
+
+// checkReplaced checks the tokens the writes of a pipeline replaced (Append).
+func (t *Pending) checkReplaced(tags []string, cmds []*redis.StatusCmd, next string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, tag := range tags {
+		ch := t.chain(tag)
+		prev, err := cmds[i].Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			// No reply: the write may or may not have run.
+			ch.held = append(ch.held, next)
+			continue
+		}
+		// prev == next: this very write ran before, its reply lost and the pipeline sent
+		// again by the client; the first run replaced a held token (or a loss since then
+		// would have taken next with it), so the chain holds.
+		if prev != next && !slices.Contains(ch.held, prev) {
+			if n, _ := strconv.ParseInt(prev, 10, 64); n < ch.verified {
+				// Committed work is gone, whatever else was found first.
+				ch.broken = fmt.Errorf("%w: redis lost writes that consumer offsets were committed for (pending token of {%s} was %q, confirmed %d); "+
+					"run `repeatrate rebuild`", ErrStateLost, tag, prev, ch.verified)
+			} else if ch.broken == nil {
+				ch.broken = fmt.Errorf("%w: pending token %s of {%s} replaced %q, want one of %q",
+					ErrWritesLost, next, tag, prev, ch.held)
+			}
+		}
+		ch.held = []string{next}
+	}
+}
+
+// heldTokens returns the tokens Redis may hold for tag when the chain is intact, none when a
+// pipeline found it broken.
+func (t *Pending) heldTokens(tag string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ch := t.chain(tag)
+	if ch.broken != nil {
+		return nil
+	}
+	return slices.Clone(ch.held)
 }
 
 // check classifies the token found in Redis for tag and makes it the chain's new baseline, so
@@ -736,20 +794,27 @@ func (t *Pending) confirm(snap map[string]int64) {
 
 // sealScript writes the next batch mark and returns the one it replaced with the pending token it
 // found, in one atomic step: a token checked and a mark written are the same moment in Redis's
-// order. When the mark it replaced is the expected one (or there is none to expect), it also
-// records the batch's offsets, raising each partition's and never lowering it.
-// KEYS[1] batch mark, KEYS[2] pending token, KEYS[3] recorded commits; ARGV[1] the next mark,
-// ARGV[2] the expected mark (empty on a process's first seal), then field, offset pairs.
+// order. When the mark it replaced is the expected one (or there is none to expect) and the token
+// is one the batch may have left, it also records the batch's offsets, raising each partition's
+// and never lowering it. KEYS[1] batch mark, KEYS[2] pending token, KEYS[3] recorded commits;
+// ARGV[1] the next mark, ARGV[2] the expected mark (empty on a process's first seal), ARGV[3] the
+// number k of tokens the batch may have left, then those k tokens, then field, offset pairs.
 var sealScript = redis.NewScript(`
 local prev = redis.call('GET', KEYS[1]) or ''
 redis.call('SET', KEYS[1], ARGV[1])
-if ARGV[2] == '' or prev == ARGV[2] then
-  for i = 3, #ARGV, 2 do
+local token = redis.call('GET', KEYS[2]) or ''
+local k = tonumber(ARGV[3])
+local held = false
+for i = 4, 3 + k do
+  if ARGV[i] == token then held = true end
+end
+if held and (ARGV[2] == '' or prev == ARGV[2]) then
+  for i = 4 + k, #ARGV, 2 do
     local cur = tonumber(redis.call('HGET', KEYS[3], ARGV[i]) or '-1')
     if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
   end
 end
-return {prev, redis.call('GET', KEYS[2]) or ''}
+return {prev, token}
 `)
 
 // Seal marks the end of a batch: it writes this process's next batch mark to Redis and checks
@@ -788,8 +853,16 @@ func (r *Redis) Seal(ctx context.Context, sealed Offsets) (int64, error) {
 	if r.sealSeq > 0 {
 		expect = strconv.FormatInt(r.sealSeq, 10)
 	}
-	args := []any{next, expect}
-	if r.cfg.Group != "" {
+	// The record only for a batch whose writes the tokens vouch for: every other shard's token
+	// held (shards), and the marks shard's checked in the script. A seal that finds its batch's
+	// writes lost records nothing: a record of work Redis does not hold would outlive the rewind
+	// and hide a later loss of the batch applied again.
+	held := r.cfg.Pending.heldTokens(marksTag)
+	args := []any{next, expect, len(held)}
+	for _, h := range held {
+		args = append(args, h)
+	}
+	if r.cfg.Group != "" && shards == nil {
 		args = appendOffsets(args, sealed)
 	}
 	res, err := sealScript.Run(ctx, r.client, []string{r.sealKey, r.cfg.Pending.key(r.cfg.Prefix, marksTag), r.offsetsKey()},

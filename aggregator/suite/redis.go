@@ -610,15 +610,19 @@ const maxDeclined = 4
 // callOnce is one round of call.
 func (r *Redis) callOnce(ctx context.Context, suites []Key, token bool, args func(Key) []any, need map[Key]int) ([]any, error) {
 	var epoch *redis.StringCmd
-	run := func() ([]*redis.Cmd, error) {
-		cmds := make([]*redis.Cmd, len(suites))
-		checkToken := func() {}
-		defer func() { checkToken() }()
+	run := func() (cmds []*redis.Cmd, err error) {
+		cmds = make([]*redis.Cmd, len(suites))
+		checkToken := func() error { return nil }
+		defer func() {
+			if terr := checkToken(); err == nil {
+				err = terr
+			}
+		}()
 		client := r.client
 		if token && r.cfg.Pending != nil {
 			client = r.cfg.Pending.Writer(client) // aggregator.Pending.Writer: no redirected write outside a token
 		}
-		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		_, err = client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if r.cfg.Epoch != "" {
 				epoch = p.Get(ctx, aggregator.EpochKey(r.cfg.Prefix))
 			}

@@ -1,0 +1,164 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// A batch's tokens go where its writes went, or the batch is applied again. Append picks the token
+// shards from the writer's slot map while the pipeline is built, and go-redis reads the map again
+// when it runs the pipeline; a reload in between (the one Append's own lookups start once the map
+// is old, or one a MOVED of an earlier pipeline started) sent the writes by the new map and the
+// tokens by the old one, and the batch was acknowledged with no token on the shard that took its
+// write: that shard losing the write (a failover to a replica one batch behind) went unseen. The
+// reload is forced into that window by a pipeline hook on the writer. The batch must be refused
+// (the owners changed while it was written), and applied again it must count once and leave
+// a token where its write is.
+func TestTokenShardsComeFromTheMapTheWritesUse(t *testing.T) {
+	ctx := context.Background()
+	addrs := redisCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRedirects: 8, ClusterStateReloadInterval: time.Hour,
+		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+	t.Cleanup(func() { c.Close() })
+	prefix := testenv.Name(t, "tokenmap")
+	cleanPrefix(t, c, prefix)
+	pend := aggregator.NewPending()
+	store, err := aggregator.NewRedis(c, aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour, Pending: pend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An aggregate of this run only, so that its slot is (almost surely) ours to move.
+	k := aggregator.Key{Scope: schemas.Scope{Workspace: prefix, Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"},
+		CorrectionID: "fix", Source: aggregator.Live}
+	obs := func(b int) []aggregator.Observation {
+		at := aggregator.Micros(t0.Add(time.Duration(b) * time.Minute))
+		return []aggregator.Observation{{Key: k, OpportunityID: "o" + string(rune('a'+b)), Class: aggregator.Confirmed, Occurred: at, Assessed: at}}
+	}
+	if err := until(t, "first batch", func() error { _, err := store.Apply(ctx, obs(0), t0.Add(time.Hour)); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Seal(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := pend.Writer(c).(*redis.ClusterClient) // the very client the store's pipelines run on
+
+	dataKey := prefix + ":{" + k.String() + "}:s"
+	move := startSlotMove(t, c, dataKey)
+	move.finish() // the slot is the target's now; the writer's map (and c's) still say the source
+
+	dst := redis.NewClient(&redis.Options{Addr: move.to.addr})
+	defer dst.Close()
+	before := dumpNode(t, dst, prefix)
+
+	// A reload of the writer's slot map lands after Append picked the token shards and before
+	// the pipeline is mapped to nodes.
+	armed := true
+	w.AddHook(reloadBeforeExec{w: w, key: dataKey, want: move.to.addr, armed: &armed, t: t})
+	_, err = store.Apply(ctx, obs(1), t0.Add(time.Hour))
+	if err == nil {
+		// The target shard loses what it took of this batch (a failover to a replica one batch
+		// behind): its keys of the namespace go back to what they were before it.
+		restoreNode(t, dst, prefix, before)
+		_, err := store.Seal(ctx, nil)
+		toks, _ := dst.Keys(ctx, prefix+":{*}:pending:*").Result()
+		t.Fatalf("a batch whose slot map moved while it was written was acknowledged; its write on %s then lost, Seal found %v "+
+			"(tokens there: %q)", move.to.addr, err, toks)
+	}
+	if !strings.Contains(err.Error(), "slot map changed") {
+		t.Fatalf("the batch was refused for another reason: %v", err)
+	}
+	// Applied again on the new map, as the processor's stage retries it.
+	var got aggregator.Applied
+	if err := until(t, "batch applied again", func() (err error) { got, err = store.Apply(ctx, obs(1), t0.Add(time.Hour)); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Outcomes) != 1 || got.Outcomes[0] != aggregator.Counted && got.Outcomes[0] != aggregator.Duplicate {
+		t.Fatalf("the batch applied again: %v", got.Outcomes)
+	}
+	if _, err := store.Seal(ctx, nil); err != nil {
+		t.Fatalf("seal after the batch applied again: %v", err)
+	}
+	if toks, _ := dst.Keys(ctx, prefix+":{*}:pending:*").Result(); len(toks) == 0 {
+		t.Fatalf("no token of this process on %s, where the batch's write is", move.to.addr)
+	}
+}
+
+type reloadBeforeExec struct {
+	w     *redis.ClusterClient
+	key   string
+	want  string
+	armed *bool
+	t     *testing.T
+}
+
+func (h reloadBeforeExec) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h reloadBeforeExec) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h reloadBeforeExec) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if *h.armed {
+			*h.armed = false
+			h.w.ReloadState(ctx)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				m, err := h.w.MasterForKey(ctx, h.key)
+				if err == nil && m.Options().Addr == h.want {
+					break
+				}
+				if time.Now().After(deadline) {
+					h.t.Errorf("writer map never showed the move: %v", err)
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+				h.w.ReloadState(ctx)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func dumpNode(t *testing.T, c *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, k := range keys {
+		v, err := c.Dump(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func restoreNode(t *testing.T, c *redis.Client, prefix string, dumped map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, ok := dumped[k]; !ok {
+			c.Del(ctx, k)
+		}
+	}
+	for k, v := range dumped {
+		if err := c.RestoreReplace(ctx, k, 0, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
