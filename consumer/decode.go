@@ -576,7 +576,7 @@ func structuredEvent(value []byte) (attributes, error) {
 // sdkStructured reads a structured CloudEvent with the SDK: every attribute and encoding the
 // specification allows, with its precise complaint when something is wrong.
 func sdkStructured(value []byte) (event.Event, error) {
-	if name, dup := schemas.DuplicateMember(value, false); dup {
+	if name, dup := schemas.DuplicateMember(value); dup {
 		return event.Event{}, schemas.Invalid(schemas.ReasonBadEnvelope, "attribute %q appears twice: JSON readers disagree on which counts", clipHeader(name))
 	}
 	value, ct, renamed := sdkJSONMediaType(value)

@@ -254,7 +254,7 @@ func unmarshalObject(data []byte, v any, eval bool) error {
 			return err
 		}
 	}
-	if name, dup := DuplicateMember(data, true); dup {
+	if name, dup := duplicateField(data, eval); dup {
 		return Invalid(ReasonBadDataFormat, "member %q appears twice in one object: JSON readers disagree on which counts", clip(name))
 	}
 	// goccy/go-json: the same semantics as encoding/json at a fraction of the cost (the decode is

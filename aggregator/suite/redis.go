@@ -589,9 +589,11 @@ func (r *Redis) call(ctx context.Context, suites []Key, token bool, args func(Ke
 		var againAt []int
 		for n, k := range todo {
 			if v, ok := declaredTooFew(replies[n]); ok {
-				// Declined, nothing written: called again with every version's keys.
+				// Declined, nothing written: called again with every version's keys, and a few
+				// more, for the versions other processors add meanwhile (a reader beside busy
+				// batches would otherwise be declined round after round).
 				r.versions.set(k, v)
-				need[k] = v
+				need[k] = v + max(4, v/4)
 				again, againAt = append(again, k), append(againAt, at[n])
 				continue
 			}
