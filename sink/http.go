@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"net"
@@ -41,6 +42,11 @@ type SuiteReader interface {
 // readiness only to everyone, and every read to nobody: tokens must be configured.
 type HTTPConfig struct {
 	Addr string
+	// ProbeAddr, when set, serves /healthz and /readyz also on a listener of their own, outside
+	// the connection caps of Addr: a client holding every connection slot of the API (the caps
+	// count connections before any request authenticates) cannot take the probes down, nor have
+	// the liveness probe restart the processor with them.
+	ProbeAddr string
 	// Ready reports whether the processor can serve; nil means always ready.
 	Ready func(ctx context.Context) error
 	// Degraded names the parts that are retrying while the processor still serves and consumes
@@ -111,6 +117,7 @@ type HTTP struct {
 	metrics *httpMetrics
 	hub     *hub
 	conns   atomic.Pointer[capListener] // the listener Serve caps, for tests
+	probes  *http.Server                // /healthz and /readyz on ProbeAddr
 }
 
 // Limits of a request: its query, its body (only the login form has one) and its headers.
@@ -140,8 +147,9 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	}
 	a.publicBadge = public
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+	probes := http.NewServeMux()
+	healthz := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
+	readyz := func(w http.ResponseWriter, req *http.Request) {
 		if cfg.Ready != nil {
 			if err := cfg.Ready(req.Context()); err != nil {
 				// The reason is logged, never answered: it names addresses.
@@ -156,7 +164,14 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 				fmt.Fprintln(w, "degraded:", d)
 			}
 		}
-	})
+	}
+	for _, m := range []*http.ServeMux{mux, probes} {
+		m.HandleFunc("GET /healthz", healthz)
+		m.HandleFunc("GET /readyz", readyz)
+	}
+	h.probes = &http.Server{Addr: cfg.ProbeAddr, Handler: probes, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog: zap.NewStdLog(log.Named("probes"))}
 	admin := func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			if cfg.AdminTokenSHA256 != "" && !auth.MatchHash(auth.Bearer(req), cfg.AdminTokenSHA256) {
@@ -236,13 +251,35 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 // Handler is the server's handler (tests).
 func (h *HTTP) Handler() http.Handler { return h.srv.Handler }
 
-// Run serves until ctx ends, then shuts down within five seconds.
+// Run serves until ctx ends, then shuts down within five seconds; the probes too, on ProbeAddr.
 func (h *HTTP) Run(ctx context.Context) error {
 	l, err := net.Listen("tcp", h.srv.Addr)
 	if err != nil {
 		return fmt.Errorf("http %s: %w", h.srv.Addr, err)
 	}
-	return h.Serve(ctx, l)
+	if h.cfg.ProbeAddr == "" {
+		return h.Serve(ctx, l)
+	}
+	pl, err := net.Listen("tcp", h.cfg.ProbeAddr)
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("http probes %s: %w", h.cfg.ProbeAddr, err)
+	}
+	return h.ServeWithProbes(ctx, l, pl)
+}
+
+// ServeWithProbes is Serve, with /healthz and /readyz served on probes as well, uncapped.
+func (h *HTTP) ServeWithProbes(ctx context.Context, l, probes net.Listener) error {
+	perr := make(chan error, 1)
+	go func() { perr <- h.probes.Serve(probes) }()
+	err := h.Serve(ctx, l)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	err = errors.Join(err, h.probes.Shutdown(sctx))
+	if perr := <-perr; !errors.Is(perr, http.ErrServerClosed) {
+		err = errors.Join(err, fmt.Errorf("http probes: %w", perr))
+	}
+	return err
 }
 
 // Serve serves on l (capped to the configured connections) until ctx ends.

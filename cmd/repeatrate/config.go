@@ -124,6 +124,10 @@ type HTTPSettings struct {
 	// MaxConnectionsPerAddress caps one client address's connections (default 32). Behind a
 	// proxy or Ingress every client has the proxy's address: raise it to max_connections there.
 	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
+	// ProbeAddr serves /healthz and /readyz on a listener of their own, outside the connection
+	// caps, so that a client holding every API slot cannot fail the probes (empty: only on
+	// http_addr).
+	ProbeAddr string `yaml:"probe_addr"`
 	// Ingest (POST /v1/events, README, Ingest over HTTP): the input topics live attempts and eval
 	// results are written to (empty: the first input topic, and the second when there is one),
 	// the body limit, and the record bytes of Kafka writes not yet finished (past it, 503).
@@ -386,6 +390,7 @@ func (c *Config) settings() []setting {
 		num("http-rate-limit", "requests per second per token (or client address without one)", &c.HTTP.RateLimit),
 		num("http-max-connections", "open HTTP connections at most", &c.HTTP.MaxConnections),
 		num("http-max-connections-per-address", "open HTTP connections of one client address at most (behind a proxy or Ingress: raise to http-max-connections)", &c.HTTP.MaxConnectionsPerAddress),
+		str("http-probe-addr", "listen address of /healthz and /readyz alone, outside the connection caps (point Kubernetes probes there); empty: only on http-addr", &c.HTTP.ProbeAddr),
 		str("http-ingest-live-topic", "input topic POST /v1/events writes live attempts to (empty: the first input topic)", &c.HTTP.IngestLiveTopic),
 		str("http-ingest-eval-topic", "input topic POST /v1/events writes eval results to (empty: the second input topic, else the first)", &c.HTTP.IngestEvalTopic),
 		num("http-ingest-max-body-bytes", "largest body POST /v1/events accepts (larger: 413)", &c.HTTP.IngestMaxBodyBytes),

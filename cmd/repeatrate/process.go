@@ -213,7 +213,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		if err != nil {
 			return err
 		}
-		srv = sink.NewHTTP(sink.HTTPConfig{Alerts: alerts, Addr: cfg.HTTPAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
+		srv = sink.NewHTTP(sink.HTTPConfig{Alerts: alerts, Addr: cfg.HTTPAddr, ProbeAddr: cfg.HTTP.ProbeAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
 			Degraded: func() []string { return alertingDegraded(alerting) },
 			Tokens:   tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
 			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
