@@ -15,7 +15,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
-// Adversary tests of state layout 9 (apply.lua, docs/semantics.md#retention and #delivery): the id
+// Edge-case tests of state layout 9 (apply.lua, docs/semantics.md#retention and #delivery): the id
 // index lives per index group of G hours (G = an eighth of the retention, 1 to 24, fixed in the
 // head when the aggregate is created), every hour with winners keeps exact bounds (rescanned from
 // its group's index when a bound holder leaves), a group counts its entries n and the entries
@@ -551,14 +551,14 @@ func adv8Near(r *rand.Rand, h, span int64) int64 {
 
 // ---------------------------------------------------------------------------------------------
 
-// TestAdversary8SpansRandomStreams runs random streams under retentions that give G = 1, 2, 3, 5,
+// TestIDIndexSpansRandomStreams runs random streams under retentions that give G = 1, 2, 3, 5,
 // 23 and 24 (and one of no whole hours): occurred times straddle group boundaries all across the retained range (near the cut
 // too, so that hours expire while their group does not), winners move across groups and back
 // below their horizon's group, horizons grow into other groups (stale assessments dated later),
 // duplicates, stale and expired events, identities re-created over garbage records, watermark
 // steps of an hour, a group and past everything; batches are retried and redelivered. After the
 // stream, garbage collection must take every wholly expired group.
-func TestAdversary8SpansRandomStreams(t *testing.T) {
+func TestIDIndexSpansRandomStreams(t *testing.T) {
 	total := map[string]int{}
 	for _, tc := range []struct {
 		ret      time.Duration
@@ -773,14 +773,14 @@ func (y *adv8) headSpan(k Key) int64 {
 	return int64(h[1])
 }
 
-// TestAdversary8RetentionChanged changes the retention of a store between batches (a new
+// TestIDIndexRetentionChanged changes the retention of a store between batches (a new
 // RedisConfig over the same prefix) for aggregates created under another one: the head keeps the
 // span G it was created with, and every later batch (groups, garbage collection, bounds, first and
 // last) must work with that G, not the new retention's, and agree with the model retaining by the
 // new retention. The change is made while everything held lies within both retentions (nothing
 // expired yet), so that the model's answer is well defined; then a random stream with expiry and
 // garbage collection follows under the new retention.
-func TestAdversary8RetentionChanged(t *testing.T) {
+func TestIDIndexRetentionChanged(t *testing.T) {
 	for i, tc := range []struct{ from, to time.Duration }{
 		{30 * 24 * time.Hour, 8 * time.Hour},  // G 24 kept under a retention of G 1
 		{16 * time.Hour, 30 * 24 * time.Hour}, // G 2 kept under a retention of G 24
@@ -835,7 +835,7 @@ func TestAdversary8RetentionChanged(t *testing.T) {
 	}
 }
 
-// TestAdversary8RetentionGrowthRevivesGarbage: under layout 9 a record whose horizon expired
+// TestRetentionGrowthRevivesGarbage: under layout 9 a record whose horizon expired
 // stays stored (reading as absent) until its horizon's whole group expires, up to G hours later.
 // The retention is then raised (a new RedisConfig over the same prefix, as a restart with a
 // longer retention does): the hour of the garbage record is inside what the new retention would
@@ -844,7 +844,7 @@ func TestAdversary8RetentionChanged(t *testing.T) {
 // counts the opportunity anew, one in the garbage winner's hour is expired, as in the model, and
 // the stored counts stay consistent. (It failed before the cut was kept in the head: the garbage
 // record came back, a batch failed on every retry or counts went wrong.)
-func TestAdversary8RetentionGrowthRevivesGarbage(t *testing.T) {
+func TestRetentionGrowthRevivesGarbage(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		next func(S int64, asd int64) Observation
@@ -895,13 +895,13 @@ func TestAdversary8RetentionGrowthRevivesGarbage(t *testing.T) {
 	}
 }
 
-// TestAdversary8RetentionShrunkOverData lowers the retention (a new RedisConfig over the same
+// TestRetentionShrunkOverData lowers the retention (a new RedisConfig over the same
 // prefix) while winners are held in hours the new retention no longer covers: those hours have
 // expired (docs/semantics.md#retention: expired hours leave the counts at once), so the next
 // batch's counts and first/last must not include them. (This failed with layout 8's script as
 // well: the cut was computed from the retention of the batch, and hours between the old and the
 // new cut never left the counts.)
-func TestAdversary8RetentionShrunkOverData(t *testing.T) {
+func TestRetentionShrunkOverData(t *testing.T) {
 	adv6Backends(t, false, func(t *testing.T, c *redis.Client) {
 		y := newAdv8(t, c, "shrink", 48*time.Hour)
 		S := Micros(t0)/hourUS - 60
@@ -916,7 +916,7 @@ func TestAdversary8RetentionShrunkOverData(t *testing.T) {
 	})
 }
 
-// TestAdversary8GarbageRecreated makes garbage records (horizon expired, their group not wholly
+// TestIDIndexGarbageRecreated makes garbage records (horizon expired, their group not wholly
 // expired) of every shape — winner and horizon in one hour, the horizon an hour later in the same
 // group, the winner in the group before (already wholly expired) and the horizon in this one —
 // then re-creates their opportunities with new events: in the garbage's own group (where the index
@@ -925,7 +925,7 @@ func TestAdversary8RetentionShrunkOverData(t *testing.T) {
 // The re-created records then move across groups and back, and finally the watermark passes the
 // group: garbage collection must delete the garbage and records re-created there once they expire
 // too, and never a record whose horizon is retained.
-func TestAdversary8GarbageRecreated(t *testing.T) {
+func TestIDIndexGarbageRecreated(t *testing.T) {
 	for _, ret := range []time.Duration{24 * time.Hour, 40 * time.Hour, 184 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			adv6Backends(t, ret == 24*time.Hour, func(t *testing.T, c *redis.Client) { adv8RunGarbage(t, c, ret) })
@@ -1038,14 +1038,14 @@ func adv8RunGarbage(t *testing.T, c *redis.Client, ret time.Duration) {
 	t.Logf("G=%d outcomes %v seen %v", G, y.outs, y.seen)
 }
 
-// TestAdversary8CompactionBetweenTwoGroups moves 150 of 250 opportunities with long ids (closed
+// TestCompactionBetweenTwoGroups moves 150 of 250 opportunities with long ids (closed
 // chunks; the other 100 stay) between two neighbouring groups again and again — to the later group (their horizon follows)
 // and back below it (the horizon stays), in whole waves and in random subsets, several times
 // within a batch too — so that the earlier group's index gains an entry per return: it must be
 // compacted and stay proportional (inspect). Between waves, the bound holders of the earlier
 // group's hours leave one at a time while that group lists many entries left behind in closed
 // chunks: the bounds found again from its index must be exact.
-func TestAdversary8CompactionBetweenTwoGroups(t *testing.T) {
+func TestCompactionBetweenTwoGroups(t *testing.T) {
 	for _, ret := range []time.Duration{8 * time.Hour, 40 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			adv6Backends(t, ret == 40*time.Hour, func(t *testing.T, c *redis.Client) { adv8RunCompaction(t, c, ret) })
@@ -1146,13 +1146,13 @@ func adv8RunCompaction(t *testing.T, c *redis.Client, ret time.Duration) {
 	}
 }
 
-// TestAdversary8FirstLastRescan moves the holders of the first and last retained occurred time
+// TestIDIndexFirstLastRescan moves the holders of the first and last retained occurred time
 // (head f and l) while their hours' groups list entries left behind: the first winner leaves its
 // hour for another group (the hour's least bound is found again from the index), a winner tied
 // with it leaves and one stays, the first hour empties (the next hour with winners gives f), a
 // winner comes in below f in the same batch as the first leaves, the last winner moves into an
 // earlier hour and its hour empties, and the last winner leaves and comes back in one batch.
-func TestAdversary8FirstLastRescan(t *testing.T) {
+func TestIDIndexFirstLastRescan(t *testing.T) {
 	for _, ret := range []time.Duration{8 * time.Hour, 40 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			adv6Backends(t, true, func(t *testing.T, c *redis.Client) { adv8RunFirstLast(t, c, ret) })
@@ -1277,12 +1277,12 @@ func (q *adv8Pair) again(what string, b []Observation, at time.Time) {
 	}
 }
 
-// TestAdversary8BackendsAgreeAcrossSpans runs the group-boundary streams of
-// TestAdversary8SpansRandomStreams under G = 3, 5 and 23 on the test Redis and the embedded one
+// TestBackendsAgreeAcrossSpans runs the group-boundary streams of
+// TestIDIndexSpansRandomStreams under G = 3, 5 and 23 on the test Redis and the embedded one
 // under one prefix: replies and every stored key must be equal byte for byte after every batch
 // (retries and redeliveries included), and each side what its model holds; then the watermark
 // walks past everything and garbage collection runs on both.
-func TestAdversary8BackendsAgreeAcrossSpans(t *testing.T) {
+func TestBackendsAgreeAcrossSpans(t *testing.T) {
 	for i, ret := range []time.Duration{24 * time.Hour, 40 * time.Hour, 184 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(i), 808))
@@ -1322,7 +1322,7 @@ func TestAdversary8BackendsAgreeAcrossSpans(t *testing.T) {
 	}
 }
 
-// TestAdversary8LargeBatchPair applies batches of more than 4 000 observations of one aggregate
+// TestIDIndexLargeBatchPair applies batches of more than 4 000 observations of one aggregate
 // (apply.lua's CHUNK: reads, writes and index appends in several commands) on both servers, byte
 // for byte: 1 450 ids, among them ids that look like state fields and index entries ("i1", "i1.2",
 // "h3", NUL, ".") and long ids whose entries fill or pass an index chunk (477, 478 and 512
@@ -1330,7 +1330,7 @@ func TestAdversary8BackendsAgreeAcrossSpans(t *testing.T) {
 // several times within the batch, stale ones dated later, byte-identical copies; the batch again;
 // a second large batch moving them back; finally a large batch that expires the first groups
 // (garbage collection with the largest budget), and collection to the end.
-func TestAdversary8LargeBatchPair(t *testing.T) {
+func TestIDIndexLargeBatchPair(t *testing.T) {
 	r := rand.New(rand.NewPCG(4000, 8))
 	ret := 24 * time.Hour // G = 3
 	q := newAdv8Pair(t, "largebatch", ret)
@@ -1397,14 +1397,14 @@ func TestAdversary8LargeBatchPair(t *testing.T) {
 	t.Logf("outcomes %v, seen %v", x.outs, x.seen)
 }
 
-// TestAdversary8CollectionInProgress fills one group with 2 500 opportunities (long ids: many
+// TestIDIndexCollectionInProgress fills one group with 2 500 opportunities (long ids: many
 // closed chunks) and lets it expire wholly under small batches, so that garbage collection takes it
 // a budget at a time (closed chunks from the last, over many batches). Meanwhile the batches
 // re-create opportunities whose garbage records are still listed under the group being collected
 // (newer and older assessments, in the next groups), move them on, and send expired copies: a
 // re-created record must never be deleted by the collection of its old entries, and the
 // collection must finish.
-func TestAdversary8CollectionInProgress(t *testing.T) {
+func TestIDIndexCollectionInProgress(t *testing.T) {
 	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
 		r := rand.New(rand.NewPCG(25, 8))
 		ret := 24 * time.Hour // G = 3
@@ -1459,10 +1459,10 @@ func TestAdversary8CollectionInProgress(t *testing.T) {
 	})
 }
 
-// TestAdversary8EpochGroups dates events in the first hours of 1970 under G = 3 and G = 24: group
+// TestIDIndexEpochGroups dates events in the first hours of 1970 under G = 3 and G = 24: group
 // 0 starts at µs 0, the cut is negative at first (the groups' too), the lowest listed group is 0;
 // winners move across groups 0, 1 and 2, then the watermark passes them and group 0 is collected.
-func TestAdversary8EpochGroups(t *testing.T) {
+func TestIDIndexEpochGroups(t *testing.T) {
 	for _, ret := range []time.Duration{24 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			q := newAdv8Pair(t, "epochgroups", ret)

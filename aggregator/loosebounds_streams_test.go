@@ -17,7 +17,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
-// Adversary tests of loose bounds (an hour's bounds become a superset range when a winner at a
+// Edge-case tests of loose bounds (an hour's bounds become a superset range when a winner at a
 // bound leaves, and are made exact from the index only when the hour holds the first or last
 // retained winner and that one must be found again) and of the monotonic cut (the head keeps the
 // first retained hour; a raised retention keeps it, a lowered one moves it up at the aggregate's
@@ -294,7 +294,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 	batch := make([]Observation, 0, n)
 	// An id moves at most once per batch: a winner that leaves a group several times in one batch
 	// is counted as left behind each time but listed there once (see
-	// TestAdversary9LeftBehindCountedPerMove), which adv8.inspect refuses.
+	// TestLeftBehindCountedPerMove), which adv8.inspect refuses.
 	used := map[string]bool{}
 	move := func(id string, occ int64) {
 		if used[id] {
@@ -482,13 +482,13 @@ func adv9Deliver(tr *adv9Tracker, g *adv9Gen, n int, what string) (done []adv6Ba
 
 // ---------------------------------------------------------------------------------------------
 
-// TestAdversary9LooseBoundsStreams runs long streams aimed at hour bounds under index groups of 1,
+// TestLooseBoundsStreams runs long streams aimed at hour bounds under index groups of 1,
 // 5 and 90 hours: many moves leave hours loose for many batches, and the first or last is found
 // again through loose hours (its holder leaves, moves within its hour, the cut passes its hour),
 // across empty hours, in hours whose loose bounds lie beyond every winner, with ties at the bound.
 // Outcomes, tallies (windows, first and last) and the stored state equal the model's after every
 // batch; reads (n = 0) equal the model's tally.
-func TestAdversary9LooseBoundsStreams(t *testing.T) {
+func TestLooseBoundsStreams(t *testing.T) {
 	total := map[string]int{}
 	maxRun := 0
 	for i, tc := range []struct {
@@ -591,7 +591,7 @@ func adv9Dump(y *adv8, k Key) map[string]string {
 	return out
 }
 
-// TestAdversary9RetentionSeesaw lowers, raises and lowers the retention again in the middle of a
+// TestLooseBoundsRetentionSeesaw lowers, raises and lowers the retention again in the middle of a
 // stream aimed at bounds (a new store over the same prefix, the model's retention switched too),
 // each time while garbage records are stored: right after each switch the reads (n = 0) must equal
 // the model's tally (the state as the last batch left it: a lowered retention has not moved the cut
@@ -599,7 +599,7 @@ func adv9Dump(y *adv8, k Key) map[string]string {
 // retention its first batch moves the cut up (hours leave the counts; nothing is counted or
 // re-assessed), under a raised one nothing changes at all, not even a version; an event in an hour
 // the raised retention would cover but the kept cut does not is expired. The head keeps its span.
-func TestAdversary9RetentionSeesaw(t *testing.T) {
+func TestLooseBoundsRetentionSeesaw(t *testing.T) {
 	for i, tc := range []struct {
 		rets     []time.Duration
 		embedded bool
@@ -715,7 +715,7 @@ func adv9RunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Durat
 	}
 }
 
-// TestAdversary9EpochCutBelowZeroLowered: events in the first hours of 1970 under 30 days of
+// TestEpochCutBelowZeroLowered: events in the first hours of 1970 under 30 days of
 // retention (the cut is below hour 0, which the head stores as absent), then the retention is
 // lowered so that the cut it gives is above hour 0 and passes winners. docs/semantics.md#retention:
 // "when retention is lowered, the aggregate's next batch moves the cut up first, and the hours it
@@ -724,7 +724,7 @@ func adv9RunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Durat
 // (It fails: the head stores a cut below hour 0 as absent, and a head without one takes the cut
 // the current retention gives, so the cut jumps to the new one without expiring the hours between;
 // the catch-up, comparing with that cut, sees nothing to do, and every later expiry starts at it.)
-func TestAdversary9EpochCutBelowZeroLowered(t *testing.T) {
+func TestEpochCutBelowZeroLowered(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		from time.Duration
@@ -792,11 +792,11 @@ func adv9RunEpochCut(t *testing.T, y *adv8, to []time.Duration, next func(w, asd
 	y.collect(keyLive, time.UnixMicro(w+4*hourUS), 40)
 }
 
-// TestAdversary9EpochStreams runs the bound-aimed streams from hour 0 of 1970 under G = 3 and 90,
+// TestLooseBoundsEpochStreams runs the bound-aimed streams from hour 0 of 1970 under G = 3 and 90,
 // on both servers byte for byte: the cut starts below hour 0 and, under 24 hours, passes it
 // during the stream (first and last found through loose hours as it does); then the watermark walks
 // past everything and garbage collection runs on both.
-func TestAdversary9EpochStreams(t *testing.T) {
+func TestLooseBoundsEpochStreams(t *testing.T) {
 	for i, ret := range []time.Duration{24 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			q := newAdv8Pair(t, "epoch9", ret)
@@ -844,14 +844,14 @@ func TestAdversary9EpochStreams(t *testing.T) {
 	}
 }
 
-// TestAdversary9LargeBatchesAcrossSwitches applies batches of more than 4 000 observations on both
+// TestLargeBatchesAcrossSwitches applies batches of more than 4 000 observations on both
 // servers byte for byte (reads, writes and index appends in several commands): 1 300 ids over 12
 // hours with ties at the hours' edges; 4 200 moves that take winners off their hours' bounds (most
 // hours loose), within their hour, onto other bounds, and the first and last holders several
 // times; then the retention is lowered (the cut passes loose hours at the next large batch, which
 // also moves the first holder), read back, raised (a redelivery of the moves changes nothing), and a
 // last large batch expires the first groups.
-func TestAdversary9LargeBatchesAcrossSwitches(t *testing.T) {
+func TestLargeBatchesAcrossSwitches(t *testing.T) {
 	r := rand.New(rand.NewPCG(4242, 9))
 	ret := 24 * time.Hour // G = 3
 	q := newAdv8Pair(t, "large9", ret)
@@ -951,14 +951,14 @@ func TestAdversary9LargeBatchesAcrossSwitches(t *testing.T) {
 	}
 }
 
-// TestAdversary9EarlierLayout9StateAtStart: the head grew from 20 numbers to 21 (the cut) and
+// TestEarlierLayout9StateAtStart: the head grew from 20 numbers to 21 (the cut) and
 // hours gained the kind byte 2 after builds (bcdf9ec, 18ba637) had written state marked
 // "/layout9", the suffix of every epoch marker that OpenState checks so that "a namespace written
 // by a build with another layout is refused rather than misread" (epoch.go). A namespace that the
 // build of 18ba637 wrote (its marker ending in "/layout9") must be refused at start; it must not
 // be accepted at start and then fail every batch of every aggregate it holds. (It was accepted
 // until the layout became "/layout10".)
-func TestAdversary9EarlierLayout9StateAtStart(t *testing.T) {
+func TestEarlierLayout9StateAtStart(t *testing.T) {
 	adv8NoPrev(t)
 	out, err := exec.Command("git", "show", "18ba637:aggregator/apply.lua").Output()
 	if err != nil || len(out) == 0 {
@@ -1003,13 +1003,13 @@ func TestAdversary9EarlierLayout9StateAtStart(t *testing.T) {
 	}
 }
 
-// TestAdversary9LeftBehindCountedPerMove: an index group counts x, the entries that moves may have
+// TestLeftBehindCountedPerMove: an index group counts x, the entries that moves may have
 // left behind without a reason to be there, and n, the entries it lists (apply.lua, KEYS[2]
 // i<group>), so x <= n (adv6.check and adv8.inspect hold the store to it). One opportunity that
 // leaves group A several times within one batch (A → B → A → B …, each move a newer assessment)
 // is appended to A once per batch (push) but counted as left behind once per move (leave): x grows
 // past n. (Found by the bound-aimed streams above, which now move an id at most once per batch.)
-func TestAdversary9LeftBehindCountedPerMove(t *testing.T) {
+func TestLeftBehindCountedPerMove(t *testing.T) {
 	adv8NoPrev(t)
 	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
 		y := newAdv8(t, c, "leftbehind9", 8*time.Hour) // G = 1: an hour is a group
@@ -1031,12 +1031,12 @@ func TestAdversary9LeftBehindCountedPerMove(t *testing.T) {
 	})
 }
 
-// TestAdversary9LoweredPastEverything: the retention is lowered so far that the cut it gives passes
+// TestLooseBoundsLoweredPastEverything: the retention is lowered so far that the cut it gives passes
 // every retained winner, some of them in loose hours. The next batch — only a stored duplicate, a
 // stale assessment, or a new event — must leave nothing of them counted, first and last either
 // absent or the new event's; reads right after the switch still show everything; the garbage is
 // then collected under the creation's span.
-func TestAdversary9LoweredPastEverything(t *testing.T) {
+func TestLooseBoundsLoweredPastEverything(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		next func(w, asd int64) Observation

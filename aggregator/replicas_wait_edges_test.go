@@ -19,7 +19,7 @@ import (
 // 0 blocks forever) or beyond the caller's deadline (the group gives Verify DrainTimeout) must
 // still end, by the deadline, in ErrReplicasBehind — the commit waits — rather than in a read
 // timeout or an ignored deadline, which the group takes for an unverified commit and rewinds.
-func TestAdversaryWaitEndsByTheDeadline(t *testing.T) {
+func TestWaitEndsByTheDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		wait     time.Duration
@@ -202,7 +202,7 @@ func (mc *miniCluster) migrate(t *testing.T, slot int64, from int) {
 // not a loss and not an unverified commit: nothing was lost (the keys moved with the slot), so the
 // commit waits (ErrReplicasBehind) or passes, and it passes once the slot map was read again. An
 // error of any other kind makes the group drop every pending batch and consume them again.
-func TestAdversaryWaitAcrossAMovedSlot(t *testing.T) {
+func TestWaitAcrossAMovedSlot(t *testing.T) {
 	for _, which := range []string{"a shard's token", "the batch marks"} {
 		t.Run(which, func(t *testing.T) {
 			mc := startMiniCluster(t)

@@ -16,7 +16,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
-// Adversary tests of state layout 7 (apply.lua, docs/semantics.md#retention and #delivery): hours
+// Edge-case tests of state layout 7 (apply.lua, docs/semantics.md#retention and #delivery): hours
 // keep their bounds only from 32 winners up, bounds are kept exact as winners enter and leave, a
 // smaller hour's bounds are read from its index when the first or last retained winner must be
 // found again, a stored duplicate's hour is read lazily. Every sequence is applied to the store and
@@ -725,12 +725,12 @@ func adv6DeliverWith(r *rand.Rand, seen map[string]int, apply, again func(what s
 	}
 }
 
-// TestAdversary6BoundedHoursMatchModel moves about a hundred opportunities between three hours in
+// TestBoundedHoursMatchModel moves about a hundred opportunities between three hours in
 // batches of 1 to 90, so that hours cross 32 winners up and down within a batch and across
 // batches, with occurred times that tie (several winners at one µs) and sit at the hours' edges,
 // re-assessments that move an opportunity within its hour, to another and back, stale assessments
 // and byte-identical duplicates, retried and redelivered batches.
-func TestAdversary6BoundedHoursMatchModel(t *testing.T) {
+func TestBoundedHoursMatchModel(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
 		adv6Backends(t, seed == 1, func(t *testing.T, c *redis.Client) { adv6RunBounded(t, c, seed, 120) })
 	}
@@ -776,12 +776,12 @@ func adv6RunBounded(t *testing.T, c *redis.Client, seed uint64, batches int) {
 	}
 }
 
-// TestAdversary6BoundAtEveryTie holds an hour around 32 winners whose least and greatest occurred
+// TestRetentionHoursBoundAtEveryTie holds an hour around 32 winners whose least and greatest occurred
 // µs are each shared by four of them, and takes the bound holders away one at a time (each leaves
 // at a bound, with others still at it, until the last one moves the bound while the hour still
 // keeps bounds), drops below 32 and comes back above it in one batch, moves the top holders out
 // and back in one batch, and at exactly 32 lets one leave while another enters at a new extreme.
-func TestAdversary6BoundAtEveryTie(t *testing.T) {
+func TestRetentionHoursBoundAtEveryTie(t *testing.T) {
 	adv6Backends(t, true, adv6RunTies)
 }
 
@@ -861,13 +861,13 @@ func adv6RunTies(t *testing.T, c *redis.Client) {
 	x.tallies(at)
 }
 
-// TestAdversary6FirstLastUnderShortRetention runs 1h to 3h retention with a watermark that
+// TestFirstLastUnderShortRetention runs 1h to 3h retention with a watermark that
 // creeps, jumps a few hours and now and then past everything held, with re-assessments that move
 // the holder of the first or the last retained occurred time to another hour (found from the
 // model), stale assessments dated later than the winner (the horizon grows), late and expired
 // events, and identities that expire and come back; batches are retried and redelivered. At the
 // end garbage collection must have deleted every expired record and index chunk.
-func TestAdversary6FirstLastUnderShortRetention(t *testing.T) {
+func TestFirstLastUnderShortRetention(t *testing.T) {
 	garbage := 0
 	for _, tc := range []struct {
 		seed      uint64
@@ -889,7 +889,7 @@ func TestAdversary6FirstLastUnderShortRetention(t *testing.T) {
 	}
 }
 
-// adv6RunShort runs the sequence of TestAdversary6FirstLastUnderShortRetention and returns how
+// adv6RunShort runs the sequence of TestFirstLastUnderShortRetention and returns how
 // many garbage records its checks met.
 func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Duration, pool, batches int) int {
 	r := rand.New(rand.NewPCG(seed, 66))
@@ -992,11 +992,11 @@ func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Dur
 	return x.seen["garbage"]
 }
 
-// TestAdversary6StoredDuplicateFirstThenReassessed starts batches with byte-identical copies of
+// TestStoredDuplicateFirstThenReassessed starts batches with byte-identical copies of
 // stored winners (their hour is not read up front) and then, in the same batch, assesses the same
 // opportunities again: newer (to their own hour, another hour, back), stale and dated later (the
 // horizon grows), or again the same. The hours touched so lazily must be read before they change.
-func TestAdversary6StoredDuplicateFirstThenReassessed(t *testing.T) {
+func TestStoredDuplicateFirstThenReassessed(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
 		adv6Backends(t, seed == 1, func(t *testing.T, c *redis.Client) { adv6RunLazy(t, c, seed, 80) })
 	}
@@ -1083,9 +1083,9 @@ func adv6RunLazy(t *testing.T, c *redis.Client, seed uint64, batches int) {
 	}
 }
 
-// TestAdversary6StoredDuplicateSequences are the lazy hour reads one by one: a stored winner's
+// TestStoredDuplicateSequences are the lazy hour reads one by one: a stored winner's
 // byte-identical copy first in the batch, then the same opportunity assessed again.
-func TestAdversary6StoredDuplicateSequences(t *testing.T) {
+func TestStoredDuplicateSequences(t *testing.T) {
 	adv6Backends(t, true, adv6RunSequences)
 }
 
@@ -1129,11 +1129,11 @@ func adv6RunSequences(t *testing.T, c *redis.Client) {
 	}
 }
 
-// TestAdversary6EpochHours dates events at the first hours of 1970: hour 0 starts at 0, so bounds
+// TestRetentionEpochHours dates events at the first hours of 1970: hour 0 starts at 0, so bounds
 // are offsets from 0, the cut is negative at first, and the sorted set of hours holds hour 0.
 // Hour 0 fills past 32 winners with its bounds at µs 0 and at its last µs, opportunities move
 // between hours 0, 1 and 2, then the watermark passes them and garbage collection takes hour 0.
-func TestAdversary6EpochHours(t *testing.T) {
+func TestRetentionEpochHours(t *testing.T) {
 	adv6Backends(t, true, adv6RunEpoch)
 }
 
@@ -1184,12 +1184,12 @@ func adv6RunEpoch(t *testing.T, c *redis.Client) {
 	}
 }
 
-// TestAdversary6ManyIDsInOneHour lists hundreds of long ids under hours (closed chunks), with and
+// TestRetentionManyIDsInOneHour lists hundreds of long ids under hours (closed chunks), with and
 // without bounds: an hour of 300 winners (bounded) of which 290 leave for an earlier hour, so that
 // it keeps 10 winners (no bounds) but lists 300 ids for their horizon while it holds the last
 // retained winner and that winner moves (its chunks are scanned); then the 290 move on to a later
 // hour, taking their horizon along, and the next scan of each hour compacts its index.
-func TestAdversary6ManyIDsInOneHour(t *testing.T) {
+func TestRetentionManyIDsInOneHour(t *testing.T) {
 	adv6Backends(t, true, adv6RunManyIDs)
 }
 
@@ -1270,10 +1270,10 @@ func adv6RunManyIDsUnder(t *testing.T, c *redis.Client, ret time.Duration) {
 	x.tallies(at)
 }
 
-// TestAdversary6TwoAggregatesInterleaved runs the bounded-hours sequence over two aggregates in
+// TestTwoAggregatesInterleaved runs the bounded-hours sequence over two aggregates in
 // the same batches (one script call each), so that one aggregate's hours never leak into the
 // other's, with retries and redeliveries.
-func TestAdversary6TwoAggregatesInterleaved(t *testing.T) {
+func TestTwoAggregatesInterleaved(t *testing.T) {
 	adv6Backends(t, false, adv6RunTwoAggregates)
 }
 
@@ -1313,12 +1313,12 @@ func adv6RunTwoAggregates(t *testing.T, c *redis.Client) {
 	}
 }
 
-// TestAdversary6LargeBatchOfCopiesThenMoves sends one aggregate a batch of more observations than
+// TestLargeBatchOfCopiesThenMoves sends one aggregate a batch of more observations than
 // the script reads in one command (4 000): byte-identical copies of 3 000 stored winners first
 // (their hours not read up front), then newer assessments of the same opportunities that move them
 // between four hours (each well past 32 winners, bound holders among them), stale ones dated later
 // than their winners, and the copies once more; then the batch again.
-func TestAdversary6LargeBatchOfCopiesThenMoves(t *testing.T) {
+func TestLargeBatchOfCopiesThenMoves(t *testing.T) {
 	adv6Backends(t, false, adv6RunLargeCopies)
 }
 

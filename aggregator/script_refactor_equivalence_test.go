@@ -187,7 +187,7 @@ func adv3Wide(r *rand.Rand, n, hours int, end time.Time) []Observation {
 // late events, watermark leaps that expire whole aggregates and leave records to collect, short
 // retention whose hours expire with their minute buckets), and wide batches past the script's
 // chunk of arguments: the current apply script and the previous one reply and store the same.
-func TestAdversary3ApplyScriptSameAsPrevious(t *testing.T) {
+func TestApplyScriptSameAsPrevious(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		seed      uint64

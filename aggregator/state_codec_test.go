@@ -18,17 +18,17 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
-// Adversary tests of state layout 8 (apply.lua): the state hash's numbers are fixed-width
+// Edge-case tests of state layout 8 (apply.lua): the state hash's numbers are fixed-width
 // little-endian binary, made by Redis's struct library where the server has one and by a pure-Lua
 // fallback where it has none (the embedded server of `repeatrate dev` and of tests). They check:
 //   - the codec alone: both implementations, on both servers, make the bytes the layout names and
-//     read them back, at every boundary of every width (TestAdversary7CodecBytes);
+//     read them back, at every boundary of every width (TestStateCodecBytes);
 //   - the same batches applied under the same prefix to the test Redis and to the embedded one
 //     leave byte-identical keys (the head's server-clock stamp masked), and each is what the model
 //     holds, with hours of every kind, 0/1/31/32/33+ winners, closed chunks, moves, expiry, 1970
-//     and 2200 (TestAdversary7BackendsAgreeByteForByte);
-//   - counts of 5 bytes survive reads, writes, moves and expiry (TestAdversary7LargeCounts);
-//   - a state of another layout is refused, not misread (TestAdversary7RefusesOtherLayouts).
+//     and 2200 (TestBackendsAgreeByteForByte);
+//   - counts of 5 bytes survive reads, writes, moves and expiry (TestStateCodecLargeCounts);
+//   - a state of another layout is refused, not misread (TestStateCodecRefusesOtherLayouts).
 
 const (
 	adv7HeadLen   = 2 + 21*7
@@ -114,12 +114,12 @@ end
 return out`
 }
 
-// TestAdversary7CodecBytes packs and unpacks every format apply.lua uses, with values at every
+// TestStateCodecBytes packs and unpacks every format apply.lua uses, with values at every
 // byte boundary of their widths (and the largest hour offset and time that can occur), on the test
 // Redis with its struct library, on the test Redis with the fallback, and on the embedded Redis:
 // the bytes must be the layout's (little-endian, fixed width, no padding) and read back exactly,
 // from any position, whatever follows.
-func TestAdversary7CodecBytes(t *testing.T) {
+func TestStateCodecBytes(t *testing.T) {
 	b1 := []int64{0, 1, 2, 3}
 	b5 := []int64{0, 1, 0xff, 0x100, 0xffff, 0x10000, 0xffffff, 0x1000000, 0xffffffff, 0x100000000,
 		hourUS - 1, hourUS, 0x0102030405, 1<<40 - 1}
@@ -532,10 +532,10 @@ func adv7BinID(i int) string {
 	return string([]byte{byte(i % 4), byte(i), 0, 0, 0, 0, 0xff, ',', '|', ';'}) + fmt.Sprint(i)
 }
 
-// TestAdversary7BackendsAgreeByteForByte applies the same batches to the test Redis (struct) and
+// TestBackendsAgreeByteForByte applies the same batches to the test Redis (struct) and
 // to the embedded Redis (the Lua fallback) under the same prefix: replies and every stored key and
 // field must be equal byte for byte, and each side what the model holds.
-func TestAdversary7BackendsAgreeByteForByte(t *testing.T) {
+func TestBackendsAgreeByteForByte(t *testing.T) {
 	t.Run("hour kinds", adv7RunKinds)
 	t.Run("1970 and 2200", adv7RunEdges)
 	t.Run("short retention", adv7RunShort)
@@ -748,12 +748,12 @@ func adv7RunShort(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Counts of five bytes.
 
-// TestAdversary7LargeCounts gives an hour of 40 winners, one of its minutes and the head counts
+// TestStateCodecLargeCounts gives an hour of 40 winners, one of its minutes and the head counts
 // that need the fifth byte (2^32+5, 2^40-2^20, 2^24+3; written in the layout's bytes, as if that
 // many records had come), then moves winners into and out of the hour and adds new ones: every
 // stored count must be the model's plus those, on both servers byte for byte; when the hour
 // expires, the totals must be the model's again (the large counts leave exactly).
-func TestAdversary7LargeCounts(t *testing.T) {
+func TestStateCodecLargeCounts(t *testing.T) {
 	p := newAdv7Pair(t, "largecounts", 3*time.Hour)
 	off := [3]int64{1<<32 + 5, 1<<40 - 1<<20, 1<<24 + 3}
 	h0 := Micros(t0) / hourUS
@@ -898,13 +898,13 @@ func TestAdversary7LargeCounts(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Other layouts.
 
-// TestAdversary7RefusesOtherLayouts: a namespace whose epoch marker names an older layout is
+// TestStateCodecRefusesOtherLayouts: a namespace whose epoch marker names an older layout is
 // refused at start and by the per-batch check; and the script itself refuses an hour field that is
 // not of this layout (layout 7's text, layout 8's kinds, an unknown kind byte, too few or too many
 // bytes), an index group field that is not (layout 7's text, too short), and a layout-7 or layout-8
 // minute or head (text: its first byte is a hex digit, not this layout's 0 or 9; layout 8's head
 // of 141 bytes), with an error, changing nothing, on both servers.
-func TestAdversary7RefusesOtherLayouts(t *testing.T) {
+func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 	ctx := context.Background()
 	t.Run("epoch marker", func(t *testing.T) {
 		client := testenv.Redis(t)

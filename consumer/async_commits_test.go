@@ -261,7 +261,7 @@ func adv10Live(n int) []kafka.Message {
 // offsets (written by the Verify of mark 1) says 1, so the next start's CheckOffsets fails with
 // "redis state lost … run repeatrate rebuild", where not sending the queued commit would have
 // let a restart consume again from offset 1 and recover by itself.
-func TestAdversary10QueuedCommitSentAfterItsWorkWasFoundLost(t *testing.T) {
+func TestQueuedCommitSentAfterItsWorkWasFoundLost(t *testing.T) {
 	for _, where := range []string{"seal", "verify"} {
 		t.Run(where, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -315,7 +315,7 @@ func TestAdversary10QueuedCommitSentAfterItsWorkWasFoundLost(t *testing.T) {
 // Nothing queued behind a failed commit is sent, however many are queued (the queue holds 4), and
 // the loop ends without stopping the group; a generation that consumes again from the last
 // successful commit gets the counts of one clean pass.
-func TestAdversary10FailedCommitDropsEveryQueuedOne(t *testing.T) {
+func TestFailedCommitDropsEveryQueuedOne(t *testing.T) {
 	for _, failAt := range []int{1, 2, 3} {
 		t.Run(fmt.Sprint("fail call ", failAt), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -367,7 +367,7 @@ func TestAdversary10FailedCommitDropsEveryQueuedOne(t *testing.T) {
 
 // A commit failure and an Apply failure (a rewind) meet, in either order: the loop ends, no Verify
 // follows the failed Apply, nothing is committed after the failed commit, the group is not stopped.
-func TestAdversary10CommitFailureRacesApplyFailure(t *testing.T) {
+func TestCommitFailureRacesApplyFailure(t *testing.T) {
 	for _, order := range []string{"commit first", "apply first", "together"} {
 		t.Run(order, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -430,7 +430,7 @@ func TestAdversary10CommitFailureRacesApplyFailure(t *testing.T) {
 // ErrNotYet and ErrRewind from Verify while an earlier commit still waits for the broker: the
 // earlier, verified commit is still made (the generation waits for it), nothing unverified is
 // committed, commits never go backwards, and the redelivery gives one clean pass.
-func TestAdversary10VerifyAnswersWhileCommitInFlight(t *testing.T) {
+func TestVerifyAnswersWhileCommitInFlight(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -516,7 +516,7 @@ func TestAdversary10VerifyAnswersWhileCommitInFlight(t *testing.T) {
 // The generation ends (gctx, a rebalance) while a commit waits for the broker and more are queued:
 // the batch in hand is finished and committed under this generation, after the queued ones and in
 // order, and batches returns only once every one was answered.
-func TestAdversary10GenerationEndsWhileCommitBlocked(t *testing.T) {
+func TestGenerationEndsWhileCommitBlocked(t *testing.T) {
 	for _, n := range []int{5, 12} { // 5: every commit fits the queue; 12: the loop waits for room
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -564,7 +564,7 @@ func TestAdversary10GenerationEndsWhileCommitBlocked(t *testing.T) {
 // ahead until the queue is full, then waits (back-pressure, not an unbounded backlog); a clean
 // shutdown still commits the batch in hand, last, in order. The time from the cancel to the return
 // is logged: it is up to the queue's length of broker answers (before cf13f49: at most two).
-func TestAdversary10ShutdownWithFullCommitQueue(t *testing.T) {
+func TestShutdownWithFullCommitQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 40
 		r := newAdv10Rig(t, 4, 1, time.Second)
@@ -632,7 +632,7 @@ func TestAdversary10ShutdownWithFullCommitQueue(t *testing.T) {
 // commit, no Verify follows a failed Apply, a clean end commits every published batch, the batch
 // loop leaves no goroutine behind (synctest fails on one), and a generation that consumes again
 // from the last commit gives one clean pass.
-func TestAdversary10RandomFaultsKeepTheInvariants(t *testing.T) {
+func TestRandomFaultsKeepTheInvariants(t *testing.T) {
 	seeds := 120
 	if testing.Short() {
 		seeds = 20
@@ -904,7 +904,7 @@ func adv10Mixed(n, k int) (msgs []kafka.Message, bad map[[2]int64]string) {
 // its messages through Apply and Publish, the tail past a shorter batch is cleared, every dead
 // letter is sent once with its own bytes, every good message counted once, and the last commit
 // covers both partitions.
-func TestAdversary10ReuseWithDeadLettersAndUnevenBatches(t *testing.T) {
+func TestReuseWithDeadLettersAndUnevenBatches(t *testing.T) {
 	for _, maxInFlight := range []int{1, 4} {
 		t.Run(fmt.Sprint("in flight ", maxInFlight), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -990,7 +990,7 @@ func TestAdversary10ReuseWithDeadLettersAndUnevenBatches(t *testing.T) {
 // generation); the next generation, with a new pipeline, consumes everything again from the
 // committed offsets: every batch of both generations holds its own messages throughout, and the
 // counts are those of one clean pass.
-func TestAdversary10ReuseAcrossAFailedPublish(t *testing.T) {
+func TestReuseAcrossAFailedPublish(t *testing.T) {
 	for _, maxInFlight := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint("in flight ", maxInFlight), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -1059,7 +1059,7 @@ func TestAdversary10ReuseAcrossAFailedPublish(t *testing.T) {
 // later may be committed, and the loop must still end. The time from the failure to the return and
 // the Verify calls after it are logged (a smell: wasted time in a rebalance, and with
 // redis.wait_replicas a WAIT that cannot lead to a commit).
-func TestAdversary10FailedCommitWithPendingBatches(t *testing.T) {
+func TestFailedCommitWithPendingBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newAdv10Rig(t, 2, 1, 2*time.Second)
 		tr := r.tr

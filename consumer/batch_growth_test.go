@@ -327,7 +327,7 @@ func (f *adv8Feeder) takenAt(off int64) time.Time {
 // closes within adv8Poll of the apply stage taking batch 1, not a linger later and not at
 // MaxBatch. Batch 1 itself, with batch 0 applying but nothing waiting, closes exactly at its
 // linger. Everything is committed once, in order, and only once published.
-func TestAdversary8BatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
+func TestBatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
 	for _, maxInFlight := range []int{3, DefaultMaxInFlight, 8} {
 		t.Run(fmt.Sprint(maxInFlight), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -405,7 +405,7 @@ func TestAdversary8BatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
 // after its first message, as before: lone messages 100 ms apart with any MaxInFlight; and, with
 // MaxInFlight 1 and 2 (where the batch before is never left waiting in the prepared queue while
 // the next one is collected), a busy stream behind a slow apply too.
-func TestAdversary8LingerUnchangedWhenNothingWaits(t *testing.T) {
+func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 	type tc struct {
 		maxInFlight int
 		gap, apply  time.Duration
@@ -484,7 +484,7 @@ func TestAdversary8LingerUnchangedWhenNothingWaits(t *testing.T) {
 // waits there while batch 0's commit is held, so batch 2 grows past its linger, and closes
 // within adv8Poll of the commit returning. This is the one case where MaxInFlight 2 batches
 // differ from before the change; nothing is committed early and everything is committed in order.
-func TestAdversary8TwoInFlightGrowOnlyBehindASlowCommit(t *testing.T) {
+func TestTwoInFlightGrowOnlyBehindASlowCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const linger = 10 * time.Millisecond
 		r := adv8NewRig(t, 2, 100, linger, nil)
@@ -534,7 +534,7 @@ func TestAdversary8TwoInFlightGrowOnlyBehindASlowCommit(t *testing.T) {
 // batch stops at MaxBatch, or at MaxBatchBytes, and whatever arrives after stays in the input
 // channel (back-pressure, so the fetchers wait). Once Redis is back, every message of both
 // partitions is applied once, in order, and committed only after it was published.
-func TestAdversary8StalledApplyKeepsTheBatchBounds(t *testing.T) {
+func TestStalledApplyKeepsTheBatchBounds(t *testing.T) {
 	for _, bound := range []string{"messages", "bytes"} {
 		t.Run(bound, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -617,7 +617,7 @@ func TestAdversary8StalledApplyKeepsTheBatchBounds(t *testing.T) {
 // the generation or the process ends (and committed under it), later messages stay unread,
 // nothing is committed past what was published, nothing is left running, and the loop ends in
 // bounded time.
-func TestAdversary8GenerationEndsWhileABatchGrows(t *testing.T) {
+func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 	for _, end := range []string{"rebalance", "shutdown", "drain_timeout", "apply_fails"} {
 		t.Run(end, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -730,7 +730,7 @@ func adv8CPU(t *testing.T) time.Duration {
 
 // In real time: a batch past its linger waiting for the one before it to be taken must cost little
 // CPU (no spinning, no busy polling), and nothing runs once the pipeline is idle.
-func TestAdversary8WaitingIsCheap(t *testing.T) {
+func TestBatchGrowthWaitingIsCheap(t *testing.T) {
 	gate := make(chan struct{})
 	r := adv8NewRig(t, 3, 1000, 5*time.Millisecond, map[string]chan struct{}{"a": gate})
 	r.commit.want = map[int]int64{0: 3}
@@ -792,7 +792,7 @@ func (s adv8SlowStore) Apply(ctx context.Context, obs []aggregator.Observation, 
 // applied: batches grow behind the one waiting, yet every message is applied and committed once,
 // commits cover only published batches, Redis holds the counts of one clean pass, and the last
 // (partial) batch closes by itself.
-func TestAdversary8GrowingBatchesOnKafkaAndRedis(t *testing.T) {
+func TestGrowingBatchesOnKafkaAndRedis(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	client := testenv.Redis(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)

@@ -72,7 +72,7 @@ func newLaggingRig(t *testing.T, store *laggingStore) *pipelineRig {
 // so tried again at once, after every batch and every time the oldest pending batch is due, it
 // leaves the loop one batch per timeout: 200 one-message batches sent over 10 s took over 200 s of
 // (fake) time to publish here, with a replica merely down.
-func TestAdversaryApplyKeepsItsPaceWhileCommitsWait(t *testing.T) {
+func TestApplyKeepsItsPaceWhileCommitsWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := &trace{}
 		const n = 200
@@ -121,7 +121,7 @@ func TestAdversaryApplyKeepsItsPaceWhileCommitsWait(t *testing.T) {
 // A "not yet" that comes back at once (a slot moved under the WAIT, replicas that answer fast)
 // must not be tried again in a tight loop: the oldest pending batch stays due, so the loop would
 // call Verify, a handful of Redis round trips each, as fast as it can until the replicas catch up.
-func TestAdversaryNotYetIsNotRetriedInATightLoop(t *testing.T) {
+func TestNotYetIsNotRetriedInATightLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := &trace{}
 		store := &laggingStore{gateStore: &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour)},

@@ -377,7 +377,7 @@ func cleanPass(t *testing.T, msgs []kafka.Message) schemas.Window {
 
 var deepKey = aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}, CorrectionID: "fix", Source: aggregator.Live}
 
-func TestAdversary4DeepPipelineKeepsItsPromises(t *testing.T) {
+func TestDeepPipelineKeepsItsPromises(t *testing.T) {
 	msgs := deepMessages(24)
 	want := cleanPass(t, msgs)
 	if want.Passed != 12 || want.ConfirmedRepeats != 4 {
@@ -443,7 +443,7 @@ func TestAdversary4DeepPipelineKeepsItsPromises(t *testing.T) {
 						t.Errorf("last snapshot published: %+v", got)
 					}
 					// Each step timed once per batch that reached it, its retries included, and the
-					// one that failed too (TestAdversary4StepTimedWhenItFails).
+					// one that failed too (TestStepTimedWhenItFails).
 					wantSeal := uint64(r.applyOK)
 					if fault == "seal" {
 						wantSeal++
@@ -470,7 +470,7 @@ func TestAdversary4DeepPipelineKeepsItsPromises(t *testing.T) {
 // Redis or Kafka call holds a stage up", retries included). Observed only when the step
 // succeeds, that time is in no step at all: the dashboard's "Time in each step" panel reads 0 for
 // publish during exactly the outage it should point at, and the rewind it ends in.
-func TestAdversary4StepTimedWhenItFails(t *testing.T) {
+func TestStepTimedWhenItFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		metrics := NewMetrics(nil)
 		store := &flakyStore{model: aggregator.NewModel(30 * 24 * time.Hour)}
@@ -525,7 +525,7 @@ func (failingPublisher) PublishSuites(context.Context, suite.Output, time.Time) 
 // and over. The deadline was meant to bound a drain, not a queue wait. With the default 30 s:
 // 8 s publishes pass with 3 in flight and fail with the new default of 4; 4 s publishes pass
 // with 4 and fail with 8.
-func TestAdversary4SlowPublishesDoNotRewindADeepPipeline(t *testing.T) {
+func TestSlowPublishesDoNotRewindADeepPipeline(t *testing.T) {
 	msgs := deepMessages(24)
 	for _, tc := range []struct {
 		maxInFlight int

@@ -97,7 +97,7 @@ func (h *deepAudit) Publish(ctx context.Context, b *Batch) error {
 // On real Kafka and Redis, with four (the default) and eight batches in flight: the first
 // batch's publish fails for good once every other place in the pipeline holds an applied batch.
 // Nothing of them is committed; all are consumed again and the counts are those of one clean pass.
-func TestAdversary4DeepPipelineRewindsOnKafkaAndRedis(t *testing.T) {
+func TestDeepPipelineRewindsOnKafkaAndRedis(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	client := testenv.Redis(t)
 	for _, maxInFlight := range []int{DefaultMaxInFlight, 8} {
@@ -261,7 +261,7 @@ func (h *memberAudit) Verify(ctx context.Context, mark int64, offsets map[string
 // them before the second gets their partition, so each aggregate's snapshots still reach Kafka in
 // version order across the two members, commits cover only published batches, and the counts are
 // those of one clean pass.
-func TestAdversary4DeepPipelineRebalanceOnKafkaAndRedis(t *testing.T) {
+func TestDeepPipelineRebalanceOnKafkaAndRedis(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	client := testenv.Redis(t)
 	for _, maxInFlight := range []int{DefaultMaxInFlight, 8} {

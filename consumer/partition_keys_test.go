@@ -12,14 +12,14 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// TestAdversary5PartitionKeys decodes random live attempts, correction checks and suite-only eval
+// TestPartitionKeys decodes random live attempts, correction checks and suite-only eval
 // results whose identities are made of the bytes the escaping is about ('|', '%', braces, space,
 // non-ASCII, digits; up to the 512-byte limit), and requires of Event.PartitionKey
 // (docs/semantics.md#message-keys): an observation is keyed by its aggregate ID, any other eval
 // result by JoinEscaped(workspace, suite, case_id), which splits back into exactly those three;
 // the key of a suite-only result depends on nothing else (version, run, model, result, prediction);
 // and no two different identities share a key — in particular no case key equals an aggregate ID.
-func TestAdversary5PartitionKeys(t *testing.T) {
+func TestPartitionKeys(t *testing.T) {
 	dec, err := NewDecoder(DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)

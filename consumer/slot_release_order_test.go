@@ -240,7 +240,7 @@ func adv11CheckCommits(t *testing.T, tr *trace, calls []map[string]map[int]int64
 // while each Publish is held, every goroutine of the bubble blocked, the feeder has handed over
 // exactly the messages of the batches prepared so far (batch sizes 1 and 3, commit delay 0 and
 // 1 s). Every batch is then committed, in order.
-func TestAdversary11OneInFlightTakesNothingBeforePublished(t *testing.T) {
+func TestOneInFlightTakesNothingBeforePublished(t *testing.T) {
 	for _, maxBatch := range []int{1, 3} {
 		for _, delay := range []time.Duration{0, time.Second} {
 			t.Run(fmt.Sprintf("batch %d delay %v", maxBatch, delay), func(t *testing.T) {
@@ -350,7 +350,7 @@ func adv11Stall(r *adv10Rig, h *adv11Handler, gate <-chan struct{}, target int, 
 // wait for the applying goroutine, and the Batch objects still alive are only those holding
 // places. Once the Apply returns everything is committed. Repeated, as the fill depends on the
 // select.
-func TestAdversary11BoundedWhileTheApplyingGoroutineIsStuck(t *testing.T) {
+func TestBoundedWhileTheApplyingGoroutineIsStuck(t *testing.T) {
 	for _, maxInFlight := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint(maxInFlight), func(t *testing.T) {
 			most, reached := 0, 0
@@ -426,7 +426,7 @@ func TestAdversary11BoundedWhileTheApplyingGoroutineIsStuck(t *testing.T) {
 // before the Apply does, and then every batch collected is published and the last commit is
 // exactly the end of the last one published, nothing fetched after the stop. With a drain timeout
 // shorter than the stall, what is committed is still only what was published, in order.
-func TestAdversary11StopWhilePublishedQueues(t *testing.T) {
+func TestStopWhilePublishedQueues(t *testing.T) {
 	for _, maxInFlight := range []int{1, 2, 4} {
 		for _, how := range []string{"shutdown", "generation", "drain timeout"} {
 			t.Run(fmt.Sprint(maxInFlight, " ", how), func(t *testing.T) {
@@ -524,7 +524,7 @@ func adv11Suite(c, i int, res string) kafka.Message {
 // in its first Verify until published is full and publishes slow: the batch after a barrier is
 // applied only once the barrier was published and its case marked announced, and every case is
 // announced exactly as often as in a run with one batch at a time.
-func TestAdversary11BarrierWhilePublishedQueues(t *testing.T) {
+func TestBarrierWhilePublishedQueues(t *testing.T) {
 	msgs := func() []kafka.Message {
 		var ms []kafka.Message
 		for c := range 5 {
@@ -624,7 +624,7 @@ func maps11Keys(m map[int64]bool) []int64 {
 // committed, no Verify follows a failed Apply, the loop ends without a leak, and consuming again
 // from the last commit gives one clean pass. Repeated: which of published and the stop the
 // applying goroutine sees first is the select's choice; both are logged.
-func TestAdversary11FailureWhilePublishedWaits(t *testing.T) {
+func TestFailureWhilePublishedWaits(t *testing.T) {
 	for _, stage := range []string{"publish", "apply"} {
 		for _, maxInFlight := range []int{2, 3, 4} {
 			t.Run(fmt.Sprint(stage, " ", maxInFlight), func(t *testing.T) {
@@ -749,7 +749,7 @@ func TestAdversary11FailureWhilePublishedWaits(t *testing.T) {
 // commits grow, each after the publish and a Verify of what it covers; nothing at or past a failed
 // batch is committed; a clean end commits every published batch; no goroutine is left (synctest);
 // consuming again from the last commit gives one clean pass. Run with -race as well.
-func TestAdversary11RandomTimingsAndFaults(t *testing.T) {
+func TestRandomTimingsAndFaults(t *testing.T) {
 	seeds := 100
 	if testing.Short() {
 		seeds = 20

@@ -152,10 +152,10 @@ func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
 	}
 }
 
-// TestAdversary5LongestCaseKeyAtTheLimit: never accepted and then dead-lettered. An event that
+// TestLongestCaseKeyAtTheLimit: never accepted and then dead-lettered. An event that
 // fits only without its key is refused as too_large or written so that the processor takes it;
 // one that fits with its key is written keyed and taken; the record limit counts the key.
-func TestAdversary5LongestCaseKeyAtTheLimit(t *testing.T) {
+func TestLongestCaseKeyAtTheLimit(t *testing.T) {
 	adv5AtTheLimit(t, func(t *testing.T, l adv5Limit) {
 		post1, unkeyedAt, keyedAt, limit, dec, sizeAt := l.post, l.unkeyedAt, l.keyedAt, l.limit, l.dec, l.sizeAt
 		for _, recordLimit := range []int64{0, 2 << 20} {
@@ -201,12 +201,12 @@ func TestAdversary5LongestCaseKeyAtTheLimit(t *testing.T) {
 	})
 }
 
-// TestAdversary5IngestKeysAsProduceAtTheLimit: docs/semantics.md#ingest writes events "keyed as
+// TestIngestKeysAsProduceAtTheLimit: docs/semantics.md#ingest writes events "keyed as
 // produce keys them", and #message-keys writes an eval result whose case key would take its
 // message past max_message_bytes unkeyed (consumer.Decoder.MessageKey, which produce, loadgen and
 // import use). A valid eval result that fits only without its key must then be written, unkeyed,
 // as produce writes it, and not refused as too_large.
-func TestAdversary5IngestKeysAsProduceAtTheLimit(t *testing.T) {
+func TestIngestKeysAsProduceAtTheLimit(t *testing.T) {
 	adv5AtTheLimit(t, func(t *testing.T, l adv5Limit) {
 		for _, n := range []int{l.unkeyedAt, l.keyedAt + 1, l.keyedAt} {
 			a, w := l.post(0, n)

@@ -36,7 +36,7 @@ import (
 // version_seq, judge_last_versions and min_history, two outcomes listed against their order,
 // revived cases (announced or not), a cell holding all 10 000 run indexes (counts of the c/t fields
 // up to 10 000, block numbers up to 624), and the Lua arithmetic and number formatting themselves;
-// and (opt-in, TestAdversary9AfterAFailedCall) the state a call beyond schemas.MaxRuns leaves when
+// and (opt-in, TestBlockEdgesAfterAFailedCall) the state a call beyond schemas.MaxRuns leaves when
 // it fails halfway.
 //
 // Each call is applied through the store's own ApplyEncoded to the current script, to the script
@@ -48,7 +48,7 @@ import (
 // only the model comparisons run; REPEATRATE_ADV9_PREV_FILE=<path> compares with a script file
 // instead (how the tests were checked against altered copies of suite.lua).
 //
-//	REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_SCRIPT_PREV=ed0f13a go test -count=1 -run Adversary9 ./aggregator/suite/
+//	REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_SCRIPT_PREV=ed0f13a go test -count=1 -run TestBlockEdges ./aggregator/suite/
 
 // adv9Suite is the suite every run of these tests belongs to (splitEncode takes one suite).
 var adv9Suite = Key{"ws9", "speed|adv9"}
@@ -287,12 +287,12 @@ func a9Need(t *testing.T, st a9Stats, codes string, revived, missing, reordered 
 		st.missing, st.reordered, st.prevOK, testenv.ScriptPrevCommit()+os.Getenv("REPEATRATE_ADV9_PREV_FILE"))
 }
 
-// TestAdversary9BlockEdges: cells whose stored bitmaps cover a block only partly (only its first
+// TestBlockEdges: cells whose stored bitmaps cover a block only partly (only its first
 // byte, only its second, shorter than the block, longer with the block empty, 1250 bytes), then
 // runs at and across block edges in them: new runs in blocks read and not read ahead, re-assessed,
 // duplicated and stale runs in blocks whose held field must be read, then the whole call again, and
 // a call sending each cell as two groups.
-func TestAdversary9BlockEdges(t *testing.T) {
+func TestBlockEdges(t *testing.T) {
 	cfg := Config{MinHistory: 2, MissingAfter: 20 * time.Minute}
 	rp := func(o RunObservation, tok int, trig string) RunObservation { return withReply(o, tok, trig) }
 	callA := []RunObservation{
@@ -370,12 +370,12 @@ func TestAdversary9BlockEdges(t *testing.T) {
 	})
 }
 
-// TestAdversary9SameRunManyTimesInOneCall: one run counted, duplicated, re-assessed (greater
+// TestSameRunManyTimesInOneCall: one run counted, duplicated, re-assessed (greater
 // assessed, greater seq) and stale several times within one call, with its cell's runs
 // alternating between blocks so that the group's last-block cache misses and returns to a block it
 // appended to, parsed, or both; in a version the call creates, an existing version's new cell, and
 // an existing cell with stored runs in those blocks; whole and as two groups; each call twice.
-func TestAdversary9SameRunManyTimesInOneCall(t *testing.T) {
+func TestSameRunManyTimesInOneCall(t *testing.T) {
 	cfg := Config{MinHistory: 1, MissingAfter: 20 * time.Minute}
 	burst := func(v, c string, vseq, base int64) []RunObservation {
 		return []RunObservation{
@@ -457,12 +457,12 @@ func a9Flags(v, c string, first int64, shift int, as int64, toks []int) []RunObs
 	return out
 }
 
-// TestAdversary9FlagCombinations: every result × reply × trigger × tokens (0, 1, 15, 16, 17, 255,
+// TestBlockEdgesFlagCombinations: every result × reply × trigger × tokens (0, 1, 15, 16, 17, 255,
 // 4096, 2^20, 2^20+3; up to 2^31-1 on the real Redis: the embedded one keeps a table keyed by
 // length as an array) stored, then re-assessed into another combination in a later call and
 // again within one call, so that the inlined deltas add and the kept runDelta takes back every
 // combination.
-func TestAdversary9FlagCombinations(t *testing.T) {
+func TestBlockEdgesFlagCombinations(t *testing.T) {
 	cfg := Config{MinHistory: 2, MissingAfter: 20 * time.Minute}
 	for _, be := range []struct {
 		name string
@@ -488,12 +488,12 @@ func TestAdversary9FlagCombinations(t *testing.T) {
 	}
 }
 
-// TestAdversary9VersionsAndJudging: versions created in the call (several for one case, one with a
+// TestBlockEdgesVersionsAndJudging: versions created in the call (several for one case, one with a
 // lower version_seq than existing ones), a greater version_seq for an existing version (every case
 // judged again), judge_last_versions moving its first judged version, min_history 1 to 3, a case
 // revived, unrevived by a re-assessment and revived again, announced or not, with runs on both
 // sides of block edges.
-func TestAdversary9VersionsAndJudging(t *testing.T) {
+func TestBlockEdgesVersionsAndJudging(t *testing.T) {
 	calls := []a9Call{
 		{at: t0.Add(time.Hour), announce: true, obs: []RunObservation{
 			a9("v1", "k1", 0, 'p', 1, 20, 0, 0), a9("v2", "k1", 0, 'p', 2, 20, 0, 0), a9("v3", "k1", 0, 'f', 3, 20, 0, 0),
@@ -546,11 +546,11 @@ func TestAdversary9VersionsAndJudging(t *testing.T) {
 	}
 }
 
-// TestAdversary9FullCell: one cell holding every run index 0..9999 (a 1250-byte bitmap, block
+// TestBlockEdgesFullCell: one cell holding every run index 0..9999 (a 1250-byte bitmap, block
 // numbers up to 624, counts of the c/t fields up to 10 000), filled in interleaved calls (every
 // call touches every block, most of them partly held), then re-assessed in part and redelivered,
 // beside a cell of another case with one run per block.
-func TestAdversary9FullCell(t *testing.T) {
+func TestBlockEdgesFullCell(t *testing.T) {
 	cfg := Config{MinHistory: 2, MissingAfter: 20 * time.Minute}
 	const n = schemas.MaxRuns
 	run := func(i int64, as int64, flip bool) RunObservation {
@@ -642,9 +642,9 @@ func a9Stream(r *rand.Rand, n, versions, cases int) []RunObservation {
 	return out
 }
 
-// TestAdversary9Random: random streams aimed at block edges, cut into calls sent whole or as two
+// TestBlockEdgesRandomStreams: random streams aimed at block edges, cut into calls sent whole or as two
 // groups per cell, some applied twice, most announced, some read back.
-func TestAdversary9Random(t *testing.T) {
+func TestBlockEdgesRandomStreams(t *testing.T) {
 	type rc struct {
 		name            string
 		seed            uint64
@@ -734,12 +734,12 @@ end
 return { bad, diff }
 `
 
-// TestAdversary9Arithmetic: in real Redis's Lua and in the embedded server's gopher-lua, the new
+// TestBlockEdgesArithmetic: in real Redis's Lua and in the embedded server's gopher-lua, the new
 // arithmetic equals the old for every run index up to 70 000, every bitmap byte and bit, and flags
 // of every result, reply, trigger and tokens up to 2^40; and string.format('%d') names every
 // integer below 10^14 as concatenation did (the counts and block numbers the script names are at
 // most schemas.MaxRuns).
-func TestAdversary9Arithmetic(t *testing.T) {
+func TestBlockEdgesArithmetic(t *testing.T) {
 	nums := []string{"0", "1", "9", "10", "15", "16", "99", "100", "624", "625", "1000", "9999", "10000", "65535", "1000000",
 		"2147483647", "2147483648", "4294967296", "10000000000000", "99999999999999", "100000000000000", "9007199254740992"}
 	below := func(s string) bool { return len(s) <= 14 }
@@ -776,7 +776,7 @@ func TestAdversary9Arithmetic(t *testing.T) {
 	})
 }
 
-// TestAdversary9AfterAFailedCall: a run index far beyond schemas.MaxRuns (which the processor
+// TestBlockEdgesAfterAFailedCall: a run index far beyond schemas.MaxRuns (which the processor
 // enforces and the store's Apply does not) makes a cell's bitmap longer than a Lua unpack takes
 // (8 000 values on the real Redis, the embedded server's registry of 5 120 slots), so the call
 // fails after it wrote B..'r' and before it wrote the cells (neither server undoes a failed
@@ -787,7 +787,7 @@ func TestAdversary9Arithmetic(t *testing.T) {
 //
 // It fails on 29024de against ed0f13a; its inputs are outside the schema's range, so it runs only
 // with REPEATRATE_ADV9_BEYOND_MAXRUNS=1.
-func TestAdversary9AfterAFailedCall(t *testing.T) {
+func TestBlockEdgesAfterAFailedCall(t *testing.T) {
 	if os.Getenv("REPEATRATE_ADV9_BEYOND_MAXRUNS") == "" {
 		t.Skip("run indexes beyond schemas.MaxRuns: set REPEATRATE_ADV9_BEYOND_MAXRUNS=1")
 	}

@@ -316,7 +316,7 @@ func advStored(t *testing.T, client *redis.Client, store *Redis, m *Model, k Key
 }
 
 // Hand-made batches, one rule each.
-func TestGroupArgsAdversaryScenarios(t *testing.T) {
+func TestGroupArgsScenarios(t *testing.T) {
 	min2 := Config{MinHistory: 2, MissingAfter: 20 * time.Minute}
 	late := t0.Add(10 * time.Hour) // every case matured: missing runs listed
 	scenarios := []struct {
@@ -523,7 +523,7 @@ func advStream(r *rand.Rand, n, versions, cases int) []RunObservation {
 // Random streams over few cells, cut into batches at random, with deliveries starting again from
 // an earlier batch (a redelivery of any prefix of what was applied since a commit, cut anew); one
 // of them on the embedded Redis too.
-func TestGroupArgsAdversaryRandom(t *testing.T) {
+func TestGroupArgsRandom(t *testing.T) {
 	for _, cfg := range []Config{
 		{MinHistory: 2, MissingAfter: 30 * time.Minute},
 		{MinHistory: 2, JudgeLastVersions: 3, MissingAfter: 30 * time.Minute},

@@ -43,7 +43,7 @@ import (
 // REPEATRATE_ADV11_STRICT=order, =enc or =1 (both) also fails on differences of hash field order in
 // the replies or of object encoding in the stored keys.
 //
-//	REPEATRATE_TEST_REDIS=127.0.0.1:16379 go test -count=1 -run Adversary11 ./aggregator/suite/
+//	REPEATRATE_TEST_REDIS=127.0.0.1:16379 go test -count=1 -run TestGroupEncoding ./aggregator/suite/
 
 const a11PrevRev = "36ccb9d"
 
@@ -576,8 +576,8 @@ func a11Need(t *testing.T, st a11Stats, codes string) {
 	}
 }
 
-// TestAdversary11Edges: hand-made calls at the edges of the fast path and its encoding.
-func TestAdversary11Edges(t *testing.T) {
+// TestGroupEncodingEdges: hand-made calls at the edges of the fast path and its encoding.
+func TestGroupEncodingEdges(t *testing.T) {
 	at := t0.Add(time.Hour)
 	p, f, e := byte('p'), byte('f'), byte('e')
 	// Call 0: new cells only.
@@ -793,8 +793,8 @@ func a11Stream(r *rand.Rand, calls int, maxRuns int) []a11Call {
 	return out
 }
 
-// TestAdversary11Random: random streams on both backends (the embedded one with fewer calls).
-func TestAdversary11Random(t *testing.T) {
+// TestGroupEncodingRandomStreams: random streams on both backends (the embedded one with fewer calls).
+func TestGroupEncodingRandomStreams(t *testing.T) {
 	cfgs := []Config{
 		{MinHistory: 1, MissingAfter: 10 * time.Minute},
 		{MinHistory: 2, JudgeLastVersions: 2, MissingAfter: 30 * time.Minute},
@@ -822,13 +822,13 @@ func TestAdversary11Random(t *testing.T) {
 	}
 }
 
-// TestAdversary11ManyFields: one version's sums hash held at exactly hash-max-listpack-entries
+// TestGroupEncodingManyFields: one version's sums hash held at exactly hash-max-listpack-entries
 // fields (128 by default) by call 0 — R and D, p<i> and n<i> of as many passed runs, one per cell, and
 // c1,1 and t1,1 — then calls that take k of the p<i> fields to zero (re-assessed pass → fail) while
 // they create c1,0 and t1,0, and some add new fields: whether the hash passes 129 fields on the way
 // depends on the order the script writes the sums in; contents must be equal whatever it is, and
 // encoding differences are counted (REPEATRATE_ADV11_STRICT=1 fails on them).
-func TestAdversary11ManyFields(t *testing.T) {
+func TestGroupEncodingManyFields(t *testing.T) {
 	client := testenv.Redis(t)
 	limit := int64(128)
 	if v, err := client.ConfigGet(context.Background(), "hash-max-listpack-entries").Result(); err == nil {

@@ -40,7 +40,7 @@ import (
 // three moves (tn up, tn down, tn kept) and the general path it must leave alone. Both backends:
 // the test Redis and the embedded one of `repeatrate dev` (gopher-lua).
 //
-//	REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_SCRIPT_PREV=6e668c6 go test -count=1 -run TestAdversary10 ./aggregator/suite/
+//	REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_SCRIPT_PREV=6e668c6 go test -count=1 -run TestJudgeFastPath ./aggregator/suite/
 
 // a10Stats counts, from the model, the discrimination path each case whose outcome in a touched
 // cell changed takes in a call that neither reorders versions nor moves the first judged version.
@@ -363,12 +363,12 @@ func a10Scenario() []a9Call {
 	}
 }
 
-// TestAdversary10SingleVersion: the hand-made scenario (a10Scenario) under min_history 1, 2 and 5
+// TestJudgeFastPathSingleVersion: the hand-made scenario (a10Scenario) under min_history 1, 2 and 5
 // and judge_last_versions windows: every fast-path move, a lone run re-assessed to error and back,
 // pass and fail within one version and one call, a case's first two versions in one call, a
 // second version with errored runs only, versions created first, between and last, and a case's
 // only version reordered; whole and as two groups per cell, applied twice, read, announced.
-func TestAdversary10SingleVersion(t *testing.T) {
+func TestJudgeFastPathSingleVersion(t *testing.T) {
 	calls := a10Scenario()
 	for _, cfg := range a10Configs {
 		t.Run(a10Name(cfg), func(t *testing.T) {
@@ -377,10 +377,10 @@ func TestAdversary10SingleVersion(t *testing.T) {
 	}
 }
 
-// TestAdversary10Prefixes: after each call of the scenario, every call before it delivered again
+// TestJudgeFastPathPrefixes: after each call of the scenario, every call before it delivered again
 // one by one, then the whole prefix as one call (as two groups per cell every other time): the
 // redeliveries change nothing, and later calls still take the fast path from the state they left.
-func TestAdversary10Prefixes(t *testing.T) {
+func TestJudgeFastPathPrefixes(t *testing.T) {
 	base := a10Scenario()
 	var calls []a9Call
 	for k, c := range base {
@@ -401,12 +401,12 @@ func TestAdversary10Prefixes(t *testing.T) {
 	}
 }
 
-// TestAdversary10ManyCalls: 24 cases whose runs come one a call over 12 calls (run index = call),
+// TestJudgeFastPathManyCalls: 24 cases whose runs come one a call over 12 calls (run index = call),
 // each case's results drawn so that its outcome comes, goes (errored runs) and flips, with a
 // re-assessment of the call before's run every third call; from call 5 the even cases get runs in
 // a second version too, four more cases start in both versions at once, and call 8 reorders the
 // first version.
-func TestAdversary10ManyCalls(t *testing.T) {
+func TestJudgeFastPathManyCalls(t *testing.T) {
 	r := rand.New(rand.NewPCG(10, 10))
 	var calls []a9Call
 	for n := int64(0); n < 12; n++ {
@@ -544,9 +544,9 @@ func a10Stream(r *rand.Rand, n, versions, cases int) []a9Call {
 	return calls
 }
 
-// TestAdversary10Random: random streams (a10Stream) under every configuration, eight seeds each,
+// TestJudgeFastPathRandomStreams: random streams (a10Stream) under every configuration, eight seeds each,
 // the first on the embedded server too; subtests run in parallel (they wait on Redis round trips).
-func TestAdversary10Random(t *testing.T) {
+func TestJudgeFastPathRandomStreams(t *testing.T) {
 	for i, cfg := range a10Configs {
 		for seed := uint64(0); seed < 8; seed++ {
 			s := 100*uint64(i) + seed

@@ -51,9 +51,9 @@ func readTTLSetup(t *testing.T, client *redis.Client, idle time.Duration) (*Redi
 	return store, prefix, k
 }
 
-// TestAdversary5ReadLeavesNoKeyWithoutTTL: after a Read that matures a case, every key of the
+// TestReadLeavesNoKeyWithoutTTL: after a Read that matures a case, every key of the
 // suite still expires within the idle TTL.
-func TestAdversary5ReadLeavesNoKeyWithoutTTL(t *testing.T) {
+func TestReadLeavesNoKeyWithoutTTL(t *testing.T) {
 	advBackends(t, true, func(t *testing.T, client *redis.Client) {
 		ctx := context.Background()
 		_, prefix, _ := readTTLSetup(t, client, time.Hour)
@@ -69,12 +69,12 @@ func TestAdversary5ReadLeavesNoKeyWithoutTTL(t *testing.T) {
 	})
 }
 
-// TestAdversary5NewHistoryAfterReadAndExpiry: a suite read once its case matured, then idle past
+// TestNewHistoryAfterReadAndExpiry: a suite read once its case matured, then idle past
 // its TTL, starts a new history: the next batch applies and lists only the new history's cases.
 // The matured set left without a TTL outlived the suite, its version id is handed out again
 // (the id counter expired), and the new version's read-back reads the old case's cell, which no
 // longer exists.
-func TestAdversary5NewHistoryAfterReadAndExpiry(t *testing.T) {
+func TestNewHistoryAfterReadAndExpiry(t *testing.T) {
 	ctx := context.Background()
 	check := func(t *testing.T, client *redis.Client, store *Redis, prefix string, k Key) {
 		t.Helper()

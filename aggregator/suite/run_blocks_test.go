@@ -131,10 +131,10 @@ func adv5Compare(t *testing.T, client *redis.Client, cfg Config, calls []adv5Cal
 	return codes
 }
 
-// TestAdversary5BlockFieldsOfAwkwardNames: every awkward case in every awkward version, at block
+// TestBlockFieldsOfAwkwardNames: every awkward case in every awkward version, at block
 // edges and far blocks, then re-assessed, stale and duplicated, in calls sent whole and split,
 // each applied twice.
-func TestAdversary5BlockFieldsOfAwkwardNames(t *testing.T) {
+func TestBlockFieldsOfAwkwardNames(t *testing.T) {
 	idxs := []int64{0, 15, 16, 17, 31, 32, 255, 256, 9983, 9984, 9998, 9999}
 	late := t0.Add(10 * time.Hour)
 	var first, second, third []RunObservation
@@ -186,10 +186,10 @@ func TestAdversary5BlockFieldsOfAwkwardNames(t *testing.T) {
 	})
 }
 
-// TestAdversary5RunReassessedManyTimesInOneCall: runs appended in the call, then re-assessed
+// TestRunReassessedManyTimesInOneCall: runs appended in the call, then re-assessed
 // up and down dozens of times in the same call, in cells of more than 16 runs spread over far
 // blocks, with the cell split in two groups; and the same again on runs held from an earlier call.
-func TestAdversary5RunReassessedManyTimesInOneCall(t *testing.T) {
+func TestRunReassessedManyTimesInOneCall(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 55))
 	idxs := []int64{0, 1, 15, 16, 47, 48, 5000, 9999}
 	mk := func(c string, base int64) []RunObservation {
@@ -257,9 +257,9 @@ func TestAdversary5RunReassessedManyTimesInOneCall(t *testing.T) {
 	})
 }
 
-// TestAdversary5RandomDeliveries: a random stream over awkward names, cut into calls at random,
+// TestRandomDeliveries: a random stream over awkward names, cut into calls at random,
 // redelivered from an earlier call, each call sent whole or split at random and often twice.
-func TestAdversary5RandomDeliveries(t *testing.T) {
+func TestRandomDeliveries(t *testing.T) {
 	for _, seed := range []uint64{7, 8} {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 5))

@@ -190,7 +190,7 @@ func adv3Wide(r *rand.Rand, n, cases int, as int64) []RunObservation {
 // version_seq growing later and reordering versions, run indexes up to MaxRuns-1, two suites with
 // colliding names, redeliveries, announcements) and wide batches past the script's chunk of
 // arguments: the current suite script and the previous one reply and store the same.
-func TestAdversary3SuiteScriptSameAsPrevious(t *testing.T) {
+func TestSuiteScriptSameAsPrevious(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
 		seed            uint64

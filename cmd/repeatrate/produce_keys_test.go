@@ -32,7 +32,7 @@ func adv5MessageSize(m *kafka.Message) int {
 	return n
 }
 
-// TestAdversary5ProduceKeyDoesNotDeadLetterAValidLine: docs/semantics.md#message-keys says a
+// TestProduceKeyDoesNotDeadLetterAValidLine: docs/semantics.md#message-keys says a
 // message's key decides nothing that is counted, and the README that replay counts what run
 // counts for the same input. produce now keys an eval result that is no correction check by its
 // case, a key of up to 4 610 bytes, and the processor's decoder counts the key toward
@@ -40,7 +40,7 @@ func adv5MessageSize(m *kafka.Message) int {
 // metadata does) whose message as produce wrote it before (unkeyed, with its content-type header)
 // is exactly at the limit is counted by replay; the message produce writes must be one the
 // processor's decoder takes, not one it dead-letters as too_large.
-func TestAdversary5ProduceKeyDoesNotDeadLetterAValidLine(t *testing.T) {
+func TestProduceKeyDoesNotDeadLetterAValidLine(t *testing.T) {
 	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)

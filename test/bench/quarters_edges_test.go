@@ -29,7 +29,7 @@ func adv3Samples(ns []float64, rewriting ...int) []countSample {
 // a quarter past the start, the last starts at the last sample a quarter before the end, each
 // rate is what was counted between its brackets over the time between them, and a rewrite flag
 // (seen since the previous sample) counts exactly when the interval it closes lies in a quarter.
-func TestAdversary3QuarterBoundsRandom(t *testing.T) {
+func TestQuarterBoundsRandom(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for run := range 2000 {
 		ns := []float64{float64(r.IntN(1000))}
@@ -67,7 +67,7 @@ func TestAdversary3QuarterBoundsRandom(t *testing.T) {
 
 // Edge cases: the fewest samples, a counter that did not grow, a quarter bracketed by the run's
 // own ends, and the rewrite flag on each bracketing sample.
-func TestAdversary3QuarterEdges(t *testing.T) {
+func TestQuarterEdges(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		ns          []float64
@@ -103,7 +103,7 @@ func TestAdversary3QuarterEdges(t *testing.T) {
 
 // Every refused or failed answer of the processor's metrics endpoint is an error, never a sample
 // of zeros: the statuses a rate limit, an overloaded or restarting processor, or a proxy answer.
-func TestAdversary3ScrapeNon200(t *testing.T) {
+func TestQuarterScrapeNon200(t *testing.T) {
 	for _, code := range []int{http.StatusNoContent, http.StatusMovedPermanently, http.StatusNotFound, http.StatusTooManyRequests,
 		http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {

@@ -66,7 +66,7 @@ func fakeRedis(t *testing.T, pid int) string {
 // container's Redis reports its own namespace's pid (1, typically), and /proc/1/schedstat is
 // then this machine's init. The harness must not report init's scheduler times as Redis's main
 // thread; it should check that the pid is a redis-server (/proc/<pid>/comm) before reading it.
-func TestAdversary4RedisThreadOnlyReadsARedisServer(t *testing.T) {
+func TestRedisThreadOnlyReadsARedisServer(t *testing.T) {
 	if _, err := os.Stat("/proc/1/schedstat"); err != nil {
 		t.Skip("no /proc/1/schedstat")
 	}
@@ -80,7 +80,7 @@ func TestAdversary4RedisThreadOnlyReadsARedisServer(t *testing.T) {
 // "localhost" is how many set REPEATRATE_TEST_REDIS; it is this machine as much as 127.0.0.1, yet
 // net.ParseIP("localhost") is nil and the Redis-thread line silently disappears from the log.
 // A unix socket path or a remote address stays unknown, without a panic.
-func TestAdversary4RedisThreadAddresses(t *testing.T) {
+func TestRedisThreadAddresses(t *testing.T) {
 	addr := testenv.RedisAddr(t)
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
