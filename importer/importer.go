@@ -40,6 +40,10 @@ type Options struct {
 	// (default DefaultMaxMemberBytes): a member declaring more, or decompressing to more, fails the
 	// import instead of exhausting memory (a few kilobytes of zstd can expand to gigabytes).
 	MaxMemberBytes int64
+	// Skipped, when set, is told of each file of a folder that is not a log of the format (a
+	// stray JSON file beside the logs, say) and why; such a file does not stop the import. A file
+	// named on its own that is not a log is an error.
+	Skipped func(file, why string)
 }
 
 // DefaultMaxMemberBytes is the default Options.MaxMemberBytes: far above an Inspect sample's JSON

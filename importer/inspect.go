@@ -3,6 +3,7 @@ package importer
 import (
 	"archive/zip"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -60,7 +61,7 @@ func readInspect(path string, maxMember int64) (inspectLog, error) {
 			return log, err
 		}
 		if err := json.Unmarshal(b, &log); err != nil {
-			return log, fmt.Errorf("%s: %w", path, err)
+			return log, notALog(path, err)
 		}
 		return log, nil
 	}
@@ -114,6 +115,35 @@ func readInspect(path string, maxMember int64) (inspectLog, error) {
 	return log, nil
 }
 
+// notALogError is a file whose JSON is not an Inspect AI log: why says what it holds instead, in
+// the user's terms (no Go type names).
+type notALogError struct{ path, why string }
+
+func (e *notALogError) Error() string { return e.path + " is " + e.why }
+
+// notALog words a JSON error of reading path as an Inspect log.
+func notALog(path string, err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field == "":
+		return &notALogError{path, fmt.Sprintf("not an Inspect AI log: its JSON is %s, not a log object", article(te.Value))}
+	case errors.As(err, &te):
+		return &notALogError{path, fmt.Sprintf("not an Inspect AI log: its member %s is %s", te.Field, article(te.Value))}
+	case errors.As(err, &se):
+		return &notALogError{path, fmt.Sprintf("not JSON (at byte %d: %v)", se.Offset, se)}
+	}
+	return &notALogError{path, "not an Inspect AI log: " + err.Error()}
+}
+
+// article puts "a" or "an" before a JSON kind ("array", "object", "string", "number", "bool").
+func article(kind string) string {
+	if strings.IndexByte("aeiou", kind[0]) >= 0 {
+		return "an " + kind
+	}
+	return "a " + kind
+}
+
 // inspectFiles lists the logs at path: the file itself, or the .eval and .json files in a directory.
 func inspectFiles(path string) ([]string, error) {
 	st, err := os.Stat(path)
@@ -157,11 +187,21 @@ func Inspect(path string, opt Options) ([]Event, error) {
 			maxMember = DefaultMaxMemberBytes
 		}
 		log, err := readInspect(f, maxMember)
-		if err != nil {
+		var nl *notALogError
+		switch {
+		case errors.As(err, &nl) && f != path && opt.Skipped != nil:
+			opt.Skipped(f, nl.why) // a stray file beside the logs of a folder
+			continue
+		case err != nil:
 			return nil, err
-		}
-		if log.Eval.Task == "" {
-			continue // a .json that is not an Inspect log
+		case log.Eval.Task == "":
+			if f == path {
+				return nil, fmt.Errorf("%s is not an Inspect AI log: it names no task (eval.task)", f)
+			}
+			if opt.Skipped != nil {
+				opt.Skipped(f, "not an Inspect AI log: it names no task (eval.task)")
+			}
+			continue
 		}
 		evs, err := inspectEvents(log, opt, enc)
 		if err != nil {

@@ -18,6 +18,14 @@ import (
 const importUsage = `usage: repeatrate import inspect|opencompass --in PATH --workspace WS (--out FILE | --to-kafka BROKERS) [flags]
 "repeatrate import inspect -h" (or opencompass) lists the flags.`
 
+// skippedNote says how many files of a folder were skipped, when any were.
+func skippedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d files skipped: not logs)", n)
+}
+
 // importable refuses an import that found nothing to import: exit 1 with what to check, rather
 // than "imported 0" and 0.
 func importable(format, in string, evs []importer.Event) error {
@@ -76,6 +84,11 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if len(missing) > 0 {
 		return fmt.Errorf("import %s: missing %s", format, strings.Join(missing, ", "))
 	}
+	skipped := 0
+	opt.Skipped = func(file, why string) {
+		skipped++
+		fmt.Fprintf(stderr, "skipped %s: %s\n", file, why)
+	}
 	read := importer.Inspect
 	if format == "opencompass" {
 		read = importer.OpenCompass
@@ -102,7 +115,7 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 				return fmt.Errorf("import: %w", err)
 			}
 		}
-		fmt.Fprintf(stderr, "imported %d eval results to %s\n", len(evs), *out)
+		fmt.Fprintf(stderr, "imported %d eval results to %s%s\n", len(evs), *out, skippedNote(skipped))
 		return nil
 	}
 	kcfg, err := conn(strings.Split(*toKafka, ","))
@@ -136,6 +149,6 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		msgs = msgs[n:]
 	}
-	fmt.Fprintf(stderr, "imported %d %s eval results to %s\n", len(evs), schemas.TypeEvalResult, *topic)
+	fmt.Fprintf(stderr, "imported %d %s eval results to %s%s\n", len(evs), schemas.TypeEvalResult, *topic, skippedNote(skipped))
 	return nil
 }

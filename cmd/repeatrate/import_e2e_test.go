@@ -205,6 +205,26 @@ func TestImportRefusesWhatItCannotImport(t *testing.T) {
 		t.Skipf("no Inspect AI logs in %s", logs)
 	}
 	empty := t.TempDir()
+	// A folder of logs with a stray JSON file (an array) beside them, and that file on its own.
+	mixed := t.TempDir()
+	stray := filepath.Join(mixed, "notes.json")
+	os.WriteFile(stray, []byte(`[1, 2, 3]`), 0o600)
+	evals, _ := filepath.Glob(filepath.Join(logs, "eval", "*.eval"))
+	if len(evals) == 0 {
+		t.Fatal("no .eval log")
+	}
+	if b, err := os.ReadFile(evals[0]); err != nil || os.WriteFile(filepath.Join(mixed, filepath.Base(evals[0])), b, 0o600) != nil {
+		t.Fatal(err)
+	}
+	var skippedOut, skippedErr bytes.Buffer
+	if err := run(context.Background(), []string{"import", "inspect", "--in", mixed, "--workspace", "w", "--out", "-"},
+		func(string) string { return "" }, strings.NewReader(""), &skippedOut, &skippedErr); err != nil {
+		t.Errorf("a folder of logs with a stray JSON array: %v (before: the whole import aborted)", err)
+	}
+	if says := skippedErr.String(); !strings.Contains(says, "skipped "+stray+": not an Inspect AI log: its JSON is an array") ||
+		!strings.Contains(says, "(1 files skipped: not logs)") || strings.Contains(says, "importer.") || skippedOut.Len() == 0 {
+		t.Errorf("a folder with a stray file: wrote %d bytes, said %q", skippedOut.Len(), says)
+	}
 	for _, c := range []struct {
 		args []string
 		says []string // "" for no error
@@ -214,6 +234,9 @@ func TestImportRefusesWhatItCannotImport(t *testing.T) {
 		{[]string{"import", "inspect", "--in", empty, "--workspace", "w", "--out", "-"}, []string{"no eval results found in " + empty}},
 		{[]string{"import", "inspect", "--in", filepath.Join(logs, "eval"), "--workspace", "w", "--out", "-", "--scorer", "nope"},
 			[]string{`no sample has a score from scorer "nope"`, "the log's scorers:"}},
+		// The stray file named on its own: an error in the user's terms, no Go type names.
+		{[]string{"import", "inspect", "--in", stray, "--workspace", "w", "--out", "-"},
+			[]string{stray + " is not an Inspect AI log: its JSON is an array, not a log object"}},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(context.Background(), c.args, func(string) string { return "" }, strings.NewReader(""), &out, &errOut)
