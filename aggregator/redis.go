@@ -574,10 +574,12 @@ func (t *Pending) chain(tag string) *chain {
 // shardTags returns the hash tags of the token keys that cover keys: on Redis Cluster one per
 // primary serving any of them, chosen among the tags used before where one still maps there;
 // elsewhere the one of the batch marks. When the slot map cannot be read, every tag used so far.
-func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix string, keys []string) []string {
+// owners are the primaries, as the map says, of keys and then of the returned tags' token keys;
+// nil off Redis Cluster or when the map cannot be read.
+func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix string, keys []string) (tags, owners []string) {
 	cc, ok := c.(*redis.ClusterClient)
 	if !ok {
-		return []string{marksTag}
+		return []string{marksTag}, nil
 	}
 	addr := func(key string) (string, error) {
 		m, err := cc.MasterForKey(ctx, key)
@@ -587,21 +589,22 @@ func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix
 		return m.Options().Addr, nil
 	}
 	want := map[string]bool{}
+	owners = make([]string, 0, len(keys)+len(t.tags))
 	for _, k := range keys {
 		a, err := addr(k)
 		if err != nil {
-			return slices.Clone(t.tags)
+			return slices.Clone(t.tags), nil
 		}
 		want[a] = true
+		owners = append(owners, a)
 	}
-	var tags []string
 	for _, tag := range t.tags {
 		a, err := addr(t.key(prefix, tag))
 		if err != nil {
-			return slices.Clone(t.tags)
+			return slices.Clone(t.tags), nil
 		}
 		if want[a] {
-			tags = append(tags, tag)
+			tags, owners = append(tags, tag), append(owners, a)
 			delete(want, a)
 		}
 	}
@@ -609,11 +612,11 @@ func (t *Pending) shardTags(ctx context.Context, c redis.UniversalClient, prefix
 		tag := "p" + strconv.Itoa(i)
 		if a, err := addr(t.key(prefix, tag)); err == nil && want[a] {
 			t.tags = append(t.tags, tag)
-			tags = append(tags, tag)
+			tags, owners = append(tags, tag), append(owners, a)
 			delete(want, a)
 		}
 	}
-	return tags
+	return tags, owners
 }
 
 // Append adds the write of the next token to pipeline p for every shard that keys (the keys the
@@ -628,7 +631,7 @@ func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.P
 	t.mu.Lock()
 	t.n++
 	next := strconv.FormatInt(t.n, 10)
-	tags := t.shardTags(ctx, c, prefix, keys)
+	tags, owners := t.shardTags(ctx, c, prefix, keys)
 	t.mu.Unlock()
 	cmds := make([]*redis.StatusCmd, len(tags))
 	tokenKeys := make([]string, len(tags))
@@ -639,7 +642,6 @@ func (t *Pending) Append(ctx context.Context, c redis.UniversalClient, p redis.P
 	// The client reads its slot map again when it runs the pipeline, and may have reloaded it
 	// since the token shards were picked: the owners are compared after it ran.
 	mapped := slices.Concat(keys, tokenKeys)
-	owners := primariesOf(ctx, c, mapped)
 	return func() error {
 		defer t.checkReplaced(tags, cmds, next)
 		if owners == nil {
