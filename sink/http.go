@@ -22,6 +22,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/internal/quota"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink/auth"
 )
@@ -67,6 +68,15 @@ type HTTPConfig struct {
 	// may make, with bursts of RateBurst; defaults 20 and 40.
 	RateLimit float64
 	RateBurst int
+	// ReadBudget is the Redis commands per second the reads of each token (or, without one, each
+	// client address) may send, in bursts of ReadBurst; defaults 200 and 2000. A read is charged
+	// the commands it sends as it sends them (ReadCost, a hook on the Redis client), so a page of
+	// 200 outcomes costs about 100 times a snapshot; a token whose budget is spent is answered 429
+	// until it is paid off. MaxReadsInFlight caps the reads one token runs at once (default 4;
+	// live streams and the ingest aside, which have limits of their own).
+	ReadBudget       float64
+	ReadBurst        int
+	MaxReadsInFlight int
 	// MaxConns caps open connections (default 256), MaxConnsPerIP those of one client address
 	// (default 32), MaxStreams open event streams (default 64; 8 per token).
 	MaxConns, MaxConnsPerIP, MaxStreams int
@@ -94,6 +104,15 @@ func (c *HTTPConfig) defaults() {
 	}
 	if c.RateBurst <= 0 {
 		c.RateBurst = 2 * int(c.RateLimit)
+	}
+	if c.ReadBudget <= 0 {
+		c.ReadBudget = 200
+	}
+	if c.ReadBurst <= 0 {
+		c.ReadBurst = 10 * int(c.ReadBudget)
+	}
+	if c.MaxReadsInFlight <= 0 {
+		c.MaxReadsInFlight = 4
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 256
@@ -205,6 +224,8 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		mux.Handle("/debug/pprof/trace", admin(http.HandlerFunc(pprof.Trace)))
 	}
 	lim := newLimiter(cfg.RateLimit, cfg.RateBurst, time.Now)
+	budget := quota.New(cfg.ReadBudget, float64(cfg.ReadBurst), maxLimiterKeys, time.Now)
+	running := &inFlight{max: cfg.MaxReadsInFlight, runs: map[string]int{}}
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("X-Frame-Options", "DENY")
@@ -234,6 +255,29 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 				w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 				writeError(w, http.StatusTooManyRequests, "rate limit exceeded", badge)
 				return
+			}
+			if req.URL.Path != IngestPath {
+				if ok, wait := budget.Admit(key); !ok {
+					m.readRefused.WithLabelValues("budget").Inc()
+					w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+					writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
+						"read budget spent: reads may send %g Redis commands per second (bursts of %d), and this token's recent reads sent more; send again after Retry-After",
+						cfg.ReadBudget, cfg.ReadBurst), badge)
+					return
+				}
+				// A live stream runs for as long as its client reads: it holds a stream slot
+				// (MaxStreams), not a read's.
+				if req.URL.Path != "/v1/stream" {
+					if !running.enter(key) {
+						m.readRefused.WithLabelValues("in_flight").Inc()
+						w.Header().Set("Retry-After", "1")
+						writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
+							"this token already runs %d reads at once; send again when one has been answered", cfg.MaxReadsInFlight), badge)
+						return
+					}
+					defer running.leave(key)
+				}
+				req = req.WithContext(withReadMeter(req.Context(), &readMeter{budget: budget, key: key, sent: m.readCommands}))
 			}
 		}
 		mux.ServeHTTP(w, req)

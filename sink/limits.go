@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/internal/quota"
 )
 
 // httpMetrics are the read side's own metrics.
@@ -21,6 +25,8 @@ type httpMetrics struct {
 	streams        prometheus.Gauge
 	streamDrops    prometheus.Counter
 	streamEvents   prometheus.Counter
+	readCommands   prometheus.Counter
+	readRefused    *prometheus.CounterVec
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -41,8 +47,14 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 			Help: "Event streams closed because the client read too slowly for its buffer."}),
 		streamEvents: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_stream_events_total",
 			Help: "Events written to event streams."}),
+		readCommands: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_read_commands_total",
+			Help: "Redis commands sent to serve read requests, each charged to its token's read budget."}),
+		readRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_http_read_refused_total",
+			Help: "Read requests answered 429 by limit: budget (the token's Redis commands per second were spent) or in_flight (the token already ran its most reads at once)."},
+			[]string{"limit"}),
 	}
-	reg.MustRegister(m.rejectedConns, m.openConns, m.reclaimedConns, m.limited, m.denied, m.streams, m.streamDrops, m.streamEvents)
+	reg.MustRegister(m.rejectedConns, m.openConns, m.reclaimedConns, m.limited, m.denied, m.streams, m.streamDrops, m.streamEvents,
+		m.readCommands, m.readRefused)
 	return m
 }
 
@@ -272,4 +284,82 @@ func (c *capConn) Close() error {
 		c.l.m.openConns.Dec()
 	})
 	return err
+}
+
+// readMeter is carried in a read request's context: the Redis commands the request sends (counted
+// by ReadCost, a hook on the Redis client) are charged to its key's read budget as they are sent.
+type readMeter struct {
+	budget *quota.Buckets
+	key    string
+	sent   prometheus.Counter
+}
+
+type readMeterKey struct{}
+
+func withReadMeter(ctx context.Context, m *readMeter) context.Context {
+	return context.WithValue(ctx, readMeterKey{}, m)
+}
+
+func (m *readMeter) charge(n int) {
+	m.budget.Charge(m.key, float64(n))
+	m.sent.Add(float64(n))
+}
+
+// ReadCost is a Redis client hook (redis.UniversalClient.AddHook) that charges each command a read
+// request of the HTTP server sends, one per command, a pipeline's each, to the read budget of the
+// request's token (HTTPConfig.ReadBudget). Commands sent outside a read request (the processor's,
+// the catalog's recorder, the live feed) are not counted. Without it on the client the reads
+// serve the read budget is never charged: only the request rate limits a token.
+type ReadCost struct{}
+
+var _ redis.Hook = ReadCost{}
+
+// DialHook passes dials on.
+func (ReadCost) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook charges one command.
+func (ReadCost) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if m, ok := ctx.Value(readMeterKey{}).(*readMeter); ok {
+			m.charge(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook charges each command of a pipeline.
+func (ReadCost) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if m, ok := ctx.Value(readMeterKey{}).(*readMeter); ok {
+			m.charge(len(cmds))
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// inFlight counts the requests each key runs at once, up to a cap.
+type inFlight struct {
+	max  int
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+// enter takes a slot of key's, reporting false when key already runs max requests.
+func (f *inFlight) enter(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runs[key] >= f.max {
+		return false
+	}
+	f.runs[key]++
+	return true
+}
+
+// leave gives back a slot enter took.
+func (f *inFlight) leave(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.runs[key]--; f.runs[key] <= 0 {
+		delete(f.runs, key)
+	}
 }

@@ -34,7 +34,9 @@ func ReadSideArgs(workspaces []string) (args []string, addr string, err error) {
 		grants[i] = w + "=read"
 	}
 	return []string{"--http-addr=" + addr, "--http-tokens=busy:" + hex.EncodeToString(sum[:]) + ":" + strings.Join(grants, ","),
-		"--http-rate-limit=100000"}, addr, nil
+		// The readers are to keep the suite store busy, not to be refused by the limits that
+		// protect it from one token.
+		"--http-rate-limit=100000", "--http-read-budget=100000000", "--http-max-reads-in-flight=1000"}, addr, nil
 }
 
 // SuiteRef names a suite the busy readers read.
