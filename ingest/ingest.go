@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -42,6 +43,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/quota"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
 	"github.com/repeatrate/repeatrate/sink/auth"
@@ -93,6 +95,14 @@ type Config struct {
 	// the refused events are sent again, since a refusal means not written. Default half the
 	// WriteTimeout; negative sends once.
 	RetryRefusedFor time.Duration
+	// WorkspaceRate is the events per second one workspace may write, in bursts of
+	// WorkspaceBurst (default ten times the rate); zero sets no quota. A request with an event of
+	// a workspace whose quota is spent is answered 429, nothing of it written, with Retry-After
+	// the time until it is paid off. Events are charged once written or of unknown fate, so a
+	// request may take its workspace past the quota by its own events; the next is refused. The
+	// quota is this process's: N replicas behind a balancer let a workspace write N times it.
+	WorkspaceRate  float64
+	WorkspaceBurst float64
 	// Registerer takes the handler's metrics; nil keeps them private.
 	Registerer prometheus.Registerer
 }
@@ -106,7 +116,8 @@ func (c *Config) Validate() error {
 	if c.LiveTopic == "" || c.EvalTopic == "" {
 		return errors.New("ingest: live and eval topics are required")
 	}
-	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 || c.MaxEvents < 0 || c.MaxInFlightBytes < 0 {
+	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 || c.MaxEvents < 0 || c.MaxInFlightBytes < 0 ||
+		c.WorkspaceRate < 0 || c.WorkspaceBurst < 0 {
 		return errors.New("ingest: limits must not be negative")
 	}
 	return nil
@@ -128,7 +139,14 @@ func (c *Config) defaults() {
 	if c.MaxInFlightBytes == 0 {
 		c.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
+	if c.WorkspaceBurst == 0 {
+		c.WorkspaceBurst = 10 * c.WorkspaceRate
+	}
 }
+
+// maxQuotaWorkspaces bounds the workspaces whose quota is kept at once (internal/quota forgets
+// those whose budget is full again).
+const maxQuotaWorkspaces = 10000
 
 // DefaultMaxInFlightBytes is the default bound of the bytes of Kafka writes not yet finished.
 const DefaultMaxInFlightBytes = 64 << 20
@@ -140,14 +158,16 @@ const MinEventBytes = 128
 
 // Handler serves POST /v1/events.
 type Handler struct {
-	cfg      Config
-	dec      *consumer.Decoder
-	w        Writer
-	now      func() time.Time
-	log      *zap.Logger
-	events   *prometheus.CounterVec
-	answers  *prometheus.CounterVec
-	inflight prometheus.Gauge
+	cfg       Config
+	dec       *consumer.Decoder
+	w         Writer
+	now       func() time.Time
+	log       *zap.Logger
+	events    *prometheus.CounterVec
+	answers   *prometheus.CounterVec
+	inflight  prometheus.Gauge
+	overQuota *prometheus.CounterVec
+	quota     *quota.Buckets // per workspace; nil without a quota
 
 	mu      sync.Mutex
 	bytes   int64               // record bytes of the writes not yet finished
@@ -176,9 +196,15 @@ func New(cfg Config, dec *consumer.Decoder, w Writer, now func() time.Time, log 
 			Help: "Requests to /v1/events by answer status."}, []string{"code"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "repeatrate_ingest_inflight_bytes",
 			Help: "Record bytes of ingest writes to Kafka not yet finished, those answered unknown included (bounded by the ingest's in-flight budget)."}),
+		overQuota: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_ingest_over_quota_total",
+			Help: "Requests to /v1/events answered 429 because a workspace's events per second were spent, by workspace (those a token names; others as *)."},
+			[]string{"workspace"}),
 		started: map[int64]time.Time{}, late: map[int64]bool{},
 	}
-	reg.MustRegister(h.events, h.answers, h.inflight)
+	if cfg.WorkspaceRate > 0 {
+		h.quota = quota.New(cfg.WorkspaceRate, cfg.WorkspaceBurst, maxQuotaWorkspaces, time.Now)
+	}
+	reg.MustRegister(h.events, h.answers, h.inflight, h.overQuota)
 	return h, nil
 }
 
@@ -225,6 +251,7 @@ type Answer struct {
 type pending struct {
 	msg kafka.Message
 	res Result
+	ws  string // the workspace of a valid event
 }
 
 // ServeHTTP answers one POST of events.
@@ -268,6 +295,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 		case ev.Eval != nil:
 			ws, topic = ev.Eval.Scope.Workspace, h.cfg.EvalTopic
 		}
+		e.ws = ws
 		if !p.Can(ws, auth.Write) {
 			e.res.Status, e.res.Detail = StatusForbidden, fmt.Sprintf("this token may not write workspace %q", ws)
 			continue
@@ -324,6 +352,27 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			}
 		}
 		return h.answer(w, refusal, events, "nothing was written: fix or remove the refused events and send the request again")
+	}
+	perWorkspace := h.workspaces(events)
+	if h.quota != nil {
+		if ok, wait := h.quota.AdmitAll(slices.Collect(maps.Keys(perWorkspace))); !ok {
+			spent := h.spent(perWorkspace)
+			for _, ws := range spent {
+				label := auth.AllWorkspaces
+				if slices.Contains(p.Workspaces(auth.Write), ws) {
+					label = ws
+				}
+				h.overQuota.WithLabelValues(label).Inc()
+			}
+			for i := range events {
+				events[i].res.Status, events[i].res.Detail, events[i].res.Topic, events[i].res.Key =
+					StatusNotWritten, "not sent: a workspace of this request is over its quota; send the request again after Retry-After", "", ""
+			}
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+			return h.answer(w, http.StatusTooManyRequests, events, fmt.Sprintf(
+				"nothing was written: workspace %q wrote more than its quota of %g events per second (bursts of %g); send the request again after Retry-After",
+				spent[0], h.cfg.WorkspaceRate, h.cfg.WorkspaceBurst))
+		}
 	}
 	msgs := make([]kafka.Message, len(events))
 	size := int64(0)
@@ -385,11 +434,54 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 				r.Status, r.Detail, r.Topic, r.Key = StatusUnknown, "Kafka did not answer in time: it may or may not be written; send the request again (it is counted once)", "", ""
 			}
 		}
+		h.charge(events)
 		w.Header().Set("Retry-After", retryAfter(h.oldestWrite()))
 		return h.answer(w, http.StatusServiceUnavailable, events,
 			"Kafka did not acknowledge every event: send the request again (events already written are counted once)")
 	}
+	h.charge(events)
 	return h.answer(w, http.StatusAccepted, events, "")
+}
+
+// workspaces counts the events of each workspace.
+func (h *Handler) workspaces(events []pending) map[string]int {
+	n := map[string]int{}
+	for _, e := range events {
+		n[e.ws]++
+	}
+	return n
+}
+
+// spent lists, sorted, the workspaces of n whose quota is spent.
+func (h *Handler) spent(n map[string]int) []string {
+	var out []string
+	for ws := range n {
+		if ok, _ := h.quota.Admit(ws); !ok {
+			out = append(out, ws)
+		}
+	}
+	slices.Sort(out)
+	if len(out) == 0 { // paid off between the two looks
+		out = append(out, slices.Sorted(maps.Keys(n))[0])
+	}
+	return out
+}
+
+// charge takes from each workspace's quota its events that were written or may have been:
+// accepted or unknown. An event Kafka certainly refused costs nothing.
+func (h *Handler) charge(events []pending) {
+	if h.quota == nil {
+		return
+	}
+	n := map[string]int{}
+	for _, e := range events {
+		if e.res.Status == StatusAccepted || e.res.Status == StatusUnknown {
+			n[e.ws]++
+		}
+	}
+	for ws, c := range n {
+		h.quota.Charge(ws, float64(c))
+	}
 }
 
 // write writes msgs. With SingleAttempt, the events a broker refused with a transient error are

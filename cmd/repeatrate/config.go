@@ -120,7 +120,11 @@ type HTTPSettings struct {
 	Metrics          bool               `yaml:"metrics"`
 	AdminTokenSHA256 string             `yaml:"admin_token_sha256"`
 	RateLimit        int                `yaml:"rate_limit"`
-	MaxConnections   int                `yaml:"max_connections"`
+	// ReadBudget is the Redis commands per second each token's reads may send (default 200, in
+	// bursts of ten times that); MaxReadsInFlight the reads one token runs at once (default 4).
+	ReadBudget       int `yaml:"read_budget"`
+	MaxReadsInFlight int `yaml:"max_reads_in_flight"`
+	MaxConnections   int `yaml:"max_connections"`
 	// MaxConnectionsPerAddress caps one client address's connections (default 32). Behind a
 	// proxy or Ingress every client has the proxy's address: raise it to max_connections there.
 	MaxConnectionsPerAddress int `yaml:"max_connections_per_address"`
@@ -135,6 +139,9 @@ type HTTPSettings struct {
 	IngestEvalTopic        string `yaml:"ingest_eval_topic"`
 	IngestMaxBodyBytes     int    `yaml:"ingest_max_body_bytes"`
 	IngestMaxInFlightBytes int    `yaml:"ingest_max_inflight_bytes"`
+	// IngestWorkspaceRate is the events per second one workspace may post (default 20 000, in
+	// bursts of ten times that); past it a request is answered 429, nothing of it written.
+	IngestWorkspaceRate int `yaml:"ingest_workspace_rate"`
 }
 
 // ingestTopics are the input topics the HTTP ingest writes live attempts and eval results to.
@@ -181,7 +188,7 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
-		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
+		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, ReadBudget: 200, MaxReadsInFlight: 4, IngestWorkspaceRate: 20000, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
 			IngestMaxInFlightBytes: ingest.DefaultMaxInFlightBytes},
 		LogLevel: "info",
 	}
@@ -256,9 +263,9 @@ func (c *Config) Validate() error {
 	if _, err := auth.NewStore(c.HTTP.Tokens); err != nil {
 		bad("http.tokens: %v", err)
 	}
-	if c.HTTP.RateLimit <= 0 || c.HTTP.MaxConnections <= 0 || c.HTTP.MaxConnectionsPerAddress <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 ||
-		c.HTTP.IngestMaxInFlightBytes <= 0 {
-		bad("http.rate_limit, http.max_connections, http.max_connections_per_address, http.ingest_max_body_bytes and http.ingest_max_inflight_bytes must be positive")
+	if c.HTTP.RateLimit <= 0 || c.HTTP.ReadBudget <= 0 || c.HTTP.MaxReadsInFlight <= 0 || c.HTTP.MaxConnections <= 0 ||
+		c.HTTP.MaxConnectionsPerAddress <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 || c.HTTP.IngestMaxInFlightBytes <= 0 || c.HTTP.IngestWorkspaceRate <= 0 {
+		bad("http.rate_limit, http.read_budget, http.max_reads_in_flight, http.max_connections, http.max_connections_per_address, http.ingest_max_body_bytes, http.ingest_max_inflight_bytes and http.ingest_workspace_rate must be positive")
 	}
 	if c.HTTP.IngestMaxInFlightBytes > 0 && c.HTTP.IngestMaxInFlightBytes < 2*c.HTTP.IngestMaxBodyBytes {
 		bad("http.ingest_max_inflight_bytes %d is below twice http.ingest_max_body_bytes %d: a largest request would wait for an empty budget",
@@ -388,6 +395,8 @@ func (c *Config) settings() []setting {
 		boolean("http-metrics", "serve /metrics (default true; behind http-admin-token-sha256 when set)", &c.HTTP.Metrics),
 		str("http-admin-token-sha256", "SHA-256 (hex) of the token /metrics and /debug/pprof require; empty leaves /metrics open", &c.HTTP.AdminTokenSHA256),
 		num("http-rate-limit", "requests per second per token (or client address without one)", &c.HTTP.RateLimit),
+		num("http-read-budget", "Redis commands per second the reads of one token (or client address without one) may send, in bursts of ten times that; past it 429", &c.HTTP.ReadBudget),
+		num("http-max-reads-in-flight", "reads one token (or client address without one) runs at once at most (live streams and ingest aside); past it 429", &c.HTTP.MaxReadsInFlight),
 		num("http-max-connections", "open HTTP connections at most", &c.HTTP.MaxConnections),
 		num("http-max-connections-per-address", "open HTTP connections of one client address at most (behind a proxy or Ingress: raise to http-max-connections)", &c.HTTP.MaxConnectionsPerAddress),
 		str("http-probe-addr", "listen address of /healthz and /readyz alone, outside the connection caps (point Kubernetes probes there); empty: only on http-addr", &c.HTTP.ProbeAddr),
@@ -395,6 +404,7 @@ func (c *Config) settings() []setting {
 		str("http-ingest-eval-topic", "input topic POST /v1/events writes eval results to (empty: the second input topic, else the first)", &c.HTTP.IngestEvalTopic),
 		num("http-ingest-max-body-bytes", "largest body POST /v1/events accepts (larger: 413)", &c.HTTP.IngestMaxBodyBytes),
 		num("http-ingest-max-inflight-bytes", "record bytes of /v1/events writes to Kafka not yet finished (answered or not) at most; past it a request is answered 503 before anything is sent", &c.HTTP.IngestMaxInFlightBytes),
+		num("http-ingest-workspace-rate", "events per second one workspace may post to /v1/events, in bursts of ten times that; past it 429, nothing of the request written", &c.HTTP.IngestWorkspaceRate),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
 }

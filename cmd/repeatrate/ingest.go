@@ -28,7 +28,7 @@ func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.D
 	w.MaxAttempts = 1
 	h, err = ingest.New(ingest.Config{LiveTopic: live, EvalTopic: eval, Tokens: tokens,
 		MaxBodyBytes: int64(cfg.HTTP.IngestMaxBodyBytes), RecordLimit: w.BatchBytes, WriteTimeout: 10 * time.Second,
-		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes), SingleAttempt: true,
+		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes), SingleAttempt: true, WorkspaceRate: float64(cfg.HTTP.IngestWorkspaceRate),
 		Registerer: reg}, dec, w, receipt, log)
 	if err != nil {
 		w.Close()

@@ -213,10 +213,12 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		if err != nil {
 			return err
 		}
+		// Each Redis command a read request sends is charged to its token's read budget.
+		rdb.AddHook(sink.ReadCost{})
 		srv = sink.NewHTTP(sink.HTTPConfig{Alerts: alerts, Addr: cfg.HTTPAddr, ProbeAddr: cfg.HTTP.ProbeAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
 			Degraded: func() []string { return alertingDegraded(alerting) },
 			Tokens:   tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
-			RateLimit: float64(cfg.HTTP.RateLimit), MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
+			RateLimit: float64(cfg.HTTP.RateLimit), ReadBudget: float64(cfg.HTTP.ReadBudget), MaxReadsInFlight: cfg.HTTP.MaxReadsInFlight, MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
 			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes()},
 			st.rates, reg, time.Now, log.Named("http"))
 	}

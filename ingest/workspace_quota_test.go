@@ -1,0 +1,94 @@
+package ingest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func batchOf(ws string, n int, prefix string) []byte {
+	evs := make([]map[string]any, n)
+	for i := range evs {
+		evs[i] = live(fmt.Sprintf("%s-%d", prefix, i), ws)
+	}
+	return mustJSON(evs)
+}
+
+// A workspace writes at most its quota of events per second: once a request has taken it past
+// its budget, the next request with an event of that workspace is refused whole (429, every event
+// not_written, Retry-After until the budget is paid off, counted by workspace), and nothing of it
+// reaches Kafka; another workspace's quota is its own.
+func TestWorkspaceQuotaRefusesWholeRequests(t *testing.T) {
+	w := &fakeWriter{}
+	reg := prometheus.NewRegistry()
+	h := newHandler(t, w, Config{WorkspaceRate: 10, WorkspaceBurst: 100, Registerer: reg})
+	valid := openAPISchema(t)
+
+	// A request larger than the burst is taken while the budget is not in debt: a workspace can
+	// always write a request of any valid size.
+	if rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 150, "a")}); rec.Code != http.StatusAccepted {
+		t.Fatalf("first request: %d %s", rec.Code, rec.Body)
+	}
+	written := len(w.msgs)
+	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 3, "b")})
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a request past the quota: %d %s", rec.Code, rec.Body)
+	}
+	if err := valid(rec.Code, rec.Body.Bytes()); err != nil {
+		t.Fatalf("the answer is not as documented: %v", err)
+	}
+	var ans Answer
+	if err := json.Unmarshal(rec.Body.Bytes(), &ans); err != nil {
+		t.Fatal(err)
+	}
+	if ans.Accepted != 0 || len(ans.Events) != 3 || !strings.Contains(ans.Error, `workspace "acme"`) || !strings.Contains(ans.Error, "quota of 10 events per second") {
+		t.Fatalf("answer: %+v", ans)
+	}
+	for _, e := range ans.Events {
+		if e.Status != StatusNotWritten || e.Topic != "" {
+			t.Fatalf("an event of a refused request: %+v", e)
+		}
+	}
+	// 150 written against 100: 50 in debt at 10/s is 5 s.
+	if s, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || s < 5 || s > 6 {
+		t.Fatalf("Retry-After %q, want 5–6 s", rec.Header().Get("Retry-After"))
+	}
+	if len(w.msgs) != written {
+		t.Fatalf("%d messages written by a refused request", len(w.msgs)-written)
+	}
+	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme")); n != 1 {
+		t.Fatalf("over_quota{workspace=acme} = %v, want 1", n)
+	}
+	// beta's budget is its own.
+	if rec := post(h, request{token: tokenBeta, ctype: ceBatch, body: batchOf("beta", 50, "c")}); rec.Code != http.StatusAccepted {
+		t.Fatalf("another workspace beside one over its quota: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// Only what may have been written is charged: events Kafka certainly refused cost their workspace
+// nothing, so a client that sends them again as told is not refused for a write that never was.
+func TestWorkspaceQuotaChargesOnlyWhatMayBeWritten(t *testing.T) {
+	w := &fakeWriter{fail: func(call, _ int) bool { return call == 1 }}
+	h := newHandler(t, w, Config{WorkspaceRate: 1, WorkspaceBurst: 100, SingleAttempt: true, RetryRefusedFor: -1})
+	body := batchOf("acme", 100, "a")
+	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: body})
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), StatusFailed) {
+		t.Fatalf("a refused write: %d %.300s", rec.Code, rec.Body)
+	}
+	w.mu.Lock()
+	w.fail = nil // Kafka takes writes again
+	w.mu.Unlock()
+	if rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: body}); rec.Code != http.StatusAccepted {
+		t.Fatalf("the same request sent again after Kafka refused it: %d %.300s", rec.Code, rec.Body)
+	}
+	// 100 written on a burst of 100: the budget is spent, not in debt by the refused write too.
+	if l := h.quota.Level("acme"); l < -1 || l > 1 {
+		t.Fatalf("acme's budget after 100 events written on a burst of 100: %v, want 0", l)
+	}
+}
