@@ -57,6 +57,11 @@ type Writer interface {
 
 var _ Writer = (*kafka.Writer)(nil)
 
+// RetainedCounter counts the opportunities a workspace's aggregates retain; sink.Catalog is one.
+type RetainedCounter interface {
+	Retained(ctx context.Context, ws string) (int64, error)
+}
+
 // Config configures the handler.
 type Config struct {
 	// LiveTopic receives live attempts, EvalTopic eval results; both must be input topics of the
@@ -103,6 +108,16 @@ type Config struct {
 	// quota is this process's: N replicas behind a balancer let a workspace write N times it.
 	WorkspaceRate  float64
 	WorkspaceBurst float64
+	// MaxRetained is the retained opportunities one workspace may hold (zero: no quota), as
+	// Retained counts them: a request with an event of a workspace at its quota is answered 429,
+	// nothing of it written, until the workspace's aggregates hold fewer (their opportunities age
+	// out of the retention, or idle aggregates are dropped). Counts are looked up at most once per
+	// RetainedRefresh (default 2 s) per workspace, so a workspace may pass its quota by what it
+	// writes in that time; when the lookup fails the last count is used, and without one the
+	// request is written (the quota protects Redis; it never stops the ingest on its own).
+	MaxRetained     int64
+	Retained        RetainedCounter
+	RetainedRefresh time.Duration
 	// Registerer takes the handler's metrics; nil keeps them private.
 	Registerer prometheus.Registerer
 }
@@ -116,8 +131,11 @@ func (c *Config) Validate() error {
 	if c.LiveTopic == "" || c.EvalTopic == "" {
 		return errors.New("ingest: live and eval topics are required")
 	}
+	if c.MaxRetained > 0 && c.Retained == nil {
+		return errors.New("ingest: a quota of retained opportunities needs their counter")
+	}
 	if c.MaxBodyBytes < 0 || c.RecordLimit < 0 || c.WriteTimeout < 0 || c.MaxEvents < 0 || c.MaxInFlightBytes < 0 ||
-		c.WorkspaceRate < 0 || c.WorkspaceBurst < 0 {
+		c.WorkspaceRate < 0 || c.WorkspaceBurst < 0 || c.MaxRetained < 0 || c.RetainedRefresh < 0 {
 		return errors.New("ingest: limits must not be negative")
 	}
 	return nil
@@ -141,6 +159,9 @@ func (c *Config) defaults() {
 	}
 	if c.WorkspaceBurst == 0 {
 		c.WorkspaceBurst = 10 * c.WorkspaceRate
+	}
+	if c.RetainedRefresh == 0 {
+		c.RetainedRefresh = 2 * time.Second
 	}
 }
 
@@ -168,6 +189,7 @@ type Handler struct {
 	inflight  prometheus.Gauge
 	overQuota *prometheus.CounterVec
 	quota     *quota.Buckets // per workspace; nil without a quota
+	retained  retainedCache
 
 	mu      sync.Mutex
 	bytes   int64               // record bytes of the writes not yet finished
@@ -197,8 +219,8 @@ func New(cfg Config, dec *consumer.Decoder, w Writer, now func() time.Time, log 
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "repeatrate_ingest_inflight_bytes",
 			Help: "Record bytes of ingest writes to Kafka not yet finished, those answered unknown included (bounded by the ingest's in-flight budget)."}),
 		overQuota: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_ingest_over_quota_total",
-			Help: "Requests to /v1/events answered 429 because a workspace's events per second were spent, by workspace (those a token names; others as *)."},
-			[]string{"workspace"}),
+			Help: "Requests to /v1/events answered 429 because a workspace was over a quota, by workspace (those a token names; others as *) and quota: events (its events per second were spent) or retained (it holds its quota of retained opportunities)."},
+			[]string{"workspace", "quota"}),
 		started: map[int64]time.Time{}, late: map[int64]bool{},
 	}
 	if cfg.WorkspaceRate > 0 {
@@ -354,15 +376,22 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 		return h.answer(w, refusal, events, "nothing was written: fix or remove the refused events and send the request again")
 	}
 	perWorkspace := h.workspaces(events)
+	if full, held := h.atRetainedQuota(req.Context(), perWorkspace); full != "" {
+		h.countOverQuota(p, full, "retained")
+		for i := range events {
+			events[i].res.Status, events[i].res.Detail, events[i].res.Topic, events[i].res.Key =
+				StatusNotWritten, "not sent: a workspace of this request holds its quota of retained opportunities", "", ""
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(retainedRetry/time.Second)))
+		return h.answer(w, http.StatusTooManyRequests, events, fmt.Sprintf(
+			"nothing was written: workspace %q retains %d opportunities, its quota is %d; it takes events again once its aggregates retain fewer (opportunities age out of the retention) or the quota is raised",
+			full, held, h.cfg.MaxRetained))
+	}
 	if h.quota != nil {
 		if ok, wait := h.quota.AdmitAll(slices.Collect(maps.Keys(perWorkspace))); !ok {
 			spent := h.spent(perWorkspace)
 			for _, ws := range spent {
-				label := auth.AllWorkspaces
-				if slices.Contains(p.Workspaces(auth.Write), ws) {
-					label = ws
-				}
-				h.overQuota.WithLabelValues(label).Inc()
+				h.countOverQuota(p, ws, "events")
 			}
 			for i := range events {
 				events[i].res.Status, events[i].res.Detail, events[i].res.Topic, events[i].res.Key =
@@ -441,6 +470,72 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	}
 	h.charge(events)
 	return h.answer(w, http.StatusAccepted, events, "")
+}
+
+// countOverQuota counts a request refused for workspace ws's quota: by ws when the token names it,
+// else as "*", so that the series stay as few as the configured grants.
+func (h *Handler) countOverQuota(p *auth.Principal, ws, which string) {
+	label := auth.AllWorkspaces
+	if slices.Contains(p.Workspaces(auth.Write), ws) {
+		label = ws
+	}
+	h.overQuota.WithLabelValues(label, which).Inc()
+}
+
+// retainedRetry is the Retry-After of a request refused for retained opportunities: they are
+// freed as they age out, not by the second.
+const retainedRetry = 60 * time.Second
+
+// retainedCache holds each workspace's last looked-up count of retained opportunities.
+type retainedCache struct {
+	mu     sync.Mutex
+	counts map[string]retainedCount
+}
+
+type retainedCount struct {
+	n  int64
+	at time.Time
+}
+
+// atRetainedQuota returns the first workspace of n (in name order) that holds its quota of
+// retained opportunities, and its count, or "".
+func (h *Handler) atRetainedQuota(ctx context.Context, n map[string]int) (string, int64) {
+	if h.cfg.MaxRetained <= 0 {
+		return "", 0
+	}
+	for _, ws := range slices.Sorted(maps.Keys(n)) {
+		if held := h.retainedOf(ctx, ws); held >= h.cfg.MaxRetained {
+			return ws, held
+		}
+	}
+	return "", 0
+}
+
+// retainedOf is ws's count of retained opportunities, looked up again when older than
+// RetainedRefresh. A failed lookup keeps the last count (zero without one).
+func (h *Handler) retainedOf(ctx context.Context, ws string) int64 {
+	now := time.Now()
+	c := &h.retained
+	c.mu.Lock()
+	last, ok := c.counts[ws]
+	c.mu.Unlock()
+	if ok && now.Sub(last.at) < h.cfg.RetainedRefresh {
+		return last.n
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	n, err := h.cfg.Retained.Retained(lctx, ws)
+	cancel()
+	if err != nil {
+		h.log.Warn("look up retained opportunities; the last count stands", zap.String("workspace", ws), zap.Error(err))
+		n = last.n
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.counts == nil || len(c.counts) >= maxQuotaWorkspaces {
+		c.counts = map[string]retainedCount{} // forgotten counts are looked up again
+	}
+	c.counts[ws] = retainedCount{n: n, at: now}
+	return n
 }
 
 // workspaces counts the events of each workspace.

@@ -1,12 +1,16 @@
 package ingest
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -62,7 +66,7 @@ func TestWorkspaceQuotaRefusesWholeRequests(t *testing.T) {
 	if len(w.msgs) != written {
 		t.Fatalf("%d messages written by a refused request", len(w.msgs)-written)
 	}
-	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme")); n != 1 {
+	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme", "events")); n != 1 {
 		t.Fatalf("over_quota{workspace=acme} = %v, want 1", n)
 	}
 	// beta's budget is its own.
@@ -90,5 +94,68 @@ func TestWorkspaceQuotaChargesOnlyWhatMayBeWritten(t *testing.T) {
 	// 100 written on a burst of 100: the budget is spent, not in debt by the refused write too.
 	if l := h.quota.Level("acme"); l < -1 || l > 1 {
 		t.Fatalf("acme's budget after 100 events written on a burst of 100: %v, want 0", l)
+	}
+}
+
+// retainedCounts is a RetainedCounter of fixed counts, counting its lookups, failing with err.
+type retainedCounts struct {
+	mu      sync.Mutex
+	n       map[string]int64
+	err     error
+	lookups int
+}
+
+func (r *retainedCounts) Retained(_ context.Context, ws string) (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lookups++
+	return r.n[ws], r.err
+}
+
+func (r *retainedCounts) set(ws string, n int64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n[ws], r.err = n, err
+}
+
+// A workspace that holds its quota of retained opportunities is refused (429, nothing written,
+// a message naming the count and the quota) until it holds fewer; another workspace is not. The
+// count is looked up at most once per refresh, and a failed lookup keeps the last count rather
+// than refusing or opening the ingest.
+func TestRetainedQuotaRefusesAWorkspaceAtIt(t *testing.T) {
+	w := &fakeWriter{}
+	counts := &retainedCounts{n: map[string]int64{"acme": 1000, "beta": 10}}
+	h := newHandler(t, w, Config{MaxRetained: 1000, Retained: counts, RetainedRefresh: time.Hour})
+	valid := openAPISchema(t)
+	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 2, "a")})
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `workspace \"acme\" retains 1000 opportunities, its quota is 1000`) {
+		t.Fatalf("a workspace at its quota: %d %s", rec.Code, rec.Body)
+	}
+	if err := valid(rec.Code, rec.Body.Bytes()); err != nil {
+		t.Fatalf("the answer is not as documented: %v", err)
+	}
+	if len(w.msgs) != 0 || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("%d messages written, Retry-After %q", len(w.msgs), rec.Header().Get("Retry-After"))
+	}
+	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme", "retained")); n != 1 {
+		t.Fatalf("over_quota{acme,retained} = %v", n)
+	}
+	if rec := post(h, request{token: tokenBeta, ctype: ceBatch, body: batchOf("beta", 2, "b")}); rec.Code != http.StatusAccepted {
+		t.Fatalf("a workspace under its quota: %d %s", rec.Code, rec.Body)
+	}
+	// Within the refresh the count is not looked up again; after it, it is.
+	counts.set("acme", 999, nil)
+	post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 1, "c")})
+	if counts.lookups != 2 {
+		t.Fatalf("%d lookups for two workspaces within the refresh", counts.lookups)
+	}
+	h.cfg.RetainedRefresh = time.Nanosecond
+	if rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 1, "d")}); rec.Code != http.StatusAccepted {
+		t.Fatalf("a workspace under its quota again: %d %s", rec.Code, rec.Body)
+	}
+	// Redis unreachable: the last count stands.
+	counts.set("acme", 5000, errors.New("redis: connection refused"))
+	if rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 1, "e")}); rec.Code != http.StatusAccepted {
+		t.Fatalf("a failed lookup after a count under the quota: %d %s", rec.Code, rec.Body)
 	}
 }

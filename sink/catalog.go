@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -62,16 +63,50 @@ func (c *Catalog) histKey(aggID string) string { return c.prefix + ":{h|" + aggI
 func (c *Catalog) Channel() string { return c.prefix + ":feed" }
 
 // trimScript drops index members (KEYS[1], lexical) whose last-seen time (KEYS[2]) is before
-// ARGV[1], at most 200 per call, and refreshes both keys' lifetime (ARGV[2] ms).
+// ARGV[1], at most 200 per call, and refreshes both keys' lifetime (ARGV[2] ms). With KEYS[3], the
+// workspace's retained counts (retainedScript), a dropped aggregate's count leaves the total too.
 var trimScript = redis.NewScript(`
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1], 'LIMIT', 0, 200)
 for _, m in ipairs(old) do
   redis.call('ZREM', KEYS[1], m)
   redis.call('ZREM', KEYS[2], m)
+  if KEYS[3] then
+    local held = redis.call('HGET', KEYS[3], m)
+    if held then
+      redis.call('HDEL', KEYS[3], m)
+      redis.call('HINCRBY', KEYS[3], '', -tonumber(string.match(held, ' (%-?%d+)$')))
+    end
+  end
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+for i = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
 return #old`)
+
+// retainedScript keeps a workspace's retained opportunities (KEYS[1], a hash): per aggregate ID
+// "<version> <retained>" of the newest snapshot recorded, and under the field "" their sum. ARGV[1]
+// is the hash's lifetime (ms), then triples of aggregate ID, snapshot version and retained count;
+// a snapshot older than the one recorded changes nothing, so the sum follows the newest snapshot
+// of each aggregate whatever order the recorders write in.
+var retainedScript = redis.NewScript(`
+local delta = 0
+for i = 2, #ARGV, 3 do
+  local held = redis.call('HGET', KEYS[1], ARGV[i])
+  local v, n = 0, 0
+  if held then
+    local hv, hn = string.match(held, '^(%d+) (%-?%d+)$')
+    v, n = tonumber(hv), tonumber(hn)
+  end
+  if not held or tonumber(ARGV[i + 1]) >= v then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. ' ' .. ARGV[i + 2])
+    delta = delta + tonumber(ARGV[i + 2]) - n
+  end
+end
+if delta ~= 0 then
+  redis.call('HINCRBY', KEYS[1], '', delta)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return delta`)
 
 // Point is one history point of an aggregate: its version, observation time and each window's
 // confirmed, passed and unscored counts.
@@ -153,7 +188,8 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 	ttl := c.idle.Milliseconds()
 	seen := float64(now.UnixMilli())
 	cutoff := strconv.FormatInt(now.Add(-c.idle).UnixMilli(), 10)
-	index := map[string][]any{} // workspace + "\x00" + kind -> members
+	index := map[string][]any{}    // workspace + "\x00" + kind -> members
+	retained := map[string][]any{} // workspace -> id, version, retained, …
 	member := func(ws, kind, m string) {
 		k := ws + "\x00" + kind
 		index[k] = append(index[k], m)
@@ -163,6 +199,8 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 			a := &p.aggs[i]
 			s, id := &a.latest, a.id
 			member(s.Aggregate.Workspace, "a", id)
+			all := &s.Windows.All
+			retained[s.Aggregate.Workspace] = append(retained[s.Aggregate.Workspace], id, s.Version, all.ConfirmedRepeats+all.Passed+all.Unscored)
 			hk := c.histKey(id)
 			grows := false
 			for j := range a.earlier {
@@ -190,6 +228,13 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 			pl.Publish(ctx, c.Channel(), feedMessage(feedHead{Kind: "stability", Workspace: s.Workspace,
 				Subject: s.Suite, Version: s.Version, ID: suiteFeedID(s.SnapshotVersion, s.ObservedAt)}, data))
 		}
+		for ws, triples := range retained {
+			for len(triples) > 0 {
+				n := min(len(triples), 3*indexMembersPerCommand)
+				retainedScript.Eval(ctx, pl, []string{c.wsKey(ws, "r")}, append([]any{ttl}, triples[:n]...)...)
+				triples = triples[n:]
+			}
+		}
 		for k, members := range index {
 			ws, kind, _ := strings.Cut(k, "\x00")
 			key, seenKey := c.wsKey(ws, kind), c.wsKey(ws, kind+"t")
@@ -203,7 +248,11 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 				pl.ZAdd(ctx, seenKey, ts...)
 				members = members[n:]
 			}
-			trimScript.Eval(ctx, pl, []string{key, seenKey}, cutoff, ttl)
+			keys := []string{key, seenKey}
+			if kind == "a" {
+				keys = append(keys, c.wsKey(ws, "r"))
+			}
+			trimScript.Eval(ctx, pl, keys, cutoff, ttl)
 		}
 		return nil
 	})
@@ -266,6 +315,17 @@ func (c *Catalog) list(ctx context.Context, key, prefix, after string, limit int
 // scope prefix such as "ws|model|"), in ID order, after the cursor.
 func (c *Catalog) Aggregates(ctx context.Context, ws, prefix, after string, limit int) (Page, error) {
 	return c.list(ctx, c.wsKey(ws, "a"), prefix, after, limit)
+}
+
+// Retained is the number of opportunities the aggregates of workspace ws retain, as their newest
+// recorded snapshots say (an aggregate counts until its index entry is dropped, idle for the
+// retention): what the ingest's quota of retained opportunities holds a workspace to.
+func (c *Catalog) Retained(ctx context.Context, ws string) (int64, error) {
+	n, err := c.client.HGet(ctx, c.wsKey(ws, "r"), "").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
 }
 
 // Suites lists the suites of workspace ws in name order after the cursor.

@@ -142,6 +142,9 @@ type HTTPSettings struct {
 	// IngestWorkspaceRate is the events per second one workspace may post (default 20 000, in
 	// bursts of ten times that); past it a request is answered 429, nothing of it written.
 	IngestWorkspaceRate int `yaml:"ingest_workspace_rate"`
+	// IngestWorkspaceRetained is the retained opportunities one workspace may hold before its
+	// events are refused (default 10 000 000, about 1.4 GB of Redis; 0: no quota).
+	IngestWorkspaceRetained int `yaml:"ingest_workspace_retained"`
 }
 
 // ingestTopics are the input topics the HTTP ingest writes live attempts and eval results to.
@@ -188,7 +191,7 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
-		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, ReadBudget: 200, MaxReadsInFlight: 4, IngestWorkspaceRate: 20000, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
+		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, ReadBudget: 200, MaxReadsInFlight: 4, IngestWorkspaceRate: 20000, IngestWorkspaceRetained: 10_000_000, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
 			IngestMaxInFlightBytes: ingest.DefaultMaxInFlightBytes},
 		LogLevel: "info",
 	}
@@ -266,6 +269,9 @@ func (c *Config) Validate() error {
 	if c.HTTP.RateLimit <= 0 || c.HTTP.ReadBudget <= 0 || c.HTTP.MaxReadsInFlight <= 0 || c.HTTP.MaxConnections <= 0 ||
 		c.HTTP.MaxConnectionsPerAddress <= 0 || c.HTTP.IngestMaxBodyBytes <= 0 || c.HTTP.IngestMaxInFlightBytes <= 0 || c.HTTP.IngestWorkspaceRate <= 0 {
 		bad("http.rate_limit, http.read_budget, http.max_reads_in_flight, http.max_connections, http.max_connections_per_address, http.ingest_max_body_bytes, http.ingest_max_inflight_bytes and http.ingest_workspace_rate must be positive")
+	}
+	if c.HTTP.IngestWorkspaceRetained < 0 {
+		bad("http.ingest_workspace_retained must not be negative (0: no quota)")
 	}
 	if c.HTTP.IngestMaxInFlightBytes > 0 && c.HTTP.IngestMaxInFlightBytes < 2*c.HTTP.IngestMaxBodyBytes {
 		bad("http.ingest_max_inflight_bytes %d is below twice http.ingest_max_body_bytes %d: a largest request would wait for an empty budget",
@@ -405,6 +411,7 @@ func (c *Config) settings() []setting {
 		num("http-ingest-max-body-bytes", "largest body POST /v1/events accepts (larger: 413)", &c.HTTP.IngestMaxBodyBytes),
 		num("http-ingest-max-inflight-bytes", "record bytes of /v1/events writes to Kafka not yet finished (answered or not) at most; past it a request is answered 503 before anything is sent", &c.HTTP.IngestMaxInFlightBytes),
 		num("http-ingest-workspace-rate", "events per second one workspace may post to /v1/events, in bursts of ten times that; past it 429, nothing of the request written", &c.HTTP.IngestWorkspaceRate),
+		num("http-ingest-workspace-retained", "retained opportunities one workspace may hold; at it, its posts to /v1/events are answered 429 (0: no quota)", &c.HTTP.IngestWorkspaceRetained),
 		str("log-level", "debug, info, warn or error", &c.LogLevel),
 	}
 }

@@ -15,10 +15,11 @@ import (
 
 // newIngest builds the handler of POST /v1/events (README, Ingest over HTTP) on a writer of its
 // own: fully acknowledged (RequireAll), each message naming its input topic, its record limit the
-// one every writer of the process has. closeWriter waits a while for the writes in flight, then
+// one every writer of the process has; retained counts each workspace's retained opportunities for
+// their quota. closeWriter waits a while for the writes in flight, then
 // flushes and closes the writer.
-func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, receipt func() time.Time, reg prometheus.Registerer,
-	log *zap.Logger) (h *ingest.Handler, closeWriter func() error, err error) {
+func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, retained ingest.RetainedCounter, receipt func() time.Time,
+	reg prometheus.Registerer, log *zap.Logger) (h *ingest.Handler, closeWriter func() error, err error) {
 	live, eval := cfg.ingestTopics()
 	w := kc.writer(live)
 	w.Topic = "" // each message names its topic
@@ -29,7 +30,7 @@ func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.D
 	h, err = ingest.New(ingest.Config{LiveTopic: live, EvalTopic: eval, Tokens: tokens,
 		MaxBodyBytes: int64(cfg.HTTP.IngestMaxBodyBytes), RecordLimit: w.BatchBytes, WriteTimeout: 10 * time.Second,
 		MaxInFlightBytes: int64(cfg.HTTP.IngestMaxInFlightBytes), SingleAttempt: true, WorkspaceRate: float64(cfg.HTTP.IngestWorkspaceRate),
-		Registerer: reg}, dec, w, receipt, log)
+		MaxRetained: int64(cfg.HTTP.IngestWorkspaceRetained), Retained: retained, Registerer: reg}, dec, w, receipt, log)
 	if err != nil {
 		w.Close()
 		return nil, nil, err

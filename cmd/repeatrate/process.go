@@ -202,7 +202,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		if tokens.Len() == 0 {
 			log.Warn("no http tokens configured: the read API and pages refuse every request (README, Read side)")
 		}
-		ing, closeIngest, err := newIngest(cfg, kc, tokens, st.decoder, receipt.Now, reg, log.Named("ingest"))
+		ing, closeIngest, err := newIngest(cfg, kc, tokens, st.decoder, catalog, receipt.Now, reg, log.Named("ingest"))
 		if err != nil {
 			return err
 		}
