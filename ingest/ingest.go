@@ -292,6 +292,21 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	if len(p.Workspaces(auth.Write)) == 0 {
 		return writeError(w, http.StatusForbidden, "this token may not write any workspace")
 	}
+	// A token whose every workspace is over a quota is refused before its body is read: judging
+	// a megabyte of events only to refuse them cost more than the writes the quota holds back.
+	if ws, held, wait := h.overQuotaAlready(req.Context(), p); ws != "" {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+		if held > 0 {
+			h.countOverQuota(p, ws, "retained")
+			return writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
+				"nothing was written: workspace %q retains %d opportunities, its quota is %d; it takes events again once its aggregates retain fewer (opportunities age out of the retention) or the quota is raised",
+				ws, held, h.cfg.MaxRetained))
+		}
+		h.countOverQuota(p, ws, "events")
+		return writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
+			"nothing was written: workspace %q wrote more than its quota of %g events per second (bursts of %g); send the request again after Retry-After",
+			ws, h.cfg.WorkspaceRate, h.cfg.WorkspaceBurst))
+	}
 	now := h.now()
 	events, status, msg := h.read(w, req)
 	if status != 0 {
@@ -470,6 +485,40 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	}
 	h.charge(events)
 	return h.answer(w, http.StatusAccepted, events, "")
+}
+
+// overQuotaAlready names a workspace over a quota when every workspace p may write is: the
+// retained count it holds (positive) when that is the quota it is over, else 0 and the wait until
+// its events per second are paid off. A token that may write every workspace ("*") is judged by
+// its events' workspaces, once they are read.
+func (h *Handler) overQuotaAlready(ctx context.Context, p *auth.Principal) (ws string, held int64, wait time.Duration) {
+	names := p.Workspaces(auth.Write)
+	if len(names) == 0 || slices.Contains(names, auth.AllWorkspaces) || (h.quota == nil && h.cfg.MaxRetained <= 0) {
+		return "", 0, 0
+	}
+	for _, name := range names {
+		var n int64
+		if h.cfg.MaxRetained > 0 {
+			if c := h.retainedOf(ctx, name); c >= h.cfg.MaxRetained {
+				n = c
+			}
+		}
+		w := retainedRetry
+		if n == 0 {
+			if h.quota == nil {
+				return "", 0, 0
+			}
+			var ok bool
+			if ok, w = h.quota.Admit(name); ok {
+				return "", 0, 0
+			}
+		}
+		if ws == "" {
+			ws, held = name, n
+		}
+		wait = max(wait, w)
+	}
+	return ws, held, wait
 }
 
 // countOverQuota counts a request refused for workspace ws's quota: by ws when the token names it,

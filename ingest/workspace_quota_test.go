@@ -14,7 +14,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/repeatrate/repeatrate/sink/auth"
 )
+
+const tokenMulti = "token-multi-writer-000" // writes acme and beta
 
 func batchOf(ws string, n int, prefix string) []byte {
 	evs := make([]map[string]any, n)
@@ -40,9 +44,29 @@ func TestWorkspaceQuotaRefusesWholeRequests(t *testing.T) {
 		t.Fatalf("first request: %d %s", rec.Code, rec.Body)
 	}
 	written := len(w.msgs)
-	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 3, "b")})
-	if rec.Code != http.StatusTooManyRequests {
+	// A token that writes only acme is refused before its body is read: even an unreadable one
+	// is answered 429, not 400.
+	rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: []byte("[{not json")})
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `workspace \"acme\" wrote more than its quota of 10 events per second`) {
 		t.Fatalf("a request past the quota: %d %s", rec.Code, rec.Body)
+	}
+	if err := valid(rec.Code, rec.Body.Bytes()); err != nil {
+		t.Fatalf("the answer is not as documented: %v", err)
+	}
+	// 150 written against 100: 50 in debt at 10/s is 5 s.
+	if s, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || s < 5 || s > 6 {
+		t.Fatalf("Retry-After %q, want 5–6 s", rec.Header().Get("Retry-After"))
+	}
+	// A token that also writes another workspace is judged by its events: an event of acme's
+	// makes the whole request refused, with every event's result.
+	multi, err := auth.NewStore([]auth.TokenConfig{{Name: "multi", SHA256: auth.Hash(tokenMulti), Workspaces: map[string]string{"acme": "write", "beta": "write"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.Tokens = multi
+	rec = post(h, request{token: tokenMulti, ctype: ceBatch, body: mustJSON([]map[string]any{live("m-1", "beta"), live("m-2", "acme"), live("m-3", "beta")})})
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a request with an event of a workspace past its quota: %d %s", rec.Code, rec.Body)
 	}
 	if err := valid(rec.Code, rec.Body.Bytes()); err != nil {
 		t.Fatalf("the answer is not as documented: %v", err)
@@ -51,7 +75,7 @@ func TestWorkspaceQuotaRefusesWholeRequests(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &ans); err != nil {
 		t.Fatal(err)
 	}
-	if ans.Accepted != 0 || len(ans.Events) != 3 || !strings.Contains(ans.Error, `workspace "acme"`) || !strings.Contains(ans.Error, "quota of 10 events per second") {
+	if ans.Accepted != 0 || len(ans.Events) != 3 || !strings.Contains(ans.Error, `workspace "acme"`) {
 		t.Fatalf("answer: %+v", ans)
 	}
 	for _, e := range ans.Events {
@@ -59,16 +83,13 @@ func TestWorkspaceQuotaRefusesWholeRequests(t *testing.T) {
 			t.Fatalf("an event of a refused request: %+v", e)
 		}
 	}
-	// 150 written against 100: 50 in debt at 10/s is 5 s.
-	if s, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || s < 5 || s > 6 {
-		t.Fatalf("Retry-After %q, want 5–6 s", rec.Header().Get("Retry-After"))
-	}
 	if len(w.msgs) != written {
-		t.Fatalf("%d messages written by a refused request", len(w.msgs)-written)
+		t.Fatalf("%d messages written by refused requests", len(w.msgs)-written)
 	}
-	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme", "events")); n != 1 {
-		t.Fatalf("over_quota{workspace=acme} = %v, want 1", n)
+	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme", "events")); n != 2 {
+		t.Fatalf("over_quota{workspace=acme} = %v, want 2", n)
 	}
+	h.cfg.Tokens = tokens(t)
 	// beta's budget is its own.
 	if rec := post(h, request{token: tokenBeta, ctype: ceBatch, body: batchOf("beta", 50, "c")}); rec.Code != http.StatusAccepted {
 		t.Fatalf("another workspace beside one over its quota: %d %s", rec.Code, rec.Body)

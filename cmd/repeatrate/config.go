@@ -139,7 +139,7 @@ type HTTPSettings struct {
 	IngestEvalTopic        string `yaml:"ingest_eval_topic"`
 	IngestMaxBodyBytes     int    `yaml:"ingest_max_body_bytes"`
 	IngestMaxInFlightBytes int    `yaml:"ingest_max_inflight_bytes"`
-	// IngestWorkspaceRate is the events per second one workspace may post (default 20 000, in
+	// IngestWorkspaceRate is the events per second one workspace may post (default 5 000, in
 	// bursts of ten times that); past it a request is answered 429, nothing of it written.
 	IngestWorkspaceRate int `yaml:"ingest_workspace_rate"`
 	// IngestWorkspaceRetained is the retained opportunities one workspace may hold before its
@@ -191,7 +191,7 @@ func defaultConfig() Config {
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
 		HTTPAddr:  "127.0.0.1:8080",
-		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, ReadBudget: 200, MaxReadsInFlight: 4, IngestWorkspaceRate: 20000, IngestWorkspaceRetained: 10_000_000, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
+		HTTP: HTTPSettings{Metrics: true, RateLimit: 20, ReadBudget: 200, MaxReadsInFlight: 4, IngestWorkspaceRate: 5000, IngestWorkspaceRetained: 10_000_000, MaxConnections: 256, MaxConnectionsPerAddress: 32, IngestMaxBodyBytes: 1 << 20,
 			IngestMaxInFlightBytes: ingest.DefaultMaxInFlightBytes},
 		LogLevel: "info",
 	}

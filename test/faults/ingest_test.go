@@ -34,7 +34,8 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 	addr := freeAddr(t)
 	token := "rr_fault_ingest_token_0123456789"
 	p := s.startEnv([]string{"REPEATRATE_HTTP_TOKENS=ingest:" + auth.Hash(token) + ":*=read-write"},
-		"run", "--http-addr="+addr, fmt.Sprintf("--http-ingest-max-inflight-bytes=%d", budget), "--http-rate-limit=10000")
+		"run", "--http-addr="+addr, fmt.Sprintf("--http-ingest-max-inflight-bytes=%d", budget), "--http-rate-limit=10000",
+		"--http-ingest-workspace-rate=100000000") // the in-flight budget is under test, not the quota
 	base := "http://" + addr
 	waitReady(t, base, 2*time.Minute)
 
