@@ -45,6 +45,10 @@ type env struct {
 }
 
 func main() {
+	if base := os.Getenv("BENCH_ISOLATION_ABUSER"); base != "" { // the abuser's process (isolation.go)
+		abuserMain(base)
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -131,6 +135,9 @@ func run() error {
 	}
 	if getenv("BENCH_CLUSTER", "") == "1" { // 1, 2 and 3 processors on the local clusters (cluster.go)
 		return e.clusterMode(ctx)
+	}
+	if getenv("BENCH_ISOLATION", "") == "1" { // a normal tenant beside an abusive one (isolation.go)
+		return e.isolationMode(ctx)
 	}
 	defer e.deleteTopics(ctx)
 	var from string
