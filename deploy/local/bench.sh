@@ -11,6 +11,8 @@
 #   BENCH_TIMEOUT     per pipeline run (default 30m); a run cut short reports what it processed
 #   BENCH_CLUSTER=1   instead: 1, 2 and 3 processors on the local Redis Cluster and three brokers
 #                     (started here and stopped afterwards when they were not running)
+#   BENCH_ISOLATION=1 instead: a normal tenant alone and beside an abusive one, with the default
+#                     limits and with them lifted (BENCH_ISOLATION_SECONDS per phase, default 30)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/local
@@ -44,6 +46,12 @@ if ! REDIS_PORT=16380 "$here/redis.sh" status >/dev/null 2>&1; then
   started+=("redis-noaof")
 fi
 export REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_TEST_KAFKA=127.0.0.1:19092 BENCH_REDIS_NOAOF=127.0.0.1:16380
+
+if [ "${BENCH_ISOLATION:-}" = 1 ]; then
+  echo "== tenant isolation (BENCH_ISOLATION_SECONDS=${BENCH_ISOLATION_SECONDS:-30})"
+  go run ./test/bench
+  exit
+fi
 
 echo "== Go micro-benchmarks"
 go test -run '^$' -bench . -benchmem -benchtime 2s ./consumer ./aggregator

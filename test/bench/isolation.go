@@ -100,6 +100,17 @@ func (e *env) isolationRun(ctx context.Context, limits string, phase time.Durati
 	} else {
 		cmd.Env = append(cmd.Env, "REPEATRATE_HTTP_RATE_LIMIT=20") // the default, over the harness's own
 	}
+	// BENCH_ISOLATION_PROFILE=<file>: a CPU profile of the processor over the abused phase
+	// (default limits only).
+	profile := os.Getenv("BENCH_ISOLATION_PROFILE")
+	if limits != "default" {
+		profile = ""
+	}
+	const adminToken = "rr-bench-admin-0123456789"
+	if profile != "" {
+		sum := sha256.Sum256([]byte(adminToken))
+		cmd.Env = append(cmd.Env, "REPEATRATE_PPROF=true", "REPEATRATE_HTTP_ADMIN_TOKEN_SHA256="+hex.EncodeToString(sum[:]))
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -163,6 +174,22 @@ func (e *env) isolationRun(ctx context.Context, limits string, phase time.Durati
 	}
 	time.Sleep(2 * time.Second) // the abuse reaches its steady state
 	a0 := cpuSeconds(ab.Process.Pid)
+	if profile != "" {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(phase.Seconds())-2), nil)
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			resp, err := (&http.Client{}).Do(req)
+			if err != nil {
+				logf("profile: %v", err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if err := os.WriteFile(profile, b, 0o644); err != nil {
+				logf("profile: %v", err)
+			}
+		}()
+	}
 	f := measure()
 	f.AbuserCores = (cpuSeconds(ab.Process.Pid) - a0) / phase.Seconds()
 	ab.Process.Signal(syscall.SIGTERM)
