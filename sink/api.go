@@ -182,8 +182,19 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // unavailable logs a backend error and answers 503 without it.
 func (a *api) unavailable(w http.ResponseWriter, req *http.Request, err error) {
-	a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
+	a.readFailed(req, err)
 	writeError(w, http.StatusServiceUnavailable, "state unavailable", false)
+}
+
+// readFailed logs a failed read of the state as a warning, unless its client went away mid-read:
+// then nothing is wrong with the state, and a client that hangs up on every read must not fill
+// the log.
+func (a *api) readFailed(req *http.Request, err error) {
+	if req.Context().Err() != nil {
+		a.log.Debug("read abandoned by its client", zap.String("path", req.URL.Path))
+		return
+	}
+	a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
 }
 
 // begin parses a request's query and checks its token against the workspace parameter; ok is

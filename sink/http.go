@@ -480,7 +480,7 @@ func (a *api) read(w http.ResponseWriter, req *http.Request, badge bool) (live, 
 	live, eval, err = a.current(req.Context(), sc, corr)
 	if err != nil {
 		// The backend's error is logged, never shown: it may name addresses and keys.
-		a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
+		a.readFailed(req, err)
 		writeError(w, http.StatusServiceUnavailable, "state unavailable", badge)
 		return nil, nil, false
 	}

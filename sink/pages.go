@@ -169,7 +169,7 @@ func (a *api) pageBegin(w http.ResponseWriter, req *http.Request, names, require
 }
 
 func (a *api) pageUnavailable(w http.ResponseWriter, req *http.Request, err error) {
-	a.log.Warn("read state", zap.String("path", req.URL.Path), zap.Error(err))
+	a.readFailed(req, err)
 	a.renderPage(w, http.StatusServiceUnavailable, "error", pageData{Title: "Unavailable", Error: "state unavailable"})
 }
 

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/testenv"
@@ -256,4 +258,36 @@ func gathered(t *testing.T, g prometheus.Gatherer, name, label string) float64 {
 		}
 	}
 	return sum
+}
+
+// ctxTallies fails every read with its context's error, as a read cut short by its client does.
+type ctxTallies struct{}
+
+func (ctxTallies) Tally(ctx context.Context, _ aggregator.Key, _ time.Time) (aggregator.Tally, error) {
+	<-ctx.Done()
+	return aggregator.Tally{}, ctx.Err()
+}
+
+// A read whose client hung up is not logged as a failure of the state: a client that hangs up on
+// every read (an abuser, or a dashboard closing its tab) would fill the log with warnings.
+func TestReadsAbandonedByTheirClientAreNotWarnings(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t)}, ctxTallies{}, prometheus.NewRegistry(), time.Now, zap.New(core))
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest(http.MethodGet, "/v1/snapshots?workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x", nil).WithContext(ctx)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	cancel()
+	h.srv.Handler.ServeHTTP(httptest.NewRecorder(), req)
+	if logs.Len() != 0 {
+		t.Fatalf("an abandoned read was logged: %v", logs.All()[0].Message)
+	}
+	// The same failure while the client still waits is a warning.
+	req = httptest.NewRequest(http.MethodGet, "/v1/snapshots?workspace=w&model=m&run=r&checkpoint=c&artifact=a&correction_id=x", nil)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	h2 := NewHTTP(HTTPConfig{Tokens: testTokens(t)}, fakeTallies{err: errors.New("redis: connection refused")}, prometheus.NewRegistry(), time.Now, zap.New(core))
+	rec := httptest.NewRecorder()
+	h2.srv.Handler.ServeHTTP(rec, req)
+	if rec.Code != http.StatusServiceUnavailable || logs.Len() != 1 {
+		t.Fatalf("a failed read: %d, %d warnings", rec.Code, logs.Len())
+	}
 }

@@ -341,7 +341,9 @@ func (a *api) catchUp(ctx context.Context, sel selector, v url.Values) []*FeedEv
 			Artifact: parts[4]}, CorrectionID: parts[5], Source: src}
 		t, err := a.r.Tally(ctx, k, at)
 		if err != nil {
-			a.log.Warn("stream catch-up", zap.Error(err))
+			if ctx.Err() == nil { // else the client went away
+				a.log.Warn("stream catch-up", zap.Error(err))
+			}
 			return out
 		}
 		if t.Version == 0 {
