@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink"
 )
 
 // Notification is one message a sink delivers: an alert in a state, with a deterministic id so
@@ -279,13 +278,27 @@ func (s *Redis) Retry(ctx context.Context, sink, key string, at time.Time) error
 	return s.rdb.ZAddXX(ctx, s.due(sink), redis.Z{Score: float64(at.UnixMilli()), Member: key}).Err()
 }
 
-var _ sink.AlertLister = (*Redis)(nil)
+// Current is one alert as GET /v1/alerts answers it (the read side's CurrentAlert, which the read
+// side declares so that neither package imports the other; cmd converts): the rule, the kind,
+// labels and annotations it fired with, its subject's fields, its state and its times.
+type Current struct {
+	Rule        string            `json:"rule"`
+	Kind        string            `json:"kind"`
+	Subject     string            `json:"subject"`
+	Fields      map[string]string `json:"fields"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	State       string            `json:"state"` // pending, firing or resolved
+	ActiveAt    time.Time         `json:"active_at"`
+	FiredAt     *time.Time        `json:"fired_at"`
+	ResolvedAt  *time.Time        `json:"resolved_at"`
+}
 
 // CurrentAlerts lists the alerts of workspace ws in the index (pending, firing, or resolved and
 // still being delivered), ordered by rule and subject, at most limit: what GET /v1/alerts
 // answers. It reads every indexed record, so its cost is the number of current alerts of all
 // workspaces, not of history. A pending alert has no kind yet (it never fired).
-func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]sink.CurrentAlert, error) {
+func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]Current, error) {
 	keys, err := s.Keys(ctx)
 	if err != nil {
 		return nil, err
@@ -294,12 +307,12 @@ func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]sink
 	if err != nil {
 		return nil, err
 	}
-	var out []sink.CurrentAlert
+	var out []Current
 	for _, st := range recs {
 		if st.Rev == 0 || st.Subject.Fields["workspace"] != ws || st.State == StateInactive {
 			continue
 		}
-		a := sink.CurrentAlert{Rule: st.Rule, Subject: st.Subject.Key, Fields: st.Subject.Fields, State: st.State.String(),
+		a := Current{Rule: st.Rule, Subject: st.Subject.Key, Fields: st.Subject.Fields, State: st.State.String(),
 			ActiveAt: st.ActiveAt, Labels: map[string]string{}, Annotations: map[string]string{}}
 		if ep := st.Episode; ep != nil {
 			a.Kind = ep.Kind
@@ -318,7 +331,7 @@ func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]sink
 		}
 		out = append(out, a)
 	}
-	slices.SortFunc(out, func(a, b sink.CurrentAlert) int {
+	slices.SortFunc(out, func(a, b Current) int {
 		if c := strings.Compare(a.Rule, b.Rule); c != 0 {
 			return c
 		}

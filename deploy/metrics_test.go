@@ -20,7 +20,7 @@ import (
 	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/ingest"
-	"github.com/repeatrate/repeatrate/sink"
+	"github.com/repeatrate/repeatrate/readside"
 )
 
 const (
@@ -75,8 +75,8 @@ func registered(t *testing.T) map[string][]string {
 	d.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	consumer.NewMetrics(d)
 	alert.NewMetrics(d)
-	sink.NewRecorder(nil, nil, d, zap.NewNop())
-	sink.NewHTTP(sink.HTTPConfig{Registerer: d}, nil, d.reg, time.Now, zap.NewNop())
+	readside.NewRecorder(nil, nil, d, zap.NewNop())
+	readside.NewHTTP(readside.HTTPConfig{Registerer: d}, nil, d.reg, time.Now, zap.NewNop())
 	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)

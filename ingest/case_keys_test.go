@@ -12,9 +12,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // An eval result that is no correction check is now written keyed by its case

@@ -17,7 +17,7 @@
 //
 // It counts nothing and stores nothing itself: the processor reads what it wrote like any other
 // producer's events. Rate limits, connection caps and the server's body cap are the HTTP server's
-// (package sink), around this handler.
+// (package readside), around this handler.
 package ingest
 
 import (
@@ -43,10 +43,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/quota"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // Writer writes messages, each naming its topic, and returns once all in-sync replicas have them;
@@ -57,7 +57,7 @@ type Writer interface {
 
 var _ Writer = (*kafka.Writer)(nil)
 
-// RetainedCounter counts the opportunities a workspace's aggregates retain; sink.Catalog is one.
+// RetainedCounter counts the opportunities a workspace's aggregates retain; readside.Catalog is one.
 type RetainedCounter interface {
 	Retained(ctx context.Context, ws string) (int64, error)
 }

@@ -22,9 +22,9 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/auth"
+	"github.com/repeatrate/repeatrate/readside"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 const (
@@ -189,7 +189,7 @@ func binaryHeaders(id, typ string) map[string]string {
 // openAPISchema returns a validator of /v1/events answers against sink's OpenAPI document.
 func openAPISchema(t *testing.T) func(status int, body []byte) error {
 	t.Helper()
-	raw, err := jsonschema.UnmarshalJSON(bytes.NewReader(sink.OpenAPI()))
+	raw, err := jsonschema.UnmarshalJSON(bytes.NewReader(readside.OpenAPI()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +545,7 @@ func TestIngestRecordLimit(t *testing.T) {
 func TestIngestBehindServer(t *testing.T) {
 	w := &fakeWriter{}
 	h := newHandler(t, w, Config{MaxBodyBytes: testLimit})
-	srv := sink.NewHTTP(sink.HTTPConfig{Tokens: tokens(t), Ingest: h, IngestMaxBodyBytes: h.MaxBodyBytes(), RateLimit: 1, RateBurst: 2},
+	srv := readside.NewHTTP(readside.HTTPConfig{Tokens: tokens(t), Ingest: h, IngestMaxBodyBytes: h.MaxBodyBytes(), RateLimit: 1, RateBurst: 2},
 		nil, prometheus.NewRegistry(), time.Now, zap.NewNop())
 	ev := mustJSON([]any{live("p1", "acme")})
 	atLimit := append(bytes.Repeat([]byte(" "), testLimit-len(ev)), ev...)

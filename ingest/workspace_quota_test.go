@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/repeatrate/repeatrate/sink/auth"
+	"github.com/repeatrate/repeatrate/internal/auth"
 )
 
 const tokenMulti = "token-multi-writer-000" // writes acme and beta

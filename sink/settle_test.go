@@ -36,7 +36,8 @@ func TestAbandonedPublishIsSettled(t *testing.T) {
 	k := NewKafka(w, w, w)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	err := k.Publish(ctx, []schemas.Snapshot{recordSnapshot("x", 1, time.Now())})
+	err := k.Publish(ctx, []schemas.Snapshot{{Aggregate: schemas.Aggregate{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c",
+		Artifact: "a", CorrectionID: "x", Source: "live"}, ObservedAt: time.Now(), Version: 1}})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("publish past its deadline: %v, want the deadline", err)
 	}

@@ -20,8 +20,8 @@ import (
 	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/ingest"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // Config is the processor's whole configuration. Precedence, lowest first: defaults, the YAML file

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/repeatrate/repeatrate/deploy"
-	"github.com/repeatrate/repeatrate/sink/auth"
+	"github.com/repeatrate/repeatrate/internal/auth"
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {

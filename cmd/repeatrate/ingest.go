@@ -10,7 +10,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/ingest"
-	"github.com/repeatrate/repeatrate/sink/auth"
+	"github.com/repeatrate/repeatrate/internal/auth"
 )
 
 // newIngest builds the handler of POST /v1/events (README, Ingest over HTTP) on a writer of its

@@ -16,9 +16,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/repeatrate/repeatrate/ingest"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // TestIngestEndToEnd runs `run` on real Kafka and Redis and feeds it only through POST /v1/events,

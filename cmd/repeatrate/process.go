@@ -19,9 +19,10 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/alert"
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/auth"
+	"github.com/repeatrate/repeatrate/readside"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 func runCommand(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -170,8 +171,8 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}()
 	// The read side's catalog (index, history, live feed) is recorded after each publish, off the
 	// processor's path (README, Read side).
-	catalog := sink.NewCatalog(rdb, cfg.Redis.KeyPrefix, cfg.Retention)
-	recorder := sink.NewRecorder(sink.NewKafka(snapWriter, suiteWriter, alertWriter), catalog, reg, log.Named("readside"))
+	catalog := readside.NewCatalog(rdb, cfg.Redis.KeyPrefix, cfg.Retention)
+	recorder := readside.NewRecorder(sink.NewKafka(snapWriter, suiteWriter, alertWriter), catalog, reg, log.Named("readside"))
 	// One receipt clock for the processor and the ingest: a wall clock stepped back does not make
 	// either judge valid events "from the future".
 	receipt := consumer.NewReceiptClock()
@@ -192,7 +193,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}
 
 	// Everything that can fail to build is built before anything runs.
-	var srv *sink.HTTP
+	var srv *readside.HTTP
 	var alerting *alert.Subscriber // set before the server runs
 	if cfg.HTTPAddr != "" {
 		tokens, err := auth.NewStore(cfg.HTTP.Tokens)
@@ -214,8 +215,8 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 			return err
 		}
 		// Each Redis command a read request sends is charged to its token's read budget.
-		rdb.AddHook(sink.ReadCost{})
-		srv = sink.NewHTTP(sink.HTTPConfig{Alerts: alerts, Addr: cfg.HTTPAddr, ProbeAddr: cfg.HTTP.ProbeAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
+		rdb.AddHook(readside.ReadCost{})
+		srv = readside.NewHTTP(readside.HTTPConfig{Alerts: alertsOfWorkspace{alerts}, Addr: cfg.HTTPAddr, ProbeAddr: cfg.HTTP.ProbeAddr, Pprof: cfg.Pprof, Ready: func(ctx context.Context) error { return errors.Join(rdb.Ping(ctx).Err(), ing.Backlog()) },
 			Degraded: func() []string { return alertingDegraded(alerting) },
 			Tokens:   tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
 			RateLimit: float64(cfg.HTTP.RateLimit), ReadBudget: float64(cfg.HTTP.ReadBudget), MaxReadsInFlight: cfg.HTTP.MaxReadsInFlight, MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
@@ -272,4 +273,17 @@ type redisLog struct{ log *zap.Logger }
 // Printf logs one go-redis message.
 func (l redisLog) Printf(_ context.Context, format string, v ...any) {
 	l.log.Warn(strings.TrimSpace(fmt.Sprintf(format, v...)))
+}
+
+// alertsOfWorkspace lists the alerts of a workspace for the read side's GET /v1/alerts: the
+// alert store's records as the read side declares them.
+type alertsOfWorkspace struct{ store *alert.Redis }
+
+func (a alertsOfWorkspace) CurrentAlerts(ctx context.Context, ws string, limit int) ([]readside.CurrentAlert, error) {
+	cur, err := a.store.CurrentAlerts(ctx, ws, limit)
+	out := make([]readside.CurrentAlert, len(cur))
+	for i, c := range cur {
+		out[i] = readside.CurrentAlert(c)
+	}
+	return out, err
 }

@@ -35,7 +35,7 @@ export REPEATRATE_TEST_REDIS=127.0.0.1:${REDIS_PORT:-16379}
 export REPEATRATE_TEST_KAFKA=127.0.0.1:${KAFKA_PORT:-19092}
 export REPEATRATE_TEST_ALERTMANAGER=127.0.0.1:${ALERTMANAGER_PORT:-19193}
 go vet ./...
-# Headless Chromium for the browser test (sink/browser_test.go; it fails without one under CI=true).
+# Headless Chromium for the browser test (readside/browser_test.go; it fails without one under CI=true).
 if ! command -v chromium >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }

@@ -19,7 +19,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/ingest"
-	"github.com/repeatrate/repeatrate/sink/auth"
+	"github.com/repeatrate/repeatrate/internal/auth"
 )
 
 // Scenario 8: the Kafka broker freezes (SIGSTOP) while 4 clients post 1 800-event batches (about

@@ -19,9 +19,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // secureEvents is the input size: a few batches, enough for every script and store to run.

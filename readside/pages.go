@@ -1,4 +1,4 @@
-package sink
+package readside
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 //go:embed templates/pages.html

@@ -1,4 +1,4 @@
-package sink
+package readside
 
 import (
 	"context"
@@ -16,9 +16,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // Tokens of the tests: tokenA reads workspaces "w" and "w&<x>", tokenB reads "other".

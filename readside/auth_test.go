@@ -1,4 +1,4 @@
-package sink
+package readside
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // fakeSuites is a SuiteReader that knows one suite of workspace "w".

@@ -1,4 +1,4 @@
-package sink
+package readside
 
 import (
 	"context"
@@ -22,9 +22,9 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/quota"
 	"github.com/repeatrate/repeatrate/schemas"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // TallyReader reads the current state of one aggregate; aggregator.Redis is one.

@@ -1,4 +1,4 @@
-package sink_test
+package readside_test
 
 import (
 	"context"
@@ -23,9 +23,10 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/readside"
 	"github.com/repeatrate/repeatrate/sink"
-	"github.com/repeatrate/repeatrate/sink/auth"
 )
 
 // browserToken reads workspace acme only.
@@ -203,8 +204,8 @@ func TestBrowserPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := zap.NewNop()
-	catalog := sink.NewCatalog(client, name, time.Hour)
-	rec := sink.NewRecorder(sink.NewKafka(w, w, w), catalog, nil, log)
+	catalog := readside.NewCatalog(client, name, time.Hour)
+	rec := readside.NewRecorder(sink.NewKafka(w, w, w), catalog, nil, log)
 	// The processor's clock: two batches a minute apart, so each aggregate keeps two history points.
 	t0 := time.Now().UTC().Truncate(time.Minute).Add(-5 * time.Minute)
 	clock := t0
@@ -235,7 +236,7 @@ func TestBrowserPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := sink.NewHTTP(sink.HTTPConfig{Tokens: tokens, Catalog: catalog, Suites: suites}, rates, prometheus.NewRegistry(),
+	srv := readside.NewHTTP(readside.HTTPConfig{Tokens: tokens, Catalog: catalog, Suites: suites}, rates, prometheus.NewRegistry(),
 		func() time.Time { return clock }, log)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

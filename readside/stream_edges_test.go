@@ -1,4 +1,4 @@
-package sink
+package readside
 
 import (
 	"bufio"

@@ -1,10 +1,10 @@
-package sink
+package readside
 
 import (
 	"net/http"
 	"strings"
 
-	"github.com/repeatrate/repeatrate/sink/auth"
+	"github.com/repeatrate/repeatrate/internal/auth"
 )
 
 // tokenCookie carries a token set by the login form, for pages read by a browser without
