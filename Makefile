@@ -30,4 +30,4 @@ services-down:
 	deploy/local/redis.sh stop
 
 fuzz:
-	go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./consumer
+	go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./schemas/cloudevent

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -73,7 +74,7 @@ func (d DeadLetter) RecordWithin(limit int) kafka.Message {
 
 	// Cut: the headers that must stay, with the longest truncation note while sizing.
 	must := append(own,
-		kafka.Header{Key: HeaderDLQOriginalSize, Value: []byte(strconv.Itoa(messageSize(&m)))},
+		kafka.Header{Key: HeaderDLQOriginalSize, Value: []byte(strconv.Itoa(cloudevent.MessageSize(&m)))},
 		kafka.Header{Key: HeaderDLQTruncated, Value: []byte("value,key,headers")})
 	// The longest prefix of the original headers that fits beside must with no key and value, in
 	// one pass over the headers' sizes: the record's size grows with each header kept, and key

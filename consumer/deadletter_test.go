@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -370,8 +371,8 @@ func TestDeadLetterRecordWithin(t *testing.T) {
 				}
 				return
 			}
-			if got[HeaderDLQOriginalSize] != strconv.Itoa(messageSize(&tc.msg)) {
-				t.Fatalf("original size %s, want %d", got[HeaderDLQOriginalSize], messageSize(&tc.msg))
+			if got[HeaderDLQOriginalSize] != strconv.Itoa(cloudevent.MessageSize(&tc.msg)) {
+				t.Fatalf("original size %s, want %d", got[HeaderDLQOriginalSize], cloudevent.MessageSize(&tc.msg))
 			}
 			if !strings.HasPrefix(string(tc.msg.Value), string(r.Value)) || !strings.HasPrefix(string(tc.msg.Key), string(r.Key)) {
 				t.Fatal("key and value must be cut to prefixes")

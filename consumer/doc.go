@@ -1,6 +1,6 @@
 // Package consumer is the Kafka side of repeatrate: it reads input topics in a consumer group,
-// unwraps CloudEvents (structured and binary mode of the Kafka protocol binding), quarantines bad
-// input on the dead-letter topic with its reason, hands observations to the aggregator, and commits
+// decodes each message with package schemas/cloudevent, quarantines bad input on the dead-letter
+// topic with its reason, hands observations to the aggregator, and commits
 // offsets only after a batch's state is stored and its snapshots are published.
 //
 // It holds no metric logic (package aggregator) and publishes no snapshots itself (package sink);

@@ -13,6 +13,7 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 // Store applies observations durably and returns their outcomes and the touched aggregates'
@@ -106,7 +107,7 @@ func (c *ProcessorConfig) Validate() error {
 // time, and the batches pass Apply and Publish in the order they were prepared.
 type Processor struct {
 	cfg     ProcessorConfig
-	decoder *Decoder
+	decoder *cloudevent.Decoder
 	store   Store
 	suites  SuiteStore
 	enc     encoder        // store, when it is one
@@ -122,7 +123,7 @@ type Processor struct {
 
 // NewProcessor returns a processor. now is the clock that stamps observation times and judges
 // future-dated events; pass time.Now outside tests.
-func NewProcessor(cfg ProcessorConfig, d *Decoder, s Store, suites SuiteStore, p Publisher, dlq DeadLetterSender, now func() time.Time, log *zap.Logger, m *Metrics) (*Processor, error) {
+func NewProcessor(cfg ProcessorConfig, d *cloudevent.Decoder, s Store, suites SuiteStore, p Publisher, dlq DeadLetterSender, now func() time.Time, log *zap.Logger, m *Metrics) (*Processor, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

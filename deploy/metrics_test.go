@@ -21,6 +21,7 @@ import (
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/ingest"
 	"github.com/repeatrate/repeatrate/readside"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 const (
@@ -77,7 +78,7 @@ func registered(t *testing.T) map[string][]string {
 	alert.NewMetrics(d)
 	readside.NewRecorder(nil, nil, d, zap.NewNop())
 	readside.NewHTTP(readside.HTTPConfig{Registerer: d}, nil, d.reg, time.Now, zap.NewNop())
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,5 +3,5 @@
 // outputs (OpenCompass). Every event is a pure function of the files and the Options — its
 // CloudEvent id, times and content — so importing the same files twice yields the same events,
 // which the processor counts once. Each event is checked by the same decoder as the Kafka path
-// (consumer.Decoder) before it is returned.
+// (cloudevent.Decoder) before it is returned.
 package importer

@@ -12,8 +12,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -53,7 +53,7 @@ const DefaultMaxMemberBytes = 256 << 20
 // Event is one imported result: its CloudEvent id and the structured CloudEvent JSON.
 type Event struct {
 	ID    string
-	Key   string // its Kafka key (consumer.Event.PartitionKey)
+	Key   string // its Kafka key (cloudevent.Event.PartitionKey)
 	Value []byte
 }
 
@@ -86,13 +86,13 @@ func clipPrediction(s string) string {
 
 // encoder validates and encodes events with the Kafka path's decoder.
 type encoder struct {
-	dec    *consumer.Decoder
+	dec    *cloudevent.Decoder
 	source string
 	now    time.Time
 }
 
 func newEncoder(source string) (*encoder, error) {
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		return nil, err
 	}

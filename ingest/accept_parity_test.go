@@ -10,8 +10,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -20,7 +20,7 @@ import (
 // exactly the decoder's limit without its key was accepted (202) and then dead-lettered as
 // too_large by the processor, which counts the key.
 func TestIngestAcceptsOnlyWhatTheProcessorTakes(t *testing.T) {
-	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	for _, c := range []struct {
 		name        string
 		recordLimit int64

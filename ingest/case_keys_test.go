@@ -11,9 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -23,7 +23,7 @@ import (
 // must never accept an event and write it so that the processor dead-letters it as too_large; it
 // must take one that fits with its key; the record limit counts the key too. And the ingest keys
 // as produce keys (docs/semantics.md#ingest), which since 39af07f writes such an eval result
-// unkeyed when its key would not fit (consumer.Decoder.MessageKey). These tests build such
+// unkeyed when its key would not fit (cloudevent.Decoder.MessageKey). These tests build such
 // events, with the longest identities the schema takes, in the binary, structured and batch
 // modes, at the limit without the key, at the limit with it and one byte over.
 
@@ -49,7 +49,7 @@ type adv5Limit struct {
 	post               func(recordLimit int64, n int) (*httptestAnswer, *fakeWriter)
 	unkeyedAt, keyedAt int
 	limit              int
-	dec                *consumer.Decoder
+	dec                *cloudevent.Decoder
 	key                string
 	sizeAt             func(n int, keyed bool) int
 }
@@ -63,7 +63,7 @@ func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestLongestCaseKeyAtTheLimit(t *testing.T) {
 
 // TestIngestKeysAsProduceAtTheLimit: docs/semantics.md#ingest writes events "keyed as
 // produce keys them", and #message-keys writes an eval result whose case key would take its
-// message past max_message_bytes unkeyed (consumer.Decoder.MessageKey, which produce, loadgen and
+// message past max_message_bytes unkeyed (cloudevent.Decoder.MessageKey, which produce, loadgen and
 // import use). A valid eval result that fits only without its key must then be written, unkeyed,
 // as produce writes it, and not refused as too_large.
 func TestIngestKeysAsProduceAtTheLimit(t *testing.T) {
@@ -240,7 +240,7 @@ func clip300(s string) string {
 }
 
 // mustEvent decodes m as the processor does.
-func mustEvent(t *testing.T, dec *consumer.Decoder, m *kafka.Message) consumer.Event {
+func mustEvent(t *testing.T, dec *cloudevent.Decoder, m *kafka.Message) cloudevent.Event {
 	t.Helper()
 	ev, err := dec.Decode(m, testNow)
 	if err != nil {

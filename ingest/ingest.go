@@ -1,6 +1,6 @@
 // Package ingest is repeatrate's HTTP input: POST /v1/events takes CloudEvents in the binary,
 // structured and batch modes of the CloudEvents HTTP binding (read with the CloudEvents SDK's HTTP
-// protocol binding), validates every event with the decoder of the Kafka path (consumer.Decoder,
+// protocol binding), validates every event with the decoder of the Kafka path (cloudevent.Decoder,
 // on the very Kafka message it would write), checks that the bearer token may write each event's
 // workspace, and writes the request's events to the input topics, keyed by aggregate as `produce`
 // keys them and acknowledged by all in-sync replicas, before it answers 202 with a result per
@@ -42,10 +42,10 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/quota"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -180,7 +180,7 @@ const MinEventBytes = 128
 // Handler serves POST /v1/events.
 type Handler struct {
 	cfg       Config
-	dec       *consumer.Decoder
+	dec       *cloudevent.Decoder
 	w         Writer
 	now       func() time.Time
 	log       *zap.Logger
@@ -201,7 +201,7 @@ type Handler struct {
 
 // New returns the handler: events are validated by dec at now() of their request and written
 // through w.
-func New(cfg Config, dec *consumer.Decoder, w Writer, now func() time.Time, log *zap.Logger) (*Handler, error) {
+func New(cfg Config, dec *cloudevent.Decoder, w Writer, now func() time.Time, log *zap.Logger) (*Handler, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

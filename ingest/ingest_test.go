@@ -21,10 +21,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/readside"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 const (
@@ -91,7 +91,7 @@ func (w *fakeWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) err
 
 func newHandler(t *testing.T, w Writer, cfg Config) *Handler {
 	t.Helper()
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func TestIngestWritesWhatTheProcessorDecodes(t *testing.T) {
 			t.Errorf("message %d stamped %v, want the receipt time %v", i, m.Time, testNow)
 		}
 	}
-	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	for i, id := range []string{"x1", "x2"} {
 		ev, err := dec.Decode(&w.msgs[i], testNow)
 		if err != nil || ev.ID != id || ev.Live == nil || ev.Live.Scope.Workspace != "acme" {

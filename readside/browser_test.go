@@ -26,6 +26,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/readside"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -199,7 +200,7 @@ func TestBrowserPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/aggregator/suite"
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -43,7 +43,7 @@ func TestLargestOutputsAcceptedByKafka(t *testing.T) {
 		t.Logf("the broker's default max.message.bytes is %d, not Kafka's %d", limit, sink.DefaultTopicLimit)
 	}
 
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -84,7 +84,7 @@ func liveData(id string, over ...string) map[string]any {
 
 // worstOutputs are the outputs of the largest valid eval result, with every other field at its
 // longest and every list at and beyond its cap.
-func worstOutputs(t *testing.T, ev consumer.Event) map[string]sink.Out {
+func worstOutputs(t *testing.T, ev cloudevent.Event) map[string]sink.Out {
 	t.Helper()
 	r := ev.Eval
 	o, ok := ev.Observation()
@@ -157,7 +157,7 @@ func worstOutputs(t *testing.T, ev consumer.Event) map[string]sink.Out {
 // reason. (The regression of issue 9: a 330 KB non-ASCII workspace was valid and its snapshot
 // record was 2.2 MB.)
 func TestOutputLimits(t *testing.T) {
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

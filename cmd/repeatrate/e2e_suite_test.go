@@ -12,10 +12,10 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -48,7 +48,7 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 		Duplicates: 0.1, Regrades: 0.05, LoopShare: 0.05}, time.Now().Add(-10*time.Minute))
 	input := bytes.Join(lines, []byte("\n"))
 
-	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	suiteCfg, _ := defaultConfig().Suite.aggregator()
 	want, err := replay(ctx, bytes.NewReader(input), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 // comparable strips what legitimately differs between streaming and replay: the observation
@@ -103,7 +104,7 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 	}
 
 	// What replay says.
-	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	suiteCfg, _ := defaultConfig().Suite.aggregator()
 	want, err := replay(ctx, bytes.NewReader(input.Bytes()), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
 	if err != nil {

@@ -8,9 +8,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/ingest"
 	"github.com/repeatrate/repeatrate/internal/auth"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 // newIngest builds the handler of POST /v1/events (README, Ingest over HTTP) on a writer of its
@@ -18,7 +18,7 @@ import (
 // one every writer of the process has; retained counts each workspace's retained opportunities for
 // their quota. closeWriter waits a while for the writes in flight, then
 // flushes and closes the writer.
-func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *consumer.Decoder, retained ingest.RetainedCounter, receipt func() time.Time,
+func newIngest(cfg Config, kc *kafkaClients, tokens *auth.Store, dec *cloudevent.Decoder, retained ingest.RetainedCounter, receipt func() time.Time,
 	reg prometheus.Registerer, log *zap.Logger) (h *ingest.Handler, closeWriter func() error, err error) {
 	live, eval := cfg.ingestTopics()
 	w := kc.writer(live)

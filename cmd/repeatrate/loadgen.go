@@ -13,6 +13,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/synth"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -199,7 +200,7 @@ func (s loadStats) String() string {
 // cfg.EvalTopic, everything else to cfg.LiveTopic. It holds at most loadBatch events at a time.
 func generateLoad(ctx context.Context, cfg trafficConfig, w consumer.MessageWriter) (loadStats, error) {
 	st := loadStats{Target: cfg.Rate}
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		return st, err
 	}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 func TestLoadgenPacer(t *testing.T) {
@@ -183,7 +183,7 @@ func TestLoadgenKafka(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, _ := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	got := map[string]int{}
 	gotPoison, gotEval, misplaced := 0, 0, 0
 	for topic, parts := range ends {

@@ -22,6 +22,7 @@ import (
 	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/readside"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -50,7 +51,7 @@ type stores struct {
 	rates    *aggregator.Redis
 	suites   *suite.Redis
 	suiteCfg suite.Config
-	decoder  *consumer.Decoder
+	decoder  *cloudevent.Decoder
 }
 
 func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
@@ -68,7 +69,7 @@ func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (
 	if s.suites, err = suite.NewRedis(rdb, rcfg, s.suiteCfg); err != nil {
 		return s, err
 	}
-	s.decoder, err = consumer.NewDecoder(consumer.DecoderConfig{
+	s.decoder, err = cloudevent.NewDecoder(cloudevent.DecoderConfig{
 		MaxMessageBytes: cfg.Limits.MaxMessageBytes,
 		Limits:          schemas.Limits{MaxPredictionBytes: cfg.Limits.MaxPredictionBytes, MaxFutureSkew: cfg.Limits.MaxFutureSkew},
 	})

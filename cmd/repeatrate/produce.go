@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -60,10 +61,10 @@ func produceCommand(ctx context.Context, args []string, stdin io.Reader, stderr 
 }
 
 // produce publishes every non-empty line as it is, in structured mode. A line that decodes is keyed
-// as consumer.Decoder.MessageKey says (its aggregate, or the case of an eval result that is no
+// as cloudevent.Decoder.MessageKey says (its aggregate, or the case of an eval result that is no
 // correction check when that fits); other lines (poison) are published unkeyed.
 func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, error) {
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		return 0, err
 	}

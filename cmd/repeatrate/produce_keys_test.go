@@ -9,8 +9,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -41,7 +41,7 @@ func adv5MessageSize(m *kafka.Message) int {
 // is exactly at the limit is counted by replay; the message produce writes must be one the
 // processor's decoder takes, not one it dead-letters as too_large.
 func TestProduceKeyDoesNotDeadLetterAValidLine(t *testing.T) {
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/aggregator/suite"
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -37,7 +37,7 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	out := fs.String("out", "", "write snapshots here instead of standard output")
 	dlq := fs.String("dlq", "", "write dead letters here instead of standard error")
 	retention := fs.String("retention", "30d", "opportunity identity retention, as for run")
-	maxMsg := fs.Int("max-message-bytes", consumer.DefaultDecoderConfig.MaxMessageBytes, "largest accepted event")
+	maxMsg := fs.Int("max-message-bytes", cloudevent.DefaultDecoderConfig.MaxMessageBytes, "largest accepted event")
 	sc := defaultConfig().Suite
 	fs.IntVar(&sc.MinHistory, "min-history", sc.MinHistory, "versions with an outcome before a case is judged")
 	fs.IntVar(&sc.JudgeLastVersions, "judge-last-versions", 0, "judge cases over only the last R versions (0: all)")
@@ -86,9 +86,9 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	}
 	defer closeDLQ()
 
-	dcfg := consumer.DefaultDecoderConfig
+	dcfg := cloudevent.DefaultDecoderConfig
 	dcfg.MaxMessageBytes = *maxMsg
-	dec, err := consumer.NewDecoder(dcfg)
+	dec, err := cloudevent.NewDecoder(dcfg)
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ type Out = sink.Out
 // stability snapshot per version, a revived event per revived case, and an abnormal-sample event
 // per abnormal reply of any result, as the processor raises them. Suites are never dropped for idleness, unlike in the processor's
 // Redis store (see suite.Model).
-func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention time.Duration, suiteCfg suite.Config, asOf, received time.Time) (replayResult, error) {
+func replay(ctx context.Context, r io.Reader, dec *cloudevent.Decoder, retention time.Duration, suiteCfg suite.Config, asOf, received time.Time) (replayResult, error) {
 	var res replayResult
 	model := aggregator.NewModel(retention)
 	suites := suite.NewModel()
@@ -170,7 +170,7 @@ func replay(ctx context.Context, r io.Reader, dec *consumer.Decoder, retention t
 		if len(bytes.TrimSpace(line)) == 0 && !tooLong {
 			continue
 		}
-		var ev consumer.Event
+		var ev cloudevent.Event
 		if tooLong {
 			err = schemas.Invalid(schemas.ReasonTooLarge, "line is over %d bytes (value truncated)", dec.MaxMessageBytes())
 		} else {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/synth"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -78,7 +78,7 @@ func TestSpread(t *testing.T) {
 func TestEval(t *testing.T) {
 	const runs, perCase = 10_000, 5
 	g := synth.NewEval(synth.EvalConfig{Seed: 3, Runs: runs, RunsPerCase: perCase, LiveShare: 0.1, Checks: 0.5})
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/aggregator"
-	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
 
 // consumeOnly reads the whole topic with the processor's reader settings (one reader per
@@ -76,7 +76,7 @@ func lastOffset(ctx context.Context, brokers []string, topic string, p int) (int
 // redisOnly feeds the decoded input to the apply script in the processor's batches (2000
 // messages, all pipelined, then the seal) and returns events per second.
 func (e *env) redisOnly(ctx context.Context, in *input) (float64, error) {
-	dec, err := consumer.NewDecoder(consumer.DefaultDecoderConfig)
+	dec, err := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package consumer
+package cloudevent
 
 import (
 	"bytes"
@@ -36,7 +36,7 @@ type Event struct {
 // DecoderConfig bounds what the decoder accepts.
 type DecoderConfig struct {
 	// MaxMessageBytes caps key, value and headers together, with their length prefixes
-	// (messageSize; default 1 MiB).
+	// (MessageSize; default 1 MiB).
 	MaxMessageBytes int
 	// Limits holds the per-field limits of package schemas.
 	Limits schemas.Limits
@@ -84,7 +84,7 @@ func (d *Decoder) Decode(m *kafka.Message, now time.Time) (Event, error) {
 }
 
 func (d *Decoder) decode(m *kafka.Message, now time.Time) (Event, error) {
-	if size := messageSize(m); size > d.cfg.MaxMessageBytes {
+	if size := MessageSize(m); size > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "message is %d bytes, limit %d", size, d.cfg.MaxMessageBytes)
 	}
 	var a attributes
@@ -860,13 +860,13 @@ func header(m *kafka.Message, name string) string {
 	return ""
 }
 
-// messageSize is the size of m's key, value and headers as a Kafka v2 record holds them: each
+// MessageSize is the size of m's key, value and headers as a Kafka v2 record holds them: each
 // key, value, header key and header value with its varint length, and the varint header count
 // (docs/semantics.md#limits). Every header therefore costs at least two bytes, even an empty one:
 // counting content bytes only let a message of half a million empty headers pass the limit. The
 // rest of the record's framing (its length, attributes, timestamp and offset deltas) is left out:
 // it does not grow with what a producer sends.
-func messageSize(m *kafka.Message) int {
+func MessageSize(m *kafka.Message) int {
 	n := sink.VarintLen(len(m.Key)) + len(m.Key) + sink.VarintLen(len(m.Value)) + len(m.Value) + sink.VarintLen(len(m.Headers))
 	for _, h := range m.Headers {
 		n += sink.HeaderSize(h)
@@ -912,7 +912,7 @@ func (d *Decoder) MessageKey(ev Event, m *kafka.Message) []byte {
 	if ev.Eval != nil && !ev.Eval.IsCorrectionCheck() {
 		keyed := *m
 		keyed.Key = []byte(key)
-		if messageSize(&keyed) > d.cfg.MaxMessageBytes {
+		if MessageSize(&keyed) > d.cfg.MaxMessageBytes {
 			return nil
 		}
 		return keyed.Key

@@ -1,4 +1,4 @@
-package consumer
+package cloudevent
 
 import (
 	"bytes"
@@ -224,16 +224,16 @@ func TestMessageSize(t *testing.T) {
 		return b.Len()
 	}
 	// A record is its length (a varint), attributes, timestamp and offset deltas (one byte each
-	// here), then what messageSize counts; the batch around it is the same for every record.
+	// here), then what MessageSize counts; the batch around it is the same for every record.
 	base := encoded(&kafka.Message{}) - sink.VarintLen(3+3) - (3 + 3)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := messageSize(&tc.msg)
+			got := MessageSize(&tc.msg)
 			if tc.want >= 0 && got != tc.want {
-				t.Fatalf("messageSize = %d, want %d", got, tc.want)
+				t.Fatalf("MessageSize = %d, want %d", got, tc.want)
 			}
 			if n := encoded(&tc.msg) - base - sink.VarintLen(3+got) - 3; n != got {
-				t.Fatalf("messageSize = %d, kafka-go encodes %d bytes", got, n)
+				t.Fatalf("MessageSize = %d, kafka-go encodes %d bytes", got, n)
 			}
 		})
 	}

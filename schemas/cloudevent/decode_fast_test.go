@@ -1,4 +1,4 @@
-package consumer
+package cloudevent
 
 import (
 	"bytes"
@@ -32,7 +32,7 @@ import (
 // binary mode; any other message is tried as a structured event, the form `produce` and most tools
 // write. Every error wraps schemas.ErrInvalid and carries a schemas.Reason.
 func (d *Decoder) refDecode(m *kafka.Message, now time.Time) (Event, error) {
-	if size := messageSize(m); size > d.cfg.MaxMessageBytes {
+	if size := MessageSize(m); size > d.cfg.MaxMessageBytes {
 		return Event{}, schemas.Invalid(schemas.ReasonTooLarge, "message is %d bytes, limit %d", size, d.cfg.MaxMessageBytes)
 	}
 	var a attributes
