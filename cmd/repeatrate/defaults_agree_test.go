@@ -77,3 +77,18 @@ func TestMaxInFlightDefaultsAgree(t *testing.T) {
 		t.Errorf("docs/configuration.md states the batch-max-in-flight default as %q, the processor's is %d", got, defaultConfig().Batch.MaxInFlight)
 	}
 }
+
+// Every flag of run is in docs/configuration.md's reference, by its full name: a flag added
+// without its line there fails here.
+func TestConfigurationReferenceNamesEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := defaultConfig()
+	for _, s := range c.settings() {
+		if !strings.Contains(string(doc), "`"+s.name+"`") {
+			t.Errorf("flag %s is not in docs/configuration.md", s.name)
+		}
+	}
+}
