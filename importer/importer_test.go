@@ -133,7 +133,7 @@ func TestOpenCompass(t *testing.T) {
 	}
 	for _, r := range rs {
 		wantPred := map[string][]string{"0": {"4", "4"}, "1": {"7", "6"}}[r.CaseID][r.RunIndex]
-		if r.Runs != 2 || r.Suite != "gsm8k" || r.Scope.Model != "m7b" || r.Version != "20261130_080000" || r.Prediction == nil || *r.Prediction != wantPred {
+		if r.Runs != 2 || r.Suite != "gsm8k" || r.Scope.Model != "m7b" || r.Version != "m7b@20261130_080000" || r.Prediction == nil || *r.Prediction != wantPred {
 			t.Fatalf("result %+v", r)
 		}
 	}

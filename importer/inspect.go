@@ -45,6 +45,25 @@ type inspectSample struct {
 	Error       *struct{ Message string }   `json:"error"`
 	StartedAt   string                      `json:"started_at"`
 	CompletedAt string                      `json:"completed_at"`
+	// Events are the sample's transcript; the importer reads its score events, whose timestamps
+	// say when each scorer scored it (again, when the log was re-scored).
+	Events []struct {
+		Event     string `json:"event"`
+		Timestamp string `json:"timestamp"`
+		Scorer    string `json:"scorer"`
+	} `json:"events"`
+}
+
+// scoredAt is when scorer last scored s (its last score event of that scorer), or "" when the
+// log does not say.
+func (s *inspectSample) scoredAt(scorer string) string {
+	at := ""
+	for _, e := range s.Events {
+		if e.Event == "score" && e.Scorer == scorer && e.Timestamp != "" {
+			at = e.Timestamp
+		}
+	}
+	return at
 }
 
 type inspectScore struct {
@@ -221,7 +240,9 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 	scope.Model = orDefault(scope.Model, log.Eval.Model)
 	scope.Run = orDefault(scope.Run, log.Eval.RunID)
 	suite := orDefault(opt.Suite, log.Eval.Task)
-	version := orDefault(opt.Version, scope.Run)
+	// One eval() of several models writes a log per model with the same run id: each model is a
+	// version of its own, or the later log's runs would replace the other's.
+	version := orDefault(opt.Version, scope.Model+"@"+scope.Run)
 	seq := opt.VersionSeq
 	if seq == 0 {
 		seq = created.Unix()
@@ -246,9 +267,15 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 		if json.Unmarshal(s.ID, &str) == nil {
 			caseID = str
 		}
+		// Assessed when the scorer last scored it: a log scored again (inspect score --overwrite)
+		// supersedes the earlier verdicts, as a re-assessment does.
+		assessed := parseTimeOr(s.CompletedAt, created)
+		if at := s.scoredAt(scorer); at != "" {
+			assessed = parseTimeOr(at, assessed)
+		}
 		r := schemas.EvalResult{Scope: scope, Suite: suite, CaseID: caseID, Version: version, VersionSeq: seq,
 			RunIndex: s.Epoch - 1, Runs: runs, Result: schemas.ResultError,
-			OccurredAt: parseTimeOr(s.StartedAt, created), AssessedAt: parseTimeOr(s.CompletedAt, created)}
+			OccurredAt: parseTimeOr(s.StartedAt, created), AssessedAt: assessed}
 		if s.Error == nil {
 			ran++
 			pred := clipPrediction(s.Output.Completion)

@@ -2,6 +2,7 @@ package importer
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -55,7 +56,12 @@ func OpenCompass(path string, opt Options) ([]Event, error) {
 			model := filepath.Base(filepath.Dir(rf))
 			dataset := strings.TrimSuffix(filepath.Base(rf), ".json")
 			evs, err := ocEvents(dir, model, dataset, at, opt, enc)
-			if err != nil {
+			var np *noPredictionsError
+			switch {
+			case errors.As(err, &np) && opt.Skipped != nil:
+				opt.Skipped(rf, np.Error()) // the other datasets of the run are imported
+				continue
+			case err != nil:
 				return nil, fmt.Errorf("%s: %w", rf, err)
 			}
 			out = append(out, evs...)
@@ -135,6 +141,11 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 	if err != nil {
 		return nil, err
 	}
+	if len(preds) == 0 {
+		// OpenCompass refuses to evaluate a run without its predictions; results without them
+		// are not a run it made.
+		return nil, &noPredictionsError{file: filepath.Join("predictions", model, dataset+".json")}
+	}
 	flags := make([][]bool, len(details))
 	n := 1
 	for i, d := range details {
@@ -158,6 +169,9 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 	if seq == 0 {
 		seq = at.Unix()
 	}
+	// The models of one run share its directory's timestamp: each is a version of its own, or the
+	// later model's runs would be dropped as the same runs of the same version.
+	version := orDefault(opt.Version, scope.Model+"@"+scope.Run)
 	size := len(details)
 	var out []Event
 	for i, d := range details {
@@ -167,7 +181,7 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 		}
 		for rep := range n {
 			r := schemas.EvalResult{Scope: scope, Suite: orDefault(opt.Suite, dataset), CaseID: caseID,
-				Version: orDefault(opt.Version, scope.Run), VersionSeq: seq, RunIndex: int64(rep), Runs: int64(n),
+				Version: version, VersionSeq: seq, RunIndex: int64(rep), Runs: int64(n),
 				Result: schemas.ResultError, OccurredAt: at, AssessedAt: at}
 			if rep < len(flags[i]) {
 				r.Result = schemas.ResultFail
@@ -187,6 +201,13 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 		}
 	}
 	return out, nil
+}
+
+// noPredictionsError is a dataset whose results have no predictions file beside them.
+type noPredictionsError struct{ file string }
+
+func (e *noPredictionsError) Error() string {
+	return "no predictions (" + e.file + "): OpenCompass does not evaluate a run without them, so these results are not one it made"
 }
 
 // ocPredictions reads a dataset's predictions (one file, or shards _0, _1, … numbered on), by index.

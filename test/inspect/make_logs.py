@@ -1,8 +1,10 @@
 """Makes Inspect AI eval logs for the importer test (importer, TestInspectLogs): a real Inspect AI
 run (PyPI inspect-ai) of a small in-memory dataset on its built-in mock model, mockllm/model,
 which needs no network, with 3 epochs, written in both log formats (.eval and .json), plus a run
-whose every sample errors. The mock model's replies are scripted (answer), and the includes()
-scorer grades them C or I by the target. Idempotent: does nothing when OUT already holds the logs.
+whose every sample errors, one eval() of two models (two logs with one run id: models/), and a
+log scored again with a stricter scorer (rescored/: the log as run, then as inspect_ai.score
+overwrote it). The mock model's replies are scripted (answer), and the includes() scorer grades
+them C or I by the target. Idempotent: makes only the parts OUT does not hold yet.
 
 usage: python make_logs.py OUT_DIR
 """
@@ -10,13 +12,14 @@ import sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-if (out / "done").exists():
+if (out / "done").exists() and (out / "models").exists() and (out / "rescored").exists():
     sys.exit(0)
 
-from inspect_ai import Task, eval as inspect_eval
+from inspect_ai import Task, eval as inspect_eval, score as inspect_score
+from inspect_ai.log import write_eval_log
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
-from inspect_ai.scorer import includes
+from inspect_ai.scorer import exact, includes
 from inspect_ai.solver import generate, solver
 
 calls = {}
@@ -50,11 +53,36 @@ def explode():
     return solve
 
 
-for fmt in ("eval", "json"):
+if not (out / "done").exists():
+    for fmt in ("eval", "json"):
+        calls.clear()
+        inspect_eval(Task(name="regressions", dataset=MemoryDataset(samples), solver=generate(), scorer=includes()),
+                     model=get_model("mockllm/model", custom_outputs=answer), epochs=3, log_dir=str(out / fmt), log_format=fmt, display="none")
+    inspect_eval(Task(name="broken", dataset=MemoryDataset(samples[:2]), solver=explode(), scorer=includes()),
+                 model=get_model("mockllm/model", custom_outputs=answer), epochs=2, log_dir=str(out / "error"), log_format="json", display="none",
+                 fail_on_error=False)
+    (out / "done").write_text("ok\n")
+
+if not (out / "models").exists():
+    # One eval() of two models: "other" answers refund-2 wrong from its first call.
+    def other(messages, tools, tool_choice, config):
+        if messages[-1].text == "Say something else.":
+            o = ModelOutput.from_content(model="mockllm", content="the same thing")
+            o.usage = ModelUsage(input_tokens=5, output_tokens=5, total_tokens=10)
+            return o
+        return answer(messages, tools, tool_choice, config)
     calls.clear()
     inspect_eval(Task(name="regressions", dataset=MemoryDataset(samples), solver=generate(), scorer=includes()),
-                 model=get_model("mockllm/model", custom_outputs=answer), epochs=3, log_dir=str(out / fmt), log_format=fmt, display="none")
-inspect_eval(Task(name="broken", dataset=MemoryDataset(samples[:2]), solver=explode(), scorer=includes()),
-             model=get_model("mockllm/model", custom_outputs=answer), epochs=2, log_dir=str(out / "error"), log_format="json", display="none",
-             fail_on_error=False)
-(out / "done").write_text("ok\n")
+                 model=[get_model("mockllm/model", custom_outputs=answer), get_model("mockllm/other", custom_outputs=other)],
+                 epochs=2, log_dir=str(out / "models"), log_format="json", display="none")
+
+if not (out / "rescored").exists():
+    # Scored again with exact(): the verdict of refund-1 ("Default output, as always." against
+    # "Default output") turns from C to I in every epoch.
+    calls.clear()
+    log = inspect_eval(Task(name="regressions", dataset=MemoryDataset(samples), solver=generate(), scorer=includes()),
+                       model=get_model("mockllm/model", custom_outputs=answer), epochs=2, log_dir=str(out / "rescored" / "first"),
+                       log_format="json", display="none")[0]
+    again = inspect_score(log, exact(), action="overwrite")
+    (out / "rescored" / "again").mkdir(parents=True)
+    write_eval_log(again, str(out / "rescored" / "again" / Path(log.location).name))
