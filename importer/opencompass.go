@@ -56,10 +56,9 @@ func OpenCompass(path string, opt Options) ([]Event, error) {
 			model := filepath.Base(filepath.Dir(rf))
 			dataset := strings.TrimSuffix(filepath.Base(rf), ".json")
 			evs, err := ocEvents(dir, model, dataset, at, opt, enc)
-			var np *noPredictionsError
 			switch {
-			case errors.As(err, &np) && opt.Skipped != nil:
-				opt.Skipped(rf, np.Error()) // the other datasets of the run are imported
+			case err != nil && opt.Skipped != nil:
+				opt.Skipped(rf, err.Error()) // the other datasets of the run are imported
 				continue
 			case err != nil:
 				return nil, fmt.Errorf("%s: %w", rf, err)
@@ -92,14 +91,79 @@ func ocRunDirs(path string) ([]string, error) {
 
 type ocResults struct {
 	Details json.RawMessage `json:"details"`
+	// Accuracy is AccEvaluator's metric: with it, an example without a correct flag is correct
+	// when its (post-processed) prediction equals its reference, as AccEvaluator counts.
+	Accuracy *float64 `json:"accuracy"`
 }
 
 // ocDetail is one example's entry in details; the flags are a bool or a list of bools.
+// Predictions and References are what format_details writes for an evaluator that gives no
+// details of its own (their text, str() of each).
 type ocDetail struct {
 	ExampleAbbr    string          `json:"example_abbr"`
 	Correct        json.RawMessage `json:"correct"`
 	IsCorrect      json.RawMessage `json:"is_correct"`
 	CascadeCorrect json.RawMessage `json:"cascade_correct"`
+	Predictions    json.RawMessage `json:"predictions"`
+	References     json.RawMessage `json:"references"`
+}
+
+// ocJSONError says in a user's terms, without Go type names, why what (a part of a results
+// file) could not be read.
+func ocJSONError(what string, err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field == "":
+		return fmt.Errorf("%s is %s, not what OpenCompass writes there", what, article(te.Value))
+	case errors.As(err, &te):
+		return fmt.Errorf("%s: its member %s is %s, not what OpenCompass writes there", what, te.Field, article(te.Value))
+	case errors.As(err, &se):
+		return fmt.Errorf("%s is not JSON (at byte %d: %v)", what, se.Offset, se)
+	}
+	return fmt.Errorf("%s: %v", what, err)
+}
+
+// ocDetailsOf reads a results file's details: a list of entries (BaseEvaluator.evaluate), or an
+// object of entries by index, which format_details (openicl_eval.py) writes with a "type" member
+// (GEN or PPL) beside them.
+func ocDetailsOf(raw json.RawMessage) (details []ocDetail, layout string, err error) {
+	if len(raw) == 0 {
+		return nil, "", nil
+	}
+	if raw[0] != '{' {
+		if err := json.Unmarshal(raw, &details); err != nil {
+			return nil, "", ocJSONError("details", err)
+		}
+		return details, "", nil
+	}
+	m := map[string]json.RawMessage{}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, "", err
+	}
+	if t, ok := m["type"]; ok {
+		if err := json.Unmarshal(t, &layout); err != nil {
+			return nil, "", fmt.Errorf("details type is not a text: %s", t)
+		}
+		delete(m, "type")
+	}
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		i, err := strconv.Atoi(k)
+		if err != nil {
+			return nil, "", fmt.Errorf("details key %q is not an index", k)
+		}
+		keys = append(keys, i)
+	}
+	sort.Ints(keys)
+	for _, k := range keys {
+		var d ocDetail
+		if err := json.Unmarshal(m[strconv.Itoa(k)], &d); err != nil {
+			return nil, "", ocJSONError(fmt.Sprintf("details[%d]", k), err)
+		}
+		details = append(details, d)
+	}
+	return details, layout, nil
 }
 
 func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encoder) ([]Event, error) {
@@ -109,30 +173,11 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 	}
 	var res ocResults
 	if err := json.Unmarshal(b, &res); err != nil {
-		return nil, err
+		return nil, ocJSONError("the results file", err)
 	}
-	var details []ocDetail
-	if len(res.Details) > 0 && res.Details[0] == '{' { // older layout: index → detail
-		m := map[string]ocDetail{}
-		if err := json.Unmarshal(res.Details, &m); err != nil {
-			return nil, err
-		}
-		keys := make([]int, 0, len(m))
-		for k := range m {
-			i, err := strconv.Atoi(k)
-			if err != nil {
-				return nil, fmt.Errorf("details key %q is not an index", k)
-			}
-			keys = append(keys, i)
-		}
-		sort.Ints(keys)
-		for _, k := range keys {
-			details = append(details, m[strconv.Itoa(k)])
-		}
-	} else if len(res.Details) > 0 {
-		if err := json.Unmarshal(res.Details, &details); err != nil {
-			return nil, err
-		}
+	details, _, err := ocDetailsOf(res.Details)
+	if err != nil {
+		return nil, err
 	}
 	if len(details) == 0 {
 		return nil, fmt.Errorf("no details: run OpenCompass with dump_details to import per-sample results")
@@ -159,6 +204,14 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 			}
 			flags[i] = f
 			break
+		}
+		if flags[i] == nil && res.Accuracy != nil && len(d.Predictions) > 0 && len(d.References) > 0 {
+			// format_details of an evaluator without details of its own (AccEvaluator): the
+			// example is correct when its prediction is its reference, as AccEvaluator counts.
+			var pred, ref string
+			if json.Unmarshal(d.Predictions, &pred) == nil && json.Unmarshal(d.References, &ref) == nil {
+				flags[i] = []bool{pred == ref}
+			}
 		}
 		n = max(n, len(flags[i]))
 	}

@@ -99,3 +99,62 @@ func TestOpenCompassResultsWithoutPredictionsAreSkipped(t *testing.T) {
 	}
 
 }
+
+// format_details (openicl_eval.py) writes the details of an evaluator that gives none of its own
+// (AccEvaluator, the usual one for multiple-choice datasets) as an object of entries by index
+// beside "type": GEN entries with the prediction and reference texts and no correct flag, PPL
+// entries with one. Both import (a GEN example correct when its prediction is its reference, as
+// AccEvaluator counts), and a results file that cannot be read is skipped with the reason, the
+// run's other datasets imported (before, one such file aborted the whole directory).
+func TestOpenCompassFormatDetailsImport(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "20261130_080000")
+	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	write := func(rel, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(run, rel), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As format_details writes them (results[str(i)] = {...}; results['type'] = 'GEN' or 'PPL').
+	write("results/m7b/mmlu.json", `{"accuracy": 50.0, "details": {"type": "GEN",
+		"0": {"prompt": "Q0", "origin_prediction": "The answer is A", "predictions": "A", "references": "A"},
+		"1": {"prompt": "Q1", "origin_prediction": "The answer is C", "predictions": "C", "references": "B"}}}`)
+	write("predictions/m7b/mmlu.json", `{"0": {"origin_prompt": "Q0", "prediction": "The answer is A", "gold": "A"},
+		"1": {"origin_prompt": "Q1", "prediction": "The answer is C", "gold": "B"}}`)
+	write("results/m7b/piqa.json", `{"accuracy": 50.0, "details": {"type": "PPL",
+		"0": {"origin_prediction": {"A": {"prompt": "p", "PPL": 1.2}}, "predictions": "A", "references": "A", "correct": true},
+		"1": {"origin_prediction": {"A": {"prompt": "p", "PPL": 3.4}}, "predictions": "A", "references": "B", "correct": false}}}`)
+	write("predictions/m7b/piqa.json", `{"0": {"label: A": {"testing input": "t", "prompt": "p", "PPL": 1.2}, "prediction": "A", "gold": "A"},
+		"1": {"label: A": {"testing input": "t", "prompt": "p", "PPL": 3.4}, "prediction": "A", "gold": "B"}}`)
+	write("results/m7b/broken.json", `{"details": "not details"}`)
+	write("predictions/m7b/broken.json", `{"0": {"prediction": "x"}}`)
+	var skipped []string
+	evs, err := OpenCompass(dir, Options{Scope: testScope, Skipped: func(file, why string) { skipped = append(skipped, file+": "+why) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySuite := map[string]map[string][]string{}
+	for _, r := range decode(t, evs) {
+		if bySuite[r.Suite] == nil {
+			bySuite[r.Suite] = map[string][]string{}
+		}
+		bySuite[r.Suite][r.CaseID] = append(bySuite[r.Suite][r.CaseID], r.Result)
+	}
+	for suite, want := range map[string]map[string][]string{
+		"mmlu": {"0": {"pass"}, "1": {"fail"}},
+		"piqa": {"0": {"pass"}, "1": {"fail"}},
+	} {
+		for c, w := range want {
+			if got := bySuite[suite][c]; len(got) != len(w) || got[0] != w[0] {
+				t.Errorf("%s case %s: %v, want %v", suite, c, got, w)
+			}
+		}
+	}
+	if len(bySuite["gsm8k"]) != 2 || len(bySuite["broken"]) != 0 {
+		t.Fatalf("suites imported: %v", bySuite)
+	}
+	if len(skipped) != 1 || !strings.Contains(skipped[0], "broken.json: details is a string, not what OpenCompass writes there") || strings.Contains(skipped[0], "importer.") {
+		t.Fatalf("skipped %v, want broken.json with its reason", skipped)
+	}
+}

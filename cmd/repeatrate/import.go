@@ -23,7 +23,7 @@ func skippedNote(n int) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (%d files skipped: not logs)", n)
+	return fmt.Sprintf(" (%d files skipped, each said above with why)", n)
 }
 
 // importable refuses an import that found nothing to import: exit 1 with what to check, rather

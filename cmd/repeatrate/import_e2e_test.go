@@ -222,7 +222,7 @@ func TestImportRefusesWhatItCannotImport(t *testing.T) {
 		t.Errorf("a folder of logs with a stray JSON array: %v (before: the whole import aborted)", err)
 	}
 	if says := skippedErr.String(); !strings.Contains(says, "skipped "+stray+": not an Inspect AI log: its JSON is an array") ||
-		!strings.Contains(says, "(1 files skipped: not logs)") || strings.Contains(says, "importer.") || skippedOut.Len() == 0 {
+		!strings.Contains(says, "(1 files skipped, each said above with why)") || strings.Contains(says, "importer.") || skippedOut.Len() == 0 {
 		t.Errorf("a folder with a stray file: wrote %d bytes, said %q", skippedOut.Len(), says)
 	}
 	for _, c := range []struct {
