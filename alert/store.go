@@ -131,6 +131,26 @@ func fromUS(v string) time.Time {
 	return time.UnixMicro(n).UTC()
 }
 
+// keysOfWorkspace keeps the record keys whose subject is of workspace ws. A record key is
+// Key(rule, subject), and every subject key is a kind letter and the escaped parts, the workspace
+// first ("a|acme|…", "d|acme|suite"): escaped once more in the record key, its workspace part
+// follows the kind's "%7C".
+func (s *Redis) keysOfWorkspace(keys []string, ws string) []string {
+	part := schemas.JoinEscaped(schemas.JoinEscaped(ws))
+	var out []string
+	for _, k := range keys {
+		_, subject, ok := strings.Cut(strings.TrimPrefix(k, s.prefix+":s:"), "|")
+		if !ok {
+			continue
+		}
+		_, rest, ok := strings.Cut(subject, "%7C")
+		if ok && (rest == part || strings.HasPrefix(rest, part+"%7C")) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // Keys lists the records in the index.
 func (s *Redis) Keys(ctx context.Context) ([]string, error) {
 	ks, err := s.rdb.SMembers(ctx, s.index()).Result()
@@ -296,14 +316,14 @@ type Current struct {
 
 // CurrentAlerts lists the alerts of workspace ws in the index (pending, firing, or resolved and
 // still being delivered), ordered by rule and subject, at most limit: what GET /v1/alerts
-// answers. It reads every indexed record, so its cost is the number of current alerts of all
-// workspaces, not of history. A pending alert has no kind yet (it never fired).
+// answers. It reads the index and the records of ws alone (keysOfWorkspace), so a workspace's
+// read costs its own current alerts, not other tenants' nor history. A pending alert has no kind yet (it never fired).
 func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]Current, error) {
 	keys, err := s.Keys(ctx)
 	if err != nil {
 		return nil, err
 	}
-	recs, err := s.Load(ctx, keys)
+	recs, err := s.Load(ctx, s.keysOfWorkspace(keys, ws))
 	if err != nil {
 		return nil, err
 	}

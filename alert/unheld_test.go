@@ -2,8 +2,12 @@ package alert
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
@@ -174,5 +178,69 @@ func evaluateAndDeliver(t *testing.T, e *Evaluator, clk *clock, am Sink, at time
 	}
 	if err := e.Deliver(context.Background(), am); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// hgetalls counts the records a client reads (HGETALL, alone or in pipelines).
+type hgetalls struct{ n atomic.Int64 }
+
+func (h *hgetalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *hgetalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hgetall" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *hgetalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if c.Name() == "hgetall" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A workspace's current alerts cost the read side its own records only: with many alerts firing
+// in acme (workspace names chosen to need escaping), listing beta's reads none of them, and
+// listing acme's reads each of acme's once. The read side charges a token's reads by the Redis
+// commands they send, so another tenant's alerts must not be read on its behalf.
+func TestCurrentAlertsReadOnlyTheirWorkspace(t *testing.T) {
+	rdb := testenv.OwnRedis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	clk := &clock{t: t0}
+	ev := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{&recordingSink{name: "am"}}, clk)
+	for i := range 40 {
+		s := snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)
+		s.Aggregate.CorrectionID = fmt.Sprintf("fix-%d", i)
+		if i%2 == 1 {
+			s.Aggregate.Workspace = "beta|x" // a workspace whose name must be escaped
+		}
+		ev.Apply(Update{Snapshot: s})
+	}
+	if err := ev.Evaluate(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	count := &hgetalls{}
+	rdb.AddHook(count)
+	reader, _ := NewRedis(rdb, prefix, []string{"read"})
+	for _, c := range []struct {
+		ws   string
+		want int
+	}{{"acme", 20}, {"beta|x", 20}, {"beta", 0}, {"acm", 0}} {
+		before := count.n.Load()
+		got, err := reader.CurrentAlerts(ctx, c.ws, 100)
+		if err != nil || len(got) != c.want {
+			t.Fatalf("alerts of %q: %d (%v), want %d", c.ws, len(got), err, c.want)
+		}
+		if read := count.n.Load() - before; read != int64(c.want) {
+			t.Errorf("listing %q's %d alerts read %d records", c.ws, c.want, read)
+		}
 	}
 }
