@@ -114,7 +114,9 @@ type Config struct {
 	// out of the retention, or idle aggregates are dropped). Counts are looked up at most once per
 	// RetainedRefresh (default 2 s) per workspace, so a workspace may pass its quota by what it
 	// writes in that time; when the lookup fails the last count is used, and without one the
-	// request is written (the quota protects Redis; it never stops the ingest on its own).
+	// request is written (the quota protects Redis; it never stops the ingest on its own). The
+	// last counts of up to 10 000 workspaces are kept, those not looked up within a refresh
+	// forgotten first.
 	MaxRetained     int64
 	Retained        RetainedCounter
 	RetainedRefresh time.Duration
@@ -295,13 +297,11 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	// A token whose every workspace is over a quota is refused before its body is read: judging
 	// a megabyte of events only to refuse them cost more than the writes the quota holds back.
 	if ws, held, wait := h.overQuotaAlready(req.Context(), p); ws != "" {
-		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 		if held > 0 {
 			h.countOverQuota(p, ws, "retained")
-			return writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
-				"nothing was written: workspace %q retains %d opportunities, its quota is %d; it takes events again once its aggregates retain fewer (opportunities age out of the retention) or the quota is raised",
-				ws, held, h.cfg.MaxRetained))
+			return writeError(w, http.StatusTooManyRequests, h.retainedRefusal(ws, held))
 		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 		h.countOverQuota(p, ws, "events")
 		return writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
 			"nothing was written: workspace %q wrote more than its quota of %g events per second (bursts of %g); send the request again after Retry-After",
@@ -397,13 +397,16 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 			events[i].res.Status, events[i].res.Detail, events[i].res.Topic, events[i].res.Key =
 				StatusNotWritten, "not sent: a workspace of this request holds its quota of retained opportunities", "", ""
 		}
-		w.Header().Set("Retry-After", strconv.Itoa(int(retainedRetry/time.Second)))
-		return h.answer(w, http.StatusTooManyRequests, events, fmt.Sprintf(
-			"nothing was written: workspace %q retains %d opportunities, its quota is %d; it takes events again once its aggregates retain fewer (opportunities age out of the retention) or the quota is raised",
-			full, held, h.cfg.MaxRetained))
+		return h.answer(w, http.StatusTooManyRequests, events, h.retainedRefusal(full, held))
 	}
 	if h.quota != nil {
-		if ok, wait := h.quota.AdmitAll(slices.Collect(maps.Keys(perWorkspace))); !ok {
+		// Charged ahead, under one lock with the check, so that requests running at once each
+		// count the others' events; what is certainly not written is given back (refund).
+		amounts := map[string]float64{}
+		for ws, n := range perWorkspace {
+			amounts[ws] = float64(n)
+		}
+		if ok, wait := h.quota.Take(amounts); !ok {
 			spent := h.spent(perWorkspace)
 			for _, ws := range spent {
 				h.countOverQuota(p, ws, "events")
@@ -426,6 +429,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	}
 	id, wait, ok := h.reserve(size)
 	if !ok {
+		h.refund(events, true)
 		for i := range events {
 			events[i].res.Status, events[i].res.Detail, events[i].res.Topic, events[i].res.Key =
 				StatusNotWritten, "not sent: Kafka writes are backed up; send the request again after Retry-After", "", ""
@@ -478,12 +482,11 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 				r.Status, r.Detail, r.Topic, r.Key = StatusUnknown, "Kafka did not answer in time: it may or may not be written; send the request again (it is counted once)", "", ""
 			}
 		}
-		h.charge(events)
+		h.refund(events, false)
 		w.Header().Set("Retry-After", retryAfter(h.oldestWrite()))
 		return h.answer(w, http.StatusServiceUnavailable, events,
 			"Kafka did not acknowledge every event: send the request again (events already written are counted once)")
 	}
-	h.charge(events)
 	return h.answer(w, http.StatusAccepted, events, "")
 }
 
@@ -503,7 +506,7 @@ func (h *Handler) overQuotaAlready(ctx context.Context, p *auth.Principal) (ws s
 				n = c
 			}
 		}
-		w := retainedRetry
+		var w time.Duration // none: waiting frees no retained opportunity
 		if n == 0 {
 			if h.quota == nil {
 				return "", 0, 0
@@ -531,9 +534,15 @@ func (h *Handler) countOverQuota(p *auth.Principal, ws, which string) {
 	h.overQuota.WithLabelValues(label, which).Inc()
 }
 
-// retainedRetry is the Retry-After of a request refused for retained opportunities: they are
-// freed as they age out, not by the second.
-const retainedRetry = 60 * time.Second
+// retainedRefusal says why a workspace at its quota of retained opportunities is refused, and
+// what frees room. It comes without Retry-After: waiting alone frees nothing, since an
+// aggregate's opportunities are dropped only behind its newer events, which the quota refuses, or
+// with the aggregate itself a retention after its last event.
+func (h *Handler) retainedRefusal(ws string, held int64) string {
+	return fmt.Sprintf("nothing was written: workspace %q retains %d opportunities, its quota is %d; waiting does not free room "+
+		"(an aggregate's opportunities are dropped behind its newer events, or with the aggregate a retention after its last one): "+
+		"an operator raises the quota (--http-ingest-workspace-retained), or the workspace's aggregates are left idle", ws, held, h.cfg.MaxRetained)
+}
 
 // retainedCache holds each workspace's last looked-up count of retained opportunities.
 type retainedCache struct {
@@ -580,8 +589,31 @@ func (h *Handler) retainedOf(ctx context.Context, ws string) int64 {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.counts == nil || len(c.counts) >= maxQuotaWorkspaces {
-		c.counts = map[string]retainedCount{} // forgotten counts are looked up again
+	if c.counts == nil {
+		c.counts = map[string]retainedCount{}
+	}
+	if _, kept := c.counts[ws]; !kept && len(c.counts) >= maxQuotaWorkspaces {
+		// Full: the counts not looked up within a refresh go first (they would be looked up
+		// again anyway), the oldest half when none is that old. A failed lookup of a count
+		// forgotten here has no last count to keep: that request is written.
+		for name, rc := range c.counts {
+			if now.Sub(rc.at) >= h.cfg.RetainedRefresh {
+				delete(c.counts, name)
+			}
+		}
+		if len(c.counts) >= maxQuotaWorkspaces {
+			ats := make([]time.Time, 0, len(c.counts))
+			for _, rc := range c.counts {
+				ats = append(ats, rc.at)
+			}
+			slices.SortFunc(ats, time.Time.Compare)
+			cut := ats[len(ats)/2]
+			for name, rc := range c.counts {
+				if !rc.at.After(cut) {
+					delete(c.counts, name)
+				}
+			}
+		}
 	}
 	c.counts[ws] = retainedCount{n: n, at: now}
 	return n
@@ -611,20 +643,21 @@ func (h *Handler) spent(n map[string]int) []string {
 	return out
 }
 
-// charge takes from each workspace's quota its events that were written or may have been:
-// accepted or unknown. An event Kafka certainly refused costs nothing.
-func (h *Handler) charge(events []pending) {
+// refund gives back to each workspace's quota the events charged ahead that were certainly not
+// written: all of them when none was sent, else those Kafka refused (failed). Events of unknown
+// fate stay charged: they may be written.
+func (h *Handler) refund(events []pending, none bool) {
 	if h.quota == nil {
 		return
 	}
 	n := map[string]int{}
 	for _, e := range events {
-		if e.res.Status == StatusAccepted || e.res.Status == StatusUnknown {
+		if none || e.res.Status == StatusFailed {
 			n[e.ws]++
 		}
 	}
 	for ws, c := range n {
-		h.quota.Charge(ws, float64(c))
+		h.quota.Charge(ws, -float64(c))
 	}
 }
 

@@ -9,8 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -140,7 +143,8 @@ func (r *retainedCounts) set(ws string, n int64, err error) {
 }
 
 // A workspace that holds its quota of retained opportunities is refused (429, nothing written,
-// a message naming the count and the quota) until it holds fewer; another workspace is not. The
+// a message naming the count, the quota and what frees room, no Retry-After) until it holds
+// fewer; another workspace is not. The
 // count is looked up at most once per refresh, and a failed lookup keeps the last count rather
 // than refusing or opening the ingest.
 func TestRetainedQuotaRefusesAWorkspaceAtIt(t *testing.T) {
@@ -155,8 +159,11 @@ func TestRetainedQuotaRefusesAWorkspaceAtIt(t *testing.T) {
 	if err := valid(rec.Code, rec.Body.Bytes()); err != nil {
 		t.Fatalf("the answer is not as documented: %v", err)
 	}
-	if len(w.msgs) != 0 || rec.Header().Get("Retry-After") == "" {
-		t.Fatalf("%d messages written, Retry-After %q", len(w.msgs), rec.Header().Get("Retry-After"))
+	// Waiting frees nothing (opportunities age out behind newer events, which the quota
+	// refuses): no Retry-After, and the answer says what does.
+	if len(w.msgs) != 0 || rec.Header().Get("Retry-After") != "" || !strings.Contains(rec.Body.String(), "waiting does not free room") ||
+		!strings.Contains(rec.Body.String(), "--http-ingest-workspace-retained") {
+		t.Fatalf("%d messages written, Retry-After %q: %s", len(w.msgs), rec.Header().Get("Retry-After"), rec.Body)
 	}
 	if n := testutil.ToFloat64(h.overQuota.WithLabelValues("acme", "retained")); n != 1 {
 		t.Fatalf("over_quota{acme,retained} = %v", n)
@@ -178,5 +185,49 @@ func TestRetainedQuotaRefusesAWorkspaceAtIt(t *testing.T) {
 	counts.set("acme", 5000, errors.New("redis: connection refused"))
 	if rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 1, "e")}); rec.Code != http.StatusAccepted {
 		t.Fatalf("a failed lookup after a count under the quota: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// slowWriter takes every message after a delay, as Kafka's acknowledgement takes a while.
+type slowWriter struct {
+	mu   sync.Mutex
+	msgs int
+}
+
+func (w *slowWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
+	time.Sleep(50 * time.Millisecond)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs += len(msgs)
+	return nil
+}
+
+// Requests posted at once cannot all pass a workspace's quota: each is charged as it is admitted,
+// not when Kafka answers, so 20 requests of 150 events at once on a burst of 100 write one
+// request's events, the rest refused (before, all 20 were admitted and 3 000 events written).
+func TestWorkspaceQuotaHoldsForRequestsAtOnce(t *testing.T) {
+	w := &slowWriter{}
+	h := newHandler(t, w, Config{WorkspaceRate: 10, WorkspaceBurst: 100})
+	var accepted, refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch rec := post(h, request{token: tokenAcme, ctype: ceBatch, body: batchOf("acme", 150, fmt.Sprintf("r%d", i))}); rec.Code {
+			case http.StatusAccepted:
+				accepted.Add(1)
+			case http.StatusTooManyRequests:
+				refused.Add(1)
+			default:
+				t.Errorf("a request: %d %s", rec.Code, rec.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if accepted.Load() != 1 || refused.Load() != 19 || w.msgs != 150 {
+		t.Fatalf("%d accepted, %d refused, %d events written; want 1, 19 and 150 on a burst of 100", accepted.Load(), refused.Load(), w.msgs)
 	}
 }

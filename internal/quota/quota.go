@@ -65,13 +65,40 @@ func (b *Buckets) AdmitAll(keys []string) (ok bool, wait time.Duration) {
 	return ok, wait
 }
 
-// Charge takes n units of work from key's budget, into debt when it holds less.
+// Charge takes n units of work from key's budget, into debt when it holds less; a negative n
+// gives units back (work charged ahead that was not done), up to the burst.
 func (b *Buckets) Charge(key string, n float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if k, ok := b.get(key); ok {
+		k.level = min(b.burst, k.level-n)
+	}
+}
+
+// Take admits and charges at once, under one lock: when no key of amounts is in debt, each is
+// charged its amount and ok is true; else nothing is charged and wait is the longest wait. Work
+// charged ahead this way counts against requests that start while it is done.
+func (b *Buckets) Take(amounts map[string]float64) (ok bool, wait time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ok = true
+	for key := range amounts {
+		k, kept := b.get(key)
+		switch {
+		case !kept:
+			ok, wait = false, max(wait, time.Second)
+		case k.level < 0:
+			ok, wait = false, max(wait, b.until(-k.level))
+		}
+	}
+	if !ok {
+		return false, wait
+	}
+	for key, n := range amounts {
+		k, _ := b.get(key)
 		k.level -= n
 	}
+	return true, 0
 }
 
 // Level is key's budget now: what it may still spend, negative while in debt.

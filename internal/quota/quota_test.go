@@ -93,3 +93,23 @@ func TestClockSteppingBackChangesNothing(t *testing.T) {
 		t.Fatalf("level %v after the clock stepped back, was %v", l, before)
 	}
 }
+
+// Take charges every key or none: while one is in debt nothing is charged, and a give-back
+// (a negative charge) never lifts a budget past its burst.
+func TestTakeChargesAllOrNothing(t *testing.T) {
+	c := newClock()
+	b := New(10, 100, 10, c.now)
+	if ok, _ := b.Take(map[string]float64{"a": 150, "b": 30}); !ok {
+		t.Fatal("two keys with their budgets were refused")
+	}
+	if ok, wait := b.Take(map[string]float64{"a": 1, "b": 1}); ok || wait < 5*time.Second {
+		t.Fatalf("a key 50 in debt at 10/s: admitted %v, wait %v", ok, wait)
+	}
+	if l := b.Level("b"); l != 70 {
+		t.Fatalf("b charged by a refused take: level %v, want 70", l)
+	}
+	b.Charge("b", -500)
+	if l := b.Level("b"); l != 100 {
+		t.Fatalf("a give-back lifted b to %v, past its burst of 100", l)
+	}
+}
