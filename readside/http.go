@@ -266,8 +266,10 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 					return
 				}
 				// A live stream runs for as long as its client reads: it holds a stream slot
-				// (MaxStreams), not a read's.
-				if req.URL.Path != "/v1/stream" {
+				// (MaxStreams), not a read's. Without a token only a public badge reads Redis:
+				// other such requests (the sign-in form's, whose body may trickle in for the read
+				// timeout) hold no slot, so they cannot lock an address's readers out.
+				if req.URL.Path != "/v1/stream" && (strings.HasPrefix(key, "token ") || badge) {
 					if !running.enter(key) {
 						m.readRefused.WithLabelValues("in_flight").Inc()
 						w.Header().Set("Retry-After", "1")

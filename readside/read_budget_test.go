@@ -291,3 +291,80 @@ func TestReadsAbandonedByTheirClientAreNotWarnings(t *testing.T) {
 		t.Fatalf("a failed read: %d, %d warnings", rec.Code, logs.Len())
 	}
 }
+
+// A stream whose client hung up during its catch-up (while the catalog was listed) is not logged
+// as a warning either.
+func TestStreamCatchUpsAbandonedByTheirClientAreNotWarnings(t *testing.T) {
+	client := testenv.OwnRedis(t)
+	prefix := testenv.Name(t, "catchup")
+	testenv.CleanPrefix(t, client, prefix)
+	core, logs := observer.New(zap.WarnLevel)
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: NewCatalog(client, prefix, time.Hour)}, ctxTallies{}, prometheus.NewRegistry(), time.Now, zap.New(core))
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest(http.MethodGet, "/v1/stream?workspace=w", nil).WithContext(ctx)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	cancel()
+	h.srv.Handler.ServeHTTP(httptest.NewRecorder(), req)
+	for _, e := range logs.All() {
+		t.Errorf("an abandoned catch-up was logged at %s: %q", e.Level, e.Message)
+	}
+}
+
+// Requests without a token that read no Redis hold no read slot: sign-in forms whose bodies
+// trickle in (for up to the read timeout) cannot take an address's slots, so the sign-in page
+// and its form keep answering from that address (behind a proxy, every client's).
+func TestSlowSignInsHoldNoReadSlot(t *testing.T) {
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), MaxReadsInFlight: 1, RateLimit: 1000}, fakeTallies{}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	reading := make(chan struct{}, 8)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			r.Body = &firstRead{ReadCloser: r.Body, c: reading}
+		}
+		h.srv.Handler.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	var held []*io.PipeWriter
+	defer func() {
+		for _, w := range held {
+			w.Close()
+		}
+	}()
+	for range 3 {
+		r, w := io.Pipe()
+		held = append(held, w)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/login", r)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.ContentLength = 100
+		go func() {
+			if resp, err := (&http.Client{}).Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		go w.Write([]byte("token=")) // the rest never comes
+		select {
+		case <-reading: // the handler is reading this body: past every limit
+		case <-time.After(10 * time.Second):
+			t.Fatal("a trickling sign-in was never read: refused at a limit")
+		}
+	}
+	resp, err := http.Get(srv.URL + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the sign-in page beside 3 trickling sign-ins: %d", resp.StatusCode)
+	}
+}
+
+// firstRead tells c when its body is first read.
+type firstRead struct {
+	io.ReadCloser
+	c    chan struct{}
+	once sync.Once
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	f.once.Do(func() { f.c <- struct{}{} })
+	return f.ReadCloser.Read(p)
+}

@@ -292,6 +292,16 @@ func (a *api) stream(w http.ResponseWriter, req *http.Request) {
 
 // catchUp reads the current snapshots of what sel selects: at most maxCatchUp aggregates from
 // the index, or the selected suite. Errors are logged and end the catch-up; the stream goes on.
+// catchUpFailed logs a failed read of a catch-up, unless its client went away (ctx ended):
+// then nothing is wrong with the state (as readFailed).
+func (a *api) catchUpFailed(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		a.log.Debug("stream catch-up abandoned by its client")
+		return
+	}
+	a.log.Warn("stream catch-up", zap.Error(err))
+}
+
 func (a *api) catchUp(ctx context.Context, sel selector, v url.Values) []*FeedEvent {
 	var out []*FeedEvent
 	at := a.now()
@@ -300,7 +310,7 @@ func (a *api) catchUp(ctx context.Context, sel selector, v url.Values) []*FeedEv
 			k := suite.Key{Workspace: sel.workspace, Suite: sel.suite}
 			s, err := a.suites.Read(ctx, k, at)
 			if err != nil {
-				a.log.Warn("stream catch-up", zap.Error(err))
+				a.catchUpFailed(ctx, err)
 				return out
 			}
 			if s != nil && s.Discrimination.VersionsSeen > 0 {
@@ -325,7 +335,7 @@ func (a *api) catchUp(ctx context.Context, sel selector, v url.Values) []*FeedEv
 	}
 	pg, err := a.catalog.Aggregates(ctx, sel.workspace, idPrefix(v), "", maxCatchUp)
 	if err != nil {
-		a.log.Warn("stream catch-up", zap.Error(err))
+		a.catchUpFailed(ctx, err)
 		return out
 	}
 	for _, id := range pg.Items {
@@ -341,9 +351,7 @@ func (a *api) catchUp(ctx context.Context, sel selector, v url.Values) []*FeedEv
 			Artifact: parts[4]}, CorrectionID: parts[5], Source: src}
 		t, err := a.r.Tally(ctx, k, at)
 		if err != nil {
-			if ctx.Err() == nil { // else the client went away
-				a.log.Warn("stream catch-up", zap.Error(err))
-			}
+			a.catchUpFailed(ctx, err)
 			return out
 		}
 		if t.Version == 0 {
