@@ -295,11 +295,7 @@ func ocPredictions(dir, dataset string) (map[int]string, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: key %q is not an index", f, k)
 			}
-			var s string
-			if json.Unmarshal(v.Prediction, &s) != nil {
-				s = string(v.Prediction) // a list or object: kept as its JSON
-			}
-			out[base+i] = s
+			out[base+i] = predictionText(v.Prediction) // a multi-round one's turns joined, as OpenCompass does
 			top = max(top, i+1)
 		}
 		base += top
