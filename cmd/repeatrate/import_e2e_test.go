@@ -257,3 +257,21 @@ func TestImportRefusesWhatItCannotImport(t *testing.T) {
 		}
 	}
 }
+
+// Each format's help lists its own flags: the Inspect-only ones (scorer, pass threshold, archive
+// member bound) are not offered for OpenCompass output, where they would do nothing.
+func TestImportHelpListsEachFormatsOwnFlags(t *testing.T) {
+	for format, want := range map[string]bool{"inspect": true, "opencompass": false} {
+		var out, errOut bytes.Buffer
+		run(context.Background(), []string{"import", format, "-h"}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut)
+		help := out.String() + errOut.String()
+		for _, f := range []string{"-scorer", "-pass-threshold", "-max-member-bytes"} {
+			if strings.Contains(help, f) != want {
+				t.Errorf("import %s -h lists %s: %v, want %v", format, f, !want, want)
+			}
+		}
+		if !strings.Contains(help, "-workspace") {
+			t.Errorf("import %s -h does not list -workspace:\n%s", format, help)
+		}
+	}
+}
