@@ -27,7 +27,11 @@ for i = 1, nsinks do
   if ARGV[13] ~= '' and ARGV[17 + i] == '1' then
     -- A resend adds nothing while a notification is still waiting: that one carries the alert.
     if ARGV[14] ~= '1' or redis.call('LLEN', ob) == 0 then
-      redis.call('RPUSH', ob, ARGV[13])
+      -- Bounded while the sink is down: the newest 64 transitions are kept (a receiver acts on
+      -- the latest state; a flapping condition must not grow the list without end).
+      if redis.call('RPUSH', ob, ARGV[13]) > 64 then
+        redis.call('LTRIM', ob, -64, -1)
+      end
       if not redis.call('ZSCORE', due, rec) then
         redis.call('ZADD', due, tonumber(ARGV[12]), rec)
       end

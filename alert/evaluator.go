@@ -419,7 +419,7 @@ func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
 	var errs []error
 	for key, notes := range claimed {
 		if len(notes) == 0 {
-			if err := e.store.Ack(ctx, s.Name(), key, 0, "", now); err != nil {
+			if err := e.store.Ack(ctx, s.Name(), key, 0, "", "", now); err != nil {
 				errs = append(errs, err)
 			}
 			continue
@@ -433,7 +433,7 @@ func (e *Evaluator) Deliver(ctx context.Context, s Sink) error {
 		done, err := e.sendRecord(ctx, s, notes, now)
 		if done > 0 {
 			e.store.rdb.HDel(ctx, key, "attempts:"+s.Name())
-			if err := e.store.Ack(ctx, s.Name(), key, done, notes[0].ID, now); err != nil {
+			if err := e.store.Ack(ctx, s.Name(), key, done, notes[0].ID, notes[done-1].ID, now); err != nil {
 				errs = append(errs, err)
 				continue
 			}

@@ -280,14 +280,15 @@ func (s *Redis) Claim(ctx context.Context, sink string, now time.Time, lease tim
 }
 
 // Ack removes the first delivered notifications of key's outbox for sink (when the first still
-// has firstID) and makes the record due again at retryAt if anything is left. A record resolved
-// or cleared with nothing left to deliver lingers, then expires.
-func (s *Redis) Ack(ctx context.Context, sink, key string, delivered int, firstID string, retryAt time.Time) error {
+// has firstID; when the outbox was trimmed from the front meanwhile, those up to lastID) and makes
+// the record due again at retryAt if anything is left. A record resolved or cleared with nothing
+// left to deliver lingers, then expires.
+func (s *Redis) Ack(ctx context.Context, sink, key string, delivered int, firstID, lastID string, retryAt time.Time) error {
 	keys := []string{s.due(sink), s.outbox(key, sink), key, s.index()}
 	for _, o := range s.sinks {
 		keys = append(keys, s.outbox(key, o))
 	}
-	if err := ackScript.Run(ctx, s.rdb, keys, delivered, firstID, msScore(retryAt), s.linger.Milliseconds()).Err(); err != nil {
+	if err := ackScript.Run(ctx, s.rdb, keys, delivered, firstID, msScore(retryAt), s.linger.Milliseconds(), lastID).Err(); err != nil {
 		return fmt.Errorf("alert ack %s: %w", key, err)
 	}
 	return nil

@@ -2,6 +2,9 @@ package alert
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,5 +236,53 @@ func TestRestartBeforeCaughtUp(t *testing.T) {
 	}
 	if got := kafka.kinds(); len(got) != 1 || got[0] != "firing" {
 		t.Fatalf("delivered %v across the restart, want the one firing", got)
+	}
+}
+
+// An outbox is bounded while its sink is down: a condition that flaps 100 times before anything is
+// delivered leaves the newest 64 transitions queued, the last one the newest state, so a sink
+// that comes back delivers where the alert is now, from a list that did not grow without end.
+func TestOutboxIsBoundedWhileItsSinkIsDown(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	ctx := context.Background()
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	subj := Subject{Key: "a|acme|m|r|c|a|fix|live", Fields: map[string]string{"workspace": "acme"}}
+	key := store.Key("high", subj.Key)
+	all := func(string, Notify) bool { return true }
+	commit := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			at := t0.Add(time.Duration(i) * time.Minute)
+			rec, kind := Record{State: StateFiring, ActiveAt: at, FiredAt: at}, "firing"
+			if i%2 == 1 {
+				rec, kind = Record{State: StateResolved, ResolvedAt: at}, "resolved"
+			}
+			note := &Notification{ID: fmt.Sprintf("n%d", i), Kind: kind, At: at}
+			if ok, err := store.Commit(ctx, key, int64(i), "high", subj, rec, note, nil, all, at); err != nil || !ok {
+				t.Fatalf("commit %d: %v %v", i, ok, err)
+			}
+		}
+	}
+	commit(0, 100)
+	n, err := rdb.LLen(ctx, store.outbox(key, "am")).Result()
+	if err != nil || n != 64 {
+		t.Fatalf("the outbox holds %d notifications (%v), want the newest 64", n, err)
+	}
+	last, _ := rdb.LIndex(ctx, store.outbox(key, "am"), -1).Result()
+	var note Notification
+	if err := json.Unmarshal([]byte(last), &note); err != nil || note.ID != "n99" {
+		t.Fatalf("the last queued notification is %s, want the newest (n99)", last)
+	}
+	// A sender delivers the 64 queued while 10 more transitions trim the front: its
+	// acknowledgement removes what is left of what it delivered, and exactly that.
+	commit(100, 110)
+	if err := store.Ack(ctx, "am", key, 64, "n36", "n99", t0); err != nil {
+		t.Fatal(err)
+	}
+	left, _ := rdb.LRange(ctx, store.outbox(key, "am"), 0, -1).Result()
+	if len(left) != 10 || !strings.Contains(left[0], `"n100"`) || !strings.Contains(left[9], `"n109"`) {
+		t.Fatalf("after the acknowledgement the outbox holds %d: %v", len(left), left)
 	}
 }
