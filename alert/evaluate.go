@@ -140,7 +140,8 @@ func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Co
 	recent := Counts{Confirmed: w.ConfirmedRepeats, Scored: w.Scored}
 	base := Counts{Confirmed: long.ConfirmedRepeats - w.ConfirmedRepeats, Scored: long.Scored - w.Scored}
 	epoch := r.Epoch()
-	ch := ChangeTest(recent, base, r.Alpha, epoch, r.Horizon, r.MinIncrease)
+	perSubject := r.Alpha / float64(max(r.Subjects, 1))
+	ch := ChangeTest(recent, base, perSubject, epoch, r.Horizon, r.MinIncrease)
 	_, rh := ConfidenceSequence(recent, ch.AlphaPerEpoch/2)
 	bl, _ := ConfidenceSequence(base, ch.AlphaPerEpoch/2)
 	ev.Windows = []schemas.AlertWindow{
@@ -151,8 +152,8 @@ func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Co
 		ev.Value = floatPtr(recent.Rate() - base.Rate())
 	}
 	ev.Threshold = floatPtr(r.MinIncrease)
-	ev.Test = &schemas.AlertTest{Method: ChangeMethod, Alpha: r.Alpha, Horizon: r.Horizon.String(), Epoch: epoch.String(),
-		AlphaPerEpoch: ch.AlphaPerEpoch, MinIncrease: r.MinIncrease, LowerDifference: ch.LowerDifference, FisherPOneLook: FisherGreater(recent, base)}
+	ev.Test = &schemas.AlertTest{Method: ChangeMethod, Alpha: r.Alpha, Subjects: max(r.Subjects, 1), AlphaPerSubject: perSubject,
+		Horizon: r.Horizon.String(), Epoch: epoch.String(), AlphaPerEpoch: ch.AlphaPerEpoch, MinIncrease: r.MinIncrease, LowerDifference: ch.LowerDifference, FisherPOneLook: FisherGreater(recent, base)}
 	active := recent.Scored >= r.MinScored && base.Scored >= r.MinScored && ch.Fires
 	return Condition{Subject: s, Active: active, Evidence: ev}
 }

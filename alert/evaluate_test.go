@@ -1,6 +1,7 @@
 package alert
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -248,5 +249,36 @@ func TestSuiteSnapshotOfTheSameVersionObservedLaterIsTaken(t *testing.T) {
 	}
 	if tb.PutStability(st(t0.Add(time.Minute), 1)) {
 		t.Error("an earlier observation of the same version replaced a later one")
+	}
+}
+
+// A change rule's alpha is its subjects' to share when it says how many there are: with
+// `subjects: 100` each subject's test spends alpha/100, so any false alarm among up to 100
+// subjects per horizon stays within alpha (union bound); without it each subject spends alpha,
+// and the evidence says which, so a reader can tell what N subjects may raise. A count that would
+// make the bound meaningless is refused at load.
+func TestChangeAlphaSharedAmongSubjects(t *testing.T) {
+	tb := NewTable()
+	tb.PutSnapshot(snap("live", 1, [2]int64{9, 40}, [2]int64{11, 80}, t0))
+	for _, c := range []struct {
+		rule     string
+		subjects int
+	}{
+		{"- {name: c, kind: change, min_scored: 20}", 1},
+		{"- {name: c, kind: change, min_scored: 20, subjects: 100}", 100},
+	} {
+		test := Evaluate(mustRule(t, c.rule), tb, t0)[0].Evidence.Test
+		if test.Subjects != c.subjects || test.AlphaPerSubject != 0.05/float64(c.subjects) || test.AlphaPerEpoch != 0.05/float64(c.subjects)/720 {
+			t.Errorf("%s: test %+v", c.rule, test)
+		}
+	}
+	for _, bad := range []string{"subjects: 0", "subjects: -3", "subjects: 20000000"} {
+		_, err := Parse([]byte("rules:\n- {name: c, kind: change, " + bad + "}\n"))
+		if err == nil || !strings.Contains(err.Error(), "subjects") {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+	if _, err := Parse([]byte("rules:\n- {name: t, kind: threshold, value: 0.1, subjects: 5}\n")); err == nil {
+		t.Error("subjects on a threshold rule was accepted")
 	}
 }

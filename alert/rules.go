@@ -135,8 +135,14 @@ type Rule struct {
 	// MinScored is the fewest scored opportunities a rate rule needs in each window it reads
 	// (threshold, change); for abnormal_share_above, the fewest replies.
 	MinScored int64
-	// Alpha bounds the change rule's false alarms per Horizon per subject.
+	// Alpha bounds the change rule's false alarms per Horizon per subject, or, with Subjects above
+	// 1, across up to Subjects subjects of the rule.
 	Alpha float64
+	// Subjects is how many subjects the change rule shares Alpha among (default 1): each
+	// subject's test runs at Alpha/Subjects, so by the union bound the probability of any false
+	// alarm among up to that many subjects per Horizon is at most Alpha. With the default, N
+	// subjects may raise up to N·Alpha false alarms per Horizon between them.
+	Subjects int
 	// MinIncrease is the smallest increase of the rate the change rule reports, as a fraction.
 	MinIncrease float64
 	// Horizon is the period over which the change rule spends Alpha.
@@ -174,6 +180,7 @@ type ruleWire struct {
 	Value          *float64          `yaml:"value"`
 	MinScored      *int64            `yaml:"min_scored"`
 	Alpha          *float64          `yaml:"alpha"`
+	Subjects       *int              `yaml:"subjects"`
 	MinIncrease    *float64          `yaml:"min_increase"`
 	Horizon        *string           `yaml:"horizon"`
 	Duration       *string           `yaml:"duration"`
@@ -325,7 +332,7 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 	// allowed lists the kind-specific fields that may appear; every other one present is an error.
 	present := map[string]bool{
 		"source": w.Source != nil, "window": w.Window != nil, "baseline": w.Baseline != nil,
-		"op": w.Op != nil, "value": w.Value != nil, "min_scored": w.MinScored != nil, "alpha": w.Alpha != nil,
+		"op": w.Op != nil, "value": w.Value != nil, "min_scored": w.MinScored != nil, "alpha": w.Alpha != nil, "subjects": w.Subjects != nil,
 		"min_increase": w.MinIncrease != nil, "horizon": w.Horizon != nil, "duration": w.Duration != nil,
 	}
 	var allowed []string
@@ -344,7 +351,7 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		}
 		r.MinScored = minScored(&errs, w.MinScored)
 	case KindChange:
-		allowed = []string{"source", "window", "baseline", "alpha", "min_increase", "min_scored", "horizon"}
+		allowed = []string{"source", "window", "baseline", "alpha", "subjects", "min_increase", "min_scored", "horizon"}
 		r.Source = oneOf(&errs, "source", w.Source, SourceLive, SourceLive, SourceEvaluation, SourceBadge)
 		r.Window = oneOf(&errs, "window", w.Window, Window24h, Window1h, Window24h, Window7d)
 		r.Baseline = oneOf(&errs, "baseline", w.Baseline, Window7d, Window24h, Window7d, WindowAll)
@@ -356,6 +363,13 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 			r.Alpha = *w.Alpha
 			if !(r.Alpha > 0 && r.Alpha < 0.5) {
 				bad("alpha", "%v is not in (0, 0.5)", r.Alpha)
+			}
+		}
+		r.Subjects = 1
+		if w.Subjects != nil {
+			r.Subjects = *w.Subjects
+			if r.Subjects < 1 || r.Subjects > 10_000_000 {
+				bad("subjects", "%d is not in 1..10000000 (the subjects the rule's alpha is shared among)", r.Subjects)
 			}
 		}
 		if w.MinIncrease != nil {
@@ -394,7 +408,7 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 			bad("value", "%v: want a finite count, not negative", r.Value)
 		}
 	}
-	for _, f := range []string{"source", "window", "baseline", "op", "value", "min_scored", "alpha", "min_increase", "horizon", "duration"} {
+	for _, f := range []string{"source", "window", "baseline", "op", "value", "min_scored", "alpha", "subjects", "min_increase", "horizon", "duration"} {
 		if present[f] && !slices.Contains(allowed, f) {
 			bad(f, "does not apply to kind %s", r.Kind)
 		}

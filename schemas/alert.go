@@ -67,12 +67,18 @@ type AlertWindow struct {
 
 // AlertTest is the change rule's anytime-valid test (docs/semantics.md#alerting).
 type AlertTest struct {
-	Method        string  `json:"method"`
-	Alpha         float64 `json:"alpha"`
-	Horizon       string  `json:"horizon"`
-	Epoch         string  `json:"epoch"`
-	AlphaPerEpoch float64 `json:"alpha_per_epoch"`
-	MinIncrease   float64 `json:"min_increase"`
+	Method string  `json:"method"`
+	Alpha  float64 `json:"alpha"`
+	// Subjects is how many subjects of the rule share Alpha, and AlphaPerSubject what this
+	// subject's test spends (Alpha/Subjects): the probability of any false alarm of this subject
+	// per Horizon is at most AlphaPerSubject, and across up to Subjects subjects at most Alpha.
+	// Beyond Subjects subjects the rule may raise up to (subjects ÷ Subjects)·Alpha between them.
+	Subjects        int     `json:"subjects"`
+	AlphaPerSubject float64 `json:"alpha_per_subject"`
+	Horizon         string  `json:"horizon"`
+	Epoch           string  `json:"epoch"`
+	AlphaPerEpoch   float64 `json:"alpha_per_epoch"`
+	MinIncrease     float64 `json:"min_increase"`
 	// LowerDifference is the recent rate's lower bound less the baseline's upper bound: the
 	// increase is at least this, at the test's confidence.
 	LowerDifference float64 `json:"lower_difference"`
