@@ -99,13 +99,14 @@ func newEncoder(source string) (*encoder, error) {
 	return &encoder{dec: dec, source: source, now: time.Now()}, nil
 }
 
-// encode gives r a deterministic id (a hash of the source, the run's identity and when it was
-// assessed) and checks it. Importing the same files again gives the same ids; a run scored again
+// encode gives r a deterministic id (a hash of the source, the run's identity and when and how
+// often it was assessed) and checks it. Importing the same files again gives the same ids; a run scored again
 // (a later assessed_at) is another event, as CloudEvents wants of different content.
 func (e *encoder) encode(r schemas.EvalResult) (Event, error) {
 	h := sha256.New()
 	for _, p := range []string{e.source, r.Scope.Workspace, r.Scope.Model, r.Scope.Run, r.Scope.Checkpoint,
-		r.Scope.Artifact, r.Suite, r.CaseID, r.Version, strconv.FormatInt(r.RunIndex, 10), r.AssessedAt.UTC().Format(time.RFC3339Nano)} {
+		r.Scope.Artifact, r.Suite, r.CaseID, r.Version, strconv.FormatInt(r.RunIndex, 10), r.AssessedAt.UTC().Format(time.RFC3339Nano),
+		strconv.FormatInt(r.AssessmentSeq, 10)} {
 		h.Write([]byte(p))
 		h.Write([]byte{0})
 	}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -45,25 +47,31 @@ type inspectSample struct {
 	Error       *struct{ Message string }   `json:"error"`
 	StartedAt   string                      `json:"started_at"`
 	CompletedAt string                      `json:"completed_at"`
-	// Events are the sample's transcript; the importer reads its score events, whose timestamps
-	// say when each scorer scored it (again, when the log was re-scored).
+	// Events are the sample's transcript; the importer reads its score events (a scorer's verdict,
+	// again when the log was re-scored) and score edits (inspect_ai.log.edit_score), whose
+	// timestamps say when the sample was last judged.
 	Events []struct {
 		Event     string `json:"event"`
 		Timestamp string `json:"timestamp"`
-		Scorer    string `json:"scorer"`
+		Scorer    string `json:"scorer"`     // of a score event; absent before inspect-ai 0.3.2xx
+		ScoreName string `json:"score_name"` // of a score_edit event
 	} `json:"events"`
 }
 
-// scoredAt is when scorer last scored s (its last score event of that scorer), or "" when the
-// log does not say.
-func (s *inspectSample) scoredAt(scorer string) string {
-	at := ""
+// judged says how often scorer's verdict of s was given or changed (its score events and score
+// edits; events that name no scorer, as older inspect-ai wrote them, count for any) and the time
+// of the last one that has a time ("" when none has).
+func (s *inspectSample) judged(scorer string) (times int64, last string) {
 	for _, e := range s.Events {
-		if e.Event == "score" && e.Scorer == scorer && e.Timestamp != "" {
-			at = e.Timestamp
+		if (e.Event == "score" && (e.Scorer == scorer || e.Scorer == "")) ||
+			(e.Event == "score_edit" && (e.ScoreName == scorer || e.ScoreName == "")) {
+			times++
+			if e.Timestamp != "" {
+				last = e.Timestamp
+			}
 		}
 	}
-	return at
+	return times, last
 }
 
 type inspectScore struct {
@@ -200,6 +208,7 @@ func Inspect(path string, opt Options) ([]Event, error) {
 		return nil, err
 	}
 	var out []Event
+	models := map[string]bool{}
 	for _, f := range files {
 		maxMember := opt.MaxMemberBytes
 		if maxMember <= 0 {
@@ -222,6 +231,9 @@ func Inspect(path string, opt Options) ([]Event, error) {
 			}
 			continue
 		}
+		if err := oneModelUnder(opt, models, log.Eval.Model); err != nil {
+			return nil, err
+		}
 		evs, err := inspectEvents(log, opt, enc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f, err)
@@ -229,6 +241,21 @@ func Inspect(path string, opt Options) ([]Event, error) {
 		out = append(out, evs...)
 	}
 	return out, nil
+}
+
+// oneModelUnder refuses a --model given over files of several models: their runs would become one
+// model's, each case's runs of one replacing the other's (models holds those seen so far).
+func oneModelUnder(opt Options, models map[string]bool, model string) error {
+	if opt.Scope.Model == "" {
+		return nil
+	}
+	models[model] = true
+	if len(models) > 1 {
+		names := slices.Sorted(maps.Keys(models))
+		return fmt.Errorf("the files hold runs of %d models (%s): --model %q would merge them into one, each model's runs replacing the other's; leave --model unset, or import each model's files apart",
+			len(names), strings.Join(names, ", "), opt.Scope.Model)
+	}
+	return nil
 }
 
 func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
@@ -267,15 +294,17 @@ func inspectEvents(log inspectLog, opt Options, enc *encoder) ([]Event, error) {
 		if json.Unmarshal(s.ID, &str) == nil {
 			caseID = str
 		}
-		// Assessed when the scorer last scored it: a log scored again (inspect score --overwrite)
-		// supersedes the earlier verdicts, as a re-assessment does.
+		// Assessed when the scorer last judged it, and as often as it was: a log scored again
+		// (inspect score, action overwrite) or edited (edit_score) supersedes the earlier verdicts,
+		// as a re-assessment does, also when the events carry no time or no scorer name.
+		judged, at := s.judged(scorer)
 		assessed := parseTimeOr(s.CompletedAt, created)
-		if at := s.scoredAt(scorer); at != "" {
+		if at != "" {
 			assessed = parseTimeOr(at, assessed)
 		}
 		r := schemas.EvalResult{Scope: scope, Suite: suite, CaseID: caseID, Version: version, VersionSeq: seq,
 			RunIndex: s.Epoch - 1, Runs: runs, Result: schemas.ResultError,
-			OccurredAt: parseTimeOr(s.StartedAt, created), AssessedAt: assessed}
+			OccurredAt: parseTimeOr(s.StartedAt, created), AssessedAt: assessed, AssessmentSeq: judged}
 		if s.Error == nil {
 			ran++
 			pred := clipPrediction(s.Output.Completion)

@@ -116,3 +116,35 @@ func TestInspectRescoredLogSupersedesTheFirstScores(t *testing.T) {
 		t.Fatalf("refund-1 scored again: %v, %d verdicts changed; want fail, fail and 2", got, changed)
 	}
 }
+
+// A verdict edited by hand (inspect_ai.log.edit_score) supersedes the first one: the edited run is
+// judged twice (score, then edit), later, and is another event; the runs not edited are the same
+// events as before, so importing both logs counts each of those once.
+func TestInspectEditedScoreSupersedesTheFirst(t *testing.T) {
+	dir := inspectLogs(t, "rescored")
+	first, err := Inspect(filepath.Join(dir, "first"), Options{Scope: testScope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited, err := Inspect(filepath.Join(inspectLogs(t, "rescored/edited")), Options{Scope: testScope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]schemas.EvalResult{}
+	for i, r := range decode(t, first) {
+		ids[first[i].ID] = r
+	}
+	changed := 0
+	for i, r := range decode(t, edited) {
+		if _, same := ids[edited[i].ID]; same {
+			continue
+		}
+		changed++
+		if r.CaseID != "refund-3" || r.RunIndex != 0 || r.Result != "pass" || r.AssessmentSeq != 2 {
+			t.Errorf("a new event for %s/%d: %+v", r.CaseID, r.RunIndex, r)
+		}
+	}
+	if changed != 1 {
+		t.Fatalf("%d runs are new events after one edit, want 1", changed)
+	}
+}

@@ -45,6 +45,7 @@ func OpenCompass(path string, opt Options) ([]Event, error) {
 		return nil, err
 	}
 	var out []Event
+	models := map[string]bool{}
 	for _, dir := range runs {
 		at, err := time.Parse("20060102_150405", filepath.Base(dir))
 		if err != nil {
@@ -55,6 +56,9 @@ func OpenCompass(path string, opt Options) ([]Event, error) {
 		for _, rf := range results {
 			model := filepath.Base(filepath.Dir(rf))
 			dataset := strings.TrimSuffix(filepath.Base(rf), ".json")
+			if err := oneModelUnder(opt, models, model); err != nil {
+				return nil, err
+			}
 			evs, err := ocEvents(dir, model, dataset, at, opt, enc)
 			switch {
 			case err != nil && opt.Skipped != nil:
@@ -89,11 +93,34 @@ func ocRunDirs(path string) ([]string, error) {
 	return out, nil
 }
 
+// ocResults is what the importer reads of a results file: its details, and whether it reports
+// AccEvaluator's accuracy, over how many runs of the dataset (BaseEvaluator.evaluate names the
+// metric "accuracy (n runs average)" when the dataset ran n > 1 times).
 type ocResults struct {
-	Details json.RawMessage `json:"details"`
-	// Accuracy is AccEvaluator's metric: with it, an example without a correct flag is correct
-	// when its (post-processed) prediction equals its reference, as AccEvaluator counts.
-	Accuracy *float64 `json:"accuracy"`
+	Details  json.RawMessage
+	Accuracy bool
+	Runs     int
+}
+
+var ocRunsAverage = regexp.MustCompile(`^accuracy \((\d+) runs average\)$`)
+
+func ocResultsOf(b []byte) (ocResults, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return ocResults{}, ocJSONError("the results file", err)
+	}
+	res := ocResults{Details: m["details"], Runs: 1}
+	for k := range m {
+		if k == "accuracy" {
+			res.Accuracy = true
+		} else if sm := ocRunsAverage.FindStringSubmatch(k); sm != nil {
+			res.Accuracy = true
+			if n, err := strconv.Atoi(sm[1]); err == nil && n > 1 {
+				res.Runs = n
+			}
+		}
+	}
+	return res, nil
 }
 
 // ocDetail is one example's entry in details; the flags are a bool or a list of bools.
@@ -106,6 +133,25 @@ type ocDetail struct {
 	CascadeCorrect json.RawMessage `json:"cascade_correct"`
 	Predictions    json.RawMessage `json:"predictions"`
 	References     json.RawMessage `json:"references"`
+}
+
+// ocFlagsOf reads an entry's correct flags (one per replica); for an entry format_details wrote
+// for an evaluator without details of its own (AccEvaluator: accuracy is reported), the entry is
+// correct when its prediction is its reference, as AccEvaluator counts. nil: nothing says.
+func ocFlagsOf(d ocDetail, accuracy bool) ([]bool, error) {
+	for _, raw := range []json.RawMessage{d.Correct, d.IsCorrect, d.CascadeCorrect} {
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		return ocFlags(raw)
+	}
+	if accuracy && len(d.Predictions) > 0 && len(d.References) > 0 {
+		var pred, ref string
+		if json.Unmarshal(d.Predictions, &pred) == nil && json.Unmarshal(d.References, &ref) == nil {
+			return []bool{pred == ref}, nil
+		}
+	}
+	return nil, nil
 }
 
 // ocJSONError says in a user's terms, without Go type names, why what (a part of a results
@@ -133,6 +179,9 @@ func ocDetailsOf(raw json.RawMessage) (details []ocDetail, layout string, err er
 	}
 	if raw[0] != '{' {
 		if err := json.Unmarshal(raw, &details); err != nil {
+			if raw[0] == '[' {
+				return nil, "", ocJSONError("an entry of details", err)
+			}
 			return nil, "", ocJSONError("details", err)
 		}
 		return details, "", nil
@@ -171,11 +220,11 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 	if err != nil {
 		return nil, err
 	}
-	var res ocResults
-	if err := json.Unmarshal(b, &res); err != nil {
-		return nil, ocJSONError("the results file", err)
+	res, err := ocResultsOf(b)
+	if err != nil {
+		return nil, err
 	}
-	details, _, err := ocDetailsOf(res.Details)
+	details, layout, err := ocDetailsOf(res.Details)
 	if err != nil {
 		return nil, err
 	}
@@ -192,28 +241,30 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 		return nil, &noPredictionsError{file: filepath.Join("predictions", model, dataset+".json")}
 	}
 	flags := make([][]bool, len(details))
-	n := 1
 	for i, d := range details {
-		for _, raw := range []json.RawMessage{d.Correct, d.IsCorrect, d.CascadeCorrect} {
-			if len(raw) == 0 || string(raw) == "null" {
-				continue
-			}
-			f, err := ocFlags(raw)
-			if err != nil {
-				return nil, fmt.Errorf("details[%d]: %w", i, err)
-			}
-			flags[i] = f
-			break
+		if flags[i], err = ocFlagsOf(d, res.Accuracy); err != nil {
+			return nil, fmt.Errorf("details[%d]: %w", i, err)
 		}
-		if flags[i] == nil && res.Accuracy != nil && len(d.Predictions) > 0 && len(d.References) > 0 {
-			// format_details of an evaluator without details of its own (AccEvaluator): the
-			// example is correct when its prediction is its reference, as AccEvaluator counts.
-			var pred, ref string
-			if json.Unmarshal(d.Predictions, &pred) == nil && json.Unmarshal(d.References, &ref) == nil {
-				flags[i] = []bool{pred == ref}
-			}
+	}
+	// format_details writes an entry per prediction, not per example: with a dataset run n times
+	// (the predictions repeat the dataset n times) entry i is replica i / size of example i % size.
+	if layout != "" && res.Runs > 1 {
+		if len(details)%res.Runs != 0 {
+			return nil, fmt.Errorf("details hold %d entries, not a whole number of the %d runs its accuracy averages", len(details), res.Runs)
 		}
-		n = max(n, len(flags[i]))
+		size := len(details) / res.Runs
+		grouped := make([][]bool, size)
+		for i, f := range flags {
+			if len(f) != 1 {
+				return nil, fmt.Errorf("details[%d] gives %d verdicts where format_details writes one per prediction", i, len(f))
+			}
+			grouped[i%size] = append(grouped[i%size], f[0])
+		}
+		details, flags = details[:size], grouped
+	}
+	n := 1
+	for _, f := range flags {
+		n = max(n, len(f))
 	}
 	scope := opt.Scope
 	scope.Model = orDefault(scope.Model, model)
@@ -287,7 +338,7 @@ func ocPredictions(dir, dataset string) (map[int]string, error) {
 			Prediction json.RawMessage `json:"prediction"`
 		}
 		if err := json.Unmarshal(b, &m); err != nil {
-			return nil, fmt.Errorf("%s: %w", f, err)
+			return nil, ocJSONError(filepath.Base(f)+" (predictions: an object of records by index)", err)
 		}
 		top := 0
 		for k, v := range m {

@@ -3,6 +3,7 @@ package importer
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -156,5 +157,87 @@ func TestOpenCompassFormatDetailsImport(t *testing.T) {
 	}
 	if len(skipped) != 1 || !strings.Contains(skipped[0], "broken.json: details is a string, not what OpenCompass writes there") || strings.Contains(skipped[0], "importer.") {
 		t.Fatalf("skipped %v, want broken.json with its reason", skipped)
+	}
+}
+
+// --model over the files of several models is refused, naming them: it would merge their runs into
+// one model's, each case's runs of one replacing the other's (and, with the same ids, one id would
+// stand for two predictions).
+func TestModelOverrideOverSeveralModelsIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "20261130_080000")
+	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	for _, part := range []string{"results", "predictions"} {
+		copyTree(t, filepath.Join(run, part, "m7b"), filepath.Join(run, part, "m13b"))
+	}
+	opt := Options{Scope: testScope}
+	opt.Scope.Model = "shared"
+	if _, err := OpenCompass(dir, opt); err == nil || !strings.Contains(err.Error(), "2 models (m13b, m7b)") {
+		t.Fatalf("--model over two OpenCompass models: %v", err)
+	}
+	if _, err := Inspect(inspectLogs(t, "models"), opt); err == nil || !strings.Contains(err.Error(), "mockllm/model, mockllm/other") {
+		t.Fatalf("--model over two Inspect models: %v", err)
+	}
+	// Over one model's files it renames, as before.
+	one := filepath.Join(t.TempDir(), "20261130_080000")
+	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), one)
+	if evs, err := OpenCompass(filepath.Dir(one), opt); err != nil || len(evs) != 4 {
+		t.Fatalf("--model over one model: %d events, %v", len(evs), err)
+	}
+}
+
+// A dataset run n > 1 times under AccEvaluator: evaluate names the metric "accuracy (n runs
+// average)", and format_details writes an entry per prediction (the dataset repeated n times), so
+// entry i is replica i / size of example i % size — 2 examples × 2 runs, not 4 examples of one run.
+// And what cannot be read is said in the user's terms, never with Go type names.
+func TestOpenCompassFormatDetailsOfRepeatedRuns(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "20261130_080000")
+	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	write := func(rel, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(run, rel), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("results/m7b/mmlu.json", `{"accuracy (2 runs average)": 50.0, "details": {"type": "GEN",
+		"0": {"prompt": "Q0", "predictions": "A", "references": "A"},
+		"1": {"prompt": "Q1", "predictions": "C", "references": "B"},
+		"2": {"prompt": "Q0", "predictions": "B", "references": "A"},
+		"3": {"prompt": "Q1", "predictions": "B", "references": "B"}}}`)
+	write("predictions/m7b/mmlu.json", `{"0": {"prediction": "A"}, "1": {"prediction": "C"}, "2": {"prediction": "B"}, "3": {"prediction": "B"}}`)
+	write("results/m7b/arr.json", `{"accuracy": 1, "details": [{"correct": true}]}`)
+	write("predictions/m7b/arr.json", `[{"prediction": "x"}]`)
+	write("results/m7b/listbad.json", `{"details": [{"correct": true}, "oops"]}`)
+	write("predictions/m7b/listbad.json", `{"0": {"prediction": "x"}, "1": {"prediction": "y"}}`)
+	var skipped []string
+	evs, err := OpenCompass(dir, Options{Scope: testScope, Skipped: func(file, why string) { skipped = append(skipped, filepath.Base(file)+": "+why) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, r := range decode(t, evs) {
+		if r.Suite == "mmlu" {
+			if r.Runs != 2 {
+				t.Fatalf("mmlu run %+v: want runs 2", r)
+			}
+			for int64(len(got[r.CaseID])) <= r.RunIndex {
+				got[r.CaseID] = append(got[r.CaseID], "")
+			}
+			got[r.CaseID][r.RunIndex] = r.Result
+		}
+	}
+	if !slices.Equal(got["0"], []string{"pass", "fail"}) || !slices.Equal(got["1"], []string{"fail", "pass"}) || len(got) != 2 {
+		t.Fatalf("mmlu: %v, want 0: pass, fail and 1: fail, pass", got)
+	}
+	slices.Sort(skipped)
+	if len(skipped) != 2 || !strings.Contains(skipped[0], "arr.json: arr.json (predictions: an object of records by index) is an array") ||
+		!strings.Contains(skipped[1], "listbad.json: an entry of details is a string") {
+		t.Fatalf("skipped %q", skipped)
+	}
+	for _, s := range skipped {
+		if strings.Contains(s, "Go value") || strings.Contains(s, "importer.") || strings.Contains(s, "map[") {
+			t.Errorf("a reason in Go's terms: %s", s)
+		}
 	}
 }

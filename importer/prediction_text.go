@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"math/big"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,13 +59,24 @@ func pyText(v any) string {
 func pyNumber(n json.Number) string {
 	s := n.String()
 	if !strings.ContainsAny(s, ".eE") {
-		return s // an int, exact at any size
+		return pyInt(s)
 	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
+	return pyFloat(pyParseFloat(s))
+}
+
+// pyInt is Python's str() of an integer literal, exact at any size ("-0" is 0).
+func pyInt(s string) string {
+	var z big.Int
+	if _, ok := z.SetString(s, 10); !ok {
 		return s
 	}
-	return pyFloat(f)
+	return z.String()
+}
+
+// pyParseFloat is Python's float() of a JSON number: beyond the float range, ±inf.
+func pyParseFloat(s string) float64 {
+	f, _ := strconv.ParseFloat(s, 64) // out of range: ±Inf (or ±0) with ErrRange, as Python
+	return f
 }
 
 // pyFloat is Python's repr of a float: the shortest digits that round-trip, in fixed notation
@@ -111,9 +123,9 @@ func pyDump(b *strings.Builder, v any) {
 		b.WriteString(strconv.FormatBool(x))
 	case json.Number:
 		if s := x.String(); !strings.ContainsAny(s, ".eE") {
-			b.WriteString(s)
-		} else if f, err := strconv.ParseFloat(s, 64); err == nil {
-			switch {
+			b.WriteString(pyInt(s))
+		} else {
+			switch f := pyParseFloat(s); {
 			case math.IsInf(f, 1):
 				b.WriteString("Infinity")
 			case math.IsInf(f, -1):
@@ -121,8 +133,6 @@ func pyDump(b *strings.Builder, v any) {
 			default:
 				b.WriteString(pyFloat(f))
 			}
-		} else {
-			b.WriteString(s)
 		}
 	case string:
 		pyString(b, x)

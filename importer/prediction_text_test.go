@@ -19,7 +19,8 @@ var predictionCases = []string{
 	`{"b": 1, "a": "é\n\"x\"", "c": [true, false, null, 1.0, 0.1, 1e20, 1.5e-7, 100000000000000000000, -0.0]}`,
 	`{"z": {"y": {"x": [1, 2.50]}}, "A": "\t\u001f", "ä": 1, "b": "<&>"}`,
 	`3`, `-7`, `2.5`, `1.0`, `1e16`, `1e15`, `123456789012345678`, `0.0001`, `0.00001`, `-1.5e300`,
-	`true`, `false`, `null`,
+	`true`, `false`, `null`, `-0`, `-0.0`, `1e400`, `-1e400`, `1e-400`, `9007199254740993`,
+	`{"a": -0, "b": 1e400, "c": -1e400}`,
 }
 
 // The text of each prediction is the one OpenCompass's own _prediction_to_text makes of it

@@ -296,16 +296,11 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	}
 	// A token whose every workspace is over a quota is refused before its body is read: judging
 	// a megabyte of events only to refuse them cost more than the writes the quota holds back.
-	if ws, held, wait := h.overQuotaAlready(req.Context(), p); ws != "" {
-		if held > 0 {
-			h.countOverQuota(p, ws, "retained")
-			return writeError(w, http.StatusTooManyRequests, h.retainedRefusal(ws, held))
+	if refusal, wait, over := h.overQuotaAlready(req.Context(), p); over {
+		if wait > 0 { // a workspace's events per second will be paid off; retained ones never by waiting
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 		}
-		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
-		h.countOverQuota(p, ws, "events")
-		return writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
-			"nothing was written: workspace %q wrote more than its quota of %g events per second (bursts of %g); send the request again after Retry-After",
-			ws, h.cfg.WorkspaceRate, h.cfg.WorkspaceBurst))
+		return writeError(w, http.StatusTooManyRequests, refusal)
 	}
 	now := h.now()
 	events, status, msg := h.read(w, req)
@@ -490,38 +485,50 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 	return h.answer(w, http.StatusAccepted, events, "")
 }
 
-// overQuotaAlready names a workspace over a quota when every workspace p may write is: the
-// retained count it holds (positive) when that is the quota it is over, else 0 and the wait until
-// its events per second are paid off. A token that may write every workspace ("*") is judged by
-// its events' workspaces, once they are read.
-func (h *Handler) overQuotaAlready(ctx context.Context, p *auth.Principal) (ws string, held int64, wait time.Duration) {
+// overQuotaAlready reports whether every workspace p may write is over a quota, and then the
+// refusal naming each with its quota, and the shortest wait until one of them takes events again
+// (zero when every one is at its retained quota, which waiting does not free). A token that may
+// write every workspace ("*") is judged by its events' workspaces, once they are read.
+func (h *Handler) overQuotaAlready(ctx context.Context, p *auth.Principal) (refusal string, wait time.Duration, over bool) {
 	names := p.Workspaces(auth.Write)
 	if len(names) == 0 || slices.Contains(names, auth.AllWorkspaces) || (h.quota == nil && h.cfg.MaxRetained <= 0) {
-		return "", 0, 0
+		return "", 0, false
 	}
+	var reasons []string
+	var counted [][2]string // workspace, quota: counted once the request is refused
 	for _, name := range names {
-		var n int64
 		if h.cfg.MaxRetained > 0 {
-			if c := h.retainedOf(ctx, name); c >= h.cfg.MaxRetained {
-				n = c
+			if n := h.retainedOf(ctx, name); n >= h.cfg.MaxRetained {
+				counted = append(counted, [2]string{name, "retained"})
+				reasons = append(reasons, fmt.Sprintf("%q retains %d opportunities, its quota is %d (waiting does not free room: an operator raises --http-ingest-workspace-retained, or its aggregates are left idle)",
+					name, n, h.cfg.MaxRetained))
+				continue
 			}
 		}
-		var w time.Duration // none: waiting frees no retained opportunity
-		if n == 0 {
-			if h.quota == nil {
-				return "", 0, 0
-			}
-			var ok bool
-			if ok, w = h.quota.Admit(name); ok {
-				return "", 0, 0
-			}
+		if h.quota == nil {
+			return "", 0, false
 		}
-		if ws == "" {
-			ws, held = name, n
+		ok, w := h.quota.Admit(name)
+		if ok {
+			return "", 0, false
 		}
-		wait = max(wait, w)
+		counted = append(counted, [2]string{name, "events"})
+		reasons = append(reasons, fmt.Sprintf("%q wrote more than its quota of %g events per second (bursts of %g)", name, h.cfg.WorkspaceRate, h.cfg.WorkspaceBurst))
+		if wait == 0 || w < wait {
+			wait = w
+		}
 	}
-	return ws, held, wait
+	for _, c := range counted {
+		h.countOverQuota(p, c[0], c[1])
+	}
+	msg := "nothing was written: workspace " + reasons[0]
+	if len(reasons) > 1 {
+		msg = "nothing was written: every workspace this token writes is over a quota: " + strings.Join(reasons, "; ")
+	}
+	if wait > 0 {
+		msg += "; send the request again after Retry-After"
+	}
+	return msg, wait, true
 }
 
 // countOverQuota counts a request refused for workspace ws's quota: by ws when the token names it,

@@ -231,3 +231,32 @@ func TestWorkspaceQuotaHoldsForRequestsAtOnce(t *testing.T) {
 		t.Fatalf("%d accepted, %d refused, %d events written; want 1, 19 and 150 on a burst of 100", accepted.Load(), refused.Load(), w.msgs)
 	}
 }
+
+// A token whose workspaces are over different quotas is refused before its body is read with
+// each workspace's reason, and told to come back when the soonest of them takes events again:
+// one at its retained quota (waiting frees nothing) beside one briefly over its rate must not
+// hide the rate's Retry-After, nor blame the first workspace alone.
+func TestEarlyRefusalNamesEachWorkspacesQuota(t *testing.T) {
+	w := &fakeWriter{}
+	counts := &retainedCounts{n: map[string]int64{"acme": 1000}}
+	h := newHandler(t, w, Config{WorkspaceRate: 10, WorkspaceBurst: 10, MaxRetained: 1000, Retained: counts, RetainedRefresh: time.Hour})
+	multi, err := auth.NewStore([]auth.TokenConfig{{Name: "multi", SHA256: auth.Hash(tokenMulti), Workspaces: map[string]string{"acme": "write", "beta": "write"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.Tokens = multi
+	if rec := post(h, request{token: tokenMulti, ctype: ceBatch, body: batchOf("beta", 20, "a")}); rec.Code != http.StatusAccepted {
+		t.Fatalf("beta's first 20: %d %s", rec.Code, rec.Body)
+	}
+	rec := post(h, request{token: tokenMulti, ctype: ceBatch, body: batchOf("beta", 1, "b")})
+	body := rec.Body.String()
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(body, `\"acme\" retains 1000`) || !strings.Contains(body, `\"beta\" wrote more than its quota of 10 events per second`) {
+		t.Fatalf("refusal: %d %s", rec.Code, body)
+	}
+	if s, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || s < 1 || s > 2 {
+		t.Fatalf("Retry-After %q: want beta's 1 s, not none", rec.Header().Get("Retry-After"))
+	}
+	if len(w.msgs) != 20 {
+		t.Fatalf("%d messages written", len(w.msgs))
+	}
+}

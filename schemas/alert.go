@@ -73,8 +73,9 @@ type AlertTest struct {
 	// subject's test spends (Alpha/Subjects): the probability of any false alarm of this subject
 	// per Horizon is at most AlphaPerSubject, and across up to Subjects subjects at most Alpha.
 	// Beyond Subjects subjects the rule may raise up to (subjects ÷ Subjects)·Alpha between them.
-	Subjects        int     `json:"subjects"`
-	AlphaPerSubject float64 `json:"alpha_per_subject"`
+	// Both are absent from the notifications an older build queued (before the field existed).
+	Subjects        int     `json:"subjects,omitempty"`
+	AlphaPerSubject float64 `json:"alpha_per_subject,omitempty"`
 	Horizon         string  `json:"horizon"`
 	Epoch           string  `json:"epoch"`
 	AlphaPerEpoch   float64 `json:"alpha_per_epoch"`

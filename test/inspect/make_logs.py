@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-if (out / "done").exists() and (out / "models").exists() and (out / "rescored").exists():
+if (out / "done").exists() and (out / "models").exists() and (out / "rescored" / "edited").exists():
     sys.exit(0)
 
 from inspect_ai import Task, eval as inspect_eval, score as inspect_score
-from inspect_ai.log import write_eval_log
+from inspect_ai.log import edit_score, read_eval_log, write_eval_log
+from inspect_ai.scorer import ScoreEdit
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import exact, includes
@@ -76,7 +77,7 @@ if not (out / "models").exists():
                  model=[get_model("mockllm/model", custom_outputs=answer), get_model("mockllm/other", custom_outputs=other)],
                  epochs=2, log_dir=str(out / "models"), log_format="json", display="none")
 
-if not (out / "rescored").exists():
+if not (out / "rescored" / "again").exists():
     # Scored again with exact(): the verdict of refund-1 ("Default output, as always." against
     # "Default output") turns from C to I in every epoch.
     calls.clear()
@@ -86,3 +87,11 @@ if not (out / "rescored").exists():
     again = inspect_score(log, exact(), action="overwrite")
     (out / "rescored" / "again").mkdir(parents=True)
     write_eval_log(again, str(out / "rescored" / "again" / Path(log.location).name))
+
+if not (out / "rescored" / "edited").exists():
+    # The first log with one verdict edited by hand (edit_score): refund-3's first epoch, I → C.
+    first = next((out / "rescored" / "first").glob("*.json"))
+    log = read_eval_log(str(first))
+    edit_score(log, "refund-3", "includes", ScoreEdit(value="C", explanation="a reviewer accepts it"), epoch=1)
+    (out / "rescored" / "edited").mkdir(parents=True)
+    write_eval_log(log, str(out / "rescored" / "edited" / first.name))
