@@ -30,13 +30,26 @@ func copyTree(t *testing.T, src, dst string) {
 	}
 }
 
+// fixtureRun copies the fixture's run (testdata/opencompass) into a new work directory and
+// returns the work directory, its run directory, and a writer of files in that run.
+func fixtureRun(t *testing.T) (dir, run string, write func(rel, body string)) {
+	t.Helper()
+	dir = t.TempDir()
+	run = filepath.Join(dir, "20261130_080000")
+	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	return dir, run, func(rel, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(run, rel), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // Two models evaluated in one OpenCompass run share its directory's timestamp
 // (results/<model>/<dataset>.json for each): each is a version of its own and every run of both
 // imports (before, the second model's runs were dropped as the same runs of the same version).
 func TestOpenCompassModelsOfOneRunAreVersionsOfTheirOwn(t *testing.T) {
-	dir := t.TempDir()
-	run := filepath.Join(dir, "20261130_080000")
-	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	dir, run, _ := fixtureRun(t)
 	for _, part := range []string{"results", "predictions"} {
 		copyTree(t, filepath.Join(run, part, "m7b"), filepath.Join(run, part, "m13b"))
 	}
@@ -68,9 +81,7 @@ func TestOpenCompassModelsOfOneRunAreVersionsOfTheirOwn(t *testing.T) {
 // one): in a run of several datasets that dataset is skipped with the reason and the others
 // import; on its own, nothing importable is found.
 func TestOpenCompassResultsWithoutPredictionsAreSkipped(t *testing.T) {
-	dir := t.TempDir()
-	run := filepath.Join(dir, "20261130_080000")
-	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	dir, run, _ := fixtureRun(t)
 	// A second dataset whose predictions are missing.
 	b, err := os.ReadFile(filepath.Join(run, "results", "m7b", "gsm8k.json"))
 	if err != nil {
@@ -108,15 +119,7 @@ func TestOpenCompassResultsWithoutPredictionsAreSkipped(t *testing.T) {
 // AccEvaluator counts), and a results file that cannot be read is skipped with the reason, the
 // run's other datasets imported (before, one such file aborted the whole directory).
 func TestOpenCompassFormatDetailsImport(t *testing.T) {
-	dir := t.TempDir()
-	run := filepath.Join(dir, "20261130_080000")
-	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
-	write := func(rel, body string) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(run, rel), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, _, write := fixtureRun(t)
 	// As format_details writes them (results[str(i)] = {...}; results['type'] = 'GEN' or 'PPL').
 	write("results/m7b/mmlu.json", `{"accuracy": 50.0, "details": {"type": "GEN",
 		"0": {"prompt": "Q0", "origin_prediction": "The answer is A", "predictions": "A", "references": "A"},
@@ -164,9 +167,7 @@ func TestOpenCompassFormatDetailsImport(t *testing.T) {
 // one model's, each case's runs of one replacing the other's (and, with the same ids, one id would
 // stand for two predictions).
 func TestModelOverrideOverSeveralModelsIsRefused(t *testing.T) {
-	dir := t.TempDir()
-	run := filepath.Join(dir, "20261130_080000")
-	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
+	dir, run, _ := fixtureRun(t)
 	for _, part := range []string{"results", "predictions"} {
 		copyTree(t, filepath.Join(run, part, "m7b"), filepath.Join(run, part, "m13b"))
 	}
@@ -191,15 +192,7 @@ func TestModelOverrideOverSeveralModelsIsRefused(t *testing.T) {
 // entry i is replica i / size of example i % size — 2 examples × 2 runs, not 4 examples of one run.
 // And what cannot be read is said in the user's terms, never with Go type names.
 func TestOpenCompassFormatDetailsOfRepeatedRuns(t *testing.T) {
-	dir := t.TempDir()
-	run := filepath.Join(dir, "20261130_080000")
-	copyTree(t, filepath.Join("testdata", "opencompass", "20261130_080000"), run)
-	write := func(rel, body string) {
-		t.Helper()
-		if err := os.WriteFile(filepath.Join(run, rel), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, _, write := fixtureRun(t)
 	write("results/m7b/mmlu.json", `{"accuracy (2 runs average)": 50.0, "details": {"type": "GEN",
 		"0": {"prompt": "Q0", "predictions": "A", "references": "A"},
 		"1": {"prompt": "Q1", "predictions": "C", "references": "B"},

@@ -21,27 +21,21 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// TestIngestEndToEnd runs `run` on real Kafka and Redis and feeds it only through POST /v1/events,
-// as the README's curl example does: a structured, a binary and a batch post are accepted (202)
-// and appear in the snapshots; an invalid event is refused with its dead-letter reason and a token
-// of another workspace with 403, and neither is counted; the same event posted twice is counted
-// once; a body one byte over the limit is 413 and the largest body, exactly at the limit, is
-// accepted.
-func TestIngestEndToEnd(t *testing.T) {
+// startIngestRun runs `run` on real Kafka and Redis (isolated names) with its HTTP side on a free
+// port, the tokens given and adjust's changes, until the test ends; it returns the HTTP base URL
+// once /healthz answers.
+func startIngestRun(ctx context.Context, t *testing.T, name string, tokens []auth.TokenConfig, adjust func(*Config)) string {
+	t.Helper()
 	testenv.KafkaBrokers(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg, _ := isolated(ctx, t, "ingest", 2)
+	cfg, _ := isolated(ctx, t, name, 2)
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(port)
-	cfg.HTTP.RateLimit = 200
-	const tokAcme, tokBeta = "rr-test-acme-0123456789", "rr-test-beta-0123456789"
-	cfg.HTTP.Tokens = []auth.TokenConfig{
-		{Name: "acme", SHA256: auth.Hash(tokAcme), Workspaces: map[string]string{"acme": "read-write"}},
-		{Name: "beta", SHA256: auth.Hash(tokBeta), Workspaces: map[string]string{"beta": "write"}},
+	cfg.HTTP.Tokens = tokens
+	if adjust != nil {
+		adjust(&cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -49,12 +43,12 @@ func TestIngestEndToEnd(t *testing.T) {
 	pctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
-	defer func() {
+	t.Cleanup(func() {
 		stop()
 		if err := <-done; err != nil {
 			t.Errorf("run: %v", err)
 		}
-	}()
+	})
 	base := "http://" + cfg.HTTPAddr
 	waitFor(t, 30*time.Second, "the HTTP server", func() bool {
 		resp, err := http.Get(base + "/healthz")
@@ -63,6 +57,23 @@ func TestIngestEndToEnd(t *testing.T) {
 		}
 		return err == nil && resp.StatusCode == 200
 	})
+	return base
+}
+
+// TestIngestEndToEnd runs `run` on real Kafka and Redis and feeds it only through POST /v1/events,
+// as the README's curl example does: a structured, a binary and a batch post are accepted (202)
+// and appear in the snapshots; an invalid event is refused with its dead-letter reason and a token
+// of another workspace with 403, and neither is counted; the same event posted twice is counted
+// once; a body one byte over the limit is 413 and the largest body, exactly at the limit, is
+// accepted.
+func TestIngestEndToEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const tokAcme, tokBeta = "rr-test-acme-0123456789", "rr-test-beta-0123456789"
+	base := startIngestRun(ctx, t, "ingest", []auth.TokenConfig{
+		{Name: "acme", SHA256: auth.Hash(tokAcme), Workspaces: map[string]string{"acme": "read-write"}},
+		{Name: "beta", SHA256: auth.Hash(tokBeta), Workspaces: map[string]string{"beta": "write"}},
+	}, func(cfg *Config) { cfg.HTTP.RateLimit = 200 })
 
 	type answer struct {
 		code int
@@ -134,7 +145,7 @@ func TestIngestEndToEnd(t *testing.T) {
 	// The body limit: the largest body is eval results with long replies (not correction
 	// checks, so they leave the repeat rate alone), padded with white space to exactly the
 	// limit; one byte more is 413.
-	limit := cfg.HTTP.IngestMaxBodyBytes
+	limit := defaultConfig().HTTP.IngestMaxBodyBytes
 	reply := strings.Repeat("word ", 12000)
 	var big bytes.Buffer
 	big.WriteString("[")

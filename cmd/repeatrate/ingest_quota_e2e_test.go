@@ -6,16 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/repeatrate/repeatrate/internal/auth"
-	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -24,41 +19,13 @@ import (
 // and once the processor has counted them and the read side recorded their snapshots, acme's next
 // post is refused 429 naming its count and quota, while beta, beside it, is still taken.
 func TestIngestStopsAWorkspaceAtItsRetainedQuota(t *testing.T) {
-	testenv.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, _ := isolated(ctx, t, "quota", 2)
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.HTTPAddr = "127.0.0.1:" + strconv.Itoa(port)
-	cfg.HTTP.IngestWorkspaceRetained = 50
 	const tokAcme, tokBeta = "rr-test-acme-0123456789", "rr-test-beta-0123456789"
-	cfg.HTTP.Tokens = []auth.TokenConfig{
+	base := startIngestRun(ctx, t, "quota", []auth.TokenConfig{
 		{Name: "acme", SHA256: auth.Hash(tokAcme), Workspaces: map[string]string{"acme": "write"}},
 		{Name: "beta", SHA256: auth.Hash(tokBeta), Workspaces: map[string]string{"beta": "write"}},
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	pctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
-	base := "http://" + cfg.HTTPAddr
-	waitFor(t, 30*time.Second, "the HTTP server", func() bool {
-		resp, err := http.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	}, func(cfg *Config) { cfg.HTTP.IngestWorkspaceRetained = 50 })
 	at := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 	batch := func(ws, prefix string, n int) []byte {
 		var evs []string
