@@ -1,5 +1,6 @@
 -- Acknowledges delivered notifications of one record for one sink.
--- KEYS: due sorted set, the sink's outbox, record, index, then every sink's outbox.
+-- KEYS: due sorted set, the sink's outbox, record, index, the recently resolved, then every
+--       sink's outbox.
 -- ARGV: delivered count, id of the first delivered, retry-at score (ms), linger (ms), id of the
 --       last delivered.
 local first = redis.call('LINDEX', KEYS[2], 0)
@@ -23,12 +24,16 @@ else
 end
 local state = redis.call('HGET', KEYS[3], 'state')
 if state == 'inactive' or state == 'resolved' then
-  for i = 5, #KEYS do
+  for i = 6, #KEYS do
     if redis.call('LLEN', KEYS[i]) > 0 then
       return 1
     end
   end
   redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
   redis.call('SREM', KEYS[4], KEYS[3])
+  if state == 'resolved' then
+    redis.call('ZADD', KEYS[5], tonumber(ARGV[3]), KEYS[3])
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
 end
 return 1

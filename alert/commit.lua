@@ -1,5 +1,6 @@
 -- Compare-and-set of one alert lifecycle record, and the queueing of its notification.
--- KEYS: record, index, then per sink: outbox list, due sorted set.
+-- KEYS: record, index, then per sink: outbox list, due sorted set; last, the recently resolved
+--       (a sorted set of records by when they came to rest resolved, in ms).
 -- ARGV: expected rev, state, active_at, fired_at, last_true_at, resolved_at, last_sent_at (µs),
 --       rule, subject, fields (JSON), linger (ms), now (ms), notification (JSON or ''),
 --       is_resend (1/0), episode (JSON of the rule's kind, labels and annotations when the
@@ -21,7 +22,7 @@ if ARGV[16] ~= '' then
 end
 redis.call('SADD', KEYS[2], rec)
 local pending = false
-local nsinks = (#KEYS - 2) / 2
+local nsinks = (#KEYS - 3) / 2
 for i = 1, nsinks do
   local ob, due = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   if ARGV[13] ~= '' and ARGV[17 + i] == '1' then
@@ -45,6 +46,13 @@ end
 if (ARGV[2] == 'inactive' or ARGV[2] == 'resolved') and not pending then
   redis.call('PEXPIRE', rec, tonumber(ARGV[11]))
   redis.call('SREM', KEYS[2], rec)
+  local recent = KEYS[#KEYS]
+  if ARGV[2] == 'resolved' then
+    redis.call('ZADD', recent, tonumber(ARGV[12]), rec)
+  else
+    redis.call('ZREM', recent, rec)
+  end
+  redis.call('ZREMRANGEBYSCORE', recent, '-inf', '(' .. (tonumber(ARGV[12]) - tonumber(ARGV[11])))
 else
   redis.call('PERSIST', rec)
 end

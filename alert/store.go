@@ -88,6 +88,7 @@ type Redis struct {
 	// Linger is how long a resolved or cleared record stays after its notifications were
 	// delivered, so that a late compare-and-set against it still sees its revision.
 	linger time.Duration
+	now    func() time.Time // the clock of CurrentAlerts' "recent" (tests set it)
 }
 
 // NewRedis returns the alert store under prefix for the named sinks.
@@ -95,7 +96,7 @@ func NewRedis(rdb redis.UniversalClient, prefix string, sinks []string) (*Redis,
 	if prefix == "" || len(sinks) == 0 {
 		return nil, errors.New("alert store: prefix and at least one sink are required")
 	}
-	return &Redis{rdb: rdb, prefix: prefix + ":{alerts}", sinks: sinks, linger: 24 * time.Hour}, nil
+	return &Redis{rdb: rdb, prefix: prefix + ":{alerts}", sinks: sinks, linger: 24 * time.Hour, now: time.Now}, nil
 }
 
 // Key is the record key of (rule, subject).
@@ -104,6 +105,7 @@ func (s *Redis) Key(rule, subject string) string {
 }
 
 func (s *Redis) index() string          { return s.prefix + ":idx" }
+func (s *Redis) recent() string         { return s.prefix + ":recent" }
 func (s *Redis) due(sink string) string { return s.prefix + ":due:" + sink }
 
 // outbox is the list of key's notifications for sink. It lives under its own namespace, not
@@ -236,6 +238,7 @@ func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, 
 		keys = append(keys, s.outbox(key, sink), s.due(sink))
 		args = append(args, take)
 	}
+	keys = append(keys, s.recent())
 	ok, err := commitScript.Run(ctx, s.rdb, keys, args...).Int()
 	if err != nil {
 		return false, fmt.Errorf("alert commit %s: %w", key, err)
@@ -284,7 +287,7 @@ func (s *Redis) Claim(ctx context.Context, sink string, now time.Time, lease tim
 // the record due again at retryAt if anything is left. A record resolved or cleared with nothing
 // left to deliver lingers, then expires.
 func (s *Redis) Ack(ctx context.Context, sink, key string, delivered int, firstID, lastID string, retryAt time.Time) error {
-	keys := []string{s.due(sink), s.outbox(key, sink), key, s.index()}
+	keys := []string{s.due(sink), s.outbox(key, sink), key, s.index(), s.recent()}
 	for _, o := range s.sinks {
 		keys = append(keys, s.outbox(key, o))
 	}
@@ -315,16 +318,22 @@ type Current struct {
 	ResolvedAt  *time.Time        `json:"resolved_at"`
 }
 
-// CurrentAlerts lists the alerts of workspace ws in the index (pending, firing, or resolved and
-// still being delivered), ordered by rule and subject, at most limit: what GET /v1/alerts
-// answers. It reads the index and the records of ws alone (keysOfWorkspace), so a workspace's
+// CurrentAlerts lists the alerts of workspace ws that are pending, firing or resolved within the
+// last day (the linger of a record at rest), ordered by rule and subject, at most limit: what
+// GET /v1/alerts answers. It reads the index and the records of ws alone (keysOfWorkspace), so a workspace's
 // read costs its own current alerts, not other tenants' nor history. A pending alert has no kind yet (it never fired).
 func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]Current, error) {
 	keys, err := s.Keys(ctx)
 	if err != nil {
 		return nil, err
 	}
-	recs, err := s.Load(ctx, s.keysOfWorkspace(keys, ws))
+	// Resolved alerts at rest stay listed while their records linger (recent).
+	since := s.now().Add(-s.linger).UnixMilli()
+	resolved, err := s.rdb.ZRangeByScore(ctx, s.recent(), &redis.ZRangeBy{Min: strconv.FormatInt(since, 10), Max: "+inf"}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("recent alerts: %w", err)
+	}
+	recs, err := s.Load(ctx, s.keysOfWorkspace(append(keys, resolved...), ws))
 	if err != nil {
 		return nil, err
 	}

@@ -130,7 +130,7 @@ func TestRuleThatNoLongerSelectsAnUnheldSubjectResolvesIt(t *testing.T) {
 
 // The read side's /v1/alerts lists a workspace's current alerts from the store every evaluator
 // writes: a firing alert with the kind and labels it fired with, nothing of another workspace,
-// and nothing once the alert resolved and was delivered.
+// and a resolved one, delivered and at rest, for the day its record lingers.
 func TestCurrentAlertsOfAWorkspace(t *testing.T) {
 	rdb := testenv.Redis(t)
 	prefix := testenv.Name(t, "alert")
@@ -164,8 +164,15 @@ func TestCurrentAlertsOfAWorkspace(t *testing.T) {
 	if err := ev.Deliver(ctx, am); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := reader.CurrentAlerts(ctx, "acme", 10); err != nil || len(got) != 0 {
+	// Delivered and at rest, the resolved alert stays listed for the day its record lingers.
+	reader.now = clk.now
+	got, err = reader.CurrentAlerts(ctx, "acme", 10)
+	if err != nil || len(got) != 1 || got[0].State != "resolved" || got[0].ResolvedAt == nil || !got[0].ResolvedAt.Equal(t0.Add(time.Hour)) {
 		t.Fatalf("after the resolution was delivered: %+v %v", got, err)
+	}
+	clk.set(t0.Add(26 * time.Hour))
+	if got, err := reader.CurrentAlerts(ctx, "acme", 10); err != nil || len(got) != 0 {
+		t.Fatalf("a day after the resolution: %+v %v", got, err)
 	}
 }
 

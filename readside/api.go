@@ -60,8 +60,8 @@ func (a *api) apiRoutes() []route {
 	}
 }
 
-// AlertLister lists the alerts of a workspace that are pending, firing, or resolved and still
-// being delivered, ordered by rule and subject, at most limit of them; alert.Redis is one. The
+// AlertLister lists the alerts of a workspace that are pending, firing, or resolved within the
+// last day, ordered by rule and subject, at most limit of them; alert.Redis is one. The
 // read side declares it so that it imports nothing of alerting.
 type AlertLister interface {
 	CurrentAlerts(ctx context.Context, workspace string, limit int) ([]CurrentAlert, error)
