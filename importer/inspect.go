@@ -24,6 +24,12 @@ type inspectLog struct {
 	Status  string          `json:"status"`
 	Eval    inspectEval     `json:"eval"`
 	Samples []inspectSample `json:"samples"`
+	// Results names the scorers too: a version-1 log names its one scorer only there.
+	Results struct {
+		Scores []struct {
+			Name string `json:"name"`
+		} `json:"scores"`
+	} `json:"results"`
 }
 
 type inspectEval struct {
@@ -50,12 +56,44 @@ type inspectSample struct {
 	// Events are the sample's transcript; the importer reads its score events (a scorer's verdict,
 	// again when the log was re-scored) and score edits (inspect_ai.log.edit_score), whose
 	// timestamps say when the sample was last judged.
-	Events []struct {
-		Event     string `json:"event"`
-		Timestamp string `json:"timestamp"`
-		Scorer    string `json:"scorer"`     // of a score event; absent before inspect-ai 0.3.2xx
-		ScoreName string `json:"score_name"` // of a score_edit event
-	} `json:"events"`
+	Events []inspectEvent `json:"events"`
+	// Score and Transcript are a version-1 log's: its one score, and its events under
+	// "transcript" (inspect_ai reads them as scores[the log's scorer] and events).
+	Score      *inspectScore `json:"score"`
+	Transcript struct {
+		Events []inspectEvent `json:"events"`
+	} `json:"transcript"`
+}
+
+type inspectEvent struct {
+	Event     string `json:"event"`
+	Timestamp string `json:"timestamp"`
+	Scorer    string `json:"scorer"`     // of a score event; absent before inspect-ai 0.3.2xx
+	ScoreName string `json:"score_name"` // of a score_edit event
+}
+
+// upgradeV1 reads a version-1 log as Inspect does (EvalSample.migrate_deprecated,
+// EvalLog.populate_scorer_name_for_samples): each sample's one score is the log's first scorer's,
+// as results.scores names it, and its transcript's events are its events.
+func (log *inspectLog) upgradeV1() {
+	scorer := ""
+	if len(log.Results.Scores) > 0 {
+		scorer = log.Results.Scores[0].Name
+	}
+	if len(log.Eval.Scorers) == 0 && scorer != "" {
+		log.Eval.Scorers = append(log.Eval.Scorers, struct {
+			Name string `json:"name"`
+		}{scorer})
+	}
+	for i := range log.Samples {
+		s := &log.Samples[i]
+		if s.Score != nil && len(s.Scores) == 0 && scorer != "" {
+			s.Scores = map[string]inspectScore{scorer: *s.Score}
+		}
+		if len(s.Events) == 0 {
+			s.Events = s.Transcript.Events
+		}
+	}
 }
 
 // judged says how often scorer's verdict of s was given or changed (its score events and score
@@ -231,6 +269,7 @@ func Inspect(path string, opt Options) ([]Event, error) {
 			}
 			continue
 		}
+		log.upgradeV1()
 		if err := oneModelUnder(opt, models, log.Eval.Model); err != nil {
 			return nil, err
 		}

@@ -148,3 +148,37 @@ func TestInspectEditedScoreSupersedesTheFirst(t *testing.T) {
 		t.Fatalf("%d runs are new events after one edit, want 1", changed)
 	}
 }
+
+// A version-1 log, which Inspect still reads (one "score" per sample, its events under
+// "transcript", the scorer named only by results.scores), imports as the same log in today's
+// layout does: every run with the same verdict and the same assessment (before, every sample read
+// as unscored, and the import was refused for having no scorer).
+func TestInspectVersionOneLogImportsAsToday(t *testing.T) {
+	v1, err := Inspect(inspectLogs(t, "v1"), Options{Scope: testScope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := Inspect(inspectLogs(t, "json"), Options{Scope: testScope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type run struct {
+		caseID string
+		index  int64
+	}
+	want := map[run]schemas.EvalResult{}
+	for _, r := range decode(t, v2) {
+		want[run{r.CaseID, r.RunIndex}] = r
+	}
+	got := decode(t, v1)
+	if len(got) != len(want) || len(got) != 9 {
+		t.Fatalf("%d runs from the v1 log, %d from today's", len(got), len(want))
+	}
+	for _, r := range got {
+		w := want[run{r.CaseID, r.RunIndex}]
+		if r.Result != w.Result || !r.AssessedAt.Equal(w.AssessedAt) || r.AssessmentSeq != w.AssessmentSeq || r.Version != w.Version {
+			t.Errorf("run %s/%d: %s at %v (seq %d) from v1, %s at %v (seq %d) today", r.CaseID, r.RunIndex, r.Result, r.AssessedAt, r.AssessmentSeq,
+				w.Result, w.AssessedAt, w.AssessmentSeq)
+		}
+	}
+}

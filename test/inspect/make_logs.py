@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-if (out / "done").exists() and (out / "models").exists() and (out / "rescored" / "edited").exists():
+if (out / "done").exists() and (out / "models").exists() and (out / "rescored" / "edited").exists() and (out / "v1").exists():
     sys.exit(0)
 
 from inspect_ai import Task, eval as inspect_eval, score as inspect_score
@@ -95,3 +95,25 @@ if not (out / "rescored" / "edited").exists():
     edit_score(log, "refund-3", "includes", ScoreEdit(value="C", explanation="a reviewer accepts it"), epoch=1)
     (out / "rescored" / "edited").mkdir(parents=True)
     write_eval_log(log, str(out / "rescored" / "edited" / first.name))
+
+if not (out / "v1").exists():
+    # The json/ log in the version-1 layout Inspect still reads (inspect_ai/log/_log.py,
+    # EvalSample.migrate_deprecated and EvalLog.populate_scorer_name_for_samples): each sample's one
+    # "score" instead of "scores", its events under "transcript", no eval.scorers (the scorer is
+    # named by results.scores). Inspect's reader must take it and find the same verdicts.
+    import json
+    src = next((out / "json").glob("*.json"))
+    log = json.loads(src.read_text())
+    log["version"] = 1
+    log["eval"].pop("scorers", None)
+    for sample in log["samples"]:
+        scores = sample.pop("scores")
+        sample["score"] = next(iter(scores.values()))
+        sample["transcript"] = {"events": sample.pop("events"), "content": sample.pop("attachments", {})}
+        sample.pop("events_data", None)
+    (out / "v1").mkdir()
+    dst = out / "v1" / src.name
+    dst.write_text(json.dumps(log))
+    again = read_eval_log(str(dst))
+    first = read_eval_log(str(src))
+    assert [s.scores["includes"].value for s in again.samples] == [s.scores["includes"].value for s in first.samples], "Inspect reads the v1 log otherwise"
