@@ -44,6 +44,16 @@ type Options struct {
 	// stray JSON file beside the logs, say) and why; such a file does not stop the import. A file
 	// named on its own that is not a log is an error.
 	Skipped func(file, why string)
+	// Progress, when set, is told after each file read how many results were made so far and
+	// how many of the files were read (OpenCompass: results files, counted per run directory).
+	Progress func(results, filesDone, filesTotal int)
+}
+
+// progress tells opt.Progress, when set.
+func (opt Options) progress(results, done, total int) {
+	if opt.Progress != nil {
+		opt.Progress(results, done, total)
+	}
 }
 
 // DefaultMaxMemberBytes is the default Options.MaxMemberBytes: far above an Inspect sample's JSON

@@ -247,7 +247,8 @@ func Inspect(path string, opt Options) ([]Event, error) {
 	}
 	var out []Event
 	models := map[string]bool{}
-	for _, f := range files {
+	for i, f := range files {
+		opt.progress(len(out), i, len(files))
 		maxMember := opt.MaxMemberBytes
 		if maxMember <= 0 {
 			maxMember = DefaultMaxMemberBytes
@@ -279,6 +280,7 @@ func Inspect(path string, opt Options) ([]Event, error) {
 		}
 		out = append(out, evs...)
 	}
+	opt.progress(len(out), len(files), len(files))
 	return out, nil
 }
 

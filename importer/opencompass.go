@@ -44,8 +44,12 @@ func OpenCompass(path string, opt Options) ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Event
-	models := map[string]bool{}
+	// Every run's results files, listed first so that progress counts them all.
+	type resultsFile struct {
+		dir, path string
+		at        time.Time
+	}
+	var files []resultsFile
 	for _, dir := range runs {
 		at, err := time.Parse("20060102_150405", filepath.Base(dir))
 		if err != nil {
@@ -54,22 +58,29 @@ func OpenCompass(path string, opt Options) ([]Event, error) {
 		results, _ := filepath.Glob(filepath.Join(dir, "results", "*", "*.json"))
 		sort.Strings(results)
 		for _, rf := range results {
-			model := filepath.Base(filepath.Dir(rf))
-			dataset := strings.TrimSuffix(filepath.Base(rf), ".json")
-			if err := oneModelUnder(opt, models, model); err != nil {
-				return nil, err
-			}
-			evs, err := ocEvents(dir, model, dataset, at, opt, enc)
-			switch {
-			case err != nil && opt.Skipped != nil:
-				opt.Skipped(rf, err.Error()) // the other datasets of the run are imported
-				continue
-			case err != nil:
-				return nil, fmt.Errorf("%s: %w", rf, err)
-			}
-			out = append(out, evs...)
+			files = append(files, resultsFile{dir: dir, path: rf, at: at})
 		}
 	}
+	var out []Event
+	models := map[string]bool{}
+	for i, f := range files {
+		opt.progress(len(out), i, len(files))
+		model := filepath.Base(filepath.Dir(f.path))
+		dataset := strings.TrimSuffix(filepath.Base(f.path), ".json")
+		if err := oneModelUnder(opt, models, model); err != nil {
+			return nil, err
+		}
+		evs, err := ocEvents(f.dir, model, dataset, f.at, opt, enc)
+		switch {
+		case err != nil && opt.Skipped != nil:
+			opt.Skipped(f.path, err.Error()) // the other datasets of the run are imported
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("%s: %w", f.path, err)
+		}
+		out = append(out, evs...)
+	}
+	opt.progress(len(out), len(files), len(files))
 	return out, nil
 }
 

@@ -234,3 +234,31 @@ func TestOpenCompassFormatDetailsOfRepeatedRuns(t *testing.T) {
 		}
 	}
 }
+
+// Progress is told after each file how many results were made and how many files of all were
+// read, ending at all of them: what `import` shows on a terminal.
+func TestImportReportsProgress(t *testing.T) {
+	dir, _, write := fixtureRun(t)
+	write("results/m7b/second.json", `{"details": [{"correct": [true, false]}]}`)
+	write("predictions/m7b/second.json", `{"0": {"prediction": "a"}, "1": {"prediction": "b"}}`)
+	var seen [][3]int
+	evs, err := OpenCompass(dir, Options{Scope: testScope, Progress: func(results, done, total int) { seen = append(seen, [3]int{results, done, total}) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) == 0 || seen[len(seen)-1] != [3]int{len(evs), 2, 2} {
+		t.Fatalf("progress %v, want it to end at %d results, 2 of 2 files", seen, len(evs))
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i][0] < seen[i-1][0] || seen[i][1] < seen[i-1][1] || seen[i][2] != 2 {
+			t.Fatalf("progress went back or changed its total: %v", seen)
+		}
+	}
+	var inspectSeen [][3]int
+	if _, err := Inspect(inspectLogs(t, "models"), Options{Scope: testScope, Progress: func(r, d, n int) { inspectSeen = append(inspectSeen, [3]int{r, d, n}) }}); err != nil {
+		t.Fatal(err)
+	}
+	if last := inspectSeen[len(inspectSeen)-1]; last != [3]int{12, 2, 2} {
+		t.Fatalf("Inspect progress %v, want it to end at 12 results, 2 of 2 files", inspectSeen)
+	}
+}

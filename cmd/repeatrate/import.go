@@ -91,11 +91,22 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		skipped++
 		fmt.Fprintf(stderr, "skipped %s: %s\n", file, why)
 	}
+	// A progress line on a terminal (nothing off one): results made, files read of all.
+	var prog *progress
+	opt.Progress = func(results, done, total int) {
+		if prog == nil {
+			prog = newProgress(stderr, "import "+format, int64(total))
+		}
+		prog.set(int64(results), int64(done))
+	}
 	read := importer.Inspect
 	if format == "opencompass" {
 		read = importer.OpenCompass
 	}
 	evs, err := read(*in, opt)
+	if prog != nil {
+		prog.finish()
+	}
 	if err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
