@@ -2,6 +2,7 @@ package readside
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/repeatrate/repeatrate/internal/auth"
@@ -77,14 +78,36 @@ func (a *api) login(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	tok := strings.TrimSpace(req.PostForm.Get("token"))
+	next := localPath(req.PostForm.Get("next"))
 	if a.cfg.Tokens.Lookup(tok) == nil {
 		a.metrics.denied.WithLabelValues("401").Inc()
-		a.renderPage(w, http.StatusUnauthorized, "login", pageData{Title: "Sign in", Error: "unknown token"})
+		a.renderPage(w, http.StatusUnauthorized, "login", pageData{Title: "Sign in", Error: "unknown token", ReturnTo: next})
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: tok, Path: "/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: overHTTPS(req), MaxAge: 12 * 3600})
-	http.Redirect(w, req, "/", http.StatusSeeOther)
+	http.Redirect(w, req, orRoot(next), http.StatusSeeOther)
+}
+
+// localPath is next when it is a path on this server ("/ui/outcomes?…"), else "": a sign-in must
+// not send the reader to another site ("//evil.example", "https://…", "/\evil.example").
+func localPath(next string) string {
+	if len(next) > 2048 || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") ||
+		strings.ContainsAny(next, "\\\r\n") {
+		return ""
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil {
+		return ""
+	}
+	return next
+}
+
+func orRoot(path string) string {
+	if path == "" {
+		return "/"
+	}
+	return path
 }
 
 func (a *api) logout(w http.ResponseWriter, req *http.Request) {

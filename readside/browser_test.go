@@ -282,8 +282,8 @@ func TestBrowserPages(t *testing.T) {
 		return loc
 	}
 
-	// A page without a token goes to the login form; the token signs in (a cookie) and the index
-	// lists the workspace's scope and suites.
+	// A page without a token goes to the login form; the token signs in (a cookie) and brings the
+	// reader back to that page; the index lists the workspace's scope and suites.
 	outcomesURL := base + "/ui/outcomes?artifact=chat&checkpoint=ckpt-7&model=support-bot&run=prod&workspace=acme"
 	if err := chromedp.Do(bctx,
 		chromedp.Navigate(outcomesURL),
@@ -291,15 +291,24 @@ func TestBrowserPages(t *testing.T) {
 	); err != nil {
 		t.Fatalf("open a page without a token: %v", err)
 	}
-	if loc := location(); loc != base+"/login" {
+	if loc := location(); !strings.HasPrefix(loc, base+"/login?next=") {
 		t.Errorf("a page without a token went to %s, want the login form", loc)
 	}
 	if err := chromedp.Do(bctx,
 		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), browserToken),
 		chromedp.Click(chromedp.CSS(`form[action="/login"] button`)),
-		chromedp.WaitVisible(chromedp.CSS(`a[href^="/ui/outcomes"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`section[data-correction="fix-wide"]`)),
 	); err != nil {
 		t.Fatalf("sign in: %v", err)
+	}
+	if loc := location(); loc != outcomesURL {
+		t.Errorf("signed in, the reader landed on %s, want the page that asked: %s", loc, outcomesURL)
+	}
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(base+"/?workspace=acme"),
+		chromedp.WaitVisible(chromedp.CSS(`a[href^="/ui/outcomes"]`)),
+	); err != nil {
+		t.Fatalf("the index: %v", err)
 	}
 	index, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`body`)))
 	if err != nil {

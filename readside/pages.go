@@ -85,6 +85,8 @@ type pageData struct {
 	Scopes     []scopeRow
 	Suites     []string
 	More       bool
+	// login: the page to return to once signed in (a path of this server)
+	ReturnTo string
 	// outcomes
 	Scope    schemas.Scope
 	Outcomes []outcomeView
@@ -122,8 +124,8 @@ type outcomeView struct {
 
 func (a *api) pageRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /{$}", a.indexPage)
-	mux.HandleFunc("GET /login", func(w http.ResponseWriter, _ *http.Request) {
-		a.renderPage(w, http.StatusOK, "login", pageData{Title: "Sign in"})
+	mux.HandleFunc("GET /login", func(w http.ResponseWriter, req *http.Request) {
+		a.renderPage(w, http.StatusOK, "login", pageData{Title: "Sign in", ReturnTo: localPath(req.URL.Query().Get("next"))})
 	})
 	mux.HandleFunc("POST /login", a.login)
 	mux.HandleFunc("POST /logout", a.logout)
@@ -152,7 +154,8 @@ func (a *api) pageBegin(w http.ResponseWriter, req *http.Request, names, require
 	p := a.principal(req)
 	if p == nil {
 		a.metrics.denied.WithLabelValues("401").Inc()
-		http.Redirect(w, req, "/login", http.StatusSeeOther)
+		// Signed in, the reader comes back to the page that asked.
+		http.Redirect(w, req, "/login?next="+url.QueryEscape(req.URL.RequestURI()), http.StatusSeeOther)
 		return nil, nil, false
 	}
 	v, err := params(req.URL.RawQuery, append([]string{"workspace"}, names...), required)
