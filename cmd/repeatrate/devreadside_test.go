@@ -118,7 +118,7 @@ func TestDevDemoServesReadSide(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		counts := regexp.MustCompile(`data-correction="fix-comeback"[\s\S]*?data-testid="counts">\d+/(\d+)<`).FindStringSubmatch(string(b))
+		counts := regexp.MustCompile(`data-correction="fix-comeback"[\s\S]*?<td>all</td>[\s\S]*?data-testid="counts">\d+/(\d+)<`).FindStringSubmatch(string(b))
 		if resp.StatusCode != http.StatusOK || counts == nil {
 			return 0, string(b)
 		}
