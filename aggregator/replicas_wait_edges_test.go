@@ -76,6 +76,7 @@ func TestWaitEndsByTheDeadline(t *testing.T) {
 type miniCluster struct {
 	primaries [2]*testenv.RedisServer
 	ids       [2]string
+	all       []*testenv.RedisServer // primaries and replicas
 	client    *redis.ClusterClient
 }
 
@@ -153,6 +154,7 @@ func startMiniCluster(t *testing.T) *miniCluster {
 			return n == 1
 		})
 	}
+	mc.all = all
 	mc.client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{mc.primaries[0].Addr, mc.primaries[1].Addr}})
 	t.Cleanup(func() { mc.client.Close() })
 	return mc
@@ -196,6 +198,28 @@ func (mc *miniCluster) migrate(t *testing.T, slot int64, from int) {
 	}
 	must(dst.Client.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", mc.ids[1-from]).Err())
 	must(src.Client.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", mc.ids[1-from]).Err())
+	// As `redis-cli --cluster` checks after a reshard: every node, replicas included, agrees on
+	// the slot's new owner before anything relies on it (gossip takes a while on a loaded machine,
+	// and a client that reads the slot map from a node not yet told is sent back and forth).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		agreed := true
+		for _, n := range mc.all {
+			slots, err := n.Client.ClusterSlots(ctx).Result()
+			owner := ""
+			for _, r := range slots {
+				if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+					owner = r.Nodes[0].ID
+				}
+			}
+			agreed = agreed && err == nil && owner == mc.ids[1-from]
+		}
+		if agreed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the nodes did not agree on slot %d's new owner within 30 s", slot)
+		}
+	}
 }
 
 // A slot moved by a reshard answers a write and WAIT sent to its old primary with MOVED. That is
@@ -257,7 +281,7 @@ func TestWaitAcrossAMovedSlot(t *testing.T) {
 			mark = applySeal()
 			mc.migrate(t, mc.primaries[0].Client.ClusterKeySlot(ctx, key).Val(), from)
 			var errs []error
-			for range 20 {
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 				err := store.Verify(ctx, mark, Offsets{"in": {0: 2}})
 				if err == nil {
 					break
@@ -266,10 +290,9 @@ func TestWaitAcrossAMovedSlot(t *testing.T) {
 				if !errors.Is(err, ErrReplicasBehind) {
 					t.Fatalf("Verify after the reshard: %v, want nil or ErrReplicasBehind (an unverified commit drops every pending batch)", err)
 				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			if len(errs) == 20 {
-				t.Fatalf("Verify never passed after the reshard: %v", errs)
+				if time.Now().After(deadline) {
+					t.Fatalf("Verify never passed in 20 s after the reshard: %d tries, the last %v", len(errs), errs[len(errs)-1])
+				}
 			}
 		})
 	}
