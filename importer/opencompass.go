@@ -249,7 +249,8 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 	if len(preds) == 0 {
 		// OpenCompass refuses to evaluate a run without its predictions; results without them
 		// are not a run it made.
-		return nil, &noPredictionsError{file: filepath.Join("predictions", model, dataset+".json")}
+		return nil, fmt.Errorf("no predictions (%s): OpenCompass does not evaluate a run without them, so these results are not one it made",
+			filepath.Join("predictions", model, dataset+".json"))
 	}
 	flags := make([][]bool, len(details))
 	for i, d := range details {
@@ -316,13 +317,6 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 		}
 	}
 	return out, nil
-}
-
-// noPredictionsError is a dataset whose results have no predictions file beside them.
-type noPredictionsError struct{ file string }
-
-func (e *noPredictionsError) Error() string {
-	return "no predictions (" + e.file + "): OpenCompass does not evaluate a run without them, so these results are not one it made"
 }
 
 // ocPredictions reads a dataset's predictions (one file, or shards _0, _1, … numbered on), by index.

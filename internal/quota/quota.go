@@ -32,12 +32,6 @@ func New(rate, burst float64, maxKeys int, now func() time.Time) *Buckets {
 	return &Buckets{rate: rate, burst: max(burst, 1), maxKeys: max(maxKeys, 1), now: now, keys: map[string]*bucket{}}
 }
 
-// Rate is the refill rate in units per second.
-func (b *Buckets) Rate() float64 { return b.rate }
-
-// Burst is the most a key's budget holds.
-func (b *Buckets) Burst() float64 { return b.burst }
-
 // Admit reports whether key may start new work: its budget is not in debt. When it is not
 // admitted, wait is how long until it will be.
 func (b *Buckets) Admit(key string) (ok bool, wait time.Duration) {
