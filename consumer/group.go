@@ -802,7 +802,11 @@ type offsetCommits struct {
 	failed    chan struct{} // closed when a commit failed; nothing later is sent
 	abandoned chan struct{} // closed by abandon; nothing queued is sent any more
 	abandon1  sync.Once
-	done      chan struct{} // closed when the goroutine returned
+	// sending is held from the check of abandoned to the broker's answer, so abandon returns
+	// only once no commit is being sent and none can begin after it. A channel rather than a
+	// mutex: the batch loop's wait on it stays a channel wait, visible as blocked to tests.
+	sending chan struct{}
+	done    chan struct{} // closed when the goroutine returned
 }
 
 // startCommits starts the goroutine that commits under gen. Its owner calls close, which waits
@@ -814,6 +818,7 @@ func (g *Group) startCommits(genID int32, gen committer) *offsetCommits {
 		offsets:   make(chan map[string]map[int]int64, 4),
 		failed:    make(chan struct{}),
 		abandoned: make(chan struct{}),
+		sending:   make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
 	go func() {
@@ -823,13 +828,16 @@ func (g *Group) startCommits(genID int32, gen committer) *offsetCommits {
 			// what sending them one by one would, for one answer of the broker instead of several
 			// (which also bounds how long a shutdown waits for a slow broker).
 			offsets = c.mergeQueued(offsets)
+			c.sending <- struct{}{}
 			select {
 			case <-c.abandoned:
+				<-c.sending
 				return
 			default:
 			}
 			began := time.Now()
 			err := gen.CommitOffsets(offsets)
+			<-c.sending
 			g.metrics.StageSeconds.WithLabelValues("commit_kafka").Observe(time.Since(began).Seconds())
 			if err != nil {
 				g.metrics.Commits.WithLabelValues("error").Inc()
@@ -908,8 +916,16 @@ func lostVerified(c *offsetCommits, err error) {
 	}
 }
 
-// abandon drops every commit queued and not yet sent; one being sent is answered.
-func (c *offsetCommits) abandon() { c.abandon1.Do(func() { close(c.abandoned) }) }
+// abandon drops every commit queued and not yet sent. It waits for the broker's answer to one
+// being sent, so no commit begins after it returns: the loss it follows is then certainly
+// found before anything it might stand for is committed.
+func (c *offsetCommits) abandon() {
+	c.abandon1.Do(func() {
+		c.sending <- struct{}{}
+		close(c.abandoned)
+		<-c.sending
+	})
+}
 
 // close ends the queue and waits for the commits in it.
 func (c *offsetCommits) close() {
