@@ -59,6 +59,9 @@ type Episode struct {
 	Kind        string            `json:"kind"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Evidence is what the rule saw when the alert fired: pages show it beside the alert. Absent
+	// from records an older build wrote.
+	Evidence *schemas.AlertEvidence `json:"evidence,omitempty"`
 }
 
 //go:embed commit.lua
@@ -225,7 +228,8 @@ func (s *Redis) Commit(ctx context.Context, key string, rev int64, rule string, 
 	}
 	var episode []byte
 	if note != nil && note.Kind == NotifyFiring.String() {
-		episode, _ = json.Marshal(Episode{Kind: note.Alert.Kind, Labels: note.Alert.Labels, Annotations: note.Alert.Annotations})
+		episode, _ = json.Marshal(Episode{Kind: note.Alert.Kind, Labels: note.Alert.Labels, Annotations: note.Alert.Annotations,
+			Evidence: &note.Alert.Evidence})
 	}
 	args = append(args, string(payload), note != nil && note.Kind == NotifyResend.String(), string(episode))
 	if sil != nil && !sil.since.IsZero() {
@@ -316,6 +320,9 @@ type Current struct {
 	ActiveAt    time.Time         `json:"active_at"`
 	FiredAt     *time.Time        `json:"fired_at"`
 	ResolvedAt  *time.Time        `json:"resolved_at"`
+	// Evidence is what the rule saw when the alert fired (null if it never did, or for a record
+	// an older build wrote).
+	Evidence *schemas.AlertEvidence `json:"evidence"`
 }
 
 // CurrentAlerts lists the alerts of workspace ws that are pending, firing or resolved within the
@@ -352,6 +359,7 @@ func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]Curr
 			if ep.Annotations != nil {
 				a.Annotations = ep.Annotations
 			}
+			a.Evidence = ep.Evidence
 		}
 		if !st.FiredAt.IsZero() {
 			a.FiredAt = &st.FiredAt

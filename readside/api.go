@@ -80,6 +80,8 @@ type CurrentAlert struct {
 	ActiveAt    time.Time         `json:"active_at"`
 	FiredAt     *time.Time        `json:"fired_at"`
 	ResolvedAt  *time.Time        `json:"resolved_at"`
+	// Evidence is what the rule saw when the alert fired.
+	Evidence *schemas.AlertEvidence `json:"evidence"`
 }
 
 // AlertsPage is the answer of /v1/alerts.
@@ -392,13 +394,15 @@ func (a *api) outcomes(w http.ResponseWriter, req *http.Request) {
 // History is the answer of /v1/history.
 type History struct {
 	Aggregate schemas.Aggregate `json:"aggregate"`
-	// Points are the last snapshot of each minute, oldest first, at most MaxPoints of them.
+	// Points are the last snapshot of each minute (or hour), oldest first, at most MaxPoints of them.
 	Points    []Point `json:"points"`
 	MaxPoints int     `json:"max_points"`
+	// Resolution is minute (the last snapshot of each minute, 24 h) or hour (of each hour, 7 d).
+	Resolution string `json:"resolution"`
 }
 
 func (a *api) history(w http.ResponseWriter, req *http.Request) {
-	v, ok := a.begin(w, req, append(scopeFields[1:], "source"), append(scopeFields[1:], "source"))
+	v, ok := a.begin(w, req, append(scopeFields[1:], "source", "resolution"), append(scopeFields[1:], "source"))
 	if !ok {
 		return
 	}
@@ -407,13 +411,21 @@ func (a *api) history(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, "query parameter source must be live or evaluation", false)
 		return
 	}
+	res := v.Get("resolution")
+	if res == "" {
+		res = "minute"
+	}
+	if res != "minute" && res != "hour" {
+		writeError(w, http.StatusBadRequest, "query parameter resolution must be minute or hour", false)
+		return
+	}
 	if a.catalog == nil {
 		writeError(w, http.StatusServiceUnavailable, "state unavailable", false)
 		return
 	}
 	k := aggregator.Key{Scope: schemas.Scope{Workspace: v.Get("workspace"), Model: v.Get("model"), Run: v.Get("run"),
 		Checkpoint: v.Get("checkpoint"), Artifact: v.Get("artifact")}, CorrectionID: v.Get("correction_id"), Source: src}
-	pts, err := a.catalog.History(req.Context(), k.String())
+	pts, err := a.catalog.History(req.Context(), k.String(), res == "hour")
 	if err != nil {
 		a.unavailable(w, req, err)
 		return
@@ -422,7 +434,11 @@ func (a *api) history(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusNotFound, "no history for this aggregate", false)
 		return
 	}
-	writeJSON(w, History{Aggregate: k.Aggregate(), Points: pts, MaxPoints: HistoryPoints})
+	n := HistoryPoints
+	if res == "hour" {
+		n = HourlyPoints
+	}
+	writeJSON(w, History{Aggregate: k.Aggregate(), Points: pts, MaxPoints: n, Resolution: res})
 }
 
 // SuitesPage is the answer of /v1/suites.

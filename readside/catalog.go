@@ -27,6 +27,9 @@ const (
 	// HistoryPoints is how many history points an aggregate keeps: one per minute (the last
 	// snapshot of that minute), so 24 hours of a busy aggregate.
 	HistoryPoints = 1440
+	// HourlyPoints is how many points an aggregate's hourly history keeps (the last snapshot of
+	// each hour): the 7 days a page charts on request, which the minute history cannot reach.
+	HourlyPoints = 168
 	// HistoryTTL drops an aggregate's history this long after its last snapshot.
 	HistoryTTL = 7 * 24 * time.Hour
 	// recorderQueue bounds the batches waiting to be recorded; beyond it a batch is dropped (and
@@ -57,6 +60,9 @@ func (c *Catalog) wsKey(ws, kind string) string {
 	return c.prefix + ":{w|" + schemas.JoinEscaped(ws) + "}:" + kind
 }
 func (c *Catalog) histKey(aggID string) string { return c.prefix + ":{h|" + aggID + "}" }
+
+// hourKey is an aggregate's hourly history, in the slot of its minute history.
+func (c *Catalog) hourKey(aggID string) string { return c.prefix + ":{h|" + aggID + "}:hour" }
 
 // Channel is the Redis Pub/Sub channel that carries the recorded snapshots: one FeedEvent per
 // subject per write, its latest snapshot.
@@ -207,10 +213,20 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 				grows = c.writePoint(ctx, pl, hk, &a.earlier[j], trimmed, id) || grows
 			}
 			grows = c.writePoint(ctx, pl, hk, s, trimmed, id) || grows
+			hourly := c.hourKey(id)
+			for j := range a.earlier {
+				// Only the last of an hour's points stays: the later ones replace it.
+				if hourOf(a.earlier[j].ObservedAt) != hourOf(nextAt(a, j)) {
+					c.writeHourPoint(ctx, pl, hourly, &a.earlier[j])
+				}
+			}
+			c.writeHourPoint(ctx, pl, hourly, s)
 			if grows {
 				pl.ZRemRangeByRank(ctx, hk, 0, -HistoryPoints-1)
+				pl.ZRemRangeByRank(ctx, hourly, 0, -HourlyPoints-1)
 			}
 			pl.PExpire(ctx, hk, HistoryTTL) // always: the key may be new (lost in a failover, say)
+			pl.PExpire(ctx, hourly, HistoryTTL)
 			if msg, ok := snapshotMessage(s, id); ok {
 				pl.Publish(ctx, c.Channel(), msg)
 			}
@@ -268,8 +284,7 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 // writePoint replaces the history point of s's minute with s and reports whether the history may
 // have grown by a member (a minute other than the one this recorder last wrote for id).
 func (c *Catalog) writePoint(ctx context.Context, pl redis.Pipeliner, hk string, s *schemas.Snapshot, trimmed map[string]int64, id string) bool {
-	pt, _ := json.Marshal(Point{Version: s.Version, ObservedAt: s.ObservedAt, All: counts(s.Windows.All),
-		Hour: counts(s.Windows.Hour), Day: counts(s.Windows.Day), Week: counts(s.Windows.Week)})
+	pt := pointOf(s)
 	m := minuteOf(s.ObservedAt)
 	minute := strconv.FormatInt(m, 10)
 	pl.ZRemRangeByScore(ctx, hk, minute, minute)
@@ -278,8 +293,35 @@ func (c *Catalog) writePoint(ctx context.Context, pl redis.Pipeliner, hk string,
 	return !ok || last != m
 }
 
+// writeHourPoint replaces the hourly history point of s's hour with s.
+func (c *Catalog) writeHourPoint(ctx context.Context, pl redis.Pipeliner, key string, s *schemas.Snapshot) {
+	h := hourOf(s.ObservedAt)
+	hour := strconv.FormatInt(h, 10)
+	pl.ZRemRangeByScore(ctx, key, hour, hour)
+	pl.ZAdd(ctx, key, redis.Z{Score: float64(h), Member: pointOf(s)})
+}
+
+// nextAt is the observation time of the snapshot after a.earlier[j]: the next earlier one, or
+// the latest.
+func nextAt(a *pendingAggregate, j int) time.Time {
+	if j+1 < len(a.earlier) {
+		return a.earlier[j+1].ObservedAt
+	}
+	return a.latest.ObservedAt
+}
+
+// pointOf is the history point of s, as stored.
+func pointOf(s *schemas.Snapshot) []byte {
+	pt, _ := json.Marshal(Point{Version: s.Version, ObservedAt: s.ObservedAt, All: counts(s.Windows.All),
+		Hour: counts(s.Windows.Hour), Day: counts(s.Windows.Day), Week: counts(s.Windows.Week)})
+	return pt
+}
+
 // minuteOf is the history minute of an observation time: Unix seconds / 60.
 func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
+
+// hourOf is the hourly history's hour of an observation time: Unix seconds / 3600.
+func hourOf(t time.Time) int64 { return t.Unix() / 3600 }
 
 // Page lists members of an index after a cursor: the members, and the cursor of the next page
 // ("" on the last page).
@@ -333,9 +375,14 @@ func (c *Catalog) Suites(ctx context.Context, ws, after string, limit int) (Page
 	return c.list(ctx, c.wsKey(ws, "s"), "", after, limit)
 }
 
-// History returns an aggregate's kept history points, oldest first.
-func (c *Catalog) History(ctx context.Context, aggID string) ([]Point, error) {
-	vals, err := c.client.ZRange(ctx, c.histKey(aggID), 0, -1).Result()
+// History returns an aggregate's kept history points, oldest first: one a minute, or with hourly
+// one an hour.
+func (c *Catalog) History(ctx context.Context, aggID string, hourly bool) ([]Point, error) {
+	key := c.histKey(aggID)
+	if hourly {
+		key = c.hourKey(aggID)
+	}
+	vals, err := c.client.ZRange(ctx, key, 0, -1).Result()
 	if err != nil {
 		return nil, err
 	}

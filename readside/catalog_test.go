@@ -83,7 +83,7 @@ func feedIDs(evs []FeedEvent) []int64 {
 // historyOf lists a history's (minute offset from recordBase, version) pairs.
 func historyOf(t *testing.T, cat *Catalog, agg string) [][2]int64 {
 	t.Helper()
-	pts, err := cat.History(context.Background(), recordSnapshot(agg, 0, recordBase).Aggregate.ID())
+	pts, err := cat.History(context.Background(), recordSnapshot(agg, 0, recordBase).Aggregate.ID(), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,5 +382,60 @@ func TestRecorderCountsDrops(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(rec.dropped); got != recorderQueue+5 {
 		t.Errorf("dropped %v after a failed write, want %d (every batch it coalesced)", got, recorderQueue+5)
+	}
+}
+
+// TestHourlyHistoryKeepsEachHoursLastPoint: the hourly history a week's chart reads holds, per
+// hour, the last snapshot recorded in it — whether the hour's minutes reached the recorder in one
+// write or in several — and no more than HourlyPoints hours, the oldest dropped first.
+func TestHourlyHistoryKeepsEachHoursLastPoint(t *testing.T) {
+	client := testenv.Redis(t)
+	prefix := testenv.Name(t, "hourly")
+	testenv.CleanPrefix(t, client, prefix)
+	cat := NewCatalog(client, prefix, 30*24*time.Hour)
+	rec := NewRecorder(nopPublisher{}, cat, nil, zap.NewNop())
+	ctx := context.Background()
+	id := recordSnapshot("x", 0, recordBase).Aggregate.ID()
+	want := map[int64]int64{} // hour offset -> last version
+	v := int64(0)
+	const hours = HourlyPoints + 5
+	for h := range int64(hours) {
+		// Three minutes of each hour; every other hour in one write, the others a write each.
+		for _, m := range []int64{7, 31, 59} {
+			v++
+			at := recordBase.Add(time.Duration(h)*time.Hour + time.Duration(m)*time.Minute)
+			if err := rec.Publish(ctx, []schemas.Snapshot{recordSnapshot("x", v, at)}); err != nil {
+				t.Fatal(err)
+			}
+			if h%2 == 1 {
+				if err := rec.Flush(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		want[h] = v
+		if err := rec.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pts, err := cat.History(ctx, id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != HourlyPoints {
+		t.Fatalf("%d hourly points, want %d (the newest hours)", len(pts), HourlyPoints)
+	}
+	for i, p := range pts {
+		h := int64(hours - HourlyPoints + i)
+		if off := int64(p.ObservedAt.Sub(recordBase) / time.Hour); off != h || p.Version != want[h] {
+			t.Fatalf("point %d: hour %d version %d, want hour %d version %d (the hour's last)", i, off, p.Version, h, want[h])
+		}
+	}
+	minutes, err := cat.History(ctx, id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(minutes) != 3*hours || minutes[len(minutes)-1].Version != v {
+		t.Fatalf("minute history: %d points ending at version %d, want %d ending at %d", len(minutes), minutes[len(minutes)-1].Version, 3*hours, v)
 	}
 }

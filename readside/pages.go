@@ -2,6 +2,7 @@ package readside
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"fmt"
 	"html/template"
@@ -91,6 +92,10 @@ type pageData struct {
 	Scope    schemas.Scope
 	Outcomes []outcomeView
 	Next     string
+	// Range is the charts' span (24h or 7d); OtherRange links to the page with the other one.
+	Range, OtherRange string
+	// AlertsUnavailable: the alert store could not be read, so the page cannot say what fires.
+	AlertsUnavailable bool
 	// suite
 	Suite    string
 	D        schemas.SuiteDiscrimination
@@ -109,14 +114,16 @@ type scopeRow struct {
 }
 
 type sideView struct {
-	Name   string
-	S      *schemas.Snapshot
-	Chart  template.HTML
-	Points int
+	Name       string
+	S          *schemas.Snapshot
+	Chart      template.HTML
+	Points     int
+	Resolution string // of the chart's points: minute or hour
 }
 
 type outcomeView struct {
 	Outcome
+	Alerts   []alertView // pending and firing, with their evidence in words
 	BadgeURL string
 	LiveSide sideView
 	EvalSide sideView
@@ -217,35 +224,17 @@ func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
 	a.renderPage(w, http.StatusOK, "index", d)
 }
 
-// chart draws an aggregate's all-time rate history as an SVG polyline, 0 % at the bottom, with
-// a point for each kept minute that had anything scored.
-func chart(pts []Point) template.HTML {
-	if len(pts) < 2 {
-		return ""
-	}
-	const wpx, hpx = 320.0, 80.0
-	t0, t1 := pts[0].ObservedAt, pts[len(pts)-1].ObservedAt
-	span := t1.Sub(t0).Seconds()
-	if span <= 0 {
-		span = 1
-	}
-	var b bytes.Buffer
-	b.WriteString(`<rect width="320" height="80" fill="#fafafa" stroke="#ddd"/><polyline fill="none" stroke="#c33" stroke-width="1.5" points="`)
-	for _, p := range pts {
-		scored := p.All[0] + p.All[1]
-		if scored == 0 {
-			continue
-		}
-		x := p.ObservedAt.Sub(t0).Seconds() / span * (wpx - 2)
-		y := hpx - 1 - float64(p.All[0])/float64(scored)*(hpx-2)
-		fmt.Fprintf(&b, "%.1f,%.1f ", x+1, y)
-	}
-	b.WriteString(`"/>`)
-	return template.HTML(b.String()) // numbers only: nothing from input
+// Chart spans of the outcomes page: a day by default (minute points), a week on request (hourly).
+var chartSpans = map[string]struct {
+	span, gap time.Duration
+	hourly    bool
+}{
+	"24h": {24 * time.Hour, 5 * time.Minute, false},
+	"7d":  {7 * 24 * time.Hour, 2 * time.Hour, true},
 }
 
 func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
-	names := append(scopeFields[1:], "cursor", "limit")
+	names := append(scopeFields[1:], "cursor", "limit", "range")
 	v, _, ok := a.pageBegin(w, req, names, scopeFields[:5])
 	if !ok {
 		return
@@ -253,6 +242,11 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 	after, limit, err := paging(v)
 	if err != nil {
 		a.renderPage(w, http.StatusBadRequest, "error", pageData{Title: "Bad request", Error: err.Error()})
+		return
+	}
+	span, known := chartSpans[cmp.Or(v.Get("range"), "24h")]
+	if !known {
+		a.renderPage(w, http.StatusBadRequest, "error", pageData{Title: "Bad request", Error: "query parameter range must be 24h or 7d"})
 		return
 	}
 	if a.catalog == nil {
@@ -265,22 +259,42 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	d := pageData{Title: "Correction outcomes", Scope: schemas.Scope{Workspace: v.Get("workspace"), Model: v.Get("model"),
-		Run: v.Get("run"), Checkpoint: v.Get("checkpoint"), Artifact: v.Get("artifact")}}
+		Run: v.Get("run"), Checkpoint: v.Get("checkpoint"), Artifact: v.Get("artifact")}, Range: cmp.Or(v.Get("range"), "24h")}
+	var alerts []CurrentAlert
+	if a.cfg.Alerts != nil {
+		if alerts, err = a.cfg.Alerts.CurrentAlerts(req.Context(), d.Scope.Workspace, maxAlerts); err != nil {
+			// The page still shows the rates; it says that it cannot say which alerts fire.
+			a.readFailed(req, err)
+			d.AlertsUnavailable = true
+		}
+	}
+	now := a.now()
 	for _, o := range outs {
 		q := url.Values{"workspace": {o.Workspace}, "model": {o.Model}, "run": {o.Run}, "checkpoint": {o.Checkpoint},
 			"artifact": {o.Artifact}, "correction_id": {o.CorrectionID}}
 		ov := outcomeView{Outcome: o, BadgeURL: "/v1/badge.svg?" + q.Encode(),
 			LiveSide: sideView{Name: "live", S: o.Live}, EvalSide: sideView{Name: "evaluation", S: o.Evaluation}}
+		mine := alertsOf(alerts, o.CorrectionRef)
+		for _, al := range mine {
+			if al.State != "resolved" {
+				ov.Alerts = append(ov.Alerts, alertView{CurrentAlert: al, Evidence: evidenceWords(al.Kind, al.Evidence)})
+			}
+		}
 		for _, side := range []*sideView{&ov.LiveSide, &ov.EvalSide} {
 			if side.S == nil {
 				continue
 			}
-			pts, err := a.catalog.History(req.Context(), side.S.Aggregate.ID())
+			pts, err := a.catalog.History(req.Context(), side.S.Aggregate.ID(), span.hourly)
 			if err != nil {
 				a.pageUnavailable(w, req, err)
 				return
 			}
-			side.Chart, side.Points = chart(pts), len(pts)
+			series := []rateSeries{
+				seriesOf("1h", "#c0392b", pts, func(p *Point) [3]int64 { return p.Hour }),
+				seriesOf("24h", "#2e6da4", pts, func(p *Point) [3]int64 { return p.Day }),
+			}
+			side.Chart, side.Points = timeChart(now.Add(-span.span), now, span.gap, series, marksOf(mine, side.Name)), len(pts)
+			side.Resolution = map[bool]string{false: "minute", true: "hour"}[span.hourly]
 		}
 		d.Outcomes = append(d.Outcomes, ov)
 	}
@@ -288,7 +302,48 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 		v.Set("cursor", *c)
 		d.Next = "/ui/outcomes?" + v.Encode()
 	}
+	rv := url.Values{}
+	for _, f := range scopeFields[:5] {
+		rv.Set(f, v.Get(f))
+	}
+	rv.Set("range", map[string]string{"24h": "7d", "7d": "24h"}[d.Range])
+	d.OtherRange = "/ui/outcomes?" + rv.Encode()
 	a.renderPage(w, http.StatusOK, "outcomes", d)
+}
+
+// alertsOf picks the alerts whose subject is the correction of ref (either source, or its badge).
+func alertsOf(all []CurrentAlert, ref CorrectionRef) []CurrentAlert {
+	var out []CurrentAlert
+	for _, al := range all {
+		f := al.Fields
+		if f["workspace"] == ref.Workspace && f["model"] == ref.Model && f["run"] == ref.Run && f["checkpoint"] == ref.Checkpoint &&
+			f["artifact"] == ref.Artifact && f["correction_id"] == ref.CorrectionID {
+			out = append(out, al)
+		}
+	}
+	return out
+}
+
+// marksOf is where the alerts of one source fired and resolved: an alert on an aggregate marks
+// its source's chart, one on the badge the chart of the source its evidence read.
+func marksOf(alerts []CurrentAlert, source string) []alertMark {
+	var out []alertMark
+	for _, al := range alerts {
+		src := al.Fields["source"]
+		if src == "" && al.Evidence != nil {
+			src = al.Evidence.Source
+		}
+		if src != source {
+			continue
+		}
+		if al.FiredAt != nil {
+			out = append(out, alertMark{At: *al.FiredAt, Fired: true, Rule: al.Rule})
+		}
+		if al.ResolvedAt != nil {
+			out = append(out, alertMark{At: *al.ResolvedAt, Rule: al.Rule})
+		}
+	}
+	return out
 }
 
 func (a *api) suitePage(w http.ResponseWriter, req *http.Request) {

@@ -1,0 +1,215 @@
+package readside
+
+import (
+	"bytes"
+	"fmt"
+	"html/template"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/repeatrate/repeatrate/aggregator"
+)
+
+// A time chart draws rolling-window rates over time with their 95 % Wilson intervals as bands,
+// time and percent axes, and the moments alerts fired and resolved (README, Read side). It is
+// server-rendered SVG: numbers only, nothing from input, so it is safe as template.HTML.
+
+// Chart geometry, in pixels: the plot area is [chartLeft, chartW-chartRight] × [chartTop, chartH-chartBottom].
+const (
+	chartW, chartH = 460.0, 200.0
+	chartLeft      = 46.0
+	chartRight     = 12.0
+	chartTop       = 30.0
+	chartBottom    = 22.0
+)
+
+// ratePoint is one point of a rate series: the window's rate at a moment and its 95 % interval.
+type ratePoint struct {
+	At              time.Time
+	Rate, Low, High float64
+	Confirmed       int64
+	Scored          int64
+}
+
+// rateSeries is one window's rate over time.
+type rateSeries struct {
+	Name   string // the window: 1h, 24h
+	Colour string
+	Points []ratePoint
+}
+
+// alertMark is the moment an alert fired or resolved, drawn as a vertical line.
+type alertMark struct {
+	At    time.Time
+	Fired bool // fired, else resolved
+	Rule  string
+}
+
+// seriesOf turns history points into a rate series of one window (pick selects its counts),
+// skipping the points at which nothing of the window was scored.
+func seriesOf(name, colour string, pts []Point, pick func(*Point) [3]int64) rateSeries {
+	s := rateSeries{Name: name, Colour: colour}
+	for i := range pts {
+		c := pick(&pts[i])
+		n := c[0] + c[1]
+		if n <= 0 {
+			continue
+		}
+		ci := aggregator.Wilson(c[0], n)
+		s.Points = append(s.Points, ratePoint{At: pts[i].ObservedAt, Rate: float64(c[0]) / float64(n),
+			Low: ci.Low, High: ci.High, Confirmed: c[0], Scored: n})
+	}
+	return s
+}
+
+// chartScale maps times and rates to pixels.
+type chartScale struct {
+	from, to time.Time
+	yMax     float64 // the rate at the top of the plot area
+}
+
+func (s chartScale) x(t time.Time) float64 {
+	span := s.to.Sub(s.from).Seconds()
+	return chartLeft + t.Sub(s.from).Seconds()/span*(chartW-chartLeft-chartRight)
+}
+
+func (s chartScale) y(r float64) float64 {
+	return chartH - chartBottom - r/s.yMax*(chartH-chartTop-chartBottom)
+}
+
+// rateStep picks the percent axis: the smallest step of a 1-2-5 ladder that reaches top within
+// five ticks, and the axis maximum, a whole number of steps.
+func rateStep(top float64) (step, yMax float64) {
+	for _, step = range []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.25} {
+		if n := math.Ceil(top/step - 1e-9); n <= 5 {
+			return step, max(1, n) * step
+		}
+	}
+	return 0.25, 1
+}
+
+// timeChart draws series over [from, to] with marks. Points farther apart than gap are not
+// joined (the aggregate received nothing in between). Every line and band carries its numbers as
+// data attributes, and the svg its scale, so that a test can check what is drawn against them.
+func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks []alertMark) template.HTML {
+	top := 0.0
+	for _, s := range series {
+		for _, p := range s.Points {
+			if !p.At.Before(from) && !p.At.After(to) {
+				top = max(top, p.High)
+			}
+		}
+	}
+	step, yMax := rateStep(top)
+	sc := chartScale{from: from, to: to, yMax: yMax}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `<svg width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" role="img" class="chart" data-testid="chart"`+
+		` data-t0="%d" data-t1="%d" data-x0="%.1f" data-x1="%.1f" data-y0="%.1f" data-y1="%.1f" data-ymax="%g">`,
+		chartW, chartH, chartW, chartH, from.Unix(), to.Unix(), sc.x(from), sc.x(to), sc.y(0), sc.y(yMax), yMax)
+	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#fcfcfc" stroke="#ccc"/>`,
+		chartLeft, chartTop, chartW-chartLeft-chartRight, chartH-chartTop-chartBottom)
+	// Percent axis.
+	for i := 0; float64(i)*step <= yMax+1e-9; i++ {
+		v := float64(i) * step
+		y := sc.y(v)
+		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#e4e4e4"/>`, chartLeft, chartW-chartRight, y, y)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="10" fill="#555" data-testid="y-tick" data-value="%g">%s%%</text>`,
+			chartLeft-4, y+3.5, v, strconv.FormatFloat(math.Round(v*1000)/10, 'f', -1, 64))
+	}
+	// Time axis: every 3 hours over a day or less, every day over longer spans, in UTC.
+	tick, layout := 3*time.Hour, "15:04"
+	if to.Sub(from) > 36*time.Hour {
+		tick, layout = 24*time.Hour, "Jan 2"
+	}
+	for t := from.UTC().Truncate(tick).Add(tick); !t.After(to); t = t.Add(tick) {
+		x := sc.x(t)
+		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#e4e4e4"/>`, x, x, chartTop, chartH-chartBottom)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#555" data-testid="x-tick" data-t="%d">%s</text>`,
+			x, chartH-chartBottom+13, t.Unix(), t.Format(layout))
+	}
+	if top == 0 {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="12" fill="#888" data-testid="chart-empty">nothing scored in this span</text>`,
+			(chartLeft+chartW-chartRight)/2, (chartTop+chartH-chartBottom)/2)
+	}
+	// Bands first, then lines over them.
+	for _, s := range series {
+		for _, run := range runsOf(s.Points, from, to, gap) {
+			var pts strings.Builder
+			for _, p := range run {
+				fmt.Fprintf(&pts, "%.1f,%.1f ", sc.x(p.At), sc.y(p.High))
+			}
+			for i := len(run) - 1; i >= 0; i-- {
+				fmt.Fprintf(&pts, "%.1f,%.1f ", sc.x(run[i].At), sc.y(run[i].Low))
+			}
+			fmt.Fprintf(&b, `<polygon points="%s" fill="%s" fill-opacity="0.16" data-testid="band" data-series="%s"/>`,
+				strings.TrimSpace(pts.String()), s.Colour, s.Name)
+		}
+	}
+	for _, s := range series {
+		for _, run := range runsOf(s.Points, from, to, gap) {
+			var pts, ts, rs strings.Builder
+			for _, p := range run {
+				fmt.Fprintf(&pts, "%.1f,%.1f ", sc.x(p.At), sc.y(p.Rate))
+				fmt.Fprintf(&ts, "%d ", p.At.Unix())
+				fmt.Fprintf(&rs, "%d/%d ", p.Confirmed, p.Scored)
+			}
+			fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="1.6" data-testid="line" data-series="%s" data-t="%s" data-counts="%s"/>`,
+				strings.TrimSpace(pts.String()), s.Colour, s.Name, strings.TrimSpace(ts.String()), strings.TrimSpace(rs.String()))
+			if len(run) == 1 { // a lone point draws no line
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2" fill="%s"/>`, sc.x(run[0].At), sc.y(run[0].Rate), s.Colour)
+			}
+		}
+	}
+	marked := false
+	for _, m := range marks {
+		if m.At.Before(from) || m.At.After(to) {
+			continue
+		}
+		x, colour, what := sc.x(m.At), "#b00", "fired"
+		if !m.Fired {
+			colour, what = "#2a7", "resolved"
+		}
+		fmt.Fprintf(&b, `<g data-testid="alert-%s" data-t="%d"><title>%s %s at %s</title>`, what, m.At.Unix(),
+			template.HTMLEscapeString(m.Rule), what, m.At.UTC().Format("2006-01-02 15:04:05Z"))
+		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s" stroke-width="1.5" stroke-dasharray="4 3"/>`,
+			x, x, chartTop, chartH-chartBottom, colour)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="%s">%s</text></g>`, x, chartTop-3, colour,
+			map[bool]string{true: "▼", false: "▲"}[m.Fired])
+		marked = true
+	}
+	// Legend, top left above the plot.
+	lx := chartLeft
+	for _, s := range series {
+		fmt.Fprintf(&b, `<rect x="%.1f" y="4" width="14" height="8" fill="%s" fill-opacity="0.16"/><line x1="%.1f" x2="%.1f" y1="8" y2="8" stroke="%s" stroke-width="1.6"/>`,
+			lx, s.Colour, lx, lx+14, s.Colour)
+		fmt.Fprintf(&b, `<text x="%.1f" y="12" font-size="10" fill="#333">%s rate, 95%% interval</text>`, lx+18, s.Name)
+		lx += 150
+	}
+	if marked {
+		fmt.Fprintf(&b, `<text x="%.1f" y="12" font-size="10"><tspan fill="#b00">▼ alert fired</tspan> <tspan fill="#2a7">▲ resolved</tspan></text>`, lx)
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // numbers, fixed words and escaped rule names only
+}
+
+// runsOf splits the points within [from, to] into runs whose consecutive points are at most gap apart.
+func runsOf(pts []ratePoint, from, to time.Time, gap time.Duration) [][]ratePoint {
+	var runs [][]ratePoint
+	var cur []ratePoint
+	for _, p := range pts {
+		if p.At.Before(from) || p.At.After(to) {
+			continue
+		}
+		if len(cur) > 0 && p.At.Sub(cur[len(cur)-1].At) > gap {
+			runs = append(runs, cur)
+			cur = nil
+		}
+		cur = append(cur, p)
+	}
+	if len(cur) > 0 {
+		runs = append(runs, cur)
+	}
+	return runs
+}
