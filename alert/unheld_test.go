@@ -153,6 +153,11 @@ func TestCurrentAlertsOfAWorkspace(t *testing.T) {
 		got[0].FiredAt == nil || !got[0].FiredAt.Equal(t0) || got[0].Fields["correction_id"] != "fix" {
 		t.Fatalf("current alerts of acme: %+v", got)
 	}
+	// With the evidence it fired on, as its firing notification carried it (pages show it).
+	if e := got[0].Evidence; e == nil || len(e.Windows) != 1 || e.Windows[0].ConfirmedRepeats != 30 || e.Windows[0].Scored != 100 ||
+		e.Threshold == nil || *e.Threshold != 0.1 || !e.EvaluatedAt.Equal(t0) {
+		t.Fatalf("current alert's evidence: %+v", got[0].Evidence)
+	}
 	if other, err := reader.CurrentAlerts(ctx, "beta", 10); err != nil || len(other) != 0 {
 		t.Fatalf("current alerts of beta: %+v %v", other, err)
 	}
