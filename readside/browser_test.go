@@ -632,15 +632,33 @@ type suitePage struct {
 	Moved     [][]string        `json:"moved"`
 	Cases     [][]string        `json:"cases"`
 	Text      string            `json:"text"`
+	Chart     *struct {
+		Y0, Y1, Floor, Ceiling, FloorY, CeilingY float64
+		Means                                    []struct {
+			Version string
+			Mean    float64
+			Y       float64
+		}
+	} `json:"chart"`
 }
 
 const readSuiteJS = `(() => {
   const norm = s => s.replace(/\s+/g, ' ').trim();
   const rows = sel => [...document.querySelectorAll(sel + ' tr')].slice(1).map(tr => [...tr.children].map(td => norm(td.innerText)));
   const fields = {};
-  for (const e of document.querySelectorAll('[data-testid]')) fields[e.dataset.testid] = norm(e.innerText);
+  for (const e of document.querySelectorAll("[data-testid]")) fields[e.dataset.testid] = norm(e.innerText ?? e.textContent);
+  const svg = document.querySelector('svg[data-testid=suite-chart]');
+  let chart = null;
+  if (svg) {
+    const band = svg.querySelector('[data-testid=achievable]');
+    const y = sel => { const e = svg.querySelector(sel); return e ? e.y1.baseVal.value : -1; };
+    chart = {y0: parseFloat(svg.dataset.y0), y1: parseFloat(svg.dataset.y1),
+      floor: band ? parseFloat(band.dataset.floor) : -1, ceiling: band ? parseFloat(band.dataset.ceiling) : -1,
+      floorY: y('[data-testid=floor-line]'), ceilingY: y('[data-testid=ceiling-line]'),
+      means: [...svg.querySelectorAll('[data-testid=version-mean]')].map(c => ({version: c.dataset.version, mean: parseFloat(c.dataset.mean), y: c.cy.baseVal.value}))};
+  }
   return {fields, stability: rows('table[data-testid=stability]'), moved: rows('table[data-testid=moved]'),
-    cases: rows('table[data-testid=cases]'), text: norm(document.body.innerText)};
+    cases: rows('table[data-testid=cases]'), text: norm(document.body.innerText), chart};
 })()`
 
 func checkSuite(t *testing.T, p suitePage) {
@@ -675,6 +693,34 @@ func checkSuite(t *testing.T, p suitePage) {
 	}
 	if len(p.Stability) != 3 {
 		t.Errorf("stability rows %v, want v1–v3", p.Stability)
+	}
+	// The chart: the achievable range between floor and ceiling, each version's mean at its height.
+	if c := p.Chart; c == nil {
+		t.Error("the suite page draws no chart")
+	} else {
+		yOf := func(r float64) float64 { return c.Y0 + r*(c.Y1-c.Y0) }
+		if c.Floor != 0.25 || c.Ceiling != 0.75 || math.Abs(c.FloorY-yOf(0.25)) > 0.2 || math.Abs(c.CeilingY-yOf(0.75)) > 0.2 {
+			t.Errorf("suite chart: achievable range %+v, want floor 0.25 and ceiling 0.75 at their heights", c)
+		}
+		var means []string
+		for _, m := range c.Means {
+			means = append(means, fmt.Sprintf("%s %.3f", m.Version, m.Mean))
+			if math.Abs(m.Y-yOf(m.Mean)) > 0.2 {
+				t.Errorf("suite chart: %s's mean %.3f drawn at %.1f, want %.1f", m.Version, m.Mean, m.Y, yOf(m.Mean))
+			}
+		}
+		var stab []string
+		for _, r := range p.Stability {
+			stab = append(stab, r[0]+" "+r[3])
+		}
+		if fmt.Sprint(means) != fmt.Sprint(stab) {
+			t.Errorf("suite chart's means %v, the stability table's %v", means, stab)
+		}
+	}
+	for _, class := range []string{"always_pass", "always_fail", "discriminating", "too_new", "none", "revived"} {
+		if !strings.Contains(p.Fields["legend"], class) {
+			t.Errorf("the legend does not explain %q: %q", class, p.Fields["legend"])
+		}
 	}
 	tiers := map[string]string{}
 	for _, r := range p.Cases {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/repeatrate/repeatrate/aggregator"
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // A time chart draws rolling-window rates over time with their 95 % Wilson intervals as bands,
@@ -212,4 +213,67 @@ func runsOf(pts []ratePoint, from, to time.Time, gap time.Duration) [][]ratePoin
 		runs = append(runs, cur)
 	}
 	return runs
+}
+
+// suiteChart draws a suite's versions in order against pass rate (0–100 %): each version's mean
+// pass rate over its runs with its runs' min–max as a whisker, over the band between the suite's
+// floor and ceiling (the achievable range: what any version can score given the cases that always
+// pass and always fail). Like timeChart it carries its numbers and scale as data attributes.
+func suiteChart(stab []schemas.SuiteStability, floor, ceiling *float64) template.HTML {
+	if len(stab) == 0 {
+		return ""
+	}
+	sc := chartScale{yMax: 1}
+	step := (chartW - chartLeft - chartRight) / float64(len(stab))
+	x := func(i int) float64 { return chartLeft + step*(float64(i)+0.5) }
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `<svg width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" role="img" class="chart" data-testid="suite-chart" data-y0="%.1f" data-y1="%.1f">`,
+		chartW, chartH, chartW, chartH, sc.y(0), sc.y(1))
+	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#fcfcfc" stroke="#ccc"/>`,
+		chartLeft, chartTop, chartW-chartLeft-chartRight, chartH-chartTop-chartBottom)
+	for i := 0; i <= 4; i++ {
+		v := float64(i) / 4
+		y := sc.y(v)
+		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#e4e4e4"/>`, chartLeft, chartW-chartRight, y, y)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="10" fill="#555">%d%%</text>`, chartLeft-4, y+3.5, i*25)
+	}
+	if floor != nil && ceiling != nil {
+		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#2a7" fill-opacity="0.14" data-testid="achievable" data-floor="%g" data-ceiling="%g"/>`,
+			chartLeft, sc.y(*ceiling), chartW-chartLeft-chartRight, max(0.5, sc.y(*floor)-sc.y(*ceiling)), *floor, *ceiling)
+		for _, l := range []struct {
+			name string
+			v    float64
+		}{{"ceiling", *ceiling}, {"floor", *floor}} {
+			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#2a7" stroke-dasharray="5 3" data-testid="%s-line"/>`,
+				chartLeft, chartW-chartRight, sc.y(l.v), sc.y(l.v), l.name)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="10" fill="#1d6b4f">%s %.1f%%</text>`,
+				chartLeft+3, sc.y(l.v)-3, l.name, l.v*100)
+		}
+	}
+	// Label every version while they fit, else every k-th (and the last).
+	every := max(1, int(math.Ceil(float64(len(stab))*42/(chartW-chartLeft-chartRight))))
+	var pts strings.Builder
+	for i, s := range stab {
+		if i%every == 0 || i == len(stab)-1 {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#555">%s</text>`,
+				x(i), chartH-chartBottom+13, template.HTMLEscapeString(s.Version))
+		}
+		if s.Mean == nil {
+			continue
+		}
+		if s.Min != nil && s.Max != nil {
+			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#36c" stroke-opacity="0.5" stroke-width="3"/>`,
+				x(i), x(i), sc.y(*s.Min), sc.y(*s.Max))
+		}
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="#36c" data-testid="version-mean" data-version="%s" data-mean="%g"/>`,
+			x(i), sc.y(*s.Mean), template.HTMLEscapeString(s.Version), *s.Mean)
+		fmt.Fprintf(&pts, "%.1f,%.1f ", x(i), sc.y(*s.Mean))
+	}
+	fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="#36c" stroke-width="1.4"/>`, strings.TrimSpace(pts.String()))
+	fmt.Fprintf(&b, `<rect x="%.1f" y="4" width="14" height="8" fill="#2a7" fill-opacity="0.14"/><text x="%.1f" y="12" font-size="10" fill="#333">achievable range (floor to ceiling)</text>`,
+		chartLeft, chartLeft+18)
+	fmt.Fprintf(&b, `<circle cx="%.1f" cy="8" r="3" fill="#36c"/><text x="%.1f" y="12" font-size="10" fill="#333">mean pass rate over runs, min–max</text>`,
+		chartLeft+220, chartLeft+228)
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // numbers, fixed words and escaped version labels only
 }

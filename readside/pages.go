@@ -72,6 +72,12 @@ var pages = template.Must(template.New("pages").Funcs(template.FuncMap{
 	"win":    func(w schemas.Window) struct{ W schemas.Window } { return struct{ W schemas.Window }{w} },
 	"passk":  func(s schemas.SuiteStability, k int) *float64 { return s.PassAtK[strconv.Itoa(k)] },
 	"narrow": narrowness,
+	"plural": func(n int, word string) string {
+		if n == 1 {
+			return "1 " + word
+		}
+		return strconv.Itoa(n) + " " + word + "s"
+	},
 	"gpass": func(s schemas.SuiteStability, k int) *float64 {
 		return s.GPassAtK[strconv.Itoa(k)]["1"]
 	},
@@ -105,6 +111,8 @@ type pageData struct {
 	From, To string
 	Moved    *Moved
 	Cases    CasesPage
+	// SuiteChart draws each version's mean pass rate over the achievable range.
+	SuiteChart template.HTML
 }
 
 type scopeRow struct {
@@ -383,6 +391,7 @@ func (a *api) suitePage(w http.ResponseWriter, req *http.Request) {
 			d.Stab = append(d.Stab, suite.StabilityOf(k, vs, cfg, now))
 		}
 	}
+	d.SuiteChart = suiteChart(d.Stab, d.D.Floor, d.D.Ceiling)
 	d.From, d.To = v.Get("from"), v.Get("to")
 	if n := len(t.Versions); n >= 2 && d.From == "" && d.To == "" {
 		d.From, d.To = t.Versions[n-2], t.Versions[n-1]
