@@ -89,7 +89,7 @@ func checkAlertsListed(t *testing.T, p outcomesPage, fired time.Time) {
 }
 
 var (
-	hourTick = regexp.MustCompile(`^\d\d:00$`)
+	hourTick = regexp.MustCompile(`^\d\d:\d\d$`)
 	dayTick  = regexp.MustCompile(`^[A-Z][a-z]{2} \d{1,2}$`)
 )
 
@@ -100,6 +100,30 @@ var (
 // (or days); alert marks sit at the times marks names ("fired 1700000000"), and nowhere else.
 func checkCharts(t *testing.T, cat *readside.Catalog, p outcomesPage, now time.Time, span time.Duration, hourly bool, marks map[string][]string) {
 	t.Helper()
+	// Where each correction's charts start: the span before now, or, when all there is to draw
+	// (both sources' history points and their alert marks) is younger, a minute before the
+	// earliest of it, and at least 10 minutes before now.
+	wantFrom := map[string]int64{}
+	for _, c := range p.Corrections {
+		first := int64(math.MaxInt64)
+		for src := range c.Sides {
+			agg := schemas.Aggregate{Workspace: browserScope["workspace"], Model: browserScope["model"], Run: browserScope["run"],
+				Checkpoint: browserScope["checkpoint"], Artifact: browserScope["artifact"], CorrectionID: c.ID, Source: src}
+			pts, err := cat.History(context.Background(), agg.ID(), hourly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(pts) > 0 {
+				first = min(first, pts[0].ObservedAt.Unix())
+			}
+			for _, m := range marks[c.ID+" "+src] {
+				var at int64
+				fmt.Sscanf(m[strings.Index(m, " ")+1:], "%d", &at)
+				first = min(first, at)
+			}
+		}
+		wantFrom[c.ID] = max(now.Unix()-int64(span.Seconds()), min(first-60, now.Unix()-600))
+	}
 	for _, c := range p.Corrections {
 		for src, s := range c.Sides {
 			where := c.ID + " " + src
@@ -108,8 +132,8 @@ func checkCharts(t *testing.T, cat *readside.Catalog, p outcomesPage, now time.T
 				t.Errorf("%s: no chart", where)
 				continue
 			}
-			if int64(ch.T1) != now.Unix() || int64(ch.T1-ch.T0) != int64(span.Seconds()) || ch.Width < 300 {
-				t.Errorf("%s: chart spans %v–%v (%.0f px wide), want the %v up to %v", where, ch.T0, ch.T1, ch.Width, span, now.Unix())
+			if want := wantFrom[c.ID]; int64(ch.T1) != now.Unix() || int64(ch.T0) != want || ch.Width < 300 {
+				t.Errorf("%s: chart spans %v–%v (%.0f px wide), want %v–%v", where, ch.T0, ch.T1, ch.Width, want, now.Unix())
 			}
 			xOf := func(at int64) float64 { return ch.X0 + (float64(at)-ch.T0)/(ch.T1-ch.T0)*(ch.X1-ch.X0) }
 			yOf := func(r float64) float64 { return ch.Y0 + r/ch.YMax*(ch.Y1-ch.Y0) }
@@ -166,15 +190,15 @@ func checkCharts(t *testing.T, cat *readside.Catalog, p outcomesPage, now time.T
 					t.Errorf("%s: percent tick %+v, want %q at %.1f", where, tk, fmt.Sprintf("%g%%", tk.V*100), yOf(tk.V))
 				}
 			}
-			tickText := hourTick
-			if span > 36*time.Hour {
-				tickText = dayTick
+			tickText, layout := hourTick, "15:04"
+			if ch.T1-ch.T0 > 36*3600 {
+				tickText, layout = dayTick, "Jan 2"
 			}
 			if len(ch.XTicks) < 4 {
 				t.Errorf("%s: time axis has %d ticks", where, len(ch.XTicks))
 			}
 			for _, tk := range ch.XTicks {
-				if math.Abs(tk.X-xOf(tk.T)) > 0.2 || !tickText.MatchString(tk.Text) || time.Unix(tk.T, 0).UTC().Format(map[bool]string{true: "15:04", false: "Jan 2"}[span <= 36*time.Hour]) != tk.Text {
+				if math.Abs(tk.X-xOf(tk.T)) > 0.2 || !tickText.MatchString(tk.Text) || time.Unix(tk.T, 0).UTC().Format(layout) != tk.Text {
 					t.Errorf("%s: time tick %+v misplaced or mislabelled", where, tk)
 				}
 			}

@@ -7,7 +7,6 @@ import (
 	"math"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -32,48 +31,6 @@ import (
 
 // browserToken reads workspace acme only.
 const browserToken = "rr-browser-test-token-0123456789"
-
-// chromium returns the path of a Chromium to drive, skipping the test when there is none (or
-// failing under CI=true, as internal/testenv does for a missing service). deploy/local/test.sh
-// installs Debian's chromium; REPEATRATE_TEST_CHROMIUM names another binary.
-func chromium(t *testing.T) string {
-	t.Helper()
-	names := []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"}
-	if p := os.Getenv("REPEATRATE_TEST_CHROMIUM"); p != "" {
-		names = []string{p}
-	}
-	for _, n := range names {
-		if p, err := exec.LookPath(n); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("Chromium is required under CI=true but none of %v is on PATH (apt-get install chromium)", names)
-	}
-	t.Skipf("no Chromium (%v) on PATH: apt-get install chromium, or run deploy/local/test.sh", names)
-	return ""
-}
-
-// artifactDir is where the browser test leaves its screenshots: REPEATRATE_TEST_ARTIFACTS, or
-// test-artifacts/browser at the repository's root (git-ignored). It is emptied first.
-func artifactDir(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("REPEATRATE_TEST_ARTIFACTS")
-	if dir == "" {
-		dir = filepath.Join("..", "test-artifacts")
-	}
-	dir, err := filepath.Abs(filepath.Join(dir, "browser"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // event renders one structured CloudEvent as the Kafka message that carries it.
 func event(id, typ string, data map[string]any) kafka.Message {
@@ -172,7 +129,7 @@ func (d nopDeadLetters) Send(_ context.Context, dls []consumer.DeadLetter) error
 // badge, suite buckets, floor and ceiling, stability and which cases moved. Screenshots are left
 // in test-artifacts/browser.
 func TestBrowserPages(t *testing.T) {
-	chrome := chromium(t)
+	chrome := testenv.Chromium(t)
 	client := testenv.Redis(t)
 	brokers := testenv.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
@@ -265,7 +222,7 @@ func TestBrowserPages(t *testing.T) {
 	defer acancel()
 	bctx, bcancel := chromedp.NewContext(actx)
 	defer bcancel()
-	dir := artifactDir(t)
+	dir := testenv.ArtifactDir(t, "browser")
 	shot := func(file string) {
 		t.Helper()
 		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
@@ -319,10 +276,15 @@ func TestBrowserPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Scopes of acme", "support-bot", "qa", "checks"} {
+	// Each correction with its badge, its 24h rate and the alert firing on it.
+	for _, want := range []string{"Scopes of acme", "support-bot", "qa", "checks", "fix-solid", "24h 2.5% of 400 ⚠ correction-regressed-fast firing",
+		"fix-wide", "24h 25.0% of 4"} {
 		if !strings.Contains(index, want) {
 			t.Errorf("the index does not show %q:\n%s", want, index)
 		}
+	}
+	if strings.Count(index, "⚠") != 1 {
+		t.Errorf("the index shows %d firing alerts, want fix-solid's one:\n%s", strings.Count(index, "⚠"), index)
 	}
 
 	// The outcomes page, reached by the index's link.

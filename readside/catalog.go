@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,17 @@ func (c *Catalog) wsKey(ws, kind string) string {
 	return c.prefix + ":{w|" + schemas.JoinEscaped(ws) + "}:" + kind
 }
 func (c *Catalog) histKey(aggID string) string { return c.prefix + ":{h|" + aggID + "}" }
+
+// workspacesKey is the set of workspaces the read side recorded anything of, scored by when.
+func (c *Catalog) workspacesKey() string { return c.prefix + ":workspaces" }
+
+// Workspaces lists, in name order, up to limit of the workspaces recorded within the idle
+// period, the most recently recorded first to be kept when there are more.
+func (c *Catalog) Workspaces(ctx context.Context, limit int) ([]string, error) {
+	ws, err := c.client.ZRevRange(ctx, c.workspacesKey(), 0, int64(limit-1)).Result()
+	slices.Sort(ws)
+	return ws, err
+}
 
 // hourKey is an aggregate's hourly history, in the slot of its minute history.
 func (c *Catalog) hourKey(aggID string) string { return c.prefix + ":{h|" + aggID + "}:hour" }
@@ -250,6 +262,19 @@ func (c *Catalog) write(ctx context.Context, p *pending, now time.Time, trimmed 
 				retainedScript.Eval(ctx, pl, []string{c.wsKey(ws, "r")}, append([]any{ttl}, triples[:n]...)...)
 				triples = triples[n:]
 			}
+		}
+		// The workspaces seen, for the index page of a token that reads every workspace.
+		var wss []redis.Z
+		for ws := range retained {
+			wss = append(wss, redis.Z{Score: seen, Member: ws})
+		}
+		for i := range p.disc {
+			wss = append(wss, redis.Z{Score: seen, Member: p.disc[i].Workspace})
+		}
+		if len(wss) > 0 {
+			pl.ZAdd(ctx, c.workspacesKey(), wss...)
+			pl.ZRemRangeByScore(ctx, c.workspacesKey(), "-inf", "("+cutoff)
+			pl.PExpire(ctx, c.workspacesKey(), c.idle)
 		}
 		for k, members := range index {
 			ws, kind, _ := strings.Cut(k, "\x00")

@@ -48,6 +48,35 @@ type alertMark struct {
 	Rule  string
 }
 
+// minChartSpan is the shortest span a time chart shows: a history younger than its span is drawn
+// over the time it covers (and its alert marks), not squeezed into the span's last pixels.
+const minChartSpan = 10 * time.Minute
+
+// chartFrom is where a chart of span up to now starts: now − span, or later when everything to
+// draw (the earliest of first, the oldest point or mark) is younger, a minute before it and at
+// least minChartSpan before now. A zero first is nothing to draw.
+func chartFrom(now time.Time, span time.Duration, first time.Time) time.Time {
+	from := now.Add(-span)
+	if first.IsZero() {
+		return from
+	}
+	return maxTime(from, minTime(first.Add(-time.Minute), now.Add(-minChartSpan)))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // seriesOf turns history points into a rate series of one window (pick selects its counts),
 // skipping the points at which nothing of the window was scored.
 func seriesOf(name, colour string, pts []Point, pick func(*Point) [3]int64) rateSeries {
@@ -119,10 +148,18 @@ func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="10" fill="#555" data-testid="y-tick" data-value="%g">%s%%</text>`,
 			chartLeft-4, y+3.5, v, strconv.FormatFloat(math.Round(v*1000)/10, 'f', -1, 64))
 	}
-	// Time axis: every 3 hours over a day or less, every day over longer spans, in UTC.
-	tick, layout := 3*time.Hour, "15:04"
-	if to.Sub(from) > 36*time.Hour {
-		tick, layout = 24*time.Hour, "Jan 2"
+	// Time axis, in UTC: the shortest step of the ladder that gives at most eight ticks, labelled
+	// by time of day over a day and a half or less, by date beyond.
+	tick, layout := 24*time.Hour, "Jan 2"
+	for _, step := range []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute,
+		30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour} {
+		if to.Sub(from)/step <= 8 {
+			tick = step
+			break
+		}
+	}
+	if to.Sub(from) <= 36*time.Hour {
+		layout = "15:04"
 	}
 	for t := from.UTC().Truncate(tick).Add(tick); !t.After(to); t = t.Add(tick) {
 		x := sc.x(t)

@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -119,7 +120,20 @@ type scopeRow struct {
 	Model, Run, Checkpoint, Artifact string
 	N                                int
 	Link                             string
+	Corrections                      []indexCorrection // the first indexCorrections of the workspace
 }
+
+// indexCorrection is a correction as the index shows it: its badge, the 24h window of the source
+// the badge shows, and the rules firing on it.
+type indexCorrection struct {
+	ID, BadgeURL, Badge string
+	Day                 schemas.Window
+	Firing              []string
+}
+
+// indexCorrections bounds the corrections whose snapshots the index reads; past it, scopes show
+// only their count.
+const indexCorrections = 50
 
 type sideView struct {
 	Name       string
@@ -200,8 +214,18 @@ func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
 	for _, ws := range p.Workspaces(auth.Read) {
 		if ws != auth.AllWorkspaces {
 			d.Workspaces = append(d.Workspaces, ws)
+		} else if a.catalog != nil {
+			// A token of every workspace is offered those the read side holds anything of.
+			all, err := a.catalog.Workspaces(req.Context(), maxLimit)
+			if err != nil {
+				a.pageUnavailable(w, req, err)
+				return
+			}
+			d.Workspaces = append(d.Workspaces, all...)
 		}
 	}
+	slices.Sort(d.Workspaces)
+	d.Workspaces = slices.Compact(d.Workspaces)
 	if d.Workspace == "" && len(d.Workspaces) == 1 {
 		d.Workspace = d.Workspaces[0]
 	}
@@ -212,15 +236,50 @@ func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		d.More = next != ""
-		for _, r := range refs {
-			n := len(d.Scopes)
-			if n > 0 && d.Scopes[n-1].Model == r.Model && d.Scopes[n-1].Run == r.Run && d.Scopes[n-1].Checkpoint == r.Checkpoint && d.Scopes[n-1].Artifact == r.Artifact {
-				d.Scopes[n-1].N++
-				continue
+		var alerts []CurrentAlert
+		if a.cfg.Alerts != nil {
+			if alerts, err = a.cfg.Alerts.CurrentAlerts(req.Context(), d.Workspace, maxAlerts); err != nil {
+				a.readFailed(req, err)
+				d.AlertsUnavailable = true
 			}
-			q := url.Values{"workspace": {r.Workspace}, "model": {r.Model}, "run": {r.Run}, "checkpoint": {r.Checkpoint}, "artifact": {r.Artifact}}
-			d.Scopes = append(d.Scopes, scopeRow{Model: r.Model, Run: r.Run, Checkpoint: r.Checkpoint, Artifact: r.Artifact, N: 1,
-				Link: "/ui/outcomes?" + q.Encode()})
+		}
+		for i, r := range refs {
+			n := len(d.Scopes)
+			if n == 0 || d.Scopes[n-1].Model != r.Model || d.Scopes[n-1].Run != r.Run || d.Scopes[n-1].Checkpoint != r.Checkpoint || d.Scopes[n-1].Artifact != r.Artifact {
+				q := url.Values{"workspace": {r.Workspace}, "model": {r.Model}, "run": {r.Run}, "checkpoint": {r.Checkpoint}, "artifact": {r.Artifact}}
+				d.Scopes = append(d.Scopes, scopeRow{Model: r.Model, Run: r.Run, Checkpoint: r.Checkpoint, Artifact: r.Artifact,
+					Link: "/ui/outcomes?" + q.Encode()})
+				n++
+			}
+			row := &d.Scopes[n-1]
+			row.N++
+			if i >= indexCorrections {
+				continue // counted, not read: the index stays one bounded read
+			}
+			live, eval, err := a.current(req.Context(), r.scope(), r.CorrectionID)
+			if err != nil {
+				a.pageUnavailable(w, req, err)
+				return
+			}
+			if live == nil && eval == nil {
+				row.N--
+				continue // gone idle since it was indexed
+			}
+			q := url.Values{"workspace": {r.Workspace}, "model": {r.Model}, "run": {r.Run}, "checkpoint": {r.Checkpoint},
+				"artifact": {r.Artifact}, "correction_id": {r.CorrectionID}}
+			c := indexCorrection{ID: r.CorrectionID, BadgeURL: "/v1/badge.svg?" + q.Encode(), Badge: badgeOf(live, eval).Value}
+			// The 24h rate of the source the badge shows.
+			if s := live; s != nil && s.Windows.All.Scored > 0 || eval == nil {
+				c.Day = live.Windows.Day
+			} else {
+				c.Day = eval.Windows.Day
+			}
+			for _, al := range alertsOf(alerts, r) {
+				if al.State == "firing" {
+					c.Firing = append(c.Firing, al.Rule)
+				}
+			}
+			row.Corrections = append(row.Corrections, c)
 		}
 		pg, err := a.catalog.Suites(req.Context(), d.Workspace, "", maxLimit)
 		if err != nil {
@@ -288,6 +347,14 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 				ov.Alerts = append(ov.Alerts, alertView{CurrentAlert: al, Evidence: evidenceWords(al.Kind, al.Evidence)})
 			}
 		}
+		// Both sources' charts share their time axis: from the earliest thing either draws.
+		hist := map[*sideView][]Point{}
+		var first time.Time
+		earliest := func(t time.Time) {
+			if first.IsZero() || t.Before(first) {
+				first = t
+			}
+		}
 		for _, side := range []*sideView{&ov.LiveSide, &ov.EvalSide} {
 			if side.S == nil {
 				continue
@@ -297,11 +364,21 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 				a.pageUnavailable(w, req, err)
 				return
 			}
+			hist[side] = pts
+			if len(pts) > 0 {
+				earliest(pts[0].ObservedAt)
+			}
+			for _, m := range marksOf(mine, side.Name) {
+				earliest(m.At)
+			}
+		}
+		from := chartFrom(now, span.span, first)
+		for side, pts := range hist {
 			series := []rateSeries{
 				seriesOf("1h", "#c0392b", pts, func(p *Point) [3]int64 { return p.Hour }),
 				seriesOf("24h", "#2e6da4", pts, func(p *Point) [3]int64 { return p.Day }),
 			}
-			side.Chart, side.Points = timeChart(now.Add(-span.span), now, span.gap, series, marksOf(mine, side.Name)), len(pts)
+			side.Chart, side.Points = timeChart(from, now, span.gap, series, marksOf(mine, side.Name)), len(pts)
 			side.Resolution = map[bool]string{false: "minute", true: "hour"}[span.hourly]
 		}
 		d.Outcomes = append(d.Outcomes, ov)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/deploy"
 	"github.com/repeatrate/repeatrate/internal/auth"
+	"github.com/repeatrate/repeatrate/internal/synth"
 )
 
 func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -158,7 +159,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		view := newDemoView()
 		view.outcomes = func() map[string]int { return observationOutcomes(reg) }
 		g.Go(func() error { return demoTraffic(gctx, kc, *rate, &view.sent, log) })
-		g.Go(func() error { return demoStep(gctx, kc, time.Now, log) })
+		g.Go(func() error { return demoStep(gctx, kc, time.Now, &view.sent, log) })
+		g.Go(func() error { return demoSuite(gctx, kc, time.Now(), &view.sent, log) })
 		g.Go(func() error { return view.follow(gctx, kc) })
 		if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 			g.Go(func() error { return view.live(gctx, stdout) })
@@ -218,30 +220,55 @@ const (
 	demoStepHigh     = 5 * time.Minute
 )
 
-// demoStep feeds the stepping correction (workspace demo, correction fix-comeback) until ctx ends.
-func demoStep(ctx context.Context, kc *kafkaClients, now func() time.Time, log *zap.Logger) error {
+// demoSuite feeds once the graded runs of suite support-qa in the demo's scope: 24 cases in 7
+// versions of 3 runs each, over the 3 hours before now, with the faults of internal/synth — a
+// quarter of the cases pass for five versions and then fail (revived), some replies loop
+// (abnormal), a few results are re-sent or re-graded — so that the suite page has floor, ceiling,
+// stability per version and cases that moved to show.
+func demoSuite(ctx context.Context, kc *kafkaClients, now time.Time, sent *atomic.Int64, log *zap.Logger) error {
+	lines := synth.Suite(synth.SuiteConfig{Seed: uint64(now.UnixNano()), Workspace: "demo", Suite: "support-qa", Cases: 24, Versions: 7, Runs: 3,
+		Duplicates: 0.02, Regrades: 0.02, LoopShare: 0.04, Scope: demoScope}, now.Add(-3*time.Hour))
+	w := kc.writer(TopicEval)
+	defer w.Close()
+	n, err := produce(ctx, bytes.NewReader(append(bytes.Join(lines, []byte("\n")), '\n')), w)
+	sent.Add(int64(n))
+	if err != nil && ctx.Err() == nil {
+		log.Warn("demo suite", zap.Error(err))
+	}
+	return nil
+}
+
+// demoScope is the scope of the demo's stepping correction and suite.
+var demoScope = map[string]string{"workspace": "demo", "model": "support-bot", "run": "prod", "checkpoint": "v2", "artifact": "prod"}
+
+// demoStep feeds the stepping correction (workspace demo, correction fix-comeback) until ctx ends;
+// sent counts what it wrote.
+func demoStep(ctx context.Context, kc *kafkaClients, now func() time.Time, sent *atomic.Int64, log *zap.Logger) error {
 	w := kc.writer(TopicLive)
 	defer w.Close()
 	seq := 0
-	// In 1000: 20 confirmed repeats at 2 %, 150 at 15 %.
+	// perMille of every 1000 are confirmed repeats (20 at 2 %, 150 at 15 %), spread evenly: the
+	// attempt whose running share of repeats reaches a new whole number is one, so every minute's
+	// rate is the step's rate, not a burst of repeats followed by none.
 	send := func(n, perMille int, from, to time.Time) error {
 		var buf bytes.Buffer
 		for i := range n {
 			seq++
 			at := from.Add(time.Duration(i) * to.Sub(from) / time.Duration(n))
 			outcome := "passed"
-			if seq%1000 < perMille {
+			if seq*perMille/1000 != (seq-1)*perMille/1000 {
 				outcome = "confirmed_repeat"
 			}
 			b, _ := json.Marshal(map[string]any{"specversion": "1.0", "id": "demo-step-" + strconv.Itoa(seq), "source": "dev/demo",
 				"type": "repeatrate.live.attempt.v1", "data": map[string]any{
-					"scope":         map[string]string{"workspace": "demo", "model": "support-bot", "run": "prod", "checkpoint": "v2", "artifact": "prod"},
+					"scope":         demoScope,
 					"correction_id": "fix-comeback", "opportunity_id": "step-" + strconv.Itoa(seq), "outcome": outcome,
 					"occurred_at": at.UTC().Format(time.RFC3339Nano), "assessed_at": at.UTC().Format(time.RFC3339Nano)}})
 			buf.Write(b)
 			buf.WriteByte('\n')
 		}
-		_, err := produce(ctx, &buf, w)
+		n, err := produce(ctx, &buf, w)
+		sent.Add(int64(n))
 		return err
 	}
 	start := now()

@@ -24,47 +24,10 @@ func TestDevDemoServesReadSide(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := buildBinary(t)
 	started := time.Now()
-	cmd := exec.Command(bin, "dev", "--demo", "--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0")
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-	}()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-
-	// What dev prints: the read side's URL, the token, and the demo's outcomes page.
-	printed := regexp.MustCompile(`read side: +(http://\S+/) `)
-	tokenLine := regexp.MustCompile(`token: +(rr_dev_[0-9a-f]+)`)
-	demoLine := regexp.MustCompile(`demo page: +(http://\S+)`)
-	var base, token, demo string
-	printDeadline := time.Now().Add(20 * time.Second) // dev prints them before it starts processing
-	for base == "" || token == "" || demo == "" {
-		if time.Now().After(printDeadline) {
-			t.Fatalf("dev did not print the read side's URL, token and demo page:\n%s", lastLines(out.String(), 20))
-		}
-		text := out.String()
-		if m := printed.FindStringSubmatch(text); m != nil {
-			base = m[1]
-		}
-		if m := tokenLine.FindStringSubmatch(text); m != nil {
-			token = m[1]
-		}
-		if m := demoLine.FindStringSubmatch(text); m != nil {
-			demo = m[1]
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if strings.Contains(base, ":0/") || !strings.HasPrefix(demo, base) {
-		t.Fatalf("dev printed %q and %q: not an address to open", base, demo)
-	}
-
+	base, token, demo, out := startDemo(t)
 	noRedirect := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(u, tok string) (int, string) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
@@ -78,15 +41,6 @@ func TestDevDemoServesReadSide(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
-	}
-	// dev prints the addresses before its HTTP server listens: wait until it answers at all.
-	for up := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if code, _ := get(demo, ""); code != 0 {
-			break
-		}
-		if time.Now().After(up) {
-			t.Fatalf("dev's HTTP server did not answer within 20 s:\n%s", lastLines(out.String(), 20))
-		}
 	}
 	// Without the token: the page sends to the sign-in form, the API answers 401.
 	if code, _ := get(demo, ""); code != http.StatusSeeOther {
@@ -182,4 +136,56 @@ func TestDevDemoServesReadSide(t *testing.T) {
 	}
 	t.Logf("dev printed %s and %s; fix-comeback scored %d then %d; stream versions %v; %v after the build",
 		base, demo, first, later, ids, time.Since(started).Round(time.Millisecond))
+}
+
+// startDemo runs `repeatrate dev --demo` on free ports, as a person would, until the test ends,
+// and returns what it prints: the read side's URL, the token and the demo page.
+func startDemo(t *testing.T) (base, token, demo string, out *lockedBuffer) {
+	t.Helper()
+	bin := buildBinary(t)
+	cmd := exec.Command(bin, "dev", "--demo", "--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0")
+	out = &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	})
+	// What dev prints: the read side's URL, the token, and the demo's outcomes page.
+	printed := regexp.MustCompile(`read side: +(http://\S+/) `)
+	tokenLine := regexp.MustCompile(`token: +(rr_dev_[0-9a-f]+)`)
+	demoLine := regexp.MustCompile(`demo page: +(http://\S+)`)
+	printDeadline := time.Now().Add(20 * time.Second) // dev prints them before it starts processing
+	for base == "" || token == "" || demo == "" {
+		if time.Now().After(printDeadline) {
+			t.Fatalf("dev did not print the read side's URL, token and demo page:\n%s", lastLines(out.String(), 20))
+		}
+		text := out.String()
+		if m := printed.FindStringSubmatch(text); m != nil {
+			base = m[1]
+		}
+		if m := tokenLine.FindStringSubmatch(text); m != nil {
+			token = m[1]
+		}
+		if m := demoLine.FindStringSubmatch(text); m != nil {
+			demo = m[1]
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if strings.Contains(base, ":0/") || !strings.HasPrefix(demo, base) {
+		t.Fatalf("dev printed %q and %q: not an address to open", base, demo)
+	}
+	// dev prints the addresses before its HTTP server listens: wait until it answers at all.
+	for up := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get(base + "healthz")
+		if err == nil {
+			resp.Body.Close()
+			return base, token, demo, out
+		}
+		if time.Now().After(up) {
+			t.Fatalf("dev's HTTP server did not answer within 20 s:\n%s", lastLines(out.String(), 20))
+		}
+	}
 }

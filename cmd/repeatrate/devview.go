@@ -190,16 +190,31 @@ func (v *demoView) render(now time.Time, sent int64, period time.Duration, top i
 	for _, r := range rows {
 		list = append(list, r)
 	}
+	// The busiest rows are shown, in name order: a row keeps its line from one redraw to the next
+	// unless another overtakes it.
 	slices.SortFunc(list, func(a, b *row) int {
 		return cmp.Or(cmp.Compare(b.scored, a.scored), strings.Compare(a.name, b.name))
 	})
+	list = list[:min(top, len(list))]
+	slices.SortFunc(list, func(a, b *row) int { return strings.Compare(a.name, b.name) })
 	if len(list) > 0 {
 		fmt.Fprintf(&b, "  %-40s  %-36s  %s\n", "scope (workspace … artifact) correction", "live, all time", "evaluation, all time")
 	}
-	for _, r := range list[:min(top, len(list))] {
-		fmt.Fprintf(&b, "  %-40s  %-36s  %s\n", r.name, rateText(r.live), rateText(r.eval))
+	for _, r := range list {
+		fmt.Fprintf(&b, "  %-40s  %-36s  %s\n", clip(r.name, 40), rateText(r.live), rateText(r.eval))
 	}
 	return b.String()
+}
+
+// clip shortens s to n runes, its middle replaced by "…", so that a long scope keeps its columns
+// and both its workspace and its correction stay readable.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	head := (n - 1) / 2
+	return string(r[:head]) + "…" + string(r[len(r)-(n-1-head):])
 }
 
 // rateText is a window's rate with its 95 % interval and counts, or what is missing.

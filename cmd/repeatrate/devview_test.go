@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,5 +69,54 @@ func TestDemoViewGolden(t *testing.T) {
 	}
 	if got != string(want) {
 		t.Fatalf("view:\n%s\nwant (%s):\n%s", got, golden, want)
+	}
+}
+
+// The view's rows keep their lines from one redraw to the next: the busiest are shown in name
+// order, so a row that overtakes another does not swap places with it; a long scope is clipped
+// in the middle to its column, keeping its workspace and correction readable.
+func TestDemoViewRowsKeepTheirLines(t *testing.T) {
+	v := newDemoView()
+	at := time.Date(2026, 11, 30, 12, 0, 5, 0, time.UTC)
+	long := schemas.Scope{Workspace: "ws-0", Model: "a-very-long-model-name-that-goes-on", Run: "run-1", Checkpoint: "ckpt-7", Artifact: "prod"}
+	put := func(corr string, scope schemas.Scope, passed, version int64) {
+		k := aggregator.Key{Scope: scope, CorrectionID: corr, Source: aggregator.Live}
+		snap := aggregator.Tally{All: aggregator.Counts{Passed: passed}, Version: version}.Snapshot(k, at)
+		b, err := sink.EncodeSnapshot(&snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.snapshot(kafka.Message{Value: b})
+	}
+	short := schemas.Scope{Workspace: "ws-0", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}
+	put("fix-a", short, 10, 1)
+	put("fix-b", short, 20, 1)
+	put("fix-z", long, 5, 1)
+	lines := func() []string {
+		var out []string
+		for _, l := range strings.Split(v.render(at, 0, time.Second, 8), "\n") {
+			if strings.HasPrefix(l, "  ws-0") {
+				out = append(out, strings.Fields(l)[0]+" "+string([]rune(l)[2:42]))
+			}
+		}
+		return out
+	}
+	before := lines()
+	put("fix-a", short, 30, 2) // fix-a overtakes fix-b
+	after := lines()
+	if len(before) != 3 || strings.Join(before, "|") != strings.Join(after, "|") {
+		t.Fatalf("rows moved when one overtook another:\n%q\n%q", before, after)
+	}
+	clipped := 0
+	for _, got := range before {
+		if strings.Contains(got, "a-very") {
+			clipped++
+			if !strings.Contains(got, "…") || !strings.HasSuffix(strings.TrimSpace(got), "fix-z") || !strings.HasPrefix(got, "ws-0 ws-0") {
+				t.Errorf("the long scope's row %q is not clipped in the middle to its column", got)
+			}
+		}
+	}
+	if clipped != 1 {
+		t.Errorf("rows %q: want the long scope's once", before)
 	}
 }

@@ -19,6 +19,9 @@ type SuiteConfig struct {
 	Duplicates float64 // re-sent results
 	Regrades   float64 // later re-gradings of a run with another result
 	LoopShare  float64 // replies that loop on one sentence
+	// Scope is the results' scope (workspace is Workspace's); nil is model m, run r, checkpoint
+	// c, artifact a.
+	Scope map[string]string
 }
 
 // Suite returns the results of every (case, version, run), versions in order, runs shuffled within
@@ -73,11 +76,20 @@ func suiteLine(cfg SuiteConfig, c string, v, run int, result, reply string, occ,
 	b, _ := json.Marshal(map[string]any{
 		"specversion": "1.0", "id": id, "source": "synth/suite", "type": "repeatrate.eval.result.v1",
 		"data": map[string]any{
-			"scope": map[string]string{"workspace": cfg.Workspace, "model": "m", "run": "r", "checkpoint": "c", "artifact": "a"},
+			"scope": scopeOf(cfg),
 			"suite": cfg.Suite, "case_id": c, "version": fmt.Sprintf("v%02d", v), "version_seq": v,
 			"run_index": run, "runs": cfg.Runs, "result": result, "prediction": reply,
 			"occurred_at": occ.UTC().Format(time.RFC3339Nano), "assessed_at": assessed.UTC().Format(time.RFC3339Nano),
 		},
 	})
 	return b
+}
+
+func scopeOf(cfg SuiteConfig) map[string]string {
+	sc := map[string]string{"model": "m", "run": "r", "checkpoint": "c", "artifact": "a"}
+	for k, v := range cfg.Scope {
+		sc[k] = v
+	}
+	sc["workspace"] = cfg.Workspace
+	return sc
 }
