@@ -137,6 +137,8 @@ func checkCharts(t *testing.T, cat *readside.Catalog, p outcomesPage, now time.T
 			}
 			xOf := func(at int64) float64 { return ch.X0 + (float64(at)-ch.T0)/(ch.T1-ch.T0)*(ch.X1-ch.X0) }
 			yOf := func(r float64) float64 { return ch.Y0 + r/ch.YMax*(ch.Y1-ch.Y0) }
+			// Times are carried in whole seconds and drawn exactly: allow a second's pixels.
+			tol := 0.2 + (ch.X1-ch.X0)/(ch.T1-ch.T0)
 			agg := schemas.Aggregate{Workspace: browserScope["workspace"], Model: browserScope["model"], Run: browserScope["run"],
 				Checkpoint: browserScope["checkpoint"], Artifact: browserScope["artifact"], CorrectionID: c.ID, Source: src}
 			pts, err := cat.History(context.Background(), agg.ID(), hourly)
@@ -166,7 +168,7 @@ func checkCharts(t *testing.T, cat *readside.Catalog, p outcomesPage, now time.T
 						got = append(got, fmt.Sprintf("%d %s", at, l.Counts[i]))
 						var k, n float64
 						fmt.Sscanf(l.Counts[i], "%g/%g", &k, &n)
-						if px := l.Points[i]; math.Abs(px[0]-xOf(at)) > 0.2 || math.Abs(px[1]-yOf(k/n)) > 0.2 {
+						if px := l.Points[i]; math.Abs(px[0]-xOf(at)) > tol || math.Abs(px[1]-yOf(k/n)) > 0.2 {
 							t.Errorf("%s %s: point %d (%d, %s) drawn at %v, want (%.1f, %.1f)", where, series, i, at, l.Counts[i], px, xOf(at), yOf(k/n))
 						}
 					}
@@ -205,7 +207,7 @@ func checkCharts(t *testing.T, cat *readside.Catalog, p outcomesPage, now time.T
 			var gotMarks []string
 			for _, m := range ch.Marks {
 				gotMarks = append(gotMarks, fmt.Sprint(m.Kind, " ", m.T))
-				if math.Abs(m.X-xOf(m.T)) > 0.2 {
+				if math.Abs(m.X-xOf(m.T)) > tol {
 					t.Errorf("%s: %s mark at x %.1f, want %.1f (its time on the axis)", where, m.Kind, m.X, xOf(m.T))
 				}
 			}

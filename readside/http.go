@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"html"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -554,28 +555,108 @@ func (a *api) badge(w http.ResponseWriter, req *http.Request) {
 		ew = eval.Windows.All
 	}
 	b := aggregator.ChooseBadge(lw, ew)
+	text, fill := b.Value, b.Colour.Hex()
+	title := badgeR
+	if chosen := map[string]schemas.Window{"live": lw, "evaluation": ew}[b.Source]; b.Measured && chosen.CI95 != nil {
+		title += fmt.Sprintf("; %s all time %d of %d scored, 95%% interval %.1f%%–%.1f%%", b.Source, chosen.ConfirmedRepeats,
+			chosen.Scored, chosen.CI95.Low*100, chosen.CI95.High*100)
+		if chosen.Scored < fewScored {
+			// Thin evidence looks thin, as on the pages: a pale fill and the word.
+			text, fill = text+" · few scored", paleHex(fill)
+		}
+	}
 	w.Header().Set("Content-Type", "image/svg+xml")
 	w.Header().Set("Cache-Control", "no-cache")
-	fmt.Fprint(w, badgeSVG("R", b.Value, b.Colour.Hex(), ""))
+	fmt.Fprint(w, badgeSVG("R", text, fill, title))
+}
+
+// badgeR is what the badge's title says R is.
+const badgeR = "R: the repeat rate, confirmed repeats of a corrected mistake ÷ scored opportunities (lower is better)"
+
+// paleHex mixes a "#rgb" or "#rrggbb" fill half with white.
+func paleHex(hex string) string {
+	r, g, b := rgbOf(hex)
+	return fmt.Sprintf("#%02x%02x%02x", (r+255)/2, (g+255)/2, (b+255)/2)
+}
+
+// rgbOf parses "#rgb" or "#rrggbb"; anything else is grey.
+func rgbOf(hex string) (r, g, b int) {
+	h := strings.TrimPrefix(hex, "#")
+	if len(h) == 3 {
+		h = string([]byte{h[0], h[0], h[1], h[1], h[2], h[2]})
+	}
+	if _, err := fmt.Sscanf(h, "%02x%02x%02x", &r, &g, &b); err != nil || len(h) != 6 {
+		return 0x9f, 0x9f, 0x9f
+	}
+	return r, g, b
+}
+
+// luminance is a colour's relative luminance (WCAG 2).
+func luminance(r, g, b int) float64 {
+	lin := func(c int) float64 {
+		v := float64(c) / 255
+		if v <= 0.03928 {
+			return v / 12.92
+		}
+		return math.Pow((v+0.055)/1.055, 2.4)
+	}
+	return 0.2126*lin(r) + 0.7152*lin(g) + 0.0722*lin(b)
+}
+
+// contrast is the WCAG contrast ratio of two fills.
+func contrast(a, b string) float64 {
+	la, lb := luminance(rgbOf(a)), luminance(rgbOf(b))
+	return (max(la, lb) + 0.05) / (min(la, lb) + 0.05)
+}
+
+// textOn is the text colour with the higher contrast on fill, white or near-black: at least
+// 4.5:1 (WCAG AA) on every badge fill.
+func textOn(fill string) string {
+	if contrast("#fff", fill) >= contrast("#111", fill) {
+		return "#fff"
+	}
+	return "#111"
+}
+
+// verdana11 are the advance widths, in pixels, of the characters a badge writes in Verdana 11 px
+// (others count as 7): the badge is as wide as its text, with no dead space after it.
+var verdana11 = map[rune]float64{' ': 3.9, '.': 3.5, ',': 3.5, '%': 11.9, '(': 4.9, ')': 4.9, '/': 4.9, '·': 3.5, '–': 7,
+	'a': 6.7, 'b': 6.9, 'c': 5.8, 'd': 6.9, 'e': 6.6, 'f': 3.9, 'g': 6.9, 'h': 7, 'i': 3, 'j': 3.8, 'k': 6.5, 'l': 3, 'm': 10.7,
+	'n': 7, 'o': 6.7, 'p': 6.9, 'q': 6.9, 'r': 4.7, 's': 5.7, 't': 4.3, 'u': 7, 'v': 6.5, 'w': 9, 'x': 6.5, 'y': 6.5, 'z': 5.8,
+	'R': 7.6, 'I': 4.6, 'M': 8.6, 'W': 11}
+
+func textWidth(s string) float64 {
+	w := 0.0
+	for _, r := range s {
+		if v, ok := verdana11[r]; ok {
+			w += v
+		} else {
+			w += 7
+		}
+	}
+	return w
 }
 
 // greyHex is the fill of a badge that shows no rate.
 var greyHex = aggregator.LightGrey.Hex()
 
 // badgeSVG draws a two-part flat badge with the value's part filled with colour (a hex fill) and,
-// when title is not empty, a title a viewer shows on hover; text is escaped.
+// when title is not empty, a title a viewer shows on hover; text is escaped. Each part is as wide
+// as its text (textLength holds the text to the width it was measured at), and the value's text
+// is white or near-black, whichever contrasts more with its fill (at least 4.5:1).
 func badgeSVG(label, value, colour, title string) string {
-	const charW = 7
-	lw, vw := 10+charW*len(label), 10+charW*len([]rune(value))
+	lt, vt := textWidth(label), textWidth(value)
+	lw, vw := 10+lt, 10+vt
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="20" role="img" aria-label="%s: %s">`,
-		lw+vw, html.EscapeString(label), html.EscapeString(value))
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="20" role="img" aria-label="%s: %s">`,
+		math.Ceil(lw+vw), html.EscapeString(label), html.EscapeString(value))
 	if title != "" {
 		fmt.Fprintf(&b, `<title>%s</title>`, html.EscapeString(title))
 	}
-	fmt.Fprintf(&b, `<rect width="%d" height="20" fill="#555"/><rect x="%d" width="%d" height="20" fill="%s"/>`, lw, lw, vw, colour)
-	fmt.Fprintf(&b, `<g fill="#fff" font-family="Verdana,DejaVu Sans,sans-serif" font-size="11">`)
-	fmt.Fprintf(&b, `<text x="5" y="14">%s</text><text x="%d" y="14">%s</text></g></svg>`,
-		html.EscapeString(label), lw+5, html.EscapeString(value))
+	fmt.Fprintf(&b, `<rect width="%.1f" height="20" fill="#555"/><rect x="%.1f" width="%.1f" height="20" fill="%s"/>`, lw, lw, math.Ceil(lw+vw)-lw, colour)
+	fmt.Fprintf(&b, `<g font-family="Verdana,DejaVu Sans,sans-serif" font-size="11">`)
+	fmt.Fprintf(&b, `<text x="5" y="14" fill="#fff" textLength="%.1f" lengthAdjust="spacingAndGlyphs">%s</text>`, lt, html.EscapeString(label))
+	fmt.Fprintf(&b, `<text x="%.1f" y="14" fill="%s" textLength="%.1f" lengthAdjust="spacingAndGlyphs">%s</text></g></svg>`,
+		lw+5, textOn(colour), vt, html.EscapeString(value))
 	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -88,8 +89,9 @@ func TestHTTPOnRedis(t *testing.T) {
 	}
 
 	code, ctype, body := get("/v1/badge.svg?" + q.Encode())
-	if code != 200 || ctype != "image/svg+xml" || !strings.Contains(body, "25.0% evaluation (1/4, 1 unscored)") ||
-		!strings.Contains(body, `fill="`+aggregator.Orange.Hex()+`"`) {
+	// 4 scored: the band's colour, pale, and the words "few scored".
+	if code != 200 || ctype != "image/svg+xml" || !strings.Contains(body, "25.0% evaluation (1/4, 1 unscored) · few scored") ||
+		!strings.Contains(body, `fill="`+paleHex(aggregator.Orange.Hex())+`"`) {
 		t.Fatalf("badge: %d %s %s", code, ctype, body)
 	}
 	q.Set("correction_id", "other")
@@ -248,9 +250,12 @@ func TestHTTPUnknownScope(t *testing.T) {
 		{"measured", map[aggregator.Key]aggregator.Tally{
 			key(aggregator.Live): {Version: 3, All: aggregator.Counts{Confirmed: 1, Passed: 3}},
 		}, http.StatusOK, `"status":"measured"`, "25.0% live (1/4, 0 unscored)"},
-		// Known, measured at 0 %: brightgreen.
+		// Known, measured at 0 %: brightgreen (pale: 3 scored are few).
 		{"measured zero", map[aggregator.Key]aggregator.Tally{
 			key(aggregator.Evaluation): {Version: 3, All: aggregator.Counts{Passed: 3}},
+		}, http.StatusOK, `"status":"measured"`, `fill="` + paleHex(aggregator.BrightGreen.Hex()) + `"`},
+		{"measured zero, enough scored", map[aggregator.Key]aggregator.Tally{
+			key(aggregator.Evaluation): {Version: 3, All: aggregator.Counts{Passed: 30}},
 		}, http.StatusOK, `"status":"measured"`, `fill="` + aggregator.BrightGreen.Hex() + `"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -293,5 +298,39 @@ func TestReadyzListsWhatIsDegraded(t *testing.T) {
 	h.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	if rec.Code != http.StatusOK || rec.Body.String() != "ready\n" {
 		t.Fatalf("readyz once recovered: %d %q", rec.Code, rec.Body)
+	}
+}
+
+// TestBadgeReadsAtAGlance: every fill a badge can have — each rate band, each pale (few scored),
+// and grey — carries its text at a WCAG AA contrast of at least 4.5:1; the badge is as wide as its
+// text (no dead space after it); its title says what R is.
+func TestBadgeReadsAtAGlance(t *testing.T) {
+	for _, c := range []aggregator.Colour{aggregator.BrightGreen, aggregator.Green, aggregator.YellowGreen, aggregator.Yellow,
+		aggregator.Orange, aggregator.Red, aggregator.LightGrey} {
+		for _, fill := range []string{c.Hex(), paleHex(c.Hex())} {
+			if r := contrast(textOn(fill), fill); r < 4.5 {
+				t.Errorf("text %s on %s (%s): contrast %.2f, want at least 4.5", textOn(fill), fill, c, r)
+			}
+		}
+	}
+	if r := contrast("#fff", "#555"); r < 4.5 {
+		t.Errorf("the label's white on #555: contrast %.2f", r)
+	}
+	value := "2.5% live (10/400, 0 unscored)"
+	svg := badgeSVG("R", value, aggregator.Green.Hex(), badgeR)
+	var width, textLen float64
+	if _, err := fmt.Sscanf(svg[strings.Index(svg, `width="`):], `width="%g"`, &width); err != nil {
+		t.Fatal(err)
+	}
+	i := strings.LastIndex(svg, `textLength="`)
+	if _, err := fmt.Sscanf(svg[i:], `textLength="%g"`, &textLen); err != nil {
+		t.Fatal(err)
+	}
+	// 10 px around "R", 10 px around the value, and at most a pixel of rounding.
+	if slack := width - (10 + textWidth("R") + 10 + textLen); slack < 0 || slack > 1 {
+		t.Errorf("badge %.0f px wide for %.1f px of text: %.1f px of slack", width, 20+textWidth("R")+textLen, slack)
+	}
+	if !strings.Contains(svg, "<title>R: the repeat rate") {
+		t.Errorf("the badge's title does not say what R is: %s", svg)
 	}
 }
