@@ -339,6 +339,25 @@ func TestBrowserPages(t *testing.T) {
 	shot("suite.png")
 	checkSuite(t, sp)
 
+	// The badges as the browser draws them: each value's text on its fill at a contrast of at
+	// least 4.5:1 (WCAG AA), and no more than a pixel of the badge past its text.
+	for _, corr := range []string{"fix-solid", "fix-wide"} {
+		badgeURL := base + "/v1/badge.svg?artifact=chat&checkpoint=ckpt-7&correction_id=" + corr + "&model=support-bot&run=prod&workspace=acme"
+		if err := chromedp.Do(bctx, chromedp.Navigate(badgeURL), chromedp.WaitReady(chromedp.CSS(`svg`))); err != nil {
+			t.Fatalf("badge of %s: %v", corr, err)
+		}
+		b, err := chromedp.Run(bctx, chromedp.Evaluate[badgeRead](readBadgeJS))
+		if err != nil {
+			t.Fatalf("read the badge of %s: %v", corr, err)
+		}
+		if r := contrastRatio(t, b.Text, b.Fill); r < 4.5 {
+			t.Errorf("badge of %s: text %s on %s, contrast %.2f, want at least 4.5", corr, b.Text, b.Fill, r)
+		}
+		if b.Slack < -0.5 || b.Slack > 1.5 || !strings.HasPrefix(b.Title, "R: the repeat rate") {
+			t.Errorf("badge of %s: %.1f px past its text (title %q)", corr, b.Slack, b.Title)
+		}
+	}
+
 	// Another workspace: 403, and nothing of it shown.
 	if err := chromedp.Do(bctx, chromedp.Navigate(base+"/ui/suite?workspace=other&suite=qa")); err != nil {
 		t.Fatal(err)
@@ -696,4 +715,38 @@ func checkSuite(t *testing.T, p suitePage) {
 			t.Errorf("case %s: class and tier %q, want %q", c, tiers[c], want)
 		}
 	}
+}
+
+// badgeRead is a badge's value part as Chromium draws it: the computed fills of its text and of
+// the rectangle behind it, the pixels of the badge past the end of its text, and its title.
+type badgeRead struct {
+	Text, Fill, Title string
+	Slack             float64
+}
+
+const readBadgeJS = `(() => {
+  const svg = document.querySelector('svg'), rects = svg.querySelectorAll('rect'), texts = svg.querySelectorAll('text');
+  const value = texts[texts.length - 1], t = value.getBBox();
+  return {text: getComputedStyle(value).fill, fill: getComputedStyle(rects[rects.length - 1]).fill,
+    slack: svg.width.baseVal.value - (t.x + t.width) - 5, title: (svg.querySelector('title') || {}).textContent || ''};
+})()`
+
+// contrastRatio is the WCAG 2 contrast of two computed colours "rgb(r, g, b)".
+func contrastRatio(t *testing.T, a, b string) float64 {
+	lum := func(c string) float64 {
+		var r, g, bl float64
+		if _, err := fmt.Sscanf(c, "rgb(%g, %g, %g)", &r, &g, &bl); err != nil {
+			t.Errorf("colour %q: %v", c, err)
+		}
+		lin := func(v float64) float64 {
+			v /= 255
+			if v <= 0.03928 {
+				return v / 12.92
+			}
+			return math.Pow((v+0.055)/1.055, 2.4)
+		}
+		return 0.2126*lin(r) + 0.7152*lin(g) + 0.0722*lin(bl)
+	}
+	la, lb := lum(a), lum(b)
+	return (max(la, lb) + 0.05) / (min(la, lb) + 0.05)
 }

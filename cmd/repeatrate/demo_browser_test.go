@@ -150,33 +150,40 @@ func TestDevDemoInBrowser(t *testing.T) {
 		Revived  int `json:"revived"`
 		Versions int `json:"versions"`
 		Bounds   int `json:"bounds"`
+		MinRuns  int `json:"minRuns"`
+		Abnormal int `json:"abnormal"`
 	}
 	if err := chromedp.Do(bctx, chromedp.Navigate(suiteURL), chromedp.WaitVisible(chromedp.CSS(`h1`))); err != nil {
 		t.Fatalf("suite page: %v", err)
 	}
 	suite, err := chromedp.Run(bctx, chromedp.Evaluate[suiteRead](`({revived: [...document.querySelectorAll('table[data-testid=cases] tr')].filter(tr => tr.children[4] && tr.children[4].innerText.includes('→')).length,
 		  versions: document.querySelectorAll('svg[data-testid=suite-chart] [data-testid=version-mean]').length,
-		  bounds: document.querySelectorAll('svg[data-testid=suite-chart] [data-testid$=-line]').length})`))
+		  bounds: document.querySelectorAll('svg[data-testid=suite-chart] [data-testid$=-line]').length,
+		  minRuns: Math.min(...[...document.querySelectorAll('table[data-testid=stability] tr[data-version]')].map(tr => Number(tr.children[1].innerText))),
+		  abnormal: [...document.querySelectorAll('table[data-testid=stability] tr[data-version]')].reduce((n, tr) => n + Number(tr.children[tr.children.length - 2].innerText), 0)})`))
 	if err != nil {
 		t.Fatalf("read the suite page: %v", err)
 	}
 	shot("suite.png")
-	if suite.Revived == 0 || suite.Versions != 7 || suite.Bounds != 2 {
-		t.Errorf("the demo's suite page shows %d revived cases, %d versions on its chart and %d of floor and ceiling; want some, 7 and 2",
-			suite.Revived, suite.Versions, suite.Bounds)
+	if suite.Revived == 0 || suite.Versions != 7 || suite.Bounds != 2 || suite.MinRuns != 3 || suite.Abnormal == 0 {
+		t.Errorf("the demo's suite page shows %d revived cases, %d versions on its chart, %d of floor and ceiling, at least %d runs "+
+			"a version and %d abnormal replies; want some, 7, 2, 3 and some", suite.Revived, suite.Versions, suite.Bounds, suite.MinRuns, suite.Abnormal)
 	}
 
-	// The index, as the reader finds it.
-	if err := chromedp.Do(bctx, chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`h1`))); err != nil {
-		t.Fatal(err)
+	// The index offers the workspaces the read side holds (the dev token reads them all); the
+	// demo's shows the stepping correction with its badge, 24h rate and the alert firing.
+	if err := chromedp.Do(bctx, chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`h1`)),
+		chromedp.Click(chromedp.CSS(`a[href="/?workspace=demo"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=index-correction]`))); err != nil {
+		t.Fatalf("the index does not offer the demo workspace: %v", err)
 	}
-	index, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`body`)))
+	index, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`table[data-testid=scopes]`)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	shot("index.png")
-	if !strings.Contains(index, "demo") {
-		t.Errorf("the index does not offer the demo workspace:\n%s", index)
+	if !strings.Contains(index, "fix-comeback") || !strings.Contains(index, "correction-regressed-fast firing") || !strings.Contains(index, "24h") {
+		t.Errorf("the demo's index does not show fix-comeback with its 24h rate and firing alert:\n%s", index)
 	}
 	t.Logf("the demo's alert was listed %v after dev started (fired %v); screenshots in %s", firedAfter.Round(time.Second), firedAt, dir)
 }

@@ -211,12 +211,13 @@ func writeTemp(pattern string, b []byte) (string, error) {
 }
 
 // Demo rate step (README, Alerting): the example rule correction-regressed-fast compares the last
-// hour with the 23 before it; 3 000 attempts at 2 % in the hour before the last, then 25 a second
-// at 15 % make it pending within a minute and firing a minute later. After five minutes the rate
+// hour with the 23 before it; 3 000 attempts at 2 % in the hour before the last, then 40 a second
+// at 15 % (repeats spread evenly) make it pending within about 40 s and firing a minute later
+// (TestDevDemoInBrowser measured it listed on the page 1m32s after start; 1m45s–1m51s at 25 a second). After five minutes the rate
 // falls back to 2 %; the alert resolves once the 15 % minutes have left the hour.
 const (
 	demoStepBaseline = 3000
-	demoStepPerSec   = 25
+	demoStepPerSec   = 40
 	demoStepHigh     = 5 * time.Minute
 )
 
