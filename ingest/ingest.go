@@ -280,11 +280,13 @@ type pending struct {
 
 // ServeHTTP answers one POST of events.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	code := h.serve(w, req)
+	code := h.serve(w, req, h.read)
 	h.answers.WithLabelValues(strconv.Itoa(code)).Inc()
 }
 
-func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
+// serve judges and writes the events read turns the request into (CloudEvents, or OTLP log
+// records mapped to them).
+func (h *Handler) serve(w http.ResponseWriter, req *http.Request, read func(http.ResponseWriter, *http.Request) ([]pending, int, string)) int {
 	// Only the Authorization header: a cookie set by the pages' login must not let a page post.
 	p := h.cfg.Tokens.Lookup(auth.Bearer(req))
 	if p == nil {
@@ -303,7 +305,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request) int {
 		return writeError(w, http.StatusTooManyRequests, refusal)
 	}
 	now := h.now()
-	events, status, msg := h.read(w, req)
+	events, status, msg := read(w, req)
 	if status != 0 {
 		return writeError(w, status, msg)
 	}

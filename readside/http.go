@@ -94,10 +94,21 @@ type HTTPConfig struct {
 	// routes keep their 4 KiB); nil answers that route 404.
 	Ingest             http.Handler
 	IngestMaxBodyBytes int64
+	// OTLPLogs serves POST /v1/logs, OTLP/HTTP logs mapped to events (ingest.Handler.ServeOTLP),
+	// with the ingest's body limit; nil answers that route 404.
+	OTLPLogs http.Handler
 }
 
 // IngestPath is the route of the HTTP ingest (README, Ingest over HTTP).
 const IngestPath = "/v1/events"
+
+// OTLPLogsPath is the route of OTLP/HTTP logs (docs/feeding.md#opentelemetry): the path every
+// OTLP exporter appends to its endpoint.
+const OTLPLogsPath = "/v1/logs"
+
+// isIngest reports whether path writes events: the ingest's routes take its body limit and
+// spend no read budget.
+func isIngest(path string) bool { return path == IngestPath || path == OTLPLogsPath }
 
 func (c *HTTPConfig) defaults() {
 	if c.RateLimit <= 0 {
@@ -218,6 +229,17 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		}
 		cfg.Ingest.ServeHTTP(w, req)
 	})
+	mux.HandleFunc(OTLPLogsPath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "OTLP logs are sent with POST (docs/feeding.md#opentelemetry)", false)
+	})
+	mux.HandleFunc("POST "+OTLPLogsPath, func(w http.ResponseWriter, req *http.Request) {
+		if cfg.OTLPLogs == nil {
+			writeError(w, http.StatusNotFound, "OTLP logs ingest is not enabled on this server", false)
+			return
+		}
+		cfg.OTLPLogs.ServeHTTP(w, req)
+	})
 	if cfg.Pprof {
 		mux.Handle("/debug/pprof/", admin(http.HandlerFunc(pprof.Index)))
 		mux.Handle("/debug/pprof/profile", admin(http.HandlerFunc(pprof.Profile)))
@@ -238,7 +260,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			return
 		}
 		bodyLimit := int64(maxBodyBytes)
-		if req.URL.Path == IngestPath && cfg.Ingest != nil {
+		if isIngest(req.URL.Path) && cfg.Ingest != nil {
 			bodyLimit = cfg.IngestMaxBodyBytes
 		}
 		if req.ContentLength > bodyLimit {
@@ -257,7 +279,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 				writeError(w, http.StatusTooManyRequests, "rate limit exceeded", badge)
 				return
 			}
-			if req.URL.Path != IngestPath {
+			if !isIngest(req.URL.Path) {
 				if ok, wait := budget.Admit(key); !ok {
 					m.readRefused.WithLabelValues("budget").Inc()
 					w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))

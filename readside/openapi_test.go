@@ -41,10 +41,12 @@ func TestOpenAPI(t *testing.T) {
 			t.Errorf("route %s is not documented", p)
 		}
 	}
-	if _, ok := doc.Paths[IngestPath]["post"]; !ok {
-		t.Errorf("route POST %s is not documented", IngestPath)
+	for _, p := range []string{IngestPath, OTLPLogsPath} {
+		if _, ok := doc.Paths[p]["post"]; !ok {
+			t.Errorf("route POST %s is not documented", p)
+		}
 	}
-	routes = append(routes, IngestPath) // served by package ingest; its answers are checked there
+	routes = append(routes, IngestPath, OTLPLogsPath) // served by package ingest; its answers are checked there
 	for p := range doc.Paths {
 		if !slices.Contains(routes, p) {
 			t.Errorf("documented path %s is no route", p)

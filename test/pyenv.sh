@@ -4,12 +4,13 @@
 # imports it does not need stubbed: test/opencompass/oracle.py), numpy and tabulate, which that
 # module imports, SciPy, which OpenCompass's G-Pass@k functions use (test/opencompass/passk.py),
 # tiktoken (test/tiktoken/count.py; its encoding files are handed to it locally), and Inspect AI
-# (test/inspect/make_logs.py). A stamp file holds the pinned
+# (test/inspect/make_logs.py), and the OpenTelemetry SDK with its OTLP/HTTP exporter
+# (test/otlp/export_logs.py). A stamp file holds the pinned
 # requirements; when they match, nothing is installed again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${REPEATRATE_TEST_VENV:-.cache/venv}
-deps="numpy==2.4.6 tabulate==0.10.0 scipy==1.17.1 tiktoken==0.14.0 inspect-ai==0.3.285"
+deps="numpy==2.4.6 tabulate==0.10.0 scipy==1.17.1 tiktoken==0.14.0 inspect-ai==0.3.285 opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2"
 nodeps="opencompass==0.5.4"
 stamp="$venv/.repeatrate-requirements"
 want="$deps --no-deps $nodeps"

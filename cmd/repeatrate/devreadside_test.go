@@ -142,8 +142,19 @@ func TestDevDemoServesReadSide(t *testing.T) {
 // and returns what it prints: the read side's URL, the token and the demo page.
 func startDemo(t *testing.T) (base, token, demo string, out *lockedBuffer) {
 	t.Helper()
+	return startDev(t, true)
+}
+
+// startDev runs `repeatrate dev` (with --demo when demo) on free ports until the test ends, and
+// returns what it prints: the read side's URL, the token and, with the demo, its page.
+func startDev(t *testing.T, demo bool) (base, token, demoPage string, out *lockedBuffer) {
+	t.Helper()
 	bin := buildBinary(t)
-	cmd := exec.Command(bin, "dev", "--demo", "--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0")
+	args := []string{"dev", "--kafka-addr=127.0.0.1:0", "--redis-addr=127.0.0.1:0", "--http-addr=127.0.0.1:0"}
+	if demo {
+		args = append(args, "--demo")
+	}
+	cmd := exec.Command(bin, args...)
 	out = &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -158,7 +169,7 @@ func startDemo(t *testing.T) (base, token, demo string, out *lockedBuffer) {
 	tokenLine := regexp.MustCompile(`token: +(rr_dev_[0-9a-f]+)`)
 	demoLine := regexp.MustCompile(`demo page: +(http://\S+)`)
 	printDeadline := time.Now().Add(20 * time.Second) // dev prints them before it starts processing
-	for base == "" || token == "" || demo == "" {
+	for base == "" || token == "" || (demo && demoPage == "") {
 		if time.Now().After(printDeadline) {
 			t.Fatalf("dev did not print the read side's URL, token and demo page:\n%s", lastLines(out.String(), 20))
 		}
@@ -170,19 +181,19 @@ func startDemo(t *testing.T) (base, token, demo string, out *lockedBuffer) {
 			token = m[1]
 		}
 		if m := demoLine.FindStringSubmatch(text); m != nil {
-			demo = m[1]
+			demoPage = m[1]
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if strings.Contains(base, ":0/") || !strings.HasPrefix(demo, base) {
-		t.Fatalf("dev printed %q and %q: not an address to open", base, demo)
+	if strings.Contains(base, ":0/") || (demo && !strings.HasPrefix(demoPage, base)) {
+		t.Fatalf("dev printed %q and %q: not an address to open", base, demoPage)
 	}
 	// dev prints the addresses before its HTTP server listens: wait until it answers at all.
 	for up := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		resp, err := http.Get(base + "healthz")
 		if err == nil {
 			resp.Body.Close()
-			return base, token, demo, out
+			return base, token, demoPage, out
 		}
 		if time.Now().After(up) {
 			t.Fatalf("dev's HTTP server did not answer within 20 s:\n%s", lastLines(out.String(), 20))

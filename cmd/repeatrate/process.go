@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"time"
 
@@ -221,7 +222,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 			Degraded: func() []string { return alertingDegraded(alerting) },
 			Tokens:   tokens, PublicBadges: cfg.HTTP.PublicBadges, Metrics: cfg.HTTP.Metrics, AdminTokenSHA256: cfg.HTTP.AdminTokenSHA256,
 			RateLimit: float64(cfg.HTTP.RateLimit), ReadBudget: float64(cfg.HTTP.ReadBudget), MaxReadsInFlight: cfg.HTTP.MaxReadsInFlight, MaxConns: cfg.HTTP.MaxConnections, MaxConnsPerIP: cfg.HTTP.MaxConnectionsPerAddress, Registerer: reg, Catalog: catalog, Suites: st.suites,
-			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes()},
+			Ingest: ing, IngestMaxBodyBytes: ing.MaxBodyBytes(), OTLPLogs: http.HandlerFunc(ing.ServeOTLP)},
 			st.rates, reg, time.Now, log.Named("http"))
 	}
 

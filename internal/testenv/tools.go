@@ -65,3 +65,22 @@ func repoRoot(t testing.TB) string {
 		}
 	}
 }
+
+// PythonVenv returns the Python of the test venv (test/pyenv.sh makes it at .cache/venv;
+// REPEATRATE_TEST_VENV names another), skipping the test without it, except under CI=true where
+// it must exist.
+func PythonVenv(t testing.TB) string {
+	t.Helper()
+	venv := os.Getenv("REPEATRATE_TEST_VENV")
+	if venv == "" {
+		venv = filepath.Join(repoRoot(t), ".cache", "venv")
+	}
+	py := filepath.Join(venv, "bin", "python")
+	if _, err := os.Stat(py); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no Python venv at %s (test/pyenv.sh makes it): %v", venv, err)
+		}
+		t.Skipf("no Python venv at %s; run test/pyenv.sh", venv)
+	}
+	return py
+}
