@@ -187,7 +187,21 @@ func (e *Evaluator) Run(ctx context.Context, updates <-chan Update) error {
 			e.evaluate(ctx, "snapshot")
 		case <-tick.C:
 			e.evaluate(ctx, "schedule")
+			e.keepSinks(ctx)
 		}
+	}
+}
+
+// keepSinks records this evaluator's sinks and drops the outboxes of sinks no evaluator has had
+// for SinkGrace (Redis.KeepSinks).
+func (e *Evaluator) keepSinks(ctx context.Context) {
+	forgot, err := e.store.KeepSinks(ctx, e.now())
+	if err != nil && ctx.Err() == nil {
+		e.metrics.errors.WithLabelValues("state").Inc()
+		e.log.Warn("alert sinks bookkeeping", zap.Error(err))
+	}
+	for _, sink := range forgot {
+		e.log.Info("dropped the queued notifications of a sink no evaluator has been configured with for an hour", zap.String("sink", sink))
 	}
 }
 

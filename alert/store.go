@@ -380,3 +380,68 @@ func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]Curr
 	}
 	return out, nil
 }
+
+// SinkGrace is how long a sink may go unconfigured in every evaluator before its outboxes are
+// dropped: far longer than a rolling restart, during which an older evaluator does not yet know
+// a sink a newer one added (and must not drop what the newer one queues for it).
+const SinkGrace = time.Hour
+
+// sinksKey maps each sink any evaluator was configured with to when one last was (ms).
+func (s *Redis) sinksKey() string { return s.prefix + ":sinks" }
+
+// KeepSinks records that this store's sinks are configured at now and drops the outboxes of every
+// sink no evaluator has been configured with for SinkGrace: a sink removed from the configuration
+// would otherwise keep its queued notifications (one list per record) and its due set forever.
+// It returns the sinks it forgot. Evaluators call it on their schedule.
+func (s *Redis) KeepSinks(ctx context.Context, now time.Time) ([]string, error) {
+	fields := make([]any, 0, 2*len(s.sinks))
+	for _, sink := range s.sinks {
+		fields = append(fields, sink, msScore(now))
+	}
+	if err := s.rdb.HSet(ctx, s.sinksKey(), fields...).Err(); err != nil {
+		return nil, err
+	}
+	seen, err := s.rdb.HGetAll(ctx, s.sinksKey()).Result()
+	if err != nil {
+		return nil, err
+	}
+	var forgot []string
+	for sink, at := range seen {
+		ms, _ := strconv.ParseInt(at, 10, 64)
+		if now.Sub(time.UnixMilli(ms)) < SinkGrace || slices.Contains(s.sinks, sink) {
+			continue
+		}
+		if err := s.forgetSink(ctx, sink); err != nil {
+			return forgot, err
+		}
+		forgot = append(forgot, sink)
+	}
+	return forgot, nil
+}
+
+// forgetSink deletes sink's outboxes (those its due set lists: every record with something queued
+// for it), then its due set and its entry, a bounded number of keys per command.
+func (s *Redis) forgetSink(ctx context.Context, sink string) error {
+	for {
+		keys, err := s.rdb.ZRange(ctx, s.due(sink), 0, 255).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		obs := make([]string, len(keys))
+		members := make([]any, len(keys))
+		for i, k := range keys {
+			obs[i], members[i] = s.outbox(k, sink), k
+		}
+		if _, err := s.rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
+			pl.Del(ctx, obs...)
+			pl.ZRem(ctx, s.due(sink), members...)
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return s.rdb.HDel(ctx, s.sinksKey(), sink).Err()
+}
