@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // predictionCases are predictions as OpenCompass's inferencers write them and as users' own
@@ -28,17 +30,7 @@ var predictionCases = []string{
 // repeatrate's opencompass mode reads the same replies as OpenCompass's checks: a multi-round
 // prediction's turns joined by newlines, not its JSON.
 func TestOpenCompassPredictionText(t *testing.T) {
-	venv := os.Getenv("REPEATRATE_TEST_VENV")
-	if venv == "" {
-		venv = filepath.Join("..", ".cache", "venv")
-	}
-	py := filepath.Join(venv, "bin", "python")
-	if _, err := os.Stat(py); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no Python venv at %s (test/pyenv.sh makes it): %v", venv, err)
-		}
-		t.Skipf("no Python venv at %s; run test/pyenv.sh", venv)
-	}
+	py := testenv.PythonVenv(t)
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "in.json"), filepath.Join(dir, "out.json")
 	raw := make([]json.RawMessage, len(predictionCases))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -129,7 +128,6 @@ func (d nopDeadLetters) Send(_ context.Context, dls []consumer.DeadLetter) error
 // badge, suite buckets, floor and ceiling, stability and which cases moved. Screenshots are left
 // in test-artifacts/browser.
 func TestBrowserPages(t *testing.T) {
-	chrome := testenv.Chromium(t)
 	client := testenv.Redis(t)
 	brokers := testenv.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
@@ -216,24 +214,12 @@ func TestBrowserPages(t *testing.T) {
 	}()
 	base := "http://" + l.Addr().String()
 
-	actx, acancel := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 1000),
-		chromedp.Flag("disable-dev-shm-usage", true))...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	bctx := testenv.Browser(t, ctx, 1280, 1000)
 	dir := testenv.ArtifactDir(t, "browser")
 	shot := func(file string) {
 		t.Helper()
-		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatalf("screenshot %s: %v", file, err)
-		}
-		p := filepath.Join(dir, file)
-		if err := os.WriteFile(p, png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("screenshot: %s", p)
+		testenv.Screenshot(t, bctx, dir, file)
+		t.Logf("screenshot: %s", filepath.Join(dir, file))
 	}
 	location := func() string {
 		t.Helper()

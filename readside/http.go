@@ -217,29 +217,27 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 		mux.Handle("GET /metrics", admin(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 	a.routes(mux)
-	// Any other method: a JSON error like every answer of the API, not the mux's plain text.
-	mux.HandleFunc(IngestPath, func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "events are sent with POST (README, Ingest over HTTP)", false)
-	})
-	mux.HandleFunc("POST "+IngestPath, func(w http.ResponseWriter, req *http.Request) {
-		if cfg.Ingest == nil {
-			writeError(w, http.StatusNotFound, "HTTP ingest is not enabled on this server", false)
-			return
-		}
-		cfg.Ingest.ServeHTTP(w, req)
-	})
-	mux.HandleFunc(OTLPLogsPath, func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "OTLP logs are sent with POST (docs/feeding.md#opentelemetry)", false)
-	})
-	mux.HandleFunc("POST "+OTLPLogsPath, func(w http.ResponseWriter, req *http.Request) {
-		if cfg.OTLPLogs == nil {
-			writeError(w, http.StatusNotFound, "OTLP logs ingest is not enabled on this server", false)
-			return
-		}
-		cfg.OTLPLogs.ServeHTTP(w, req)
-	})
+	// The routes that write events; any other method gets a JSON error like every answer of the
+	// API, not the mux's plain text.
+	for _, r := range []struct {
+		path, what, doc string
+		h               http.Handler
+	}{
+		{IngestPath, "events", "README, Ingest over HTTP", cfg.Ingest},
+		{OTLPLogsPath, "OTLP logs", "docs/feeding.md#opentelemetry", cfg.OTLPLogs},
+	} {
+		mux.HandleFunc(r.path, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, http.StatusMethodNotAllowed, r.what+" are sent with POST ("+r.doc+")", false)
+		})
+		mux.HandleFunc("POST "+r.path, func(w http.ResponseWriter, req *http.Request) {
+			if r.h == nil {
+				writeError(w, http.StatusNotFound, "ingest of "+r.what+" is not enabled on this server", false)
+				return
+			}
+			r.h.ServeHTTP(w, req)
+		})
+	}
 	if cfg.Pprof {
 		mux.Handle("/debug/pprof/", admin(http.HandlerFunc(pprof.Index)))
 		mux.Handle("/debug/pprof/profile", admin(http.HandlerFunc(pprof.Profile)))

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // TestOpenCompassPassKOracle holds the opencompass mode's pass@k, G-Pass@k and mG-Pass@k to
@@ -19,7 +21,7 @@ import (
 // BaseEvaluator.evaluate itself scores — every reported G-Pass@k and mG-Pass@k mean, and the mean
 // of compute_pass_at_k, to within 1e-9.
 func TestOpenCompassPassKOracle(t *testing.T) {
-	py := pythonVenv(t)
+	py := testenv.PythonVenv(t)
 	out := filepath.Join(t.TempDir(), "passk.json")
 	if b, err := exec.Command(py, filepath.Join("..", "..", "test", "opencompass", "passk.py"), out).CombinedOutput(); err != nil {
 		t.Fatalf("passk.py: %v\n%s", err, b)

@@ -8,25 +8,9 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
-)
 
-// pythonVenv returns the Python of the test venv (test/pyenv.sh makes it; REPEATRATE_TEST_VENV
-// names another), skipping the test without it, except under CI=true where it must exist.
-func pythonVenv(t *testing.T) string {
-	t.Helper()
-	venv := os.Getenv("REPEATRATE_TEST_VENV")
-	if venv == "" {
-		venv = filepath.Join("..", "..", ".cache", "venv")
-	}
-	py := filepath.Join(venv, "bin", "python")
-	if _, err := os.Stat(py); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no Python venv at %s (test/pyenv.sh makes it): %v", venv, err)
-		}
-		t.Skipf("no Python venv at %s; run test/pyenv.sh", venv)
-	}
-	return py
-}
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
 
 // oracleReply is what OpenCompass's own analysis says of one reply (test/opencompass/oracle.py).
 type oracleReply struct {
@@ -48,7 +32,7 @@ type oracleReply struct {
 // count, ratio and fragment, gzip ratio (bit for bit) and both verdicts; and Python's white space
 // to be pySpace on every code point.
 func TestOpenCompassOracle(t *testing.T) {
-	py := pythonVenv(t)
+	py := testenv.PythonVenv(t)
 	out := filepath.Join(t.TempDir(), "oracle.json")
 	cmd := exec.Command(py, filepath.Join("..", "..", "test", "opencompass", "oracle.py"), out)
 	if b, err := cmd.CombinedOutput(); err != nil {

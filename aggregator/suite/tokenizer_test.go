@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/pkoukk/tiktoken-go-loader/assets"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // tokenizerTexts is a corpus for the tokenizers: prose in several scripts, code, numbers,
@@ -66,7 +68,7 @@ func tokenizerTexts() []string {
 // text of the corpus the same token ids, each token's text as decode([id]) gives it, and the
 // reply analysis's token count in both reply modes.
 func TestTiktokenMatchesPython(t *testing.T) {
-	py := pythonVenv(t)
+	py := testenv.PythonVenv(t)
 	dir := t.TempDir()
 	for _, tok := range []Tokenizer{TokenizerO200kBase, TokenizerCl100kBase} {
 		b, err := assets.Assets.ReadFile(tok.String() + ".tiktoken")

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,27 +32,15 @@ func TestDevDemoInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo for minutes")
 	}
-	chrome := testenv.Chromium(t)
 	started := time.Now()
 	base, token, demo, out := startDemo(t)
 	ctx, cancel := context.WithTimeout(t.Context(), demoAlertWithin+2*time.Minute)
 	defer cancel()
-	actx, acancel := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 1000),
-		chromedp.Flag("disable-dev-shm-usage", true))...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	bctx := testenv.Browser(t, ctx, 1280, 1000)
 	dir := testenv.ArtifactDir(t, "demo")
 	shot := func(file string) {
 		t.Helper()
-		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatalf("screenshot %s: %v", file, err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, file), png, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testenv.Screenshot(t, bctx, dir, file)
 	}
 
 	// The printed page asks for a sign-in, and the sign-in lands on it.

@@ -1,10 +1,13 @@
 package testenv
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/chromedp/chromedp"
 )
 
 // Chromium returns the path of a Chromium to drive, skipping the test when there is none (or
@@ -83,4 +86,31 @@ func PythonVenv(t testing.TB) string {
 		t.Skipf("no Python venv at %s; run test/pyenv.sh", venv)
 	}
 	return py
+}
+
+// Browser starts a headless Chromium (Chromium) with a w×h window for the test and returns the
+// chromedp context that drives it; the browser stops when ctx ends or the test does.
+func Browser(t testing.TB, ctx context.Context, w, h int) context.Context {
+	t.Helper()
+	actx, acancel := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(Chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(w, h),
+		chromedp.Flag("disable-dev-shm-usage", true))...)
+	bctx, bcancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		bcancel()
+		acancel()
+	})
+	return bctx
+}
+
+// Screenshot saves a full-page screenshot of what bctx shows as dir/file.
+func Screenshot(t testing.TB, bctx context.Context, dir, file string) {
+	t.Helper()
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", file, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
