@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/repeatrate/repeatrate/aggregator"
-	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/aggregator/suite"
 )
 
 // A time chart draws rolling-window rates over time with their 95 % Wilson intervals as bands,
@@ -148,19 +148,17 @@ func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="10" fill="#555" data-testid="y-tick" data-value="%g">%s%%</text>`,
 			chartLeft-4, y+3.5, v, strconv.FormatFloat(math.Round(v*1000)/10, 'f', -1, 64))
 	}
-	// Time axis, in UTC: the shortest step of the ladder that gives at most eight ticks, labelled
-	// by time of day over a day and a half or less, by date beyond.
-	tick, layout := 24*time.Hour, "Jan 2"
+	// Time axis, in UTC: the shortest step of the ladder that gives at most eight ticks, each
+	// label unique (tickLayout).
+	tick := 24 * time.Hour
 	for _, step := range []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute,
 		30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour} {
-		if to.Sub(from)/step <= 8 {
+		if float64(to.Sub(from))/float64(step) <= 8 {
 			tick = step
 			break
 		}
 	}
-	if to.Sub(from) <= 36*time.Hour {
-		layout = "15:04"
-	}
+	layout := tickLayout(from, to, tick)
 	for t := from.UTC().Truncate(tick).Add(tick); !t.After(to); t = t.Add(tick) {
 		x := sc.x(t)
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#e4e4e4"/>`, x, x, chartTop, chartH-chartBottom)
@@ -200,7 +198,7 @@ func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks
 			}
 		}
 	}
-	marked := false
+	fired, resolved := false, false
 	for _, m := range marks {
 		if m.At.Before(from) || m.At.After(to) {
 			continue
@@ -215,7 +213,7 @@ func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks
 			x, x, chartTop, chartH-chartBottom, colour)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="%s">%s</text></g>`, x, chartTop-3, colour,
 			map[bool]string{true: "▼", false: "▲"}[m.Fired])
-		marked = true
+		fired, resolved = fired || m.Fired, resolved || !m.Fired
 	}
 	// Legend, top left above the plot.
 	lx := chartLeft
@@ -225,11 +223,30 @@ func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks
 		fmt.Fprintf(&b, `<text x="%.1f" y="12" font-size="10" fill="#333">%s rate, 95%% interval</text>`, lx+18, s.Name)
 		lx += 128
 	}
-	if marked {
-		fmt.Fprintf(&b, `<text x="%.1f" y="12" font-size="10"><tspan fill="#b00">▼ alert fired</tspan> <tspan fill="#2a7">▲ resolved</tspan></text>`, lx)
+	if fired || resolved {
+		b.WriteString(fmt.Sprintf(`<text x="%.1f" y="12" font-size="10">`, lx))
+		if fired {
+			b.WriteString(`<tspan fill="#b00">▼ alert fired</tspan> `)
+		}
+		if resolved {
+			b.WriteString(`<tspan fill="#2a7">▲ resolved</tspan>`)
+		}
+		b.WriteString(`</text>`)
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers, fixed words and escaped rule names only
+}
+
+// tickLayout labels ticks tick apart over [from, to]: by date for whole days, by time of day
+// within one day, by date and time when sub-day ticks span several days.
+func tickLayout(from, to time.Time, tick time.Duration) string {
+	switch {
+	case tick >= 24*time.Hour:
+		return "Jan 2"
+	case from.UTC().Truncate(24 * time.Hour).Equal(to.UTC().Truncate(24 * time.Hour)):
+		return "15:04"
+	}
+	return "Jan 2 15:04"
 }
 
 // runsOf splits the points within [from, to] into runs whose consecutive points are at most gap apart.
@@ -252,65 +269,108 @@ func runsOf(pts []ratePoint, from, to time.Time, gap time.Duration) [][]ratePoin
 	return runs
 }
 
-// suiteChart draws a suite's versions in order against pass rate (0–100 %): each version's mean
-// pass rate over its runs with its runs' min–max as a whisker, over the band between the suite's
-// floor and ceiling (the achievable range: what any version can score given the cases that always
-// pass and always fail). Like timeChart it carries its numbers and scale as data attributes.
-func suiteChart(stab []schemas.SuiteStability, floor, ceiling *float64) template.HTML {
-	if len(stab) == 0 {
+// versionRate is one version's pass rate as the discrimination snapshot counts the latest's: over
+// the judged cases with an outcome in it, the share that passed (a case passes a version when
+// every scored run of it passed).
+type versionRate struct {
+	Version        string
+	Pass, Outcomes int
+}
+
+// versionRates computes each version's versionRate from the case table.
+func versionRates(t *suite.CaseTable) []versionRate {
+	out := make([]versionRate, len(t.Versions))
+	for i, v := range t.Versions {
+		out[i].Version = v
+	}
+	for _, c := range t.Cases {
+		switch c.Class {
+		case suite.ClassAlwaysPass, suite.ClassAlwaysFail, suite.ClassDiscriminating:
+		default:
+			continue // not judged
+		}
+		for i, o := range c.Outcomes {
+			if i < len(out) && o != suite.OutcomeNone {
+				out[i].Outcomes++
+				if o == suite.OutcomePass {
+					out[i].Pass++
+				}
+			}
+		}
+	}
+	return out
+}
+
+// suiteChartRight is the suite chart's right margin: floor and ceiling are labelled there.
+const suiteChartRight = 96.0
+
+// suiteChart draws a suite's versions in order against pass rate (0–100 %): each version's pass
+// rate over the judged cases (versionRates, the same count as the page's latest pass rate) over the
+// band between the suite's floor and ceiling — the achievable range: with the cases that always
+// pass and always fail, no judged version can score outside it. Like timeChart it carries its
+// numbers and scale as data attributes.
+func suiteChart(rates []versionRate, floor, ceiling *float64) template.HTML {
+	if len(rates) == 0 {
 		return ""
 	}
 	sc := chartScale{yMax: 1}
-	step := (chartW - chartLeft - chartRight) / float64(len(stab))
+	plotW := chartW - chartLeft - suiteChartRight
+	step := plotW / float64(len(rates))
 	x := func(i int) float64 { return chartLeft + step*(float64(i)+0.5) }
 	var b bytes.Buffer
 	fmt.Fprintf(&b, `<svg width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" role="img" class="chart" data-testid="suite-chart" data-y0="%.1f" data-y1="%.1f">`,
 		chartW, chartH, chartW, chartH, sc.y(0), sc.y(1))
 	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#fcfcfc" stroke="#ccc"/>`,
-		chartLeft, chartTop, chartW-chartLeft-chartRight, chartH-chartTop-chartBottom)
+		chartLeft, chartTop, plotW, chartH-chartTop-chartBottom)
 	for i := 0; i <= 4; i++ {
-		v := float64(i) / 4
-		y := sc.y(v)
-		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#e4e4e4"/>`, chartLeft, chartW-chartRight, y, y)
+		y := sc.y(float64(i) / 4)
+		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#e4e4e4"/>`, chartLeft, chartLeft+plotW, y, y)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="10" fill="#555">%d%%</text>`, chartLeft-4, y+3.5, i*25)
 	}
 	if floor != nil && ceiling != nil {
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#2a7" fill-opacity="0.14" data-testid="achievable" data-floor="%g" data-ceiling="%g"/>`,
-			chartLeft, sc.y(*ceiling), chartW-chartLeft-chartRight, max(0.5, sc.y(*floor)-sc.y(*ceiling)), *floor, *ceiling)
+			chartLeft, sc.y(*ceiling), plotW, max(1, sc.y(*floor)-sc.y(*ceiling)), *floor, *ceiling)
 		for _, l := range []struct {
 			name string
 			v    float64
 		}{{"ceiling", *ceiling}, {"floor", *floor}} {
 			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#2a7" stroke-dasharray="5 3" data-testid="%s-line"/>`,
-				chartLeft, chartW-chartRight, sc.y(l.v), sc.y(l.v), l.name)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="10" fill="#1d6b4f">%s %.1f%%</text>`,
-				chartLeft+3, sc.y(l.v)-3, l.name, l.v*100)
+				chartLeft, chartLeft+plotW, sc.y(l.v), sc.y(l.v), l.name)
 		}
+		// Labels in the right margin, apart even when floor and ceiling are close or equal.
+		cy, fy := sc.y(*ceiling)+3.5, sc.y(*floor)+3.5
+		if fy-cy < 12 {
+			mid := (cy + fy) / 2
+			cy, fy = mid-6, mid+6
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="10" fill="#1d6b4f">ceiling %.1f%%</text>`, chartLeft+plotW+4, cy, *ceiling*100)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="10" fill="#1d6b4f">floor %.1f%%</text>`, chartLeft+plotW+4, fy, *floor*100)
 	}
-	// Label every version while they fit, else every k-th (and the last).
-	every := max(1, int(math.Ceil(float64(len(stab))*42/(chartW-chartLeft-chartRight))))
+	// Label every version while they fit, else every k-th (and the last); long labels are cut.
+	every := max(1, int(math.Ceil(float64(len(rates))*48/plotW)))
 	var pts strings.Builder
-	for i, s := range stab {
-		if i%every == 0 || i == len(stab)-1 {
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#555">%s</text>`,
-				x(i), chartH-chartBottom+13, template.HTMLEscapeString(s.Version))
+	for i, r := range rates {
+		if i%every == 0 || i == len(rates)-1 {
+			label := r.Version
+			if rs := []rune(label); len(rs) > 8 {
+				label = string(rs[:7]) + "…"
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10" fill="#555"><title>%s</title>%s</text>`,
+				x(i), chartH-chartBottom+13, template.HTMLEscapeString(r.Version), template.HTMLEscapeString(label))
 		}
-		if s.Mean == nil {
+		if r.Outcomes == 0 {
 			continue
 		}
-		if s.Min != nil && s.Max != nil {
-			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#36c" stroke-opacity="0.5" stroke-width="3"/>`,
-				x(i), x(i), sc.y(*s.Min), sc.y(*s.Max))
-		}
-		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="#36c" data-testid="version-mean" data-version="%s" data-mean="%g"/>`,
-			x(i), sc.y(*s.Mean), template.HTMLEscapeString(s.Version), *s.Mean)
-		fmt.Fprintf(&pts, "%.1f,%.1f ", x(i), sc.y(*s.Mean))
+		rate := float64(r.Pass) / float64(r.Outcomes)
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="#36c" data-testid="version-rate" data-version="%s" data-rate="%g"><title>%s: %d of %d judged cases passed</title></circle>`,
+			x(i), sc.y(rate), template.HTMLEscapeString(r.Version), rate, template.HTMLEscapeString(r.Version), r.Pass, r.Outcomes)
+		fmt.Fprintf(&pts, "%.1f,%.1f ", x(i), sc.y(rate))
 	}
 	fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="#36c" stroke-width="1.4"/>`, strings.TrimSpace(pts.String()))
 	fmt.Fprintf(&b, `<rect x="%.1f" y="4" width="14" height="8" fill="#2a7" fill-opacity="0.14"/><text x="%.1f" y="12" font-size="10" fill="#333">achievable range (floor to ceiling)</text>`,
 		chartLeft, chartLeft+18)
-	fmt.Fprintf(&b, `<circle cx="%.1f" cy="8" r="3" fill="#36c"/><text x="%.1f" y="12" font-size="10" fill="#333">mean pass rate over runs, min–max</text>`,
-		chartLeft+220, chartLeft+228)
+	fmt.Fprintf(&b, `<circle cx="%.1f" cy="8" r="3" fill="#36c"/><text x="%.1f" y="12" font-size="10" fill="#333">pass rate over judged cases</text>`,
+		chartLeft+200, chartLeft+208)
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers, fixed words and escaped version labels only
 }

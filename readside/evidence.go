@@ -20,6 +20,9 @@ type alertView struct {
 func windowWords(name string) string {
 	long, short, baseline := strings.Cut(name, "-")
 	if baseline {
+		if long == "all" && windowLength(short) > 0 {
+			return "all before the " + strings.TrimPrefix(windowWords(short), "last ")
+		}
 		d := windowLength(long) - windowLength(short)
 		if d <= 0 {
 			return name
@@ -64,10 +67,13 @@ func spanWords(d time.Duration) string {
 
 // thousands writes n with a thin space between groups of three digits: 9 275.
 func thousands(n int64) string {
-	s := strconv.FormatInt(n, 10)
 	if n < 0 {
-		return "-" + thousands(-n)
+		return "-" + groupDigits(strconv.FormatUint(uint64(-(n+1))+1, 10))
 	}
+	return groupDigits(strconv.FormatInt(n, 10))
+}
+
+func groupDigits(s string) string {
 	var b strings.Builder
 	for i, c := range s {
 		if i > 0 && (len(s)-i)%3 == 0 {
@@ -97,11 +103,28 @@ func evidenceWords(kind string, ev *schemas.AlertEvidence) string {
 		return fmt.Sprintf("%s vs %s; the increase is at least %.1f points at the test's confidence",
 			windowRate(ev.Windows[0]), windowRate(ev.Windows[1]), ev.Test.LowerDifference*100)
 	case kind == "not_measured_for" && ev.Value != nil:
-		return "no scored opportunity for " + (time.Duration(*ev.Value) * time.Second).Round(time.Minute).String()
+		return "no scored opportunity for " + durationWords(time.Duration(*ev.Value*float64(time.Second)))
 	case kind == "threshold" && len(ev.Windows) == 1 && ev.Threshold != nil:
 		return fmt.Sprintf("%s; threshold %.1f%%", windowRate(ev.Windows[0]), *ev.Threshold*100)
 	case ev.Value != nil && ev.Threshold != nil:
 		return fmt.Sprintf("value %s; threshold %s", strconv.FormatFloat(*ev.Value, 'g', 4, 64), strconv.FormatFloat(*ev.Threshold, 'g', 4, 64))
 	}
 	return ""
+}
+
+// durationWords says a duration to the minute: "45 min", "2 h", "2 h 5 min", "3 days 4 h".
+func durationWords(d time.Duration) string {
+	m := int64(d.Round(time.Minute) / time.Minute)
+	days, h, min := m/(24*60), m/60%24, m%60
+	var parts []string
+	if days > 0 {
+		parts = append(parts, strconv.FormatInt(days, 10)+map[bool]string{true: " day", false: " days"}[days == 1])
+	}
+	if h > 0 {
+		parts = append(parts, strconv.FormatInt(h, 10)+" h")
+	}
+	if min > 0 || len(parts) == 0 {
+		parts = append(parts, strconv.FormatInt(min, 10)+" min")
+	}
+	return strings.Join(parts, " ")
 }

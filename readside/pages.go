@@ -92,7 +92,9 @@ type pageData struct {
 	Workspaces []string
 	Scopes     []scopeRow
 	Suites     []string
-	More       bool
+	More       bool // the workspace has more corrections than the index lists
+	// MoreWorkspaces: a token of every workspace sees the most recently active maxLimit only.
+	MoreWorkspaces bool
 	// login: the page to return to once signed in (a path of this server)
 	ReturnTo string
 	// outcomes
@@ -121,6 +123,10 @@ type scopeRow struct {
 	N                                int
 	Link                             string
 	Corrections                      []indexCorrection // the first indexCorrections of the workspace
+	// FiringElsewhere counts firing alerts of its corrections past those shown; Partial says the
+	// listing stopped within this scope, so N counts only the corrections listed.
+	FiringElsewhere int
+	Partial         bool
 }
 
 // indexCorrection is a correction as the index shows it: its badge, the 24h window of the source
@@ -140,7 +146,7 @@ type sideView struct {
 	S          *schemas.Snapshot
 	Chart      template.HTML
 	Points     int
-	Resolution string // of the chart's points: minute or hour
+	Resolution string // of the chart's points: "a minute" or "an hour"
 }
 
 type outcomeView struct {
@@ -216,10 +222,13 @@ func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
 			d.Workspaces = append(d.Workspaces, ws)
 		} else if a.catalog != nil {
 			// A token of every workspace is offered those the read side holds anything of.
-			all, err := a.catalog.Workspaces(req.Context(), maxLimit)
+			all, err := a.catalog.Workspaces(req.Context(), maxLimit+1)
 			if err != nil {
 				a.pageUnavailable(w, req, err)
 				return
+			}
+			if len(all) > maxLimit {
+				all, d.MoreWorkspaces = all[:maxLimit], true
 			}
 			d.Workspaces = append(d.Workspaces, all...)
 		}
@@ -254,7 +263,14 @@ func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
 			row := &d.Scopes[n-1]
 			row.N++
 			if i >= indexCorrections {
-				continue // counted, not read: the index stays one bounded read
+				// Counted, not read (the index stays a bounded read), yet an alert firing on it
+				// is shown: the alerts are read already.
+				for _, al := range alertsOf(alerts, r) {
+					if al.State == "firing" {
+						row.FiringElsewhere++
+					}
+				}
+				continue
 			}
 			live, eval, err := a.current(req.Context(), r.scope(), r.CorrectionID)
 			if err != nil {
@@ -280,6 +296,9 @@ func (a *api) indexPage(w http.ResponseWriter, req *http.Request) {
 				}
 			}
 			row.Corrections = append(row.Corrections, c)
+		}
+		if d.More && len(d.Scopes) > 0 {
+			d.Scopes[len(d.Scopes)-1].Partial = true // its count stops where the listing did
 		}
 		pg, err := a.catalog.Suites(req.Context(), d.Workspace, "", maxLimit)
 		if err != nil {
@@ -372,14 +391,27 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 				earliest(m.At)
 			}
 		}
-		from := chartFrom(now, span.span, first)
+		// A chart ends now, or at its newest point or mark when the processor's clock (which
+		// stamps them) is ahead of this server's: a point is never cut for being "in the future".
+		to := now
+		for side, pts := range hist {
+			if n := len(pts); n > 0 && pts[n-1].ObservedAt.After(to) {
+				to = pts[n-1].ObservedAt
+			}
+			for _, m := range marksOf(mine, side.Name) {
+				if m.At.After(to) {
+					to = m.At
+				}
+			}
+		}
+		from := chartFrom(to, span.span, first)
 		for side, pts := range hist {
 			series := []rateSeries{
 				seriesOf("1h", "#c0392b", pts, func(p *Point) [3]int64 { return p.Hour }),
 				seriesOf("24h", "#2e6da4", pts, func(p *Point) [3]int64 { return p.Day }),
 			}
-			side.Chart, side.Points = timeChart(from, now, span.gap, series, marksOf(mine, side.Name)), len(pts)
-			side.Resolution = map[bool]string{false: "minute", true: "hour"}[span.hourly]
+			side.Chart, side.Points = timeChart(from, to, span.gap, series, marksOf(mine, side.Name)), len(pts)
+			side.Resolution = map[bool]string{false: "a minute", true: "an hour"}[span.hourly]
 		}
 		d.Outcomes = append(d.Outcomes, ov)
 	}
@@ -468,7 +500,7 @@ func (a *api) suitePage(w http.ResponseWriter, req *http.Request) {
 			d.Stab = append(d.Stab, suite.StabilityOf(k, vs, cfg, now))
 		}
 	}
-	d.SuiteChart = suiteChart(d.Stab, d.D.Floor, d.D.Ceiling)
+	d.SuiteChart = suiteChart(versionRates(t), d.D.Floor, d.D.Ceiling)
 	d.From, d.To = v.Get("from"), v.Get("to")
 	if n := len(t.Versions); n >= 2 && d.From == "" && d.To == "" {
 		d.From, d.To = t.Versions[n-2], t.Versions[n-1]

@@ -143,7 +143,7 @@ func TestDevDemoInBrowser(t *testing.T) {
 		t.Fatalf("suite page: %v", err)
 	}
 	suite, err := chromedp.Run(bctx, chromedp.Evaluate[suiteRead](`({revived: [...document.querySelectorAll('table[data-testid=cases] tr')].filter(tr => tr.children[4] && tr.children[4].innerText.includes('→')).length,
-		  versions: document.querySelectorAll('svg[data-testid=suite-chart] [data-testid=version-mean]').length,
+		  versions: document.querySelectorAll('svg[data-testid=suite-chart] [data-testid=version-rate]').length,
 		  bounds: document.querySelectorAll('svg[data-testid=suite-chart] [data-testid$=-line]').length,
 		  minRuns: Math.min(...[...document.querySelectorAll('table[data-testid=stability] tr[data-version]')].map(tr => Number(tr.children[1].innerText))),
 		  abnormal: [...document.querySelectorAll('table[data-testid=stability] tr[data-version]')].reduce((n, tr) => n + Number(tr.children[tr.children.length - 2].innerText), 0)})`))

@@ -55,9 +55,12 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	// The embedded broker keeps everything in memory: it drops records older than kafkaRetention
-	// (applied below), so the demo runs for hours in bounded memory.
+	// (applied below), so the demo runs for hours in bounded memory. It frees whole segments only,
+	// as Kafka does, so segments are small and roll often: with its defaults (100 MiB, 7 days) a
+	// partition's segment never rolled, nothing was freed, and dev grew ~12 MB a minute.
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(kport),
-		kfake.BrokerConfigs(map[string]string{"log.retention.ms": strconv.FormatInt(kafkaRetention.Milliseconds(), 10)}),
+		kfake.BrokerConfigs(map[string]string{"log.retention.ms": strconv.FormatInt(kafkaRetention.Milliseconds(), 10),
+			"log.segment.bytes": strconv.Itoa(devSegmentBytes), "log.roll.ms": strconv.FormatInt(max(time.Second, *kafkaRetention/4).Milliseconds(), 10)}),
 		kfake.SeedTopics(4, TopicLive, TopicEval, TopicSnapshots, TopicSuites), kfake.SeedTopics(1, TopicAlerts, TopicDLQ))
 	if err != nil {
 		return fmt.Errorf("dev: embedded kafka on port %d: %w", kport, err)
@@ -158,6 +161,7 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		view := newDemoView()
 		view.outcomes = func() map[string]int { return observationOutcomes(reg) }
+		view.input = func() int64 { return eventsIn(reg) }
 		g.Go(func() error { return demoTraffic(gctx, kc, *rate, &view.sent, log) })
 		g.Go(func() error { return demoStep(gctx, kc, time.Now, &view.sent, log) })
 		g.Go(func() error { return demoSuite(gctx, kc, time.Now(), &view.sent, log) })
@@ -170,6 +174,10 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	return g.Wait()
 }
+
+// devSegmentBytes is the embedded broker's segment size: what a partition holds beyond its
+// retention before it frees anything.
+const devSegmentBytes = 1 << 20
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

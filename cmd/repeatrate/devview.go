@@ -39,6 +39,17 @@ type demoView struct {
 	// outcomes, when set, returns the processor's observations so far by outcome (counted,
 	// duplicate, …): what deduplication did, which the output topics do not show.
 	outcomes func() map[string]int
+	// input, when set, returns the events the processor has decoded so far, from any source (the
+	// demo, /v1/events, produce): what the header's rate counts; without it, what the demo sent.
+	input func() int64
+}
+
+// inputSoFar is the count the header's rate is taken from.
+func (v *demoView) inputSoFar() int64 {
+	if v.input != nil {
+		return v.input()
+	}
+	return v.sent.Load()
 }
 
 func newDemoView() *demoView {
@@ -137,7 +148,7 @@ func (v *demoView) print(ctx context.Context, out io.Writer, period time.Duratio
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			sent := v.sent.Load()
+			sent := v.inputSoFar()
 			io.WriteString(out, v.render(now, sent-last, period, 8))
 			last = sent
 		}
@@ -280,7 +291,7 @@ func (m *liveView) tick() tea.Cmd {
 func (m *liveView) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	if t, ok := msg.(liveTick); ok {
 		now := time.Time(t)
-		sent := m.v.sent.Load()
+		sent := m.v.inputSoFar()
 		period := now.Sub(m.lastAt)
 		if m.lastAt.IsZero() || period <= 0 {
 			period = time.Second
@@ -307,6 +318,24 @@ func (v *demoView) live(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("live view: %w", err)
 	}
 	return nil
+}
+
+// eventsIn reads repeatrate_events_total, summed over types, from reg: every input event the
+// processor decoded.
+func eventsIn(reg prometheus.Gatherer) int64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == "repeatrate_events_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int64(n)
 }
 
 // observationOutcomes reads repeatrate_observations_total by outcome from reg.

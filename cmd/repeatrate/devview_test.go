@@ -120,3 +120,18 @@ func TestDemoViewRowsKeepTheirLines(t *testing.T) {
 		t.Errorf("rows %q: want the long scope's once", before)
 	}
 }
+
+// The header's rate counts every event the processor decoded — the demo's, and what anyone
+// posts or produces beside it — not only what the demo wrote.
+func TestDemoViewCountsAllInput(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := consumer.NewMetrics(reg)
+	v := newDemoView()
+	v.sent.Add(10) // the demo's own writes
+	v.input = func() int64 { return eventsIn(reg) }
+	m.Events.WithLabelValues("repeatrate.live.attempt.v1").Add(30)
+	m.Events.WithLabelValues("repeatrate.eval.result.v1").Add(12)
+	if got := v.inputSoFar(); got != 42 {
+		t.Fatalf("the view counts %d events in, the processor decoded 42", got)
+	}
+}
