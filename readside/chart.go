@@ -221,7 +221,7 @@ func timeChart(from, to time.Time, gap time.Duration, series []rateSeries, marks
 		fmt.Fprintf(&b, `<rect x="%.1f" y="4" width="14" height="8" fill="%s" fill-opacity="0.16"/><line x1="%.1f" x2="%.1f" y1="8" y2="8" stroke="%s" stroke-width="1.6"/>`,
 			lx, s.Colour, lx, lx+14, s.Colour)
 		fmt.Fprintf(&b, `<text x="%.1f" y="12" font-size="10" fill="#333">%s rate, 95%% interval</text>`, lx+18, s.Name)
-		lx += 128
+		lx += 136
 	}
 	if fired || resolved {
 		b.WriteString(fmt.Sprintf(`<text x="%.1f" y="12" font-size="10">`, lx))
