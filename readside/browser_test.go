@@ -298,7 +298,8 @@ func TestBrowserPages(t *testing.T) {
 	if err := chromedp.Do(bctx,
 		chromedp.EmulateViewport(1000, 1000),
 		chromedp.Click(chromedp.CSS(`a[data-testid=other-range]`)),
-		chromedp.WaitVisible(chromedp.CSS(`section[data-correction="fix-wide"]`)),
+		// The week's page, not the day's still shown: its link offers the day.
+		chromedp.WaitVisible(chromedp.CSS(`a[data-testid=other-range][href*="range=24h"]`)),
 	); err != nil {
 		t.Fatalf("the week's charts: %v", err)
 	}
