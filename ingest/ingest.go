@@ -276,6 +276,9 @@ type pending struct {
 	msg kafka.Message
 	res Result
 	ws  string // the workspace of a valid event
+	// refused, when set, judged the event invalid before it was decoded (an OTLP record whose
+	// attributes cannot make an event).
+	refused *schemas.InvalidError
 }
 
 // ServeHTTP answers one POST of events.
@@ -312,6 +315,10 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request, read func(http
 	for i := range events {
 		e := &events[i]
 		e.res.Index = i
+		if e.refused != nil {
+			e.res.Status, e.res.Reason, e.res.Detail = StatusInvalid, e.refused.Reason, e.refused.Detail
+			continue
+		}
 		ev, err := h.dec.Decode(&e.msg, now)
 		if err != nil {
 			var ie *schemas.InvalidError

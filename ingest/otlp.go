@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,16 +9,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	logspb "go.opentelemetry.io/proto/otlp/logs/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // OTLP logs (docs/feeding.md#opentelemetry): an OpenTelemetry SDK or Collector posts log records
@@ -31,10 +38,111 @@ const AttributePrefix = "repeatrate."
 // scopeParts are the scope's parts, each an attribute repeatrate.<part>.
 var scopeParts = []string{"workspace", "model", "run", "checkpoint", "artifact"}
 
-// ServeOTLP answers one OTLP/HTTP export of logs (POST /v1/logs).
+// ServeOTLP answers one OTLP/HTTP export of logs (POST /v1/logs) as OTLP clients expect: 200
+// with an empty ExportLogsServiceResponse when every record was written, else the status code
+// /v1/events would answer with a google.rpc.Status whose message says why and names the first
+// refused records — protobuf or JSON, as the request was.
 func (h *Handler) ServeOTLP(w http.ResponseWriter, req *http.Request) {
-	code := h.serve(w, req, h.readOTLP)
+	ctype, _, _ := mime.ParseMediaType(req.Header.Get("Content-Type"))
+	rec := &capture{header: w.Header()}
+	code := h.serve(rec, req, h.readOTLP)
 	h.answers.WithLabelValues(strconv.Itoa(code)).Inc()
+	writeOTLP(w, ctype == "application/json", code, rec.body.Bytes())
+}
+
+// capture holds an answer of serve, to be rewritten as OTLP's.
+type capture struct {
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (c *capture) Header() http.Header         { return c.header }
+func (c *capture) Write(b []byte) (int, error) { return c.body.Write(b) }
+func (c *capture) WriteHeader(int)             {}
+
+// maxListedRecords is how many refused records an OTLP answer's message names.
+const maxListedRecords = 10
+
+// writeOTLP writes the OTLP answer of serve's answer (an Answer or {"error": …}) with code.
+func writeOTLP(w http.ResponseWriter, asJSON bool, code int, answer []byte) {
+	w.Header().Del("Content-Length")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if asJSON {
+		w.Header().Set("Content-Type", "application/json")
+	} else {
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}
+	if code >= 200 && code < 300 {
+		// Every record written: an empty ExportLogsServiceResponse (no partial success).
+		w.WriteHeader(http.StatusOK)
+		if asJSON {
+			io.WriteString(w, "{}")
+		}
+		return
+	}
+	var ans Answer
+	json.Unmarshal(answer, &ans)
+	msg := ans.Error
+	var listed []string
+	refused := 0
+	for _, r := range ans.Events {
+		if r.Status == StatusAccepted || r.Status == StatusNotWritten {
+			continue
+		}
+		refused++
+		if len(listed) < maxListedRecords {
+			why := strings.TrimPrefix(string(r.Reason)+": "+r.Detail, ": ")
+			listed = append(listed, fmt.Sprintf("record %d %s (%s)", r.Index, r.Status, strings.TrimSuffix(why, ": ")))
+		}
+	}
+	if len(listed) > 0 {
+		msg += ": " + strings.Join(listed, "; ")
+		if refused > len(listed) {
+			msg += fmt.Sprintf("; and %d more", refused-len(listed))
+		}
+	}
+	if msg == "" {
+		var e struct {
+			Error string `json:"error"`
+		}
+		json.Unmarshal(answer, &e)
+		msg = e.Error
+	}
+	st := rpcCode(code)
+	w.WriteHeader(code)
+	if asJSON {
+		json.NewEncoder(w).Encode(struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}{st, msg})
+		return
+	}
+	// google.rpc.Status: code = 1 (int32), message = 2 (string).
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(st))
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, strings.ToValidUTF8(msg, "\uFFFD"))
+	w.Write(b)
+}
+
+// rpcCode is the google.rpc.Code of an HTTP status, as OTLP/HTTP pairs them.
+func rpcCode(status int) int {
+	switch status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
+		return 3 // INVALID_ARGUMENT
+	case http.StatusUnauthorized:
+		return 16 // UNAUTHENTICATED
+	case http.StatusForbidden:
+		return 7 // PERMISSION_DENIED
+	case http.StatusNotFound:
+		return 5 // NOT_FOUND
+	case http.StatusTooManyRequests:
+		return 8 // RESOURCE_EXHAUSTED
+	case http.StatusServiceUnavailable:
+		return 14 // UNAVAILABLE
+	}
+	return 2 // UNKNOWN
 }
 
 // readOTLP turns an ExportLogsServiceRequest into the structured CloudEvents its records map to,
@@ -69,12 +177,21 @@ func (h *Handler) readOTLP(w http.ResponseWriter, req *http.Request) ([]pending,
 	case n > h.cfg.MaxEvents:
 		return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the export holds %d log records, at most %d are taken", n, h.cfg.MaxEvents)
 	}
+	// The events a record makes carry its resource's attributes too, so an export's events may be
+	// far larger than its body: they are held to twice the body limit, what the ingest budgets a
+	// request's writes at, and built no further past it.
+	budget := 2 * h.cfg.MaxBodyBytes
 	events := make([]pending, 0, n)
 	for _, rl := range data.GetResourceLogs() {
 		res := rl.GetResource().GetAttributes()
 		for _, sl := range rl.GetScopeLogs() {
 			for _, rec := range sl.GetLogRecords() {
-				events = append(events, pending{msg: structured(cloudEventOf(res, rec))})
+				ev, refused := cloudEventOf(res, rec)
+				if budget -= int64(len(ev)); budget < 0 {
+					return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf(
+						"the export's records make more than %d bytes of events (each carries its resource's repeatrate.* attributes): send fewer records a request", 2*h.cfg.MaxBodyBytes)
+				}
+				events = append(events, pending{msg: structured(ev), refused: refused})
 			}
 		}
 	}
@@ -135,13 +252,21 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 // <field>, the scope's parts gathered under scope; a record with repeatrate.result is an eval
 // result, any other a live attempt; occurred_at and assessed_at default to the record's time (its
 // observed time when it has none); an eval result's prediction defaults to a string body. The
-// CloudEvent's id is repeatrate.event_id, else a hash of the data, so that an export sent again
-// carries the same ids; its source is otlp/ and the resource's service.name. What the mapping
-// leaves missing or wrong, the decoder refuses with the reason a dead letter would carry.
-func cloudEventOf(resource []*commonpb.KeyValue, rec *logspb.LogRecord) []byte {
+// CloudEvent's id is the record's repeatrate.event_id, else a hash of the data, so that an export
+// sent again carries the same ids; its source is otlp/ and the resource's service.name. What the
+// mapping leaves missing or wrong, the decoder refuses with the reason a dead letter would carry;
+// what cannot become an event at all (a value that is no string, integer, finite number or
+// boolean; a name the mapping reserves) is refused here, as bad_value.
+func cloudEventOf(resource []*commonpb.KeyValue, rec *logspb.LogRecord) ([]byte, *schemas.InvalidError) {
 	fields := map[string]any{}
 	var eventID, service string
-	take := func(kvs []*commonpb.KeyValue) {
+	var refused *schemas.InvalidError
+	refuse := func(reason schemas.Reason, format string, args ...any) {
+		if refused == nil {
+			refused = schemas.Invalid(reason, format, args...)
+		}
+	}
+	take := func(kvs []*commonpb.KeyValue, onRecord bool) {
 		for _, kv := range kvs {
 			name, ok := strings.CutPrefix(kv.GetKey(), AttributePrefix)
 			switch {
@@ -149,14 +274,29 @@ func cloudEventOf(resource []*commonpb.KeyValue, rec *logspb.LogRecord) []byte {
 				service = kv.GetValue().GetStringValue()
 			case !ok:
 			case name == "event_id":
-				eventID = kv.GetValue().GetStringValue()
+				v, isString := kv.GetValue().GetValue().(*commonpb.AnyValue_StringValue)
+				switch {
+				case !onRecord:
+					// On a resource it would give every record the same id: not an id.
+				case !isString:
+					refuse(schemas.ReasonBadValue, "attribute repeatrate.event_id must be a string")
+				default:
+					eventID = v.StringValue
+				}
+			case name == "" || name == "scope" || name == "data":
+				refuse(schemas.ReasonBadValue, "attribute %s names no field of an event", kv.GetKey())
 			default:
-				fields[name] = anyValue(kv.GetValue())
+				v, err := scalar(kv.GetValue())
+				if err != nil {
+					refuse(schemas.ReasonBadValue, "attribute %s is %v", kv.GetKey(), err)
+					continue
+				}
+				fields[name] = v
 			}
 		}
 	}
-	take(resource)
-	take(rec.GetAttributes()) // the record's own attributes win
+	take(resource, false)
+	take(rec.GetAttributes(), true) // the record's own attributes win
 	scope := map[string]any{}
 	for _, p := range scopeParts {
 		if v, ok := fields[p]; ok {
@@ -169,7 +309,9 @@ func cloudEventOf(resource []*commonpb.KeyValue, rec *logspb.LogRecord) []byte {
 	if at == 0 {
 		at = rec.GetObservedTimeUnixNano()
 	}
-	if at != 0 {
+	if at > math.MaxInt64 {
+		refuse(schemas.ReasonBadTime, "the record's time %d ns is past the year 2262", at)
+	} else if at != 0 {
 		stamp := time.Unix(0, int64(at)).UTC().Format(time.RFC3339Nano)
 		if _, ok := fields["occurred_at"]; !ok {
 			fields["occurred_at"] = stamp
@@ -180,44 +322,60 @@ func cloudEventOf(resource []*commonpb.KeyValue, rec *logspb.LogRecord) []byte {
 	}
 	typ := "repeatrate.live.attempt.v1"
 	if _, ok := fields["result"]; ok {
+		if _, both := fields["outcome"]; both {
+			refuse(schemas.ReasonBadValue, "the record has both repeatrate.outcome (a live attempt) and repeatrate.result (an eval result)")
+		}
 		typ = "repeatrate.eval.result.v1"
 		if _, ok := fields["prediction"]; !ok {
-			if b, ok := rec.GetBody().GetValue().(*commonpb.AnyValue_StringValue); ok {
+			if b, ok := rec.GetBody().GetValue().(*commonpb.AnyValue_StringValue); ok && utf8.ValidString(b.StringValue) {
 				fields["prediction"] = b.StringValue
 			}
 		}
 	}
-	data, _ := json.Marshal(fields) // maps of JSON values only
+	data, err := json.Marshal(fields) // scalars only
+	if err != nil {
+		refuse(schemas.ReasonBadValue, "%v", err)
+		data = []byte("{}")
+	}
 	if eventID == "" {
 		sum := sha256.Sum256(append([]byte(typ+"\x00"), data...))
 		eventID = "otlp-" + hex.EncodeToString(sum[:16])
 	}
 	source := "otlp"
 	if service != "" {
-		source += "/" + service
+		source += "/" + url.PathEscape(service)
 	}
 	ev, _ := json.Marshal(map[string]any{"specversion": "1.0", "id": eventID, "source": source, "type": typ,
 		"datacontenttype": "application/json", "data": json.RawMessage(data)})
-	return ev
+	return ev, refused
 }
 
-// anyValue is an attribute's value as JSON carries it: a string, integer, number or boolean as
-// such; anything else (bytes, arrays, maps) as OTLP's JSON writes it, which the decoder refuses
-// where a scalar is wanted.
-func anyValue(v *commonpb.AnyValue) any {
+// scalar is an attribute's value as JSON carries it — a string, integer, finite number or
+// boolean — or what else it is.
+func scalar(v *commonpb.AnyValue) (any, error) {
 	switch x := v.GetValue().(type) {
 	case *commonpb.AnyValue_StringValue:
-		return x.StringValue
+		if !utf8.ValidString(x.StringValue) {
+			return nil, errors.New("not valid UTF-8 text")
+		}
+		return x.StringValue, nil
 	case *commonpb.AnyValue_IntValue:
-		return x.IntValue
+		return x.IntValue, nil
 	case *commonpb.AnyValue_DoubleValue:
-		return x.DoubleValue
+		if math.IsNaN(x.DoubleValue) || math.IsInf(x.DoubleValue, 0) {
+			return nil, errors.New("not a finite number")
+		}
+		return x.DoubleValue, nil
 	case *commonpb.AnyValue_BoolValue:
-		return x.BoolValue
-	case nil:
-		return nil
+		return x.BoolValue, nil
+	case *commonpb.AnyValue_ArrayValue:
+		return nil, errors.New("an array; a string, integer, number or boolean is wanted")
+	case *commonpb.AnyValue_KvlistValue:
+		return nil, errors.New("a key-value list; a string, integer, number or boolean is wanted")
+	case *commonpb.AnyValue_BytesValue:
+		return nil, errors.New("bytes; a string, integer, number or boolean is wanted")
 	}
-	return fmt.Sprint(v)
+	return nil, errors.New("empty; a string, integer, number or boolean is wanted")
 }
 
 // The OTLP/HTTP JSON encoding (docs: OTLP specification, JSON Protobuf Encoding): proto3 JSON with
@@ -248,16 +406,25 @@ type jsonKeyValue struct {
 type jsonAnyValue struct {
 	StringValue *string         `json:"stringValue"`
 	IntValue    *jsonInt64      `json:"intValue"`
-	DoubleValue *float64        `json:"doubleValue"`
+	DoubleValue *jsonDouble     `json:"doubleValue"`
 	BoolValue   *bool           `json:"boolValue"`
-	Other       json.RawMessage `json:"arrayValue"` // and kvlistValue, bytesValue: kept as text
+	ArrayValue  json.RawMessage `json:"arrayValue"`
+	KvlistValue json.RawMessage `json:"kvlistValue"`
+	BytesValue  json.RawMessage `json:"bytesValue"`
 }
 
-// jsonUint64 and jsonInt64 take a JSON string or number.
-type jsonUint64 uint64
-type jsonInt64 int64
+// jsonUint64, jsonInt64 and jsonDouble take a JSON number or a string of one (proto3 JSON writes
+// 64-bit integers, and NaN and infinities, as strings); null is zero.
+type (
+	jsonUint64 uint64
+	jsonInt64  int64
+	jsonDouble float64
+)
 
 func (u *jsonUint64) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	v, err := strconv.ParseUint(strings.Trim(string(b), `"`), 10, 64)
 	*u = jsonUint64(v)
 	return err
@@ -269,49 +436,144 @@ func (i *jsonInt64) UnmarshalJSON(b []byte) error {
 	return err
 }
 
-func (v *jsonAnyValue) proto() *commonpb.AnyValue {
-	switch {
-	case v == nil:
-		return nil
-	case v.StringValue != nil:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: *v.StringValue}}
-	case v.IntValue != nil:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: int64(*v.IntValue)}}
-	case v.DoubleValue != nil:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_DoubleValue{DoubleValue: *v.DoubleValue}}
-	case v.BoolValue != nil:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: *v.BoolValue}}
-	case v.Other != nil:
-		return &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{ArrayValue: &commonpb.ArrayValue{}}}
-	}
-	return &commonpb.AnyValue{}
+func (d *jsonDouble) UnmarshalJSON(b []byte) error {
+	v, err := strconv.ParseFloat(strings.Trim(string(b), `"`), 64)
+	*d = jsonDouble(v)
+	return err
 }
 
-func kvs(in []jsonKeyValue) []*commonpb.KeyValue {
+// proto is the AnyValue v encodes; more than one value in it is an error, as in proto3 JSON.
+func (v *jsonAnyValue) proto() (*commonpb.AnyValue, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var out []*commonpb.AnyValue
+	if v.StringValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: *v.StringValue}})
+	}
+	if v.IntValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_IntValue{IntValue: int64(*v.IntValue)}})
+	}
+	if v.DoubleValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_DoubleValue{DoubleValue: float64(*v.DoubleValue)}})
+	}
+	if v.BoolValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_BoolValue{BoolValue: *v.BoolValue}})
+	}
+	// Kept as what they are, not their contents: a field of an event is never one.
+	if v.ArrayValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{ArrayValue: &commonpb.ArrayValue{}}})
+	}
+	if v.KvlistValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_KvlistValue{KvlistValue: &commonpb.KeyValueList{}}})
+	}
+	if v.BytesValue != nil {
+		out = append(out, &commonpb.AnyValue{Value: &commonpb.AnyValue_BytesValue{}})
+	}
+	switch len(out) {
+	case 0:
+		return &commonpb.AnyValue{}, nil
+	case 1:
+		return out[0], nil
+	}
+	return nil, errors.New("an AnyValue holds more than one value")
+}
+
+func kvs(in []jsonKeyValue) ([]*commonpb.KeyValue, error) {
 	out := make([]*commonpb.KeyValue, len(in))
 	for i := range in {
-		out[i] = &commonpb.KeyValue{Key: in[i].Key, Value: in[i].Value.proto()}
+		v, err := in[i].Value.proto()
+		if err != nil {
+			return nil, fmt.Errorf("attribute %q: %w", in[i].Key, err)
+		}
+		out[i] = &commonpb.KeyValue{Key: in[i].Key, Value: v}
 	}
-	return out
+	return out, nil
 }
 
-// unmarshalOTLPJSON decodes an ExportLogsServiceRequest in OTLP's JSON encoding into data.
+// unmarshalOTLPJSON decodes an ExportLogsServiceRequest in OTLP's JSON encoding into data. Text
+// that is not UTF-8, raw or as a lone surrogate escape (\ud800), is refused: encoding/json would
+// read either as U+FFFD, and two different identities as one.
 func unmarshalOTLPJSON(body []byte, data *logspb.LogsData) error {
+	if !utf8.Valid(body) {
+		return errors.New("the body is not valid UTF-8")
+	}
+	if err := surrogatesPaired(body); err != nil {
+		return err
+	}
 	var ex jsonExport
 	if err := json.Unmarshal(body, &ex); err != nil {
 		return err
 	}
 	for _, rl := range ex.ResourceLogs {
-		out := &logspb.ResourceLogs{Resource: &resourcepb.Resource{Attributes: kvs(rl.Resource.Attributes)}}
+		attrs, err := kvs(rl.Resource.Attributes)
+		if err != nil {
+			return err
+		}
+		out := &logspb.ResourceLogs{Resource: &resourcepb.Resource{Attributes: attrs}}
 		for _, sl := range rl.ScopeLogs {
 			s := &logspb.ScopeLogs{}
 			for _, r := range sl.LogRecords {
+				attrs, err := kvs(r.Attributes)
+				if err != nil {
+					return err
+				}
+				body, err := r.Body.proto()
+				if err != nil {
+					return fmt.Errorf("body: %w", err)
+				}
 				s.LogRecords = append(s.LogRecords, &logspb.LogRecord{TimeUnixNano: uint64(r.TimeUnixNano),
-					ObservedTimeUnixNano: uint64(r.ObservedTimeUnixNano), Body: r.Body.proto(), Attributes: kvs(r.Attributes)})
+					ObservedTimeUnixNano: uint64(r.ObservedTimeUnixNano), Body: body, Attributes: attrs})
 			}
 			out.ScopeLogs = append(out.ScopeLogs, s)
 		}
 		data.ResourceLogs = append(data.ResourceLogs, out)
+	}
+	return nil
+}
+
+// surrogatesPaired reports an error when a JSON text's \u escapes hold a UTF-16 surrogate that is
+// not half of a pair.
+func surrogatesPaired(b []byte) error {
+	pendingHigh := false
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 >= len(b) {
+			if pendingHigh {
+				return errors.New("a lone UTF-16 surrogate escape: not text")
+			}
+			continue
+		}
+		if b[i+1] != 'u' || i+5 >= len(b) {
+			if pendingHigh {
+				return errors.New("a lone UTF-16 surrogate escape: not text")
+			}
+			i++ // an escaped character, \\ included
+			continue
+		}
+		v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+		if err != nil {
+			return errors.New("a malformed \\u escape")
+		}
+		switch {
+		case v >= 0xD800 && v < 0xDC00:
+			if pendingHigh {
+				return errors.New("a lone UTF-16 surrogate escape: not text")
+			}
+			pendingHigh = true
+		case v >= 0xDC00 && v < 0xE000:
+			if !pendingHigh {
+				return errors.New("a lone UTF-16 surrogate escape: not text")
+			}
+			pendingHigh = false
+		default:
+			if pendingHigh {
+				return errors.New("a lone UTF-16 surrogate escape: not text")
+			}
+		}
+		i += 5
+	}
+	if pendingHigh {
+		return errors.New("a lone UTF-16 surrogate escape: not text")
 	}
 	return nil
 }

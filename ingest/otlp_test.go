@@ -3,8 +3,8 @@ package ingest
 import (
 	"bytes"
 	"compress/gzip"
-	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -17,6 +17,7 @@ import (
 	logspb "go.opentelemetry.io/proto/otlp/logs/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
@@ -108,8 +109,10 @@ func TestOTLPLogsBecomeEvents(t *testing.T) {
 		w := &fakeWriter{}
 		h := newHandler(t, w, Config{})
 		rec := postOTLP(h, tokenAcme, c.ctype, c.body, c.headers)
-		if rec.Code != http.StatusAccepted || len(w.msgs) != 3 {
-			t.Fatalf("%s: %d, %d written: %s", c.name, rec.Code, len(w.msgs), rec.Body)
+		// OTLP's success: 200 and an empty ExportLogsServiceResponse, in the request's encoding.
+		wantBody := map[string]string{"application/x-protobuf": "", "application/json": "{}"}[c.ctype]
+		if rec.Code != http.StatusOK || rec.Body.String() != wantBody || rec.Header().Get("Content-Type") != c.ctype || len(w.msgs) != 3 {
+			t.Fatalf("%s: %d %q (%s), %d written", c.name, rec.Code, rec.Body, rec.Header().Get("Content-Type"), len(w.msgs))
 		}
 		var got []string
 		for i := range w.msgs {
@@ -143,20 +146,120 @@ func TestOTLPLogsBecomeEvents(t *testing.T) {
 	w := &fakeWriter{}
 	h := newHandler(t, w, Config{})
 	rec := postOTLP(h, tokenAcme, "application/x-protobuf", pb, nil)
-	var ans Answer
-	json.Unmarshal(rec.Body.Bytes(), &ans)
-	if rec.Code != http.StatusBadRequest || len(w.msgs) != 0 || len(ans.Events) != 2 || ans.Events[1].Status != StatusInvalid ||
-		ans.Events[1].Reason == "" || ans.Events[0].Status != StatusNotWritten {
-		t.Errorf("an export with an invalid record: %d, %d written: %s", rec.Code, len(w.msgs), rec.Body)
+	code, msg := rpcStatus(t, rec.Body.Bytes())
+	if rec.Code != http.StatusBadRequest || len(w.msgs) != 0 || code != 3 || !strings.Contains(msg, "record 1 invalid (missing_field") {
+		t.Errorf("an export with an invalid record: %d, %d written: status %d %q", rec.Code, len(w.msgs), code, msg)
 	}
-	// Another workspace's token: 403, nothing written.
+	// Another workspace's token: 403, nothing written; no token: 401 — as google.rpc.Status.
 	pb, _ = proto.Marshal(export)
 	if rec := postOTLP(h, tokenBeta, "application/x-protobuf", pb, nil); rec.Code != http.StatusForbidden || len(w.msgs) != 0 {
 		t.Errorf("another workspace's token: %d %s", rec.Code, rec.Body)
+	} else if code, msg := rpcStatus(t, rec.Body.Bytes()); code != 7 || !strings.Contains(msg, "record 0 forbidden") {
+		t.Errorf("another workspace's token: status %d %q", code, msg)
 	}
-	// No token: 401.
-	if rec := postOTLP(h, "", "application/x-protobuf", pb, nil); rec.Code != http.StatusUnauthorized {
-		t.Errorf("no token: %d", rec.Code)
+	if rec := postOTLP(h, "", "application/json", pb, nil); rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), `"code":16`) {
+		t.Errorf("no token: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// rpcStatus reads a protobuf google.rpc.Status: its code and message.
+func rpcStatus(t *testing.T, b []byte) (code int, msg string) {
+	t.Helper()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			t.Fatalf("not a google.rpc.Status: %q", b)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			code, b = int(v), b[n:]
+		case num == 2 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeString(b)
+			msg, b = v, b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			b = b[n:]
+		}
+	}
+	return code, msg
+}
+
+// A record is refused, with its index and a reason a person can act on, when its attributes
+// cannot make an event — a value that is no string, integer, finite number or boolean (arrays,
+// key-value lists, bytes, NaN), a reserved name, both an outcome and a result, a time past what a
+// timestamp holds — and JSON text that is not UTF-8 or holds a lone surrogate escape is refused
+// whole: read as U+FFFD, two identities would become one. A record refused never writes the export.
+func TestOTLPRecordsThatCannotBeEvents(t *testing.T) {
+	at := testNow.Add(-time.Minute)
+	good := attemptRecord("o0", "passed", at)
+	with := func(kv ...*commonpb.KeyValue) *logspb.LogRecord {
+		r := attemptRecord("o1", "passed", at)
+		r.Attributes = append(r.Attributes, kv...)
+		return r
+	}
+	array := &commonpb.KeyValue{Key: "repeatrate.model", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_ArrayValue{
+		ArrayValue: &commonpb.ArrayValue{Values: []*commonpb.AnyValue{{Value: &commonpb.AnyValue_StringValue{StringValue: "x"}}}}}}}
+	kvlist := &commonpb.KeyValue{Key: "repeatrate.run", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_KvlistValue{KvlistValue: &commonpb.KeyValueList{}}}}
+	nan := &commonpb.KeyValue{Key: "repeatrate.latency_ratio", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_DoubleValue{DoubleValue: math.NaN()}}}
+	far := attemptRecord("o1", "passed", at)
+	far.TimeUnixNano = math.MaxUint64
+	for _, c := range []struct {
+		name string
+		rec  *logspb.LogRecord
+		says string
+	}{
+		{"array", with(array), "record 1 invalid (bad_value: attribute repeatrate.model is an array"},
+		{"kvlist", with(kvlist), "record 1 invalid (bad_value: attribute repeatrate.run is a key-value list"},
+		{"NaN", with(nan), "record 1 invalid (bad_value: attribute repeatrate.latency_ratio is not a finite number"},
+		{"reserved name", with(str("repeatrate.scope", "x")), "record 1 invalid (bad_value: attribute repeatrate.scope names no field"},
+		{"outcome and result", with(str("repeatrate.result", "pass")), "both repeatrate.outcome"},
+		{"time past 2262", far, "record 1 invalid (bad_time"},
+	} {
+		w := &fakeWriter{}
+		h := newHandler(t, w, Config{})
+		pb, _ := proto.Marshal(otlpExport("acme", good, c.rec))
+		rec := postOTLP(h, tokenAcme, "application/x-protobuf", pb, nil)
+		code, msg := rpcStatus(t, rec.Body.Bytes())
+		if rec.Code != http.StatusBadRequest || code != 3 || !strings.Contains(msg, c.says) || len(w.msgs) != 0 {
+			t.Errorf("%s: %d, status %d %q, %d written; want 400 saying %q", c.name, rec.Code, code, msg, len(w.msgs), c.says)
+		}
+	}
+	w := &fakeWriter{}
+	h := newHandler(t, w, Config{})
+	for _, body := range []string{
+		`{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"attributes":[{"key":"repeatrate.opportunity_id","value":{"stringValue":"x\ud800"}}]}]}]}]}`,
+		`{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"attributes":[{"key":"repeatrate.opportunity_id","value":{"stringValue":"x\udc00\ud800"}}]}]}]}]}`,
+		"{\"resourceLogs\":[{\"scopeLogs\":[{\"logRecords\":[{\"attributes\":[{\"key\":\"repeatrate.opportunity_id\",\"value\":{\"stringValue\":\"x\xff\"}}]}]}]}]}",
+		`{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"attributes":[{"key":"repeatrate.model","value":{"stringValue":"a","intValue":"1"}}]}]}]}]}`,
+	} {
+		rec := postOTLP(h, tokenAcme, "application/json", []byte(body), nil)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), `"code":3`) || len(w.msgs) != 0 {
+			t.Errorf("%q: %d %s", body, rec.Code, rec.Body)
+		}
+	}
+	// A paired surrogate escape and an escaped backslash before a u are text; a number may be a string.
+	ok := fmt.Sprintf(`{"resourceLogs":[{"resource":{"attributes":[{"key":"repeatrate.workspace","value":{"stringValue":"acme"}},
+	  {"key":"repeatrate.model","value":{"stringValue":"m"}},{"key":"repeatrate.run","value":{"stringValue":"r"}},
+	  {"key":"repeatrate.checkpoint","value":{"stringValue":"c"}},{"key":"repeatrate.artifact","value":{"stringValue":"prod"}}]},
+	  "scopeLogs":[{"logRecords":[{"timeUnixNano":"%d","attributes":[{"key":"repeatrate.correction_id","value":{"stringValue":"fix"}},
+	  {"key":"repeatrate.opportunity_id","value":{"stringValue":"smile \ud83d\ude00 \\ud800"}},{"key":"repeatrate.outcome","value":{"stringValue":"passed"}},
+	  {"key":"repeatrate.note","value":{"doubleValue":"0.5"}}]}]}]}]}`, at.UnixNano())
+	if rec := postOTLP(h, tokenAcme, "application/json", []byte(ok), nil); rec.Code != http.StatusOK || len(w.msgs) != 1 {
+		t.Fatalf("a paired surrogate and an escaped backslash: %d %s", rec.Code, rec.Body)
+	}
+	if !strings.Contains(string(w.msgs[0].Value), `smile 😀 \\ud800`) {
+		t.Errorf("the opportunity id became %s", w.msgs[0].Value)
+	}
+	// A service name is escaped into the source, so any name can send.
+	w = &fakeWriter{}
+	h = newHandler(t, w, Config{})
+	ex := otlpExport("acme", good)
+	ex.ResourceLogs[0].Resource.Attributes[0] = str("service.name", "a%zz b")
+	pb, _ := proto.Marshal(ex)
+	if rec := postOTLP(h, tokenAcme, "application/x-protobuf", pb, nil); rec.Code != http.StatusOK || !strings.Contains(string(w.msgs[0].Value), `"source":"otlp/a%25zz%20b"`) {
+		t.Errorf("service name a%%zz b: %d %s", rec.Code, rec.Body)
 	}
 }
 
@@ -172,6 +275,11 @@ func TestOTLPLogsLimits(t *testing.T) {
 	}
 	eleven, _ := proto.Marshal(otlpExport("acme", recs...))
 	ten, _ := proto.Marshal(otlpExport("acme", recs[:10]...))
+	// A resource attribute of 16 KiB that each of 10 records carries: 160 KiB of events from a
+	// 17 KiB body, past twice the 64 KiB limit.
+	big := otlpExport("acme", recs[:10]...)
+	big.ResourceLogs[0].Resource.Attributes = append(big.ResourceLogs[0].Resource.Attributes, str("repeatrate.note", strings.Repeat("x", 16<<10)))
+	fanout, _ := proto.Marshal(big)
 	var bomb bytes.Buffer
 	zw := gzip.NewWriter(&bomb)
 	zw.Write(bytes.Repeat([]byte{0}, 1<<20)) // 1 MiB of zeros inflates past the 64 KiB limit
@@ -183,7 +291,8 @@ func TestOTLPLogsLimits(t *testing.T) {
 		code        int
 		says        string
 	}{
-		{"ten records", "application/x-protobuf", ten, nil, http.StatusAccepted, ""},
+		{"ten records", "application/x-protobuf", ten, nil, http.StatusOK, ""},
+		{"resource fan-out", "application/x-protobuf", fanout, nil, http.StatusRequestEntityTooLarge, "bytes of events"},
 		{"eleven records", "application/x-protobuf", eleven, nil, http.StatusRequestEntityTooLarge, "at most 10"},
 		{"empty export", "application/x-protobuf", nil, nil, http.StatusBadRequest, "no log record"},
 		{"not protobuf", "application/x-protobuf", []byte("{not protobuf"), nil, http.StatusBadRequest, "protobuf"},
@@ -198,7 +307,7 @@ func TestOTLPLogsLimits(t *testing.T) {
 		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.says) {
 			t.Errorf("%s: %d %s, want %d saying %q", c.name, rec.Code, rec.Body, c.code, c.says)
 		}
-		if c.code != http.StatusAccepted && len(w.msgs) != before {
+		if c.code != http.StatusOK && len(w.msgs) != before {
 			t.Errorf("%s: refused, but %d written", c.name, len(w.msgs)-before)
 		}
 	}
