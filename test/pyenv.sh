@@ -17,8 +17,10 @@ want="$deps --no-deps $nodeps"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check $deps
-"$venv/bin/pip" install -q --disable-pip-version-check --no-deps $nodeps
+# pip runs as a module of the venv's python: its own script names the venv's path in its first
+# line, and a venv moved or copied elsewhere would not run it.
+"$venv/bin/python" -c '' 2>/dev/null || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check $deps
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps $nodeps
 echo "$want" > "$stamp"
 echo "pyenv: $venv ready ($want)"

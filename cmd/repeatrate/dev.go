@@ -35,7 +35,7 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	logLevel := fs.String("log-level", "warn", "processor log level")
 	retention := fs.Duration("retention", 2*time.Hour, "identity retention behind each aggregate's newest event "+
 		"(at least 1h; shorter than run's 30 days, so the embedded Redis stays small)")
-	kafkaRetention := fs.Duration("kafka-retention", 5*time.Minute, "how long the embedded broker keeps records")
+	kafkaRetention := fs.Duration("kafka-retention", 3*time.Minute, "how long the embedded broker keeps records")
 	pprof := fs.Bool("pprof", false, "serve /debug/pprof on the HTTP address")
 	if err := fs.Parse(args); err != nil {
 		return err
