@@ -173,7 +173,9 @@ func (h *Handler) readOTLP(w http.ResponseWriter, req *http.Request) ([]pending,
 	}
 	switch {
 	case n == 0:
-		return nil, http.StatusBadRequest, "the export holds no log record"
+		// Valid and empty, as OTLP receivers take it (a Collector may send one after filtering):
+		// every record of it, none, is written.
+		return nil, http.StatusOK, "the export holds no log record"
 	case n > h.cfg.MaxEvents:
 		return nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("the export holds %d log records, at most %d are taken", n, h.cfg.MaxEvents)
 	}

@@ -294,7 +294,7 @@ func TestOTLPLogsLimits(t *testing.T) {
 		{"ten records", "application/x-protobuf", ten, nil, http.StatusOK, ""},
 		{"resource fan-out", "application/x-protobuf", fanout, nil, http.StatusRequestEntityTooLarge, "bytes of events"},
 		{"eleven records", "application/x-protobuf", eleven, nil, http.StatusRequestEntityTooLarge, "at most 10"},
-		{"empty export", "application/x-protobuf", nil, nil, http.StatusBadRequest, "no log record"},
+		{"empty export", "application/x-protobuf", nil, nil, http.StatusOK, ""},
 		{"not protobuf", "application/x-protobuf", []byte("{not protobuf"), nil, http.StatusBadRequest, "protobuf"},
 		{"not JSON", "application/json", []byte("[1,2"), nil, http.StatusBadRequest, "JSON"},
 		{"other content type", "text/plain", ten, nil, http.StatusUnsupportedMediaType, "application/x-protobuf"},
