@@ -164,6 +164,9 @@ func (e *Evaluator) Run(ctx context.Context, updates <-chan Update) error {
 			<-done
 		}
 	}()
+	// Its sinks are recorded before anything is committed for them, so no evaluator forgets a
+	// sink this one has just been given back.
+	e.keepSinks(ctx)
 	tick := time.NewTicker(e.cfg.Rules.EvaluationInterval)
 	defer tick.Stop()
 	debounce := time.NewTimer(time.Hour)
@@ -195,7 +198,7 @@ func (e *Evaluator) Run(ctx context.Context, updates <-chan Update) error {
 // keepSinks records this evaluator's sinks and drops the outboxes of sinks no evaluator has had
 // for SinkGrace (Redis.KeepSinks).
 func (e *Evaluator) keepSinks(ctx context.Context) {
-	forgot, err := e.store.KeepSinks(ctx, e.now())
+	forgot, err := e.store.KeepSinks(ctx)
 	if err != nil && ctx.Err() == nil {
 		e.metrics.errors.WithLabelValues("state").Inc()
 		e.log.Warn("alert sinks bookkeeping", zap.Error(err))

@@ -92,6 +92,8 @@ type Redis struct {
 	// delivered, so that a late compare-and-set against it still sees its revision.
 	linger time.Duration
 	now    func() time.Time // the clock of CurrentAlerts' "recent" (tests set it)
+	// serverTime is Redis's clock (TIME), which every evaluator shares; tests set it.
+	serverTime func(context.Context) (time.Time, error)
 }
 
 // NewRedis returns the alert store under prefix for the named sinks.
@@ -99,7 +101,8 @@ func NewRedis(rdb redis.UniversalClient, prefix string, sinks []string) (*Redis,
 	if prefix == "" || len(sinks) == 0 {
 		return nil, errors.New("alert store: prefix and at least one sink are required")
 	}
-	return &Redis{rdb: rdb, prefix: prefix + ":{alerts}", sinks: sinks, linger: 24 * time.Hour, now: time.Now}, nil
+	return &Redis{rdb: rdb, prefix: prefix + ":{alerts}", sinks: sinks, linger: 24 * time.Hour, now: time.Now,
+		serverTime: func(ctx context.Context) (time.Time, error) { return rdb.Time(ctx).Result() }}, nil
 }
 
 // Key is the record key of (rule, subject).
@@ -351,7 +354,9 @@ func (s *Redis) CurrentAlerts(ctx context.Context, ws string, limit int) ([]Curr
 		}
 		a := Current{Rule: st.Rule, Subject: st.Subject.Key, Fields: st.Subject.Fields, State: st.State.String(),
 			ActiveAt: st.ActiveAt, Labels: map[string]string{}, Annotations: map[string]string{}}
-		if ep := st.Episode; ep != nil {
+		// A pending alert has not fired in this episode: an earlier episode's kind, labels and
+		// evidence (kept while the resolved record lingered) are not its own.
+		if ep := st.Episode; ep != nil && st.State != StatePending {
 			a.Kind = ep.Kind
 			if ep.Labels != nil {
 				a.Labels = ep.Labels
@@ -392,8 +397,15 @@ func (s *Redis) sinksKey() string { return s.prefix + ":sinks" }
 // KeepSinks records that this store's sinks are configured at now and drops the outboxes of every
 // sink no evaluator has been configured with for SinkGrace: a sink removed from the configuration
 // would otherwise keep its queued notifications (one list per record) and its due set forever.
-// It returns the sinks it forgot. Evaluators call it on their schedule.
-func (s *Redis) KeepSinks(ctx context.Context, now time.Time) ([]string, error) {
+// It returns the sinks it forgot. Evaluators call it when they start and on their schedule.
+func (s *Redis) KeepSinks(ctx context.Context) ([]string, error) {
+	// Redis's clock, not the evaluator's: evaluators whose clocks differ would otherwise judge
+	// one another's records by their own time, and one running ahead would forget a sink another
+	// still has.
+	now, err := s.serverTime(ctx)
+	if err != nil {
+		return nil, err
+	}
 	fields := make([]any, 0, 2*len(s.sinks))
 	for _, sink := range s.sinks {
 		fields = append(fields, sink, msScore(now))
@@ -411,7 +423,7 @@ func (s *Redis) KeepSinks(ctx context.Context, now time.Time) ([]string, error) 
 		if now.Sub(time.UnixMilli(ms)) < SinkGrace || slices.Contains(s.sinks, sink) {
 			continue
 		}
-		if err := s.forgetSink(ctx, sink); err != nil {
+		if err := s.forgetSink(ctx, sink, now); err != nil {
 			return forgot, err
 		}
 		forgot = append(forgot, sink)
@@ -420,8 +432,10 @@ func (s *Redis) KeepSinks(ctx context.Context, now time.Time) ([]string, error) 
 }
 
 // forgetSink deletes sink's outboxes (those its due set lists: every record with something queued
-// for it), then its due set and its entry, a bounded number of keys per command.
-func (s *Redis) forgetSink(ctx context.Context, sink string) error {
+// for it), then its due set and its entry, a bounded number of records per command. A record
+// resolved or inactive whose remaining outboxes are then empty is put at rest as a delivery would
+// (forgetScript): it lingers, leaves the index and is listed as recently resolved.
+func (s *Redis) forgetSink(ctx context.Context, sink string, now time.Time) error {
 	for {
 		keys, err := s.rdb.ZRange(ctx, s.due(sink), 0, 255).Result()
 		if err != nil {
@@ -430,14 +444,14 @@ func (s *Redis) forgetSink(ctx context.Context, sink string) error {
 		if len(keys) == 0 {
 			break
 		}
-		obs := make([]string, len(keys))
-		members := make([]any, len(keys))
-		for i, k := range keys {
-			obs[i], members[i] = s.outbox(k, sink), k
-		}
-		if _, err := s.rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
-			pl.Del(ctx, obs...)
-			pl.ZRem(ctx, s.due(sink), members...)
+		if _, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for _, k := range keys {
+				ks := []string{s.due(sink), s.outbox(k, sink), k, s.index(), s.recent()}
+				for _, other := range s.sinks {
+					ks = append(ks, s.outbox(k, other))
+				}
+				forgetScript.Eval(ctx, pl, ks, msScore(now), s.linger.Milliseconds()) // EVAL: a pipeline cannot fall back from EVALSHA
+			}
 			return nil
 		}); err != nil {
 			return err
@@ -445,3 +459,26 @@ func (s *Redis) forgetSink(ctx context.Context, sink string) error {
 	}
 	return s.rdb.HDel(ctx, s.sinksKey(), sink).Err()
 }
+
+// forgetScript drops one record's outbox for a forgotten sink and, when the record is resolved or
+// inactive and no remaining sink's outbox holds anything, puts it at rest as ack.lua does.
+// KEYS: the sink's due set, its outbox of the record, the record, the index, the recently
+// resolved, then every remaining sink's outbox of the record. ARGV: now (ms), linger (ms).
+var forgetScript = redis.NewScript(`
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[1], KEYS[3])
+local state = redis.call('HGET', KEYS[3], 'state')
+if state ~= 'inactive' and state ~= 'resolved' then
+  return 0
+end
+for i = 6, #KEYS do
+  if redis.call('LLEN', KEYS[i]) > 0 then
+    return 0
+  end
+end
+redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]))
+redis.call('SREM', KEYS[4], KEYS[3])
+if state == 'resolved' then
+  redis.call('ZADD', KEYS[5], tonumber(ARGV[1]), KEYS[3])
+end
+return 1`)

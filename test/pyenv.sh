@@ -14,6 +14,10 @@ deps="numpy==2.4.6 tabulate==0.10.0 scipy==1.17.1 tiktoken==0.14.0 inspect-ai==0
 nodeps="opencompass==0.5.4"
 stamp="$venv/.repeatrate-requirements"
 want="$deps --no-deps $nodeps"
+# A venv whose interpreter no longer runs (another Python in a cached image) is made again.
+if ! "$venv/bin/python" -c '' 2>/dev/null; then
+  rm -rf "$venv"
+fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -89,22 +91,33 @@ const (
 )
 
 // flagReference is the generated list of every flag of run: name, variable, default and help,
-// straight from the flag definitions (Config.settings), so it cannot drift from them.
+// straight from the flag set run parses (loadConfigFor, --config included), so it cannot drift.
 func flagReference() string {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if _, err := loadConfigFor(fs, nil, func(string) string { return "" }, nil); err != nil {
+		panic(err)
+	}
+	c := defaultConfig()
+	byName := map[string]setting{}
+	for _, s := range c.settings() {
+		byName[s.name] = s
+	}
 	var b strings.Builder
 	b.WriteString(flagReferenceBegin)
 	b.WriteString("\n| flag | variable | default | help |\n|---|---|---|---|\n")
-	c := defaultConfig()
-	for _, s := range c.settings() {
-		def := s.get()
-		switch {
-		case def == "":
+	fs.VisitAll(func(f *flag.Flag) {
+		env, def, usage := "REPEATRATE_"+strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")), f.DefValue, f.Usage
+		if s, ok := byName[f.Name]; ok {
+			env, def, usage = s.env(), s.get(), s.usage
+		}
+		if def == "" {
 			def = "—"
-		default:
+		} else {
 			def = "`" + def + "`"
 		}
-		fmt.Fprintf(&b, "| `--%s` | `%s` | %s | %s |\n", s.name, s.env(), def, strings.ReplaceAll(s.usage, "|", "\\|"))
-	}
+		fmt.Fprintf(&b, "| `--%s` | `%s` | %s | %s |\n", f.Name, env, def, strings.ReplaceAll(usage, "|", "\\|"))
+	})
 	b.WriteString("\n" + flagReferenceEnd)
 	return b.String()
 }
