@@ -35,16 +35,16 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	logLevel := fs.String("log-level", "warn", "processor log level")
 	retention := fs.Duration("retention", 2*time.Hour, "identity retention behind each aggregate's newest event "+
 		"(at least 1h; shorter than run's 30 days, so the embedded Redis stays small)")
-	kafkaRetention := fs.Duration("kafka-retention", 3*time.Minute, "how long the embedded broker keeps records (at least 1m: "+
-		"the demo's suite and backlog are written once, at start)")
+	kafkaRetention := fs.Duration("kafka-retention", 3*time.Minute, "how long the embedded broker keeps records (at least 10s: "+
+		"the demo's suite and backlog are written once, at start, and must be read before they go)")
 	pprof := fs.Bool("pprof", false, "serve /debug/pprof on the HTTP address")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *kafkaRetention < time.Minute {
-		// Shorter, the broker drops what the demo wrote once at start before the processor reads
-		// it (at 1 ms the suite never arrived); zero or less stops its retention clock.
-		return fmt.Errorf("dev: --kafka-retention %v: at least 1m", *kafkaRetention)
+	if *kafkaRetention < 10*time.Second {
+		// Shorter, the broker may drop what the demo wrote once at start before the processor
+		// reads it (at 1 ms the suite never arrived); zero or less stops its retention clock.
+		return fmt.Errorf("dev: --kafka-retention %v: at least 10s", *kafkaRetention)
 	}
 	if os.Getenv("GOGC") == "" {
 		// The processor's GOGC=400 trades memory for CPU per event; a demo on a laptop wants the
