@@ -22,18 +22,4 @@ if redis.call('LLEN', KEYS[2]) == 0 then
 else
   redis.call('ZADD', KEYS[1], tonumber(ARGV[3]), KEYS[3])
 end
-local state = redis.call('HGET', KEYS[3], 'state')
-if state == 'inactive' or state == 'resolved' then
-  for i = 6, #KEYS do
-    if redis.call('LLEN', KEYS[i]) > 0 then
-      return 1
-    end
-  end
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[4]))
-  redis.call('SREM', KEYS[4], KEYS[3])
-  if state == 'resolved' then
-    redis.call('ZADD', KEYS[5], tonumber(ARGV[3]), KEYS[3])
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
-end
-return 1
+-- atrest.lua follows: the record is put at rest once nothing is left to deliver.

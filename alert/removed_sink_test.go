@@ -26,10 +26,7 @@ func TestRemovedSinkQueueIsDropped(t *testing.T) {
 	if err := ev.Evaluate(ctx, t0); err != nil {
 		t.Fatal(err)
 	}
-	at := func(t time.Time) func(context.Context) (time.Time, error) {
-		return func(context.Context) (time.Time, error) { return t, nil }
-	}
-	both.serverTime = at(t0)
+	both.serverTime = serverAt(t0)
 	if _, err := both.KeepSinks(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +47,7 @@ func TestRemovedSinkQueueIsDropped(t *testing.T) {
 	}
 	// An evaluator configured without hook, within the grace: nothing of hook is dropped.
 	amOnly, _ := NewRedis(rdb, prefix, []string{"am"})
-	amOnly.serverTime = at(t0.Add(SinkGrace / 2))
+	amOnly.serverTime = serverAt(t0.Add(SinkGrace / 2))
 	if forgot, err := amOnly.KeepSinks(ctx); err != nil || len(forgot) != 0 {
 		t.Fatalf("within the grace: forgot %v (%v)", forgot, err)
 	}
@@ -58,7 +55,7 @@ func TestRemovedSinkQueueIsDropped(t *testing.T) {
 		t.Fatalf("within the grace hook's queue went: %d outboxes, %d due", ob, due)
 	}
 	// Past the grace since any evaluator had hook: its queue goes, am's stays.
-	amOnly.serverTime = at(t0.Add(SinkGrace + time.Minute))
+	amOnly.serverTime = serverAt(t0.Add(SinkGrace + time.Minute))
 	forgot, err := amOnly.KeepSinks(ctx)
 	if err != nil || !slices.Equal(forgot, []string{"hook"}) {
 		t.Fatalf("past the grace: forgot %v (%v), want [hook]", forgot, err)
@@ -95,13 +92,10 @@ func TestForgottenSinkPutsItsResolvedRecordsAtRest(t *testing.T) {
 	if len(keys) != 1 {
 		t.Fatalf("records indexed: %v", keys)
 	}
-	at := func(t time.Time) func(context.Context) (time.Time, error) {
-		return func(context.Context) (time.Time, error) { return t, nil }
-	}
-	both.serverTime = at(t0)
+	both.serverTime = serverAt(t0)
 	both.KeepSinks(ctx)
 	amOnly, _ := NewRedis(rdb, prefix, []string{"am"})
-	amOnly.serverTime = at(t0.Add(SinkGrace + time.Minute))
+	amOnly.serverTime = serverAt(t0.Add(SinkGrace + time.Minute))
 	if forgot, err := amOnly.KeepSinks(ctx); err != nil || len(forgot) != 1 {
 		t.Fatalf("forgot %v (%v), want hook", forgot, err)
 	}
@@ -142,4 +136,9 @@ func TestPendingAlertShowsNoEarlierEpisode(t *testing.T) {
 	if got[0].Kind != "" || got[0].Evidence != nil || got[0].FiredAt != nil {
 		t.Errorf("a pending alert shows an earlier episode: kind %q, evidence %+v, fired %v", got[0].Kind, got[0].Evidence, got[0].FiredAt)
 	}
+}
+
+// serverAt is a Redis clock stopped at t, for Redis.serverTime.
+func serverAt(t time.Time) func(context.Context) (time.Time, error) {
+	return func(context.Context) (time.Time, error) { return t, nil }
 }

@@ -70,9 +70,12 @@ var commitLua string
 //go:embed ack.lua
 var ackLua string
 
+//go:embed atrest.lua
+var atRestLua string
+
 var (
 	commitScript = redis.NewScript(commitLua)
-	ackScript    = redis.NewScript(ackLua)
+	ackScript    = redis.NewScript(ackLua + atRestLua)
 	claimScript  = redis.NewScript(`
 local ks = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, k in ipairs(ks) do redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), k) end
@@ -434,7 +437,7 @@ func (s *Redis) KeepSinks(ctx context.Context) ([]string, error) {
 // forgetSink deletes sink's outboxes (those its due set lists: every record with something queued
 // for it), then its due set and its entry, a bounded number of records per command. A record
 // resolved or inactive whose remaining outboxes are then empty is put at rest as a delivery would
-// (forgetScript): it lingers, leaves the index and is listed as recently resolved.
+// (forgetScript, atrest.lua).
 func (s *Redis) forgetSink(ctx context.Context, sink string, now time.Time) error {
 	for {
 		keys, err := s.rdb.ZRange(ctx, s.due(sink), 0, 255).Result()
@@ -450,7 +453,7 @@ func (s *Redis) forgetSink(ctx context.Context, sink string, now time.Time) erro
 				for _, other := range s.sinks {
 					ks = append(ks, s.outbox(k, other))
 				}
-				forgetScript.Eval(ctx, pl, ks, msScore(now), s.linger.Milliseconds()) // EVAL: a pipeline cannot fall back from EVALSHA
+				forgetScript.Eval(ctx, pl, ks, "", "", msScore(now), s.linger.Milliseconds()) // EVAL: a pipeline cannot fall back from EVALSHA
 			}
 			return nil
 		}); err != nil {
@@ -460,25 +463,10 @@ func (s *Redis) forgetSink(ctx context.Context, sink string, now time.Time) erro
 	return s.rdb.HDel(ctx, s.sinksKey(), sink).Err()
 }
 
-// forgetScript drops one record's outbox for a forgotten sink and, when the record is resolved or
-// inactive and no remaining sink's outbox holds anything, puts it at rest as ack.lua does.
-// KEYS: the sink's due set, its outbox of the record, the record, the index, the recently
-// resolved, then every remaining sink's outbox of the record. ARGV: now (ms), linger (ms).
+// forgetScript drops one record's outbox for a forgotten sink, then puts the record at rest when
+// nothing is left to deliver (atrest.lua, as after a delivery). KEYS as atrest.lua's, KEYS[2] the
+// forgotten sink's outbox; ARGV[3] now (ms), ARGV[4] linger (ms).
 var forgetScript = redis.NewScript(`
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[1], KEYS[3])
-local state = redis.call('HGET', KEYS[3], 'state')
-if state ~= 'inactive' and state ~= 'resolved' then
-  return 0
-end
-for i = 6, #KEYS do
-  if redis.call('LLEN', KEYS[i]) > 0 then
-    return 0
-  end
-end
-redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]))
-redis.call('SREM', KEYS[4], KEYS[3])
-if state == 'resolved' then
-  redis.call('ZADD', KEYS[5], tonumber(ARGV[1]), KEYS[3])
-end
-return 1`)
+` + atRestLua)

@@ -368,6 +368,7 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 		}
 		// Both sources' charts share their time axis: from the earliest thing either draws.
 		hist := map[*sideView][]Point{}
+		marks := map[*sideView][]alertMark{}
 		var first time.Time
 		earliest := func(t time.Time) {
 			if first.IsZero() || t.Before(first) {
@@ -383,11 +384,11 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 				a.pageUnavailable(w, req, err)
 				return
 			}
-			hist[side] = pts
+			hist[side], marks[side] = pts, marksOf(mine, side.Name)
 			if len(pts) > 0 {
 				earliest(pts[0].ObservedAt)
 			}
-			for _, m := range marksOf(mine, side.Name) {
+			for _, m := range marks[side] {
 				earliest(m.At)
 			}
 		}
@@ -398,7 +399,7 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 			if n := len(pts); n > 0 && pts[n-1].ObservedAt.After(to) {
 				to = pts[n-1].ObservedAt
 			}
-			for _, m := range marksOf(mine, side.Name) {
+			for _, m := range marks[side] {
 				if m.At.After(to) {
 					to = m.At
 				}
@@ -410,7 +411,7 @@ func (a *api) outcomesPage(w http.ResponseWriter, req *http.Request) {
 				seriesOf("1h", "#c0392b", pts, func(p *Point) [3]int64 { return p.Hour }),
 				seriesOf("24h", "#2e6da4", pts, func(p *Point) [3]int64 { return p.Day }),
 			}
-			side.Chart, side.Points = timeChart(from, to, span.gap, series, marksOf(mine, side.Name)), len(pts)
+			side.Chart, side.Points = timeChart(from, to, span.gap, series, marks[side]), len(pts)
 			side.Resolution = map[bool]string{false: "a minute", true: "an hour"}[span.hourly]
 		}
 		d.Outcomes = append(d.Outcomes, ov)
