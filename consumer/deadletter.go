@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,17 +128,24 @@ type MessageWriter interface {
 // what the topic gained since it last looked (log may be nil to skip both, for tests), and leaves
 // out messages that already have their letter. Letters are cut to the record limit
 // (DeadLetter.RecordWithin).
+//
+// A write is not cancelled with the context of its Send: kafka-go keeps a write whose caller
+// stopped waiting queued and delivers it later. So the write runs on, one at a time: the next
+// Send waits for it before it looks for letters on the topic (a letter still on its way would
+// not be found there and be written again), and Settle waits for it before the partitions go to
+// another instance, which could not find it either.
 type DeadLetters struct {
-	w     MessageWriter
-	idx   *dlqIndex
-	limit int
-	now   func() time.Time // the sender's clock, against which message times are judged
+	w       MessageWriter
+	idx     *dlqIndex
+	limit   int
+	now     func() time.Time // the sender's clock, against which message times are judged
+	writing chan struct{}    // holds a token from the start of a Send until its write has ended
 }
 
 // NewDeadLetters returns a dead-letter sender on w that deduplicates against log and cuts letters
 // to sink.MaxRecordBytes.
 func NewDeadLetters(w MessageWriter, log DeadLetterLog) *DeadLetters {
-	d := &DeadLetters{w: w, limit: sink.MaxRecordBytes, now: time.Now}
+	d := &DeadLetters{w: w, limit: sink.MaxRecordBytes, now: time.Now, writing: make(chan struct{}, 1)}
 	if log != nil {
 		d.idx = newDLQIndex(log, defaultMaxOrigins)
 	}
@@ -151,11 +159,47 @@ func (s *DeadLetters) WithRecordLimit(limit int) *DeadLetters {
 	return s
 }
 
-// Send writes dls and returns when all are acknowledged.
+// Send writes dls and returns when all are acknowledged. When ctx ends first it returns an error
+// and the write runs on (see DeadLetters).
 func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 	if len(dls) == 0 {
 		return nil
 	}
+	select {
+	case s.writing <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("dead letters: an earlier write is still running: %w", ctx.Err())
+	}
+	msgs, written, err := s.unwritten(ctx, dls)
+	if err != nil || len(msgs) == 0 {
+		<-s.writing
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-s.writing }()
+		err := s.w.WriteMessages(context.WithoutCancel(ctx), msgs...)
+		if err == nil && s.idx != nil {
+			// Remembered, not only read back later: the time bound of the next read may not
+			// reach them (lettersSince).
+			s.idx.mu.Lock()
+			for _, o := range written {
+				s.idx.add(o)
+			}
+			s.idx.mu.Unlock()
+		}
+		done <- err // what a partial write stored is found on the topic by the retry
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("dead letters: stopped waiting for %d (%w); the writer may still deliver them", len(msgs), ctx.Err())
+	}
+}
+
+// unwritten returns the letters of dls not known to be on the topic, and their origins.
+func (s *DeadLetters) unwritten(ctx context.Context, dls []DeadLetter) ([]kafka.Message, []origin, error) {
 	if s.idx != nil {
 		s.idx.mu.Lock()
 		defer s.idx.mu.Unlock()
@@ -163,11 +207,11 @@ func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 		// sender that wrote the letters reads nothing.
 		if unknown := slices.DeleteFunc(slices.Clone(dls), func(d DeadLetter) bool { return s.idx.has(originOfMessage(&d.Message)) }); len(unknown) > 0 {
 			if err := s.idx.sync(ctx, lettersSince(unknown, s.now())); err != nil {
-				return err
+				return nil, nil, err
 			}
 		}
 	}
-	msgs := make([]kafka.Message, 0, len(dls))
+	var msgs []kafka.Message
 	var written []origin
 	for i := range dls {
 		o := originOfMessage(&dls[i].Message)
@@ -177,20 +221,20 @@ func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 		msgs = append(msgs, dls[i].RecordWithin(s.limit))
 		written = append(written, o)
 	}
-	if len(msgs) == 0 {
+	return msgs, written, nil
+}
+
+// Settle waits until the write of the last Send has ended, delivered or given up by the writer:
+// the consumer group settles before it hands its partitions over, so that the next owner finds
+// the letters on the topic. It returns an error when ctx ends first.
+func (s *DeadLetters) Settle(ctx context.Context) error {
+	select {
+	case s.writing <- struct{}{}:
+		<-s.writing
 		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("a dead-letter write still running: %w", ctx.Err())
 	}
-	if err := s.w.WriteMessages(ctx, msgs...); err != nil {
-		return err // what a partial write stored is found on the topic by the retry
-	}
-	if s.idx != nil {
-		// Remembered, not only read back later: the time bound of the next read may not reach
-		// them (lettersSince).
-		for _, o := range written {
-			s.idx.add(o)
-		}
-	}
-	return nil
 }
 
 func originOfMessage(m *kafka.Message) origin { return origin{m.Topic, m.Partition, m.Offset} }

@@ -26,7 +26,9 @@ type separateSuites struct{ *suite.Redis }
 
 func (separateSuites) Companion() {}
 
-// scriptPipelines records, per pipeline a client sends, how many script calls it holds.
+// scriptPipelines records, per pipeline a client sends, how many script calls it holds. A
+// pipeline refused for a script the server had not loaded yet (NOSCRIPT: a fresh server, or one
+// whose script cache was flushed) is sent again with the scripts, and is not counted.
 type scriptPipelines struct {
 	mu     sync.Mutex
 	counts []int
@@ -36,8 +38,12 @@ func (h *scriptPipelines) DialHook(next redis.DialHook) redis.DialHook          
 func (h *scriptPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h *scriptPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
 		n := 0
 		for _, c := range cmds {
+			if c.Err() != nil && strings.HasPrefix(c.Err().Error(), "NOSCRIPT") {
+				return err
+			}
 			if strings.HasPrefix(c.Name(), "eval") {
 				n++
 			}
@@ -47,7 +53,7 @@ func (h *scriptPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 			h.counts = append(h.counts, n)
 			h.mu.Unlock()
 		}
-		return next(ctx, cmds)
+		return err
 	}
 }
 

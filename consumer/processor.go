@@ -351,11 +351,16 @@ func nextOffsets(msgs []kafka.Message) aggregator.Offsets {
 	return offsets
 }
 
-// Settle waits until every output write the publisher started has ended, when the publisher can
-// tell (sink.Kafka.Settle); the group calls it before it hands its partitions over.
+// Settle waits until every output write the publisher and the dead-letter sender started has
+// ended, when they can tell (sink.Kafka.Settle, DeadLetters.Settle); the group calls it before it
+// hands its partitions over.
 func (p *Processor) Settle(ctx context.Context) error {
-	if s, ok := p.pub.(interface{ Settle(context.Context) error }); ok {
-		return s.Settle(ctx)
+	for _, out := range []any{p.pub, p.dlq} {
+		if s, ok := out.(interface{ Settle(context.Context) error }); ok {
+			if err := s.Settle(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
