@@ -34,6 +34,9 @@ type Options struct {
 	PassThreshold *float64
 	// Scorer picks one of an Inspect sample's scores by name; default the log's first scorer.
 	Scorer string
+	// Metric picks one of an lm_eval task's metrics by name; default exact_match, else acc, else
+	// the task's first. Filter picks the samples of one of its filters; default none, else the first.
+	Metric, Filter string
 	// Source is the CloudEvent source; default "repeatrate-import/<format>".
 	Source string
 	// MaxMemberBytes caps the decompressed size of each member of an Inspect .eval archive

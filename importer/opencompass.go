@@ -167,14 +167,18 @@ func ocFlagsOf(d ocDetail, accuracy bool) ([]bool, error) {
 
 // ocJSONError says in a user's terms, without Go type names, why what (a part of a results
 // file) could not be read.
-func ocJSONError(what string, err error) error {
+func ocJSONError(what string, err error) error { return jsonError(what, "OpenCompass", err) }
+
+// jsonError says in a user's terms, without Go type names, why what (a part of a file the tool
+// wrote) could not be read.
+func jsonError(what, tool string, err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te) && te.Field == "":
-		return fmt.Errorf("%s is %s, not what OpenCompass writes there", what, article(te.Value))
+		return fmt.Errorf("%s is %s, not what %s writes there", what, article(te.Value), tool)
 	case errors.As(err, &te):
-		return fmt.Errorf("%s: its member %s is %s, not what OpenCompass writes there", what, te.Field, article(te.Value))
+		return fmt.Errorf("%s: its member %s is %s, not what %s writes there", what, te.Field, article(te.Value), tool)
 	case errors.As(err, &se):
 		return fmt.Errorf("%s is not JSON (at byte %d: %v)", what, se.Offset, se)
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/repeatrate/repeatrate/sink"
 )
 
-const importUsage = `usage: repeatrate import inspect|opencompass --in PATH --workspace WS (--out FILE | --to-kafka BROKERS) [flags]
-"repeatrate import inspect -h" (or opencompass) lists the flags.`
+const importUsage = `usage: repeatrate import inspect|opencompass|lm-eval --in PATH --workspace WS (--out FILE | --to-kafka BROKERS) [flags]
+"repeatrate import inspect -h" (or opencompass, lm-eval) lists the flags.`
 
 // skippedNote says how many files of a folder were skipped, when any were.
 func skippedNote(n int) string {
@@ -30,10 +30,11 @@ func skippedNote(n int) string {
 // than "imported 0" and 0.
 func importable(format, in string, evs []importer.Event) error {
 	if len(evs) == 0 {
-		what := "an Inspect AI log (.eval or .json) or a folder of them"
-		if format == "opencompass" {
-			what = "an OpenCompass output folder (its results and predictions)"
-		}
+		what := map[string]string{
+			"inspect":     "an Inspect AI log (.eval or .json) or a folder of them",
+			"opencompass": "an OpenCompass output folder (its results and predictions)",
+			"lm-eval":     "an lm_eval --output_path folder written with --log_samples (results and samples files)",
+		}[format]
 		return fmt.Errorf("import %s: no eval results found in %s; it should be %s, and an interrupted or empty run has none", format, in, what)
 	}
 	return nil
@@ -46,12 +47,15 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintln(stderr, importUsage)
 		return flag.ErrHelp
 	}
-	if len(args) == 0 || (args[0] != "inspect" && args[0] != "opencompass") {
-		return fmt.Errorf("import: give a format, inspect or opencompass: %s", importUsage)
+	read := map[string]func(string, importer.Options) ([]importer.Event, error){
+		"inspect": importer.Inspect, "opencompass": importer.OpenCompass, "lm-eval": importer.LMEval,
+	}
+	if len(args) == 0 || read[args[0]] == nil {
+		return fmt.Errorf("import: give a format, inspect, opencompass or lm-eval: %s", importUsage)
 	}
 	format := args[0]
 	fs := newFlagSet("import "+format, stderr)
-	in := fs.String("in", "", "result files: a log or directory (inspect), an output directory (opencompass)")
+	in := fs.String("in", "", "result files: a log or directory (inspect), an output directory (opencompass, lm-eval)")
 	var opt importer.Options
 	fs.StringVar(&opt.Scope.Workspace, "workspace", "", "scope workspace (required)")
 	fs.StringVar(&opt.Scope.Model, "model", "", "scope model (default: the files' model)")
@@ -61,10 +65,15 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.StringVar(&opt.Suite, "suite", "", "suite (default: the task or dataset)")
 	fs.StringVar(&opt.Version, "version", "", "suite version (default: <model>@<run>)")
 	fs.Int64Var(&opt.VersionSeq, "version-seq", 0, "version order (default: the run's start, Unix seconds)")
-	if format == "inspect" { // flags of Inspect logs alone: opencompass -h does not list them
+	switch format { // each format's own flags: the others' -h does not list them
+	case "inspect":
 		opt.PassThreshold = fs.Float64("pass-threshold", 1, "a numeric score passes at or above it (C=1, P=0.5, I=N=0)")
 		fs.StringVar(&opt.Scorer, "scorer", "", "scorer to read (default: the log's first)")
 		fs.Int64Var(&opt.MaxMemberBytes, "max-member-bytes", importer.DefaultMaxMemberBytes, ".eval: most bytes one archive member may decompress to")
+	case "lm-eval":
+		opt.PassThreshold = fs.Float64("pass-threshold", 1, "a doc passes when the metric's value is at or above it (tasks scored once per doc)")
+		fs.StringVar(&opt.Metric, "metric", "", "metric to read (default: exact_match, else acc, else the task's first); tasks with repeats need exact_match")
+		fs.StringVar(&opt.Filter, "filter", "", "filter whose samples to read (default: none, else the first)")
 	}
 	toKafka := fs.String("to-kafka", "", "Kafka bootstrap brokers to publish to (comma-separated)")
 	topic := fs.String("topic", TopicEval, "topic for --to-kafka")
@@ -99,11 +108,7 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		prog.set(int64(results), int64(done))
 	}
-	read := importer.Inspect
-	if format == "opencompass" {
-		read = importer.OpenCompass
-	}
-	evs, err := read(*in, opt)
+	evs, err := read[format](*in, opt)
 	if prog != nil {
 		prog.finish()
 	}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -258,15 +259,20 @@ func TestImportRefusesWhatItCannotImport(t *testing.T) {
 	}
 }
 
-// Each format's help lists its own flags: the Inspect-only ones (scorer, pass threshold, archive
-// member bound) are not offered for OpenCompass output, where they would do nothing.
+// Each format's help lists its own flags: the Inspect-only ones (scorer, archive member bound)
+// and the lm-eval-only ones (metric, filter) are not offered where they would do nothing.
 func TestImportHelpListsEachFormatsOwnFlags(t *testing.T) {
-	for format, want := range map[string]bool{"inspect": true, "opencompass": false} {
+	own := map[string][]string{
+		"inspect":     {"-scorer", "-pass-threshold", "-max-member-bytes"},
+		"opencompass": nil,
+		"lm-eval":     {"-metric", "-filter", "-pass-threshold"},
+	}
+	for format, flags := range own {
 		var out, errOut bytes.Buffer
 		run(context.Background(), []string{"import", format, "-h"}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut)
 		help := out.String() + errOut.String()
-		for _, f := range []string{"-scorer", "-pass-threshold", "-max-member-bytes"} {
-			if strings.Contains(help, f) != want {
+		for _, f := range []string{"-scorer", "-pass-threshold", "-max-member-bytes", "-metric", "-filter"} {
+			if want := slices.Contains(flags, f); strings.Contains(help, f) != want {
 				t.Errorf("import %s -h lists %s: %v, want %v", format, f, !want, want)
 			}
 		}

@@ -26,18 +26,9 @@ func TestOTLPExampleFromTheDocs(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("no curl")
 	}
-	root, _ := filepath.Abs(filepath.Join("..", ".."))
-	doc, err := os.ReadFile(filepath.Join(root, "docs", "feeding.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	section := string(doc)[strings.Index(string(doc), "## OpenTelemetry"):]
-	block := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(section)
-	if block == nil {
-		t.Fatal("docs/feeding.md#opentelemetry has no sh example")
-	}
+	root, example := feedingExample(t, "## OpenTelemetry")
 	base, token, _, out := startDev(t, false)
-	script := strings.ReplaceAll(block[1], "http://127.0.0.1:8080/", base)
+	script := strings.ReplaceAll(example, "http://127.0.0.1:8080/", base)
 	script = regexp.MustCompile(`(?m)^TOKEN=\S+`).ReplaceAllString(script, "TOKEN="+token)
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = root
@@ -71,4 +62,24 @@ func TestOTLPExampleFromTheDocs(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// feedingExample returns the repository root and the first sh example of docs/feeding.md after
+// heading.
+func feedingExample(t *testing.T, heading string) (root, example string) {
+	t.Helper()
+	root, _ = filepath.Abs(filepath.Join("..", ".."))
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "feeding.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(doc), heading)
+	if i < 0 {
+		t.Fatalf("docs/feeding.md has no %q", heading)
+	}
+	block := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(string(doc)[i:])
+	if block == nil {
+		t.Fatalf("docs/feeding.md's %q has no sh example", heading)
+	}
+	return root, block[1]
 }

@@ -60,6 +60,8 @@ fi
 # The Python venv of the OpenCompass oracle and the Inspect AI logs (made once, then reused).
 test/pyenv.sh
 "${REPEATRATE_TEST_VENV:-.cache/venv}/bin/python" test/inspect/make_logs.py .cache/inspect-logs
+# What lm-evaluation-harness writes, run offline in its own venv (.cache/lmeval-venv).
+test/lmeval/make_samples.sh .cache/lmeval-out
 if [ $# -gt 0 ]; then
   go test -count=1 -timeout 40m "$@"
   exit
