@@ -52,15 +52,7 @@ func TestImportInspectIntoSuiteSnapshots(t *testing.T) {
 			t.Fatalf("import %v: %v\n%s", imp, err, stderr.String())
 		}
 	}
-	pctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil && ctx.Err() == nil {
-			t.Errorf("processor: %v", err)
-		}
-	}()
+	defer startImportProcessor(ctx, t, cfg)()
 
 	third, twoThirds, fourNinths := 1.0/3, 2.0/3, 4.0/9
 	var stddev = math.Sqrt(((2.0/9)*(2.0/9) + 2*(1.0/9)*(1.0/9)) / 2)
@@ -133,9 +125,30 @@ func TestImportInspectIntoSuiteSnapshots(t *testing.T) {
 			return ""
 		},
 	}
+	awaitSuiteOutputs(ctx, t, kc, cfg.Kafka.SuiteTopic, want)
+}
+
+// startImportProcessor runs `run` on cfg until the returned stop is called.
+func startImportProcessor(ctx context.Context, t *testing.T, cfg Config) (stop func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil && ctx.Err() == nil {
+			t.Errorf("processor: %v", err)
+		}
+	}
+}
+
+// awaitSuiteOutputs reads the suite topic until the latest output of each name in want
+// ("stability <suite> <version>", "discrimination <suite>") passes its check (an empty answer),
+// and fails the test when ctx ends first.
+func awaitSuiteOutputs(ctx context.Context, t *testing.T, kc *kafkaClients, topic string, want map[string]func([]byte) string) {
+	t.Helper()
 	var mu sync.Mutex
 	latest := map[string][]byte{}
-	go tail(ctx, kc, cfg.Kafka.SuiteTopic, 3*time.Minute, func(m kafka.Message) error {
+	go tail(ctx, kc, topic, 3*time.Minute, func(m kafka.Message) error {
 		var e envelope
 		if err := json.Unmarshal(m.Value, &e); err != nil {
 			return err
@@ -173,7 +186,7 @@ func TestImportInspectIntoSuiteSnapshots(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("suite snapshots never matched the log: %s", diff)
+			t.Fatalf("suite outputs never matched: %s", diff)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
