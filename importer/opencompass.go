@@ -310,8 +310,8 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 				}
 			}
 			if p, ok := preds[rep*size+i]; ok {
-				p = clipPrediction(p)
-				r.Prediction = &p
+				text := clipPrediction(p.text)
+				r.Prediction, r.ReplyTokens = &text, p.resLength
 			}
 			ev, err := enc.encode(r)
 			if err != nil {
@@ -323,8 +323,16 @@ func ocEvents(dir, model, dataset string, at time.Time, opt Options, enc *encode
 	return out, nil
 }
 
+// ocPrediction is a prediction's text and, when the record has it, its res_length: the reply's
+// length in tokens as the model counted it (a multi-round prediction's turns summed, as
+// OpenCompass's repeat analysis sums them for the joined text).
+type ocPrediction struct {
+	text      string
+	resLength *int64
+}
+
 // ocPredictions reads a dataset's predictions (one file, or shards _0, _1, … numbered on), by index.
-func ocPredictions(dir, dataset string) (map[int]string, error) {
+func ocPredictions(dir, dataset string) (map[int]ocPrediction, error) {
 	files := []string{filepath.Join(dir, dataset+".json")}
 	if _, err := os.Stat(files[0]); err != nil {
 		files = nil
@@ -336,7 +344,7 @@ func ocPredictions(dir, dataset string) (map[int]string, error) {
 			files = append(files, f)
 		}
 	}
-	out := map[int]string{}
+	out := map[int]ocPrediction{}
 	base := 0
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -345,6 +353,7 @@ func ocPredictions(dir, dataset string) (map[int]string, error) {
 		}
 		var m map[string]struct {
 			Prediction json.RawMessage `json:"prediction"`
+			ResLength  json.RawMessage `json:"res_length"`
 		}
 		if err := json.Unmarshal(b, &m); err != nil {
 			return nil, ocJSONError(filepath.Base(f)+" (predictions: an object of records by index)", err)
@@ -355,7 +364,11 @@ func ocPredictions(dir, dataset string) (map[int]string, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: key %q is not an index", f, k)
 			}
-			out[base+i] = predictionText(v.Prediction) // a multi-round one's turns joined, as OpenCompass does
+			p := ocPrediction{text: predictionText(v.Prediction)} // a multi-round one's turns joined, as OpenCompass does
+			if p.resLength, err = ocResLength(v.ResLength); err != nil {
+				return nil, fmt.Errorf("%s: record %q: %w", filepath.Base(f), k, err)
+			}
+			out[base+i] = p
 			top = max(top, i+1)
 		}
 		base += top
@@ -394,4 +407,36 @@ func ocFlags(raw json.RawMessage) ([]bool, error) {
 		}
 	}
 	return out, nil
+}
+
+// ocResLength reads a prediction record's res_length: absent or null, a count of tokens, or a
+// list of them (one per round), summed.
+func ocResLength(raw json.RawMessage) (*int64, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var counts []float64
+	if raw[0] == '[' {
+		if err := json.Unmarshal(raw, &counts); err != nil {
+			return nil, fmt.Errorf("res_length is %s, not a count of tokens or a list of them", raw)
+		}
+	} else {
+		var n float64
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return nil, fmt.Errorf("res_length is %s, not a count of tokens or a list of them", raw)
+		}
+		counts = []float64{n}
+	}
+	var sum float64
+	for _, n := range counts {
+		if n < 0 || n != math.Trunc(n) {
+			return nil, fmt.Errorf("res_length %s is not a whole number of tokens", raw)
+		}
+		sum += n
+	}
+	if sum > schemas.MaxReplyTokens {
+		return nil, fmt.Errorf("res_length %s is above the %d tokens an eval result may carry", raw, schemas.MaxReplyTokens)
+	}
+	total := int64(sum)
+	return &total, nil
 }

@@ -1,6 +1,8 @@
 package importer
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -260,5 +262,44 @@ func TestImportReportsProgress(t *testing.T) {
 	}
 	if last := inspectSeen[len(inspectSeen)-1]; last != [3]int{12, 2, 2} {
 		t.Fatalf("Inspect progress %v, want it to end at 12 results, 2 of 2 files", inspectSeen)
+	}
+}
+
+// A prediction's res_length (the reply's length in tokens as the model counted it, a list of one
+// count per round for a multi-round prediction) is the result's reply_tokens, a list summed as
+// OpenCompass's repeat analysis sums it; a record without one has none; a res_length that is no
+// count skips the dataset saying so.
+func TestOpenCompassResLengthIsReplyTokens(t *testing.T) {
+	dir, _, write := fixtureRun(t)
+	write("predictions/m7b/gsm8k.json", `{"0": {"prediction": "4", "res_length": 12},
+ "1": {"prediction": ["7", "and then 7"], "res_length": [3, 4]},
+ "2": {"prediction": "4", "res_length": null},
+ "3": {"prediction": "6"}}`)
+	evs, err := OpenCompass(dir, Options{Scope: testScope})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range decode(t, evs) {
+		v := "none"
+		if r.ReplyTokens != nil {
+			v = fmt.Sprint(*r.ReplyTokens)
+		}
+		got[fmt.Sprint(r.CaseID, "/", r.RunIndex)] = v
+	}
+	// The fixture's dataset ran twice over two examples: prediction i is replica i / 2 of example i % 2.
+	want := map[string]string{"0/0": "12", "1/0": "7", "0/1": "none", "1/1": "none"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("reply_tokens by case/run %v, want %v", got, want)
+	}
+	for _, bad := range []string{`-1`, `1.5`, `"12"`, `[3, "x"]`, `3000000000`} {
+		write("predictions/m7b/gsm8k.json", `{"0": {"prediction": "4", "res_length": `+bad+`}}`)
+		var skipped []string
+		if _, err := OpenCompass(dir, Options{Scope: testScope, Skipped: func(f, why string) { skipped = append(skipped, why) }}); err != nil {
+			t.Fatal(err)
+		}
+		if len(skipped) != 1 || !strings.Contains(skipped[0], "res_length") {
+			t.Errorf("res_length %s: skipped %q, want the dataset skipped naming res_length", bad, skipped)
+		}
 	}
 }

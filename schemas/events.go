@@ -42,6 +42,9 @@ const (
 // doubles).
 const MaxAssessmentSeq = 1<<53 - 1
 
+// MaxReplyTokens is the greatest reply_tokens an eval result may carry.
+const MaxReplyTokens = 1<<31 - 1
+
 // Scope names exactly what was measured. All five parts are required and compared byte for byte.
 type Scope struct {
 	Workspace  string `json:"workspace"`
@@ -79,16 +82,20 @@ type LiveAttempt struct {
 // EvalResult is the data of a repeatrate.eval.result.v1 event: one graded run of one eval case.
 // CorrectionID and OpportunityID are set together when the case is a declared correction check.
 type EvalResult struct {
-	Scope         Scope     `json:"scope"`
-	Suite         string    `json:"suite"`
-	CaseID        string    `json:"case_id"`
-	Version       string    `json:"version"`
-	VersionSeq    int64     `json:"version_seq"`
-	RunIndex      int64     `json:"run_index"`
-	Runs          int64     `json:"runs"`
-	Result        string    `json:"result"`
-	Score         *float64  `json:"score,omitempty"`
-	Prediction    *string   `json:"prediction,omitempty"`
+	Scope      Scope    `json:"scope"`
+	Suite      string   `json:"suite"`
+	CaseID     string   `json:"case_id"`
+	Version    string   `json:"version"`
+	VersionSeq int64    `json:"version_seq"`
+	RunIndex   int64    `json:"run_index"`
+	Runs       int64    `json:"runs"`
+	Result     string   `json:"result"`
+	Score      *float64 `json:"score,omitempty"`
+	Prediction *string  `json:"prediction,omitempty"`
+	// ReplyTokens is the reply's length in tokens as the harness counted it (OpenCompass's
+	// res_length); with a prediction, the suite takes it as the reply's length instead of its own
+	// count (docs/semantics.md#replies).
+	ReplyTokens   *int64    `json:"reply_tokens,omitempty"`
 	CorrectionID  string    `json:"correction_id,omitempty"`
 	OpportunityID string    `json:"opportunity_id,omitempty"`
 	OccurredAt    time.Time `json:"occurred_at"`
@@ -122,6 +129,7 @@ type evalWire struct {
 	Result        string          `json:"result"`
 	Score         *float64        `json:"score"`
 	Prediction    *string         `json:"prediction"`
+	ReplyTokens   json.RawMessage `json:"reply_tokens"`
 	CorrectionID  string          `json:"correction_id"`
 	OpportunityID string          `json:"opportunity_id"`
 	OccurredAt    string          `json:"occurred_at"`
@@ -231,6 +239,13 @@ func parseEvalResult(data []byte, now time.Time, lim Limits) (EvalResult, error)
 	}
 	if r.Prediction != nil && len(*r.Prediction) > lim.MaxPredictionBytes {
 		return EvalResult{}, Invalid(ReasonTooLarge, "prediction is %d bytes, limit %d", len(*r.Prediction), lim.MaxPredictionBytes)
+	}
+	if len(w.ReplyTokens) > 0 && string(w.ReplyTokens) != "null" {
+		n, err := integer("reply_tokens", w.ReplyTokens, true, 0, MaxReplyTokens)
+		if err != nil {
+			return EvalResult{}, err
+		}
+		r.ReplyTokens = &n
 	}
 	if (r.CorrectionID == "") != (r.OpportunityID == "") {
 		return EvalResult{}, Invalid(ReasonMissingField, "correction_id and opportunity_id go together: a correction check needs both")
@@ -525,7 +540,7 @@ func (p *Parser) EvalResult(data []byte, now time.Time) (EvalResult, error) {
 // The member names of each data type, for shadows.
 var (
 	liveNames  = []string{"scope", "opportunity_id", "correction_id", "occurred_at", "assessed_at", "assessment_seq", "outcome", "unscored_reason"}
-	evalNames  = []string{"scope", "suite", "case_id", "version", "version_seq", "run_index", "runs", "result", "score", "prediction", "correction_id", "opportunity_id", "occurred_at", "assessed_at", "assessment_seq"}
+	evalNames  = []string{"scope", "suite", "case_id", "version", "version_seq", "run_index", "runs", "result", "score", "prediction", "correction_id", "opportunity_id", "occurred_at", "assessed_at", "assessment_seq", "reply_tokens"}
 	scopeNames = []string{"workspace", "model", "run", "checkpoint", "artifact"}
 )
 
@@ -678,6 +693,13 @@ func evalAt(s *scanner, now time.Time, lim Limits, t *internTable) (EvalResult, 
 		case "assessment_seq":
 			bit = 1 << 14
 			r.AssessmentSeq, ok = s.integer(false, 0, MaxAssessmentSeq)
+		case "reply_tokens":
+			bit = 1 << 15
+			if ok = s.literal("null"); !ok {
+				var n int64
+				n, ok = s.integer(true, 0, MaxReplyTokens)
+				r.ReplyTokens = &n
+			}
 		default:
 			return !shadows(name, evalNames) && s.skip(0)
 		}

@@ -99,6 +99,13 @@ func refParseEvalResult(data []byte, now time.Time, lim Limits) (EvalResult, err
 	if r.Prediction != nil && len(*r.Prediction) > lim.MaxPredictionBytes {
 		return EvalResult{}, Invalid(ReasonTooLarge, "prediction is %d bytes, limit %d", len(*r.Prediction), lim.MaxPredictionBytes)
 	}
+	if len(w.ReplyTokens) > 0 && string(w.ReplyTokens) != "null" { // a field added after the fast paths
+		n, err := integer("reply_tokens", w.ReplyTokens, true, 0, MaxReplyTokens)
+		if err != nil {
+			return EvalResult{}, err
+		}
+		r.ReplyTokens = &n
+	}
 	if (r.CorrectionID == "") != (r.OpportunityID == "") {
 		return EvalResult{}, Invalid(ReasonMissingField, "correction_id and opportunity_id go together: a correction check needs both")
 	}
@@ -274,6 +281,15 @@ func TestFastDataAgrees(t *testing.T) {
 		{"score 1.5", eval(`"score":0.25`, `"score":1.5`), true, false},
 		{"score null", eval(`"score":0.25`, `"score":null`), true, true},
 		{"no score", eval(`"score":0.25,`, ``), true, true},
+		{"reply_tokens 0", eval(`"score":0.25`, `"score":0.25,"reply_tokens":0`), true, true},
+		{"reply_tokens 2^31-1", eval(`"score":0.25`, `"score":0.25,"reply_tokens":2147483647`), true, true},
+		{"reply_tokens 2^31", eval(`"score":0.25`, `"score":0.25,"reply_tokens":2147483648`), true, false},
+		{"reply_tokens 1e3", eval(`"score":0.25`, `"score":0.25,"reply_tokens":1e3`), true, true},
+		{"reply_tokens 1.5", eval(`"score":0.25`, `"score":0.25,"reply_tokens":1.5`), true, false},
+		{"reply_tokens -1", eval(`"score":0.25`, `"score":0.25,"reply_tokens":-1`), true, false},
+		{"reply_tokens null", eval(`"score":0.25`, `"score":0.25,"reply_tokens":null`), true, true},
+		{"reply_tokens string", eval(`"score":0.25`, `"score":0.25,"reply_tokens":"7"`), true, false},
+		{"reply_tokens twice", eval(`"score":0.25`, `"score":0.25,"reply_tokens":7,"reply_tokens":8`), true, false},
 		{"prediction null", eval(`"prediction":"You can return it\nwithin 90 days."`, `"prediction":null`), true, true},
 		{"prediction escapes", eval(`"You can return it\nwithin 90 days."`, `"tab\t quote\" slash\/ \\ \b\f\r \u00e9 \ud83d\ude00 \u0000"`), true, true},
 		{"prediction lone surrogate", eval(`"You can return it\nwithin 90 days."`, `"\ud800"`), true, false},

@@ -58,6 +58,11 @@ func FromEvalRun(r *schemas.EvalResult, mode ReplyMode) RunObservation {
 	}
 	if r.Prediction != nil {
 		o.Stats = AnalyzeReply(*r.Prediction, mode)
+		if r.ReplyTokens != nil {
+			// The harness's own count (OpenCompass's res_length) is the reply's length, as
+			// OpenCompass's analysis takes it; the rules still read the text's tokens.
+			o.Stats.Tokens = int(*r.ReplyTokens)
+		}
 		o.Record.Reply, o.Record.Tokens, o.Record.GzipRatio, o.Record.Trigger = true, o.Stats.Tokens, o.Stats.GzipRatio, o.Stats.Trigger
 	}
 	return o
