@@ -28,6 +28,9 @@ const (
 	streamHeartbeat   = 15 * time.Second
 	streamWriteWindow = 30 * time.Second
 	maxCatchUp        = 200
+	// streamSubscribeWait bounds how long a new stream waits for the server's subscription to
+	// the channel (Redis slow or down) before it is refused with 503.
+	streamSubscribeWait = 5 * time.Second
 )
 
 // streamFields are the selector's parameters besides workspace.
@@ -112,16 +115,37 @@ type hub struct {
 	clients map[*streamClient]string // -> token name
 	perTok  map[string]int
 	closed  bool
+	// subscribed is closed once Redis has confirmed the subscription: a stream goes live only
+	// then, or an event published between its catch-up and the subscription would be lost.
+	subscribed chan struct{}
 }
 
 func newHub(c *Catalog, m *httpMetrics, log *zap.Logger) *hub {
-	return &hub{catalog: c, m: m, log: log, clients: map[*streamClient]string{}, perTok: map[string]int{}}
+	return &hub{catalog: c, m: m, log: log, clients: map[*streamClient]string{}, perTok: map[string]int{},
+		subscribed: make(chan struct{})}
 }
 
 // run subscribes to the channel until ctx ends (go-redis resubscribes after a lost connection),
-// then closes every stream.
+// then closes every stream. It confirms the subscription first, retrying while Redis refuses.
 func (h *hub) run(ctx context.Context) {
 	ps := h.catalog.client.Subscribe(ctx, h.catalog.Channel())
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		if _, err := ps.Receive(ctx); err == nil {
+			close(h.subscribed)
+			break
+		} else if ctx.Err() == nil {
+			h.log.Warn("stream subscription not confirmed; retrying", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			ps.Close()
+			h.mu.Lock()
+			h.closed = true
+			h.mu.Unlock()
+			return
+		case <-time.After(wait):
+		}
+	}
 	defer func() {
 		ps.Close()
 		h.mu.Lock()
@@ -241,6 +265,16 @@ func (a *api) stream(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	defer a.hub.remove(c)
+	// Registered, then subscribed, then caught up: whatever is published after the catch-up
+	// read reaches this stream.
+	select {
+	case <-a.hub.subscribed:
+	case <-req.Context().Done():
+		return
+	case <-time.After(streamSubscribeWait):
+		writeError(w, http.StatusServiceUnavailable, "streams are not ready (no subscription to Redis yet); try again later", false)
+		return
+	}
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/repeatrate/repeatrate/aggregator"
@@ -132,5 +133,96 @@ func TestStream(t *testing.T) {
 	ids := append(caught, sseIDs(t, sc, 1)...)
 	if len(ids) != 2 || ids[0] != 5 || ids[1] != 6 {
 		t.Fatalf("resumed after 3: ids %v, want [5 6] (the current snapshot, then new ones)", ids)
+	}
+}
+
+// slowDial delays every new connection of a client: a Redis slow to accept the server's
+// subscription connection.
+type slowDial struct{ delay time.Duration }
+
+func (s slowDial) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		time.Sleep(s.delay)
+		return next(ctx, network, addr)
+	}
+}
+func (slowDial) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (slowDial) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A stream goes live (": live") only once the server's subscription to the channel is
+// confirmed: what is published after that reaches it. Here the subscription's connection takes
+// 2 s; before, a stream opened at once went live without it, and the versions published next
+// were lost (TestStream failed so on a loaded machine).
+func TestStreamGoesLiveOnlyWhenSubscribed(t *testing.T) {
+	client := testenv.Redis(t) // connected: only the subscription dials anew
+	client.AddHook(slowDial{2 * time.Second})
+	prefix := testenv.Name(t, "stream-subscribed")
+	testenv.CleanPrefix(t, client, prefix)
+	cat := NewCatalog(client, prefix, time.Hour)
+	rec := NewRecorder(nopPublisher{}, cat, nil, zap.NewNop())
+	key := aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}, CorrectionID: "x", Source: aggregator.Live}
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), func() time.Time { return now }, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+
+	sctx, stop := context.WithTimeout(ctx, 8*time.Second)
+	defer stop()
+	req, _ := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+l.Addr().String()+"/v1/stream?workspace=w&correction_id=x", nil)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() && sc.Text() != ": live" {
+	}
+	for _, v := range []int64{1, 2} {
+		tally := aggregator.Tally{Version: v, All: aggregator.Counts{Passed: v}}
+		if err := rec.Publish(ctx, []schemas.Snapshot{tally.Snapshot(key, now)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rec.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids := sseIDs(t, sc, 2); len(ids) != 2 || ids[0] != 1 || ids[1] != 2 {
+		t.Fatalf("ids %v after going live, want [1 2]", ids)
+	}
+}
+
+// Without a subscription (Redis down) a stream is refused with 503 after streamSubscribeWait,
+// not answered 200 and left silent.
+func TestStreamRefusedWithoutSubscription(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer dead.Close()
+	cat := NewCatalog(dead, testenv.Name(t, "stream-dead"), time.Hour)
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+l.Addr().String()+"/v1/stream?workspace=w", nil)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("stream without a subscription: %d, want 503", resp.StatusCode)
 	}
 }
