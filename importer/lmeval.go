@@ -8,14 +8,15 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
 
@@ -35,31 +36,82 @@ import (
 // first reply of a doc (its "none" filter is take_first), so the importer scores every reply itself
 // with the task's exact_match, and checks the first against lm_eval's own verdict.
 
-// lmResults is what the importer reads of a results file.
+// lmResults is what the importer reads of a results file; each task's config is read on its own
+// (lmTaskConfigOf), so that one the importer cannot read skips that task, not the run.
 type lmResults struct {
-	Configs   map[string]lmTaskConfig `json:"configs"`
-	ModelName string                  `json:"model_name"`
-	Date      float64                 `json:"date"`
+	Configs   map[string]json.RawMessage `json:"configs"`
+	ModelName string                     `json:"model_name"`
+	Date      *float64                   `json:"date"`
 	NSamples  map[string]struct {
 		Effective int `json:"effective"`
 	} `json:"n-samples"`
 }
 
 type lmTaskConfig struct {
-	OutputType  string          `json:"output_type"`
-	Repeats     int             `json:"repeats"`
-	DocToChoice json.RawMessage `json:"doc_to_choice"`
-	MetricList  []lmMetric      `json:"metric_list"`
+	OutputType     string          `json:"output_type"`
+	Repeats        int             `json:"repeats"`
+	DocToChoice    json.RawMessage `json:"doc_to_choice"`
+	ProcessResults json.RawMessage `json:"process_results"`
+	FilterList     json.RawMessage `json:"filter_list"`
+	MetricList     []lmMetric      `json:"metric_list"`
 }
 
-// lmMetric is a metric_list entry: exact_match's options are the ones it is scored with.
+// lmMetric is a metric_list entry: exact_match's options are the ones it is scored with, read as
+// Python reads them (any truthy value; a text of regexes is its characters, as a loop over it
+// gives them).
 type lmMetric struct {
-	Metric            string   `json:"metric"`
-	IgnoreCase        bool     `json:"ignore_case"`
-	IgnorePunctuation bool     `json:"ignore_punctuation"`
-	IgnoreNumbers     bool     `json:"ignore_numbers"`
-	RegexesToIgnore   []string `json:"regexes_to_ignore"`
+	Metric            string
+	IgnoreCase        bool
+	IgnorePunctuation bool
+	IgnoreNumbers     bool
+	RegexesToIgnore   []string
 }
+
+func (m *lmMetric) UnmarshalJSON(b []byte) error {
+	var raw map[string]any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	m.Metric, _ = raw["metric"].(string)
+	m.IgnoreCase, m.IgnorePunctuation, m.IgnoreNumbers = truthy(raw["ignore_case"]), truthy(raw["ignore_punctuation"]), truthy(raw["ignore_numbers"])
+	switch r := raw["regexes_to_ignore"].(type) {
+	case nil:
+	case string:
+		for _, c := range r {
+			m.RegexesToIgnore = append(m.RegexesToIgnore, string(c))
+		}
+	case []any:
+		for _, x := range r {
+			s, ok := x.(string)
+			if !ok {
+				return fmt.Errorf("regexes_to_ignore holds %v, not a regular expression", x)
+			}
+			m.RegexesToIgnore = append(m.RegexesToIgnore, s)
+		}
+	default:
+		return fmt.Errorf("regexes_to_ignore is %v, not a list of regular expressions", r)
+	}
+	return nil
+}
+
+// truthy is Python's bool() of a JSON value.
+func truthy(v any) bool {
+	switch v := v.(type) {
+	case bool:
+		return v
+	case float64:
+		return v != 0
+	case string:
+		return v != ""
+	case []any:
+		return len(v) > 0
+	case map[string]any:
+		return len(v) > 0
+	}
+	return false
+}
+
+func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
 
 // lmSample is one line of a samples file; Values holds the whole line, the metrics' values too.
 type lmSample struct {
@@ -72,12 +124,17 @@ type lmSample struct {
 	Values        map[string]json.RawMessage
 }
 
+// lmStamp is the date lm_eval names its output files with: <name>_<date>.json beside
+// samples_<task>_<date>.jsonl (results_<date>.json under a model folder, or the file
+// --output_path names, x.json giving x_<date>.json).
+var lmStamp = regexp.MustCompile(`_(\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(?:\.\d+)?)\.json$`)
+
 // LMEval imports what lm_eval wrote with --log_samples: an output directory (every results file
-// under it, one or two levels down) or one results file. Each task's doc and repeat is one run:
-// case_id is the doc_id, run_index the repeat, runs = repeats; suite the task; version
-// <model>@<results date>. A generate_until task run with repeats is scored reply by reply with its
-// exact_match (Options.Metric must be exact_match, the filter none); any other task takes lm_eval's
-// own value of Options.Metric (default exact_match, else acc, else the first) and passes at or above
+// under it) or one results file. Each task's doc and repeat is one run: case_id is the doc_id,
+// run_index the repeat, runs = repeats; suite the task; version <model>@<results date>. A
+// generate_until task run with repeats is scored reply by reply with its exact_match, when its
+// scoring is one the importer reproduces exactly (see docs/feeding.md); any other task takes
+// lm_eval's own value of Options.Metric (default exact_match, else acc) and passes at or above
 // Options.PassThreshold (default 1). Times are the run's start (the results file's date).
 func LMEval(path string, opt Options) ([]Event, error) {
 	files, err := lmResultsFiles(path)
@@ -89,30 +146,40 @@ func LMEval(path string, opt Options) ([]Event, error) {
 		return nil, err
 	}
 	type task struct {
-		results string
-		res     *lmResults
-		name    string
+		results, stamp string
+		res            *lmResults
+		name           string
 	}
 	var tasks []task
+	runs := map[string]bool{}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
 		var res lmResults
-		if err := json.Unmarshal(b, &res); err != nil || len(res.Configs) == 0 {
-			why := "it holds no task configs"
-			if err != nil {
-				why = lmJSONError("it", err).Error()
-			}
+		why := ""
+		switch err := json.Unmarshal(b, &res); {
+		case err != nil:
+			why = lmJSONError("its JSON", err).Error()
+		case len(res.Configs) == 0:
+			why = "it holds no task configs"
+		case res.Date == nil:
+			why = "it has no date (the run's start)"
+		}
+		if why != "" {
 			if opt.Skipped == nil || len(files) == 1 {
 				return nil, fmt.Errorf("%s is not an lm_eval results file: %s", f, why)
 			}
 			opt.Skipped(f, "not an lm_eval results file: "+why)
 			continue
 		}
+		stamp := lmStamp.FindStringSubmatch(filepath.Base(f))[1]
+		if runs[f] = true; opt.Scope.Run != "" && len(runs) > 1 {
+			return nil, fmt.Errorf("the folder holds %d lm_eval runs: --run %q would make their docs one run each, the later replacing the earlier; leave --run unset, or import each results file apart", len(runs), opt.Scope.Run)
+		}
 		for _, name := range slices.Sorted(maps.Keys(res.Configs)) {
-			tasks = append(tasks, task{results: f, res: &res, name: name})
+			tasks = append(tasks, task{results: f, stamp: stamp, res: &res, name: name})
 		}
 	}
 	var out []Event
@@ -122,9 +189,8 @@ func LMEval(path string, opt Options) ([]Event, error) {
 		if err := oneModelUnder(opt, models, t.res.ModelName); err != nil {
 			return nil, err
 		}
-		stamp := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(t.results), "results_"), ".json")
-		samples := filepath.Join(filepath.Dir(t.results), "samples_"+t.name+"_"+stamp+".jsonl")
-		evs, err := lmTaskEvents(samples, t.name, stamp, t.res, opt, enc)
+		samples := filepath.Join(filepath.Dir(t.results), "samples_"+t.name+"_"+t.stamp+".jsonl")
+		evs, err := lmTaskEvents(samples, t.name, t.stamp, t.res, opt, enc)
 		switch {
 		case err != nil && opt.Skipped != nil:
 			opt.Skipped(samples, err.Error()) // the run's other tasks are imported
@@ -138,14 +204,17 @@ func LMEval(path string, opt Options) ([]Event, error) {
 	return out, nil
 }
 
-// lmResultsFiles lists the results files at path: the file itself, or those in the directory and
-// in its subdirectories (one per model), in name order.
+// lmResultsFiles lists the results files at path: the file itself, or every one under the
+// directory, in name order.
 func lmResultsFiles(path string) ([]string, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
 	if !st.IsDir() {
+		if !lmStamp.MatchString(filepath.Base(path)) {
+			return nil, fmt.Errorf("%s is not an lm_eval results file: lm_eval names them <name>_<date>.json", path)
+		}
 		return []string{path}, nil
 	}
 	var files []string
@@ -153,10 +222,7 @@ func lmResultsFiles(path string) ([]string, error) {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && p != path && strings.Count(strings.TrimPrefix(p, path), string(filepath.Separator)) > 2 {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() && strings.HasPrefix(d.Name(), "results_") && strings.HasSuffix(d.Name(), ".json") {
+		if !d.IsDir() && lmStamp.MatchString(d.Name()) {
 			files = append(files, p)
 		}
 		return nil
@@ -165,13 +231,62 @@ func lmResultsFiles(path string) ([]string, error) {
 		return nil, err
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("%s: no lm_eval results file (results_<date>.json) in it or in its model folders", path)
+		return nil, fmt.Errorf("%s: no lm_eval results file (results_<date>.json) in it or under it", path)
 	}
 	return files, nil
 }
 
+// lmReplyScoring says why a task's replies cannot be scored one by one exactly as lm_eval would
+// score them, or "" when they can: its exact_match over the replies as they are.
+func lmReplyScoring(cfg lmTaskConfig, metric, filter string, repeats int) string {
+	switch {
+	case metric != "exact_match":
+		return fmt.Sprintf("lm_eval scores only the first of a doc's %d replies with %s; repeatrate scores every reply only with exact_match (--metric exact_match), or run the task with repeats: 1", repeats, metric)
+	case !isNull(cfg.ProcessResults):
+		return "the task scores with its own process_results, which repeatrate does not run; run it with repeats: 1 to import lm_eval's own verdicts"
+	case !isNull(cfg.DocToChoice):
+		return "exact_match against doc_to_choice targets is not reproduced; run the task with repeats: 1"
+	}
+	if !isNull(cfg.FilterList) {
+		var filters []struct {
+			Name   string `json:"name"`
+			Filter []struct {
+				Function string `json:"function"`
+			} `json:"filter"`
+		}
+		if json.Unmarshal(cfg.FilterList, &filters) != nil {
+			return "the task's filter_list is not one repeatrate reads"
+		}
+		i := slices.IndexFunc(filters, func(f struct {
+			Name   string `json:"name"`
+			Filter []struct {
+				Function string `json:"function"`
+			} `json:"filter"`
+		}) bool {
+			return f.Name == filter
+		})
+		if i >= 0 && (len(filters[i].Filter) != 1 || filters[i].Filter[0].Function != "take_first") {
+			var names []string
+			for _, f := range filters {
+				if len(f.Filter) == 1 && f.Filter[0].Function == "take_first" {
+					names = append(names, f.Name)
+				}
+			}
+			why := fmt.Sprintf("lm_eval's filter %q changes the replies before scoring, which repeatrate does not reproduce", filter)
+			if len(names) > 0 {
+				return why + fmt.Sprintf("; import the filter that takes them as they are with --filter %s", names[0])
+			}
+			return why + "; run the task with repeats: 1 to import lm_eval's own verdicts"
+		}
+	}
+	return ""
+}
+
 func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc *encoder) ([]Event, error) {
-	cfg := res.Configs[name]
+	var cfg lmTaskConfig
+	if err := json.Unmarshal(res.Configs[name], &cfg); err != nil {
+		return nil, fmt.Errorf("its config in the results file: %v", err)
+	}
 	lines, err := lmReadSamples(samples)
 	if err != nil {
 		return nil, err
@@ -192,11 +307,13 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 	}
 	metric := opt.Metric
 	if metric == "" {
-		metric = lines[0].Metrics[0]
 		for _, m := range []string{"acc", "exact_match"} {
 			if slices.Contains(lines[0].Metrics, m) {
 				metric = m
 			}
+		}
+		if metric == "" {
+			return nil, fmt.Errorf("the task has neither exact_match nor acc; name the metric whose per-doc value decides pass or fail with --metric (it has %s)", strings.Join(lines[0].Metrics, ", "))
 		}
 	} else if !slices.Contains(lines[0].Metrics, metric) {
 		return nil, fmt.Errorf("the task has no metric %q (it has %s)", metric, strings.Join(lines[0].Metrics, ", "))
@@ -208,19 +325,20 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 	perReply := cfg.OutputType == "generate_until" && repeats > 1
 	var em *exactMatch
 	if perReply {
-		switch {
-		case metric != "exact_match":
-			return nil, fmt.Errorf("lm_eval scores only the first of a doc's %d replies with %s; repeatrate scores every reply only with exact_match (--metric exact_match), or run the task with repeats: 1", repeats, metric)
-		case filter != "none":
-			return nil, fmt.Errorf("the filter %q changes the replies in ways repeatrate does not reproduce; import its unfiltered replies with --filter none", filter)
-		case len(cfg.DocToChoice) > 0 && string(cfg.DocToChoice) != "null":
-			return nil, fmt.Errorf("exact_match against doc_to_choice targets is not reproduced; run the task with repeats: 1")
+		if why := lmReplyScoring(cfg, metric, filter, repeats); why != "" {
+			return nil, errors.New(why)
 		}
-		i := slices.IndexFunc(cfg.MetricList, func(m lmMetric) bool { return m.Metric == "exact_match" })
-		if i < 0 {
+		// lm_eval keeps the options of the last exact_match entry (a dict by metric name).
+		last := -1
+		for i, m := range cfg.MetricList {
+			if m.Metric == "exact_match" {
+				last = i
+			}
+		}
+		if last < 0 {
 			return nil, fmt.Errorf("the task's config lists no exact_match metric")
 		}
-		if em, err = newExactMatch(cfg.MetricList[i]); err != nil {
+		if em, err = newExactMatch(cfg.MetricList[last]); err != nil {
 			return nil, err
 		}
 	}
@@ -229,7 +347,7 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 		threshold = *opt.PassThreshold
 	}
 
-	at := time.Unix(0, int64(res.Date*1e9)).UTC().Truncate(time.Microsecond)
+	at := time.Unix(0, int64(*res.Date*1e9)).UTC().Truncate(time.Microsecond)
 	scope := opt.Scope
 	scope.Model = orDefault(scope.Model, res.ModelName)
 	scope.Run = orDefault(scope.Run, stamp)
@@ -253,7 +371,10 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 			return nil, fmt.Errorf("doc %d has two samples with the filter %q", doc, filter)
 		}
 		seen[doc] = true
-		value, scored := lmValue(s.Values[metric])
+		value, scored, err := lmValue(s.Values[metric])
+		if err != nil {
+			return nil, fmt.Errorf("doc %d: %s %v", doc, metric, err)
+		}
 		verdicts := make([]*bool, runs)
 		replies := make([]*string, runs)
 		if perReply {
@@ -266,7 +387,10 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 				return nil, fmt.Errorf("doc %d: %w", doc, err)
 			}
 			for r, reply := range resps[0] {
-				pass := em.match(reply, golds)
+				pass, err := em.match(reply, golds)
+				if err != nil {
+					return nil, fmt.Errorf("doc %d reply %d: %w", doc, r, err)
+				}
 				verdicts[r], replies[r] = &pass, &reply
 			}
 			if !scored || (value == 1) != *verdicts[0] {
@@ -311,7 +435,8 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 }
 
 // lmReadSamples reads a samples file's lines (JSON Lines; a line may be long: a doc and its
-// replies).
+// replies). Python's json writes a float that is not a number as NaN, Infinity or -Infinity,
+// which JSON does not have: they are read as the texts "NaN", "Infinity" and "-Infinity".
 func lmReadSamples(path string) ([]lmSample, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -325,7 +450,7 @@ func lmReadSamples(path string) ([]lmSample, error) {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<30)
 	for n := 1; sc.Scan(); n++ {
-		line := bytes.TrimSpace(sc.Bytes())
+		line := pyJSONConstants(bytes.TrimSpace(sc.Bytes()))
 		if len(line) == 0 {
 			continue
 		}
@@ -344,19 +469,70 @@ func lmReadSamples(path string) ([]lmSample, error) {
 	return out, sc.Err()
 }
 
-// lmValue reads a metric's value: a number, or a boolean as 1 or 0.
-func lmValue(raw json.RawMessage) (float64, bool) {
+// pyJSONConstants quotes the NaN, Infinity and -Infinity that Python's json writes outside
+// strings, so that the line is JSON.
+func pyJSONConstants(b []byte) []byte {
+	if !bytes.Contains(b, []byte("NaN")) && !bytes.Contains(b, []byte("Infinity")) {
+		return b
+	}
+	var out []byte
+	in := false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case in && c == '\\':
+			out = append(out, c)
+			if i+1 < len(b) {
+				i++
+				out = append(out, b[i])
+			}
+			continue
+		case c == '"':
+			in = !in
+		case !in:
+			for _, k := range []string{"-Infinity", "Infinity", "NaN"} {
+				if bytes.HasPrefix(b[i:], []byte(k)) {
+					out = append(append(append(out, '"'), k...), '"')
+					i += len(k) - 1
+					c = 0
+					break
+				}
+			}
+			if c == 0 {
+				continue
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// lmValue reads a doc's value of a metric: a number, or a boolean as 1 or 0, is a score; a float
+// that is not a number (NaN, ±Infinity) leaves the doc unscored; anything else (a pair, a text,
+// null) is no per-doc score, an error.
+func lmValue(raw json.RawMessage) (float64, bool, error) {
 	var v any
 	if json.Unmarshal(raw, &v) != nil {
-		return 0, false
+		return 0, false, fmt.Errorf("is missing")
 	}
 	switch v := v.(type) {
 	case float64:
-		return v, !math.IsNaN(v)
+		return v, true, nil
 	case bool:
-		return btof(v), true
+		return btof(v), true, nil
+	case string:
+		if v == "NaN" || v == "Infinity" || v == "-Infinity" {
+			return 0, false, nil
+		}
 	}
-	return 0, false
+	return 0, false, fmt.Errorf("is %s, not a per-doc score: choose a metric lm_eval scores each doc with (--metric)", clipText(string(raw)))
+}
+
+func clipText(s string) string {
+	if len(s) > 40 {
+		return strings.ToValidUTF8(s[:40], "") + "…"
+	}
+	return s
 }
 
 func btof(b bool) float64 {
@@ -367,81 +543,105 @@ func btof(b bool) float64 {
 }
 
 // lmTargets reads a doc's target as the texts exact_match compares with: a text; a number or a
-// boolean as Python's str() writes it (lm_eval casts the target to the reply's type); a list of
-// them, any of which may match (a multiple-target task).
+// boolean as Python's str() writes it (lm_eval casts the target to the reply's type). lm_eval
+// writes a list of targets (a multiple-target task) as its Python text ("['a', 'b']"), which
+// cannot be told from a text target that looks so: such a target is refused.
 func lmTargets(raw json.RawMessage) ([]string, error) {
-	var list []json.RawMessage
-	if json.Unmarshal(raw, &list) == nil {
-		out := make([]string, 0, len(list))
-		for _, x := range list {
-			out = append(out, predictionText(x))
+	var text string
+	if json.Unmarshal(raw, &text) == nil {
+		if t := strings.TrimSpace(text); strings.HasPrefix(t, "[") && strings.HasSuffix(t, "]") {
+			return nil, fmt.Errorf("target %s reads as a list of targets (lm_eval writes a multiple-target task's list as text), which repeatrate does not score; run the task with repeats: 1", clipText(string(raw)))
 		}
-		return out, nil
+		return []string{text}, nil
 	}
-	if len(raw) == 0 || raw[0] == '{' {
-		return nil, fmt.Errorf("target is %s, not a text, a number or a list of them", article(jsonKind(raw)))
+	if len(raw) == 0 || raw[0] == '{' || raw[0] == '[' {
+		return nil, fmt.Errorf("target is %s, not a text or a number", clipText(string(raw)))
 	}
 	return []string{predictionText(raw)}, nil
 }
 
-func jsonKind(raw json.RawMessage) string {
-	if len(raw) > 0 && raw[0] == '{' {
-		return "object"
-	}
-	return "nothing"
-}
-
-// exactMatch is lm_eval's exact_match (exact_match_hf_evaluate in lm_eval/api/metrics.py): the
-// regexes removed from both texts, then both lowered (Python's str.lower), then ASCII punctuation
-// and then digits removed, as the options ask; the texts then equal.
+// exactMatch is lm_eval's exact_match (exact_match_hf_evaluate in lm_eval/api/metrics.py) on one
+// reply and one target, each a numpy string array of one element: the regexes removed from both
+// texts, then both lowered (numpy's char.lower: Python's str.lower cut to the array's width),
+// then ASCII punctuation and then digits removed, as the options ask; numpy drops trailing NULs
+// at each step; the texts then equal.
 type exactMatch struct {
 	regexes              []*regexp2.Regexp
 	lower, punct, digits bool
 }
 
+// pyRegexUnlike finds what Python's re and the regexp2 engine read differently: word and space
+// classes and boundaries (Unicode's and .NET's sets differ), \Z, {,n}, possessive quantifiers,
+// named groups and back references, inline flags, and escapes beyond the common ones.
+var pyRegexUnlike = regexp.MustCompile(`\\[wWsSbBZAUNxuo0-9]|\{,|[*+?}][+]|\(\?[^:]`)
+
 func newExactMatch(m lmMetric) (*exactMatch, error) {
 	em := &exactMatch{lower: m.IgnoreCase, punct: m.IgnorePunctuation, digits: m.IgnoreNumbers}
 	for _, s := range m.RegexesToIgnore {
-		re, err := regexp2.Compile(s, regexp2.Unicode)
+		if bad := pyRegexUnlike.FindString(s); bad != "" {
+			return nil, fmt.Errorf("exact_match regex %q uses %q, which repeatrate cannot apply exactly as Python's re does; run the task with repeats: 1", s, bad)
+		}
+		re, err := regexp2.Compile(s, regexp2.None)
 		if err != nil {
 			return nil, fmt.Errorf("exact_match regex %q: %v", s, err)
 		}
-		re.MatchTimeout = time.Second
+		re.MatchTimeout = 10 * time.Second
 		em.regexes = append(em.regexes, re)
 	}
 	return em, nil
 }
 
-func (em *exactMatch) norm(s string) string {
+func (em *exactMatch) norm(s string) (string, error) {
+	s = strings.TrimRight(s, "\x00")
 	for _, re := range em.regexes {
-		if r, err := re.Replace(s, "", -1, -1); err == nil {
-			s = r
+		r, err := re.Replace(s, "", -1, -1)
+		if err != nil {
+			return "", fmt.Errorf("exact_match regex %q: %v", re.String(), err)
 		}
+		s = strings.TrimRight(r, "\x00")
 	}
 	if em.lower {
-		s = pyLower(s)
+		s = npLower(s)
 	}
 	if em.punct || em.digits {
-		s = strings.Map(func(r rune) rune {
+		s = strings.TrimRight(strings.Map(func(r rune) rune {
 			if em.punct && r < 0x80 && strings.ContainsRune("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", r) ||
 				em.digits && '0' <= r && r <= '9' {
 				return -1
 			}
 			return r
-		}, s)
+		}, s), "\x00")
 	}
-	return s
+	return s, nil
 }
 
 // match reports whether reply matches any of golds.
-func (em *exactMatch) match(reply string, golds []string) bool {
-	p := em.norm(reply)
+func (em *exactMatch) match(reply string, golds []string) (bool, error) {
+	p, err := em.norm(reply)
+	if err != nil {
+		return false, err
+	}
 	for _, g := range golds {
-		if p == em.norm(g) {
-			return true
+		n, err := em.norm(g)
+		if err != nil {
+			return false, err
+		}
+		if p == n {
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
+}
+
+// npLower is numpy's char.lower of a one-element array: Python's str.lower, cut to the element's
+// length in code points (the array's width), and without trailing NULs.
+func npLower(s string) string {
+	width := utf8.RuneCountInString(s)
+	l := pyLower(s)
+	if utf8.RuneCountInString(l) > width {
+		l = string([]rune(l)[:width])
+	}
+	return strings.TrimRight(l, "\x00")
 }
 
 // lmJSONError says in a user's terms, without Go type names, why what could not be read.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -156,8 +157,14 @@ func TestLMEvalImportsEveryDocAndRepeat(t *testing.T) {
 }
 
 // editedRun copies the run lm_eval wrote to a temporary folder, with edit applied to each line of
-// the samples file of task (a map of the line's JSON), and returns the folder.
+// the samples file of task (a map of the line's JSON; false drops the line), and returns the folder.
 func editedRun(t *testing.T, task string, edit func(line map[string]any) bool) string {
+	t.Helper()
+	return editedRunConfig(t, nil, task, edit)
+}
+
+// editedRunConfig is editedRun with editResults applied to the results file's JSON too.
+func editedRunConfig(t *testing.T, editResults func(res map[string]any), task string, edit func(line map[string]any) bool) string {
 	t.Helper()
 	src := lmevalOut(t, "run")
 	dst := t.TempDir()
@@ -167,7 +174,8 @@ func editedRun(t *testing.T, task string, edit func(line map[string]any) bool) s
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.HasPrefix(filepath.Base(f), "samples_"+task+"_") {
+		switch name := filepath.Base(f); {
+		case strings.HasPrefix(name, "samples_"+task+"_") && edit != nil:
 			var out []string
 			for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 				var line map[string]any
@@ -181,6 +189,13 @@ func editedRun(t *testing.T, task string, edit func(line map[string]any) bool) s
 				out = append(out, string(nb))
 			}
 			b = []byte(strings.Join(out, "\n") + "\n")
+		case strings.HasPrefix(name, "results_") && editResults != nil:
+			var res map[string]any
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
+			editResults(res)
+			b, _ = json.Marshal(res)
 		}
 		p := filepath.Join(dst, filepath.Base(filepath.Dir(f)), filepath.Base(f))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -193,11 +208,16 @@ func editedRun(t *testing.T, task string, edit func(line map[string]any) bool) s
 	return dst
 }
 
+// taskConfig returns the config of task in a results file's JSON.
+func taskConfig(res map[string]any, task string) map[string]any {
+	return res["configs"].(map[string]any)[task].(map[string]any)
+}
+
 // lm_eval scores only a doc's first reply; the importer scores each of them with the task's
 // exact_match. Here the later replies of the real run are changed to texts that match or miss
 // under ignore_case and ignore_punctuation.
 func TestLMEvalScoresEveryReply(t *testing.T) {
-	later := map[float64][2]string{0: {"LOL!", "Paris"}, 3: {"paris.", "lol"}, 5: {"4", " 4"}, 6: {"λολ", "ΛΟΛ"}}
+	later := map[float64][2]string{0: {"LOL!", "Paris"}, 3: {"paris.", "lol"}, 4: {"lol\x00", "l.o.l\x00\x00"}, 5: {"4", " 4"}, 6: {"λολ", "ΛΟΛ"}}
 	dir := editedRun(t, "tiny_qa", func(line map[string]any) bool {
 		if l, ok := later[line["doc_id"].(float64)]; ok {
 			r := line["resps"].([]any)[0].([]any)
@@ -210,7 +230,9 @@ func TestLMEvalScoresEveryReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := tally(slices.DeleteFunc(decode(t, evs), func(r schemas.EvalResult) bool { return r.Suite != "tiny_qa" }))
-	want := map[string][]string{"0": {"pass", "pass", "fail"}, "3": {"fail", "pass", "fail"}, "5": {"fail", "pass", "fail"}, "6": {"fail", "pass", "pass"}}
+	// numpy drops trailing NULs: "lol\x00" is "lol".
+	want := map[string][]string{"0": {"pass", "pass", "fail"}, "3": {"fail", "pass", "fail"}, "4": {"pass", "pass", "pass"},
+		"5": {"fail", "pass", "fail"}, "6": {"fail", "pass", "pass"}}
 	for c, w := range want {
 		if !slices.Equal(got[c], w) {
 			t.Errorf("doc %s: %v, want %v", c, got[c], w)
@@ -238,6 +260,49 @@ func TestLMEvalRefusesWhatItCannotReproduce(t *testing.T) {
 			return editedRun(t, "tiny_qa", func(line map[string]any) bool { return line["doc_id"].(float64) != 4 })
 		}},
 		{"no --log_samples", "run lm_eval with --log_samples", func(t *testing.T) string { return lmevalOut(t, "nosamples") }},
+		// Scoring repeatrate does not reproduce exactly, so the later replies' verdicts could not be
+		// lm_eval's: refused rather than guessed.
+		{"a list of targets, as lm_eval writes it", "reads as a list of targets", func(t *testing.T) string {
+			return editedRun(t, "tiny_qa", func(line map[string]any) bool {
+				if line["doc_id"].(float64) == 0 {
+					line["target"] = "['lol', 'LOL']"
+				}
+				return true
+			})
+		}},
+		{"the task's own process_results", "its own process_results", func(t *testing.T) string {
+			return editedRunConfig(t, func(res map[string]any) {
+				taskConfig(res, "tiny_qa")["process_results"] = "def process_results(doc, results): ..."
+			}, "tiny_qa", nil)
+		}},
+		{"a filter named none that changes the replies", "changes the replies before scoring", func(t *testing.T) string {
+			return editedRunConfig(t, func(res map[string]any) {
+				taskConfig(res, "tiny_qa")["filter_list"] = []any{map[string]any{"name": "none", "filter": []any{
+					map[string]any{"function": "regex", "regex_pattern": "([a-z]+)"}, map[string]any{"function": "take_first"}}}}
+			}, "tiny_qa", nil)
+		}},
+		{"a regex Python reads differently", `uses "\\w"`, func(t *testing.T) string {
+			return editedRunConfig(t, func(res map[string]any) {
+				taskConfig(res, "tiny_qa")["metric_list"].([]any)[0].(map[string]any)["regexes_to_ignore"] = []any{`\w+$`}
+			}, "tiny_qa", nil)
+		}},
+		{"the options of the last exact_match entry", "lm_eval's exact_match of its first reply is 1.0, repeatrate's is 0", func(t *testing.T) string {
+			return editedRunConfig(t, func(res map[string]any) {
+				c := taskConfig(res, "tiny_qa")
+				c["metric_list"] = append(c["metric_list"].([]any), map[string]any{"metric": "exact_match"})
+			}, "tiny_qa", nil)
+		}},
+		{"a metric that is no per-doc score", "not a per-doc score", func(t *testing.T) string {
+			return editedRun(t, "tiny_mc", func(line map[string]any) bool {
+				line["acc"] = []any{1, 0}
+				return true
+			})
+		}},
+		{"an unreadable task config", "its config in the results file", func(t *testing.T) string {
+			return editedRunConfig(t, func(res map[string]any) {
+				taskConfig(res, "tiny_qa")["repeats"] = "three"
+			}, "tiny_qa", nil)
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -248,6 +313,9 @@ func TestLMEvalRefusesWhatItCannotReproduce(t *testing.T) {
 			}
 			if len(skipped) == 0 || !strings.Contains(skipped[0], c.why) {
 				t.Fatalf("skipped %q, want one saying %q", skipped, c.why)
+			}
+			if c.name != "no --log_samples" && len(skipped) != 1 {
+				t.Fatalf("skipped %q, want only the task concerned", skipped)
 			}
 			if c.name != "no --log_samples" && len(evs) == 0 {
 				t.Fatal("the run's other task was not imported")
@@ -264,18 +332,123 @@ func TestPythonLower(t *testing.T) {
 		t.Skip("no python3")
 	}
 	texts := []string{"LOL", "İstanbul", "ΟΔΟΣ", "ΟΔΟΣ.", "Σ", "ΑΣ Β", "Α'Σ", "ΑΣ'Β", "ΑΣ\u0301", "\u0301Σ", "ÀÉÎ", "ǅ", "ẞ", "Ⅻ", "ℌ", "K", "ᾼ", "ΣΑΣ:Σ", "aΣ·b", "Ω", "x\u00adΣ"}
-	in, _ := json.Marshal(texts)
-	out, err := exec.Command(py, "-c", "import json,sys; print(json.dumps([s.lower() for s in json.loads(sys.argv[1])]))", string(in)).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []string
-	if err := json.Unmarshal(out, &want); err != nil {
-		t.Fatal(err)
-	}
+	want := pythonMap(t, py, "s.lower()", texts)
 	for i, s := range texts {
 		if got := pyLower(s); got != want[i] {
 			t.Errorf("lower(%q) = %q, Python %q", s, got, want[i])
 		}
 	}
+}
+
+// Python's json writes NaN for a float that is not a number (a doc field lm_eval copies from a
+// dataset, or a metric it could not compute): the samples file still imports, and a doc whose
+// value is NaN is unscored (an error result), the others lm_eval's.
+func TestLMEvalReadsPythonsNaN(t *testing.T) {
+	dir := editedRun(t, "tiny_mc", func(line map[string]any) bool {
+		line["doc"].(map[string]any)["weight"] = "@NaN@"
+		if line["doc_id"].(float64) == 2 {
+			line["acc"] = "@NaN@"
+		}
+		return true
+	})
+	files, _ := filepath.Glob(filepath.Join(dir, "*", "samples_tiny_mc_*.jsonl"))
+	b, _ := os.ReadFile(files[0])
+	if err := os.WriteFile(files[0], []byte(strings.ReplaceAll(string(b), `"@NaN@"`, "NaN")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := LMEval(dir, Options{Scope: testScope, Skipped: func(f, why string) { t.Errorf("skipped %s: %s", f, why) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := readLMEvalReport(t, lmevalOut(t, "run"), "tiny_mc")
+	for c, v := range tally(slices.DeleteFunc(decode(t, evs), func(r schemas.EvalResult) bool { return r.Suite != "tiny_mc" })) {
+		want := "fail"
+		if rep.docs[c]["acc"] == 1 {
+			want = "pass"
+		}
+		if c == "2" {
+			want = "error"
+		}
+		if len(v) != 1 || v[0] != want {
+			t.Errorf("doc %s: %v, want %s", c, v, want)
+		}
+	}
+}
+
+// lm_eval lowers with numpy's char.lower, which cuts Python's str.lower to the array's width
+// (İ lowers to two code points), and numpy drops trailing NULs; npLower is checked against numpy.
+func TestNumpyLower(t *testing.T) {
+	py := testenv.PythonVenv(t)
+	texts := []string{"LOL", "Aİ", "İİx", "lol\x00", "ΟΔΟΣ", "ǅ", "\x00a\x00", "ẞ"}
+	want := pythonMap(t, py, "np.char.lower(np.asarray([s])).tolist()[0]", texts)
+	for i, s := range texts {
+		if got := npLower(s); got != want[i] {
+			t.Errorf("np.char.lower(%q) = %q, npLower %q", s, want[i], got)
+		}
+	}
+}
+
+// More than one run under a folder: --run would make their docs the same runs, so it is refused
+// (as --model over several models is).
+func TestLMEvalRunOverSeveralRunsRefused(t *testing.T) {
+	dir := lmevalOut(t, "run")
+	two := t.TempDir()
+	for i, d := range []string{"a", "b"} {
+		files, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
+		for _, f := range files {
+			b, _ := os.ReadFile(f)
+			name := strings.Replace(filepath.Base(f), ".", fmt.Sprintf(".%d", i), 1) // another date
+			os.MkdirAll(filepath.Join(two, d), 0o755)
+			os.WriteFile(filepath.Join(two, d, name), b, 0o644)
+		}
+	}
+	if _, err := LMEval(two, Options{Scope: testScope}); err != nil {
+		t.Fatalf("two runs: %v", err)
+	}
+	sc := testScope
+	sc.Run = "r1"
+	if _, err := LMEval(two, Options{Scope: sc}); err == nil || !strings.Contains(err.Error(), "--run") {
+		t.Fatalf("--run over two runs: %v, want refused", err)
+	}
+}
+
+// lm_eval --output_path x.json writes x_<date>.json beside the samples files: a folder or that file
+// imports as a model folder does.
+func TestLMEvalOutputPathNamedFile(t *testing.T) {
+	dir := t.TempDir()
+	files, _ := filepath.Glob(filepath.Join(lmevalOut(t, "run"), "*", "*"))
+	var named string
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		name := filepath.Base(f)
+		if strings.HasPrefix(name, "results_") {
+			name = "my" + strings.TrimPrefix(name, "results")
+			named = filepath.Join(dir, name)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, in := range []string{dir, named} {
+		evs, err := LMEval(in, Options{Scope: testScope})
+		if err != nil || len(evs) != 7*3+6 {
+			t.Fatalf("%s: %d results, %v; want 27", in, len(evs), err)
+		}
+	}
+}
+
+// pythonMap returns expr (of s) for each of texts, as the Python at py computes it.
+func pythonMap(t *testing.T, py, expr string, texts []string) []string {
+	t.Helper()
+	in, _ := json.Marshal(texts)
+	prog := "import json, sys\ntry:\n    import numpy as np\nexcept ImportError:\n    pass\nprint(json.dumps([" + expr + " for s in json.loads(sys.argv[1])]))"
+	out, err := exec.Command(py, "-c", prog, string(in)).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	if err := json.Unmarshal(out, &got); err != nil || len(got) != len(texts) {
+		t.Fatalf("python: %v %s", err, out)
+	}
+	return got
 }

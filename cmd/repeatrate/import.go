@@ -28,7 +28,10 @@ func skippedNote(n int) string {
 
 // importable refuses an import that found nothing to import: exit 1 with what to check, rather
 // than "imported 0" and 0.
-func importable(format, in string, evs []importer.Event) error {
+func importable(format, in string, evs []importer.Event, skipped int) error {
+	if len(evs) == 0 && skipped > 0 {
+		return fmt.Errorf("import %s: nothing imported from %s: each of the %d files or tasks found was skipped, for the reason said above", format, in, skipped)
+	}
 	if len(evs) == 0 {
 		what := map[string]string{
 			"inspect":     "an Inspect AI log (.eval or .json) or a folder of them",
@@ -72,7 +75,7 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fs.Int64Var(&opt.MaxMemberBytes, "max-member-bytes", importer.DefaultMaxMemberBytes, ".eval: most bytes one archive member may decompress to")
 	case "lm-eval":
 		opt.PassThreshold = fs.Float64("pass-threshold", 1, "a doc passes when the metric's value is at or above it (tasks scored once per doc)")
-		fs.StringVar(&opt.Metric, "metric", "", "metric to read (default: exact_match, else acc, else the task's first); tasks with repeats need exact_match")
+		fs.StringVar(&opt.Metric, "metric", "", "metric to read (default: exact_match, else acc); tasks with repeats need exact_match")
 		fs.StringVar(&opt.Filter, "filter", "", "filter whose samples to read (default: none, else the first)")
 	}
 	toKafka := fs.String("to-kafka", "", "Kafka bootstrap brokers to publish to (comma-separated)")
@@ -115,7 +118,7 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
-	if err := importable(format, *in, evs); err != nil {
+	if err := importable(format, *in, evs, skipped); err != nil {
 		return err
 	}
 	if *out != "" {
