@@ -65,6 +65,7 @@ type lmMetric struct {
 	IgnorePunctuation bool
 	IgnoreNumbers     bool
 	RegexesToIgnore   []string
+	RegexesGiven      bool // regexes_to_ignore is set, even to an empty list
 }
 
 func (m *lmMetric) UnmarshalJSON(b []byte) error {
@@ -74,6 +75,7 @@ func (m *lmMetric) UnmarshalJSON(b []byte) error {
 	}
 	m.Metric, _ = raw["metric"].(string)
 	m.IgnoreCase, m.IgnorePunctuation, m.IgnoreNumbers = truthy(raw["ignore_case"]), truthy(raw["ignore_punctuation"]), truthy(raw["ignore_numbers"])
+	m.RegexesGiven = raw["regexes_to_ignore"] != nil
 	switch r := raw["regexes_to_ignore"].(type) {
 	case nil:
 	case string:
@@ -335,10 +337,14 @@ func lmTaskEvents(samples, name, stamp string, res *lmResults, opt Options, enc 
 				last = i
 			}
 		}
-		if last < 0 {
+		m := lmMetric{Metric: "exact_match"} // no metric_list: lm_eval's default, exact_match without options
+		switch {
+		case last >= 0:
+			m = cfg.MetricList[last]
+		case len(cfg.MetricList) > 0:
 			return nil, fmt.Errorf("the task's config lists no exact_match metric")
 		}
-		if em, err = newExactMatch(cfg.MetricList[last]); err != nil {
+		if em, err = newExactMatch(m); err != nil {
 			return nil, err
 		}
 	}
@@ -561,22 +567,34 @@ func lmTargets(raw json.RawMessage) ([]string, error) {
 }
 
 // exactMatch is lm_eval's exact_match (exact_match_hf_evaluate in lm_eval/api/metrics.py) on one
-// reply and one target, each a numpy string array of one element: the regexes removed from both
-// texts, then both lowered (numpy's char.lower: Python's str.lower cut to the array's width),
-// then ASCII punctuation and then digits removed, as the options ask; numpy drops trailing NULs
-// at each step; the texts then equal.
+// reply and one target, as Python and numpy compute it: each regex removed from both texts (the
+// first on the texts as they are, later ones on numpy's elements), then both lowered (numpy's
+// char.lower: Python's str.lower cut to the array's width), then ASCII punctuation and then
+// digits removed, as the options ask; then compared. A numpy array holds each text padded with
+// NULs to its width, so trailing NULs are dropped once the texts are in one; with an empty list
+// of regexes and no option they never are, and the texts compare as they are.
 type exactMatch struct {
 	regexes              []*regexp2.Regexp
+	array                bool // the texts become numpy arrays (not with an empty regex list and no option)
 	lower, punct, digits bool
 }
 
 // pyRegexUnlike finds what Python's re and the regexp2 engine read differently: word and space
 // classes and boundaries (Unicode's and .NET's sets differ), \Z, {,n}, possessive quantifiers,
-// named groups and back references, inline flags, and escapes beyond the common ones.
-var pyRegexUnlike = regexp.MustCompile(`\\[wWsSbBZAUNxuo0-9]|\{,|[*+?}][+]|\(\?[^:]`)
+// named groups and back references, inline flags, escapes beyond the common ones, and .NET's
+// class subtraction and POSIX classes.
+var pyRegexUnlike = regexp.MustCompile(`\\[wWsSbBZAUNxuo0-9]|\{,|[*+?}][+]|\(\?[^:]|-\[|\[:`)
+
+// pyRegexLazyOrAlternation finds a lazy quantifier or an alternation: with them a regex may
+// prefer an empty match where a longer one starts, and Python's re.sub then tries the longer
+// match at the same place where the regexp2 engine moves on a character.
+var pyRegexLazyOrAlternation = regexp.MustCompile(`[*+?}]\?|\|`)
 
 func newExactMatch(m lmMetric) (*exactMatch, error) {
 	em := &exactMatch{lower: m.IgnoreCase, punct: m.IgnorePunctuation, digits: m.IgnoreNumbers}
+	// regexes_to_ignore unset: np.asarray; a list of regexes: np.array of their results; an empty
+	// list leaves Python lists, until an option makes them arrays.
+	em.array = !m.RegexesGiven || len(m.RegexesToIgnore) > 0 || em.lower || em.punct || em.digits
 	for _, s := range m.RegexesToIgnore {
 		if bad := pyRegexUnlike.FindString(s); bad != "" {
 			return nil, fmt.Errorf("exact_match regex %q uses %q, which repeatrate cannot apply exactly as Python's re does; run the task with repeats: 1", s, bad)
@@ -586,22 +604,33 @@ func newExactMatch(m lmMetric) (*exactMatch, error) {
 			return nil, fmt.Errorf("exact_match regex %q: %v", s, err)
 		}
 		re.MatchTimeout = 10 * time.Second
+		if empty, _ := re.MatchString(""); empty && pyRegexLazyOrAlternation.MatchString(s) {
+			return nil, fmt.Errorf("exact_match regex %q can match nothing before a longer match, where Python's re.sub removes differently; run the task with repeats: 1", s)
+		}
 		em.regexes = append(em.regexes, re)
 	}
 	return em, nil
 }
 
+// norm returns s as exact_match compares it.
 func (em *exactMatch) norm(s string) (string, error) {
-	s = strings.TrimRight(s, "\x00")
-	for _, re := range em.regexes {
+	width := utf8.RuneCountInString(s) // the numpy array's, once s is in one
+	for i, re := range em.regexes {
+		if i > 0 {
+			s = strings.TrimRight(s, "\x00") // an element of the array the previous regex made
+		}
 		r, err := re.Replace(s, "", -1, -1)
 		if err != nil {
 			return "", fmt.Errorf("exact_match regex %q: %v", re.String(), err)
 		}
-		s = strings.TrimRight(r, "\x00")
+		s, width = r, utf8.RuneCountInString(r)
 	}
+	if !em.array {
+		return s, nil
+	}
+	s = strings.TrimRight(s, "\x00")
 	if em.lower {
-		s = npLower(s)
+		s = npLower(s, width)
 	}
 	if em.punct || em.digits {
 		s = strings.TrimRight(strings.Map(func(r rune) rune {
@@ -633,10 +662,9 @@ func (em *exactMatch) match(reply string, golds []string) (bool, error) {
 	return false, nil
 }
 
-// npLower is numpy's char.lower of a one-element array: Python's str.lower, cut to the element's
-// length in code points (the array's width), and without trailing NULs.
-func npLower(s string) string {
-	width := utf8.RuneCountInString(s)
+// npLower is numpy's char.lower of an element s (its trailing NULs dropped) of an array of width
+// code points: Python's str.lower, cut to the width, without trailing NULs.
+func npLower(s string, width int) string {
 	l := pyLower(s)
 	if utf8.RuneCountInString(l) > width {
 		l = string([]rune(l)[:width])

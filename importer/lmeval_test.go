@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
@@ -292,6 +293,9 @@ func TestLMEvalRefusesWhatItCannotReproduce(t *testing.T) {
 				c["metric_list"] = append(c["metric_list"].([]any), map[string]any{"metric": "exact_match"})
 			}, "tiny_qa", nil)
 		}},
+		{"no metric_list: lm_eval's default exact_match, without options", "lm_eval's exact_match of its first reply is 1.0, repeatrate's is 0", func(t *testing.T) string {
+			return editedRunConfig(t, func(res map[string]any) { delete(taskConfig(res, "tiny_qa"), "metric_list") }, "tiny_qa", nil)
+		}},
 		{"a metric that is no per-doc score", "not a per-doc score", func(t *testing.T) string {
 			return editedRun(t, "tiny_mc", func(line map[string]any) bool {
 				line["acc"] = []any{1, 0}
@@ -379,10 +383,11 @@ func TestLMEvalReadsPythonsNaN(t *testing.T) {
 // (İ lowers to two code points), and numpy drops trailing NULs; npLower is checked against numpy.
 func TestNumpyLower(t *testing.T) {
 	py := testenv.PythonVenv(t)
-	texts := []string{"LOL", "Aİ", "İİx", "lol\x00", "ΟΔΟΣ", "ǅ", "\x00a\x00", "ẞ"}
+	texts := []string{"LOL", "Aİ", "İİx", "lol\x00", "ΟΔΟΣ", "ǅ", "\x00a\x00", "ẞ", "İ\x00", "İ\x00\x00x"}
 	want := pythonMap(t, py, "np.char.lower(np.asarray([s])).tolist()[0]", texts)
 	for i, s := range texts {
-		if got := npLower(s); got != want[i] {
+		// An element is read without its trailing NULs; the array's width counts them.
+		if got := npLower(strings.TrimRight(s, "\x00"), utf8.RuneCountInString(s)); got != want[i] {
 			t.Errorf("np.char.lower(%q) = %q, npLower %q", s, want[i], got)
 		}
 	}
@@ -451,4 +456,83 @@ func pythonMap(t *testing.T, py, expr string, texts []string) []string {
 		t.Fatalf("python: %v %s", err, out)
 	}
 	return got
+}
+
+// exactMatch agrees with lm_eval's own exact_match_hf_evaluate (its venv's Python and numpy), as
+// process_results calls it for one reply and one target, on the options and texts where Python,
+// numpy and a plain reading part ways: trailing NULs with and without arrays, lowering that
+// grows past the width, regexes applied in turn; and the regexes it cannot apply as Python's re
+// does are refused.
+func TestExactMatchIsLMEvals(t *testing.T) {
+	py := filepath.Join("..", ".cache", "lmeval-venv", "bin", "python")
+	if _, err := os.Stat(py); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no lm_eval venv at %s (test/lmeval/make_samples.sh makes it)", py)
+		}
+		t.Skipf("no lm_eval venv at %s; run test/lmeval/make_samples.sh", py)
+	}
+	type opts = map[string]any
+	cases := []struct {
+		Opts          opts   `json:"opts"`
+		Reply, Target string `json:"-"`
+		R             string `json:"reply"`
+		T             string `json:"target"`
+	}{
+		{Opts: opts{}, R: "lol", T: "lol"},
+		{Opts: opts{}, R: "x\x00", T: "x"},
+		{Opts: opts{"regexes_to_ignore": []string{}}, R: "x\x00", T: "x"},
+		{Opts: opts{"ignore_case": true}, R: "x\x00", T: "X"},
+		{Opts: opts{"ignore_case": true}, R: "İ\x00", T: "i\u0307"},
+		{Opts: opts{"ignore_case": true}, R: "Aİ", T: "ai"},
+		{Opts: opts{"ignore_case": true}, R: "ΟΔΟΣ", T: "οδος"},
+		{Opts: opts{"ignore_punctuation": true}, R: "L.O.L!", T: "lol"},
+		{Opts: opts{"ignore_case": true, "ignore_punctuation": true}, R: "L.O.L!", T: "lol"},
+		{Opts: opts{"ignore_numbers": true}, R: "abc123", T: "abc"},
+		{Opts: opts{"ignore_numbers": true}, R: "abc١٢", T: "abc"},
+		{Opts: opts{"regexes_to_ignore": []string{"[$]"}}, R: "$100", T: "100"},
+		{Opts: opts{"regexes_to_ignore": []string{"x*"}}, R: "axxbx", T: "ab"},
+		{Opts: opts{"regexes_to_ignore": []string{"^ +", " +$"}}, R: "  lol  ", T: "lol"},
+		{Opts: opts{"regexes_to_ignore": []string{`\d`}}, R: "a1b2", T: "ab"},
+		{Opts: opts{"regexes_to_ignore": []string{"q"}, "ignore_case": true}, R: "İ\x00q", T: "i\u0307"},
+		{Opts: opts{"regexes_to_ignore": []string{"q", "x"}}, R: "x\x00q", T: ""},
+		{Opts: opts{"regexes_to_ignore": []string{"a.c"}}, R: "a\nc", T: "a\nc"},
+	}
+	for i := range cases {
+		cases[i].Reply, cases[i].Target = cases[i].R, cases[i].T
+	}
+	in, _ := json.Marshal(cases)
+	prog := `import json, sys
+from lm_eval.api.metrics import exact_match_hf_evaluate
+print(json.dumps([float(exact_match_hf_evaluate(predictions=[c["reply"]], references=[c["target"]], **c["opts"])["exact_match"]) for c in json.loads(sys.argv[1])]))`
+	out, err := exec.Command(py, "-c", prog, string(in)).Output()
+	if err != nil {
+		t.Fatalf("lm_eval: %v", err)
+	}
+	var want []float64
+	if err := json.Unmarshal(out, &want); err != nil || len(want) != len(cases) {
+		t.Fatalf("lm_eval: %v %s", err, out)
+	}
+	for i, c := range cases {
+		b, _ := json.Marshal(c.Opts)
+		var m lmMetric
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		em, err := newExactMatch(m)
+		if err != nil {
+			t.Fatalf("%v: %v", c.Opts, err)
+		}
+		got, err := em.match(c.Reply, []string{c.Target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if btof(got) != want[i] {
+			t.Errorf("options %s, reply %q, target %q: %v, lm_eval %v", b, c.Reply, c.Target, btof(got), want[i])
+		}
+	}
+	for _, re := range []string{`[$]*|,`, `.*?`, `a??`, `(?:)|a`, `[a-z-[aeiou]]`, `[[:alpha:]]`, `\w+`, `x{,3}`, `(?P<c>x)(?P=c)`, `l\Z`} {
+		if _, err := newExactMatch(lmMetric{Metric: "exact_match", RegexesToIgnore: []string{re}, RegexesGiven: true}); err == nil {
+			t.Errorf("regex %q accepted; Python's re applies it differently", re)
+		}
+	}
 }

@@ -409,33 +409,34 @@ func ocFlags(raw json.RawMessage) ([]bool, error) {
 	return out, nil
 }
 
-// ocResLength reads a prediction record's res_length: absent or null, a count of tokens, or a
-// list of them (one per round), summed.
+// ocResLength reads a prediction record's res_length as OpenCompass's analysis does: absent or
+// null, a number, or a list of numbers that sum() adds up. The sum must be a whole, non-negative
+// count of tokens that an eval result can carry; anything else skips the dataset, saying why.
 func ocResLength(raw json.RawMessage) (*int64, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
-	var counts []float64
-	if raw[0] == '[' {
-		if err := json.Unmarshal(raw, &counts); err != nil {
-			return nil, fmt.Errorf("res_length is %s, not a count of tokens or a list of them", raw)
-		}
-	} else {
-		var n float64
-		if err := json.Unmarshal(raw, &n); err != nil {
-			return nil, fmt.Errorf("res_length is %s, not a count of tokens or a list of them", raw)
-		}
-		counts = []float64{n}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, fmt.Errorf("res_length: %v", err)
 	}
 	var sum float64
-	for _, n := range counts {
-		if n < 0 || n != math.Trunc(n) {
-			return nil, fmt.Errorf("res_length %s is not a whole number of tokens", raw)
+	switch v := v.(type) {
+	case float64:
+		sum = v
+	case []any:
+		for _, x := range v {
+			n, ok := x.(float64)
+			if !ok {
+				return nil, fmt.Errorf("res_length %s holds %s, which OpenCompass cannot add up", raw, clipText(fmt.Sprint(x)))
+			}
+			sum += n
 		}
-		sum += n
+	default:
+		return nil, fmt.Errorf("res_length is %s, not a count of tokens or a list of them", raw)
 	}
-	if sum > schemas.MaxReplyTokens {
-		return nil, fmt.Errorf("res_length %s is above the %d tokens an eval result may carry", raw, schemas.MaxReplyTokens)
+	if sum < 0 || sum != math.Trunc(sum) || sum > schemas.MaxReplyTokens {
+		return nil, fmt.Errorf("res_length %s is not a whole number of tokens from 0 to %d, which an eval result's reply_tokens must be", raw, schemas.MaxReplyTokens)
 	}
 	total := int64(sum)
 	return &total, nil

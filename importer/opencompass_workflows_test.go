@@ -279,6 +279,11 @@ func TestOpenCompassResLengthIsReplyTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A list whose sum is whole counts, as sum() gives it: [1.5, 1.5] is 3.
+	write("predictions/m7b/gsm8k.json", `{"0": {"prediction": "4", "res_length": [1.5, 1.5]}}`)
+	if three, err := OpenCompass(dir, Options{Scope: testScope}); err != nil || len(three) == 0 || decode(t, three)[0].ReplyTokens == nil || *decode(t, three)[0].ReplyTokens != 3 {
+		t.Fatalf("res_length [1.5, 1.5]: %v, want reply_tokens 3", err)
+	}
 	got := map[string]string{}
 	for _, r := range decode(t, evs) {
 		v := "none"
@@ -292,7 +297,7 @@ func TestOpenCompassResLengthIsReplyTokens(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Fatalf("reply_tokens by case/run %v, want %v", got, want)
 	}
-	for _, bad := range []string{`-1`, `1.5`, `"12"`, `[3, "x"]`, `3000000000`} {
+	for _, bad := range []string{`-1`, `1.5`, `"12"`, `[3, "x"]`, `3000000000`, `[5, null]`, `[null]`, `true`} {
 		write("predictions/m7b/gsm8k.json", `{"0": {"prediction": "4", "res_length": `+bad+`}}`)
 		var skipped []string
 		if _, err := OpenCompass(dir, Options{Scope: testScope, Skipped: func(f, why string) { skipped = append(skipped, why) }}); err != nil {
