@@ -165,6 +165,9 @@ func (s *DeadLetters) Send(ctx context.Context, dls []DeadLetter) error {
 	if len(dls) == 0 {
 		return nil
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dead letters: %w", err)
+	}
 	select {
 	case s.writing <- struct{}{}:
 	case <-ctx.Done():
@@ -228,6 +231,12 @@ func (s *DeadLetters) unwritten(ctx context.Context, dls []DeadLetter) ([]kafka.
 // the consumer group settles before it hands its partitions over, so that the next owner finds
 // the letters on the topic. It returns an error when ctx ends first.
 func (s *DeadLetters) Settle(ctx context.Context) error {
+	select { // nothing running: settled, whatever ctx says
+	case s.writing <- struct{}{}:
+		<-s.writing
+		return nil
+	default:
+	}
 	select {
 	case s.writing <- struct{}{}:
 		<-s.writing

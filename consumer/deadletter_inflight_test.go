@@ -149,3 +149,21 @@ func TestGenerationEndsAfterItsLateDeadLettersSettle(t *testing.T) {
 		}
 	})
 }
+
+// With no write running, Settle is settled whatever its context says: a handover whose settle
+// deadline passed during a long drain is not counted as unsettled when nothing is on its way.
+func TestDeadLetterSettleWithNothingRunning(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	q := &queuedTopic{topic: memoryTopic{clock: t0}}
+	d := q.sender()
+	if err := d.Send(t.Context(), letters(0, 2, t0)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for i := range 200 {
+		if err := d.Settle(ctx); err != nil {
+			t.Fatalf("try %d: %v with nothing running", i, err)
+		}
+	}
+}

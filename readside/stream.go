@@ -118,34 +118,28 @@ type hub struct {
 	// subscribed is closed once Redis has confirmed the subscription: a stream goes live only
 	// then, or an event published between its catch-up and the subscription would be lost.
 	subscribed chan struct{}
+	stopped    chan struct{} // closed when run ends: streams still waiting give up at once
 }
 
 func newHub(c *Catalog, m *httpMetrics, log *zap.Logger) *hub {
 	return &hub{catalog: c, m: m, log: log, clients: map[*streamClient]string{}, perTok: map[string]int{},
-		subscribed: make(chan struct{})}
+		subscribed: make(chan struct{}), stopped: make(chan struct{})}
 }
 
-// run subscribes to the channel until ctx ends (go-redis resubscribes after a lost connection),
-// then closes every stream. It confirms the subscription first, retrying while Redis refuses.
+// subscribeTimeout bounds the wait for Redis to confirm a subscription: a connection that never
+// answers is given up and made again.
+const subscribeTimeout = 5 * time.Second
+
+// run subscribes to the channel until ctx ends, then closes every stream. It confirms the
+// subscription first, retrying while Redis refuses or does not answer. go-redis subscribes again
+// after a lost connection; what was published meanwhile never reached the streams, so each
+// confirmation after the first closes every stream, and its client resumes with Last-Event-ID
+// (catching up what it missed).
 func (h *hub) run(ctx context.Context) {
+	defer close(h.stopped)
 	ps := h.catalog.client.Subscribe(ctx, h.catalog.Channel())
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		if _, err := ps.Receive(ctx); err == nil {
-			close(h.subscribed)
-			break
-		} else if ctx.Err() == nil {
-			h.log.Warn("stream subscription not confirmed; retrying", zap.Error(err))
-		}
-		select {
-		case <-ctx.Done():
-			ps.Close()
-			h.mu.Lock()
-			h.closed = true
-			h.mu.Unlock()
-			return
-		case <-time.After(wait):
-		}
-	}
+	stop := context.AfterFunc(ctx, func() { ps.Close() }) // ends a read blocked on a silent Redis
+	defer stop()
 	defer func() {
 		ps.Close()
 		h.mu.Lock()
@@ -155,7 +149,20 @@ func (h *hub) run(ctx context.Context) {
 		}
 		h.mu.Unlock()
 	}()
-	ch := ps.Channel(redis.WithChannelSize(1024))
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, subscribeTimeout) {
+		if _, err := ps.ReceiveTimeout(ctx, subscribeTimeout); err == nil {
+			close(h.subscribed)
+			break
+		} else if ctx.Err() == nil {
+			h.log.Warn("stream subscription not confirmed; retrying", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
 	for {
 		select {
 		case <-ctx.Done():
@@ -164,12 +171,29 @@ func (h *hub) run(ctx context.Context) {
 			if !ok {
 				return
 			}
-			ev := &FeedEvent{}
-			if err := json.Unmarshal([]byte(msg.Payload), ev); err != nil {
-				continue
+			switch msg := msg.(type) {
+			case *redis.Subscription:
+				if msg.Kind == "subscribe" {
+					h.log.Warn("stream subscription made again after a lost connection; closing the streams so that they catch up")
+					h.closeAll()
+				}
+			case *redis.Message:
+				ev := &FeedEvent{}
+				if err := json.Unmarshal([]byte(msg.Payload), ev); err != nil {
+					continue
+				}
+				h.broadcast(ev)
 			}
-			h.broadcast(ev)
 		}
+	}
+}
+
+// closeAll ends every stream (they reconnect and catch up).
+func (h *hub) closeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.clients {
+		h.removeLocked(c)
 	}
 }
 
@@ -270,6 +294,9 @@ func (a *api) stream(w http.ResponseWriter, req *http.Request) {
 	select {
 	case <-a.hub.subscribed:
 	case <-req.Context().Done():
+		return
+	case <-a.hub.stopped:
+		writeError(w, http.StatusServiceUnavailable, "the server is stopping", false)
 		return
 	case <-time.After(streamSubscribeWait):
 		writeError(w, http.StatusServiceUnavailable, "streams are not ready (no subscription to Redis yet); try again later", false)

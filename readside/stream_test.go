@@ -226,3 +226,86 @@ func TestStreamRefusedWithoutSubscription(t *testing.T) {
 		t.Fatalf("stream without a subscription: %d, want 503", resp.StatusCode)
 	}
 }
+
+// openLive opens a stream of workspace w on addr and reads it to its ": live" marker.
+func openLive(t *testing.T, ctx context.Context, addr string) (*bufio.Scanner, func()) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/v1/stream?workspace=w&correction_id=x", nil)
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", err, resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() && sc.Text() != ": live" {
+	}
+	return sc, func() { resp.Body.Close() }
+}
+
+// What is published while the server's subscription is lost never reaches its streams, so when
+// go-redis subscribes again the server closes every stream: each client resumes with
+// Last-Event-ID and catches up. Here the subscription's connection is killed (CLIENT KILL TYPE
+// pubsub); before, the stream stayed open and silent about what it had missed.
+func TestStreamsClosedWhenTheSubscriptionIsMadeAgain(t *testing.T) {
+	client := testenv.Redis(t)
+	cat := NewCatalog(client, testenv.Name(t, "stream-resubscribe"), time.Hour)
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	defer func() { cancel(); <-done }()
+	sctx, stop := context.WithTimeout(ctx, 20*time.Second)
+	defer stop()
+	sc, closeBody := openLive(t, sctx, l.Addr().String())
+	defer closeBody()
+	if err := client.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() { // pings or nothing, until the server ends the stream
+	}
+	if sctx.Err() != nil {
+		t.Fatal("the stream stayed open after its subscription was lost and made again")
+	}
+}
+
+// A stream still waiting for a subscription ends at once when the server stops, rather than
+// holding the shutdown for its whole wait.
+func TestStreamWaitingForASubscriptionEndsAtShutdown(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer dead.Close()
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: NewCatalog(dead, testenv.Name(t, "stream-shutdown"), time.Hour)},
+		&mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	answered := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+l.Addr().String()+"/v1/stream?workspace=w", nil)
+		req.Header.Set("Authorization", "Bearer "+tokenA)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	time.Sleep(300 * time.Millisecond) // the stream is waiting (it waits 5 s at most)
+	began := time.Now()
+	cancel()
+	<-done
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("Serve took %v to stop with a stream waiting for a subscription", took)
+	}
+	if code := <-answered; code != http.StatusServiceUnavailable {
+		t.Errorf("the waiting stream was answered %d, want 503", code)
+	}
+}
