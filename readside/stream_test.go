@@ -165,18 +165,11 @@ func TestStreamGoesLiveOnlyWhenSubscribed(t *testing.T) {
 	key := aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}, CorrectionID: "x", Source: aggregator.Live}
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), func() time.Time { return now }, zap.NewNop())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
+	addr, ctx := serveStreams(t, h)
 
 	sctx, stop := context.WithTimeout(ctx, 8*time.Second)
 	defer stop()
-	req, _ := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+l.Addr().String()+"/v1/stream?workspace=w&correction_id=x", nil)
+	req, _ := http.NewRequestWithContext(sctx, http.MethodGet, "http://"+addr+"/v1/stream?workspace=w&correction_id=x", nil)
 	req.Header.Set("Authorization", "Bearer "+tokenA)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
@@ -207,15 +200,8 @@ func TestStreamRefusedWithoutSubscription(t *testing.T) {
 	defer dead.Close()
 	cat := NewCatalog(dead, testenv.Name(t, "stream-dead"), time.Hour)
 	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), time.Now, zap.NewNop())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+l.Addr().String()+"/v1/stream?workspace=w", nil)
+	addr, _ := serveStreams(t, h)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/stream?workspace=w", nil)
 	req.Header.Set("Authorization", "Bearer "+tokenA)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -250,17 +236,10 @@ func TestStreamsClosedWhenTheSubscriptionIsMadeAgain(t *testing.T) {
 	client := testenv.Redis(t)
 	cat := NewCatalog(client, testenv.Name(t, "stream-resubscribe"), time.Hour)
 	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), Catalog: cat}, &mutableTallies{t: map[aggregator.Key]aggregator.Tally{}}, prometheus.NewRegistry(), time.Now, zap.NewNop())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Serve(ctx, l) }()
-	defer func() { cancel(); <-done }()
+	addr, ctx := serveStreams(t, h)
 	sctx, stop := context.WithTimeout(ctx, 20*time.Second)
 	defer stop()
-	sc, closeBody := openLive(t, sctx, l.Addr().String())
+	sc, closeBody := openLive(t, sctx, addr)
 	defer closeBody()
 	if err := client.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
@@ -308,4 +287,18 @@ func TestStreamWaitingForASubscriptionEndsAtShutdown(t *testing.T) {
 	if code := <-answered; code != http.StatusServiceUnavailable {
 		t.Errorf("the waiting stream was answered %d, want 503", code)
 	}
+}
+
+// serveStreams serves h on a loopback port until the test ends; ctx ends when it stops.
+func serveStreams(t *testing.T, h *HTTP) (addr string, ctx context.Context) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l.Addr().String(), ctx
 }
