@@ -1,7 +1,9 @@
 package alert
 
 import (
+	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -56,6 +58,47 @@ func TestSemanticsAlertingCurrent(t *testing.T) {
 	for _, mf := range mfs {
 		if strings.Contains(mf.GetName(), "refused") && !strings.Contains(sec, mf.GetName()) {
 			t.Errorf("semantics#alerting lacks %s", mf.GetName())
+		}
+	}
+}
+
+// TestDocumentedSequentialRule: the sequential rule docs/alerting.md shows is a valid rule
+// with method sequential, and docs/semantics.md#detector states the detector's key, grid, threshold
+// and hysteresis as the code has them.
+func TestDocumentedSequentialRule(t *testing.T) {
+	b, err := os.ReadFile("../docs/alerting.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	start := strings.Index(doc, "  - name: correction-regressed-early")
+	if start < 0 {
+		t.Fatal("docs/alerting.md shows no correction-regressed-early rule")
+	}
+	end := strings.Index(doc[start:], "```")
+	rs, err := Parse([]byte("rules:\n" + doc[start:start+end]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs.Rules[0]; r.Kind != KindChange || !r.Sequential {
+		t.Fatalf("the documented rule is %+v, want a sequential change rule", r)
+	}
+	b, err = os.ReadFile("../docs/semantics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem := string(b)
+	s, _ := NewRedis(nil, "P", []string{"SINK"})
+	key := strings.NewReplacer("P:{alerts}", "<key_prefix>:{alerts}", "RULE", "<rule>", "SUBJ", "<subject>").Replace(s.detectorKey("RULE", "SUBJ"))
+	grid := make([]string, len(detectorGrid))
+	for i, g := range detectorGrid {
+		grid[i] = strconv.FormatFloat(g, 'f', -1, 64)
+	}
+	for _, w := range []string{"`" + key + "`", "{" + strings.Join(grid, ", ") + "}",
+		fmt.Sprintf("h = %.2f at α 0.05", detectorThreshold(0.05, DefaultHorizon)),
+		fmt.Sprintf("L < h − %g", detectorHysteresis), fmt.Sprintf("at most h + %g", detectorHeadroom)} {
+		if !strings.Contains(sem, w) {
+			t.Errorf("semantics#detector lacks %q", w)
 		}
 	}
 }

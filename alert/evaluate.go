@@ -53,20 +53,8 @@ func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
 	var out []Condition
 	switch r.Kind {
 	case KindThreshold, KindChange:
-		if r.Source == SourceBadge {
-			for _, c := range badgeSubjects(t) {
-				if matchAll(r.Matchers, c.subject.Fields) {
-					out = append(out, rateCondition(r, c.subject, c.snap, now))
-				}
-			}
-			return out
-		}
-		for _, id := range sortedKeys(t.rates) {
-			e := t.rates[id]
-			s := aggregateSubject(&e.snap.Aggregate)
-			if e.snap.Aggregate.Source == r.Source && matchAll(r.Matchers, s.Fields) {
-				out = append(out, rateCondition(r, s, &e.snap, now))
-			}
+		for _, c := range rateSubjects(r, t) {
+			out = append(out, rateCondition(r, c.subject, c.snap, now))
 		}
 	case KindNotMeasuredFor:
 		for _, id := range sortedKeys(t.rates) {
@@ -124,6 +112,28 @@ func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
 	return out
 }
 
+// rateSubjects lists the subjects of a threshold or change rule that its matchers select, each
+// with the snapshot it reads.
+func rateSubjects(r *Rule, t *Table) []badgeSubject {
+	var out []badgeSubject
+	if r.Source == SourceBadge {
+		for _, c := range badgeSubjects(t) {
+			if matchAll(r.Matchers, c.subject.Fields) {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	for _, id := range sortedKeys(t.rates) {
+		e := t.rates[id]
+		s := aggregateSubject(&e.snap.Aggregate)
+		if e.snap.Aggregate.Source == r.Source && matchAll(r.Matchers, s.Fields) {
+			out = append(out, badgeSubject{subject: s, snap: &e.snap})
+		}
+	}
+	return out
+}
+
 // rateCondition evaluates a threshold or change rule on one snapshot.
 func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Condition {
 	ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(snap.ObservedAt), Source: snap.Aggregate.Source}
@@ -174,6 +184,15 @@ func (r *Rule) Epoch() time.Duration {
 // snapshot stays in the compacted topic. A window the clock has only partly moved past keeps the
 // snapshot's counts (an upper bound of what it still holds).
 func windowAt(s *schemas.Snapshot, name string, now time.Time) schemas.Window {
+	if windowLeft(name, s.ObservedAt, now) {
+		return schemas.Window{Status: schemas.StatusNotMeasured}
+	}
+	return window(s, name)
+}
+
+// windowLeft reports whether the rolling window name observed at obs holds nothing any more at
+// now: the bucket of now is a whole window length after the bucket of obs. all is never left.
+func windowLeft(name string, obs, now time.Time) bool {
 	var bucket time.Duration
 	var n int64
 	switch name {
@@ -184,12 +203,9 @@ func windowAt(s *schemas.Snapshot, name string, now time.Time) schemas.Window {
 	case Window7d:
 		bucket, n = time.Hour, 168
 	default:
-		return window(s, name)
+		return false
 	}
-	if floorDiv(now.UnixMicro(), bucket.Microseconds())-floorDiv(s.ObservedAt.UnixMicro(), bucket.Microseconds()) >= n {
-		return schemas.Window{Status: schemas.StatusNotMeasured}
-	}
-	return window(s, name)
+	return floorDiv(now.UnixMicro(), bucket.Microseconds())-floorDiv(obs.UnixMicro(), bucket.Microseconds()) >= n
 }
 
 // floorDiv is a / b rounded toward negative infinity (b > 0).

@@ -114,6 +114,9 @@ type Evaluator struct {
 	rules   map[string]*Rule
 	// caughtUp is set by the subscriber's CaughtUp update; until then nothing is evaluated.
 	caughtUp bool
+	// detectors are the sequential detectors as this evaluator last read or wrote them, by key:
+	// a subject whose snapshot has not changed since is decided without a round trip.
+	detectors map[string]cachedDetector
 }
 
 // NewEvaluator returns an evaluator; now is its clock.
@@ -246,9 +249,20 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	var work []item
 	seen := map[string]bool{}
 	var need []string
+	detectors := map[string]cachedDetector{}
 	for i := range e.cfg.Rules.Rules {
 		r := &e.cfg.Rules.Rules[i]
-		for _, c := range Evaluate(r, e.table, now) {
+		var conds []Condition
+		if r.Kind == KindChange && r.Sequential {
+			// An error leaves this evaluation undone: a rule without its subjects' conditions
+			// would take them for gone.
+			if conds, err = e.sequential(ctx, r, known, detectors, now); err != nil {
+				return err
+			}
+		} else {
+			conds = Evaluate(r, e.table, now)
+		}
+		for _, c := range conds {
 			k := e.store.Key(r.Name, c.Subject.Key)
 			seen[k] = true
 			if c.Active || known[k] {
@@ -257,6 +271,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
+	e.detectors = detectors
 	gone := []string{}
 	for _, k := range idx {
 		if !seen[k] {

@@ -86,6 +86,12 @@ const (
 	SourceBadge      = "badge"
 )
 
+// Methods of a change rule.
+const (
+	MethodWindows    = "windows"
+	MethodSequential = "sequential"
+)
+
 // Window names, as in a snapshot.
 const (
 	WindowAll  = "all"
@@ -147,6 +153,10 @@ type Rule struct {
 	MinIncrease float64
 	// Horizon is the period over which the change rule spends Alpha.
 	Horizon time.Duration
+	// Sequential is the change rule's method: false tests the recent window against the
+	// baseline's (ChangeTest), true runs the sequential detector (Detector) on every scored
+	// outcome the snapshots add.
+	Sequential bool
 	// Duration is not_measured_for's silence.
 	Duration      time.Duration
 	For           time.Duration
@@ -183,6 +193,7 @@ type ruleWire struct {
 	Subjects       *int              `yaml:"subjects"`
 	MinIncrease    *float64          `yaml:"min_increase"`
 	Horizon        *string           `yaml:"horizon"`
+	Method         *string           `yaml:"method"`
 	Duration       *string           `yaml:"duration"`
 	For            *string           `yaml:"for"`
 	KeepFiringFor  *string           `yaml:"keep_firing_for"`
@@ -333,7 +344,7 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 	present := map[string]bool{
 		"source": w.Source != nil, "window": w.Window != nil, "baseline": w.Baseline != nil,
 		"op": w.Op != nil, "value": w.Value != nil, "min_scored": w.MinScored != nil, "alpha": w.Alpha != nil, "subjects": w.Subjects != nil,
-		"min_increase": w.MinIncrease != nil, "horizon": w.Horizon != nil, "duration": w.Duration != nil,
+		"min_increase": w.MinIncrease != nil, "horizon": w.Horizon != nil, "duration": w.Duration != nil, "method": w.Method != nil,
 	}
 	var allowed []string
 	switch r.Kind {
@@ -351,12 +362,18 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 		}
 		r.MinScored = minScored(&errs, w.MinScored)
 	case KindChange:
-		allowed = []string{"source", "window", "baseline", "alpha", "subjects", "min_increase", "min_scored", "horizon"}
+		allowed = []string{"source", "window", "baseline", "alpha", "subjects", "min_increase", "min_scored", "horizon", "method"}
+		r.Sequential = oneOf(&errs, "method", w.Method, MethodWindows, MethodWindows, MethodSequential) == MethodSequential
 		r.Source = oneOf(&errs, "source", w.Source, SourceLive, SourceLive, SourceEvaluation, SourceBadge)
 		r.Window = oneOf(&errs, "window", w.Window, Window24h, Window1h, Window24h, Window7d)
 		r.Baseline = oneOf(&errs, "baseline", w.Baseline, Window7d, Window24h, Window7d, WindowAll)
 		if r.Window != "" && r.Baseline != "" && windowOrder[r.Baseline] <= windowOrder[r.Window] {
 			bad("baseline", "%s must be longer than window %s: the baseline is %s less %s", r.Baseline, r.Window, r.Baseline, r.Window)
+		}
+		if r.Sequential && r.Baseline == WindowAll {
+			// The detector takes new outcomes from the baseline window's growth within an hour;
+			// retention expires hours of all at any time, which would hide them.
+			bad("baseline", "all: method sequential needs a rolling baseline (24h or 7d)")
 		}
 		r.Alpha = DefaultAlpha
 		if w.Alpha != nil {
@@ -408,7 +425,7 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 			bad("value", "%v: want a finite count, not negative", r.Value)
 		}
 	}
-	for _, f := range []string{"source", "window", "baseline", "op", "value", "min_scored", "alpha", "subjects", "min_increase", "horizon", "duration"} {
+	for _, f := range []string{"source", "window", "baseline", "op", "value", "min_scored", "alpha", "subjects", "min_increase", "horizon", "duration", "method"} {
 		if present[f] && !slices.Contains(allowed, f) {
 			bad(f, "does not apply to kind %s", r.Kind)
 		}

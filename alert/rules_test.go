@@ -108,6 +108,11 @@ func TestParseErrors(t *testing.T) {
 		{"abnormal share default", "rules:\n- {name: a, kind: abnormal_share_above, value: 0.05, min_scored: 0}", []string{`min_scored: 0 must be at least 1`}},
 		// A horizon past what a duration holds.
 		{"huge horizon", "rules:\n- {name: h, kind: change, horizon: 250000d}", []string{`rule "h": horizon: "250000d"`}},
+		// The change rule's method; the detector reads new outcomes from a rolling baseline.
+		{"change method", "rules:\n- {name: m, kind: change, method: cusum}\n- {name: n, kind: change, method: sequential, baseline: all}\n" +
+			"- {name: o, kind: threshold, value: 0.1, method: sequential}",
+			[]string{`rule "m": method: "cusum" is not windows, sequential`, `rule "n": baseline: all: method sequential needs a rolling baseline`,
+				`rule "o": method: does not apply to kind threshold`}},
 		// Badge has no not_measured_for.
 		{"silent badge", "rules:\n- name: s\n  kind: not_measured_for\n  source: badge\n  duration: 1h", []string{`rule "s": source: "badge" is not live, evaluation`}},
 	}

@@ -163,23 +163,32 @@ func TestChangeDetectsStep(t *testing.T) {
 // simulateParallel runs simulate over workers goroutines, each on its share of the streams and
 // its own seed.
 func simulateParallel(cfg simConfig, seed uint64, workers int) simResult {
-	parts := make([]simResult, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		c := cfg
-		c.streams = cfg.streams / workers
-		if w < cfg.streams%workers {
-			c.streams++
-		}
-		wg.Go(func() { parts[w] = simulate(c, seed*1000+uint64(w)) })
-	}
-	wg.Wait()
 	var out simResult
-	for _, p := range parts {
+	for _, p := range splitStreams(cfg.streams, seed, workers, func(n int, seed uint64) simResult {
+		c := cfg
+		c.streams = n
+		return simulate(c, seed)
+	}) {
 		out.changeFirst = append(out.changeFirst, p.changeFirst...)
 		out.naiveFirst = append(out.naiveFirst, p.naiveFirst...)
 	}
 	return out
+}
+
+// splitStreams runs run over workers goroutines, each on its share of n streams and its own
+// seed, and returns their results in worker order.
+func splitStreams[R any](n int, seed uint64, workers int, run func(streams int, seed uint64) R) []R {
+	parts := make([]R, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		share := n / workers
+		if w < n%workers {
+			share++
+		}
+		wg.Go(func() { parts[w] = run(share, seed*1000+uint64(w)) })
+	}
+	wg.Wait()
+	return parts
 }
 
 // quantile is the q-quantile of the alarm delays, counting a stream that never alarmed as +∞

@@ -470,3 +470,63 @@ var forgetScript = redis.NewScript(`
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[1], KEYS[3])
 ` + atRestLua)
+
+// detectorKey is the key of the sequential detector of (rule, subject).
+func (s *Redis) detectorKey(rule, subject string) string {
+	return s.prefix + ":det:" + schemas.JoinEscaped(rule, subject)
+}
+
+// swapScript sets KEYS[1] to ARGV[2] for ARGV[3] ms if it still holds ARGV[1] ("" for absent).
+var swapScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1]) or ''
+if cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1`)
+
+// LoadDetectors reads the encoded detectors of keys ("" for absent), in one round trip.
+func (s *Redis) LoadDetectors(ctx context.Context, keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Get(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]string, len(keys))
+	for i, c := range cmds {
+		out[i] = c.Val()
+	}
+	return out, nil
+}
+
+// detectorSwap replaces a detector's encoding Old with New, kept for TTL after the write.
+type detectorSwap struct {
+	Key, Old, New string
+	TTL           time.Duration
+}
+
+// SwapDetectors applies each swap whose key still holds its Old value, in one round trip, and
+// reports which were applied: another evaluator may have stepped a detector first.
+func (s *Redis) SwapDetectors(ctx context.Context, swaps []detectorSwap) ([]bool, error) {
+	if len(swaps) == 0 {
+		return nil, nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(swaps))
+	for i, w := range swaps {
+		cmds[i] = swapScript.Eval(ctx, pipe, []string{w.Key}, w.Old, w.New, w.TTL.Milliseconds())
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(swaps))
+	for i, c := range cmds {
+		n, _ := c.Int64()
+		out[i] = n == 1
+	}
+	return out, nil
+}

@@ -99,6 +99,10 @@ func evidenceWords(kind string, ev *schemas.AlertEvidence) string {
 		return ""
 	}
 	switch {
+	case kind == "change" && len(ev.Windows) == 2 && ev.Test != nil && ev.Test.Detector != nil:
+		d := ev.Test.Detector
+		return fmt.Sprintf("%s vs %s; the detector's evidence e^%.1f reached its threshold e^%.1f over %s outcomes against a baseline bound of %.1f%%",
+			windowRate(ev.Windows[0]), windowRate(ev.Windows[1]), d.Statistic, d.Threshold, thousands(d.Scored), d.BaselineHigh*100)
 	case kind == "change" && len(ev.Windows) == 2 && ev.Test != nil:
 		return fmt.Sprintf("%s vs %s; the increase is at least %.1f points at the test's confidence",
 			windowRate(ev.Windows[0]), windowRate(ev.Windows[1]), ev.Test.LowerDifference*100)

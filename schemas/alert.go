@@ -81,9 +81,26 @@ type AlertTest struct {
 	AlphaPerEpoch   float64 `json:"alpha_per_epoch"`
 	MinIncrease     float64 `json:"min_increase"`
 	// LowerDifference is the recent rate's lower bound less the baseline's upper bound: the
-	// increase is at least this, at the test's confidence.
+	// increase is at least this, at the test's confidence. Under method sequential it is the
+	// windows' reading beside the detector and decides nothing.
 	LowerDifference float64 `json:"lower_difference"`
 	// FisherPOneLook is Fisher's exact one-sided p-value on the same counts, valid for a single
 	// look only; it is shown for reading and decides nothing.
 	FisherPOneLook float64 `json:"fisher_p_one_look"`
+	// Detector is the sequential detector's reading (method sequential), absent otherwise.
+	Detector *AlertDetector `json:"detector,omitempty"`
+}
+
+// AlertDetector is the sequential change detector's state as a change rule with method
+// sequential read it (docs/semantics.md#detector).
+type AlertDetector struct {
+	// Statistic is the log of the mixture CUSUM (nats); the rule fires while it is at least
+	// Threshold = log(2 · minutes in the horizon ÷ alpha per subject).
+	Statistic float64 `json:"statistic"`
+	Threshold float64 `json:"threshold"`
+	// BaselineHigh is the baseline's upper confidence bound the last judged outcomes were
+	// compared with (the pre-change rate), at level alpha per subject ÷ 2 per epoch.
+	BaselineHigh float64 `json:"baseline_high"`
+	// Scored is how many scored outcomes the detector has judged for this subject.
+	Scored int64 `json:"scored"`
 }

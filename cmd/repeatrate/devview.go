@@ -372,8 +372,12 @@ func ruleAlertText(a *schemas.Alert) string {
 	text := a.Rule + " " + strings.Join(parts, " ")
 	if ev := a.Evidence; ev.Test != nil && len(ev.Windows) == 2 && ev.Windows[0].Rate != nil && ev.Windows[1].Rate != nil {
 		r, b := ev.Windows[0], ev.Windows[1]
-		text += fmt.Sprintf(": %s %.1f%% of %d vs %.1f%% of %d before, up ≥ %.1f pts", r.Name, 100**r.Rate, r.Scored,
-			100**b.Rate, b.Scored, 100*ev.Test.LowerDifference)
+		text += fmt.Sprintf(": %s %.1f%% of %d vs %.1f%% of %d before", r.Name, 100**r.Rate, r.Scored, 100**b.Rate, b.Scored)
+		if d := ev.Test.Detector; d != nil {
+			text += fmt.Sprintf(", detector e^%.1f ≥ e^%.1f", d.Statistic, d.Threshold)
+		} else {
+			text += fmt.Sprintf(", up ≥ %.1f pts", 100*ev.Test.LowerDifference)
+		}
 	}
 	return text
 }
