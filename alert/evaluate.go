@@ -1,6 +1,7 @@
 package alert
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -134,6 +135,85 @@ func rateSubjects(r *Rule, t *Table) []badgeSubject {
 	return out
 }
 
+// changedSubjects lists the subjects of threshold or change rule r that its matchers select among
+// those of the aggregates in dirty and those with a record (recorded: subject key → record key),
+// each once, in key order, with the snapshot each reads.
+func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[string]string) []badgeSubject {
+	seen := map[string]bool{}
+	var out []badgeSubject
+	add := func(c badgeSubject) {
+		if !seen[c.subject.Key] && matchAll(r.Matchers, c.subject.Fields) {
+			seen[c.subject.Key] = true
+			out = append(out, c)
+		}
+	}
+	take := func(e *rateEntry) {
+		if r.Source == SourceBadge {
+			if c, ok := t.badgeOf(e.snap.Aggregate); ok {
+				add(c)
+			}
+		} else if e.snap.Aggregate.Source == r.Source {
+			add(badgeSubject{subject: e.subject, snap: &e.snap})
+		}
+	}
+	for id := range dirty {
+		if e, ok := t.rates[id]; ok {
+			take(e)
+		}
+	}
+	for k := range recorded {
+		if id, ok := strings.CutPrefix(k, "a|"); ok {
+			if e, ok := t.rates[id]; ok {
+				take(e)
+			}
+		} else if a, ok := badgeAggregate(k); ok && strings.HasPrefix(k, "b|") {
+			if c, ok := t.badgeOf(a); ok {
+				add(c)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b badgeSubject) int { return strings.Compare(a.subject.Key, b.subject.Key) })
+	return out
+}
+
+// silentSubjects evaluates not_measured_for rule r on the subjects of the aggregates in dirty
+// and those with a record (recorded: subject key → record key) and, when all is set, on every
+// subject whose silence has lasted the rule's duration; the others, whose condition is false,
+// cost a comparison each.
+func silentSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[string]string, all bool, now time.Time) []Condition {
+	var out []Condition
+	take := func(id string, e *rateEntry) {
+		if e.snap.Aggregate.Source == r.Source && matchAll(r.Matchers, e.subject.Fields) {
+			out = append(out, silenceCondition(r, id, e, now))
+		}
+	}
+	if all {
+		ids, entries := t.aggregates()
+		for i, e := range entries {
+			if _, ok := recorded[e.subject.Key]; ok || now.Sub(e.silentSince()) >= r.Duration {
+				take(ids[i], e)
+			}
+		}
+		return out
+	}
+	seen := map[string]bool{}
+	for id := range dirty {
+		if e, ok := t.rates[id]; ok {
+			seen[id] = true
+			take(id, e)
+		}
+	}
+	for k := range recorded {
+		if id, ok := strings.CutPrefix(k, "a|"); ok && !seen[id] {
+			if e, ok := t.rates[id]; ok {
+				take(id, e)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Condition) int { return strings.Compare(a.Subject.Key, b.Subject.Key) })
+	return out
+}
+
 // rateCondition evaluates a threshold or change rule on one snapshot.
 func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Condition {
 	ev := schemas.AlertEvidence{EvaluatedAt: now, ObservedAt: timePtr(snap.ObservedAt), Source: snap.Aggregate.Source}
@@ -142,15 +222,11 @@ func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Co
 		ev.Windows = []schemas.AlertWindow{snapshotWindow(r.Window, w)}
 		ev.Threshold = floatPtr(r.Value)
 		ev.Value = w.Rate
-		active := w.Scored >= r.MinScored && w.Rate != nil &&
-			((r.Above && *w.Rate > r.Value) || (!r.Above && *w.Rate < r.Value))
-		return Condition{Subject: s, Active: active, Evidence: ev}
+		return Condition{Subject: s, Active: thresholdActive(r, w), Evidence: ev}
 	}
-	long := windowAt(snap, r.Baseline, now)
-	recent := Counts{Confirmed: w.ConfirmedRepeats, Scored: w.Scored}
-	base := Counts{Confirmed: long.ConfirmedRepeats - w.ConfirmedRepeats, Scored: long.Scored - w.Scored}
+	recent, base := changeCounts(r, snap, w, now)
 	epoch := r.Epoch()
-	perSubject := r.Alpha / float64(max(r.Subjects, 1))
+	perSubject := r.alphaPerSubject()
 	ch := ChangeTest(recent, base, perSubject, epoch, r.Horizon, r.MinIncrease)
 	_, rh := ConfidenceSequence(recent, ch.AlphaPerEpoch/2)
 	bl, _ := ConfidenceSequence(base, ch.AlphaPerEpoch/2)
@@ -166,6 +242,35 @@ func rateCondition(r *Rule, s Subject, snap *schemas.Snapshot, now time.Time) Co
 		Horizon: r.Horizon.String(), Epoch: epoch.String(), AlphaPerEpoch: ch.AlphaPerEpoch, MinIncrease: r.MinIncrease, LowerDifference: ch.LowerDifference, FisherPOneLook: FisherGreater(recent, base)}
 	active := recent.Scored >= r.MinScored && base.Scored >= r.MinScored && ch.Fires
 	return Condition{Subject: s, Active: active, Evidence: ev}
+}
+
+// rateActive is rateCondition's verdict without its evidence, at a fraction of its cost: the
+// change test's bounds are computed only when both windows hold min_scored and the recent rate is
+// above the baseline's (the bounds cannot part otherwise).
+func rateActive(r *Rule, snap *schemas.Snapshot, now time.Time) bool {
+	w := windowAt(snap, r.Window, now)
+	if r.Kind == KindThreshold {
+		return thresholdActive(r, w)
+	}
+	recent, base := changeCounts(r, snap, w, now)
+	if recent.Scored < r.MinScored || base.Scored < r.MinScored || recent.Rate() <= base.Rate() {
+		return false
+	}
+	return ChangeTest(recent, base, r.alphaPerSubject(), r.Epoch(), r.Horizon, r.MinIncrease).Fires
+}
+
+// thresholdActive is a threshold rule's verdict on its window w.
+func thresholdActive(r *Rule, w schemas.Window) bool {
+	return w.Scored >= r.MinScored && w.Rate != nil && ((r.Above && *w.Rate > r.Value) || (!r.Above && *w.Rate < r.Value))
+}
+
+// changeCounts are a change rule's recent counts (its window w as it stands at now) and baseline
+// counts (its baseline window less the recent one).
+func changeCounts(r *Rule, snap *schemas.Snapshot, w schemas.Window, now time.Time) (recent, base Counts) {
+	long := windowAt(snap, r.Baseline, now)
+	recent = Counts{Confirmed: w.ConfirmedRepeats, Scored: w.Scored}
+	base = Counts{Confirmed: long.ConfirmedRepeats - w.ConfirmedRepeats, Scored: long.Scored - w.Scored}
+	return recent, base
 }
 
 // Epoch is the change rule's epoch: the bucket of its windows (a minute for a 1h window, whose
@@ -285,7 +390,7 @@ func badgeSubjects(t *Table) []badgeSubject {
 	for _, id := range sortedKeys(t.rates) {
 		snap := &t.rates[id].snap
 		a := snap.Aggregate
-		key := "b|" + schemas.JoinEscaped(a.Workspace, a.Model, a.Run, a.Checkpoint, a.Artifact, a.CorrectionID)
+		key := badgeKey(&a)
 		i, ok := seen[key]
 		if !ok {
 			s := aggregateSubject(&a)

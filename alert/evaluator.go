@@ -117,6 +117,9 @@ type Evaluator struct {
 	// detectors are the sequential detectors as this evaluator last read or wrote them, by key:
 	// a subject whose snapshot has not changed since is decided without a round trip.
 	detectors map[string]cachedDetector
+	// silenceScan is when not_measured_for rules last looked at every subject: they do once per
+	// evaluation interval, and at other evaluations only at changed subjects and records.
+	silenceScan time.Time
 }
 
 // NewEvaluator returns an evaluator; now is its clock.
@@ -124,7 +127,8 @@ func NewEvaluator(cfg EvaluatorConfig, store *Redis, sinks []Sink, now func() ti
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Evaluator{cfg: cfg, store: store, sinks: sinks, now: now, log: log, metrics: m, table: NewTable(), rules: map[string]*Rule{}}
+	e := &Evaluator{cfg: cfg, store: store, sinks: sinks, now: now, log: log, metrics: m, table: NewTable(), rules: map[string]*Rule{},
+		detectors: map[string]cachedDetector{}}
 	for i := range cfg.Rules.Rules {
 		e.rules[cfg.Rules.Rules[i].Name] = &cfg.Rules.Rules[i]
 	}
@@ -238,10 +242,24 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	known := map[string]bool{}
-	for _, k := range idx {
-		known[k] = true
+	// The aggregates whose snapshot changed: given back if this evaluation fails, so that none is
+	// left unevaluated until its next snapshot.
+	dirty := e.table.TakeDirty()
+	if err := e.evaluateChanged(ctx, idx, dirty, now); err != nil {
+		e.table.Redirty(dirty)
+		return err
 	}
+	return nil
+}
+
+// evaluateChanged is Evaluate on the records idx and the aggregates dirty. A rate rule (threshold,
+// change) is evaluated on the subjects of the dirty aggregates and those with a record: any other
+// subject's condition was false at its last evaluation and time alone cannot make it true (its
+// windows only go stale). not_measured_for, which time alone makes true, also looks at every
+// subject once per evaluation interval, cheaply; suite rules at every subject (there are few).
+func (e *Evaluator) evaluateChanged(ctx context.Context, idx []string, dirty map[string]struct{}, now time.Time) error {
+	recorded := e.store.recordSubjects(idx)
+	scan := now.Sub(e.silenceScan) >= e.cfg.Rules.EvaluationInterval || now.Before(e.silenceScan)
 	type item struct {
 		rule *Rule
 		cond Condition
@@ -249,29 +267,43 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	var work []item
 	seen := map[string]bool{}
 	var need []string
-	detectors := map[string]cachedDetector{}
 	for i := range e.cfg.Rules.Rules {
 		r := &e.cfg.Rules.Rules[i]
+		rec := recorded[r.Name]
 		var conds []Condition
-		if r.Kind == KindChange && r.Sequential {
+		switch {
+		case r.Kind == KindChange && r.Sequential:
 			// An error leaves this evaluation undone: a rule without its subjects' conditions
 			// would take them for gone.
-			if conds, err = e.sequential(ctx, r, known, detectors, now); err != nil {
+			var err error
+			if conds, err = e.sequential(ctx, r, changedSubjects(r, e.table, dirty, rec), rec, now); err != nil {
 				return err
 			}
-		} else {
+		case r.Kind == KindThreshold || r.Kind == KindChange:
+			for _, c := range changedSubjects(r, e.table, dirty, rec) {
+				// The evidence only for what is written: a true condition, or a record's.
+				if _, ok := rec[c.subject.Key]; ok || rateActive(r, c.snap, now) {
+					conds = append(conds, rateCondition(r, c.subject, c.snap, now))
+				}
+			}
+		case r.Kind == KindNotMeasuredFor:
+			conds = silentSubjects(r, e.table, dirty, rec, scan, now)
+		default:
 			conds = Evaluate(r, e.table, now)
 		}
 		for _, c := range conds {
-			k := e.store.Key(r.Name, c.Subject.Key)
-			seen[k] = true
-			if c.Active || known[k] {
-				work = append(work, item{r, c})
-				need = append(need, k)
+			k, isKnown := rec[c.Subject.Key]
+			if !isKnown {
+				if !c.Active {
+					continue
+				}
+				k = e.store.Key(r.Name, c.Subject.Key)
 			}
+			seen[k] = true
+			work = append(work, item{r, c})
+			need = append(need, k)
 		}
 	}
-	e.detectors = detectors
 	gone := []string{}
 	for _, k := range idx {
 		if !seen[k] {
@@ -327,6 +359,9 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	}
 	for name := range e.rules {
 		e.metrics.firing.WithLabelValues(name).Set(firing[name])
+	}
+	if len(errs) == 0 && scan {
+		e.silenceScan = now
 	}
 	return errors.Join(errs...)
 }

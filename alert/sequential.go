@@ -53,8 +53,9 @@ type cachedDetector struct {
 // changes nothing, so each snapshot's outcomes are judged once however many evaluators run). A
 // subject with a record is read whatever this evaluator knew, so that every evaluator decides
 // on the same state; others are decided on the detector as last known, without a round trip.
-func (e *Evaluator) sequential(ctx context.Context, r *Rule, known map[string]bool, cache map[string]cachedDetector, now time.Time) ([]Condition, error) {
-	subs := rateSubjects(r, e.table)
+// subs are the subjects to evaluate (changedSubjects); recorded maps subject keys with a record to
+// their record keys.
+func (e *Evaluator) sequential(ctx context.Context, r *Rule, subs []badgeSubject, recorded map[string]string, now time.Time) ([]Condition, error) {
 	h := detectorThreshold(r.alphaPerSubject(), r.Horizon)
 	ttl := windowLength(r.Baseline) + 24*time.Hour
 	type item struct {
@@ -70,7 +71,7 @@ func (e *Evaluator) sequential(ctx context.Context, r *Rule, known map[string]bo
 		was, ok := e.detectors[k]
 		items[i].cur = was
 		stale := !ok || was.d.Source != items[i].in.source || was.d.Version < items[i].in.version
-		if stale || known[e.store.Key(r.Name, c.subject.Key)] {
+		if _, ok := recorded[c.subject.Key]; stale || ok {
 			read = append(read, i)
 		}
 	}
@@ -111,10 +112,13 @@ func (e *Evaluator) sequential(ctx context.Context, r *Rule, known map[string]bo
 			read = append(read, i)
 		}
 	}
-	out := make([]Condition, len(subs))
+	var out []Condition
 	for i, c := range subs {
-		cache[items[i].key] = items[i].cur
-		out[i] = sequentialCondition(r, c.subject, c.snap, &items[i].cur.d, now)
+		e.detectors[items[i].key] = items[i].cur
+		// The evidence only for what is written: an alarm, or a record's.
+		if _, ok := recorded[c.subject.Key]; ok || items[i].cur.d.Alarm {
+			out = append(out, sequentialCondition(r, c.subject, c.snap, &items[i].cur.d, now))
+		}
 	}
 	return out, nil
 }

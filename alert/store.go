@@ -162,6 +162,22 @@ func (s *Redis) keysOfWorkspace(keys []string, ws string) []string {
 	return out
 }
 
+// recordSubjects maps each rule of the records keys to its subjects' keys and their record keys.
+func (s *Redis) recordSubjects(keys []string) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for _, k := range keys {
+		p, err := schemas.SplitEscaped(strings.TrimPrefix(k, s.prefix+":s:"))
+		if err != nil || len(p) != 2 {
+			continue
+		}
+		if out[p[0]] == nil {
+			out[p[0]] = map[string]string{}
+		}
+		out[p[0]][p[1]] = k
+	}
+	return out
+}
+
 // Keys lists the records in the index.
 func (s *Redis) Keys(ctx context.Context) ([]string, error) {
 	ks, err := s.rdb.SMembers(ctx, s.index()).Result()

@@ -54,7 +54,7 @@ type clock struct {
 func (c *clock) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
-func newTestEvaluator(t *testing.T, store *Redis, rules string, sinks []Sink, clk *clock) *Evaluator {
+func newTestEvaluator(t testing.TB, store *Redis, rules string, sinks []Sink, clk *clock) *Evaluator {
 	t.Helper()
 	rs, err := Parse([]byte(rules))
 	if err != nil {

@@ -18,11 +18,21 @@ type Table struct {
 	disc    map[string]*schemas.SuiteDiscrimination
 	stab    map[string]*schemas.SuiteStability
 	revived map[string]*schemas.CaseRevived
+	// dirty holds the aggregates whose snapshot changed since the last TakeDirty: the subjects of
+	// rate rules whose condition may have changed (time alone only takes a rate condition from
+	// true to false, and a subject with a condition true has a record, evaluated every time).
+	dirty map[string]struct{}
+	// ids are the aggregate ids in order, and entries their entries in the same order; nil once
+	// an aggregate is added, until asked for.
+	ids     []string
+	entries []*rateEntry
 }
 
 // rateEntry is an aggregate's latest snapshot and when a scored opportunity was last seen arrive.
 type rateEntry struct {
 	snap schemas.Snapshot
+	// subject is the aggregate's subject, made once: its fields never change. Shared: read only.
+	subject Subject
 	// firstSeen is the first snapshot's observation time; lastScoredAt the observation time of
 	// the latest snapshot whose all-time scored count rose above the one before (or of the first
 	// one seen, when it had anything scored).
@@ -61,7 +71,35 @@ func (t *Table) RestoreSilence(id string, scored int64, since time.Time) bool {
 // NewTable returns an empty table.
 func NewTable() *Table {
 	return &Table{rates: map[string]*rateEntry{}, disc: map[string]*schemas.SuiteDiscrimination{},
-		stab: map[string]*schemas.SuiteStability{}, revived: map[string]*schemas.CaseRevived{}}
+		stab: map[string]*schemas.SuiteStability{}, revived: map[string]*schemas.CaseRevived{}, dirty: map[string]struct{}{}}
+}
+
+// TakeDirty returns the aggregates whose snapshot changed since it was last called, and forgets
+// them; an evaluation that fails gives them back (Redirty).
+func (t *Table) TakeDirty() map[string]struct{} {
+	d := t.dirty
+	t.dirty = map[string]struct{}{}
+	return d
+}
+
+// Redirty marks the aggregates of d changed again.
+func (t *Table) Redirty(d map[string]struct{}) {
+	for id := range d {
+		t.dirty[id] = struct{}{}
+	}
+}
+
+// aggregates returns the aggregate ids in order and their entries, sorted again only after one
+// was added.
+func (t *Table) aggregates() ([]string, []*rateEntry) {
+	if t.ids == nil {
+		t.ids = sortedKeys(t.rates)
+		t.entries = make([]*rateEntry, len(t.ids))
+		for i, id := range t.ids {
+			t.entries[i] = t.rates[id]
+		}
+	}
+	return t.ids, t.entries
 }
 
 // PutSnapshot records a repeat-rate snapshot and reports whether it was newer than the held one.
@@ -74,12 +112,16 @@ func (t *Table) PutSnapshot(s *schemas.Snapshot) bool {
 			e.lastScoredAt = s.ObservedAt
 		}
 		e.snap = *s
+		e.subject = aggregateSubject(&e.snap.Aggregate)
 		t.rates[id] = e
+		t.ids = nil
+		t.dirty[id] = struct{}{}
 		return true
 	}
 	if s.Version <= e.snap.Version {
 		return false
 	}
+	t.dirty[id] = struct{}{}
 	// Only a rise is something scored: a fall is a re-assessment to unscored or an expiry, and
 	// must not restart a silence (not_measured_for would resolve and fire again).
 	if s.Windows.All.Scored > e.snap.Windows.All.Scored && s.ObservedAt.After(e.lastScoredAt) {
@@ -148,8 +190,8 @@ func (t *Table) Gone(key string, fields map[string]string) (gone, held bool) {
 	case strings.HasPrefix(key, "a|"):
 		_, held = t.rates[key[2:]]
 	case strings.HasPrefix(key, "b|"):
-		for _, b := range badgeSubjects(t) {
-			held = held || b.subject.Key == key
+		if a, ok := badgeAggregate(key); ok {
+			_, held = t.badgeOf(a)
 		}
 	case strings.HasPrefix(key, "d|"):
 		_, held = t.disc[key]
@@ -165,6 +207,42 @@ func (t *Table) Gone(key string, fields map[string]string) (gone, held bool) {
 		}
 	}
 	return false, held
+}
+
+// badgeOf is the badge subject of a's scope and correction with the snapshot it reads: live when
+// live is measured over all time (or is all there is), else evaluation, as badgeSubjects chooses.
+func (t *Table) badgeOf(a schemas.Aggregate) (badgeSubject, bool) {
+	live, eval := a, a
+	live.Source, eval.Source = SourceLive, SourceEvaluation
+	le, lok := t.rates[live.ID()]
+	ee, eok := t.rates[eval.ID()]
+	var e *rateEntry
+	switch {
+	case lok && (le.snap.Windows.All.Scored > 0 || !eok):
+		e = le
+	case eok:
+		e = ee
+	default:
+		return badgeSubject{}, false
+	}
+	s := aggregateSubject(&e.snap.Aggregate)
+	s.Key = badgeKey(&a)
+	delete(s.Fields, "source")
+	return badgeSubject{subject: s, snap: &e.snap}, true
+}
+
+// badgeKey is the subject key of a's scope and correction.
+func badgeKey(a *schemas.Aggregate) string {
+	return "b|" + schemas.JoinEscaped(a.Workspace, a.Model, a.Run, a.Checkpoint, a.Artifact, a.CorrectionID)
+}
+
+// badgeAggregate is the scope and correction of a badge subject key.
+func badgeAggregate(key string) (schemas.Aggregate, bool) {
+	p, err := schemas.SplitEscaped(strings.TrimPrefix(key, "b|"))
+	if err != nil || len(p) != 6 {
+		return schemas.Aggregate{}, false
+	}
+	return schemas.Aggregate{Workspace: p[0], Model: p[1], Run: p[2], Checkpoint: p[3], Artifact: p[4], CorrectionID: p[5]}, true
 }
 
 // Len is the number of subjects held.

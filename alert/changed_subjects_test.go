@@ -1,0 +1,94 @@
+package alert
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+const changedRules = "rules:\n" +
+	"- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n" +
+	"- {name: badge-high, kind: threshold, source: badge, window: 24h, value: 0.1, min_scored: 20}\n" +
+	"- {name: silent, kind: not_measured_for, duration: 2h}\n"
+
+// An evaluation looks at the subjects whose snapshot changed and those with a record, not at every
+// subject: a rate condition false at its last evaluation cannot turn true until a new snapshot,
+// and a true one has a record. Nothing is missed: a changed aggregate fires at the next
+// evaluation (its live subject and its badge), records resolve on time alone when their windows
+// go stale, not_measured_for fires on subjects never changed since once per evaluation interval,
+// and the changes an evaluation that failed half-way had taken are evaluated at the next one.
+func TestEvaluationFollowsChangedSubjects(t *testing.T) {
+	rdb := testenv.Redis(t)
+	fail := &failLoads{}
+	rdb.AddHook(fail)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	e := newTestEvaluator(t, store, changedRules, []Sink{am}, clk)
+	put := func(corr string, v int64, confirmed int64, at time.Time) {
+		s := snap("live", v, [2]int64{confirmed, 100}, [2]int64{confirmed, 100}, at)
+		s.Aggregate.CorrectionID = corr
+		e.Apply(Update{Snapshot: s})
+	}
+	fired := func() map[string]int {
+		out := map[string]int{}
+		for _, n := range am.sent {
+			if n.Kind == "firing" {
+				out[n.Alert.Rule+" "+n.Alert.Fields["correction_id"]]++
+			}
+		}
+		return out
+	}
+	put("a", 1, 30, t0)
+	put("b", 1, 5, t0)
+	put("c", 1, 5, t0)
+	evaluateAndDeliver(t, e, clk, am, t0)
+	if got := fired(); len(got) != 2 || got["high a"] != 1 || got["badge-high a"] != 1 {
+		t.Fatalf("fired %v: want high and badge-high on a", got)
+	}
+	// b changes; the evaluation that takes the change fails half-way (reading the records): the
+	// change is taken again by the next one.
+	put("b", 2, 40, t0.Add(time.Minute))
+	fail.loads.Store(1)
+	if err := e.Evaluate(context.Background(), t0.Add(time.Minute)); err == nil {
+		t.Fatal("the evaluation whose records could not be read succeeded")
+	}
+	evaluateAndDeliver(t, e, clk, am, t0.Add(2*time.Minute))
+	if got := fired(); len(got) != 4 || got["high b"] != 1 || got["badge-high b"] != 1 {
+		t.Fatalf("fired %v after b changed: want high and badge-high on b too", got)
+	}
+	// A day later, no snapshot since: the windows are stale, every alert resolves; c, b and a
+	// have been silent 2 h and more, and not_measured_for fires on each, c never changed since.
+	evaluateAndDeliver(t, e, clk, am, t0.Add(25*time.Hour))
+	resolved := 0
+	for _, n := range am.sent {
+		if n.Kind == "resolved" {
+			resolved++
+		}
+	}
+	if got := fired(); resolved != 4 || got["silent a"] != 1 || got["silent b"] != 1 || got["silent c"] != 1 {
+		t.Fatalf("a day later: fired %v, %d resolved: want the 4 resolved and silent on a, b and c", got, resolved)
+	}
+}
+
+// failLoads fails the next loads.Load() pipelines that read records (HGETALL).
+type failLoads struct{ loads atomic.Int64 }
+
+func (f *failLoads) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *failLoads) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (f *failLoads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "hgetall" && f.loads.Add(-1) >= 0 {
+			return errors.New("injected: records unreadable")
+		}
+		return next(ctx, cmds)
+	}
+}
