@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -58,36 +57,6 @@ func exampleRules(t *testing.T, forChange time.Duration) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// liveStream builds live attempts of one correction: n attempts, the first repeats of them
-// confirmed repeats, occurring evenly from from to to.
-type liveStream struct {
-	ws, corr string
-	buf      bytes.Buffer
-	seq      int
-}
-
-func (s *liveStream) add(n, repeats int, from, to time.Time) {
-	for i := range n {
-		at := from.Add(time.Duration(i) * to.Sub(from) / time.Duration(n))
-		outcome := "passed"
-		if i < repeats {
-			outcome = "confirmed_repeat"
-		}
-		s.seq++
-		b, _ := json.Marshal(map[string]any{"specversion": "1.0", "id": fmt.Sprintf("%s-%d", s.corr, s.seq), "source": "test",
-			"type": "repeatrate.live.attempt.v1", "data": map[string]any{
-				"scope":         map[string]string{"workspace": s.ws, "model": "bot", "run": "r1", "checkpoint": "c1", "artifact": "prod"},
-				"correction_id": s.corr, "opportunity_id": fmt.Sprintf("opp-%d", s.seq), "outcome": outcome,
-				"occurred_at": at.UTC().Format(time.RFC3339Nano), "assessed_at": at.Add(time.Second).UTC().Format(time.RFC3339Nano)}})
-		s.buf.Write(b)
-		s.buf.WriteByte('\n')
-	}
-}
-
-func (s *liveStream) aggregate() schemas.Aggregate {
-	return schemas.Aggregate{Workspace: s.ws, Model: "bot", Run: "r1", Checkpoint: "c1", Artifact: "prod", CorrectionID: s.corr, Source: "live"}
 }
 
 // alertLog follows the alerts topic.
@@ -194,12 +163,12 @@ func TestAlertEndToEnd(t *testing.T) {
 	}
 
 	now := time.Now()
-	big := &liveStream{ws: cfg.Kafka.GroupID, corr: "fix-step"}
-	tiny := &liveStream{ws: cfg.Kafka.GroupID, corr: "fix-tiny"}
-	tiny.add(5, 0, now.Add(-6*24*time.Hour), now.Add(-2*24*time.Hour))
-	tiny.add(5, 3, now.Add(-30*time.Minute), now.Add(-time.Minute))
-	big.add(6000, 120, now.Add(-6*24*time.Hour), now.Add(-2*24*time.Hour))
-	key := store.Key("correction-regressed", "a|"+big.aggregate().ID())
+	big := &testenv.LiveAttempts{Workspace: cfg.Kafka.GroupID, Correction: "fix-step"}
+	tiny := &testenv.LiveAttempts{Workspace: cfg.Kafka.GroupID, Correction: "fix-tiny"}
+	tiny.Add(5, 0, now.Add(-6*24*time.Hour), now.Add(-2*24*time.Hour))
+	tiny.Add(5, 3, now.Add(-30*time.Minute), now.Add(-time.Minute))
+	big.Add(6000, 120, now.Add(-6*24*time.Hour), now.Add(-2*24*time.Hour))
+	key := store.Key("correction-regressed", "a|"+big.Aggregate().ID())
 	state := func() alert.State {
 		recs, err := store.Load(ctx, []string{key})
 		if err != nil {
@@ -207,14 +176,13 @@ func TestAlertEndToEnd(t *testing.T) {
 		}
 		return recs[key].State
 	}
-	send := func(s *liveStream) {
+	send := func(s *testenv.LiveAttempts) {
 		t.Helper()
 		w := kc.writer(cfg.Kafka.InputTopics[0])
 		defer w.Close()
-		if _, err := produce(ctx, bytes.NewReader(s.buf.Bytes()), w); err != nil {
+		if _, err := produce(ctx, bytes.NewReader(s.Take()), w); err != nil {
 			t.Fatal(err)
 		}
-		s.buf.Reset()
 	}
 	type proc struct {
 		stop context.CancelFunc
@@ -249,7 +217,7 @@ func TestAlertEndToEnd(t *testing.T) {
 	send(tiny)
 	send(big)
 	p := start()
-	big.add(1000, 150, now.Add(-30*time.Minute), now.Add(-time.Minute))
+	big.Add(1000, 150, now.Add(-30*time.Minute), now.Add(-time.Minute))
 	send(big)
 
 	// (c) Stopped between pending and firing.
@@ -276,7 +244,7 @@ func TestAlertEndToEnd(t *testing.T) {
 
 	// The rate falls back: 1 000 more attempts at 2 %, in the last hour so that they dilute the
 	// 1h window too (correction-regressed-fast: 170/2000 against nothing before it).
-	big.add(1000, 20, now.Add(-50*time.Minute), now.Add(-2*time.Minute))
+	big.Add(1000, 20, now.Add(-50*time.Minute), now.Add(-2*time.Minute))
 	send(big)
 	waitFor(t, 60*time.Second, "the resolution on the alerts topic", func() bool { return len(log.all()) >= 2 })
 	waitFor(t, 30*time.Second, "the webhook's resolution", func() bool { return len(hook.types()) >= 2 })
