@@ -3,6 +3,7 @@ package alert
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,5 +91,71 @@ func (f *failLoads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			return errors.New("injected: records unreadable")
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// A rule whose source changes from badge to live (same name) resolves its badge alert: the record
+// is of a subject the rule no longer selects, which no evaluation of changed subjects reaches.
+func TestRuleSourceChangeResolvesTheOtherSubjectKind(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	first := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, source: badge, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
+	first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
+	evaluateAndDeliver(t, first, clk, am, t0)
+	second := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, source: live, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
+	second.Apply(Update{Snapshot: snap("live", 2, [2]int64{31, 101}, [2]int64{31, 101}, t0.Add(time.Minute))})
+	for i := 1; i <= 3; i++ {
+		evaluateAndDeliver(t, second, clk, am, t0.Add(time.Duration(i)*time.Minute))
+	}
+	var got []string
+	for _, n := range am.sent {
+		if n.Kind != "resend" {
+			got = append(got, n.Kind+" "+n.Alert.Subject[:1])
+		}
+	}
+	if len(got) != 3 || got[0] != "firing b" || !slices.Contains(got, "resolved b") || !slices.Contains(got, "firing a") {
+		t.Fatalf("notifications %v: want the badge alert fired and resolved, the live one fired", got)
+	}
+}
+
+// not_measured_for looks at every subject at least once per evaluation interval even when the
+// clock's evaluations drift: one run half a second late does not push the next scan a whole
+// interval away.
+func TestSilenceScanKeepsItsIntervalWhenATickIsLate(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	e := newTestEvaluator(t, store, "rules:\n- {name: silent, kind: not_measured_for, duration: 2h}\n", []Sink{am}, clk)
+	// Scored last two hours before t0 + 10 s.
+	e.Apply(Update{Snapshot: snap("live", 1, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(-2*time.Hour+10*time.Second))})
+	evaluateAndDeliver(t, e, clk, am, t0.Add(500*time.Millisecond)) // the tick of t0, half a second late
+	evaluateAndDeliver(t, e, clk, am, t0.Add(30*time.Second))       // the next, on time
+	if got := am.kinds(); len(got) != 1 || got[0] != "firing" {
+		t.Fatalf("notifications %v at the tick after the silence reached 2 h: want it firing", got)
+	}
+}
+
+// A clock set back looks at every subject: a window the later time found left holds data at the
+// earlier one, and a condition false then may be true now.
+func TestClockSetBackEvaluatesEverySubject(t *testing.T) {
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	am := &recordingSink{name: "am"}
+	clk := &clock{t: t0}
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	e := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
+	e.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
+	evaluateAndDeliver(t, e, clk, am, t0.Add(25*time.Hour)) // a clock a day ahead: the window has left
+	evaluateAndDeliver(t, e, clk, am, t0.Add(time.Minute))  // set right
+	if got := am.kinds(); len(got) != 1 || got[0] != "firing" {
+		t.Fatalf("notifications %v once the clock was set right: want the firing (30 of 100 in the window)", got)
 	}
 }

@@ -63,7 +63,7 @@ func simulateDetector(cfg detectorSim, seed uint64) detectorSimResult {
 	minutes := hours * 60
 	r := &Rule{Kind: KindChange, Sequential: true, Source: SourceLive, Window: Window24h, Baseline: Window7d,
 		Alpha: 0.05, Subjects: 1, MinScored: 20, Horizon: detectorSimHorizon, MinIncrease: cfg.minIncrease}
-	h := detectorThreshold(r.Alpha, r.Horizon)
+	dp := newDetectorParams(r)
 	hRef := math.Log(detectorSimHorizon.Minutes() / r.Alpha)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	events := make([][]simEvent, minutes)
@@ -172,7 +172,7 @@ func simulateDetector(cfg detectorSim, seed uint64) detectorSimResult {
 			in.version, in.observed = version, t0.Add(time.Duration(m)*time.Minute)
 			in.confirmed, in.scored = week.Confirmed, week.Scored
 			at := float64(m+1-stepMin) / 60
-			d.step(in, r.MinIncrease, h)
+			d.step(in, dp)
 			if now := d.Alarm; now != on {
 				on = now
 				if on {
@@ -199,7 +199,6 @@ func simulateDetector(cfg detectorSim, seed uint64) detectorSimResult {
 				if e.from >= 0 {
 					continue
 				}
-				var rd Detector
 				for k := range ref {
 					if e.to == 1 {
 						ref[k] = math.Max(ref[k], 0) + st.repeat[k]
@@ -207,8 +206,7 @@ func simulateDetector(cfg detectorSim, seed uint64) detectorSimResult {
 						ref[k] = math.Max(ref[k], 0) + st.pass[k]
 					}
 				}
-				rd.S = ref
-				if rd.Statistic() >= hRef {
+				if copyStatistic(&ref) >= hRef {
 					refAt, refSeen = at, true
 					break
 				}

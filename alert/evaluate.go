@@ -137,7 +137,8 @@ func rateSubjects(r *Rule, t *Table) []badgeSubject {
 
 // changedSubjects lists the subjects of threshold or change rule r that its matchers select among
 // those of the aggregates in dirty and those with a record (recorded: subject key → record key),
-// each once, in key order, with the snapshot each reads.
+// each once, in key order, with the snapshot each reads. A record of a subject of another kind
+// (the rule's source changed to or from badge) is not among them: it steps as no longer selected.
 func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[string]string) []badgeSubject {
 	seen := map[string]bool{}
 	var out []badgeSubject
@@ -166,7 +167,7 @@ func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[
 			if e, ok := t.rates[id]; ok {
 				take(e)
 			}
-		} else if a, ok := badgeAggregate(k); ok && strings.HasPrefix(k, "b|") {
+		} else if a, ok := badgeAggregate(k); ok && strings.HasPrefix(k, "b|") && r.Source == SourceBadge {
 			if c, ok := t.badgeOf(a); ok {
 				add(c)
 			}

@@ -117,9 +117,14 @@ type Evaluator struct {
 	// detectors are the sequential detectors as this evaluator last read or wrote them, by key:
 	// a subject whose snapshot has not changed since is decided without a round trip.
 	detectors map[string]cachedDetector
-	// silenceScan is when not_measured_for rules last looked at every subject: they do once per
-	// evaluation interval, and at other evaluations only at changed subjects and records.
+	// silenceScan is when not_measured_for rules last looked at every subject: they do at
+	// least once per evaluation interval, and at other evaluations only at changed subjects and
+	// records.
 	silenceScan time.Time
+	// evaluated is the time of the last evaluation: one whose time is before it (the clock was
+	// set back) looks at every subject, since a window left at the later time is not at the
+	// earlier one.
+	evaluated time.Time
 }
 
 // NewEvaluator returns an evaluator; now is its clock.
@@ -244,22 +249,29 @@ func (e *Evaluator) Evaluate(ctx context.Context, now time.Time) error {
 	}
 	// The aggregates whose snapshot changed: given back if this evaluation fails, so that none is
 	// left unevaluated until its next snapshot.
+	if now.Before(e.evaluated) {
+		e.table.DirtyAll()
+	}
 	dirty := e.table.TakeDirty()
 	if err := e.evaluateChanged(ctx, idx, dirty, now); err != nil {
 		e.table.Redirty(dirty)
 		return err
 	}
+	e.evaluated = now
 	return nil
 }
 
 // evaluateChanged is Evaluate on the records idx and the aggregates dirty. A rate rule (threshold,
 // change) is evaluated on the subjects of the dirty aggregates and those with a record: any other
 // subject's condition was false at its last evaluation and time alone cannot make it true (its
-// windows only go stale). not_measured_for, which time alone makes true, also looks at every
-// subject once per evaluation interval, cheaply; suite rules at every subject (there are few).
+// windows only go stale, as long as the clock goes forward). not_measured_for, which time alone
+// makes true, also looks at every subject at least once per evaluation interval, cheaply; suite
+// rules at every subject (there are few).
 func (e *Evaluator) evaluateChanged(ctx context.Context, idx []string, dirty map[string]struct{}, now time.Time) error {
 	recorded := e.store.recordSubjects(idx)
-	scan := now.Sub(e.silenceScan) >= e.cfg.Rules.EvaluationInterval || now.Before(e.silenceScan)
+	// Half an interval: an evaluation on the clock a little late must not push the next one's
+	// scan a whole interval further.
+	scan := now.Sub(e.silenceScan) >= e.cfg.Rules.EvaluationInterval/2 || now.Before(e.silenceScan)
 	type item struct {
 		rule *Rule
 		cond Condition

@@ -167,6 +167,23 @@ type Rule struct {
 	Annotations    map[string]string
 }
 
+// CheckRetention refuses sequential rules whose baseline window, plus the hour by which
+// retention is rounded, is longer than the identity retention: expiring hours would leave the
+// window between two snapshots of one hour and hide the passes they held from the detector.
+func (rs Rules) CheckRetention(retention time.Duration) error {
+	var errs []error
+	for _, r := range rs.Rules {
+		if r.Sequential && windowLength(r.Baseline)+time.Hour > retention {
+			errs = append(errs, fmt.Errorf("rule %q: baseline %s: method sequential needs a retention of at least %s (it is %s)",
+				r.Name, r.Baseline, windowLength(r.Baseline)+time.Hour, retention))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrRules, errors.Join(errs...))
+	}
+	return nil
+}
+
 // Timing is the part of a rule the lifecycle needs.
 func (r *Rule) Timing() Timing {
 	return Timing{For: r.For, KeepFiringFor: r.KeepFiringFor, ResendInterval: r.ResendInterval}
@@ -374,6 +391,11 @@ func parseRule(w ruleWire, resend time.Duration) (Rule, []error) {
 			// The detector takes new outcomes from the baseline window's growth within an hour;
 			// retention expires hours of all at any time, which would hide them.
 			bad("baseline", "all: method sequential needs a rolling baseline (24h or 7d)")
+		}
+		if r.Sequential && r.Source == SourceBadge {
+			// Evaluators that read the two sources at different moments would choose different
+			// ones and step one detector with both.
+			bad("source", "badge: method sequential judges one source's outcomes: use live or evaluation")
 		}
 		r.Alpha = DefaultAlpha
 		if w.Alpha != nil {

@@ -113,6 +113,8 @@ func TestParseErrors(t *testing.T) {
 			"- {name: o, kind: threshold, value: 0.1, method: sequential}",
 			[]string{`rule "m": method: "cusum" is not windows, sequential`, `rule "n": baseline: all: method sequential needs a rolling baseline`,
 				`rule "o": method: does not apply to kind threshold`}},
+		{"sequential badge", "rules:\n- {name: b, kind: change, method: sequential, source: badge}",
+			[]string{`rule "b": source: badge: method sequential judges one source's outcomes`}},
 		// Badge has no not_measured_for.
 		{"silent badge", "rules:\n- name: s\n  kind: not_measured_for\n  source: badge\n  duration: 1h", []string{`rule "s": source: "badge" is not live, evaluation`}},
 	}
@@ -163,5 +165,23 @@ func TestMatcher(t *testing.T) {
 func TestAbnormalShareDefaultMinScored(t *testing.T) {
 	if r := mustRule(t, "- {name: a, kind: abnormal_share_above, value: 0.05}"); r.MinScored != DefaultMinScored {
 		t.Fatalf("min_scored defaults to %d, want %d", r.MinScored, DefaultMinScored)
+	}
+}
+
+// A sequential rule needs the identity retention to cover its baseline window and the hour by
+// which retention is rounded; other rules do not.
+func TestSequentialRuleNeedsRetention(t *testing.T) {
+	rs, err := Parse([]byte("rules:\n- {name: w, kind: change, baseline: 7d}\n- {name: s, kind: change, method: sequential, baseline: 7d}\n" +
+		"- {name: d, kind: change, method: sequential, window: 1h, baseline: 24h}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.CheckRetention(30 * 24 * time.Hour); err != nil {
+		t.Fatalf("30 days of retention: %v", err)
+	}
+	err = rs.CheckRetention(7 * 24 * time.Hour)
+	if !errors.Is(err, ErrRules) || !strings.Contains(err.Error(), `rule "s": baseline 7d: method sequential needs a retention of at least 169h0m0s`) ||
+		strings.Contains(err.Error(), `rule "w"`) || strings.Contains(err.Error(), `rule "d"`) {
+		t.Fatalf("7 days of retention: %v, want rule s refused alone", err)
 	}
 }

@@ -16,7 +16,7 @@ func (r *Rule) alphaPerSubject() float64 { return r.Alpha / float64(max(r.Subjec
 // baseline window less the recent one) when that holds min_scored.
 func detectorInputOf(r *Rule, snap *schemas.Snapshot) detectorInput {
 	long, w := window(snap, r.Baseline), window(snap, r.Window)
-	in := detectorInput{source: snap.Aggregate.Source, version: snap.Version, observed: snap.ObservedAt,
+	in := detectorInput{source: snap.Aggregate.Source + "/" + r.Baseline, version: snap.Version, observed: snap.ObservedAt,
 		confirmed: long.ConfirmedRepeats, scored: long.Scored}
 	base := Counts{Confirmed: long.ConfirmedRepeats - w.ConfirmedRepeats, Scored: long.Scored - w.Scored}
 	if base.Scored >= r.MinScored && base.valid() {
@@ -56,7 +56,7 @@ type cachedDetector struct {
 // subs are the subjects to evaluate (changedSubjects); recorded maps subject keys with a record to
 // their record keys.
 func (e *Evaluator) sequential(ctx context.Context, r *Rule, subs []badgeSubject, recorded map[string]string, now time.Time) ([]Condition, error) {
-	h := detectorThreshold(r.alphaPerSubject(), r.Horizon)
+	p := newDetectorParams(r)
 	ttl := windowLength(r.Baseline) + 24*time.Hour
 	type item struct {
 		key string
@@ -93,7 +93,7 @@ func (e *Evaluator) sequential(ctx context.Context, r *Rule, subs []badgeSubject
 			it := &items[i]
 			it.cur = cachedDetector{d: decodeDetector(vals[j]), enc: vals[j]}
 			next := it.cur.d
-			if next.step(it.in, r.MinIncrease, h) {
+			if next.step(it.in, p) {
 				swaps = append(swaps, detectorSwap{Key: it.key, Old: vals[j], New: next.encode(), TTL: ttl})
 				swapped = append(swapped, i)
 			}

@@ -89,6 +89,13 @@ func (t *Table) Redirty(d map[string]struct{}) {
 	}
 }
 
+// DirtyAll marks every aggregate changed.
+func (t *Table) DirtyAll() {
+	for id := range t.rates {
+		t.dirty[id] = struct{}{}
+	}
+}
+
 // aggregates returns the aggregate ids in order and their entries, sorted again only after one
 // was added.
 func (t *Table) aggregates() ([]string, []*rateEntry) {

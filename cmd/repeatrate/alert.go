@@ -23,14 +23,17 @@ func alertCommand(ctx context.Context, args []string, getenv func(string) string
 	return configured(ctx, "alert", args, getenv, stderr, runAlertOnly)
 }
 
-// loadRules reads and validates the rules file: a mistake stops the start with every error,
-// each naming its rule and field.
-func loadRules(path string) (alert.Rules, error) {
+// loadRules reads and validates the rules file against the identity retention: a mistake stops
+// the start with every error, each naming its rule and field.
+func loadRules(path string, retention time.Duration) (alert.Rules, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return alert.Rules{}, fmt.Errorf("alert rules: %w", err)
 	}
 	rs, err := alert.Parse(b)
+	if err == nil {
+		err = rs.CheckRetention(retention)
+	}
 	if err != nil {
 		return alert.Rules{}, fmt.Errorf("alert rules %s: %w", path, err)
 	}
@@ -43,7 +46,7 @@ func runAlertOnly(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if cfg.AlertRules == "" {
 		return errors.New("alert: --alert-rules is required")
 	}
-	rules, err := loadRules(cfg.AlertRules)
+	rules, err := loadRules(cfg.AlertRules, cfg.Retention)
 	if err != nil {
 		return err
 	}

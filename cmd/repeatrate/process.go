@@ -109,7 +109,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	var rules alert.Rules
 	if cfg.AlertRules != "" {
 		var err error
-		if rules, err = loadRules(cfg.AlertRules); err != nil {
+		if rules, err = loadRules(cfg.AlertRules, cfg.Retention); err != nil {
 			return err
 		}
 	}
