@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -364,7 +366,7 @@ func saveProfile(base, path string) {
 		logf("profile: BENCH_PPROF_KIND %q is neither profile nor trace", kind)
 		return
 	}
-	resp, err := http.Get(base + "/debug/pprof/" + kind + "?seconds=" + getenv("BENCH_PPROF_SECONDS", "10"))
+	resp, err := adminGet(base + "/debug/pprof/" + kind + "?seconds=" + getenv("BENCH_PPROF_SECONDS", "10"))
 	if err != nil {
 		logf("profile: %v", err)
 		return
@@ -395,10 +397,27 @@ func saveProfile(base, path string) {
 	}
 }
 
-// processorEnv configures a processor with topics, group and key prefix of its own.
+// benchAdminToken is the admin token of the processors the harness profiles: /debug/pprof needs
+// one, and /metrics then needs it too.
+const benchAdminToken = "bench-admin-token-not-a-secret-0123456789"
+
+// adminGet is GET url with the admin token (which a processor not profiled does not ask for).
+func adminGet(url string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+benchAdminToken)
+	return http.DefaultClient.Do(req)
+}
+
+// processorEnv configures a processor with topics, group and key prefix of its own; with
+// BENCH_PPROF, its profiler on behind the admin token.
 func (e *env) processorEnv(name, inputTopic, redisAddr string) []string {
 	if os.Getenv("BENCH_PPROF") != "" {
-		return append(e.processorEnvBase(name, inputTopic, redisAddr), "REPEATRATE_PPROF=true")
+		sum := sha256.Sum256([]byte(benchAdminToken))
+		return append(e.processorEnvBase(name, inputTopic, redisAddr), "REPEATRATE_PPROF=true",
+			"REPEATRATE_HTTP_ADMIN_TOKEN_SHA256="+hex.EncodeToString(sum[:]))
 	}
 	return e.processorEnvBase(name, inputTopic, redisAddr)
 }
@@ -421,7 +440,7 @@ func (e *env) processorEnvBase(name, inputTopic, redisAddr string) []string {
 }
 
 func scrape(url string) (map[string]float64, error) {
-	resp, err := http.Get(url)
+	resp, err := adminGet(url)
 	if err != nil {
 		return nil, err
 	}
