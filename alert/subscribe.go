@@ -304,6 +304,18 @@ func (s *Subscriber) read(ctx context.Context, topic string, p int, next *int64,
 // Decode reads a structured CloudEvent as published on the snapshot, suite or alerts topic. It
 // reports false for types the evaluator does not read (abnormal samples, its own alerts).
 func Decode(b []byte) (Update, bool, error) {
+	// Snapshots are most of what is read (one per aggregate and batch, and the snapshot topic whole
+	// at start): the envelope and the data in one pass, not the data decoded again.
+	var snap struct {
+		Type string            `json:"type"`
+		Data *schemas.Snapshot `json:"data"`
+	}
+	if err := json.Unmarshal(b, &snap); err == nil && snap.Type == schemas.TypeSnapshot {
+		if snap.Data == nil {
+			return Update{}, false, fmt.Errorf("%s without data", snap.Type)
+		}
+		return Update{Snapshot: snap.Data}, true, nil
+	}
 	var ev struct {
 		Type string          `json:"type"`
 		Data json.RawMessage `json:"data"`

@@ -59,6 +59,11 @@ func exampleRules(t *testing.T, forChange time.Duration) string {
 	return path
 }
 
+// liveAggregate is the live aggregate of l's attempts.
+func liveAggregate(l *testenv.LiveAttempts) schemas.Aggregate {
+	return schemas.Aggregate{Workspace: l.Workspace, Model: "bot", Run: "r1", Checkpoint: "c1", Artifact: "prod", CorrectionID: l.Correction, Source: "live"}
+}
+
 // alertLog follows the alerts topic.
 type alertLog struct {
 	mu  sync.Mutex
@@ -168,7 +173,7 @@ func TestAlertEndToEnd(t *testing.T) {
 	tiny.Add(5, 0, now.Add(-6*24*time.Hour), now.Add(-2*24*time.Hour))
 	tiny.Add(5, 3, now.Add(-30*time.Minute), now.Add(-time.Minute))
 	big.Add(6000, 120, now.Add(-6*24*time.Hour), now.Add(-2*24*time.Hour))
-	key := store.Key("correction-regressed", "a|"+big.Aggregate().ID())
+	key := store.Key("correction-regressed", "a|"+liveAggregate(big).ID())
 	state := func() alert.State {
 		recs, err := store.Load(ctx, []string{key})
 		if err != nil {

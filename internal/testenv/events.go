@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
-
-	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // LiveAttempts builds CloudEvent lines of one correction's live attempts, in the scope
-// Workspace/bot/r1/c1/prod, for tests that feed a processor.
+// Workspace/bot/r1/c1/prod (artifact prod), for tests that feed a processor.
 type LiveAttempts struct {
 	Workspace, Correction string
 	buf                   bytes.Buffer
@@ -42,9 +40,4 @@ func (l *LiveAttempts) Take() []byte {
 	b := bytes.Clone(l.buf.Bytes())
 	l.buf.Reset()
 	return b
-}
-
-// Aggregate is the attempts' live aggregate.
-func (l *LiveAttempts) Aggregate() schemas.Aggregate {
-	return schemas.Aggregate{Workspace: l.Workspace, Model: "bot", Run: "r1", Checkpoint: "c1", Artifact: "prod", CorrectionID: l.Correction, Source: "live"}
 }
