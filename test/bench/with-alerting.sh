@@ -8,7 +8,10 @@
 #   go build -o bin/repeatrate ./cmd/repeatrate
 #   BENCH_BASELINE=test/bench/with-alerting.sh BENCH_SHAPES=today make bench
 #
-# BENCH_ALERTING_BIN names the binary (default bin/repeatrate).
+# BENCH_ALERTING_BIN names the binary (default bin/repeatrate). BENCH_ALERTING=beside runs the
+# evaluator as `repeatrate alert` beside a plain processor instead, started 20 s before it, so that
+# its catch-up of the held snapshots is over and the run measures its steady cost (it ends itself
+# after BENCH_ALERTING_SECONDS, default 300).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${BENCH_ALERTING_BIN:-$root/bin/repeatrate}
@@ -32,4 +35,10 @@ for i in range(n):
                       "type": "repeatrate.snapshot.v1", "data": snap}, separators=(",", ":")))
 PY
 "$bin" produce --brokers "$REPEATRATE_KAFKA_BROKERS" --topic "$REPEATRATE_KAFKA_SNAPSHOT_TOPIC" --in "$file" >/dev/null
-exec "$bin" "$@" --alert-rules "$root/deploy/alert-rules.example.yaml"
+rules="$root/deploy/alert-rules.example.yaml"
+if [ "${BENCH_ALERTING:-inside}" = beside ]; then
+  timeout "${BENCH_ALERTING_SECONDS:-300}" "$bin" alert --http-addr= --alert-rules "$rules" >/dev/null 2>&1 &
+  sleep 20
+  exec "$bin" "$@"
+fi
+exec "$bin" "$@" --alert-rules "$rules"
