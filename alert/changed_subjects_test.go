@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 const changedRules = "rules:\n" +
@@ -25,14 +23,9 @@ const changedRules = "rules:\n" +
 // go stale, not_measured_for fires on subjects never changed since once per evaluation interval,
 // and the changes an evaluation that failed half-way had taken are evaluated at the next one.
 func TestEvaluationFollowsChangedSubjects(t *testing.T) {
-	rdb := testenv.Redis(t)
+	store, am, clk := newAlertTest(t)
 	fail := &failLoads{}
-	rdb.AddHook(fail)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	store.rdb.AddHook(fail)
 	e := newTestEvaluator(t, store, changedRules, []Sink{am}, clk)
 	put := func(corr string, v int64, confirmed int64, at time.Time) {
 		s := snap("live", v, [2]int64{confirmed, 100}, [2]int64{confirmed, 100}, at)
@@ -97,12 +90,7 @@ func (f *failLoads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // A rule whose source changes from badge to live (same name) resolves its badge alert: the record
 // is of a subject the rule no longer selects, which no evaluation of changed subjects reaches.
 func TestRuleSourceChangeResolvesTheOtherSubjectKind(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	store, am, clk := newAlertTest(t)
 	first := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, source: badge, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
 	first.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
 	evaluateAndDeliver(t, first, clk, am, t0)
@@ -126,12 +114,7 @@ func TestRuleSourceChangeResolvesTheOtherSubjectKind(t *testing.T) {
 // clock's evaluations drift: one run half a second late does not push the next scan a whole
 // interval away.
 func TestSilenceScanKeepsItsIntervalWhenATickIsLate(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	store, am, clk := newAlertTest(t)
 	e := newTestEvaluator(t, store, "rules:\n- {name: silent, kind: not_measured_for, duration: 2h}\n", []Sink{am}, clk)
 	// Scored last two hours before t0 + 10 s.
 	e.Apply(Update{Snapshot: snap("live", 1, [2]int64{1, 100}, [2]int64{1, 100}, t0.Add(-2*time.Hour+10*time.Second))})
@@ -145,12 +128,7 @@ func TestSilenceScanKeepsItsIntervalWhenATickIsLate(t *testing.T) {
 // A clock set back looks at every subject: a window the later time found left holds data at the
 // earlier one, and a condition false then may be true now.
 func TestClockSetBackEvaluatesEverySubject(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	store, am, clk := newAlertTest(t)
 	e := newTestEvaluator(t, store, "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20}\n", []Sink{am}, clk)
 	e.Apply(Update{Snapshot: snap("live", 1, [2]int64{30, 100}, [2]int64{30, 100}, t0)})
 	evaluateAndDeliver(t, e, clk, am, t0.Add(25*time.Hour)) // a clock a day ahead: the window has left

@@ -54,7 +54,12 @@ func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
 	var out []Condition
 	switch r.Kind {
 	case KindThreshold, KindChange:
-		for _, c := range rateSubjects(r, t) {
+		ids, _ := t.aggregates()
+		every := make(map[string]struct{}, len(ids))
+		for _, id := range ids {
+			every[id] = struct{}{}
+		}
+		for _, c := range changedSubjects(r, t, every, nil) {
 			out = append(out, rateCondition(r, c.subject, c.snap, now))
 		}
 	case KindNotMeasuredFor:
@@ -113,36 +118,14 @@ func Evaluate(r *Rule, t *Table, now time.Time) []Condition {
 	return out
 }
 
-// rateSubjects lists the subjects of a threshold or change rule that its matchers select, each
-// with the snapshot it reads.
-func rateSubjects(r *Rule, t *Table) []badgeSubject {
-	var out []badgeSubject
-	if r.Source == SourceBadge {
-		for _, c := range badgeSubjects(t) {
-			if matchAll(r.Matchers, c.subject.Fields) {
-				out = append(out, c)
-			}
-		}
-		return out
-	}
-	for _, id := range sortedKeys(t.rates) {
-		e := t.rates[id]
-		s := aggregateSubject(&e.snap.Aggregate)
-		if e.snap.Aggregate.Source == r.Source && matchAll(r.Matchers, s.Fields) {
-			out = append(out, badgeSubject{subject: s, snap: &e.snap})
-		}
-	}
-	return out
-}
-
 // changedSubjects lists the subjects of threshold or change rule r that its matchers select among
 // those of the aggregates in dirty and those with a record (recorded: subject key → record key),
 // each once, in key order, with the snapshot each reads. A record of a subject of another kind
 // (the rule's source changed to or from badge) is not among them: it steps as no longer selected.
-func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[string]string) []badgeSubject {
+func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[string]string) []subjectSnapshot {
 	seen := map[string]bool{}
-	var out []badgeSubject
-	add := func(c badgeSubject) {
+	var out []subjectSnapshot
+	add := func(c subjectSnapshot) {
 		if !seen[c.subject.Key] && matchAll(r.Matchers, c.subject.Fields) {
 			seen[c.subject.Key] = true
 			out = append(out, c)
@@ -154,7 +137,7 @@ func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[
 				add(c)
 			}
 		} else if e.snap.Aggregate.Source == r.Source {
-			add(badgeSubject{subject: e.subject, snap: &e.snap})
+			add(subjectSnapshot{subject: e.subject, snap: &e.snap})
 		}
 	}
 	for id := range dirty {
@@ -173,7 +156,7 @@ func changedSubjects(r *Rule, t *Table, dirty map[string]struct{}, recorded map[
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b badgeSubject) int { return strings.Compare(a.subject.Key, b.subject.Key) })
+	slices.SortFunc(out, func(a, b subjectSnapshot) int { return strings.Compare(a.subject.Key, b.subject.Key) })
 	return out
 }
 
@@ -299,19 +282,24 @@ func windowAt(s *schemas.Snapshot, name string, now time.Time) schemas.Window {
 // windowLeft reports whether the rolling window name observed at obs holds nothing any more at
 // now: the bucket of now is a whole window length after the bucket of obs. all is never left.
 func windowLeft(name string, obs, now time.Time) bool {
-	var bucket time.Duration
-	var n int64
-	switch name {
-	case Window1h:
-		bucket, n = time.Minute, 60
-	case Window24h:
-		bucket, n = time.Hour, 24
-	case Window7d:
-		bucket, n = time.Hour, 168
-	default:
+	bucket, n, ok := windowSpan(name)
+	if !ok {
 		return false
 	}
 	return floorDiv(now.UnixMicro(), bucket.Microseconds())-floorDiv(obs.UnixMicro(), bucket.Microseconds()) >= n
+}
+
+// windowSpan is a rolling window's bucket and number of buckets; ok is false for all.
+func windowSpan(name string) (bucket time.Duration, n int64, ok bool) {
+	switch name {
+	case Window1h:
+		return time.Minute, 60, true
+	case Window24h:
+		return time.Hour, 24, true
+	case Window7d:
+		return time.Hour, 168, true
+	}
+	return 0, 0, false
 }
 
 // floorDiv is a / b rounded toward negative infinity (b > 0).
@@ -378,44 +366,10 @@ func aggregateSubject(a *schemas.Aggregate) Subject {
 		"checkpoint": a.Checkpoint, "artifact": a.Artifact, "correction_id": a.CorrectionID, "source": a.Source}}
 }
 
-type badgeSubject struct {
+// subjectSnapshot is a rate rule's subject with the snapshot it reads.
+type subjectSnapshot struct {
 	subject Subject
 	snap    *schemas.Snapshot
-}
-
-// badgeSubjects pairs each scope and correction with the snapshot its badge shows: live when live
-// is measured over all time, else evaluation (docs/semantics.md#badge).
-func badgeSubjects(t *Table) []badgeSubject {
-	var out []badgeSubject
-	seen := map[string]int{}
-	for _, id := range sortedKeys(t.rates) {
-		snap := &t.rates[id].snap
-		a := snap.Aggregate
-		key := badgeKey(&a)
-		i, ok := seen[key]
-		if !ok {
-			s := aggregateSubject(&a)
-			s.Key = key
-			delete(s.Fields, "source")
-			seen[key] = len(out)
-			out = append(out, badgeSubject{subject: s, snap: snap})
-			continue
-		}
-		if a.Source == SourceLive && snap.Windows.All.Scored > 0 {
-			out[i].snap = snap
-		}
-	}
-	// An evaluation snapshot seen first keeps its place only while live is not measured.
-	for i := range out {
-		if out[i].snap.Aggregate.Source == SourceLive && out[i].snap.Windows.All.Scored == 0 {
-			a := out[i].snap.Aggregate
-			a.Source = SourceEvaluation
-			if e, ok := t.rates[a.ID()]; ok {
-				out[i].snap = &e.snap
-			}
-		}
-	}
-	return out
 }
 
 func timePtr(t time.Time) *time.Time { return &t }

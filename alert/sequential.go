@@ -55,7 +55,7 @@ type cachedDetector struct {
 // on the same state; others are decided on the detector as last known, without a round trip.
 // subs are the subjects to evaluate (changedSubjects); recorded maps subject keys with a record to
 // their record keys.
-func (e *Evaluator) sequential(ctx context.Context, r *Rule, subs []badgeSubject, recorded map[string]string, now time.Time) ([]Condition, error) {
+func (e *Evaluator) sequential(ctx context.Context, r *Rule, subs []subjectSnapshot, recorded map[string]string, now time.Time) ([]Condition, error) {
 	p := newDetectorParams(r)
 	ttl := windowLength(r.Baseline) + 24*time.Hour
 	type item struct {
@@ -125,13 +125,8 @@ func (e *Evaluator) sequential(ctx context.Context, r *Rule, subs []badgeSubject
 
 // windowLength is how far back a window reaches (all: the default identity retention).
 func windowLength(name string) time.Duration {
-	switch name {
-	case Window1h:
-		return time.Hour
-	case Window24h:
-		return 24 * time.Hour
-	case Window7d:
-		return 7 * 24 * time.Hour
+	if bucket, n, ok := windowSpan(name); ok {
+		return bucket * time.Duration(n)
 	}
 	return 30 * 24 * time.Hour
 }

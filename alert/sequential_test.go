@@ -5,8 +5,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 const sequentialRules = "rules:\n- {name: back, kind: change, method: sequential, min_scored: 20}\n"
@@ -17,13 +15,8 @@ const sequentialRules = "rules:\n- {name: back, kind: change, method: sequential
 // alarm makes one firing; and the alert resolves once the snapshot the detector consumed has
 // left the recent window (an aggregate gone quiet).
 func TestSequentialDetectorIsSharedByEvaluators(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Name(t, "alert")
-	testenv.CleanPrefix(t, rdb, prefix)
+	store, am, clk := newAlertTest(t)
 	ctx := context.Background()
-	am := &recordingSink{name: "am"}
-	clk := &clock{t: t0}
-	store, _ := NewRedis(rdb, prefix, []string{"am"})
 	a := newTestEvaluator(t, store, sequentialRules, []Sink{am}, clk)
 	b := newTestEvaluator(t, store, sequentialRules, []Sink{am}, clk)
 	// Six days at 2 % before the hour; then each minute 10 scored outcomes, 5 of them repeats.

@@ -68,6 +68,17 @@ func newTestEvaluator(t testing.TB, store *Redis, rules string, sinks []Sink, cl
 	return e
 }
 
+// newAlertTest returns a store under a prefix of the test's own on the test Redis, a recording
+// Alertmanager sink "am" and a clock at t0.
+func newAlertTest(t *testing.T) (*Redis, *recordingSink, *clock) {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Name(t, "alert")
+	testenv.CleanPrefix(t, rdb, prefix)
+	store, _ := NewRedis(rdb, prefix, []string{"am"})
+	return store, &recordingSink{name: "am"}, &clock{t: t0}
+}
+
 const raceRules = "rules:\n- {name: high, kind: threshold, window: 24h, value: 0.1, min_scored: 20, for: 5m}\n"
 
 // TestTwoEvaluatorsRace runs two evaluators on the same snapshots and Redis, evaluating and

@@ -218,7 +218,7 @@ func (t *Table) Gone(key string, fields map[string]string) (gone, held bool) {
 
 // badgeOf is the badge subject of a's scope and correction with the snapshot it reads: live when
 // live is measured over all time (or is all there is), else evaluation, as badgeSubjects chooses.
-func (t *Table) badgeOf(a schemas.Aggregate) (badgeSubject, bool) {
+func (t *Table) badgeOf(a schemas.Aggregate) (subjectSnapshot, bool) {
 	live, eval := a, a
 	live.Source, eval.Source = SourceLive, SourceEvaluation
 	le, lok := t.rates[live.ID()]
@@ -230,12 +230,12 @@ func (t *Table) badgeOf(a schemas.Aggregate) (badgeSubject, bool) {
 	case eok:
 		e = ee
 	default:
-		return badgeSubject{}, false
+		return subjectSnapshot{}, false
 	}
 	s := aggregateSubject(&e.snap.Aggregate)
 	s.Key = badgeKey(&a)
 	delete(s.Fields, "source")
-	return badgeSubject{subject: s, snap: &e.snap}, true
+	return subjectSnapshot{subject: s, snap: &e.snap}, true
 }
 
 // badgeKey is the subject key of a's scope and correction.
