@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_errors_total",
 			Help: "Alerting failures, by stage (state, deliver, refused, subscribe: a Kafka read of the snapshot topics, retried)."}, []string{"stage"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_alert_conflicts_total",
-			Help: "Compare-and-set conflicts: another evaluator changed a record first."}),
+			Help: "Compare-and-set conflicts: another evaluator changed a record or stepped a sequential detector first."}),
 		firing: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "repeatrate_alerts_firing",
 			Help: "Alerts this evaluator saw firing at its last evaluation, by rule."}, []string{"rule"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_alert_refused_total",
