@@ -188,7 +188,7 @@ func TestLoadgenKafka(t *testing.T) {
 	gotPoison, gotEval, misplaced := 0, 0, 0
 	for topic, parts := range ends {
 		for part, end := range parts {
-			if _, err := readPartition(ctx, kc, topic, part, end, 1000, func(b []kafka.Message) error {
+			if _, err := kc.partitionReader().Read(ctx, topic, part, end, 1000, func(b []kafka.Message) error {
 				for _, m := range b {
 					got[topic]++
 					ev, err := dec.DecodeStructured(m.Value, time.Now())

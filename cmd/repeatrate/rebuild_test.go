@@ -23,6 +23,7 @@ import (
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/rebuild"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/sink"
 )
@@ -116,7 +117,7 @@ func TestRebuildReadsPublishedVersionsThroughAStall(t *testing.T) {
 		msgs = msgs[n:]
 	}
 
-	got, err := publishedVersions(ctx, kc, topic)
+	got, err := rebuild.PublishedVersions(ctx, rebuildKafka{kc}, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,13 +134,13 @@ func TestRebuildReadsPublishedVersionsThroughAStall(t *testing.T) {
 	}
 
 	// A topic that does not exist has published nothing.
-	none, err := publishedVersions(ctx, kc, topic+"-missing")
+	none, err := rebuild.PublishedVersions(ctx, rebuildKafka{kc}, topic+"-missing")
 	if err != nil || len(none) != 0 {
 		t.Fatalf("missing topic: %v %v, want no versions", none, err)
 	}
 }
 
-// readPartition feeds exactly the messages below the end it is given, in order: none written
+// PartitionReader.Read feeds exactly the messages below the end it is given, in order: none written
 // after the end was noted, and an empty partition returns at once.
 func TestRebuildReadPartitionStopsAtEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -177,7 +178,7 @@ func TestRebuildReadPartitionStopsAtEnd(t *testing.T) {
 
 	var got []string
 	var sizes []int
-	n, err := readPartition(ctx, kc, topic, 0, ends[topic][0], 3, func(b []kafka.Message) error {
+	n, err := kc.partitionReader().Read(ctx, topic, 0, ends[topic][0], 3, func(b []kafka.Message) error {
 		sizes = append(sizes, len(b))
 		for i, m := range b {
 			if m.Topic != topic || m.Partition != 0 || m.Offset != int64(len(got)) {
@@ -193,14 +194,14 @@ func TestRebuildReadPartitionStopsAtEnd(t *testing.T) {
 	if n != 7 || fmt.Sprint(got) != "[0 1 2 3 4 5 6]" || slices.Max(sizes) > 3 {
 		t.Fatalf("read %d messages %v in batches %v, want the 7 before the end in batches of at most 3", n, got, sizes)
 	}
-	if n, err := readPartition(ctx, kc, topic, 1, ends[topic][1], 3, func([]kafka.Message) error {
+	if n, err := kc.partitionReader().Read(ctx, topic, 1, ends[topic][1], 3, func([]kafka.Message) error {
 		return errors.New("a message from an empty partition")
 	}); n != 0 || err != nil {
 		t.Fatalf("empty partition: %d %v", n, err)
 	}
 	// fn's error ends the reading.
 	stop := errors.New("stop")
-	if _, err := readPartition(ctx, kc, topic, 0, 10, 100, func([]kafka.Message) error { return stop }); !errors.Is(err, stop) {
+	if _, err := kc.partitionReader().Read(ctx, topic, 0, 10, 100, func([]kafka.Message) error { return stop }); !errors.Is(err, stop) {
 		t.Fatalf("fn error: %v, want it returned", err)
 	}
 }
@@ -237,7 +238,7 @@ func (f *rebuildFixture) readAll(ctx context.Context, t *testing.T, topic string
 	}
 	var out []kafka.Message
 	for p, end := range ends[topic] {
-		if _, err := readPartition(ctx, f.kc, topic, p, end, 1000, func(b []kafka.Message) error {
+		if _, err := f.kc.partitionReader().Read(ctx, topic, p, end, 1000, func(b []kafka.Message) error {
 			out = append(out, b...)
 			return nil
 		}); err != nil {
@@ -304,7 +305,7 @@ func TestRebuildPublishesRevivedCasesAndRetiresTheOldNamespace(t *testing.T) {
 	sw.Close()
 
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	if err := rebuild(ctx, cfg, log); err != nil {
+	if err := runRebuild(ctx, cfg, log); err != nil {
 		t.Fatalf("rebuild: %v", err)
 	}
 
@@ -377,7 +378,7 @@ func TestRebuildPublishesRevivedCasesAndRetiresTheOldNamespace(t *testing.T) {
 	}
 
 	// A second rebuild of the same input: same revived event, same id.
-	if err := rebuild(ctx, cfg, log); err != nil {
+	if err := runRebuild(ctx, cfg, log); err != nil {
 		t.Fatalf("second rebuild: %v", err)
 	}
 	if ids := revivedIDs(); len(ids) != 2 || ids[0] != ids[1] {
@@ -435,7 +436,7 @@ func TestRebuildJudgesFutureEventsByMessageTimeUpToItsStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	if err := rebuild(ctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))); err != nil {
+	if err := runRebuild(ctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))); err != nil {
 		t.Fatalf("rebuild: %v", err)
 	}
 
@@ -494,7 +495,7 @@ func TestRebuildWaitsForAReplicaThatLags(t *testing.T) {
 	defer resumed.Stop()
 	core, logs := observer.New(zap.WarnLevel)
 	begin := time.Now()
-	if err := rebuild(ctx, cfg, zap.New(core)); err != nil {
+	if err := runRebuild(ctx, cfg, zap.New(core)); err != nil {
 		t.Fatalf("rebuild: %v", err)
 	}
 	if took := time.Since(begin); took < 3*time.Second {
