@@ -14,6 +14,7 @@ import (
 
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/replay"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
@@ -50,14 +51,14 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 
 	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	suiteCfg, _ := defaultConfig().Suite.aggregator()
-	want, err := replay(ctx, bytes.NewReader(input), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
+	want, err := replay.Run(ctx, bytes.NewReader(input), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantSnaps := map[string]string{}
 	wantAlerts := map[string]bool{}
 	wantAbnormalIDs := map[string]bool{}
-	for _, o := range want.outs {
+	for _, o := range want.Outs {
 		b, err := json.Marshal(o.Data)
 		if err != nil {
 			t.Fatal(err)
@@ -80,9 +81,9 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 			wantAbnormalIDs[e.ID] = true
 		}
 	}
-	if len(want.suites.Revived) == 0 || len(want.suites.Abnormal) == 0 || len(want.suites.Stability) != 8 {
+	if len(want.Suites.Revived) == 0 || len(want.Suites.Abnormal) == 0 || len(want.Suites.Stability) != 8 {
 		t.Fatalf("the input does not exercise revived cases and abnormal samples: %d, %d, %d versions",
-			len(want.suites.Revived), len(want.suites.Abnormal), len(want.suites.Stability))
+			len(want.Suites.Revived), len(want.Suites.Abnormal), len(want.Suites.Stability))
 	}
 
 	p := startPipeline(ctx, t, input, len(lines))
@@ -188,8 +189,8 @@ func TestEndToEndSuitesMatchReplay(t *testing.T) {
 			}
 		}
 	}
-	if revived != len(want.suites.Revived) {
-		t.Errorf("%d revived cases announced, replay has %d", revived, len(want.suites.Revived))
+	if revived != len(want.Suites.Revived) {
+		t.Errorf("%d revived cases announced, replay has %d", revived, len(want.Suites.Revived))
 	}
-	t.Logf("%d results, %d suite snapshot keys, %d revived, %d abnormal samples", len(lines), len(wantSnaps), revived, len(want.suites.Abnormal))
+	t.Logf("%d results, %d suite snapshot keys, %d revived, %d abnormal samples", len(lines), len(wantSnaps), revived, len(want.Suites.Abnormal))
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
+	"github.com/repeatrate/repeatrate/replay"
 	"github.com/repeatrate/repeatrate/schemas"
 	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 )
@@ -106,15 +107,15 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 	// What replay says.
 	dec, _ := cloudevent.NewDecoder(cloudevent.DefaultDecoderConfig)
 	suiteCfg, _ := defaultConfig().Suite.aggregator()
-	want, err := replay(ctx, bytes.NewReader(input.Bytes()), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
+	want, err := replay.Run(ctx, bytes.NewReader(input.Bytes()), dec, 30*24*time.Hour, suiteCfg, time.Time{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(want.deadLetters) != poison {
-		t.Fatalf("replay dead-lettered %d lines, the generator made %d poison", len(want.deadLetters), poison)
+	if len(want.DeadLetters) != poison {
+		t.Fatalf("replay dead-lettered %d lines, the generator made %d poison", len(want.DeadLetters), poison)
 	}
 	wantJSON := map[string]string{}
-	for _, s := range want.snapshots {
+	for _, s := range want.Snapshots {
 		wantJSON[s.Aggregate.ID()] = snapshotJSON(s)
 	}
 
@@ -182,7 +183,7 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 			}
 		}
 	}
-	for _, d := range want.deadLetters {
+	for _, d := range want.DeadLetters {
 		reasons[d.Reason]--
 	}
 	for r, n := range reasons {

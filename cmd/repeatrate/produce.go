@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/repeatrate/repeatrate/consumer"
+	"github.com/repeatrate/repeatrate/replay"
 	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
@@ -68,7 +69,7 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 	if err != nil {
 		return 0, err
 	}
-	lr := newLineReader(r, 64<<20)
+	lr := replay.NewLineReader(r, 64<<20)
 	batch := make([]kafka.Message, 0, 1000)
 	total := 0
 	flush := func() error {
@@ -84,7 +85,7 @@ func produce(ctx context.Context, r io.Reader, w consumer.MessageWriter) (int, e
 	}
 	now := time.Now()
 	for {
-		line, _, err := lr.next()
+		line, _, err := lr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}

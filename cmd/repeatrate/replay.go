@@ -2,33 +2,19 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/repeatrate/repeatrate/aggregator"
-	"github.com/repeatrate/repeatrate/aggregator/suite"
-	"github.com/repeatrate/repeatrate/schemas"
+	"github.com/repeatrate/repeatrate/replay"
 	"github.com/repeatrate/repeatrate/schemas/cloudevent"
 	"github.com/repeatrate/repeatrate/sink"
 )
-
-// replayDeadLetter is one line of replay's dead-letter output.
-type replayDeadLetter struct {
-	Line        int    `json:"line"`
-	Reason      string `json:"reason"`
-	Detail      string `json:"detail"`
-	Value       string `json:"value,omitempty"`
-	ValueBase64 []byte `json:"value_base64,omitempty"`
-}
 
 func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := newFlagSet("replay", stderr)
@@ -94,14 +80,14 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 	}
 	// Progress on a terminal; done before anything else is written there.
 	prog := newProgress(stderr, "replay", inputSize(r))
-	res, err := replay(ctx, prog.reader(r), dec, ret, suiteCfg, at, time.Now())
+	res, err := replay.Run(ctx, prog.reader(r), dec, ret, suiteCfg, at, time.Now())
 	prog.finish()
 	if err != nil {
 		return err
 	}
 	bw := bufio.NewWriter(snapOut)
-	for i := range res.outs {
-		b, err := sink.Encode(&res.outs[i])
+	for i := range res.Outs {
+		b, err := sink.Encode(&res.Outs[i])
 		if err != nil {
 			return err
 		}
@@ -112,7 +98,7 @@ func replayCommand(ctx context.Context, args []string, stdin io.Reader, stdout, 
 		return fmt.Errorf("replay: write snapshots: %w", err)
 	}
 	enc := json.NewEncoder(dlqOut)
-	for _, d := range res.deadLetters {
+	for _, d := range res.DeadLetters {
 		if err := enc.Encode(d); err != nil {
 			return fmt.Errorf("replay: write dead letters: %w", err)
 		}
@@ -129,140 +115,4 @@ func createOr(path string, def io.Writer) (io.Writer, func(), error) {
 		return nil, nil, fmt.Errorf("replay: %w", err)
 	}
 	return f, func() { f.Close() }, nil
-}
-
-type replayResult struct {
-	snapshots   []schemas.Snapshot // sorted by aggregate ID
-	suites      suite.Output
-	outs        []Out // every output event in print order
-	deadLetters []replayDeadLetter
-	events      int
-}
-
-// Out is an output event as replay prints it.
-type Out = sink.Out
-
-// replay runs the aggregation offline with the pure models, one event at a time in file order.
-// Snapshots are observed at asOf, or at the largest occurred_at when asOf is zero; received is
-// the time future-dated events are judged against. Versions count the changes of each aggregate.
-// Suite outputs are computed once, over the final runs: a discrimination snapshot per suite, a
-// stability snapshot per version, a revived event per revived case, and an abnormal-sample event
-// per abnormal reply of any result, as the processor raises them. Suites are never dropped for idleness, unlike in the processor's
-// Redis store (see suite.Model).
-func replay(ctx context.Context, r io.Reader, dec *cloudevent.Decoder, retention time.Duration, suiteCfg suite.Config, asOf, received time.Time) (replayResult, error) {
-	var res replayResult
-	model := aggregator.NewModel(retention)
-	suites := suite.NewModel()
-	var runs []suite.RunObservation
-	var maxOcc time.Time
-	lr := newLineReader(r, dec.MaxMessageBytes())
-	for n := 1; ; n++ {
-		if n%4096 == 0 && ctx.Err() != nil {
-			return res, ctx.Err()
-		}
-		line, tooLong, err := lr.next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return res, fmt.Errorf("replay: read line %d: %w", n, err)
-		}
-		if len(bytes.TrimSpace(line)) == 0 && !tooLong {
-			continue
-		}
-		var ev cloudevent.Event
-		if tooLong {
-			err = schemas.Invalid(schemas.ReasonTooLarge, "line is over %d bytes (value truncated)", dec.MaxMessageBytes())
-		} else {
-			ev, err = dec.DecodeStructured(line, received)
-		}
-		if err != nil {
-			d := replayDeadLetter{Line: n, Reason: string(schemas.ReasonOf(err)), Detail: err.Error()}
-			if utf8.Valid(line) {
-				d.Value = string(line)
-			} else {
-				d.ValueBase64 = slices.Clone(line)
-			}
-			res.deadLetters = append(res.deadLetters, d)
-			continue
-		}
-		res.events++
-		o, ok := ev.Observation()
-		if ev.Eval != nil {
-			run := suite.FromEvalRun(ev.Eval, suiteCfg.ReplyMode)
-			suites.Apply([]suite.RunObservation{run})
-			runs = append(runs, run)
-			if t := ev.Eval.OccurredAt; t.After(maxOcc) {
-				maxOcc = t
-			}
-		}
-		if !ok {
-			continue
-		}
-		if t := time.UnixMicro(o.Occurred); t.After(maxOcc) {
-			maxOcc = t
-		}
-		model.ApplyBatch([]aggregator.Observation{o})
-	}
-	at := asOf
-	if at.IsZero() {
-		at = maxOcc
-	}
-	keys := model.Keys()
-	ids := make(map[aggregator.Key]string, len(keys))
-	for _, k := range keys {
-		ids[k] = k.String()
-	}
-	slices.SortFunc(keys, func(a, b aggregator.Key) int { return strings.Compare(ids[a], ids[b]) })
-	for _, k := range keys {
-		res.snapshots = append(res.snapshots, model.Tally(k, at).Snapshot(k, at))
-		res.outs = append(res.outs, sink.SnapshotOut(&res.snapshots[len(res.snapshots)-1]))
-	}
-	applied := suite.Applied{Suites: suites.Suites(), Summaries: map[suite.Key]*suite.Summary{}}
-	for _, k := range applied.Suites {
-		s := suites.Summary(k, slices.Sorted(slices.Values(suites.Versions(k))), nil, suiteCfg, at)
-		applied.Summaries[k] = &s
-	}
-	// Every result, as the processor's batches see them: each abnormal reply raises its alert
-	// (docs/semantics.md#alerts), whichever assessment of its run won.
-	res.suites = suite.BuildOutput(applied, runs, suiteCfg, at)
-	snaps, alerts := sink.SuiteOuts(res.suites, at)
-	res.outs = append(res.outs, snaps...)
-	res.outs = append(res.outs, alerts...)
-	return res, nil
-}
-
-// lineReader reads lines of at most max bytes; a longer line is reported once, truncated.
-type lineReader struct {
-	r   *bufio.Reader
-	max int
-	buf []byte
-}
-
-func newLineReader(r io.Reader, max int) *lineReader {
-	return &lineReader{r: bufio.NewReaderSize(r, 64<<10), max: max}
-}
-
-func (l *lineReader) next() (line []byte, tooLong bool, err error) {
-	l.buf = l.buf[:0]
-	for {
-		chunk, err := l.r.ReadSlice('\n')
-		if len(l.buf)+len(chunk) > l.max+1 {
-			tooLong = true
-			if keep := l.max + 1 - len(l.buf); keep > 0 {
-				l.buf = append(l.buf, chunk[:keep]...)
-			}
-		} else {
-			l.buf = append(l.buf, chunk...)
-		}
-		switch {
-		case err == bufio.ErrBufferFull:
-			continue
-		case err == io.EOF && (len(l.buf) > 0 || tooLong):
-			return bytes.TrimRight(l.buf, "\r\n"), tooLong, nil
-		case err != nil:
-			return nil, false, err
-		}
-		return bytes.TrimRight(l.buf, "\r\n"), tooLong, nil
-	}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/repeatrate/repeatrate/replay"
 )
 
 func liveLine(id, opp, outcome, occurred, assessed string) string {
@@ -69,7 +71,7 @@ func TestReplayCommand(t *testing.T) {
 	dlq, _ := os.ReadFile(dlqFile)
 	var reasons []string
 	for _, l := range strings.Split(strings.TrimSpace(string(dlq)), "\n") {
-		var d replayDeadLetter
+		var d replay.DeadLetter
 		if err := json.Unmarshal([]byte(l), &d); err != nil {
 			t.Fatal(err)
 		}
