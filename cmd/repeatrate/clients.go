@@ -75,6 +75,8 @@ type kafkaClients struct {
 	limits map[string]int
 	// mechanism is the SASL mechanism configured ("" for none), for error messages.
 	mechanism string
+	// compression is the codec of the writers' record batches.
+	compression kafka.Compression
 }
 
 func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
@@ -86,11 +88,16 @@ func newKafkaClients(c KafkaConfig) (*kafkaClients, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
+	codec, err := compressionCodec(c.Compression)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
 	return &kafkaClients{
-		brokers:   c.Brokers,
-		dialer:    &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: t, SASLMechanism: mech},
-		transport: &kafka.Transport{TLS: t, SASL: mech, DialTimeout: 10 * time.Second},
-		mechanism: c.SASL.Mechanism,
+		compression: codec,
+		brokers:     c.Brokers,
+		dialer:      &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: t, SASLMechanism: mech},
+		transport:   &kafka.Transport{TLS: t, SASL: mech, DialTimeout: 10 * time.Second},
+		mechanism:   c.SASL.Mechanism,
 	}, nil
 }
 
@@ -113,7 +120,25 @@ func (k *kafkaClients) writer(topic string) *kafka.Writer {
 		BatchTimeout: 2 * time.Millisecond,
 		WriteTimeout: 30 * time.Second,
 		Transport:    k.transport,
+		Compression:  k.compression,
 	}
+}
+
+// compressionCodec is the codec named by kafka.compression ("" and "none": no compression).
+func compressionCodec(name string) (kafka.Compression, error) {
+	switch name {
+	case "", "none":
+		return 0, nil
+	case "gzip":
+		return kafka.Gzip, nil
+	case "snappy":
+		return kafka.Snappy, nil
+	case "lz4":
+		return kafka.Lz4, nil
+	case "zstd":
+		return kafka.Zstd, nil
+	}
+	return 0, fmt.Errorf("unknown codec %q (none, gzip, snappy, lz4 or zstd)", name)
 }
 
 // maxBatchBytes caps a writer's batches even on a topic that accepts more: one produce request

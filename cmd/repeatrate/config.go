@@ -58,8 +58,11 @@ type KafkaConfig struct {
 	DLQTopic      string        `yaml:"dlq_topic"`
 	CreateTopics  bool          `yaml:"create_topics"`
 	Session       time.Duration `yaml:"session_timeout"`
-	TLS           TLSConfig     `yaml:"tls"`
-	SASL          SASLConfig    `yaml:"sasl"`
+	// Compression is the codec of every record batch this process writes: none, gzip, snappy,
+	// lz4 or zstd. Consumers decompress whatever they read, so it can differ per writer.
+	Compression string     `yaml:"compression"`
+	TLS         TLSConfig  `yaml:"tls"`
+	SASL        SASLConfig `yaml:"sasl"`
 }
 
 // SASLConfig selects Kafka SASL authentication: mechanism plain, scram-sha-256 or scram-sha-512.
@@ -182,7 +185,7 @@ func defaultConfig() Config {
 	return Config{
 		Kafka: KafkaConfig{
 			Brokers: []string{"127.0.0.1:9092"}, GroupID: "repeatrate",
-			InputTopics: []string{TopicLive, TopicEval}, Session: 10 * time.Second,
+			InputTopics: []string{TopicLive, TopicEval}, Session: 10 * time.Second, Compression: "none",
 			SnapshotTopic: TopicSnapshots, SuiteTopic: TopicSuites, AlertsTopic: TopicAlerts, DLQTopic: TopicDLQ,
 		},
 		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
@@ -246,6 +249,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Batch.MaxMessages <= 0 || c.Batch.MaxBytes <= 0 || c.Batch.Linger <= 0 || c.Batch.CommitDelay < 0 || c.Batch.MaxInFlight <= 0 {
 		bad("batch.max_messages, batch.max_bytes, batch.linger and batch.max_in_flight must be positive, batch.commit_delay not negative")
+	}
+	if _, err := compressionCodec(c.Kafka.Compression); err != nil {
+		bad("kafka.compression: %v", err)
 	}
 	if c.Kafka.Session < 6*time.Second {
 		bad("kafka.session_timeout %s is below the broker minimum of 6s", c.Kafka.Session)
@@ -350,6 +356,7 @@ func (c *Config) settings() []setting {
 		str("kafka-alerts-topic", "alerts topic (revived cases, abnormal samples)", &c.Kafka.AlertsTopic),
 		str("kafka-dlq-topic", "dead-letter topic", &c.Kafka.DLQTopic),
 		dur("kafka-session-timeout", "consumer group session timeout", &c.Kafka.Session),
+		str("kafka-compression", "codec of the record batches this process writes: none, gzip, snappy, lz4 or zstd", &c.Kafka.Compression),
 		boolean("kafka-create-topics", "create missing topics at start (snapshot topic compacted)", &c.Kafka.CreateTopics),
 		boolean("kafka-tls", "use TLS to Kafka", &c.Kafka.TLS.Enabled),
 		str("kafka-tls-ca-file", "PEM CA bundle for Kafka", &c.Kafka.TLS.CAFile),

@@ -53,6 +53,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad duration", []string{"--retention", "soon"}, "--retention"},
 		{"output as input", []string{"--kafka-input-topics", "repeatrate.snapshots"}, "also an output topic"},
 		{"bad sasl", []string{"--kafka-sasl-mechanism", "kerberos"}, "kafka.sasl.mechanism"},
+		{"unknown compression codec", []string{"--kafka-compression", "brotli"}, "kafka.compression"},
 		{"sasl without user", []string{"--kafka-sasl-mechanism", "scram-sha-512"}, "kafka.sasl.username"},
 		{"short retention", []string{"--retention", "10m"}, "retention"},
 		{"bad level", []string{"--log-level", "loud"}, "log_level"},

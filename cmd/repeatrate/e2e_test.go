@@ -241,7 +241,16 @@ func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipe
 	t.Helper()
 	cfg, kc := isolated(ctx, t, "e2e", 4)
 	cfg.Kafka.CreateTopics = true
-	w := kc.writer(cfg.Kafka.InputTopics[0])
+	// Compressed both ways, with two codecs (kafka.compression): the input written zstd, every
+	// output lz4. The processor and the tests' readers read whatever codec they find.
+	zstd := cfg.Kafka
+	zstd.Compression = "zstd"
+	in, err := newKafkaClients(zstd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Kafka.Compression = "lz4"
+	w := in.writer(cfg.Kafka.InputTopics[0])
 	produced, err := produce(ctx, bytes.NewReader(input), w)
 	w.Close()
 	if err != nil || produced != n {
