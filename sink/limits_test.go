@@ -277,3 +277,20 @@ func decodeData(t *testing.T, o sink.Out, v any) {
 		t.Fatal(err)
 	}
 }
+
+// A compressing writer's batches leave compression's room below the topic's limit, and the
+// smallest output topic it accepts still holds the largest output record.
+func TestCompressedBatchBytesHoldTheLargestRecord(t *testing.T) {
+	for _, limit := range []int{sink.MinCompressedTopicLimit, sink.DefaultTopicLimit, 16 << 20} {
+		n := sink.CompressedWriterBatchBytes(limit)
+		if room := sink.WriterBatchBytes(limit) - n; room < int64(sink.CompressionOverhead(int(n))) {
+			t.Errorf("limit %d: %d bytes left for compression, under its overhead bound", limit, room)
+		}
+		if n < sink.MaxRecordBytes {
+			t.Errorf("limit %d: compressed batches of %d bytes cannot hold a %d-byte record", limit, n, sink.MaxRecordBytes)
+		}
+	}
+	if n := sink.CompressedWriterBatchBytes(sink.MinCompressedTopicLimit - 1); n >= sink.MaxRecordBytes {
+		t.Errorf("MinCompressedTopicLimit is not the smallest: one byte less still holds %d", n)
+	}
+}

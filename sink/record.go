@@ -66,8 +66,33 @@ func VarintLen(n int) int {
 }
 
 // WriterBatchBytes is the kafka.Writer BatchBytes for a topic whose max.message.bytes is limit:
-// batches kafka-go fills up to it are never larger than the topic accepts.
+// batches kafka-go fills up to it are never larger than the topic accepts. A writer that
+// compresses its batches leaves room for compression's overhead too (CompressedWriterBatchBytes).
 func WriterBatchBytes(limit int) int64 { return int64(limit - BatchOverhead) }
+
+// CompressionOverhead bounds what compression adds to n bytes of records that do not compress
+// (random bytes, base64): every codec Kafka has frames its output in blocks of 32 KiB to 4 MiB
+// with a few bytes of header each, plus a header and checksum per batch — a few hundred bytes per
+// MiB, well under this bound. kafka-go counts BatchBytes before compression while the broker
+// checks the compressed batch, so without the room a full batch of such records is refused.
+func CompressionOverhead(n int) int { return 1024 + n/256 }
+
+// CompressedWriterBatchBytes is the BatchBytes of a writer to a topic whose max.message.bytes is
+// limit that compresses its batches: the compressed batch is never larger than the topic accepts.
+func CompressedWriterBatchBytes(limit int) int64 {
+	n := WriterBatchBytes(limit)
+	return n - int64(CompressionOverhead(int(n)))
+}
+
+// MinCompressedTopicLimit is MinTopicLimit for output topics whose writers compress: the
+// smallest max.message.bytes whose CompressedWriterBatchBytes holds a MaxRecordBytes record.
+var MinCompressedTopicLimit = func() int {
+	limit := MinTopicLimit
+	for CompressedWriterBatchBytes(limit) < MaxRecordBytes {
+		limit++
+	}
+	return limit
+}()
 
 // Record renders an output event as the Kafka message that carries it: keyed by subject, the
 // structured CloudEvent as value, stamped now.

@@ -146,11 +146,16 @@ func compressionCodec(name string) (kafka.Compression, error) {
 const maxBatchBytes = 16 << 20
 
 // batchBytes is the BatchBytes of a writer to topic: its max.message.bytes (as checkOutputLimits
-// read it, else Kafka's default) less the record batch overhead, at most maxBatchBytes.
+// read it, else Kafka's default) less the record batch overhead, and less compression's overhead
+// when the writers compress, at most maxBatchBytes. Every record limit of the process (the ingest's,
+// the dead letters' cut) is a writer's BatchBytes, so each accepted record fits a batch.
 func (k *kafkaClients) batchBytes(topic string) int64 {
 	limit, ok := k.limits[topic]
 	if !ok {
 		limit = sink.DefaultTopicLimit
+	}
+	if k.compression != 0 {
+		return min(sink.CompressedWriterBatchBytes(limit), maxBatchBytes)
 	}
 	return min(sink.WriterBatchBytes(limit), maxBatchBytes)
 }
@@ -194,6 +199,10 @@ func (k *kafkaClients) checkOutputLimits(ctx context.Context, topics []string, l
 			zap.Int("assumed", sink.DefaultTopicLimit))
 		limits = map[string]int{}
 	}
+	need, why := sink.MinTopicLimit, ""
+	if k.compression != 0 {
+		need, why = sink.MinCompressedTopicLimit, ", compressed"
+	}
 	var errs []error
 	for _, t := range topics {
 		n, ok := limits[t]
@@ -201,9 +210,9 @@ func (k *kafkaClients) checkOutputLimits(ctx context.Context, topics []string, l
 		case !ok:
 			log.Warn("the broker does not tell the topic's max.message.bytes; assuming Kafka's default", zap.String("topic", t),
 				zap.Int("assumed", sink.DefaultTopicLimit))
-		case n < sink.MinTopicLimit:
-			errs = append(errs, fmt.Errorf("topic %s accepts records of at most %d bytes (max.message.bytes); repeatrate's outputs need %d: raise it",
-				t, n, sink.MinTopicLimit))
+		case n < need:
+			errs = append(errs, fmt.Errorf("topic %s accepts records of at most %d bytes (max.message.bytes); repeatrate's outputs%s need %d: raise it",
+				t, n, why, need))
 		}
 	}
 	if len(errs) > 0 {

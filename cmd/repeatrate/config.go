@@ -591,14 +591,14 @@ func insecureWarnings(k KafkaConfig, r *RedisConfig) []string {
 }
 
 // kafkaConnectionFlags registers on fs the Kafka connection settings every subcommand that talks
-// to Kafka takes beside --brokers (TLS and SASL, the same names and REPEATRATE_* variables as
-// run's). The returned function, called after fs.Parse, applies the environment and then the
+// to Kafka takes beside --brokers (TLS, SASL and the writers' compression, the same names and
+// REPEATRATE_* variables as run's). The returned function, called after fs.Parse, applies the environment and then the
 // flags, and returns the Kafka configuration for brokers.
 func kafkaConnectionFlags(fs *flag.FlagSet, getenv func(string) string) func(brokers []string) (KafkaConfig, error) {
 	var cfg Config
 	var conn []setting
 	for _, s := range cfg.settings() {
-		if strings.HasPrefix(s.name, "kafka-tls") || strings.HasPrefix(s.name, "kafka-sasl") {
+		if strings.HasPrefix(s.name, "kafka-tls") || strings.HasPrefix(s.name, "kafka-sasl") || s.name == "kafka-compression" {
 			conn = append(conn, s)
 		}
 	}
@@ -632,6 +632,9 @@ func kafkaConnectionFlags(fs *flag.FlagSet, getenv func(string) string) func(bro
 			if err := s.set(v); err != nil {
 				return KafkaConfig{}, fmt.Errorf("--%s: %w", s.name, err)
 			}
+		}
+		if _, err := compressionCodec(cfg.Kafka.Compression); err != nil {
+			return KafkaConfig{}, fmt.Errorf("--kafka-compression: %w", err)
 		}
 		cfg.Kafka.Brokers = brokers
 		return cfg.Kafka, nil

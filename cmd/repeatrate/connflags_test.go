@@ -12,7 +12,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// produce and tail take the same Kafka connection options as run: flags over REPEATRATE_*.
+// produce, loadgen, import and tail take the same Kafka connection options as run (TLS, SASL, the
+// writers' compression): flags over REPEATRATE_*.
 func TestKafkaConnectionFlags(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -25,6 +26,8 @@ func TestKafkaConnectionFlags(t *testing.T) {
 			"--kafka-sasl-mechanism=scram-sha-512", "--kafka-sasl-username=rr"}, map[string]string{"REPEATRATE_KAFKA_SASL_PASSWORD": "pw"},
 			KafkaConfig{Brokers: []string{"b:9093"}, TLS: TLSConfig{Enabled: true, CAFile: "ca.pem", ServerName: "kafka.internal"},
 				SASL: SASLConfig{Mechanism: "scram-sha-512", Username: "rr", Password: "pw"}}},
+		{"compression", []string{"--kafka-compression=zstd"}, nil, KafkaConfig{Brokers: []string{"b:9093"}, Compression: "zstd"}},
+		{"compression from env", nil, map[string]string{"REPEATRATE_KAFKA_COMPRESSION": "lz4"}, KafkaConfig{Brokers: []string{"b:9093"}, Compression: "lz4"}},
 		{"flag over env", []string{"--kafka-sasl-username=flag"}, map[string]string{"REPEATRATE_KAFKA_SASL_USERNAME": "env", "REPEATRATE_KAFKA_TLS_INSECURE_SKIP_VERIFY": "true", "REPEATRATE_KAFKA_TLS": "1"},
 			KafkaConfig{Brokers: []string{"b:9093"}, TLS: TLSConfig{Enabled: true, InsecureSkipVerify: true}, SASL: SASLConfig{Username: "flag"}}},
 	} {
@@ -39,7 +42,8 @@ func TestKafkaConnectionFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g, w := strings.Join(got.Brokers, ","), strings.Join(tc.want.Brokers, ","); g != w || got.TLS != tc.want.TLS || got.SASL != tc.want.SASL {
+			if g, w := strings.Join(got.Brokers, ","), strings.Join(tc.want.Brokers, ","); g != w || got.TLS != tc.want.TLS || got.SASL != tc.want.SASL ||
+				got.Compression != tc.want.Compression {
 				t.Fatalf("got %+v, want %+v", got, tc.want)
 			}
 		})

@@ -43,6 +43,9 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if _, err := compressionCodec(*compression); err != nil {
+		return fmt.Errorf("dev: --kafka-compression: %w", err)
+	}
 	if *kafkaRetention < 10*time.Second {
 		// Shorter, the broker may drop what the demo wrote once at start before the processor
 		// reads it (at 1 ms the suite never arrived); zero or less stops its retention clock.

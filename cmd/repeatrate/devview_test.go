@@ -148,3 +148,13 @@ func TestDevRefusesAShortKafkaRetention(t *testing.T) {
 		}
 	}
 }
+
+// dev refuses an unknown codec by its own flag's name, before it prints or starts anything.
+func TestDevRefusesAnUnknownCodec(t *testing.T) {
+	var out strings.Builder
+	err := devCommand(t.Context(), []string{"--kafka-compression", "brotli", "--kafka-addr", "127.0.0.1:0", "--redis-addr", "127.0.0.1:0",
+		"--http-addr", "127.0.0.1:0"}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "--kafka-compression") || !strings.Contains(err.Error(), "brotli") || out.Len() != 0 {
+		t.Errorf("--kafka-compression brotli: %v, printed %q", err, out.String())
+	}
+}

@@ -98,6 +98,14 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if len(missing) > 0 {
 		return fmt.Errorf("import %s: missing %s", format, strings.Join(missing, ", "))
 	}
+	// The Kafka settings are checked before any file is read: a mistake in them is said at once.
+	var kcfg KafkaConfig
+	if *toKafka != "" {
+		var err error
+		if kcfg, err = conn(strings.Split(*toKafka, ",")); err != nil {
+			return fmt.Errorf("import: %w", err)
+		}
+	}
 	skipped := 0
 	opt.Skipped = func(file, why string) {
 		skipped++
@@ -138,10 +146,6 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		fmt.Fprintf(stderr, "imported %d eval results to %s%s\n", len(evs), *out, skippedNote(skipped))
 		return nil
-	}
-	kcfg, err := conn(strings.Split(*toKafka, ","))
-	if err != nil {
-		return fmt.Errorf("import: %w", err)
 	}
 	for _, w := range insecureWarnings(kcfg, nil) {
 		fmt.Fprintln(stderr, "warning:", w)

@@ -52,6 +52,7 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 	defer sw.Close()
 	defer aw.Close()
 	var prog *progress
+	finished := false
 	r := &rebuild.Rebuild{
 		Group: cfg.Kafka.GroupID, Inputs: cfg.Kafka.InputTopics, SnapshotTopic: cfg.Kafka.SnapshotTopic,
 		Prefix: cfg.Redis.KeyPrefix, CommitDelay: cfg.Batch.CommitDelay, ReplicaWait: rebuildReplicaWait,
@@ -63,16 +64,24 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 		DeadLetters: consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Client: kc.client(), Topic: cfg.Kafka.DLQTopic}),
 		Publisher:   sink.NewKafka(w, sw, aw),
 		Progress: func(events, done, total int64) {
+			if finished {
+				return
+			}
 			if prog == nil {
 				prog = newProgress(stderr, "rebuild", total)
 			}
 			prog.set(events, done)
+			if done >= total {
+				// Every offset read: the line ends before the publishing and commit steps log.
+				prog.finish()
+				finished = true
+			}
 		},
 		Log: log,
 	}
 	err = r.Run(ctx)
-	if prog != nil {
-		prog.finish()
+	if prog != nil && !finished {
+		prog.finish() // a replay that failed part way ends its line too
 	}
 	return err
 }
