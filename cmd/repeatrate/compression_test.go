@@ -160,17 +160,9 @@ func TestCompressingIngestAcceptsAFullBatch(t *testing.T) {
 	members = append(members, event(15, batchBytes-40-total-framing))
 	body := append([]byte("["), bytes.Join(members, []byte(","))...)
 	body = append(body, ']')
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/events", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/cloudevents-batch+json")
-	req.Header.Set("Authorization", "Bearer "+tok)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted || strings.Count(string(b), `"status":"accepted"`) != 16 {
-		t.Fatalf("a valid request of %d bytes answered %d: %.400s", len(body), resp.StatusCode, b)
+	code, answer := postBatch(ctx, t, base, tok, body)
+	if code != http.StatusAccepted || strings.Count(answer, `"status":"accepted"`) != 16 {
+		t.Fatalf("a valid request of %d bytes answered %d: %.400s", len(body), code, answer)
 	}
 }
 

@@ -237,3 +237,19 @@ func grepLines(s string, prefixes ...string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// postBatch posts body as a CloudEvents batch to base's /v1/events with token, and returns the
+// answer's status and body.
+func postBatch(ctx context.Context, t *testing.T, base, token string, body []byte) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/events", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/cloudevents-batch+json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -37,16 +35,7 @@ func TestIngestStopsAWorkspaceAtItsRetainedQuota(t *testing.T) {
 	}
 	post := func(token string, body []byte) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/events", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/cloudevents-batch+json")
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return postBatch(ctx, t, base, token, body)
 	}
 	if code, body := post(tokAcme, batch("acme", "a", 60)); code != http.StatusAccepted {
 		t.Fatalf("acme's first 60: %d %.300s", code, body)
