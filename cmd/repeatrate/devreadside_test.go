@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestDevDemoServesReadSide runs `repeatrate dev --demo` on free ports as a person would: it reads
@@ -198,5 +200,39 @@ func startDev(t *testing.T, demo bool) (base, token, demoPage string, out *locke
 		if time.Now().After(up) {
 			t.Fatalf("dev's HTTP server did not answer within 20 s:\n%s", lastLines(out.String(), 20))
 		}
+	}
+}
+
+// The embedded Redis counts TTLs down as the processor expects of a Redis: a key set to expire
+// goes. (miniredis alone never expires anything, so dev kept every idle aggregate forever.)
+func TestDevRedisExpiresKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	_, _, _, out := startDev(t, false)
+	addr := regexp.MustCompile(`embedded Redis: +(\S+)`).FindStringSubmatch(out.String())
+	if addr == nil {
+		t.Fatalf("dev did not print the embedded Redis's address:\n%s", lastLines(out.String(), 20))
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr[1]})
+	defer rdb.Close()
+	ctx := t.Context()
+	if err := rdb.Set(ctx, "expiry-probe", "x", 1500*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		n, err := rdb.Exists(ctx, "expiry-probe").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			ttl, _ := rdb.PTTL(ctx, "expiry-probe").Result()
+			t.Fatalf("a key set to expire in 1.5 s is still there after 15 s (PTTL %v)", ttl)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
