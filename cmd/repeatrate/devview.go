@@ -91,6 +91,25 @@ func (v *demoView) snapshot(m kafka.Message) {
 	if cur, ok := v.latest[id]; !ok || ev.Data.Version >= cur.Version {
 		v.latest[id] = ev.Data
 	}
+	if len(v.latest) > viewMaxAggregates {
+		v.dropQuietest()
+	}
+}
+
+// viewMaxAggregates bounds the aggregates the view holds: the demo has a few dozen, but anything
+// posted to dev's ingest shows up too, and a view of every aggregate ever seen grew without end.
+const viewMaxAggregates = 4096
+
+// dropQuietest keeps the busiest three quarters of viewMaxAggregates (by events scored), which
+// are the rows the view can show; one that comes back returns with its next snapshot.
+func (v *demoView) dropQuietest() {
+	ids := slices.Collect(maps.Keys(v.latest))
+	slices.SortFunc(ids, func(a, b string) int {
+		return cmp.Or(cmp.Compare(v.latest[a].Windows.All.Scored, v.latest[b].Windows.All.Scored), strings.Compare(a, b))
+	})
+	for _, id := range ids[:len(ids)-viewMaxAggregates*3/4] {
+		delete(v.latest, id)
+	}
 }
 
 func (v *demoView) deadLetter(m kafka.Message) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,5 +157,32 @@ func TestDevRefusesAnUnknownCodec(t *testing.T) {
 		"--http-addr", "127.0.0.1:0"}, &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "--kafka-compression") || !strings.Contains(err.Error(), "brotli") || out.Len() != 0 {
 		t.Errorf("--kafka-compression brotli: %v, printed %q", err, out.String())
+	}
+}
+
+// The view holds at most viewMaxAggregates aggregates however many it is shown, and keeps the
+// busiest: the rows it can show.
+func TestDemoViewBoundsWhatItHolds(t *testing.T) {
+	v := newDemoView()
+	at := time.Date(2026, 11, 30, 12, 0, 5, 0, time.UTC)
+	scope := schemas.Scope{Workspace: "ws-0", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}
+	put := func(corr string, passed int64) {
+		k := aggregator.Key{Scope: scope, CorrectionID: corr, Source: aggregator.Live}
+		snap := aggregator.Tally{All: aggregator.Counts{Passed: passed}, Version: 1}.Snapshot(k, at)
+		b, err := sink.EncodeSnapshot(&snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.snapshot(kafka.Message{Value: b})
+	}
+	put("busiest", 1_000_000)
+	for i := range 3 * viewMaxAggregates {
+		put(fmt.Sprintf("quiet-%d", i), int64(i%50))
+	}
+	if len(v.latest) > viewMaxAggregates {
+		t.Fatalf("the view holds %d aggregates, over its bound of %d", len(v.latest), viewMaxAggregates)
+	}
+	if !strings.Contains(v.render(at, 0, time.Second, 1), "busiest") {
+		t.Fatal("the busiest aggregate was dropped")
 	}
 }
