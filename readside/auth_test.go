@@ -147,8 +147,9 @@ func TestPublicBadge(t *testing.T) {
 }
 
 // TestRateLimit: a token gets its burst, then 429 with Retry-After; another token is unaffected.
+// (The bucket alone: these requests come before their Retry-After, which early_retry_test.go holds.)
 func TestRateLimit(t *testing.T) {
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 5}, fakeTallies{}, prometheus.NewRegistry(), time.Now, zap.NewNop())
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 5, EarlyRetryHold: -1}, fakeTallies{}, prometheus.NewRegistry(), time.Now, zap.NewNop())
 	codes := map[int]int{}
 	for range 8 {
 		req := httptest.NewRequest(http.MethodGet, "/v1/snapshots?"+everyParam("w"), nil)

@@ -78,6 +78,10 @@ type HTTPConfig struct {
 	ReadBudget       float64
 	ReadBurst        int
 	MaxReadsInFlight int
+	// EarlyRetryHold is the longest a request is held when its token (or client address) was
+	// answered 429 and sends again before the Retry-After it was given (default 2 s; negative
+	// holds none): a client that ignores Retry-After is paced, not refused as fast as it sends.
+	EarlyRetryHold time.Duration
 	// MaxConns caps open connections (default 256), MaxConnsPerIP those of one client address
 	// (default 32), MaxStreams open event streams (default 64; 8 per token).
 	MaxConns, MaxConnsPerIP, MaxStreams int
@@ -125,6 +129,9 @@ func (c *HTTPConfig) defaults() {
 	}
 	if c.MaxReadsInFlight <= 0 {
 		c.MaxReadsInFlight = 4
+	}
+	if c.EarlyRetryHold == 0 {
+		c.EarlyRetryHold = 2 * time.Second
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 256
@@ -247,6 +254,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	lim := newLimiter(cfg.RateLimit, cfg.RateBurst, time.Now)
 	budget := quota.New(cfg.ReadBudget, float64(cfg.ReadBurst), maxLimiterKeys, time.Now)
 	running := &inFlight{max: cfg.MaxReadsInFlight, runs: map[string]int{}}
+	early := newEarlyRetries(cfg.EarlyRetryHold, cfg.MaxConnsPerIP/2, time.Now, m.held.Inc)
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("X-Frame-Options", "DENY")
@@ -271,6 +279,16 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			if p := a.principal(req); p != nil {
 				key = "token " + p.Name
 			}
+			if !early.wait(req.Context(), key) {
+				return // the client left while held
+			}
+			sw := &statusWriter{ResponseWriter: w}
+			w = sw
+			defer func() {
+				if sw.code == http.StatusTooManyRequests {
+					early.refused(key, sw.Header().Get("Retry-After"))
+				}
+			}()
 			if ok, wait := lim.allow(key); !ok {
 				m.limited.Inc()
 				w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))

@@ -27,6 +27,7 @@ type httpMetrics struct {
 	streamEvents   prometheus.Counter
 	readCommands   prometheus.Counter
 	readRefused    *prometheus.CounterVec
+	held           prometheus.Counter
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -52,9 +53,11 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 		readRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "repeatrate_http_read_refused_total",
 			Help: "Read requests answered 429 by limit: budget (the token's Redis commands per second were spent) or in_flight (the token already ran its most reads at once)."},
 			[]string{"limit"}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "repeatrate_http_held_requests_total",
+			Help: "Requests held until their token's (or client address's) Retry-After had passed: it was answered 429 and sent again sooner."}),
 	}
 	reg.MustRegister(m.rejectedConns, m.openConns, m.reclaimedConns, m.limited, m.denied, m.streams, m.streamDrops, m.streamEvents,
-		m.readCommands, m.readRefused)
+		m.readCommands, m.readRefused, m.held)
 	return m
 }
 

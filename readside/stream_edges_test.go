@@ -231,7 +231,7 @@ func TestLoginCrossSite(t *testing.T) {
 func TestRateLimitIPv6Prefix(t *testing.T) {
 	live := aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"}, CorrectionID: "x", Source: aggregator.Live}
 	tallies := fakeTallies{t: map[aggregator.Key]aggregator.Tally{live: {Version: 3, All: aggregator.Counts{Confirmed: 1, Passed: 3}}}}
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), PublicBadges: []string{"w"}, RateLimit: 1, RateBurst: 5}, tallies,
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), PublicBadges: []string{"w"}, RateLimit: 1, RateBurst: 5, EarlyRetryHold: -1}, tallies,
 		prometheus.NewRegistry(), time.Now, zap.NewNop())
 	codes := map[int]int{}
 	for i := range 50 {

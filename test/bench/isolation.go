@@ -63,7 +63,7 @@ func (e *env) isolationMode(ctx context.Context) error {
 	logf("tenant isolation: %s per phase", phase)
 	defer e.deleteTopics(ctx)
 	out := map[string]map[string]isoFigures{}
-	for _, limits := range []string{"default", "lifted"} {
+	for _, limits := range strings.Split(getenv("BENCH_ISOLATION_LIMITS", "default,lifted"), ",") {
 		figs, err := e.isolationRun(ctx, limits, phase)
 		if err != nil {
 			return fmt.Errorf("isolation (%s limits): %w", limits, err)
@@ -99,6 +99,9 @@ func (e *env) isolationRun(ctx context.Context, limits string, phase time.Durati
 			"REPEATRATE_HTTP_MAX_READS_IN_FLIGHT=100000", "REPEATRATE_HTTP_INGEST_WORKSPACE_RATE=1000000000")
 	} else {
 		cmd.Env = append(cmd.Env, "REPEATRATE_HTTP_RATE_LIMIT=20") // the default, over the harness's own
+		if r := os.Getenv("BENCH_ISOLATION_WORKSPACE_RATE"); r != "" {
+			cmd.Env = append(cmd.Env, "REPEATRATE_HTTP_INGEST_WORKSPACE_RATE="+r)
+		}
 	}
 	// BENCH_ISOLATION_PROFILE=<file>: a CPU profile of the processor over the abused phase
 	// (default limits only).
