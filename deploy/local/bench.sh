@@ -12,7 +12,10 @@
 #   BENCH_CLUSTER=1   instead: 1, 2 and 3 processors on the local Redis Cluster and three brokers
 #                     (started here and stopped afterwards when they were not running)
 #   BENCH_ISOLATION=1 instead: a normal tenant alone and beside an abusive one, with the default
-#                     limits and with them lifted (BENCH_ISOLATION_SECONDS per phase, default 30)
+#                     limits and with them lifted (BENCH_ISOLATION_SECONDS per phase, default 30;
+#                     BENCH_ISOLATION_LIMITS=default or lifted runs one; BENCH_ISOLATION_ABUSE names
+#                     the abuses, of reads,streams,ingest; BENCH_ISOLATION_WORKSPACE_RATE sets the
+#                     per-workspace ingest quota)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/local

@@ -46,6 +46,10 @@ type isoFigures struct {
 	ReadP50, ReadP99     float64
 	IngestP50, IngestP99 float64
 	Reads, Ingests       int
+	// The round trip of a PING from this harness straight to Redis, beside each read: what the
+	// machine alone adds to any request (its cores are shared by every process here), without the
+	// server's part.
+	PingP50, PingP99 float64
 	// CPU used over the phase, in cores: the processor, Redis, and this harness (the tenants'
 	// clients, the abuser's included, share the machine).
 	ProcessorCores, RedisCores, HarnessCores float64
@@ -64,14 +68,17 @@ func (e *env) isolationMode(ctx context.Context) error {
 	defer e.deleteTopics(ctx)
 	out := map[string]map[string]isoFigures{}
 	for _, limits := range strings.Split(getenv("BENCH_ISOLATION_LIMITS", "default,lifted"), ",") {
+		if limits != "default" && limits != "lifted" {
+			return fmt.Errorf("BENCH_ISOLATION_LIMITS: %q is neither default nor lifted", limits)
+		}
 		figs, err := e.isolationRun(ctx, limits, phase)
 		if err != nil {
 			return fmt.Errorf("isolation (%s limits): %w", limits, err)
 		}
 		out[limits] = figs
 		q, a := figs["alone"], figs["abused"]
-		logf("%s limits: read p50 %.1f → %.1f ms, p99 %.1f → %.1f ms (×%.2f); ingest→snapshot p50 %.0f → %.0f ms, p99 %.0f → %.0f ms (×%.2f); cores processor %.2f → %.2f, redis %.2f → %.2f, harness %.2f → %.2f, abuser %.2f; abuser's answers %v",
-			limits, q.ReadP50, a.ReadP50, q.ReadP99, a.ReadP99, a.ReadP99/q.ReadP99, q.IngestP50, a.IngestP50, q.IngestP99, a.IngestP99, a.IngestP99/q.IngestP99,
+		logf("%s limits: read p50 %.1f → %.1f ms, p99 %.1f → %.1f ms (×%.2f; a PING to Redis p99 %.1f → %.1f ms); ingest→snapshot p50 %.0f → %.0f ms, p99 %.0f → %.0f ms (×%.2f); cores processor %.2f → %.2f, redis %.2f → %.2f, harness %.2f → %.2f, abuser %.2f; abuser's answers %v",
+			limits, q.ReadP50, a.ReadP50, q.ReadP99, a.ReadP99, a.ReadP99/q.ReadP99, q.PingP99, a.PingP99, q.IngestP50, a.IngestP50, q.IngestP99, a.IngestP99, a.IngestP99/q.IngestP99,
 			q.ProcessorCores, a.ProcessorCores, q.RedisCores, a.RedisCores, q.HarnessCores, a.HarnessCores, a.AbuserCores, a.AbuserAnswers)
 	}
 	b, _ := json.Marshal(map[string]any{"isolation": out})
@@ -138,7 +145,9 @@ func (e *env) isolationRun(ctx context.Context, limits string, phase time.Durati
 	if code, body := isoPost(ctx, client, base, isoAbuserToken, "["+strings.Join(seed, ",")+"]"); code != http.StatusAccepted {
 		return nil, fmt.Errorf("seed the abuser's workspace: %d %.300s", code, body)
 	}
-	q := &quietTenant{client: client, base: base}
+	ping := redis.NewClient(&redis.Options{Addr: e.redisAOF})
+	defer ping.Close()
+	q := &quietTenant{client: client, base: base, redis: ping}
 	if err := q.start(ctx); err != nil {
 		return nil, err
 	}
@@ -259,12 +268,14 @@ func isoPost(ctx context.Context, client *http.Client, base, token, body string)
 // quietTenant is the normal tenant: its reads, its posts and its stream.
 type quietTenant struct {
 	client *http.Client
+	redis  *redis.Client // PINGed beside each read
 	base   string
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
 	mu     sync.Mutex
 	reads  []float64 // ms
+	pings  []float64 // ms, PINGs to Redis
 	ingest []float64 // ms
 	sent   []time.Time
 	seen   int // opportunities the stream has shown counted
@@ -335,6 +346,12 @@ func (q *quietTenant) start(ctx context.Context) error {
 				q.reads = append(q.reads, float64(time.Since(start).Microseconds())/1000)
 				q.mu.Unlock()
 			}
+			start = time.Now()
+			if q.redis.Ping(ctx).Err() == nil {
+				q.mu.Lock()
+				q.pings = append(q.pings, float64(time.Since(start).Microseconds())/1000)
+				q.mu.Unlock()
+			}
 		}
 	}()
 	go func() { // the posts: one new opportunity each, taken in order
@@ -365,7 +382,7 @@ func (q *quietTenant) stop() {
 func (q *quietTenant) reset() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.reads, q.ingest, q.from = nil, nil, len(q.sent)
+	q.reads, q.ingest, q.pings, q.from = nil, nil, nil, len(q.sent)
 }
 
 func (q *quietTenant) figures() isoFigures {
@@ -380,7 +397,7 @@ func (q *quietTenant) figures() isoFigures {
 		return s[min(len(s)-1, int(float64(len(s))*p))]
 	}
 	return isoFigures{ReadP50: pct(q.reads, 0.5), ReadP99: pct(q.reads, 0.99), IngestP50: pct(q.ingest, 0.5), IngestP99: pct(q.ingest, 0.99),
-		Reads: len(q.reads), Ingests: len(q.ingest)}
+		Reads: len(q.reads), Ingests: len(q.ingest), PingP50: pct(q.pings, 0.5), PingP99: pct(q.pings, 0.99)}
 }
 
 // abuser runs the abusive tenant's loops and counts its answers by status.
