@@ -4,48 +4,61 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
 
-// earlyRetries holds back clients that send again before the Retry-After they were given. A
-// request from a key (a token, else a client address) that was answered 429 less than its
-// Retry-After ago waits until that has passed, at most maxHold, and is then judged like any
-// other: served if its limits allow it by then. A client that honours Retry-After never waits.
-// One that ignores it gets an answer per Retry-After per connection instead of a refusal as fast
-// as it can send; each such refusal cost the server a request parsed and, for a body left
-// unread, a connection closed, then dialled again into the address's connection cap.
+// earlyRetries paces clients that send again before the Retry-After they were given. A refusal
+// (429) of a key (a token, else a client address) that was refused less than its Retry-After ago
+// is answered when that Retry-After has passed, at most maxHold later, instead of at once. Only
+// refusals wait: a request its limits admit is served at once, whoever sent it, so a client that
+// honours Retry-After never waits, nor does another connection of the same token that the limits
+// let through. One that ignores it gets about one refusal per Retry-After per connection instead
+// of a refusal as fast as it can send; each of those cost the server a request parsed and, for a
+// body left unread, a connection closed and dialled again into its address's connection cap.
 //
-// At most perKey requests of one key are held at once (the rest are judged at once), so one
-// token spread over many addresses cannot hold the server's connections. It remembers at most
-// maxLimiterKeys keys; when full it forgets those whose Retry-After has passed, and holds no new
-// key until one has.
+// At most perKey refusals of one key wait at once (the rest are answered at once), so one token
+// spread over many addresses cannot hold the server's connections. Tokens are remembered apart
+// from addresses, one each at most; at most maxLimiterKeys addresses are, and when they are all
+// within their Retry-After a new one is not held until one has passed, so outsiders cycling
+// addresses neither grow it nor crowd a token out.
 type earlyRetries struct {
 	maxHold time.Duration
 	perKey  int
 	now     func() time.Time
-	held    func() // counts a held request (a metric)
+	held    func() // counts a held refusal (a metric)
 
-	mu    sync.Mutex
-	until map[string]time.Time
-	count map[string]int
+	mu        sync.Mutex
+	tokens    map[string]time.Time // "token <name>" → when its Retry-After passes
+	addrs     map[string]time.Time // "addr <address>" → when its Retry-After passes
+	nextPrune time.Time            // addrs is full: none has passed before this
+	count     map[string]int       // refusals held now, by key
 }
 
 func newEarlyRetries(maxHold time.Duration, perKey int, now func() time.Time, held func()) *earlyRetries {
-	return &earlyRetries{maxHold: maxHold, perKey: perKey, now: now, held: held, until: map[string]time.Time{}, count: map[string]int{}}
+	return &earlyRetries{maxHold: maxHold, perKey: perKey, now: now, held: held,
+		tokens: map[string]time.Time{}, addrs: map[string]time.Time{}, count: map[string]int{}}
 }
 
-// wait holds a request of key until key's Retry-After has passed (or maxHold). It reports false
-// when ctx ended first: the client is gone and nothing should be answered.
-func (e *earlyRetries) wait(ctx context.Context, key string) bool {
+func (e *earlyRetries) keys(key string) map[string]time.Time {
+	if strings.HasPrefix(key, "token ") {
+		return e.tokens
+	}
+	return e.addrs
+}
+
+// hold delays a refusal of key until key's last Retry-After has passed (or maxHold, or ctx ends:
+// the refusal is then answered at once, still true).
+func (e *earlyRetries) hold(ctx context.Context, key string) {
 	if e.maxHold <= 0 {
-		return true
+		return
 	}
 	e.mu.Lock()
-	d := e.until[key].Sub(e.now())
+	d := e.keys(key)[key].Sub(e.now())
 	if d <= 0 || e.count[key] >= e.perKey {
 		e.mu.Unlock()
-		return true
+		return
 	}
 	e.count[key]++
 	e.mu.Unlock()
@@ -61,49 +74,62 @@ func (e *earlyRetries) wait(ctx context.Context, key string) bool {
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return false
 	case <-t.C:
-		return true
 	}
 }
 
-// refused records that key was answered 429 with the Retry-After retryAfter (seconds; absent
-// is one second: a refusal that waiting alone does not lift is still not to be sent again at once).
+// refused records that key was answered 429 with the Retry-After retryAfter (seconds). A refusal
+// without one (waiting alone does not lift it) is paced as if it said one second.
 func (e *earlyRetries) refused(key, retryAfter string) {
 	if e.maxHold <= 0 {
 		return
 	}
 	d := time.Second
 	if s, err := strconv.Atoi(retryAfter); err == nil && s > 0 {
-		d = time.Duration(s) * time.Second
+		d = time.Duration(min(s, 3600)) * time.Second
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
-	if _, ok := e.until[key]; !ok && len(e.until) >= maxLimiterKeys {
-		for k, t := range e.until {
-			if !t.After(now) && e.count[k] == 0 {
-				delete(e.until, k)
+	m := e.keys(key)
+	if _, ok := m[key]; !ok && len(m) >= maxLimiterKeys { // addresses only: tokens are few
+		if now.Before(e.nextPrune) {
+			return
+		}
+		e.nextPrune = time.Time{}
+		for k, t := range m {
+			switch {
+			case !t.After(now) && e.count[k] == 0:
+				delete(m, k)
+			case e.nextPrune.IsZero() || t.Before(e.nextPrune):
+				e.nextPrune = t
 			}
 		}
-		if len(e.until) >= maxLimiterKeys {
+		if len(m) >= maxLimiterKeys {
 			return
 		}
 	}
-	if t := now.Add(d); t.After(e.until[key]) {
-		e.until[key] = t
+	if t := now.Add(d); t.After(m[key]) {
+		m[key] = t
 	}
 }
 
-// statusWriter remembers the status a handler answered with.
+// statusWriter holds a 429 back while its key is within an earlier Retry-After (earlyRetries)
+// and remembers the status answered.
 type statusWriter struct {
 	http.ResponseWriter
-	code int
+	ctx   context.Context
+	key   string
+	early *earlyRetries
+	code  int
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.code == 0 {
 		w.code = code
+		if code == http.StatusTooManyRequests {
+			w.early.hold(w.ctx, w.key)
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -78,9 +78,10 @@ type HTTPConfig struct {
 	ReadBudget       float64
 	ReadBurst        int
 	MaxReadsInFlight int
-	// EarlyRetryHold is the longest a request is held when its token (or client address) was
-	// answered 429 and sends again before the Retry-After it was given (default 2 s; negative
-	// holds none): a client that ignores Retry-After is paced, not refused as fast as it sends.
+	// EarlyRetryHold is the longest a refusal (429) is held back when its token (or client
+	// address) was refused before and sends again within the Retry-After it was given (default
+	// 2 s; negative holds none): a client that ignores Retry-After is paced, not refused as fast
+	// as it sends. Requests the limits admit are never held.
 	EarlyRetryHold time.Duration
 	// MaxConns caps open connections (default 256), MaxConnsPerIP those of one client address
 	// (default 32), MaxStreams open event streams (default 64; 8 per token).
@@ -254,7 +255,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 	lim := newLimiter(cfg.RateLimit, cfg.RateBurst, time.Now)
 	budget := quota.New(cfg.ReadBudget, float64(cfg.ReadBurst), maxLimiterKeys, time.Now)
 	running := &inFlight{max: cfg.MaxReadsInFlight, runs: map[string]int{}}
-	early := newEarlyRetries(cfg.EarlyRetryHold, cfg.MaxConnsPerIP/2, time.Now, m.held.Inc)
+	early := newEarlyRetries(cfg.EarlyRetryHold, cfg.MaxConnsPerIP, time.Now, m.held.Inc)
 	limited := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("X-Frame-Options", "DENY")
@@ -279,10 +280,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			if p := a.principal(req); p != nil {
 				key = "token " + p.Name
 			}
-			if !early.wait(req.Context(), key) {
-				return // the client left while held
-			}
-			sw := &statusWriter{ResponseWriter: w}
+			sw := &statusWriter{ResponseWriter: w, ctx: req.Context(), key: key, early: early}
 			w = sw
 			defer func() {
 				if sw.code == http.StatusTooManyRequests {
