@@ -2,7 +2,7 @@ package readside
 
 import (
 	"bufio"
-	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -154,61 +154,133 @@ func TestRequestsTheLimitsAdmitAreNeverHeld(t *testing.T) {
 	}
 }
 
-// A held refusal is still answered, with its 429, when its client half-closes the connection
-// (net/http then cancels the request's context): not an empty 200.
-func TestHeldRefusalIsAnsweredWhenTheClientHalfCloses(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
-	url := srv.URL + "/v1/snapshots?" + everyParam("w")
-	getWith(t, url, tokenA)
-	if code, _, _ := getWith(t, url, tokenA); code != http.StatusTooManyRequests {
-		t.Fatalf("not refused: %d", code)
-	}
-	c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+// halfClosedGet sends one GET on a connection of its own, half-closes it (net/http then ends the
+// request's context) and reads the answer.
+func halfClosedGet(t *testing.T, addr, path, token string) (int, http.Header) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	io.WriteString(c, "GET /v1/snapshots?"+everyParam("w")+" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+tokenA+"\r\nConnection: close\r\n\r\n")
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, token)
 	c.(*net.TCPConn).CloseWrite()
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("half-closed client: %d %q", resp.StatusCode, b)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header
+}
+
+// A client that half-closes each connection after its request is paced like any other, and
+// each held refusal is answered with its 429 (not an empty 200).
+func TestHalfClosingClientsArePacedAndAnswered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
+	srv := httptest.NewServer(h.Handler())
+	defer srv.Close()
+	addr, path := strings.TrimPrefix(srv.URL, "http://"), "/v1/snapshots?"+everyParam("w")
+	getWith(t, srv.URL+path, tokenA) // the burst
+	start := time.Now()
+	refused := 0
+	for time.Since(start) < 1500*time.Millisecond && refused < 100 {
+		code, hdr := halfClosedGet(t, addr, path, tokenA)
+		switch {
+		case code == http.StatusTooManyRequests && hdr.Get("Retry-After") != "":
+			refused++
+		case code != http.StatusNotFound:
+			t.Fatalf("half-closed client: %d", code)
+		}
+	}
+	elapsed := time.Since(start)
+	if most := int(2*elapsed.Seconds() + 2); refused > most {
+		t.Fatalf("a loop of half-closed requests was refused %d times in %s; paced, at most %d", refused, elapsed.Round(time.Millisecond), most)
+	}
+	if held := gathered(t, reg, "repeatrate_http_held_requests_total", ""); held < 1 {
+		t.Fatalf("held %v", held)
 	}
 }
 
-// At most perKey refusals of a key wait at once; one whose client left is answered at once; a
-// key whose Retry-After has passed, or another key, is not held, and nothing stays counted.
+// A refusal waits only for its own limit's Retry-After: a client whose ingest is refused for
+// 30 s (its workspace's quota) gets its reads' first rate-limit refusal at once.
+func TestARefusalWaitsOnlyForItsOwnLimit(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ingest := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, "workspace over its quota", http.StatusTooManyRequests)
+	})
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 2, Ingest: ingest, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
+	srv := httptest.NewServer(h.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+IngestPath, strings.NewReader("[]"))
+	req.Header.Set("Authorization", "Bearer "+tokenA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("ingest: %d", resp.StatusCode)
+	}
+	url := srv.URL + "/v1/snapshots?" + everyParam("w")
+	if code, _, _ := getWith(t, url, tokenA); code != http.StatusNotFound {
+		t.Fatalf("read: %d", code)
+	}
+	if code, _, _ := getWith(t, url, tokenA); code != http.StatusTooManyRequests {
+		t.Fatalf("read past the rate: %d", code)
+	}
+	if held := gathered(t, reg, "repeatrate_http_held_requests_total", ""); held != 0 {
+		t.Fatalf("the read's first refusal was held (%v) by the ingest's Retry-After", held)
+	}
+}
+
+// A held refusal's Retry-After counts from when it was decided: the time it was held is taken
+// off what it answers, and the key is not paced for longer than that.
+func TestHeldRefusalIsCountedFromWhenItWasDecided(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
+	srv := httptest.NewServer(h.Handler())
+	defer srv.Close()
+	url := srv.URL + "/v1/snapshots?" + everyParam("w")
+	held := func() float64 { return gathered(t, reg, "repeatrate_http_held_requests_total", "") }
+	getWith(t, url, tokenA)
+	if code, _, _ := getWith(t, url, tokenA); code != http.StatusTooManyRequests {
+		t.Fatalf("not refused: %d", code)
+	}
+	code, hdr, _ := getWith(t, url, tokenA)
+	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") != "1" || held() != 1 {
+		t.Fatalf("sent again at once: %d, Retry-After %q, held %v", code, hdr.Get("Retry-After"), held())
+	}
+	// Its Retry-After (1 s) was decided before it was held for about that: it has passed. The
+	// bucket has refilled meanwhile, so this one is served, unheld.
+	if code, _, _ := getWith(t, url, tokenA); code != http.StatusNotFound || held() != 1 {
+		t.Fatalf("after the held refusal: %d, held %v", code, held())
+	}
+}
+
+// At most perKey refusals of a key wait at once; a key whose Retry-After has passed, or another
+// key, is not held, and nothing stays counted.
 func TestEarlyRetryHoldsAreBounded(t *testing.T) {
 	var held atomic.Int64
 	e := newEarlyRetries(time.Minute, 1, time.Now, func() { held.Add(1) })
-	e.refused("token a", "30")
+	e.refused("token a|rate", time.Now().Add(300*time.Millisecond))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	first := make(chan struct{})
-	go func() {
-		e.hold(ctx, "token a")
-		close(first)
-	}()
+	first := make(chan time.Duration)
+	go func() { first <- e.hold("token a|rate") }()
 	for held.Load() == 0 { // until the first is held
 		time.Sleep(time.Millisecond)
 	}
-	e.hold(context.Background(), "token a") // past the key's cap: at once
-	e.hold(context.Background(), "token b") // never refused: at once
-	e.hold(context.Background(), "addr a")
-	select {
-	case <-first:
-		t.Fatal("the held refusal was let go before its Retry-After")
-	default:
+	if d := e.hold("token a|rate"); d != 0 { // past the key's cap
+		t.Fatalf("a refusal past the key's cap waited %s", d)
 	}
-	cancel()
-	<-first
+	if d := e.hold("token a|budget") + e.hold("token b|rate") + e.hold("addr a|rate"); d != 0 {
+		t.Fatalf("other keys waited %s", d)
+	}
+	if d := <-first; d <= 0 || d > 300*time.Millisecond {
+		t.Fatalf("the held refusal waited %s, want its Retry-After's 300 ms at most", d)
+	}
 	if held.Load() != 1 {
 		t.Fatalf("held %d refusals, want 1", held.Load())
 	}
@@ -217,6 +289,9 @@ func TestEarlyRetryHoldsAreBounded(t *testing.T) {
 	e.mu.Unlock()
 	if n != 0 {
 		t.Fatalf("%d keys still counted as held", n)
+	}
+	if d := e.hold("token a|rate"); d != 0 {
+		t.Fatalf("held %s after the Retry-After passed", d)
 	}
 }
 
@@ -227,22 +302,22 @@ func TestEarlyRetriesRememberBoundedAddresses(t *testing.T) {
 	now := time.Unix(1000, 0)
 	e := newEarlyRetries(time.Minute, 1, func() time.Time { return now }, func() {})
 	for i := range maxLimiterKeys {
-		e.refused("addr "+strconv.Itoa(i), strconv.Itoa(1+i%2))
+		e.refused("addr "+strconv.Itoa(i)+"|rate", now.Add(time.Duration(1+i%2)*time.Second))
 	}
-	e.refused("addr new", "1")
-	e.refused("token a", "1")
-	if _, ok := e.addrs["addr new"]; ok || len(e.addrs) != maxLimiterKeys {
+	e.refused("addr new|rate", now.Add(time.Second))
+	e.refused("token a|rate", now.Add(time.Second))
+	if _, ok := e.addrs["addr new|rate"]; ok || len(e.addrs) != maxLimiterKeys {
 		t.Fatalf("remembered %d addresses, the new one %v", len(e.addrs), ok)
 	}
-	if _, ok := e.tokens["token a"]; !ok {
+	if _, ok := e.tokens["token a|rate"]; !ok {
 		t.Fatal("a token was crowded out by addresses")
 	}
 	if want := now.Add(time.Second); !e.nextPrune.Equal(want) {
 		t.Fatalf("next scan at %v, want %v (the earliest Retry-After)", e.nextPrune, want)
 	}
 	now = now.Add(1500 * time.Millisecond) // half of them have passed
-	e.refused("addr new", "1")
-	if _, ok := e.addrs["addr new"]; !ok || len(e.addrs) != maxLimiterKeys/2+1 {
+	e.refused("addr new|rate", now.Add(time.Second))
+	if _, ok := e.addrs["addr new|rate"]; !ok || len(e.addrs) != maxLimiterKeys/2+1 {
 		t.Fatalf("after half the Retry-Afters passed: %d addresses, the new one %v", len(e.addrs), ok)
 	}
 }

@@ -280,14 +280,13 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			if p := a.principal(req); p != nil {
 				key = "token " + p.Name
 			}
-			sw := &statusWriter{ResponseWriter: w, ctx: req.Context(), key: key, early: early}
+			sw := &statusWriter{ResponseWriter: w, key: key, limit: "route", early: early}
+			if isIngest(req.URL.Path) {
+				sw.limit = "ingest"
+			}
 			w = sw
-			defer func() {
-				if sw.code == http.StatusTooManyRequests {
-					early.refused(key, sw.Header().Get("Retry-After"))
-				}
-			}()
 			if ok, wait := lim.allow(key); !ok {
+				sw.limit = "rate"
 				m.limited.Inc()
 				w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 				writeError(w, http.StatusTooManyRequests, "rate limit exceeded", badge)
@@ -295,6 +294,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 			}
 			if !isIngest(req.URL.Path) {
 				if ok, wait := budget.Admit(key); !ok {
+					sw.limit = "budget"
 					m.readRefused.WithLabelValues("budget").Inc()
 					w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 					writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
@@ -308,6 +308,7 @@ func NewHTTP(cfg HTTPConfig, r TallyReader, g prometheus.Gatherer, now func() ti
 				// timeout) hold no slot, so they cannot lock an address's readers out.
 				if req.URL.Path != "/v1/stream" && (strings.HasPrefix(key, "token ") || badge) {
 					if !running.enter(key) {
+						sw.limit = "in_flight"
 						m.readRefused.WithLabelValues("in_flight").Inc()
 						w.Header().Set("Retry-After", "1")
 						writeError(w, http.StatusTooManyRequests, fmt.Sprintf(
