@@ -16,6 +16,8 @@
 #                     BENCH_ISOLATION_LIMITS=default or lifted runs one; BENCH_ISOLATION_ABUSE names
 #                     the abuses, of reads,streams,ingest; BENCH_ISOLATION_WORKSPACE_RATE sets the
 #                     per-workspace ingest quota)
+#   BENCH_PREFILL=N   instead: the today stream on an empty store and on one already retaining N
+#                     opportunities over 10 000 aggregates (docs/performance.md)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/local
@@ -50,6 +52,11 @@ if ! REDIS_PORT=16380 "$here/redis.sh" status >/dev/null 2>&1; then
 fi
 export REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_TEST_KAFKA=127.0.0.1:19092 BENCH_REDIS_NOAOF=127.0.0.1:16380
 
+if [ -n "${BENCH_PREFILL:-}" ]; then
+  echo "== prefilled store (BENCH_PREFILL=$BENCH_PREFILL opportunities, BENCH_EVENTS=${BENCH_EVENTS:-1000000})"
+  go run ./test/bench
+  exit
+fi
 if [ "${BENCH_ISOLATION:-}" = 1 ]; then
   echo "== tenant isolation (BENCH_ISOLATION_SECONDS=${BENCH_ISOLATION_SECONDS:-30})"
   go run ./test/bench

@@ -136,6 +136,9 @@ func run() error {
 	if getenv("BENCH_CLUSTER", "") == "1" { // 1, 2 and 3 processors on the local clusters (cluster.go)
 		return e.clusterMode(ctx)
 	}
+	if getenv("BENCH_PREFILL", "") != "" { // the today stream on a store already holding many (prefill.go)
+		return e.prefillMode(ctx)
+	}
 	if getenv("BENCH_ISOLATION", "") == "1" { // a normal tenant beside an abusive one (isolation.go)
 		return e.isolationMode(ctx)
 	}

@@ -209,6 +209,12 @@ func sumSeries(m map[string]float64, name string) float64 {
 // over the same interval.
 func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr string) (pipelineResult, error) {
 	name := fmt.Sprintf("%s-%s-%d", e.run, filepath.Base(in.topic), time.Now().UnixNano()%1e6)
+	return e.pipelineIn(ctx, bin, in, redisAddr, name, false)
+}
+
+// pipelineIn is pipeline in the namespace name (its key prefix, consumer group and output
+// topics), which it deletes afterwards unless keep is set.
+func (e *env) pipelineIn(ctx context.Context, bin binary, in *input, redisAddr, name string, keep bool) (pipelineResult, error) {
 	port, err := freePort()
 	if err != nil {
 		return pipelineResult{}, err
@@ -226,9 +232,11 @@ func (e *env) pipeline(ctx context.Context, bin binary, in *input, redisAddr str
 	defer func() {
 		cmd.Process.Kill()
 		<-exited
-		rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-		cleanup(rdb, name)
-		rdb.Close()
+		if !keep {
+			rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+			cleanup(rdb, name)
+			rdb.Close()
+		}
 	}()
 	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	pid := cmd.Process.Pid
