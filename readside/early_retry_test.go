@@ -18,15 +18,22 @@ import (
 	"go.uber.org/zap"
 )
 
+// pacingServer serves cfg with the test tokens and a registry of its own; held reads its count
+// of held refusals.
+func pacingServer(t *testing.T, cfg HTTPConfig) (srv *httptest.Server, held func() float64) {
+	reg := prometheus.NewRegistry()
+	cfg.Tokens, cfg.Registerer = testTokens(t), reg
+	srv = httptest.NewServer(NewHTTP(cfg, fakeTallies{}, reg, time.Now, zap.NewNop()).Handler())
+	t.Cleanup(srv.Close)
+	return srv, func() float64 { return gathered(t, reg, "repeatrate_http_held_requests_total", "") }
+}
+
 // A client that ignores Retry-After and sends again at once, from several connections, is paced
 // by the server: its early requests wait for their Retry-After, so it gets a handful of answers
 // a second, not a refusal as fast as it can send (each refusal costs the server a request, and a
 // refused upload its connection). What it is allowed is still served.
 func TestClientsIgnoringRetryAfterArePaced(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
+	srv, held := pacingServer(t, HTTPConfig{RateLimit: 1, RateBurst: 1})
 	url := srv.URL + "/v1/snapshots?" + everyParam("w")
 
 	const loops, run = 4, 2 * time.Second
@@ -61,7 +68,7 @@ func TestClientsIgnoringRetryAfterArePaced(t *testing.T) {
 	if allowed := int64(1 + elapsed.Seconds() + 1); served.Load() < 2 || served.Load() > allowed {
 		t.Fatalf("served %d in %s, the rate limit allows %d", served.Load(), elapsed.Round(time.Millisecond), allowed)
 	}
-	if held := gathered(t, reg, "repeatrate_http_held_requests_total", ""); held < 1 {
+	if held := held(); held < 1 {
 		t.Fatalf("held %v requests", held)
 	}
 	t.Logf("%d loops for %s: %d served, %d refused", loops, elapsed.Round(time.Millisecond), served.Load(), refused.Load())
@@ -70,10 +77,7 @@ func TestClientsIgnoringRetryAfterArePaced(t *testing.T) {
 // A client that waits the Retry-After it was given is never held, and is served when it sends
 // again.
 func TestClientHonouringRetryAfterIsNotHeld(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
+	srv, held := pacingServer(t, HTTPConfig{RateLimit: 1, RateBurst: 1})
 	url := srv.URL + "/v1/snapshots?" + everyParam("w")
 	if code, _, body := getWith(t, url, tokenA); code != http.StatusNotFound {
 		t.Fatalf("first request: %d %s", code, body)
@@ -87,7 +91,7 @@ func TestClientHonouringRetryAfterIsNotHeld(t *testing.T) {
 	if code, _, body := getWith(t, url, tokenA); code != http.StatusNotFound {
 		t.Fatalf("after Retry-After: %d %s", code, body)
 	}
-	if held := gathered(t, reg, "repeatrate_http_held_requests_total", ""); held != 0 {
+	if held := held(); held != 0 {
 		t.Fatalf("a client that waited as told was held %v times", held)
 	}
 }
@@ -96,7 +100,6 @@ func TestClientHonouringRetryAfterIsNotHeld(t *testing.T) {
 // moment ago on another connection, a read sent once an in-flight slot is free, or a post for
 // another workspace than the one the ingest refused (its 429s are per workspace).
 func TestRequestsTheLimitsAdmitAreNeverHeld(t *testing.T) {
-	reg := prometheus.NewRegistry()
 	ingest := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Query().Get("ws") == "full" { // as a retained quota: no Retry-After
 			http.Error(w, "workspace full retains its quota", http.StatusTooManyRequests)
@@ -104,11 +107,8 @@ func TestRequestsTheLimitsAdmitAreNeverHeld(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusAccepted)
 	})
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 10, RateBurst: 3, Ingest: ingest, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
+	srv, held := pacingServer(t, HTTPConfig{RateLimit: 10, RateBurst: 3, Ingest: ingest})
 	url := srv.URL + "/v1/snapshots?" + everyParam("w")
-	held := func() float64 { return gathered(t, reg, "repeatrate_http_held_requests_total", "") }
 
 	var refusedAt time.Time
 	for i := 0; refusedAt.IsZero(); i++ { // past the burst
@@ -177,10 +177,7 @@ func halfClosedGet(t *testing.T, addr, path, token string) (int, http.Header) {
 // A client that half-closes each connection after its request is paced like any other, and
 // each held refusal is answered with its 429 (not an empty 200).
 func TestHalfClosingClientsArePacedAndAnswered(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
+	srv, held := pacingServer(t, HTTPConfig{RateLimit: 1, RateBurst: 1})
 	addr, path := strings.TrimPrefix(srv.URL, "http://"), "/v1/snapshots?"+everyParam("w")
 	getWith(t, srv.URL+path, tokenA) // the burst
 	start := time.Now()
@@ -198,7 +195,7 @@ func TestHalfClosingClientsArePacedAndAnswered(t *testing.T) {
 	if most := int(2*elapsed.Seconds() + 2); refused > most {
 		t.Fatalf("a loop of half-closed requests was refused %d times in %s; paced, at most %d", refused, elapsed.Round(time.Millisecond), most)
 	}
-	if held := gathered(t, reg, "repeatrate_http_held_requests_total", ""); held < 1 {
+	if held := held(); held < 1 {
 		t.Fatalf("held %v", held)
 	}
 }
@@ -206,14 +203,11 @@ func TestHalfClosingClientsArePacedAndAnswered(t *testing.T) {
 // A refusal waits only for its own limit's Retry-After: a client whose ingest is refused for
 // 30 s (its workspace's quota) gets its reads' first rate-limit refusal at once.
 func TestARefusalWaitsOnlyForItsOwnLimit(t *testing.T) {
-	reg := prometheus.NewRegistry()
 	ingest := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Retry-After", "30")
 		http.Error(w, "workspace over its quota", http.StatusTooManyRequests)
 	})
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 2, Ingest: ingest, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
+	srv, held := pacingServer(t, HTTPConfig{RateLimit: 1, RateBurst: 2, Ingest: ingest})
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+IngestPath, strings.NewReader("[]"))
 	req.Header.Set("Authorization", "Bearer "+tokenA)
 	resp, err := http.DefaultClient.Do(req)
@@ -231,7 +225,7 @@ func TestARefusalWaitsOnlyForItsOwnLimit(t *testing.T) {
 	if code, _, _ := getWith(t, url, tokenA); code != http.StatusTooManyRequests {
 		t.Fatalf("read past the rate: %d", code)
 	}
-	if held := gathered(t, reg, "repeatrate_http_held_requests_total", ""); held != 0 {
+	if held := held(); held != 0 {
 		t.Fatalf("the read's first refusal was held (%v) by the ingest's Retry-After", held)
 	}
 }
@@ -239,12 +233,8 @@ func TestARefusalWaitsOnlyForItsOwnLimit(t *testing.T) {
 // A held refusal's Retry-After counts from when it was decided: the time it was held is taken
 // off what it answers, and the key is not paced for longer than that.
 func TestHeldRefusalIsCountedFromWhenItWasDecided(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	h := NewHTTP(HTTPConfig{Tokens: testTokens(t), RateLimit: 1, RateBurst: 1, Registerer: reg}, fakeTallies{}, reg, time.Now, zap.NewNop())
-	srv := httptest.NewServer(h.Handler())
-	defer srv.Close()
+	srv, held := pacingServer(t, HTTPConfig{RateLimit: 1, RateBurst: 1})
 	url := srv.URL + "/v1/snapshots?" + everyParam("w")
-	held := func() float64 { return gathered(t, reg, "repeatrate_http_held_requests_total", "") }
 	getWith(t, url, tokenA)
 	if code, _, _ := getWith(t, url, tokenA); code != http.StatusTooManyRequests {
 		t.Fatalf("not refused: %d", code)
