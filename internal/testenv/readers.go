@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -128,23 +129,32 @@ func Workspaces(n int) []string {
 	return out
 }
 
-// Check fails t when the readers got no suite answer (the read side was not exercised), or,
-// unless mayLoseWrites (the scenario makes Redis lose acknowledged writes on purpose), when a
-// processor's log says it found writes lost: a rewind without a loss is a failure.
+// Check fails t with Problem's answer, or logs what the readers did.
 func (r *Readers) Check(t testing.TB, procs []*Proc, mayLoseWrites bool) {
 	t.Helper()
+	if err := r.Problem(procs, mayLoseWrites); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read side busy: %d requests, %d suite answers", r.Requests.Load(), r.SuiteAnswers.Load())
+}
+
+// Problem says why the scenario beside the readers failed: they got no suite answer (the read
+// side was not exercised), or, unless mayLoseWrites (the scenario makes Redis lose acknowledged
+// writes on purpose), a processor's log says it found writes lost: a rewind without a loss is a
+// failure. Nil when neither.
+func (r *Readers) Problem(procs []*Proc, mayLoseWrites bool) error {
 	if n := r.SuiteAnswers.Load(); n == 0 {
-		t.Fatalf("the busy readers got no suite answer in %d requests: the read side was not exercised", r.Requests.Load())
+		return fmt.Errorf("the busy readers got no suite answer in %d requests: the read side was not exercised", r.Requests.Load())
 	}
 	if !mayLoseWrites {
 		for _, p := range procs {
 			out := string(p.Output())
 			for _, loss := range []string{"redis lost acknowledged writes", "committed work was lost"} {
 				if strings.Contains(out, loss) {
-					t.Fatalf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
+					return fmt.Errorf("%s found writes lost although Redis lost none (%q), the read side busy beside it:\n%s", p.Name, loss, p.Tail(20))
 				}
 			}
 		}
 	}
-	t.Logf("read side busy: %d requests, %d suite answers", r.Requests.Load(), r.SuiteAnswers.Load())
+	return nil
 }

@@ -40,6 +40,22 @@ type scenario struct {
 	// mayLoseWrites says the scenario makes Redis lose acknowledged writes; in any other, a
 	// processor that finds writes lost (and rewinds) fails the test.
 	mayLoseWrites bool
+	tailsLogged   bool
+}
+
+// fatalf fails the test after logging the processors' last lines, so that the reason is the
+// last thing the test prints (a CI excerpt shows the end of the output).
+func (s *scenario) fatalf(format string, args ...any) {
+	s.t.Helper()
+	s.logTails()
+	s.t.Fatalf(format, args...)
+}
+
+func (s *scenario) logTails() {
+	s.tailsLogged = true
+	for _, p := range s.procs {
+		s.t.Logf("log of %s:\n%s", p.Name, p.Tail(30))
+	}
 }
 
 // newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
@@ -111,7 +127,7 @@ func (s *scenario) topic(name string) string { return s.name + "." + name }
 func (s *scenario) produce(i int) {
 	s.t.Helper()
 	if out, err := exec.Command(bin, "produce", "--brokers", strings.Join(s.brokers, ","), "--topic", s.topic("in"), "--in", s.parts[i]).CombinedOutput(); err != nil {
-		s.t.Fatalf("produce: %v: %s", err, out)
+		s.fatalf("produce: %v: %s", err, out)
 	}
 }
 
@@ -122,10 +138,8 @@ func (s *scenario) start(n int) {
 		for _, p := range s.procs {
 			p.Kill()
 		}
-		if s.t.Failed() {
-			for _, p := range s.procs {
-				s.t.Logf("log of %s:\n%s", p.Name, p.Tail(30))
-			}
+		if s.t.Failed() && !s.tailsLogged {
+			s.logTails()
 		}
 	})
 	envv := append(os.Environ(),
@@ -174,7 +188,7 @@ func (s *scenario) alive() {
 	s.t.Helper()
 	for _, p := range s.procs {
 		if err, exited := p.Wait(0); exited {
-			s.t.Fatalf("%s exited: %v", p.Name, err)
+			s.fatalf("%s exited: %v", p.Name, err)
 		}
 	}
 }
@@ -186,7 +200,7 @@ func (s *scenario) await(n int, within time.Duration) {
 	for s.seen.count() < n {
 		s.alive()
 		if time.Now().After(deadline) {
-			s.t.Fatalf("%d snapshots read, want %d", s.seen.count(), n)
+			s.fatalf("%d snapshots read, want %d", s.seen.count(), n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -203,14 +217,19 @@ func (s *scenario) converge(within time.Duration) {
 			break
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("snapshots did not converge to replay: %s", why)
+			s.fatalf("snapshots did not converge to replay: %s", why)
 		}
 		s.alive()
 		time.Sleep(250 * time.Millisecond)
 	}
 	s.alive()
-	checkDeadLetters(s.t, s.brokers, s.topic("dlq"), s.poison)
-	s.readers.Check(s.t, s.procs, s.mayLoseWrites)
+	if err := checkDeadLetters(s.t, s.brokers, s.topic("dlq"), s.poison); err != nil {
+		s.fatalf("%v", err)
+	}
+	if err := s.readers.Problem(s.procs, s.mayLoseWrites); err != nil {
+		s.fatalf("%v", err)
+	}
+	s.t.Logf("read side busy: %d requests, %d suite answers", s.readers.Requests.Load(), s.readers.SuiteAnswers.Load())
 }
 
 // awaitCommitted waits until the group committed the end of every input partition.
@@ -249,7 +268,7 @@ func (s *scenario) awaitCommitted(within time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("the group did not commit the input's end:%s", behind)
+			s.fatalf("the group did not commit the input's end:%s", behind)
 		}
 		s.alive()
 		time.Sleep(250 * time.Millisecond)
