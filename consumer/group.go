@@ -364,7 +364,10 @@ type committer interface {
 type flight struct {
 	msgs  []kafka.Message
 	start time.Time // its first message was taken
-	batch *Batch
+	// queued is when it was handed to the next stage (prepared, then applied): what it waits there
+	// is observed as the stage "queued_apply" or "queued_publish".
+	queued time.Time
+	batch  *Batch
 	// offsets are the batch's next offsets per partition and mark its batch mark, taken once
 	// it was published; its messages and batch are then let go (the messages to collect).
 	offsets map[string]map[int]int64
@@ -502,6 +505,7 @@ loop:
 			}
 			actx, cancel := stageCtx()
 			began := time.Now()
+			g.metrics.StageSeconds.WithLabelValues("queued_apply").Observe(began.Sub(f.queued).Seconds())
 			err := g.handler.Apply(actx, f.batch)
 			cancel()
 			if err != nil {
@@ -522,6 +526,7 @@ loop:
 			if f.batch.Barrier() {
 				barrier = f
 			}
+			f.queued = time.Now()
 			applied <- f
 		case f, ok := <-published:
 			if !ok || ectx.Err() != nil {
@@ -590,6 +595,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 	for {
 		// The place first: with MaxInFlight 1 nothing of the next batch is taken before the
 		// previous one was published, as in a loop without overlap.
+		waited := time.Now()
 		select {
 		case slots <- struct{}{}:
 		case <-ectx.Done():
@@ -600,6 +606,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			return nil
 		}
 		g.metrics.InFlight.Inc()
+		g.metrics.StageSeconds.WithLabelValues("queued_collect").Observe(time.Since(waited).Seconds())
 		// Grown as messages come: a light stream's batches stay small.
 		var batch []kafka.Message
 		select {
@@ -651,12 +658,18 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		}
 		timer.Stop()
 		began := time.Now()
+		g.metrics.StageSeconds.WithLabelValues("collect").Observe(began.Sub(start).Seconds())
+		if t := batch[0].Time; !t.IsZero() {
+			// Against the producer's clock (CreateTime topics): a clock ahead reads as 0.
+			g.metrics.StageSeconds.WithLabelValues("input").Observe(max(0, start.Sub(t).Seconds()))
+		}
 		b, err := g.handler.Prepare(batch)
 		if err != nil {
 			return fmt.Errorf("prepare %d messages: %w", len(batch), err)
 		}
-		g.metrics.StageSeconds.WithLabelValues("prepare").Observe(time.Since(began).Seconds())
-		out <- &flight{msgs: batch, start: start, batch: b, full: len(batch) >= g.cfg.MaxBatch || size >= g.cfg.MaxBatchBytes}
+		prepared := time.Now()
+		g.metrics.StageSeconds.WithLabelValues("prepare").Observe(prepared.Sub(began).Seconds())
+		out <- &flight{msgs: batch, start: start, queued: prepared, batch: b, full: len(batch) >= g.cfg.MaxBatch || size >= g.cfg.MaxBatchBytes}
 		if stopping {
 			return nil
 		}
@@ -682,6 +695,7 @@ func (g *Group) publish(ectx context.Context, stageCtx func() (context.Context, 
 			}
 			pctx, cancel := stageCtx()
 			began := time.Now()
+			g.metrics.StageSeconds.WithLabelValues("queued_publish").Observe(began.Sub(f.queued).Seconds())
 			err := g.handler.Publish(pctx, f.batch)
 			cancel()
 			if err != nil {

@@ -18,6 +18,8 @@
 #                     per-workspace ingest quota)
 #   BENCH_PREFILL=N   instead: the today stream on an empty store and on one already retaining N
 #                     opportunities over 10 000 aggregates (docs/performance.md)
+#   BENCH_LATENCY_RATE=R  instead: produce → snapshot latency alone, at R events/s, with where a
+#                     batch's time goes (the processor's stage histograms)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here=deploy/local
@@ -54,6 +56,11 @@ export REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_TEST_KAFKA=127.0.0.1:190
 
 if [ -n "${BENCH_PREFILL:-}" ]; then
   echo "== prefilled store (BENCH_PREFILL=$BENCH_PREFILL opportunities, BENCH_EVENTS=${BENCH_EVENTS:-1000000})"
+  go run ./test/bench
+  exit
+fi
+if [ -n "${BENCH_LATENCY_RATE:-}" ]; then
+  echo "== produce → snapshot latency at BENCH_LATENCY_RATE=$BENCH_LATENCY_RATE events/s"
   go run ./test/bench
   exit
 fi

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -180,16 +179,22 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	const aggs = 200
 	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: name + ".in", Balancer: &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
-	total := int(math.Min(rate*10, 300000))
+	total := int(rate * 10)
 	sent := make([][]time.Time, aggs)
 	var mu sync.Mutex
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	perTick := max(1, int(rate/100))
+	// The machine's cores while sending: the processor, Redis, the broker and this harness.
+	if e.kafkaPID == 0 {
+		e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
+	}
+	cpu0, redis0, kafka0, self0 := cpuSeconds(cmd.Process.Pid), redisCPU(ctx, e.redisAOF), cpuSeconds(e.kafkaPID), cpuSeconds(os.Getpid())
+	began := time.Now()
 	for i := 0; i < total; {
 		<-tick.C
 		var msgs []kafka.Message
-		for end := min(i+perTick, total); i < end; i++ {
+		// What is due by now: a write slower than a tick (dropped ticks) does not lower the rate.
+		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
 			now := time.Now().UTC()
 			a := i % aggs
 			line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
@@ -203,7 +208,23 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 			return 0, 0, err
 		}
 	}
+	sending := time.Since(began).Seconds()
+	cpu, redisCores := (cpuSeconds(cmd.Process.Pid)-cpu0)/sending, (redisCPU(ctx, e.redisAOF)-redis0)/sending
+	kafkaCores, selfCores := (cpuSeconds(e.kafkaPID)-kafka0)/sending, (cpuSeconds(os.Getpid())-self0)/sending
+	// The snapshots are read once the processor has published every event's: readers decoding
+	// them meanwhile took the two cores from the processor (p50 of the last second of sending
+	// 887 ms against 100–200 before it). Snapshot times are the processor's, read at any time.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		m, err := scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err == nil && m[`repeatrate_events_total{type="repeatrate.live.attempt.v1"}`] >= float64(total) && m[`repeatrate_batch_stage_seconds_count{stage="publish"}`] == m[`repeatrate_batch_stage_seconds_count{stage="prepare"}`] {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, fmt.Errorf("latency: the processor did not publish %d events within 2 minutes", total)
+		}
+	}
 	var lat []float64
+	bySecond := map[int][]float64{} // latencies by the second of sending their event was sent in
 	resolved := make([]int, aggs)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -240,7 +261,10 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 				}
 				mu.Lock()
 				for ; resolved[a] < ev.Data.Windows.All.Passed && resolved[a] < len(sent[a]); resolved[a]++ {
-					lat = append(lat, float64(m.Time.Sub(sent[a][resolved[a]]).Microseconds())/1000)
+					l := float64(m.Time.Sub(sent[a][resolved[a]]).Microseconds()) / 1000
+					lat = append(lat, l)
+					sec := int(sent[a][resolved[a]].Sub(began) / time.Second)
+					bySecond[sec] = append(bySecond[sec], l)
 				}
 				done := len(lat) == total
 				mu.Unlock()
@@ -255,6 +279,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	if len(lat) < total {
 		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
 	}
+	logf("latency: %d events sent in %.1f s (%.0f events/s)", total, sending, float64(total)/sending)
 	// The tail: the share of events over 250 ms, and the highest latency of each second of sending.
 	var over int
 	for _, l := range lat {
@@ -263,7 +288,26 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		}
 	}
 	slices.Sort(lat)
+	var seconds []string
+	for sec := 0; len(bySecond[sec]) > 0; sec++ {
+		l := bySecond[sec]
+		slices.Sort(l)
+		seconds = append(seconds, fmt.Sprintf("%d: p50 %.0f p99 %.0f", sec, l[len(l)/2], l[len(l)*99/100]))
+	}
+	logf("latency by second of sending (ms): %s", strings.Join(seconds, "; "))
 	logf("latency tail: p90 %.1f, p99.9 %.1f, max %.1f ms; %.2f %% over 250 ms", lat[len(lat)*9/10], lat[len(lat)*999/1000], lat[len(lat)-1], 100*float64(over)/float64(len(lat)))
+	// Where the time went: each stage's mean per batch (the processor's histograms).
+	if m, err := scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", port)); err == nil {
+		mean := func(stage string) float64 {
+			return 1000 * m[`repeatrate_batch_stage_seconds_sum{stage="`+stage+`"}`] / m[`repeatrate_batch_stage_seconds_count{stage="`+stage+`"}`]
+		}
+		step := func(step string) float64 {
+			return 1000 * m[`repeatrate_batch_step_seconds_sum{step="`+step+`"}`] / m[`repeatrate_batch_step_seconds_count{step="`+step+`"}`]
+		}
+		logf("latency stages (mean ms per batch): input %.1f, queued_collect %.1f, collect %.1f, prepare %.1f, queued_apply %.1f, apply %.1f (steps apply %.1f, seal %.1f), queued_publish %.1f, publish %.1f, commit %.1f; %.0f messages per batch; cores while sending: processor %.2f, Redis %.2f, Kafka %.2f, harness %.2f",
+			mean("input"), mean("queued_collect"), mean("collect"), mean("prepare"), mean("queued_apply"), mean("apply"), step("apply"), step("seal"), mean("queued_publish"), mean("publish"), mean("commit"),
+			m["repeatrate_batch_messages_sum"]/m["repeatrate_batch_messages_count"], cpu, redisCores, kafkaCores, selfCores)
+	}
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 

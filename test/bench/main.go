@@ -142,6 +142,20 @@ func run() error {
 	if getenv("BENCH_ISOLATION", "") == "1" { // a normal tenant beside an abusive one (isolation.go)
 		return e.isolationMode(ctx)
 	}
+	if rate := getenv("BENCH_LATENCY_RATE", ""); rate != "" { // latency alone, at a given rate
+		r, err := strconv.ParseFloat(rate, 64)
+		if err != nil || r <= 0 {
+			return fmt.Errorf("BENCH_LATENCY_RATE: want events per second, got %q", rate)
+		}
+		for _, b := range e.bins {
+			p50, p99, err := e.latency(ctx, b, r)
+			if err != nil {
+				return err
+			}
+			logf("latency %s at %.0f events/s: p50 %.1f ms, p99 %.1f ms", b.name, r, p50, p99)
+		}
+		return nil
+	}
 	defer e.deleteTopics(ctx)
 	var from string
 	e.kafkaPID, from = kafkaBrokerPID(e.brokers[0])
