@@ -189,6 +189,9 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
 	}
 	cpu0, redis0, kafka0, self0 := cpuSeconds(cmd.Process.Pid), redisCPU(ctx, e.redisAOF), cpuSeconds(e.kafkaPID), cpuSeconds(os.Getpid())
+	// Redis rewrites its AOF each time it doubles past 64 MB (auto-aof-rewrite-*): the fork and
+	// the child take the cores for a second or so, which shows in that second's latency.
+	rewrites0 := aofRewrites(ctx, e.redisAOF)
 	began := time.Now()
 	for i := 0; i < total; {
 		<-tick.C
@@ -279,7 +282,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	if len(lat) < total {
 		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
 	}
-	logf("latency: %d events sent in %.1f s (%.0f events/s)", total, sending, float64(total)/sending)
+	logf("latency: %d events sent in %.1f s (%.0f events/s); Redis rewrote its AOF %d times meanwhile", total, sending, float64(total)/sending, aofRewrites(ctx, e.redisAOF)-rewrites0)
 	// The tail: the share of events over 250 ms, and the highest latency of each second of sending.
 	var over int
 	for _, l := range lat {
