@@ -314,6 +314,72 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
+// transportFloor sends live attempts at rate for 10 s the way latency does (same writer, same
+// 4-partition topic, no processor) while a reader per partition with the processor's settings reads
+// them, and returns p50 and p99 of read time − produce timestamp in milliseconds: what Kafka and
+// the harness's own producer add to every latency figure before the processor sees an event.
+func (e *env) transportFloor(ctx context.Context, rate float64) (float64, float64, error) {
+	name := fmt.Sprintf("%s-floor-%.0f", e.run, rate)
+	client := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: time.Minute}
+	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
+		{Topic: name, NumPartitions: 4, ReplicationFactor: 1}}}); err != nil {
+		return 0, 0, err
+	}
+	defer client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{name}})
+	total := int(rate * 10)
+	var mu sync.Mutex
+	lat := make([]float64, 0, total)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: name, Partition: p, MinBytes: 1, MaxBytes: 16 << 20, MaxWait: 250 * time.Millisecond})
+			defer r.Close()
+			for {
+				m, err := r.FetchMessage(rctx)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				lat = append(lat, float64(time.Since(m.Time).Microseconds())/1000)
+				done := len(lat) == total
+				mu.Unlock()
+				if done {
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(time.Second) // the readers have their partitions
+	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: name, Balancer: &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
+	defer w.Close()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	value := make([]byte, 420) // about a live attempt's size
+	began := time.Now()
+	for i := 0; i < total; {
+		<-tick.C
+		var msgs []kafka.Message
+		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
+			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", i%200)), Value: value, Time: time.Now().UTC()})
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			return 0, 0, err
+		}
+	}
+	wg.Wait()
+	if len(lat) < total {
+		return 0, 0, fmt.Errorf("transport floor: %d of %d events read", len(lat), total)
+	}
+	slices.Sort(lat)
+	return lat[len(lat)/2], lat[len(lat)*99/100], nil
+}
+
 // redisBytes applies 500 000 distinct opportunities over 100 aggregates to the Redis without AOF
 // and returns the memory growth per opportunity.
 func (e *env) redisBytes(ctx context.Context) (float64, error) {
