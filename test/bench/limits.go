@@ -144,7 +144,8 @@ func freePort() (int, error) {
 // own, while the processor runs, and returns p50 and p99 of snapshot time − produce time (both
 // Kafka timestamps of the same broker clock) in milliseconds.
 func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, float64, error) {
-	name := fmt.Sprintf("%s-latency-%s-%.0f", e.run, bin.name, rate)
+	e.latencies++
+	name := fmt.Sprintf("%s-latency-%s-%.0f-%d", e.run, bin.name, rate, e.latencies)
 	client := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: time.Minute}
 	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
 		{Topic: name + ".in", NumPartitions: 4, ReplicationFactor: 1},

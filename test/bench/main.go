@@ -42,6 +42,7 @@ type env struct {
 	cores     int
 	kafkaPID  int
 	run       string // prefix of every topic, group and key prefix of this run
+	latencies int    // latency runs so far: each gets topics, a group and keys of its own
 }
 
 func main() {
