@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -447,14 +448,25 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 	applied := make(chan *flight, g.cfg.MaxInFlight)
 	published := make(chan *flight, g.cfg.MaxInFlight)
 	// taken tells collect that the apply stage took a prepared batch: a batch past its linger
-	// waits for that (collect) without polling.
+	// waits for that (collect) without polling. ahead counts the batches collected and not yet
+	// taken by the apply stage (being decoded, or decoded and waiting).
 	taken := make(chan struct{}, 1)
+	var ahead atomic.Int32
+	// Collected batches go to the decoding goroutine: the next batch is collected while one is
+	// decoded (with decoding on the collecting goroutine, the first message of the next batch
+	// waited for it in the fetch queue). A batch holds a place, so this never holds more than
+	// MaxInFlight.
+	closed := make(chan *flight, g.cfg.MaxInFlight)
 	// The message slices of published batches, for collect to fill again: grown by append, a
 	// batch of 15 000 messages copied ≈ 4 MB, a tenth of the processor's CPU on the bench.
 	spare := make(chan []kafka.Message, g.cfg.MaxInFlight)
 	eg.Go(func() error {
+		defer close(closed)
+		return g.collect(ctx, gctx, ectx, in, slots, closed, &ahead, taken, spare)
+	})
+	eg.Go(func() error {
 		defer close(prepared)
-		return g.collect(ctx, gctx, ectx, in, slots, prepared, taken, spare)
+		return g.prepare(ectx, closed, prepared)
 	})
 	eg.Go(func() error {
 		defer close(published)
@@ -499,6 +511,7 @@ loop:
 				close(applied)
 				continue
 			}
+			ahead.Add(-1)
 			select {
 			case taken <- struct{}{}:
 			default: // a signal not yet seen says the same
@@ -583,13 +596,13 @@ func batchBytes(m *kafka.Message) int {
 // errPipelineStopped ends the stages once the batch loop stops.
 var errPipelineStopped = errors.New("batch pipeline stopped")
 
-// collect takes messages from in into batches and prepares them, each after taking a place in
-// slots, until the generation or ctx ends (the batch being collected is still prepared) or the
-// pipeline stops. A batch past its linger while the one before it still waits in out keeps
-// filling until taken says the apply stage took that one. A batch is collected into a slice from
-// spare when there is one.
+// collect takes messages from in into batches and sends them to out, each after taking a place in
+// slots, until the generation or ctx ends (the batch being collected is still sent) or the
+// pipeline stops. A batch past its linger while one before it is still ahead of the apply stage
+// (ahead: collected, not yet taken) keeps filling until taken says the apply stage took that
+// one. A batch is collected into a slice from spare when there is one.
 func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message, slots chan<- struct{}, out chan<- *flight,
-	taken <-chan struct{}, spare <-chan []kafka.Message) error {
+	ahead *atomic.Int32, taken <-chan struct{}, spare <-chan []kafka.Message) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -636,14 +649,14 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 				batch = append(batch, m)
 				size += batchBytes(&m)
 			case <-timer.C:
-				if len(out) == 0 {
+				if ahead.Load() == 0 {
 					break fill
 				}
 				// The batch before this one waits for Redis: this one keeps filling until that
 				// one is taken, and is decoded while it applies.
 				lingered = true
 			case <-taken:
-				if lingered && len(out) == 0 {
+				if lingered && ahead.Load() == 0 {
 					break fill
 				}
 			case <-ectx.Done():
@@ -657,20 +670,39 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			}
 		}
 		timer.Stop()
-		began := time.Now()
-		g.metrics.StageSeconds.WithLabelValues("collect").Observe(began.Sub(start).Seconds())
+		now := time.Now()
+		g.metrics.StageSeconds.WithLabelValues("collect").Observe(now.Sub(start).Seconds())
 		if t := batch[0].Time; !t.IsZero() {
 			// Against the producer's clock (CreateTime topics): a clock ahead reads as 0.
 			g.metrics.StageSeconds.WithLabelValues("input").Observe(max(0, start.Sub(t).Seconds()))
 		}
-		b, err := g.handler.Prepare(batch)
-		if err != nil {
-			return fmt.Errorf("prepare %d messages: %w", len(batch), err)
-		}
-		prepared := time.Now()
-		g.metrics.StageSeconds.WithLabelValues("prepare").Observe(prepared.Sub(began).Seconds())
-		out <- &flight{msgs: batch, start: start, queued: prepared, batch: b, full: len(batch) >= g.cfg.MaxBatch || size >= g.cfg.MaxBatchBytes}
+		ahead.Add(1)
+		out <- &flight{msgs: batch, start: start, queued: now, full: len(batch) >= g.cfg.MaxBatch || size >= g.cfg.MaxBatchBytes}
 		if stopping {
+			return nil
+		}
+	}
+}
+
+// prepare decodes the collected batches of in (Prepare), one at a time in order, and sends them to
+// out, until in is closed or the pipeline stops.
+func (g *Group) prepare(ectx context.Context, in <-chan *flight, out chan<- *flight) error {
+	for {
+		select {
+		case f, ok := <-in:
+			if !ok {
+				return nil
+			}
+			began := time.Now()
+			g.metrics.StageSeconds.WithLabelValues("queued_prepare").Observe(began.Sub(f.queued).Seconds())
+			b, err := g.handler.Prepare(f.msgs)
+			if err != nil {
+				return fmt.Errorf("prepare %d messages: %w", len(f.msgs), err)
+			}
+			f.batch, f.queued = b, time.Now()
+			g.metrics.StageSeconds.WithLabelValues("prepare").Observe(f.queued.Sub(began).Seconds())
+			out <- f // out holds MaxInFlight, and every batch holds a place: never blocks
+		case <-ectx.Done():
 			return nil
 		}
 	}

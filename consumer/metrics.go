@@ -60,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10),
 		}),
 		StageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "repeatrate_batch_stage_seconds", Help: "Time a batch spends in each stage of the pipeline (collect, prepare, apply, publish), retries included, and waiting before the next (queued_collect: for a place in flight, queued_apply, queued_publish); input: from its first message's Kafka timestamp until it was taken (producer batching, broker, fetch); commit: the check before each offset commit, which holds up the next apply; commit_kafka: the broker's answer to each commit, awaited on a goroutine of its own.",
+			Name: "repeatrate_batch_stage_seconds", Help: "Time a batch spends in each stage of the pipeline (collect, prepare, apply, publish), retries included, and waiting before the next (queued_collect: for a place in flight, queued_prepare, queued_apply, queued_publish); input: from its first message's Kafka timestamp until it was taken (producer batching, broker, fetch); commit: the check before each offset commit, which holds up the next apply; commit_kafka: the broker's answer to each commit, awaited on a goroutine of its own.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12),
 		}, []string{"stage"}),
 		StepSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -64,3 +64,62 @@ func TestStagesTimeWhereABatchWaits(t *testing.T) {
 		}
 	})
 }
+
+// slowFirstDecode is a handler whose decoding of the batch starting at offset 0 takes a second.
+type slowFirstDecode struct{ Handler }
+
+func (h slowFirstDecode) Prepare(msgs []kafka.Message) (*Batch, error) {
+	if msgs[0].Offset == 0 {
+		time.Sleep(time.Second)
+	}
+	return h.Handler.Prepare(msgs)
+}
+
+// The next batch is collected while one is decoded: a message that arrives while batch 0 takes a
+// second to decode starts batch 1 at once (its input stage reads 0), not when the decoding ends.
+// Decoding stays in batch order.
+func TestNextBatchIsCollectedWhileOneIsDecoded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := &trace{}
+		store := &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour)}
+		r := newPipelineRig(t, 3, store, &gatePublisher{tr: tr})
+		r.group.handler = slowFirstDecode{r.group.handler}
+		ctx, cancel := context.WithCancel(t.Context())
+		in := make(chan kafka.Message, 2)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.group.batches(ctx, ctx, 1, r.commit, in)
+		}()
+		first := liveMessage(0, "a", "passed")
+		first.Time = time.Now()
+		in <- first
+		time.Sleep(100 * time.Millisecond)
+		second := liveMessage(1, "b", "passed")
+		second.Time = time.Now()
+		in <- second
+		if !within(tr.seen("commit 2"), time.Hour) {
+			t.Fatalf("batch 1 not committed: %s (fatal %v)", tr, r.fatal)
+		}
+		cancel()
+		<-done
+		if tr.index("prepared 1") < tr.index("prepared 0") {
+			t.Errorf("batch 1 decoded before batch 0: %s", tr)
+		}
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(r.group.metrics.StageSeconds)
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				if m.GetLabel()[0].GetValue() == "input" {
+					if h := m.GetHistogram(); h.GetSampleCount() != 2 || h.GetSampleSum() > 0.01 {
+						t.Errorf("input stage: %d batches, %.3f s in all; want 2 batches taken as they came", h.GetSampleCount(), h.GetSampleSum())
+					}
+				}
+			}
+		}
+	})
+}
