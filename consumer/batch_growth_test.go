@@ -22,7 +22,7 @@ import (
 
 // Review of "a batch past its linger keeps filling while the batch before it still waits for the
 // apply stage" (collect waits for the apply stage's taken signal): the batch grows only while the
-// one before it waits in the prepared queue, closes promptly once that one is taken, stops at its
+// one before it is ahead of the apply stage (decoding, or decoded and waiting), closes promptly once that one is taken, stops at its
 // bounds, is handled as before when the generation, the process or the pipeline ends, costs no
 // CPU worth the name, and leaves latency under light load and every commit rule as they were.
 
@@ -322,7 +322,7 @@ func (f *adv8Feeder) takenAt(off int64) time.Time {
 	return f.taken[off]
 }
 
-// Batch 0 applies behind a gate, batch 1 (a lone message) waits in the prepared queue, and
+// Batch 0 applies behind a gate, batch 1 (a lone message) waits for the apply stage, and
 // messages 2..5 arrive 20 ms apart, each past the 10 ms linger: they make one batch, which
 // closes within adv8Poll of the apply stage taking batch 1, not a linger later and not at
 // MaxBatch. Batch 1 itself, with batch 0 applying but nothing waiting, closes exactly at its

@@ -47,8 +47,9 @@ type GroupConfig struct {
 
 	// MaxBatch, MaxBatchBytes and Linger bound a batch: it is processed when it holds MaxBatch
 	// messages, when its keys, values and headers reach MaxBatchBytes, or Linger after its first
-	// message arrived, whichever comes first; but while a batch decoded earlier still waits for
-	// Redis, the one being collected keeps growing past Linger (it could not be applied sooner).
+	// message arrived, whichever comes first; but while a batch collected earlier is still ahead
+	// of the apply stage (being decoded, or decoded and waiting for Redis), the one being collected
+	// keeps growing past Linger (it could not be applied sooner).
 	// Large batches under load spread each Redis call's fixed cost over more events; Linger keeps
 	// them small, and latency low, when traffic is light.
 	MaxBatch      int
@@ -63,7 +64,7 @@ type GroupConfig struct {
 	// their publish: with 1 the stages of a batch run one after another and the next batch is
 	// collected only then; with 2 or more, the next batch is decoded while Redis applies this
 	// one, and applied while this one is published (docs/semantics.md#delivery). Default 4: one
-	// batch per stage and one more being collected, so that the next batch is ready when Redis
+	// batch being collected, one decoded, one applied, one published, so that the next batch is ready when Redis
 	// finishes this one even while a publish is slow (with 3, the applying goroutine waited for a
 	// prepared batch about a tenth of the time under full load; BENCHMARKS.md).
 	MaxInFlight int
@@ -365,8 +366,8 @@ type committer interface {
 type flight struct {
 	msgs  []kafka.Message
 	start time.Time // its first message was taken
-	// queued is when it was handed to the next stage (prepared, then applied): what it waits there
-	// is observed as the stage "queued_apply" or "queued_publish".
+	// queued is when it was handed to the next stage (collected, prepared, then applied): what it
+	// waits there is observed as the stage "queued_prepare", "queued_apply" or "queued_publish".
 	queued time.Time
 	batch  *Batch
 	// offsets are the batch's next offsets per partition and mark its batch mark, taken once
@@ -379,9 +380,10 @@ type flight struct {
 }
 
 // batches collects, handles and commits batches until the generation or ctx ends, in a pipeline
-// of three goroutines and a timer, all owned by this call and ended before it returns:
+// of four goroutines and a timer, all owned by this call and ended before it returns:
 //
-//   - collect takes messages into batches (MaxBatch, MaxBatchBytes, Linger) and decodes them (Prepare);
+//   - collect takes messages into batches (MaxBatch, MaxBatchBytes, Linger);
+//   - prepare decodes them (Prepare), one at a time in order, while the next is collected;
 //   - this goroutine applies them to Redis (Apply), one at a time in order, and commits;
 //   - publish gets their outputs acknowledged (Publish), one at a time in order;
 //   - the drain timer cancels what is still in flight DrainTimeout after the generation or ctx
@@ -652,8 +654,8 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 				if ahead.Load() == 0 {
 					break fill
 				}
-				// The batch before this one waits for Redis: this one keeps filling until that
-				// one is taken, and is decoded while it applies.
+				// A batch before this one is still being decoded or waits for Redis: this one
+				// keeps filling until that one is taken, and is decoded while it applies.
 				lingered = true
 			case <-taken:
 				if lingered && ahead.Load() == 0 {
@@ -693,6 +695,9 @@ func (g *Group) prepare(ectx context.Context, in <-chan *flight, out chan<- *fli
 			if !ok {
 				return nil
 			}
+			if ectx.Err() != nil {
+				return nil // stopped meanwhile: what is left is consumed again, not decoded
+			}
 			began := time.Now()
 			g.metrics.StageSeconds.WithLabelValues("queued_prepare").Observe(began.Sub(f.queued).Seconds())
 			b, err := g.handler.Prepare(f.msgs)
@@ -712,8 +717,9 @@ func (g *Group) prepare(ectx context.Context, in <-chan *flight, out chan<- *fli
 // stops.
 //
 // A full batch's place is given back here, not when the goroutine that applies batches takes it:
-// that goroutine waits for Redis for most of a batch, and a place it held that long kept collect
-// from preparing the batch after next while input was waiting, so that Redis then waited for it.
+// that goroutine waits for Redis for most of a batch, and a place it held that long kept the batch
+// after next from being collected and decoded while input was waiting, so that Redis then waited
+// for it.
 // A batch its linger closed keeps its place until then: under light load that holds the next
 // batch back, so that messages gather in fewer batches, each paying Redis's per-call cost once
 // (given back here too, p50 at half load rose by about 30 ms and p99 by 30–170 ms; BENCHMARKS.md).

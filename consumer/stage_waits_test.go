@@ -77,7 +77,6 @@ func (h slowFirstDecode) Prepare(msgs []kafka.Message) (*Batch, error) {
 
 // The next batch is collected while one is decoded: a message that arrives while batch 0 takes a
 // second to decode starts batch 1 at once (its input stage reads 0), not when the decoding ends.
-// Decoding stays in batch order.
 func TestNextBatchIsCollectedWhileOneIsDecoded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := &trace{}
@@ -103,9 +102,6 @@ func TestNextBatchIsCollectedWhileOneIsDecoded(t *testing.T) {
 		}
 		cancel()
 		<-done
-		if tr.index("prepared 1") < tr.index("prepared 0") {
-			t.Errorf("batch 1 decoded before batch 0: %s", tr)
-		}
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(r.group.metrics.StageSeconds)
 		families, err := reg.Gather()
