@@ -41,22 +41,7 @@ func TestStagesTimeWhereABatchWaits(t *testing.T) {
 		cancel()
 		<-done
 
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(r.group.metrics.StageSeconds)
-		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		type observed struct {
-			count uint64
-			sum   float64
-		}
-		got := map[string]observed{}
-		for _, f := range families {
-			for _, m := range f.GetMetric() {
-				got[m.GetLabel()[0].GetValue()] = observed{m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()}
-			}
-		}
+		got := stageTimes(t, r.group)
 		for stage, want := range map[string]float64{"input": 6, "collect": 0, "queued_apply": 2, "queued_publish": 1} {
 			if o := got[stage]; o.count != 2 || math.Abs(o.sum-want) > 0.01 {
 				t.Errorf("stage %s: %d batches, %.3f s in all; want 2 batches, %.0f s", stage, o.count, o.sum, want)
@@ -102,20 +87,32 @@ func TestNextBatchIsCollectedWhileOneIsDecoded(t *testing.T) {
 		}
 		cancel()
 		<-done
-		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(r.group.metrics.StageSeconds)
-		families, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range families {
-			for _, m := range f.GetMetric() {
-				if m.GetLabel()[0].GetValue() == "input" {
-					if h := m.GetHistogram(); h.GetSampleCount() != 2 || h.GetSampleSum() > 0.01 {
-						t.Errorf("input stage: %d batches, %.3f s in all; want 2 batches taken as they came", h.GetSampleCount(), h.GetSampleSum())
-					}
-				}
-			}
+		if o := stageTimes(t, r.group)["input"]; o.count != 2 || o.sum > 0.01 {
+			t.Errorf("input stage: %d batches, %.3f s in all; want 2 batches taken as they came", o.count, o.sum)
 		}
 	})
+}
+
+// observed is one stage's histogram: batches timed and seconds in all.
+type observed struct {
+	count uint64
+	sum   float64
+}
+
+// stageTimes returns what g's stage histogram holds, by stage.
+func stageTimes(t *testing.T, g *Group) map[string]observed {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(g.metrics.StageSeconds)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]observed{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = observed{m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()}
+		}
+	}
+	return got
 }
