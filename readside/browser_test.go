@@ -283,6 +283,9 @@ func TestBrowserPages(t *testing.T) {
 	if loc := location(); loc != outcomesURL {
 		t.Errorf("the index linked to %s, want %s", loc, outcomesURL)
 	}
+	if err := chromedp.Do(bctx, badgesSettled); err != nil {
+		t.Fatalf("the outcomes page's badges did not finish loading: %v", err)
+	}
 	page, err := chromedp.Run(bctx, chromedp.Evaluate[outcomesPage](readOutcomesJS))
 	if err != nil {
 		t.Fatalf("read the outcomes page: %v", err)
@@ -302,6 +305,9 @@ func TestBrowserPages(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`a[data-testid=other-range][href*="range=24h"]`)),
 	); err != nil {
 		t.Fatalf("the week's charts: %v", err)
+	}
+	if err := chromedp.Do(bctx, badgesSettled); err != nil {
+		t.Fatalf("the week page's badges did not finish loading: %v", err)
 	}
 	week, err := chromedp.Run(bctx, chromedp.Evaluate[outcomesPage](readOutcomesJS))
 	if err != nil {
@@ -371,6 +377,12 @@ func concat(parts ...[]kafka.Message) []kafka.Message {
 	}
 	return out
 }
+
+// badgesSettled waits until every correction's badge image has finished loading, or failed to:
+// the page is visible before its images arrive, and on a loaded machine the badges were read
+// while still loading. Whether each loaded is then checked (checkOutcomes).
+var badgesSettled = chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('section[data-correction] h2 img')].every(i => i.complete)`,
+	chromedp.WithPollingTimeout(15*time.Second))
 
 // outcomesPage is what readOutcomesJS reads off the rendered outcomes page.
 type outcomesPage struct {
