@@ -178,13 +178,9 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	// 200 aggregates; every event is a new opportunity, so the k-th event of an aggregate is in
 	// the first snapshot of it that counts k opportunities.
 	const aggs = 200
-	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: name + ".in", Balancer: &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
 	total := int(rate * 10)
 	sent := make([][]time.Time, aggs)
 	var mu sync.Mutex
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
 	// The machine's cores while sending: the processor, Redis, the broker and this harness.
 	if e.kafkaPID == 0 {
 		e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
@@ -194,23 +190,16 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	// the child take the cores for a second or so, which shows in that second's latency.
 	rewrites0 := aofRewrites(ctx, e.redisAOF)
 	began := time.Now()
-	for i := 0; i < total; {
-		<-tick.C
-		var msgs []kafka.Message
-		// What is due by now: a write slower than a tick (dropped ticks) does not lower the rate.
-		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
-			now := time.Now().UTC()
-			a := i % aggs
-			line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
-				i, i, a, now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
-			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", a)), Value: []byte(line), Time: now})
-			mu.Lock()
-			sent[a] = append(sent[a], now)
-			mu.Unlock()
-		}
-		if err := w.WriteMessages(ctx, msgs...); err != nil {
-			return 0, 0, err
-		}
+	if err := produceAt(ctx, e.brokers, name+".in", rate, total, func(i int, now time.Time) kafka.Message {
+		a := i % aggs
+		line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
+			i, i, a, now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+		mu.Lock()
+		sent[a] = append(sent[a], now)
+		mu.Unlock()
+		return kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", a)), Value: []byte(line), Time: now}
+	}); err != nil {
+		return 0, 0, err
 	}
 	sending := time.Since(began).Seconds()
 	cpu, redisCores := (cpuSeconds(cmd.Process.Pid)-cpu0)/sending, (redisCPU(ctx, e.redisAOF)-redis0)/sending
@@ -315,6 +304,30 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
+// produceAt writes total messages to topic at rate per second, in ticks of 10 ms, each made by
+// msg(i, now) when it is due, with the latency runs' writer: asynchronous, batches of 1 000, 1 ms
+// linger, acknowledged by every replica. What is due is counted from the start, so a write slower
+// than a tick (dropped ticks) does not lower the rate.
+func produceAt(ctx context.Context, brokers []string, topic string, rate float64, total int, msg func(i int, now time.Time) kafka.Message) error {
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
+	defer w.Close()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	began := time.Now()
+	for i := 0; i < total; {
+		<-tick.C
+		var msgs []kafka.Message
+		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
+			msgs = append(msgs, msg(i, time.Now().UTC()))
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // transportFloor sends live attempts at rate for 10 s the way latency does (same writer, same
 // 4-partition topic, no processor) while a reader per partition with the processor's settings reads
 // them, and returns p50 and p99 of read time − produce timestamp in milliseconds: what Kafka and
@@ -355,23 +368,12 @@ func (e *env) transportFloor(ctx context.Context, rate float64) (float64, float6
 			}
 		}()
 	}
-	time.Sleep(time.Second) // the readers have their partitions
-	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: name, Balancer: &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
-	defer w.Close()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
+	time.Sleep(time.Second)    // the readers have their partitions
 	value := make([]byte, 420) // about a live attempt's size
-	began := time.Now()
-	for i := 0; i < total; {
-		<-tick.C
-		var msgs []kafka.Message
-		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
-			msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", i%200)), Value: value, Time: time.Now().UTC()})
-		}
-		if err := w.WriteMessages(ctx, msgs...); err != nil {
-			return 0, 0, err
-		}
+	if err := produceAt(ctx, e.brokers, name, rate, total, func(i int, now time.Time) kafka.Message {
+		return kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", i%200)), Value: value, Time: now}
+	}); err != nil {
+		return 0, 0, err
 	}
 	wg.Wait()
 	if len(lat) < total {
