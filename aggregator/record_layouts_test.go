@@ -1,0 +1,180 @@
+package aggregator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// recordLayoutFill stores one aggregate's records and index entries in a candidate layout.
+// KEYS: the keys the records go to, one per record (all the same key but in a bucketed layout),
+// then the state key that holds the index. ARGV[1] the index entry width in bytes (0: the whole
+// field, -1 none), then field, value pairs.
+var recordLayoutFill = redis.NewScript(`
+local w, n = tonumber(ARGV[1]), (#ARGV - 1) / 2
+if w < 0 then
+  for i = 1, n do redis.call('HSET', KEYS[i], ARGV[2 * i], ARGV[2 * i + 1]) end
+  return n
+end
+local chunk, k = {}, 0
+local st = KEYS[#KEYS]
+local open = redis.call('HGET', st, 'open') or ''
+local closed = tonumber(redis.call('HGET', st, 'closed') or '0')
+for i = 1, n do
+  local f = ARGV[2 * i]
+  redis.call('HSET', KEYS[i], f, ARGV[2 * i + 1])
+  local e = w == 0 and f or string.sub(f, 1, w)
+  if #open + #e > 480 then closed = closed + 1; redis.call('HSET', st, 'c' .. closed, open); open = '' end
+  open = open .. e
+end
+redis.call('HSET', st, 'open', open, 'closed', closed)
+return n
+`)
+
+// recordLayoutHot looks up and inserts records as apply.lua's hot path would in each layout:
+// one HMGET and one HSET per call when every record shares a key, one HGET and HSET per record
+// when each goes to its bucket. It returns the µs of server time the lookups and inserts took.
+// KEYS one per record as in recordLayoutFill; ARGV field, value pairs.
+var recordLayoutHot = redis.NewScript(`
+local n = #ARGV / 2
+local t0 = redis.call('TIME')
+if KEYS[1] == KEYS[n] and n > 1 then
+  local fs, sets = {}, {}
+  for i = 1, n do fs[i] = ARGV[2 * i - 1] end
+  local got = redis.call('HMGET', KEYS[1], unpack(fs))
+  for i = 1, n do if not got[i] then sets[#sets + 1] = fs[i]; sets[#sets + 1] = ARGV[2 * i] end end
+  if #sets > 0 then redis.call('HSET', KEYS[1], unpack(sets)) end
+else
+  for i = 1, n do
+    if not redis.call('HGET', KEYS[i], ARGV[2 * i - 1]) then redis.call('HSET', KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]) end
+  end
+end
+local t1 = redis.call('TIME')
+return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
+`)
+
+// TestRecordLayoutCandidates measures what an opportunity's record and its index entry cost in
+// Redis in the layouts a smaller state could take (docs/performance.md, "Toward 48 bytes"): the
+// id as the field (layout 10), a 16-byte fingerprint as the field of one hash per aggregate, and
+// fingerprints in buckets of a bounded number of records (small hashes Redis keeps as listpacks),
+// indexed by an 8-byte prefix. It reports bytes per opportunity (records and index only; the
+// hours, minutes and head are the same in each) and the server µs per event of looking up and
+// inserting new records in calls of 10 per aggregate.
+//
+//	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordLayoutCandidates -v ./aggregator
+func TestRecordLayoutCandidates(t *testing.T) {
+	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
+	if addr == "" {
+		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
+	}
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	used := func() float64 {
+		rdb.Do(ctx, "MEMORY", "PURGE")
+		s, _ := rdb.Info(ctx, "memory").Result()
+		for _, l := range strings.Split(s, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	entries := 0
+	if v, err := rdb.ConfigGet(ctx, "hash-max-listpack-entries").Result(); err == nil {
+		entries, _ = strconv.Atoi(v["hash-max-listpack-entries"])
+	}
+	const aggregates, perAggregate, hot = 100, 5000, 200
+	type candidate struct {
+		name    string
+		fp      bool // a 16-byte fingerprint as the field, a 15-byte binary value
+		bucket  int  // records per bucket at most (0: one hash per aggregate)
+		indexed int  // bytes of an index entry (0: the whole field, -1: no index)
+	}
+	cands := []candidate{{"layout 10: id field, hex value, one hash", false, 0, 0},
+		{"fingerprint, one hash", true, 0, 0}}
+	for _, b := range []int{16, 32, 64, 100} {
+		cands = append(cands, candidate{fmt.Sprintf("fingerprint buckets of ~%d, 8-byte index", b), true, b, 8})
+	}
+	cands = append(cands, candidate{"fingerprint buckets of ~32, 4-byte index", true, 32, 4},
+		candidate{"fingerprint buckets of ~32, no record index", true, 32, -1})
+	t.Logf("Redis hash-max-listpack-entries %d", entries)
+	for _, c := range cands {
+		prefix := fmt.Sprintf("layouts-%d", time.Now().UnixNano())
+		before := used()
+		record := func(a, i int) (key, field, value string) {
+			id := fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3)
+			occ := int64(1_764_000_000_000_000) + int64(i)*1000
+			tag := fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}", prefix, a)
+			if !c.fp {
+				return tag + ":o", fmt.Sprintf("%03x%s", len(id), id), fmt.Sprintf("c%x,%x", occ, occ+1e6)
+			}
+			sum := sha256.Sum256([]byte(id))
+			// The class, then occurred and assessed in 7 bytes each.
+			v := make([]byte, 16)
+			v[0] = 'c'
+			binary.LittleEndian.PutUint64(v[1:], uint64(occ))
+			binary.LittleEndian.PutUint64(v[8:], uint64(occ+1e6)<<8)
+			v = v[:15]
+			key = tag + ":o"
+			if c.bucket > 0 {
+				nb := (perAggregate + c.bucket - 1) / c.bucket
+				key = fmt.Sprintf("%s:b%d", tag, binary.LittleEndian.Uint32(sum[:4])%uint32(nb))
+			}
+			return key, string(sum[:16]), string(v)
+		}
+		call := func(s *redis.Script, a, from, to int, extra ...any) int64 {
+			var keys []string
+			args := extra
+			for i := from; i < to; i++ {
+				k, f, v := record(a, i)
+				keys = append(keys, k)
+				args = append(args, f, v)
+			}
+			if s == recordLayoutFill {
+				keys = append(keys, fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}:s", prefix, a))
+			}
+			got, err := s.Run(ctx, rdb, keys, args...).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		for a := 0; a < aggregates; a++ {
+			for i := 0; i < perAggregate; i += 500 {
+				call(recordLayoutFill, a, i, i+500, c.indexed)
+			}
+		}
+		after := used()
+		var us int64
+		for r := 0; r < hot; r++ {
+			for a := 0; a < aggregates; a++ {
+				from := perAggregate + r*10
+				us += call(recordLayoutHot, a, from, from+10)
+			}
+		}
+		t.Logf("%-48s %6.1f bytes per opportunity, %5.2f µs per new record looked up and inserted",
+			c.name, (after-before)/(aggregates*perAggregate), float64(us)/float64(hot*aggregates*10))
+		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+			if len(keys) == 1000 {
+				rdb.Del(ctx, keys...)
+				keys = keys[:0]
+			}
+		}
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	}
+}
