@@ -373,6 +373,40 @@ local fDirty, lDirty = false, false -- f or l may no longer be exact: recompute 
 local M, H = floor(at / MIN), floor(at / HOUR)
 local cached = hcm == M and hch == H
 local cacheDirty = false
+-- A batch whose observation time moved on by less than an hour of minutes and a day of hours
+-- shifts the sums instead: it subtracts the minutes and hours that left the windows and adds
+-- those that entered, as the buckets stand before this call, which is what the sums were kept for.
+-- A recompute reads 60 minutes and 168 hours; every aggregate needs one when the minute turns,
+-- which made that minute's first batch cost about five ordinary ones.
+if not cached and n > 0 and hcm and hch and M > hcm and M - hcm < 60 and H >= hch and H - hch < 24 then
+  local ts = {}
+  for m = hcm - 59, M - 60 do ts[#ts + 1] = minOf(m) end
+  for m = hcm + 1, M do ts[#ts + 1] = minOf(m) end
+  load(ts, parseMin)
+  local k = M - hcm
+  for i, t in ipairs(ts) do
+    local s = i <= k and -1 or 1
+    hr[1], hr[2], hr[3] = hr[1] + s * t.c, hr[2] + s * t.p, hr[3] + s * t.u
+  end
+  if H > hch then
+    local j = H - hch
+    ts = {}
+    for h = hch - 167, H - 168 do ts[#ts + 1] = hourOf(h) end
+    for h = hch - 23, H - 24 do ts[#ts + 1] = hourOf(h) end
+    for h = hch + 1, H do ts[#ts + 1] = hourOf(h) end
+    load(ts, parseHour)
+    for i = 1, j do
+      local t, u = ts[i], ts[2 * j + i]
+      wk[1], wk[2], wk[3] = wk[1] - t.c + u.c, wk[2] - t.p + u.p, wk[3] - t.u + u.u
+      t = ts[j + i]
+      dy[1], dy[2], dy[3] = dy[1] - t.c + u.c, dy[2] - t.p + u.p, dy[3] - t.u + u.u
+    end
+  end
+  hcm, hch, cached, cacheDirty = M, H, true, true
+  for i = 1, 3 do
+    if hr[i] < 0 or dy[i] < 0 or wk[i] < 0 then cached = false end
+  end
+end
 
 -- bump adds d to class cls at occurred time occ, of hour table t (read).
 local function bump(cls, occ, t, d)
@@ -442,9 +476,13 @@ local function expireHours(newCut)
     local t = hours[-h]
     if t.c + t.p + t.u > 0 then
       C, P, U = C - t.c, P - t.p, U - t.u
-      changed, dropped = true, true
+      changed = true
+      -- Only an hour inside the week's window changes a window sum (with a retention of 30 days
+      -- the hour that leaves is a month old).
+      if h >= H - 167 then dropped = true end
       t.c, t.p, t.u, t.a, t.b, t.lz, t.dirty = 0, 0, 0, false, false, false, true
       if pm and (h + 1) * 60 > pm then -- a short retention: the hour still has minute buckets
+        dropped = true
         for m = h * 60, h * 60 + 59 do
           local q = minOf(m)
           q.c, q.p, q.u, q.got, q.dirty = 0, 0, 0, true, true
@@ -478,7 +516,11 @@ local function advance(occ)
   -- Minute buckets below the floor are never read or written again; deleting them is only
   -- garbage collection, done in steps of an hour of minutes to keep it cheap.
   if not pm then pm = nm end
-  if nm - pm >= 60 then pruneMinutes(pm, nm); pm = nm; cached = false end
+  if nm - pm >= 60 then
+    pruneMinutes(pm, nm)
+    if nm > M - 59 then cached = false end -- a pruned minute was in the hour's window
+    pm = nm
+  end
   mfloor = floor(w / MIN) - MKEEP
 end
 -- A retention lowered since the last batch: the cut moves up to what it gives now (with a batch;

@@ -118,26 +118,35 @@ func TestRedisMatchesModel(t *testing.T) {
 		retention time.Duration
 		jumpEvery int
 		embedded  bool // on the embedded Redis of `repeatrate dev` (gopher-lua), not the real one
+		events    int  // 10 000 when 0
 	}{
 		// Days: expiry, pruning, every window boundary; the observation minute changes every batch.
-		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false}, {2, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false},
-		{3, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false},
+		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0}, {2, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
+		{3, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
 		// Minutes: many batches share an observation minute, so the cached window sums are used
 		// and updated in place.
-		{4, 20 * time.Minute, 3 * 24 * time.Hour, 0, false}, {5, 3 * time.Hour, 3 * 24 * time.Hour, 0, false},
+		{4, 20 * time.Minute, 3 * 24 * time.Hour, 0, false, 0}, {5, 3 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
+		// A week and more in steps of half an hour on average, under a month's retention: the window
+		// sums move on minute by minute and hour by hour, and the hours that leave the week's
+		// window still hold counts.
+		{9, 9 * 24 * time.Hour, 30 * 24 * time.Hour, 0, false, 60000},
 		// Watermark leaps: whole aggregates expire at once, then fill again.
-		{6, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 500, false},
+		{6, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 500, false, 0},
 		// The shortest retention: hours expire inside the 24h window and while their minute
 		// buckets still exist.
-		{7, 12 * time.Hour, time.Hour, 0, false}, {8, 2 * time.Hour, time.Hour, 700, false},
+		{7, 12 * time.Hour, time.Hour, 0, false, 0}, {8, 2 * time.Hour, time.Hour, 700, false, 0},
 		// The embedded Redis runs another Lua, whose tables behave differently (an hour number as
 		// a key once cost seconds per call there).
-		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, true}, {8, 2 * time.Hour, time.Hour, 700, true},
+		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, true, 0}, {8, 2 * time.Hour, time.Hour, 700, true, 0},
 	} {
 		seed := tc.seed
 		t.Run(fmt.Sprint("seed", seed, map[bool]string{true: " embedded"}[tc.embedded]), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 99))
-			stream := randomStreamOver(r, 10000, tc.span, tc.jumpEvery)
+			events := tc.events
+			if events == 0 {
+				events = 10000
+			}
+			stream := randomStreamOver(r, events, tc.span, tc.jumpEvery)
 			retention := tc.retention // short, so expiry happens inside the stream
 			var store *Redis
 			if tc.embedded {
