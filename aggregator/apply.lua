@@ -377,8 +377,10 @@ local cacheDirty = false
 -- shifts the sums instead: it subtracts the minutes and hours that left the windows and adds
 -- those that entered, as the buckets stand before this call, which is what the sums were kept for.
 -- A recompute reads 60 minutes and 168 hours; every aggregate needs one when the minute turns,
--- which made that minute's first batch cost about five ordinary ones.
-if not cached and n > 0 and hcm and hch and M > hcm and M - hcm < 60 and H >= hch and H - hch < 24 then
+-- which made that minute's first batch cost about five ordinary ones, and so did every read of an
+-- aggregate whose last batch was in an earlier minute (a read changes nothing, so it never
+-- stored its sums).
+if not cached and hcm and hch and M > hcm and M - hcm < 60 and H >= hch and H - hch < 24 then
   local ts = {}
   for m = hcm - 59, M - 60 do ts[#ts + 1] = minOf(m) end
   for m = hcm + 1, M do ts[#ts + 1] = minOf(m) end

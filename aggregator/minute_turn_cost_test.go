@@ -72,6 +72,7 @@ func TestMinuteTurnCost(t *testing.T) {
 	// apply runs the batch through every script, in an order that rotates, and returns the server
 	// µs each took; the tallies must agree.
 	rot := 0
+	var currentRead []any // the current script's read of the first aggregate, to check the others against
 	apply := func(obs []Observation, at time.Time) []float64 {
 		us := make([]float64, len(names))
 		res := make([]map[Key][]any, len(names))
@@ -116,12 +117,44 @@ func TestMinuteTurnCost(t *testing.T) {
 			turn[i] += us
 		}
 	}
+	// Reads (calls with no observations, as Tally makes) 1 to REPEATRATE_APPLY_COST_MINUTES minutes
+	// after the last batch.
+	read := make([]float64, len(names))
+	for r := range turns {
+		at := now.Add(time.Duration(r+1) * time.Minute)
+		args := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10), "0"}
+		for i := range names {
+			before, _ := readCost(ctx, client)
+			var first []any
+			for a, k := range keys {
+				base := prefixes[i] + ":{" + k.String() + "}:"
+				got, err := scripts[i].EvalSha(ctx, client, []string{base + "o", base + "s", base + "e", base + "z"}, args...).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a == 0 {
+					first = got
+				}
+			}
+			after, _ := readCost(ctx, client)
+			read[i] += float64(after.usec["evalsha"] - before.usec["evalsha"])
+			if i == 0 {
+				currentRead = first
+				continue
+			}
+			cur, _, _ := parseReply(currentRead)
+			if got, _, _ := parseReply(first); got != cur {
+				t.Fatalf("read %s: current %+v, %s %+v", keys[0], cur, names[i], got)
+			}
+		}
+	}
 	calls := float64(turns * aggregates)
 	for i, name := range names {
-		t.Logf("%-9s same minute %6.1f µs a call, a new minute %6.1f µs a call (×%.2f)", name+":",
-			same[i]/calls, turn[i]/calls, turn[i]/same[i])
+		t.Logf("%-9s same minute %6.1f µs a call, a new minute %6.1f µs a call (×%.2f), a read a minute later %6.1f µs",
+			name+":", same[i]/calls, turn[i]/calls, turn[i]/same[i], read[i]/calls)
 	}
 	if len(names) > 1 {
-		t.Logf("current ÷ previous: same minute %.3f, a new minute %.3f", same[0]/same[1], turn[0]/turn[1])
+		t.Logf("current ÷ previous: same minute %.3f, a new minute %.3f, a read %.3f",
+			same[0]/same[1], turn[0]/turn[1], read[0]/read[1])
 	}
 }
