@@ -884,12 +884,17 @@ end
 -- sums are not for its minute and hour.
 if not cached then
   hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = 0, 0, 0, 0, 0, 0, 0, 0, 0
+  -- No bucket lies past the watermark (an event moves it before it changes a bucket), so the
+  -- windows are read up to it only: a read of an aggregate idle for a week reads no bucket, nor
+  -- does one of an aggregate that holds nothing.
+  local topM, topH = M - 60, H - 168
+  if w then topM, topH = min(M, floor(w / MIN)), min(H, floor(w / HOUR)) end
   local ts = {}
-  for m = M - 59, M do ts[#ts + 1] = minOf(m) end
+  for m = M - 59, topM do ts[#ts + 1] = minOf(m) end
   load(ts, parseMin)
   for _, t in ipairs(ts) do hr[1], hr[2], hr[3] = hr[1] + t.c, hr[2] + t.p, hr[3] + t.u end
-  loadHours(H - 167, H)
-  for h = H - 167, H do
+  if topH >= H - 167 then loadHours(H - 167, topH) end
+  for h = H - 167, topH do
     local t = hours[-h]
     wk[1], wk[2], wk[3] = wk[1] + t.c, wk[2] + t.p, wk[3] + t.u
     if h >= H - 23 then dy[1], dy[2], dy[3] = dy[1] + t.c, dy[2] + t.p, dy[3] + t.u end

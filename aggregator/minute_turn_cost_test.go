@@ -148,6 +148,39 @@ func TestMinuteTurnCost(t *testing.T) {
 			}
 		}
 	}
+	// Reads of an aggregate idle for three days (the first), then for eight (the second): every
+	// window is read again, up to its newest event.
+	idle := make([]float64, 2)
+	for r, gap := range []time.Duration{3 * 24 * time.Hour, 8 * 24 * time.Hour} {
+		at := now.Add(gap)
+		args := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10), "0"}
+		for i := range names {
+			before, _ := readCost(ctx, client)
+			var first []any
+			for a, k := range keys {
+				base := prefixes[i] + ":{" + k.String() + "}:"
+				got, err := scripts[i].EvalSha(ctx, client, []string{base + "o", base + "s", base + "e", base + "z"}, args...).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a == 0 {
+					first = got
+				}
+			}
+			after, _ := readCost(ctx, client)
+			if i == 0 {
+				idle[r] = float64(after.usec["evalsha"]-before.usec["evalsha"]) / aggregates
+				currentRead = first
+			} else {
+				cur, _, _ := parseReply(currentRead)
+				if got, _, _ := parseReply(first); got != cur {
+					t.Fatalf("read %v later %s: current %+v, %s %+v", gap, keys[0], cur, names[i], got)
+				}
+				t.Logf("%s: a read %v after the last batch %.1f µs", names[i], gap, float64(after.usec["evalsha"]-before.usec["evalsha"])/aggregates)
+			}
+		}
+	}
+	t.Logf("current: a read 3 days after the last batch %.1f µs, 8 days after %.1f µs", idle[0], idle[1])
 	calls := float64(turns * aggregates)
 	for i, name := range names {
 		t.Logf("%-9s same minute %6.1f µs a call, a new minute %6.1f µs a call (×%.2f), a read a minute later %6.1f µs",
