@@ -889,15 +889,18 @@ if not cached then
   -- does one of an aggregate that holds nothing.
   local topM, topH = M - 60, H - 168
   if w then topM, topH = min(M, floor(w / MIN)), min(H, floor(w / HOUR)) end
+  -- Nor is one stored before the aggregate's first call: it has only what this call made.
   local ts = {}
   for m = M - 59, topM do ts[#ts + 1] = minOf(m) end
-  load(ts, parseMin)
+  if head then load(ts, parseMin) end
   for _, t in ipairs(ts) do hr[1], hr[2], hr[3] = hr[1] + t.c, hr[2] + t.p, hr[3] + t.u end
-  if topH >= H - 167 then loadHours(H - 167, topH) end
+  if head and topH >= H - 167 then loadHours(H - 167, topH) end
   for h = H - 167, topH do
-    local t = hours[-h]
-    wk[1], wk[2], wk[3] = wk[1] + t.c, wk[2] + t.p, wk[3] + t.u
-    if h >= H - 23 then dy[1], dy[2], dy[3] = dy[1] + t.c, dy[2] + t.p, dy[3] + t.u end
+    local t = hours[-h] -- nil: an hour a new aggregate's call did not touch
+    if t then
+      wk[1], wk[2], wk[3] = wk[1] + t.c, wk[2] + t.p, wk[3] + t.u
+      if h >= H - 23 then dy[1], dy[2], dy[3] = dy[1] + t.c, dy[2] + t.p, dy[3] + t.u end
+    end
   end
   hcm, hch, cacheDirty = M, H, true
 end
