@@ -55,6 +55,19 @@ func BenchmarkModelApplyBatch(b *testing.B) {
 	}
 }
 
+// usedMemory is Redis's used_memory after MEMORY PURGE (jemalloc's dirty pages returned).
+func usedMemory(ctx context.Context, rdb *redis.Client) float64 {
+	rdb.Do(ctx, "MEMORY", "PURGE")
+	s, _ := rdb.Info(ctx, "memory").Result()
+	for _, l := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
 // TestRedisBytesPerOpportunity measures what make bench reports as redis_bytes_per_opportunity
 // (used_memory growth over 500 000 distinct opportunities in 100 aggregates, occurred over a day),
 // and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store
@@ -70,17 +83,7 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	used := func() float64 {
-		rdb.Do(ctx, "MEMORY", "PURGE")
-		s, _ := rdb.Info(ctx, "memory").Result()
-		for _, l := range strings.Split(s, "\r\n") {
-			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return f
-			}
-		}
-		return 0
-	}
+	used := func() float64 { return usedMemory(ctx, rdb) }
 	const total, ret = 500_000, 30 * 24 * time.Hour
 	old := redis.NewScript(layout4Source)
 	for _, run := range []struct {

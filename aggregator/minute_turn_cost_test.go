@@ -72,7 +72,6 @@ func TestMinuteTurnCost(t *testing.T) {
 	// apply runs the batch through every script, in an order that rotates, and returns the server
 	// µs each took; the tallies must agree.
 	rot := 0
-	var currentRead []any // the current script's read of the first aggregate, to check the others against
 	apply := func(obs []Observation, at time.Time) []float64 {
 		us := make([]float64, len(names))
 		res := make([]map[Key][]any, len(names))
@@ -121,70 +120,54 @@ func TestMinuteTurnCost(t *testing.T) {
 			turn[i] += us
 		}
 	}
-	// Reads (calls with no observations, as Tally makes) 1 to REPEATRATE_APPLY_COST_MINUTES minutes
-	// after the last batch.
+	// readEach reads every aggregate at at with each script (calls with no observations, as Tally
+	// makes), checks the first aggregate's tally equal across scripts, and returns the server µs
+	// each script took.
+	readEach := func(at time.Time) []float64 {
+		args := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10), "0"}
+		us := make([]float64, len(names))
+		var want Tally
+		for i := range names {
+			before, _ := readCost(ctx, client)
+			var first []any
+			for a, k := range keys {
+				base := prefixes[i] + ":{" + k.String() + "}:"
+				got, err := scripts[i].EvalSha(ctx, client, []string{base + "o", base + "s", base + "e", base + "z"}, args...).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a == 0 {
+					first = got
+				}
+			}
+			after, _ := readCost(ctx, client)
+			us[i] = float64(after.usec["evalsha"] - before.usec["evalsha"])
+			got, _, err := parseReply(first)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				want = got
+			} else if got != want {
+				t.Fatalf("read %s at %v: current %+v, %s %+v", keys[0], at, want, names[i], got)
+			}
+		}
+		return us
+	}
+	// Reads 1 to REPEATRATE_APPLY_COST_MINUTES minutes after the last batch.
 	read := make([]float64, len(names))
 	for r := range turns {
-		at := now.Add(time.Duration(r+1) * time.Minute)
-		args := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10), "0"}
-		for i := range names {
-			before, _ := readCost(ctx, client)
-			var first []any
-			for a, k := range keys {
-				base := prefixes[i] + ":{" + k.String() + "}:"
-				got, err := scripts[i].EvalSha(ctx, client, []string{base + "o", base + "s", base + "e", base + "z"}, args...).Slice()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if a == 0 {
-					first = got
-				}
-			}
-			after, _ := readCost(ctx, client)
-			read[i] += float64(after.usec["evalsha"] - before.usec["evalsha"])
-			if i == 0 {
-				currentRead = first
-				continue
-			}
-			cur, _, _ := parseReply(currentRead)
-			if got, _, _ := parseReply(first); got != cur {
-				t.Fatalf("read %s: current %+v, %s %+v", keys[0], cur, names[i], got)
-			}
+		for i, us := range readEach(now.Add(time.Duration(r+1) * time.Minute)) {
+			read[i] += us
 		}
 	}
-	// Reads of an aggregate idle for three days (the first), then for eight (the second): every
-	// window is read again, up to its newest event.
-	idle := make([]float64, 2)
-	for r, gap := range []time.Duration{3 * 24 * time.Hour, 8 * 24 * time.Hour} {
-		at := now.Add(gap)
-		args := []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(at), 10), "0"}
-		for i := range names {
-			before, _ := readCost(ctx, client)
-			var first []any
-			for a, k := range keys {
-				base := prefixes[i] + ":{" + k.String() + "}:"
-				got, err := scripts[i].EvalSha(ctx, client, []string{base + "o", base + "s", base + "e", base + "z"}, args...).Slice()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if a == 0 {
-					first = got
-				}
-			}
-			after, _ := readCost(ctx, client)
-			if i == 0 {
-				idle[r] = float64(after.usec["evalsha"]-before.usec["evalsha"]) / aggregates
-				currentRead = first
-			} else {
-				cur, _, _ := parseReply(currentRead)
-				if got, _, _ := parseReply(first); got != cur {
-					t.Fatalf("read %v later %s: current %+v, %s %+v", gap, keys[0], cur, names[i], got)
-				}
-				t.Logf("%s: a read %v after the last batch %.1f µs", names[i], gap, float64(after.usec["evalsha"]-before.usec["evalsha"])/aggregates)
-			}
+	// Reads of an aggregate idle for three days, then for eight: every window is read again, up
+	// to its newest event.
+	for _, gap := range []time.Duration{3 * 24 * time.Hour, 8 * 24 * time.Hour} {
+		for i, us := range readEach(now.Add(gap)) {
+			t.Logf("%-9s a read %v after the last batch %6.1f µs", names[i]+":", gap, us/aggregates)
 		}
 	}
-	t.Logf("current: a read 3 days after the last batch %.1f µs, 8 days after %.1f µs", idle[0], idle[1])
 	calls := float64(turns * aggregates)
 	for i, name := range names {
 		t.Logf("%-9s same minute %6.1f µs a call, a new minute %6.1f µs a call (×%.2f), a read a minute later %6.1f µs",

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -78,17 +77,7 @@ func TestRecordLayoutCandidates(t *testing.T) {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	used := func() float64 {
-		rdb.Do(ctx, "MEMORY", "PURGE")
-		s, _ := rdb.Info(ctx, "memory").Result()
-		for _, l := range strings.Split(s, "\r\n") {
-			if v, ok := strings.CutPrefix(l, "used_memory:"); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return f
-			}
-		}
-		return 0
-	}
+	used := func() float64 { return usedMemory(ctx, rdb) }
 	entries := 0
 	if v, err := rdb.ConfigGet(ctx, "hash-max-listpack-entries").Result(); err == nil {
 		entries, _ = strconv.Atoi(v["hash-max-listpack-entries"])
