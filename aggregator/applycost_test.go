@@ -156,6 +156,32 @@ func applyLayout4(ctx context.Context, c *redis.Client, script *redis.Script, pr
 	return out, nil
 }
 
+// costRedis is the Redis the cost measurements run on: REPEATRATE_APPLY_COST_REDIS when set (its
+// CPU is then the scripts' alone), the test Redis otherwise.
+func costRedis(t *testing.T) *redis.Client {
+	a := os.Getenv("REPEATRATE_APPLY_COST_REDIS")
+	if a == "" {
+		return testenv.Redis(t)
+	}
+	c := redis.NewClient(&redis.Options{Addr: a})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// previousScript is the script REPEATRATE_APPLY_COST_PREV names (git show <commit>:aggregator/apply.lua),
+// taking the current arguments, measured beside the current one as "previous"; nil when unset.
+func previousScript(t *testing.T) *redis.Script {
+	f := os.Getenv("REPEATRATE_APPLY_COST_PREV")
+	if f == "" {
+		return nil
+	}
+	src, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return redis.NewScript(string(src))
+}
+
 // redisCost is what Redis reports having spent: CPU seconds and, per command, calls.
 type redisCost struct {
 	cpu   float64
@@ -325,20 +351,12 @@ func TestApplyCost(t *testing.T) {
 		t.Skip("set REPEATRATE_APPLY_COST to the number of events per shape")
 	}
 	ctx := context.Background()
-	client := testenv.Redis(t)
-	if a := os.Getenv("REPEATRATE_APPLY_COST_REDIS"); a != "" {
-		client = redis.NewClient(&redis.Options{Addr: a})
-		defer client.Close()
-	}
+	client := costRedis(t)
 	only := os.Getenv("REPEATRATE_APPLY_COST_ONLY")
 	names := []string{"layout 3", "layout 4", "current", "floor"}
 	scripts := []*redis.Script{redis.NewScript(layout3Source), redis.NewScript(layout4Source), applyScript, redis.NewScript(floorSource)}
-	if f := os.Getenv("REPEATRATE_APPLY_COST_PREV"); f != "" {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, scripts = append(names, "previous"), append(scripts, redis.NewScript(string(src)))
+	if prev := previousScript(t); prev != nil {
+		names, scripts = append(names, "previous"), append(scripts, prev)
 	}
 	for _, s := range scripts {
 		if err := s.Load(ctx, client).Err(); err != nil {

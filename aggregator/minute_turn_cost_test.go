@@ -28,18 +28,10 @@ func TestMinuteTurnCost(t *testing.T) {
 		t.Skip("set REPEATRATE_APPLY_COST_MINUTES to the number of minute turns to measure")
 	}
 	ctx := context.Background()
-	client := testenv.Redis(t)
-	if a := os.Getenv("REPEATRATE_APPLY_COST_REDIS"); a != "" {
-		client = redis.NewClient(&redis.Options{Addr: a})
-		defer client.Close()
-	}
+	client := costRedis(t)
 	names, scripts := []string{"current"}, []*redis.Script{applyScript}
-	if f := os.Getenv("REPEATRATE_APPLY_COST_PREV"); f != "" {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, scripts = append(names, "previous"), append(scripts, redis.NewScript(string(src)))
+	if prev := previousScript(t); prev != nil {
+		names, scripts = append(names, "previous"), append(scripts, prev)
 	}
 	prefixes := make([]string, len(names))
 	for i := range names {
