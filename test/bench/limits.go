@@ -333,17 +333,63 @@ func produceAt(ctx context.Context, brokers []string, topic string, rate float64
 // them, and returns p50 and p99 of read time − produce timestamp in milliseconds: what Kafka and
 // the harness's own producer add to every latency figure before the processor sees an event.
 func (e *env) transportFloor(ctx context.Context, rate float64) (float64, float64, error) {
-	name := fmt.Sprintf("%s-floor-%.0f", e.run, rate)
+	return e.paced(ctx, rate, 10*time.Second, "floor")
+}
+
+// warmBroker sends the transport floor's traffic at rate for BENCH_WARMUP (60 s by default; 0
+// skips it), unmeasured, before the latency runs, and logs the broker's cores over its first and
+// last 10 s. A broker the bench just started runs its request paths interpreted or half compiled
+// for about a minute of this traffic, at about twice the CPU of a warm one, on the two cores the
+// processor and Redis share; production brokers are warm.
+func (e *env) warmBroker(ctx context.Context, rate float64) error {
+	d, err := time.ParseDuration(getenv("BENCH_WARMUP", "60s"))
+	if err != nil {
+		return fmt.Errorf("BENCH_WARMUP: %w", err)
+	}
+	if d <= 0 {
+		return nil
+	}
+	if d < 30*time.Second {
+		return fmt.Errorf("BENCH_WARMUP: at least 30s (its first and last 10 s are measured), or 0, got %v", d)
+	}
+	if e.kafkaPID == 0 {
+		e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
+	}
+	var first, last float64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c0 := cpuSeconds(e.kafkaPID)
+		time.Sleep(10 * time.Second)
+		first = (cpuSeconds(e.kafkaPID) - c0) / 10
+		time.Sleep(d - 20*time.Second)
+		c1 := cpuSeconds(e.kafkaPID)
+		time.Sleep(10 * time.Second)
+		last = (cpuSeconds(e.kafkaPID) - c1) / 10
+	}()
+	if _, _, err := e.paced(ctx, rate, d, "warmup"); err != nil {
+		return err
+	}
+	<-done
+	logf("broker warm-up: %v of the transport floor's traffic at %.0f events/s, unmeasured; broker cores %.2f in its first 10 s, %.2f in its last", d, rate, first, last)
+	return nil
+}
+
+// paced sends live attempts at rate for d to a new 4-partition topic while a reader per partition
+// with the processor's settings reads them, and returns p50 and p99 of read time − produce
+// timestamp in milliseconds.
+func (e *env) paced(ctx context.Context, rate float64, d time.Duration, what string) (float64, float64, error) {
+	name := fmt.Sprintf("%s-%s-%.0f", e.run, what, rate)
 	client := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: time.Minute}
 	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
 		{Topic: name, NumPartitions: 4, ReplicationFactor: 1}}}); err != nil {
 		return 0, 0, err
 	}
 	defer client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{name}})
-	total := int(rate * 10)
+	total := int(rate * d.Seconds())
 	var mu sync.Mutex
 	lat := make([]float64, 0, total)
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	rctx, cancel := context.WithTimeout(ctx, d+2*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
 	for p := range 4 {
@@ -377,7 +423,7 @@ func (e *env) transportFloor(ctx context.Context, rate float64) (float64, float6
 	}
 	wg.Wait()
 	if len(lat) < total {
-		return 0, 0, fmt.Errorf("transport floor: %d of %d events read", len(lat), total)
+		return 0, 0, fmt.Errorf("%s: %d of %d events read", what, len(lat), total)
 	}
 	slices.Sort(lat)
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil

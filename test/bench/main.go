@@ -148,6 +148,9 @@ func run() error {
 		if err != nil || r <= 0 {
 			return fmt.Errorf("BENCH_LATENCY_RATE: want events per second, got %q", rate)
 		}
+		if err := e.warmBroker(ctx, r); err != nil {
+			return err
+		}
 		p50, p99, err := e.transportFloor(ctx, r)
 		if err != nil {
 			return err
@@ -296,8 +299,13 @@ func run() error {
 			m["dup20_vs_dup0"] = num(p20.eps/p0.best[b].eps, 3)
 			m["aof_vs_noaof"] = num(p20.eps/pNone.best[b].eps, 3)
 			// Latency at half of the current build's speed for every binary, so they are
-			// compared under the same load.
+			// compared under the same load, on a warm broker.
 			rate := c.best[0].eps / 2
+			if b == 0 {
+				if err := e.warmBroker(ctx, rate); err != nil {
+					return nil, err
+				}
+			}
 			p50, p99, err := e.latency(ctx, e.bins[b], rate)
 			if err != nil {
 				return nil, err
