@@ -355,19 +355,37 @@ func (e *env) warmBroker(ctx context.Context, rate float64) error {
 	if e.kafkaPID == 0 {
 		e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
 	}
+	// The broker's cores are sampled beside the traffic, by a goroutine this call stops and waits
+	// for on every way out.
 	var first, last float64
-	done := make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		c0 := cpuSeconds(e.kafkaPID)
-		time.Sleep(10 * time.Second)
-		first = (cpuSeconds(e.kafkaPID) - c0) / 10
-		time.Sleep(d - 20*time.Second)
-		c1 := cpuSeconds(e.kafkaPID)
-		time.Sleep(10 * time.Second)
-		last = (cpuSeconds(e.kafkaPID) - c1) / 10
+		wait := func(w time.Duration) bool {
+			select {
+			case <-time.After(w):
+				return true
+			case <-stop:
+				return false
+			}
+		}
+		cores := func() (float64, bool) {
+			c := cpuSeconds(e.kafkaPID)
+			if !wait(10 * time.Second) {
+				return 0, false
+			}
+			return (cpuSeconds(e.kafkaPID) - c) / 10, true
+		}
+		var ok bool
+		if first, ok = cores(); !ok || !wait(d-20*time.Second) {
+			return
+		}
+		last, _ = cores()
 	}()
-	if _, _, err := e.paced(ctx, rate, d, "warmup"); err != nil {
+	_, _, err = e.paced(ctx, rate, d, "warmup")
+	if err != nil {
+		close(stop)
+		<-done
 		return err
 	}
 	<-done
