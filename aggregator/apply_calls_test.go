@@ -66,30 +66,27 @@ func TestRecordApplyCalls(t *testing.T) {
 		}
 	}
 	const ret = 30 * 24 * time.Hour
+	// The calls are made as Redis.Apply makes them: Encode's keys and arguments, the head filled in.
+	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: ret, IdleTTL: ret})
+	if err != nil {
+		t.Fatal(err)
+	}
 	batches, ats := costStream(shape, events)
 	calls := 0
 	for b, obs := range batches {
-		groups, keys := groupByKey(obs)
-		recs := encodeRecords(obs)
-		fields, err := recordFields(obs)
-		if err != nil {
-			t.Fatal(err)
+		e := store.Encode(obs)
+		if e.err != nil {
+			t.Fatal(e.err)
 		}
-		for _, k := range keys {
-			args := []string{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(ats[b]), 10),
-				strconv.FormatInt(ret.Milliseconds(), 10)}
-			for _, i := range groups[k] {
-				args = append(args, fields[i])
+		for _, k := range e.keys {
+			iargs := e.args[k]
+			copy(iargs, []any{strconv.FormatInt(int64(ret/time.Microsecond), 10), strconv.FormatInt(Micros(ats[b]), 10),
+				strconv.FormatInt(ret.Milliseconds(), 10)})
+			args := make([]string, len(iargs))
+			for i, a := range iargs {
+				args[i] = a.(string)
 			}
-			for _, i := range groups[k] {
-				args = append(args, recs[i])
-			}
-			base := prefix + ":{" + k.String() + "}:"
-			redisKeys := []string{base + "o", base + "s", base + "e", base + "z"}
-			iargs := make([]any, len(args))
-			for i, a := range args {
-				iargs[i] = a
-			}
+			redisKeys := e.redis[k]
 			reply, err := applyScript.EvalSha(ctx, client, redisKeys, iargs...).Slice()
 			if err != nil {
 				t.Fatal(err)
