@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,6 +61,57 @@ local t1 = redis.call('TIME')
 return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 `)
 
+// recordLayoutPacked looks up and inserts records kept packed: fixed-width records (a 16-byte
+// fingerprint, then a 15-byte value) concatenated in the value of a bucket field of one hash per
+// aggregate. It reads each bucket the call touches once, finds a fingerprint by a plain search
+// that must land on a record's start, appends the absent records and writes the buckets it
+// changed. It returns the µs of server time taken. KEYS[1] the hash; ARGV bucket field,
+// fingerprint, value triples.
+var recordLayoutPacked = redis.NewScript(`
+local n, key = #ARGV / 3, KEYS[1]
+local t0 = redis.call('TIME')
+local names, slot = {}, {}
+for i = 1, n do
+  local b = ARGV[3 * i - 2]
+  if not slot[b] then names[#names + 1] = b; slot[b] = #names end
+end
+local got = redis.call('HMGET', key, unpack(names))
+local changed = {}
+for i = 1, n do
+  local b, fp = ARGV[3 * i - 2], ARGV[3 * i - 1]
+  local s = slot[b]
+  local v = got[s] or ''
+  local at, found = 1, false
+  while true do
+    local p = string.find(v, fp, at, true)
+    if not p then break end
+    if (p - 1) % 31 == 0 then found = true; break end
+    at = p + 1
+  end
+  if not found then got[s] = v .. fp .. ARGV[3 * i]; changed[s] = true end
+end
+local sets = {}
+for s, _ in pairs(changed) do sets[#sets + 1] = names[s]; sets[#sets + 1] = got[s] end
+if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
+local t1 = redis.call('TIME')
+return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
+`)
+
+// recordLayoutIndex appends index entries to the open chunk of KEYS[1], as recordLayoutFill does,
+// for layouts whose records are written by another script. ARGV the entries.
+var recordLayoutIndex = redis.NewScript(`
+local st = KEYS[1]
+local open = redis.call('HGET', st, 'open') or ''
+local closed = tonumber(redis.call('HGET', st, 'closed') or '0')
+for i = 1, #ARGV do
+  local e = ARGV[i]
+  if #open + #e > 480 then closed = closed + 1; redis.call('HSET', st, 'c' .. closed, open); open = '' end
+  open = open .. e
+end
+redis.call('HSET', st, 'open', open, 'closed', closed)
+return #ARGV
+`)
+
 // TestRecordLayoutCandidates measures what an opportunity's record and its index entry cost in
 // Redis in the layouts a smaller state could take (docs/performance.md, "Toward 48 bytes"): the
 // id as the field (layout 10), a 16-byte fingerprint as the field of one hash per aggregate, and
@@ -69,6 +121,8 @@ return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 // inserting new records in calls of 10 per aggregate.
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordLayoutCandidates -v ./aggregator
+//
+// REPEATRATE_LAYOUT_CANDIDATES=packed measures only the candidates whose name holds "packed".
 func TestRecordLayoutCandidates(t *testing.T) {
 	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
 	if addr == "" {
@@ -88,16 +142,27 @@ func TestRecordLayoutCandidates(t *testing.T) {
 		fp      bool // a 16-byte fingerprint as the field, a 15-byte binary value
 		bucket  int  // records per bucket at most (0: one hash per aggregate)
 		indexed int  // bytes of an index entry (0: the whole field, -1: no index)
+		packed  bool // buckets are fields of one hash, their records concatenated in its value
 	}
-	cands := []candidate{{"layout 10: id field, hex value, one hash", false, 0, 0},
-		{"fingerprint, one hash", true, 0, 0}}
+	cands := []candidate{{"layout 10: id field, hex value, one hash", false, 0, 0, false},
+		{"fingerprint, one hash", true, 0, 0, false}}
 	for _, b := range []int{16, 32, 64, 100} {
-		cands = append(cands, candidate{fmt.Sprintf("fingerprint buckets of ~%d, 8-byte index", b), true, b, 8})
+		cands = append(cands, candidate{fmt.Sprintf("fingerprint buckets of ~%d, 8-byte index", b), true, b, 8, false})
 	}
-	cands = append(cands, candidate{"fingerprint buckets of ~32, 4-byte index", true, 32, 4},
-		candidate{"fingerprint buckets of ~32, no record index", true, 32, -1})
+	cands = append(cands, candidate{"fingerprint buckets of ~32, 4-byte index", true, 32, 4, false},
+		candidate{"fingerprint buckets of ~32, no record index", true, 32, -1, false})
+	for _, b := range []int{8, 16, 32, 64, 128} {
+		cands = append(cands, candidate{fmt.Sprintf("packed buckets of ~%d in one hash, no record index", b), true, b, -1, true})
+	}
+	for _, b := range []int{8, 16} {
+		cands = append(cands, candidate{fmt.Sprintf("packed buckets of ~%d in one hash, 4-byte index", b), true, b, 4, true})
+	}
 	t.Logf("Redis hash-max-listpack-entries %d", entries)
+	only := os.Getenv("REPEATRATE_LAYOUT_CANDIDATES") // measure only the candidates whose name holds it
 	for _, c := range cands {
+		if !strings.Contains(c.name, only) {
+			continue
+		}
 		prefix := fmt.Sprintf("layouts-%d", time.Now().UnixNano())
 		before := used()
 		record := func(a, i int) (key, field, value string) {
@@ -115,6 +180,10 @@ func TestRecordLayoutCandidates(t *testing.T) {
 			binary.LittleEndian.PutUint64(v[8:], uint64(occ+1e6)<<8)
 			v = v[:15]
 			key = tag + ":o"
+			if c.packed {
+				nb := (perAggregate + c.bucket - 1) / c.bucket
+				return key, fmt.Sprint(binary.LittleEndian.Uint32(sum[:4]) % uint32(nb)), string(sum[:16]) + string(v)
+			}
 			if c.bucket > 0 {
 				nb := (perAggregate + c.bucket - 1) / c.bucket
 				key = fmt.Sprintf("%s:b%d", tag, binary.LittleEndian.Uint32(sum[:4])%uint32(nb))
@@ -122,6 +191,29 @@ func TestRecordLayoutCandidates(t *testing.T) {
 			return key, string(sum[:16]), string(v)
 		}
 		call := func(s *redis.Script, a, from, to int, extra ...any) int64 {
+			if c.packed {
+				var key string
+				var args, entries []any
+				for i := from; i < to; i++ {
+					k, b, r := record(a, i)
+					key = k
+					args = append(args, b, r[:16], r[16:])
+					if c.indexed > 0 {
+						entries = append(entries, r[:c.indexed])
+					}
+				}
+				got, err := recordLayoutPacked.Run(ctx, rdb, []string{key}, args...).Int64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s == recordLayoutFill && c.indexed > 0 {
+					st := fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}:s", prefix, a)
+					if err := recordLayoutIndex.Run(ctx, rdb, []string{st}, entries...).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return got
+			}
 			var keys []string
 			args := extra
 			for i := from; i < to; i++ {
