@@ -1,0 +1,310 @@
+package aggregator
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+//go:embed packed_records.lua
+var packedRecordsSource string
+
+// packedRecordsDriver runs a call's operations on the packed record store of KEYS[1]: ARGV[1]
+// "load" or "lazy", then triples of op ("g" get, "p" put, "d" delete, "e" each), fingerprint (for
+// "e" a 4-byte prefix) and payload (for "p"). Tags a, b and c mean payloads of 15, 22 and 29
+// bytes. It loads every bucket the call names first (unless lazy: each is then read when first
+// needed), runs the operations in order, flushes, and returns one reply per operation: the payload
+// or false, 1 or 0 for a delete, the matching records end to end for "e".
+var packedRecordsDriver = redis.NewScript(packedRecordsSource + `
+local s = newPackedRecords(KEYS[1], {[97] = 15, [98] = 22, [99] = 29})
+local fps = {}
+for i = 3, #ARGV, 3 do fps[#fps + 1] = ARGV[i] end
+if ARGV[1] == 'load' then s.load(fps) end
+local out = {}
+for i = 2, #ARGV, 3 do
+  local op, fp = ARGV[i], ARGV[i + 1]
+  local r
+  if op == 'g' then r = s.get(fp) or false
+  elseif op == 'p' then s.put(fp, ARGV[i + 2]); r = 1
+  elseif op == 'd' then r = s.delete(fp) and 1 or 0
+  else
+    local got = {}
+    s.each(fp, function(f, v) got[#got + 1] = f .. v end)
+    table.sort(got)
+    r = table.concat(got)
+  end
+  out[#out + 1] = r
+end
+s.flush()
+return out
+`)
+
+var packedLen = map[byte]int{'a': 15, 'b': 22, 'c': 29}
+
+// TestPackedRecordsMatchModel holds the packed record store's promises against a map, on the test
+// Redis and on the embedded one of `repeatrate dev`: a record put is found until deleted, with
+// the payload last put, whatever other records' payloads hold (some carry other fingerprints
+// inside them); a delete reports whether there was a record; each finds exactly the records of a
+// 4-byte prefix; and what the hash stores after every call is exactly the model's records, each
+// in the bucket its fingerprint addresses, with the count in its meta field, no empty bucket, and
+// the bucket count within the load's bounds. A store emptied is a key that no longer exists.
+func TestPackedRecordsMatchModel(t *testing.T) {
+	backends := map[string]func(t *testing.T) *redis.Client{
+		"embedded": func(t *testing.T) *redis.Client {
+			c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+			t.Cleanup(func() { c.Close() })
+			return c
+		},
+		"redis": func(t *testing.T) *redis.Client { return testenv.Redis(t) },
+	}
+	for name, client := range backends {
+		t.Run(name, func(t *testing.T) {
+			seeds := 6
+			if name == "embedded" {
+				seeds = 2
+			}
+			for seed := range seeds {
+				t.Run(fmt.Sprint(seed), func(t *testing.T) {
+					c := client(t)
+					key := testenv.Name(t, "packed") + ":{p}:o"
+					testenv.CleanPrefix(t, c, key)
+					checkPackedRecords(t, c, key, uint64(seed))
+				})
+			}
+		})
+	}
+}
+
+func checkPackedRecords(t *testing.T, c *redis.Client, key string, seed uint64) {
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(seed, 7))
+	// Fingerprints: random, some sharing their first 4 bytes (one bucket, one index prefix).
+	pool := make([]string, 3000)
+	for i := range pool {
+		b := make([]byte, 16)
+		for j := range b {
+			b[j] = byte(r.IntN(256))
+		}
+		if i > 0 && r.IntN(10) == 0 {
+			copy(b, pool[r.IntN(i)][:4])
+		}
+		pool[i] = string(b)
+	}
+	payload := func() string {
+		tag := "abc"[r.IntN(3)]
+		b := []byte{tag}
+		for len(b) < packedLen[tag] {
+			b = append(b, byte(r.IntN(256)))
+		}
+		// A fingerprint inside a payload: a search that does not check where a record starts
+		// would find it there.
+		if tag == 'c' && r.IntN(2) == 0 {
+			copy(b[1+r.IntN(12):], pool[r.IntN(len(pool))])
+		}
+		return string(b)
+	}
+	model := map[string]string{}
+	call := func(args []any) []any {
+		t.Helper()
+		if len(args) == 0 {
+			args = []any{"g", pool[0], ""}
+		}
+		mode := "load"
+		if r.IntN(3) == 0 {
+			mode = "lazy"
+		}
+		got, err := packedRecordsDriver.Run(ctx, c, []string{key}, append([]any{mode}, args...)...).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	asString := func(v any) string {
+		s, _ := v.(string)
+		return s
+	}
+	run := func(calls, maxOps int, putShare, delShare int) {
+		for range calls {
+			var args []any
+			var want []any
+			ops := 1 + r.IntN(maxOps)
+			for range ops {
+				fp := pool[r.IntN(len(pool))]
+				switch x := r.IntN(100); {
+				case x < putShare:
+					p := payload()
+					model[fp] = p
+					args, want = append(args, "p", fp, p), append(want, int64(1))
+				case x < putShare+delShare:
+					_, had := model[fp]
+					delete(model, fp)
+					args = append(args, "d", fp, "")
+					if had {
+						want = append(want, int64(1))
+					} else {
+						want = append(want, int64(0))
+					}
+				case x < putShare+delShare+5:
+					var recs []string
+					for f, p := range model {
+						if f[:4] == fp[:4] {
+							recs = append(recs, f+p)
+						}
+					}
+					sort.Strings(recs)
+					args, want = append(args, "e", fp[:4], ""), append(want, strings.Join(recs, ""))
+				default:
+					p, had := model[fp]
+					args = append(args, "g", fp, "")
+					if had {
+						want = append(want, p)
+					} else {
+						want = append(want, nil)
+					}
+				}
+			}
+			got := call(args)
+			for i := range want {
+				if w, ok := want[i].(string); ok {
+					if asString(got[i]) != w {
+						t.Fatalf("op %d (%s): got %q, want %q", i, args[3*i], got[i], w)
+					}
+				} else if want[i] != got[i] {
+					t.Fatalf("op %d (%s): got %v, want %v", i, args[3*i], got[i], want[i])
+				}
+			}
+			checkPackedHash(t, c, key, model)
+		}
+	}
+	run(200, 40, 60, 10) // growing
+	run(20, 3000, 70, 5) // large calls
+	run(300, 20, 30, 30) // steady
+	run(100, 60, 10, 60) // shrinking
+	var all []any
+	for fp := range model {
+		all = append(all, "d", fp, "")
+	}
+	call(all)
+	if n, _ := c.Exists(ctx, key).Result(); n != 0 {
+		t.Fatalf("emptied, the hash still holds %v", c.HGetAll(ctx, key).Val())
+	}
+}
+
+// checkPackedHash requires the hash to hold exactly model's records, each in its bucket, and a
+// bucket count within the load's bounds.
+func checkPackedHash(t *testing.T, c *redis.Client, key string, model map[string]string) {
+	t.Helper()
+	h, err := c.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(model) == 0 && len(h) == 0 {
+		return
+	}
+	var level, split, n int
+	if _, err := fmt.Sscanf(h["m"], "%d,%d,%d", &level, &split, &n); err != nil {
+		t.Fatalf("meta %q: %v", h["m"], err)
+	}
+	if n != len(model) {
+		t.Fatalf("meta counts %d records, the model %d", n, len(model))
+	}
+	size := 1 << level
+	buckets := size + split
+	seen := map[string]bool{}
+	for f, v := range h {
+		if f == "m" {
+			continue
+		}
+		b, err := strconv.Atoi(f)
+		if err != nil || b < 0 || b >= buckets {
+			t.Fatalf("field %q outside the %d buckets", f, buckets)
+		}
+		if v == "" {
+			t.Fatalf("bucket %d stored empty", b)
+		}
+		for at := 0; at < len(v); {
+			if at+17 > len(v) {
+				t.Fatalf("bucket %d: a record cut short at %d", b, at)
+			}
+			fp := v[at : at+16]
+			end := at + 16 + packedLen[v[at+16]]
+			if packedLen[v[at+16]] == 0 || end > len(v) {
+				t.Fatalf("bucket %d: a bad record at %d", b, at)
+			}
+			x := int(binary.LittleEndian.Uint32([]byte(fp[:4])))
+			want := x % size
+			if want < split {
+				want = x % (2 * size)
+			}
+			if want != b {
+				t.Fatalf("a record in bucket %d belongs in %d", b, want)
+			}
+			if seen[fp] {
+				t.Fatalf("fingerprint %x stored twice", fp)
+			}
+			seen[fp] = true
+			if model[fp] != v[at+16:end] {
+				t.Fatalf("fingerprint %x holds %x, the model %x", fp, v[at+16:end], model[fp])
+			}
+			at = end
+		}
+	}
+	if len(seen) != len(model) {
+		t.Fatalf("the hash holds %d records, the model %d", len(seen), len(model))
+	}
+	if n > 8*buckets || (buckets > 1 && 2*n < 8*(buckets-1)) {
+		t.Fatalf("%d records in %d buckets", n, buckets)
+	}
+}
+
+// TestPackedRecordsLargeCalls: a call that touches more buckets than one command can carry out
+// of a script (Lua's unpack stops near 8 000 values) reads and writes them all, in chunks.
+func TestPackedRecordsLargeCalls(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	key := testenv.Name(t, "packed-large") + ":{p}:o"
+	testenv.CleanPrefix(t, c, key)
+	r := rand.New(rand.NewPCG(1, 2))
+	model := map[string]string{}
+	var fps []string
+	put := func(fresh int) {
+		var args []any
+		for i := range fresh + 12000 {
+			var fp string
+			if i < fresh {
+				b := make([]byte, 16)
+				for j := range b {
+					b[j] = byte(r.IntN(256))
+				}
+				fp = string(b)
+				fps = append(fps, fp)
+			} else if len(fps) > 0 {
+				fp = fps[r.IntN(len(fps))]
+			} else {
+				continue
+			}
+			p := fmt.Sprintf("a%014d", r.IntN(1e9))
+			model[fp] = p
+			args = append(args, "p", fp, p)
+		}
+		if err := packedRecordsDriver.Run(ctx, c, []string{key}, append([]any{"load"}, args...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 30 {
+		put(7000)
+	}
+	put(0) // 12 000 records over about 26 000 buckets
+	checkPackedHash(t, c, key, model)
+}
