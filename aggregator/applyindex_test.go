@@ -63,7 +63,7 @@ func indexEntries(t *testing.T, s *Redis, k Key) map[string]int {
 			continue
 		}
 		if !strings.Contains(f, ".") {
-			g, err := adv6ParseGroup(v)
+			g, err := retainedParseGroup(v)
 			if err != nil {
 				t.Fatalf("index group field %s: %v", f, err)
 			}
@@ -166,7 +166,7 @@ func boundedHourIndex(t *testing.T, ret time.Duration) {
 		occ := hours[i%2].Add(30*time.Minute + time.Duration(i)*time.Microsecond)
 		apply([]Observation{{Key: keyLive, OpportunityID: "bouncer", Class: Class(1 + i%3), Occurred: Micros(occ), Assessed: asd}})
 	}
-	span := adv6Span(int64(ret / time.Microsecond))
+	span := retainedSpan(int64(ret / time.Microsecond))
 	perGroup := map[string]int{}
 	for f, n := range indexEntries(t, store, keyLive) {
 		perGroup[strings.SplitN(f, ".", 2)[0]] += n

@@ -22,8 +22,8 @@ import (
 // moves may have left behind x and is compacted when 2x >= n + 64, and records whose horizon
 // expired read as absent at once but are deleted only once their horizon's whole group expired.
 //
-// Every sequence runs against the model (adv6: outcomes and tallies after every batch, adv6.check
-// of the stored state) and against adv8.inspect, which checks what adv6.check does with the head's
+// Every sequence runs against the model (retainedRig: outcomes and tallies after every batch, retainedRig.check
+// of the stored state) and against groupsRig.inspect, which checks what retainedRig.check does with the head's
 // span given explicitly (so that it still applies after the retention changed) and more:
 //   - every stored record, garbage included, is listed under its horizon's group (otherwise
 //     garbage collection never finds it);
@@ -31,55 +31,55 @@ import (
 //     or horizon in the group), 2x <= n + 64 (the compaction trigger was honoured), and so the
 //     group lists at most 2·(ids with a reason) + 64 entries: the index stays proportional.
 
-// adv8Span mirrors apply.lua's G: an eighth of the retention in whole hours, from 1 to 255.
-func adv8Span(ret time.Duration) int64 { return adv6Span(int64(ret / time.Microsecond)) }
+// groupsSpan mirrors apply.lua's G: an eighth of the retention in whole hours, from 1 to 255.
+func groupsSpan(ret time.Duration) int64 { return retainedSpan(int64(ret / time.Microsecond)) }
 
-// adv8 wraps adv6 with the span the head must keep and the extra invariants of layout 9.
-type adv8 struct {
-	*adv6
+// groupsRig wraps retainedRig with the span the head must keep and the extra invariants of layout 9.
+type groupsRig struct {
+	*retainedRig
 	span  int64
-	full  bool                    // also run adv6.check (it wants the span of the current retention)
+	full  bool                    // also run retainedRig.check (it wants the span of the current retention)
 	prevN map[Key]map[int64]int64 // n of each retained group at the last inspection: compaction seen
 	// prev: the store runs the apply.lua of REPEATRATE_SCRIPT_PREV (another layout): only
 	// outcomes and tallies are compared with the model, the stored state is not inspected.
 	prev bool
 }
 
-// newAdv8 is newAdv6 with layout 9's checks. With REPEATRATE_SCRIPT_PREV=<revision> set, its store
+// newGroupsRig is newRetainedRig with layout 9's checks. With REPEATRATE_SCRIPT_PREV=<revision> set, its store
 // runs that revision's apply.lua instead (a client hook swaps the script), to tell which failures
 // a change brought: then only outcomes and tallies are held to the model.
-func newAdv8(t *testing.T, c *redis.Client, what string, retention time.Duration) *adv8 {
-	y := &adv8{span: adv8Span(retention), full: true, prevN: map[Key]map[int64]int64{}}
+func newGroupsRig(t *testing.T, c *redis.Client, what string, retention time.Duration) *groupsRig {
+	y := &groupsRig{span: groupsSpan(retention), full: true, prevN: map[Key]map[int64]int64{}}
 	if testenv.ScriptPrevCommit() != "" {
 		_, pc, _, _ := testenv.ScriptClients(t, c.Options().Addr, applySource, testenv.ScriptPrevSource(t, "aggregator/apply.lua"))
 		c, y.prev, y.full = pc, true, false
 	}
-	y.adv6 = newAdv6(t, c, what, retention)
+	y.retainedRig = newRetainedRig(t, c, what, retention)
 	return y
 }
 
-// adv8NoPrev skips a test that compares stored bytes of this layout (pairs of servers) when the
+// groupsNoPrev skips a test that compares stored bytes of this layout (pairs of servers) when the
 // store would run another revision's script.
-func adv8NoPrev(t *testing.T) {
+func groupsNoPrev(t *testing.T) {
 	if testenv.ScriptPrevCommit() != "" {
 		t.Skip("compares stored state of layout 9 on two servers: not run against REPEATRATE_SCRIPT_PREV")
 	}
 }
 
-func wrapAdv8(x *adv6, span int64) *adv8 {
-	return &adv8{adv6: x, span: span, full: true, prevN: map[Key]map[int64]int64{}}
+func wrapGroupsRig(x *retainedRig, span int64) *groupsRig {
+	return &groupsRig{retainedRig: x, span: span, full: true, prevN: map[Key]map[int64]int64{}}
 }
 
-// apply applies a batch to store and model (adv6.apply when full, the same without adv6.check
+// apply applies a batch to store and model (retainedRig.apply when full, the same without retainedRig.check
 // otherwise), inspects every aggregate it touched, and counts what the batch did to the model's
 // records: winners that crossed a group boundary (and came back below their horizon's group),
 // horizons that grew into another group, identities re-created over a garbage record.
-func (y *adv8) apply(what string, batch []Observation, at time.Time) Applied {
+func (y *groupsRig) apply(what string, batch []Observation, at time.Time) Applied {
 	y.t.Helper()
 	snap := y.snapshot(batch)
 	var got Applied
 	if y.full {
-		got = y.adv6.apply(what, batch, at)
+		got = y.retainedRig.apply(what, batch, at)
 	} else {
 		got = y.applyUnchecked(what, batch, at)
 	}
@@ -90,28 +90,28 @@ func (y *adv8) apply(what string, batch []Observation, at time.Time) Applied {
 	return got
 }
 
-type adv8Key struct {
+type groupsKey struct {
 	k  Key
 	id string
 }
 
-// adv8Snap is what the model held, and the store kept, of a batch's opportunities before it.
-type adv8Snap struct {
-	before map[adv8Key]record
-	stored map[adv8Key]string
+// groupsSnap is what the model held, and the store kept, of a batch's opportunities before it.
+type groupsSnap struct {
+	before map[groupsKey]record
+	stored map[groupsKey]string
 }
 
-func (y *adv8) snapshot(batch []Observation) adv8Snap {
+func (y *groupsRig) snapshot(batch []Observation) groupsSnap {
 	ctx := context.Background()
-	s := adv8Snap{before: map[adv8Key]record{}, stored: map[adv8Key]string{}}
+	s := groupsSnap{before: map[groupsKey]record{}, stored: map[groupsKey]string{}}
 	for _, o := range batch {
-		kk := adv8Key{o.Key, o.OpportunityID}
+		kk := groupsKey{o.Key, o.OpportunityID}
 		if a := y.m.aggs[o.Key]; a != nil {
 			if r, ok := a.opps[o.OpportunityID]; ok {
 				s.before[kk] = r
 			}
 		}
-		if v, err := y.c.HGet(ctx, y.s.keys(o.Key)[0], adv6Field(o.OpportunityID)).Result(); err == nil {
+		if v, err := y.c.HGet(ctx, y.s.keys(o.Key)[0], retainedField(o.OpportunityID)).Result(); err == nil {
 			s.stored[kk] = v
 		}
 	}
@@ -121,15 +121,15 @@ func (y *adv8) snapshot(batch []Observation) adv8Snap {
 // count records what the batch did to the model's records (winners that crossed a group boundary,
 // and came back below their horizon's group; horizons that grew into another group) and, given
 // the outcomes, identities re-created over a garbage record.
-func (y *adv8) count(s adv8Snap, batch []Observation, outs []Outcome) {
+func (y *groupsRig) count(s groupsSnap, batch []Observation, outs []Outcome) {
 	grp := func(us int64) int64 { return floorDiv(floorDiv(us, hourUS), y.span) }
-	done := map[adv8Key]bool{}
+	done := map[groupsKey]bool{}
 	for j, o := range batch {
-		kk := adv8Key{o.Key, o.OpportunityID}
+		kk := groupsKey{o.Key, o.OpportunityID}
 		if outs != nil && outs[j] == Counted {
 			_, held := s.before[kk]
 			if v, ok := s.stored[kk]; ok && !held {
-				if _, occ, _, _, hz, err := adv6Record(v); err == nil {
+				if _, occ, _, _, hz, err := retainedRecord(v); err == nil {
 					y.seen["re-created over garbage"]++
 					if g := grp(o.Occurred); g == grp(occ) || g == grp(hz) {
 						y.seen["re-created in its garbage's group"]++
@@ -161,29 +161,29 @@ func (y *adv8) count(s adv8Snap, batch []Observation, outs []Outcome) {
 	}
 }
 
-// applyUnchecked is adv6.apply without adv6.check (inspect checks the state instead).
-func (y *adv8) applyUnchecked(what string, batch []Observation, at time.Time) Applied {
+// applyUnchecked is retainedRig.apply without retainedRig.check (inspect checks the state instead).
+func (y *groupsRig) applyUnchecked(what string, batch []Observation, at time.Time) Applied {
 	y.t.Helper()
-	return y.adv6.applyChecked(what, batch, at, false)
+	return y.retainedRig.applyChecked(what, batch, at, false)
 }
 
 // again applies a batch once more: it must change nothing, not even a version.
-func (y *adv8) again(what string, batch []Observation, at time.Time) {
+func (y *groupsRig) again(what string, batch []Observation, at time.Time) {
 	y.t.Helper()
-	y.adv6.againWith(what, batch, at, y.apply)
+	y.retainedRig.againWith(what, batch, at, y.apply)
 }
 
-// deliver is adv6.deliver through adv8's apply: batches, now and then retried at once, or every
+// deliver is retainedRig.deliver through groupsRig's apply: batches, now and then retried at once, or every
 // batch since the last commit redelivered in order.
-func (y *adv8) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)) time.Time {
+func (y *groupsRig) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)) time.Time {
 	y.t.Helper()
 	apply := func(what string, b []Observation, at time.Time) { y.apply(what, b, at) }
-	return adv6DeliverWith(r, y.seen, apply, y.again, next)
+	return retainedDeliverWith(r, y.seen, apply, y.again, next)
 }
 
-// collect is adv6.collect with the head's span: expired probes until no record whose horizon's
+// collect is retainedRig.collect with the head's span: expired probes until no record whose horizon's
 // group wholly expired, no field of an expired hour or group, no expired group in the sorted set.
-func (y *adv8) collect(k Key, at time.Time, rounds int) {
+func (y *groupsRig) collect(k Key, at time.Time, rounds int) {
 	y.t.Helper()
 	ctx := context.Background()
 	a := y.m.aggs[k]
@@ -194,7 +194,7 @@ func (y *adv8) collect(k Key, at time.Time, rounds int) {
 		keys := y.s.keys(k)
 		garbage := 0
 		for _, v := range y.c.HGetAll(ctx, keys[0]).Val() {
-			if _, _, _, _, hz, _ := adv6Record(v); floorDiv(floorDiv(hz, hourUS), y.span) < cutG {
+			if _, _, _, _, hz, _ := retainedRecord(v); floorDiv(floorDiv(hz, hourUS), y.span) < cutG {
 				garbage++
 			}
 		}
@@ -221,11 +221,11 @@ func (y *adv8) collect(k Key, at time.Time, rounds int) {
 // inspect checks aggregate k's stored state against the model with the span y.span: records,
 // hours (counts and exact bounds), head (span, counts, first and last, lowest listed group), and
 // the index (see the file comment).
-func (y *adv8) inspect(what string, k Key) {
+func (y *groupsRig) inspect(what string, k Key) {
 	if y.prev {
 		return
 	}
-	x := y.adv6
+	x := y.retainedRig
 	t := x.t
 	t.Helper()
 	ctx := context.Background()
@@ -266,7 +266,7 @@ func (y *adv8) inspect(what string, k Key) {
 	type rec struct{ occ, hz int64 }
 	stored := map[string]rec{}
 	for f, v := range recs {
-		_, occ, _, _, hz, err := adv6Record(v)
+		_, occ, _, _, hz, err := retainedRecord(v)
 		if err != nil {
 			fail("record %q: %v", f, err)
 		}
@@ -277,13 +277,13 @@ func (y *adv8) inspect(what string, k Key) {
 		if r.horizon < cut {
 			continue
 		}
-		f := adv6Field(id)
+		f := retainedField(id)
 		live[f] = r
 		v, ok := recs[f]
 		if !ok {
 			fail("the record of %q (%+v), a retained identity, is missing", id, r)
 		}
-		cls, occ, asd, seq, hz, _ := adv6Record(v)
+		cls, occ, asd, seq, hz, _ := retainedRecord(v)
 		if cls != classCode(r.class) || occ != r.occ || asd != r.assessed || seq != r.seq || hz != r.horizon {
 			fail("record of %q is %q, the model holds %+v", id, v, r)
 		}
@@ -332,7 +332,7 @@ func (y *adv8) inspect(what string, k Key) {
 		}
 		retained++
 	}
-	groups := map[int64]adv6Group{}
+	groups := map[int64]retainedGroup{}
 	chunks := map[int64]map[int64]string{}
 	hours := map[int64]bool{}
 	for f, v := range st {
@@ -355,7 +355,7 @@ func (y *adv8) inspect(what string, k Key) {
 			}
 			chunks[n][i] = v
 		case f[0] == 'h':
-			hv, err := adv6ParseHour(v)
+			hv, err := retainedParseHour(v)
 			if err != nil {
 				fail("%s: %v", f, err)
 			}
@@ -371,7 +371,7 @@ func (y *adv8) inspect(what string, k Key) {
 			}
 			hours[n] = true
 		default:
-			gv, err := adv6ParseGroup(v)
+			gv, err := retainedParseGroup(v)
 			if err != nil {
 				fail("%s: %v", f, err)
 			}
@@ -406,7 +406,7 @@ func (y *adv8) inspect(what string, k Key) {
 			if !ok {
 				fail("index group %d counts %d closed chunks but i%d.%d is missing", g, gv.k, g, i)
 			}
-			es, err := adv6Entries(c)
+			es, err := retainedEntries(c)
 			if err != nil {
 				fail("index group %d chunk %d: %v", g, i, err)
 			}
@@ -415,7 +415,7 @@ func (y *adv8) inspect(what string, k Key) {
 			}
 			ents = append(ents, es...)
 		}
-		es, err := adv6Entries(gv.open)
+		es, err := retainedEntries(gv.open)
 		if err != nil {
 			fail("index group %d open chunk: %v", g, err)
 		}
@@ -517,9 +517,9 @@ func (y *adv8) inspect(what string, k Key) {
 	}
 }
 
-// adv8ID is opportunity i's id: some look like state fields or index entries ("i1", "h3", "001a",
+// groupsID is opportunity i's id: some look like state fields or index entries ("i1", "h3", "001a",
 // "i1.2"), some carry separators or NUL, some are long (entries close index chunks).
-func adv8ID(i int) string {
+func groupsID(i int) string {
 	switch i % 9 {
 	case 0:
 		return fmt.Sprintf("i%d", i)
@@ -538,15 +538,15 @@ func adv8ID(i int) string {
 	}
 }
 
-// adv8Near returns an occurred time near a boundary of span-hour groups: the start of the group
+// groupsNear returns an occurred time near a boundary of span-hour groups: the start of the group
 // holding hour h or of the next, moved by up to two hours either way, at an hour's edge or inside.
-func adv8Near(r *rand.Rand, h, span int64) int64 {
+func groupsNear(r *rand.Rand, h, span int64) int64 {
 	b := floorDiv(h, span) * span
 	if r.IntN(2) == 0 {
 		b += span
 	}
 	b += int64(r.IntN(5) - 2)
-	return b*hourUS + adv6Offset(r)
+	return b*hourUS + retainedOffset(r)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -570,8 +570,8 @@ func TestIDIndexSpansRandomStreams(t *testing.T) {
 		{47*time.Hour + 30*time.Minute, 7, false}, // not whole hours: G = 5
 	} {
 		t.Run(tc.ret.String(), func(t *testing.T) {
-			adv6Backends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
-				seen := adv8RunSpan(t, c, tc.ret, tc.seed, 140)
+			retainedBackends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
+				seen := groupsRunSpan(t, c, tc.ret, tc.seed, 140)
 				for k, v := range seen {
 					total[k] += v
 				}
@@ -591,10 +591,10 @@ func TestIDIndexSpansRandomStreams(t *testing.T) {
 	}
 }
 
-func adv8RunSpan(t *testing.T, c *redis.Client, ret time.Duration, seed uint64, batches int) map[string]int {
+func groupsRunSpan(t *testing.T, c *redis.Client, ret time.Duration, seed uint64, batches int) map[string]int {
 	r := rand.New(rand.NewPCG(seed, 8))
-	y := newAdv8(t, c, "spans", ret)
-	g := newAdv8Gen(r, y.span, (Micros(t0)/hourUS)/y.span*y.span*hourUS+1)
+	y := newGroupsRig(t, c, "spans", ret)
+	g := newGroupsGen(r, y.span, (Micros(t0)/hourUS)/y.span*y.span*hourUS+1)
 	y.deliver(r, func(i int) ([]Observation, time.Time) {
 		if i == batches {
 			return nil, time.Time{}
@@ -616,7 +616,7 @@ func adv8RunSpan(t *testing.T, c *redis.Client, ret time.Duration, seed uint64, 
 
 // finish steps the watermark a group at a time past everything the generator dated (so that the
 // data expires hour by hour, then all of it), collecting now and then and at the end.
-func (y *adv8) finish(g *adv8Gen) {
+func (y *groupsRig) finish(g *groupsGen) {
 	y.t.Helper()
 	y.tallies(time.UnixMicro(g.maxOcc))
 	retH := y.ret / hourUS
@@ -624,7 +624,7 @@ func (y *adv8) finish(g *adv8Gen) {
 	for s := int64(1); s <= steps; s++ {
 		occ := g.maxOcc + s*y.span*hourUS
 		g.asd++
-		y.apply(fmt.Sprint("step ", s), []Observation{{Key: keyLive, OpportunityID: adv8ID(int(s)), Class: Unscored, Occurred: occ, Assessed: g.asd}}, time.UnixMicro(occ))
+		y.apply(fmt.Sprint("step ", s), []Observation{{Key: keyLive, OpportunityID: groupsID(int(s)), Class: Unscored, Occurred: occ, Assessed: g.asd}}, time.UnixMicro(occ))
 		if s%4 == 0 {
 			y.collect(keyLive, time.UnixMicro(occ), 40)
 		}
@@ -635,9 +635,9 @@ func (y *adv8) finish(g *adv8Gen) {
 	g.maxOcc = last
 }
 
-// adv8Gen makes batches of one aggregate (keyLive) from what a model holds, dated near the
+// groupsGen makes batches of one aggregate (keyLive) from what a model holds, dated near the
 // boundaries of span-hour groups.
-type adv8Gen struct {
+type groupsGen struct {
 	r                  *rand.Rand
 	span               int64
 	clock, asd, maxOcc int64
@@ -645,11 +645,11 @@ type adv8Gen struct {
 	pool               int
 }
 
-func newAdv8Gen(r *rand.Rand, span, clock int64) *adv8Gen {
-	return &adv8Gen{r: r, span: span, clock: clock, asd: clock, pool: 150}
+func newGroupsGen(r *rand.Rand, span, clock int64) *groupsGen {
+	return &groupsGen{r: r, span: span, clock: clock, asd: clock, pool: 150}
 }
 
-func (g *adv8Gen) next(m *Model) ([]Observation, time.Time) {
+func (g *groupsGen) next(m *Model) ([]Observation, time.Time) {
 	r, G := g.r, g.span
 	ret := m.retention
 	retH := ret / hourUS
@@ -673,7 +673,7 @@ func (g *adv8Gen) next(m *Model) ([]Observation, time.Time) {
 	clockH := clock / hourUS
 	somewhere := func() int64 { // an occurred time near a group boundary in the retained range
 		h := cutH + r.Int64N(max(clockH-cutH, 0)+1)
-		return min(max(adv8Near(r, h, G), 0), clock)
+		return min(max(groupsNear(r, h, G), 0), clock)
 	}
 	var ids []string
 	if a != nil {
@@ -689,7 +689,7 @@ func (g *adv8Gen) next(m *Model) ([]Observation, time.Time) {
 		id := ids[r.IntN(len(ids))]
 		return id, a.opps[id], true
 	}
-	n := adv6Size(r)
+	n := retainedSize(r)
 	batch := make([]Observation, 0, n)
 	for len(batch) < n {
 		switch p := r.IntN(100); {
@@ -701,7 +701,7 @@ func (g *adv8Gen) next(m *Model) ([]Observation, time.Time) {
 			gw := floorDiv(rec.occ/hourUS, G)
 			var occ int64
 			if r.IntN(2) == 0 {
-				occ = (gw+1)*G*hourUS + adv6Offset(r)%(2*hourUS) // just into the next group
+				occ = (gw+1)*G*hourUS + retainedOffset(r)%(2*hourUS) // just into the next group
 			} else {
 				occ = gw*G*hourUS - 1 - r.Int64N(hourUS) // just below its group
 			}
@@ -727,10 +727,10 @@ func (g *adv8Gen) next(m *Model) ([]Observation, time.Time) {
 		case p < 47: // expired
 			occ := max(cutH*hourUS-1-r.Int64N(3*hourUS), 0)
 			g.asd++
-			batch = append(batch, Observation{Key: keyLive, OpportunityID: adv8ID(r.IntN(g.pool)), Class: Passed, Occurred: occ, Assessed: g.asd})
+			batch = append(batch, Observation{Key: keyLive, OpportunityID: groupsID(r.IntN(g.pool)), Class: Passed, Occurred: occ, Assessed: g.asd})
 		default:
 			g.asd += int64(r.IntN(2))
-			batch = append(batch, Observation{Key: keyLive, OpportunityID: adv8ID(r.IntN(g.pool)), Class: Class(1 + r.IntN(3)),
+			batch = append(batch, Observation{Key: keyLive, OpportunityID: groupsID(r.IntN(g.pool)), Class: Class(1 + r.IntN(3)),
 				Occurred: somewhere(), Assessed: g.asd - int64(r.IntN(3)), Seq: r.Int64N(2)})
 		}
 	}
@@ -747,8 +747,8 @@ func (g *adv8Gen) next(m *Model) ([]Observation, time.Time) {
 
 // switchRetention makes y apply through a new store over the same prefix with another retention,
 // and the model retain by it. The head's span must stay the one the aggregate was created with;
-// adv6.check (which wants the new retention's span) is left out from then on.
-func (y *adv8) switchRetention(ret time.Duration) {
+// retainedRig.check (which wants the new retention's span) is left out from then on.
+func (y *groupsRig) switchRetention(ret time.Duration) {
 	y.t.Helper()
 	s, err := NewRedis(y.c, RedisConfig{Prefix: y.s.cfg.Prefix, Retention: ret})
 	if err != nil {
@@ -761,7 +761,7 @@ func (y *adv8) switchRetention(ret time.Duration) {
 }
 
 // headSpan reads the head's span byte.
-func (y *adv8) headSpan(k Key) int64 {
+func (y *groupsRig) headSpan(k Key) int64 {
 	y.t.Helper()
 	if y.prev {
 		return y.span // another layout's head
@@ -789,9 +789,9 @@ func TestIDIndexRetentionChanged(t *testing.T) {
 		{40 * time.Hour, 16 * time.Hour},      // G 5 kept under G 2
 	} {
 		t.Run(fmt.Sprint(tc.from, "→", tc.to), func(t *testing.T) {
-			adv6Backends(t, i < 2, func(t *testing.T, c *redis.Client) {
+			retainedBackends(t, i < 2, func(t *testing.T, c *redis.Client) {
 				r := rand.New(rand.NewPCG(uint64(i+1), 88))
-				y := newAdv8(t, c, "retchange", tc.from)
+				y := newGroupsRig(t, c, "retchange", tc.from)
 				G := y.span
 				// Phase 1: six hours straddling a group boundary (of G and of the new span),
 				// nothing expires under either retention.
@@ -801,8 +801,8 @@ func TestIDIndexRetentionChanged(t *testing.T) {
 					var b []Observation
 					for range 1 + r.IntN(30) {
 						asd++
-						b = append(b, Observation{Key: keyLive, OpportunityID: adv8ID(r.IntN(60)), Class: Class(1 + r.IntN(3)),
-							Occurred: base + adv6Offset(r) + int64(r.IntN(6))*hourUS, Assessed: asd - r.Int64N(4), Seq: r.Int64N(2)})
+						b = append(b, Observation{Key: keyLive, OpportunityID: groupsID(r.IntN(60)), Class: Class(1 + r.IntN(3)),
+							Occurred: base + retainedOffset(r) + int64(r.IntN(6))*hourUS, Assessed: asd - r.Int64N(4), Seq: r.Int64N(2)})
 					}
 					y.apply(fmt.Sprint("phase 1 batch ", i), b, time.UnixMicro(base+6*hourUS))
 				}
@@ -810,10 +810,10 @@ func TestIDIndexRetentionChanged(t *testing.T) {
 					t.Fatalf("created under %v: head span %d, want %d", tc.from, got, G)
 				}
 				y.switchRetention(tc.to)
-				if adv8Span(tc.to) == G {
+				if groupsSpan(tc.to) == G {
 					t.Fatalf("the retentions %v and %v have the same span", tc.from, tc.to)
 				}
-				g := newAdv8Gen(r, G, base+6*hourUS)
+				g := newGroupsGen(r, G, base+6*hourUS)
 				g.asd = asd + 1
 				g.maxOcc = y.m.aggs[keyLive].watermark
 				y.deliver(r, func(i int) ([]Observation, time.Time) {
@@ -861,9 +861,9 @@ func TestRetentionGrowthRevivesGarbage(t *testing.T) {
 		}, Expired},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
-				y := newAdv8(t, c, "revive", 24*time.Hour) // G = 3
-				S := (Micros(t0)/hourUS)/3*3 - 60          // the first hour of a group
+			retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
+				y := newGroupsRig(t, c, "revive", 24*time.Hour) // G = 3
+				S := (Micros(t0)/hourUS)/3*3 - 60               // the first hour of a group
 				asd := (S + 100) * hourUS
 				y.apply("seed", []Observation{
 					{Key: keyLive, OpportunityID: "old", Class: Passed, Occurred: S*hourUS + 10*minuteUS, Assessed: asd},
@@ -902,8 +902,8 @@ func TestRetentionGrowthRevivesGarbage(t *testing.T) {
 // well: the cut was computed from the retention of the batch, and hours between the old and the
 // new cut never left the counts.)
 func TestRetentionShrunkOverData(t *testing.T) {
-	adv6Backends(t, false, func(t *testing.T, c *redis.Client) {
-		y := newAdv8(t, c, "shrink", 48*time.Hour)
+	retainedBackends(t, false, func(t *testing.T, c *redis.Client) {
+		y := newGroupsRig(t, c, "shrink", 48*time.Hour)
 		S := Micros(t0)/hourUS - 60
 		asd := (S + 100) * hourUS
 		y.apply("seed", []Observation{
@@ -928,13 +928,13 @@ func TestRetentionShrunkOverData(t *testing.T) {
 func TestIDIndexGarbageRecreated(t *testing.T) {
 	for _, ret := range []time.Duration{24 * time.Hour, 40 * time.Hour, 184 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
-			adv6Backends(t, ret == 24*time.Hour, func(t *testing.T, c *redis.Client) { adv8RunGarbage(t, c, ret) })
+			retainedBackends(t, ret == 24*time.Hour, func(t *testing.T, c *redis.Client) { groupsRunGarbage(t, c, ret) })
 		})
 	}
 }
 
-func adv8RunGarbage(t *testing.T, c *redis.Client, ret time.Duration) {
-	y := newAdv8(t, c, "garbage", ret)
+func groupsRunGarbage(t *testing.T, c *redis.Client, ret time.Duration) {
+	y := newGroupsRig(t, c, "garbage", ret)
 	G := y.span
 	retH := int64(ret / time.Hour)
 	S := (Micros(t0)/hourUS)/G*G - 2*G // the first hour of group D
@@ -968,11 +968,11 @@ func adv8RunGarbage(t *testing.T, c *redis.Client, ret time.Duration) {
 	}
 	recs := y.c.HGetAll(context.Background(), y.s.keys(keyLive)[0]).Val()
 	for _, id := range []string{"same", "later", "before", "other", "older", "copy", "i1", "\x00.i2"} {
-		v, ok := recs[adv6Field(id)]
+		v, ok := recs[retainedField(id)]
 		if !ok {
 			t.Fatalf("garbage record %q was deleted before its group expired", id)
 		}
-		if _, _, _, _, hz, _ := adv6Record(v); hz >= cutH*hourUS {
+		if _, _, _, _, hz, _ := retainedRecord(v); hz >= cutH*hourUS {
 			t.Fatalf("record %q = %q is not garbage", id, v)
 		}
 	}
@@ -1048,14 +1048,14 @@ func adv8RunGarbage(t *testing.T, c *redis.Client, ret time.Duration) {
 func TestCompactionBetweenTwoGroups(t *testing.T) {
 	for _, ret := range []time.Duration{8 * time.Hour, 40 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
-			adv6Backends(t, ret == 40*time.Hour, func(t *testing.T, c *redis.Client) { adv8RunCompaction(t, c, ret) })
+			retainedBackends(t, ret == 40*time.Hour, func(t *testing.T, c *redis.Client) { groupsRunCompaction(t, c, ret) })
 		})
 	}
 }
 
-func adv8RunCompaction(t *testing.T, c *redis.Client, ret time.Duration) {
+func groupsRunCompaction(t *testing.T, c *redis.Client, ret time.Duration) {
 	r := rand.New(rand.NewPCG(uint64(ret), 9))
-	y := newAdv8(t, c, "compaction", ret)
+	y := newGroupsRig(t, c, "compaction", ret)
 	G := y.span
 	A := (Micros(t0)/hourUS)/G*G - G // the first hour of group A; group B follows
 	B := A + G
@@ -1075,7 +1075,7 @@ func adv8RunCompaction(t *testing.T, c *redis.Client, ret time.Duration) {
 	y.apply("250 in group A", b, at)
 	gA := A / G
 	listedA := func() int64 {
-		gv, err := adv6ParseGroup(y.c.HGet(context.Background(), y.s.keys(keyLive)[1], fmt.Sprint("i", gA)).Val())
+		gv, err := retainedParseGroup(y.c.HGet(context.Background(), y.s.keys(keyLive)[1], fmt.Sprint("i", gA)).Val())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1155,13 +1155,13 @@ func adv8RunCompaction(t *testing.T, c *redis.Client, ret time.Duration) {
 func TestIDIndexFirstLastRescan(t *testing.T) {
 	for _, ret := range []time.Duration{8 * time.Hour, 40 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
-			adv6Backends(t, true, func(t *testing.T, c *redis.Client) { adv8RunFirstLast(t, c, ret) })
+			retainedBackends(t, true, func(t *testing.T, c *redis.Client) { groupsRunFirstLast(t, c, ret) })
 		})
 	}
 }
 
-func adv8RunFirstLast(t *testing.T, c *redis.Client, ret time.Duration) {
-	y := newAdv8(t, c, "firstlast", ret)
+func groupsRunFirstLast(t *testing.T, c *redis.Client, ret time.Duration) {
+	y := newGroupsRig(t, c, "firstlast", ret)
 	G := y.span
 	// Hours L (the first with winners) .. L+3, spread over two groups when G > 1; the watermark
 	// in hour L+5 keeps them all retained (8h retention: the cut is hour L-3 or so).
@@ -1246,34 +1246,34 @@ func adv8RunFirstLast(t *testing.T, c *redis.Client, ret time.Duration) {
 	}
 }
 
-// adv8Pair is adv7Pair (the test Redis and the embedded one, byte for byte, each against its
-// model) with adv8.inspect on both sides.
-type adv8Pair struct {
-	p  *adv7Pair
-	ys [2]*adv8
+// groupsPair is codecPair (the test Redis and the embedded one, byte for byte, each against its
+// model) with groupsRig.inspect on both sides.
+type groupsPair struct {
+	p  *codecPair
+	ys [2]*groupsRig
 }
 
-func newAdv8Pair(t *testing.T, what string, ret time.Duration) *adv8Pair {
-	adv8NoPrev(t)
-	p := newAdv7Pair(t, what, ret)
-	return &adv8Pair{p: p, ys: [2]*adv8{wrapAdv8(p.sides[0], adv8Span(ret)), wrapAdv8(p.sides[1], adv8Span(ret))}}
+func newGroupsPair(t *testing.T, what string, ret time.Duration) *groupsPair {
+	groupsNoPrev(t)
+	p := newCodecPair(t, what, ret)
+	return &groupsPair{p: p, ys: [2]*groupsRig{wrapGroupsRig(p.sides[0], groupsSpan(ret)), wrapGroupsRig(p.sides[1], groupsSpan(ret))}}
 }
 
-func (q *adv8Pair) apply(what string, b []Observation, at time.Time) {
+func (q *groupsPair) apply(what string, b []Observation, at time.Time) {
 	q.p.t.Helper()
 	snap := q.ys[0].snapshot(b)
 	q.p.apply(what, b, at)
 	q.ys[0].count(snap, b, nil)
 	for i, y := range q.ys {
-		y.inspect(adv7SideNames[i]+": "+what, keyLive)
+		y.inspect(codecSideNames[i]+": "+what, keyLive)
 	}
 }
 
-func (q *adv8Pair) again(what string, b []Observation, at time.Time) {
+func (q *groupsPair) again(what string, b []Observation, at time.Time) {
 	q.p.t.Helper()
 	q.p.again(what, b, at)
 	for i, y := range q.ys {
-		y.inspect(adv7SideNames[i]+": "+what, keyLive)
+		y.inspect(codecSideNames[i]+": "+what, keyLive)
 	}
 }
 
@@ -1286,14 +1286,14 @@ func TestBackendsAgreeAcrossSpans(t *testing.T) {
 	for i, ret := range []time.Duration{24 * time.Hour, 40 * time.Hour, 184 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(i), 808))
-			q := newAdv8Pair(t, "pairspans", ret)
-			G := adv8Span(ret)
-			g := newAdv8Gen(r, G, (Micros(t0)/hourUS)/G*G*hourUS+1)
-			var done []adv6Batch
+			q := newGroupsPair(t, "pairspans", ret)
+			G := groupsSpan(ret)
+			g := newGroupsGen(r, G, (Micros(t0)/hourUS)/G*G*hourUS+1)
+			var done []retainedBatch
 			for i := 0; i < 60; i++ {
 				b, at := g.next(q.ys[0].m)
 				q.apply(fmt.Sprint("batch ", i), b, at)
-				done = append(done, adv6Batch{b, at})
+				done = append(done, retainedBatch{b, at})
 				if r.IntN(5) == 0 {
 					q.again(fmt.Sprint("batch ", i, " retried"), b, at)
 				}
@@ -1309,7 +1309,7 @@ func TestBackendsAgreeAcrossSpans(t *testing.T) {
 			for s := int64(1); s <= retH/G+3; s++ {
 				occ := g.maxOcc + s*G*hourUS
 				g.asd++
-				q.apply(fmt.Sprint("step ", s), []Observation{{Key: keyLive, OpportunityID: adv8ID(int(s)), Class: Passed, Occurred: occ, Assessed: g.asd}}, time.UnixMicro(occ))
+				q.apply(fmt.Sprint("step ", s), []Observation{{Key: keyLive, OpportunityID: groupsID(int(s)), Class: Passed, Occurred: occ, Assessed: g.asd}}, time.UnixMicro(occ))
 			}
 			last := g.maxOcc + (retH/G+3)*G*hourUS
 			q.p.collect(keyLive, time.UnixMicro(last))
@@ -1333,20 +1333,20 @@ func TestBackendsAgreeAcrossSpans(t *testing.T) {
 func TestIDIndexLargeBatchPair(t *testing.T) {
 	r := rand.New(rand.NewPCG(4000, 8))
 	ret := 24 * time.Hour // G = 3
-	q := newAdv8Pair(t, "largebatch", ret)
+	q := newGroupsPair(t, "largebatch", ret)
 	G := int64(3)
 	S := (Micros(t0)/hourUS)/G*G - 30
 	asd := (S + 500) * hourUS
 	var ids []string
 	for i := 0; i < 1400; i++ {
-		ids = append(ids, adv8ID(i))
+		ids = append(ids, groupsID(i))
 	}
 	ids = append(ids, "i1", "i1.2", "h3", "\x00", ".", "..", "\x00\x00", "001a", "i", "H", "v", "enc")
 	for i := 0; len(ids) < 1450; i++ {
 		n := []int{477, 478, 512}[i%3]
 		ids = append(ids, fmt.Sprintf("%02d", i)+strings.Repeat(string(rune('a'+i%26)), n-2))
 	}
-	occAt := func() int64 { return (S+int64(r.IntN(12)))*hourUS + adv6Offset(r) } // hours S..S+11: groups D..D+3
+	occAt := func() int64 { return (S+int64(r.IntN(12)))*hourUS + retainedOffset(r) } // hours S..S+11: groups D..D+3
 	at := time.UnixMicro((S+12)*hourUS + 1)
 	var b []Observation
 	for _, id := range ids {
@@ -1405,10 +1405,10 @@ func TestIDIndexLargeBatchPair(t *testing.T) {
 // re-created record must never be deleted by the collection of its old entries, and the
 // collection must finish.
 func TestIDIndexCollectionInProgress(t *testing.T) {
-	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
+	retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
 		r := rand.New(rand.NewPCG(25, 8))
 		ret := 24 * time.Hour // G = 3
-		y := newAdv8(t, c, "inprogress", ret)
+		y := newGroupsRig(t, c, "inprogress", ret)
 		G := y.span
 		S := (Micros(t0)/hourUS)/G*G - 10*G
 		asd := (S + 1000) * hourUS
@@ -1465,21 +1465,21 @@ func TestIDIndexCollectionInProgress(t *testing.T) {
 func TestIDIndexEpochGroups(t *testing.T) {
 	for _, ret := range []time.Duration{24 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
-			q := newAdv8Pair(t, "epochgroups", ret)
-			G := adv8Span(ret)
+			q := newGroupsPair(t, "epochgroups", ret)
+			G := groupsSpan(ret)
 			r := rand.New(rand.NewPCG(1970, uint64(G)))
 			var asd int64 = 1
 			var w int64
 			next := func(i int, occ int64) Observation {
 				asd++
 				w = max(w, occ)
-				return Observation{Key: keyLive, OpportunityID: adv8ID(i), Class: Class(1 + r.IntN(3)), Occurred: occ, Assessed: asd}
+				return Observation{Key: keyLive, OpportunityID: groupsID(i), Class: Class(1 + r.IntN(3)), Occurred: occ, Assessed: asd}
 			}
 			for round := 0; round < 15; round++ {
 				var b []Observation
 				for range 1 + r.IntN(30) {
 					h := int64(r.IntN(int(3 * G)))
-					occ := h*hourUS + adv6Offset(r)
+					occ := h*hourUS + retainedOffset(r)
 					if r.IntN(5) == 0 {
 						occ = 0
 					}

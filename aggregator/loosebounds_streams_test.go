@@ -23,21 +23,21 @@ import (
 // first retained hour; a raised retention keeps it, a lowered one moves it up at the aggregate's
 // next batch with observations), apply.lua and docs/semantics.md#retention.
 //
-// Every batch runs against the model through adv8 (outcomes, tallies with first/last and windows,
-// adv8.inspect of the stored state: loose bounds must hold the hour's winners, exact ones equal
-// them). On top, adv9Tracker reads the stored hours before and after every batch and counts what
+// Every batch runs against the model through groupsRig (outcomes, tallies with first/last and windows,
+// groupsRig.inspect of the stored state: loose bounds must hold the hour's winners, exact ones equal
+// them). On top, looseTracker reads the stored hours before and after every batch and counts what
 // the batch made the store do: the first or last found again in an hour that was loose, through
 // empty hours, after the cut passed hours, loose bounds beyond every winner, hours loose for many
 // batches in a row.
 
-// adv9Hours reads aggregate k's hour fields.
-func adv9Hours(t *testing.T, c *redis.Client, s *Redis, k Key) map[int64]adv6Hour {
+// looseHours reads aggregate k's hour fields.
+func looseHours(t *testing.T, c *redis.Client, s *Redis, k Key) map[int64]retainedHour {
 	t.Helper()
 	st, err := c.HGetAll(context.Background(), s.keys(k)[1]).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[int64]adv6Hour{}
+	out := map[int64]retainedHour{}
 	for f, v := range st {
 		if len(f) < 2 || f[0] != 'h' || strings.Contains(f, ".") {
 			continue
@@ -46,7 +46,7 @@ func adv9Hours(t *testing.T, c *redis.Client, s *Redis, k Key) map[int64]adv6Hou
 		if err != nil {
 			t.Fatalf("state field %q", f)
 		}
-		hv, err := adv6ParseHour(v)
+		hv, err := retainedParseHour(v)
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -55,9 +55,9 @@ func adv9Hours(t *testing.T, c *redis.Client, s *Redis, k Key) map[int64]adv6Hou
 	return out
 }
 
-// adv9MHour is what the model holds in one hour: the least and greatest occurred time of its
+// looseMHour is what the model holds in one hour: the least and greatest occurred time of its
 // retained winners and their holders (sorted ids).
-type adv9MHour struct {
+type looseMHour struct {
 	lo, hi       int64
 	lows, highs  []string
 	n            int
@@ -65,9 +65,9 @@ type adv9MHour struct {
 	firstHolders []string
 }
 
-// adv9ModelHours returns the model's retained winners of aggregate a by hour.
-func adv9ModelHours(a *modelAgg) (map[int64]*adv9MHour, []int64) {
-	out := map[int64]*adv9MHour{}
+// looseModelHours returns the model's retained winners of aggregate a by hour.
+func looseModelHours(a *modelAgg) (map[int64]*looseMHour, []int64) {
+	out := map[int64]*looseMHour{}
 	if a == nil {
 		return out, nil
 	}
@@ -84,7 +84,7 @@ func adv9ModelHours(a *modelAgg) (map[int64]*adv9MHour, []int64) {
 		h := floorDiv(r.occ, hourUS)
 		m := out[h]
 		if m == nil {
-			m = &adv9MHour{lo: r.occ, hi: r.occ}
+			m = &looseMHour{lo: r.occ, hi: r.occ}
 			out[h] = m
 		}
 		m.n++
@@ -110,29 +110,29 @@ func adv9ModelHours(a *modelAgg) (map[int64]*adv9MHour, []int64) {
 	return out, hs
 }
 
-// adv9Tracker counts what batches made the store do with loose bounds (see the file comment).
-type adv9Tracker struct {
-	y        *adv8
+// looseTracker counts what batches made the store do with loose bounds (see the file comment).
+type looseTracker struct {
+	y        *groupsRig
 	k        Key
 	looseRun map[int64]int // hours loose for this many batches in a row
 	maxRun   int
 }
 
-func newAdv9Tracker(y *adv8, k Key) *adv9Tracker {
-	return &adv9Tracker{y: y, k: k, looseRun: map[int64]int{}}
+func newLooseTracker(y *groupsRig, k Key) *looseTracker {
+	return &looseTracker{y: y, k: k, looseRun: map[int64]int{}}
 }
 
-// adv9Before is what the store and the model held before a batch.
-type adv9Before struct {
-	hours       map[int64]adv6Hour
+// looseBefore is what the store and the model held before a batch.
+type looseBefore struct {
+	hours       map[int64]retainedHour
 	first, last int64
 	retained    bool
 	cut         int64
 }
 
-func (tr *adv9Tracker) before(at time.Time) adv9Before {
+func (tr *looseTracker) before(at time.Time) looseBefore {
 	y := tr.y
-	b := adv9Before{hours: adv9Hours(y.t, y.c, y.s, tr.k)}
+	b := looseBefore{hours: looseHours(y.t, y.c, y.s, tr.k)}
 	if a := y.m.aggs[tr.k]; a != nil {
 		b.cut = a.cut
 		tl := y.m.Tally(tr.k, at)
@@ -142,7 +142,7 @@ func (tr *adv9Tracker) before(at time.Time) adv9Before {
 }
 
 // after counts what the batch did, given the state before it.
-func (tr *adv9Tracker) after(b adv9Before, at time.Time) {
+func (tr *looseTracker) after(b looseBefore, at time.Time) {
 	y := tr.y
 	a := y.m.aggs[tr.k]
 	tl := y.m.Tally(tr.k, at)
@@ -185,8 +185,8 @@ func (tr *adv9Tracker) after(b adv9Before, at time.Time) {
 			}
 		}
 	}
-	hours := adv9Hours(y.t, y.c, y.s, tr.k)
-	mh, _ := adv9ModelHours(a)
+	hours := looseHours(y.t, y.c, y.s, tr.k)
+	mh, _ := looseModelHours(a)
 	for h, hv := range hours {
 		if !hv.loose {
 			delete(tr.looseRun, h)
@@ -213,7 +213,7 @@ func (tr *adv9Tracker) after(b adv9Before, at time.Time) {
 }
 
 // step applies a batch through y (model, outcomes, tallies, inspection) and tracks it.
-func (tr *adv9Tracker) step(what string, batch []Observation, at time.Time) Applied {
+func (tr *looseTracker) step(what string, batch []Observation, at time.Time) Applied {
 	tr.y.t.Helper()
 	b := tr.before(at)
 	got := tr.y.apply(what, batch, at)
@@ -221,13 +221,13 @@ func (tr *adv9Tracker) step(what string, batch []Observation, at time.Time) Appl
 	return got
 }
 
-// adv9Gen makes batches of aggregate k aimed at hour bounds: winners at the least or greatest
+// looseGen makes batches of aggregate k aimed at hour bounds: winners at the least or greatest
 // occurred time of their hour (ties included) move within their hour, to the other bound, to an
 // empty hour, onto another hour's bound, below the first or above the last; the holders of the
 // first and last retained winner move; new ids land on an hour's edges; re-grades in place, stale
 // assessments dated later (the horizon grows), copies of earlier events, expired events. The clock
 // creeps, steps an hour now and then (the cut passes an hour) and sometimes several.
-type adv9Gen struct {
+type looseGen struct {
 	r      *rand.Rand
 	k      Key
 	clock  int64
@@ -241,14 +241,14 @@ type adv9Gen struct {
 	maxOcc int64
 }
 
-func (g *adv9Gen) id(i int) string {
+func (g *looseGen) id(i int) string {
 	if i%4 == 0 {
-		return adv8ID(i)
+		return groupsID(i)
 	}
 	return fmt.Sprintf("o%03d", i)
 }
 
-func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
+func (g *looseGen) next(m *Model) ([]Observation, time.Time) {
 	r := g.r
 	switch p := r.IntN(100); {
 	case p < g.stepP:
@@ -269,7 +269,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 	}
 	cut = max(cut, retainedFrom(w, m.retention))
 	lowH := max(floorDiv(cut, hourUS), clockH-g.play, 0)
-	mh, hs := adv9ModelHours(a)
+	mh, hs := looseModelHours(a)
 	clamp := func(occ int64) int64 { return min(max(occ, 0, cut), clock) }
 	someHour := func() int64 { return lowH + r.Int64N(clockH-lowH+1) }
 	emptyHour := func() (int64, bool) {
@@ -294,7 +294,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 	batch := make([]Observation, 0, n)
 	// An id moves at most once per batch: a winner that leaves a group several times in one batch
 	// is counted as left behind each time but listed there once (see
-	// TestLeftBehindCountedPerMove), which adv8.inspect refuses.
+	// TestLeftBehindCountedPerMove), which groupsRig.inspect refuses.
 	used := map[string]bool{}
 	move := func(id string, occ int64) {
 		if used[id] {
@@ -326,12 +326,12 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 				}
 				occ = min(max(occ, h*hourUS), h*hourUS+hourUS-1)
 			case 2: // an edge of another hour
-				occ = someHour()*hourUS + adv6Offset(r)
+				occ = someHour()*hourUS + retainedOffset(r)
 			case 3: // an empty hour
 				if e, ok := emptyHour(); ok {
-					occ = e*hourUS + adv6Offset(r)
+					occ = e*hourUS + retainedOffset(r)
 				} else {
-					occ = someHour()*hourUS + adv6Offset(r)
+					occ = someHour()*hourUS + retainedOffset(r)
 				}
 			case 4: // onto another hour's bound
 				o := mh[hs[r.IntN(len(hs))]]
@@ -362,7 +362,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 				case 0:
 					occ = fOcc + 1 + r.Int64N(hourUS-fOcc%hourUS) // up, within its hour or just past it
 				case 1:
-					occ = someHour()*hourUS + adv6Offset(r)
+					occ = someHour()*hourUS + retainedOffset(r)
 				default:
 					occ = lOcc - r.Int64N(3)
 				}
@@ -372,7 +372,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 				case 0:
 					occ = lOcc - 1 - r.Int64N(lOcc%hourUS+1) // down, within its hour or just below it
 				case 1:
-					occ = someHour()*hourUS + adv6Offset(r)
+					occ = someHour()*hourUS + retainedOffset(r)
 				default:
 					occ = fOcc + r.Int64N(3)
 				}
@@ -409,7 +409,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 				for _, h := range []int64{lastH, lastH - 1} {
 					if m := mh[h]; m != nil {
 						for _, id := range m.ids {
-							move(id, (lowH+r.Int64N(lastH-2-lowH+1))*hourUS+adv6Offset(r))
+							move(id, (lowH+r.Int64N(lastH-2-lowH+1))*hourUS+retainedOffset(r))
 						}
 					}
 				}
@@ -417,7 +417,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 				for _, h := range []int64{firstH, firstH + 1} {
 					if m := mh[h]; m != nil {
 						for _, id := range m.ids {
-							move(id, (firstH+2+r.Int64N(clockH-firstH-1))*hourUS+adv6Offset(r))
+							move(id, (firstH+2+r.Int64N(clockH-firstH-1))*hourUS+retainedOffset(r))
 						}
 					}
 				}
@@ -426,7 +426,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 				continue
 			}
 		case p < 81 && g.far > 0: // far back, inside retention: empty hours between it and the rest
-			move(g.id(r.IntN(g.pool)), (clockH-g.far+r.Int64N(g.far/2+1))*hourUS+adv6Offset(r))
+			move(g.id(r.IntN(g.pool)), (clockH-g.far+r.Int64N(g.far/2+1))*hourUS+retainedOffset(r))
 		default: // a pool id, new or re-assessed, on an hour's edge
 			id := g.id(r.IntN(g.pool))
 			if used[id] {
@@ -435,7 +435,7 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 			used[id] = true
 			g.asd += int64(r.IntN(2))
 			batch = append(batch, Observation{Key: g.k, OpportunityID: id, Class: cls(),
-				Occurred: clamp(someHour()*hourUS + adv6Offset(r)), Assessed: g.asd - int64(r.IntN(2)), Seq: r.Int64N(2)})
+				Occurred: clamp(someHour()*hourUS + retainedOffset(r)), Assessed: g.asd - int64(r.IntN(2)), Seq: r.Int64N(2)})
 		}
 	}
 	g.sent = append(g.sent, batch...)
@@ -449,16 +449,16 @@ func (g *adv9Gen) next(m *Model) ([]Observation, time.Time) {
 	return batch, time.UnixMicro(at)
 }
 
-// adv9Deliver applies n batches of g through tr, retries some at once and redelivers the batches
+// looseDeliver applies n batches of g through tr, retries some at once and redelivers the batches
 // since the last commit now and then; every few batches it reads the tallies back (n = 0 calls).
-func adv9Deliver(tr *adv9Tracker, g *adv9Gen, n int, what string) (done []adv6Batch) {
+func looseDeliver(tr *looseTracker, g *looseGen, n int, what string) (done []retainedBatch) {
 	y := tr.y
 	y.t.Helper()
 	committed := 0
 	for i := 0; i < n; i++ {
 		b, at := g.next(y.m)
 		tr.step(fmt.Sprint(what, " batch ", i), b, at)
-		done = append(done, adv6Batch{b, at})
+		done = append(done, retainedBatch{b, at})
 		if g.r.IntN(7) == 0 {
 			y.again(fmt.Sprint(what, " batch ", i, " retried"), b, at)
 		}
@@ -504,13 +504,13 @@ func TestLooseBoundsStreams(t *testing.T) {
 		{120 * 24 * time.Hour, 10, 2600, 6, 120, false}, // G = 255
 	} {
 		t.Run(tc.ret.String(), func(t *testing.T) {
-			adv6Backends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
+			retainedBackends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
 				r := rand.New(rand.NewPCG(uint64(i+1), 9))
-				y := newAdv8(t, c, "loose9", tc.ret)
-				tr := newAdv9Tracker(y, keyLive)
+				y := newGroupsRig(t, c, "loose9", tc.ret)
+				tr := newLooseTracker(y, keyLive)
 				start := (Micros(t0)/hourUS)*hourUS + 7*minuteUS
-				g := &adv9Gen{r: r, k: keyLive, clock: start, asd: start, pool: 90, play: tc.play, far: tc.far, stepP: tc.stepP, maxN: 40}
-				adv9Deliver(tr, g, tc.batches, "loose")
+				g := &looseGen{r: r, k: keyLive, clock: start, asd: start, pool: 90, play: tc.play, far: tc.far, stepP: tc.stepP, maxN: 40}
+				looseDeliver(tr, g, tc.batches, "loose")
 				y.tallies(time.UnixMicro(g.clock))
 				t.Logf("G=%d outcomes %v, longest loose run %d batches, seen %v", y.span, y.outs, tr.maxRun, y.seen)
 				for k, v := range y.seen {
@@ -541,31 +541,31 @@ func TestLooseBoundsStreams(t *testing.T) {
 	}
 }
 
-// adv9Garbage counts aggregate k's stored records whose horizon is below the model's cut.
-func adv9Garbage(y *adv8, k Key) int {
+// looseGarbage counts aggregate k's stored records whose horizon is below the model's cut.
+func looseGarbage(y *groupsRig, k Key) int {
 	y.t.Helper()
 	a := y.m.aggs[k]
 	n := 0
 	for _, v := range y.c.HGetAll(context.Background(), y.s.keys(k)[0]).Val() {
-		if _, _, _, _, hz, err := adv6Record(v); err == nil && hz < a.cut {
+		if _, _, _, _, hz, err := retainedRecord(v); err == nil && hz < a.cut {
 			n++
 		}
 	}
 	return n
 }
 
-// adv9Reads compares Store.Tally (a call with no observations) with the model's tally of every
-// aggregate at at and a few times around it (adv6.tallies), and requires that the read changed
+// looseReads compares Store.Tally (a call with no observations) with the model's tally of every
+// aggregate at at and a few times around it (retainedRig.tallies), and requires that the read changed
 // nothing stored.
-func adv9Reads(y *adv8, what string, at time.Time) {
+func looseReads(y *groupsRig, what string, at time.Time) {
 	y.t.Helper()
 	var before []map[string]string
 	for _, k := range y.m.Keys() {
-		before = append(before, adv9Dump(y, k))
+		before = append(before, looseDump(y, k))
 	}
 	y.tallies(at)
 	for i, k := range y.m.Keys() {
-		after := adv9Dump(y, k)
+		after := looseDump(y, k)
 		for f, v := range before[i] {
 			if after[f] != v {
 				y.t.Fatalf("%s: the read changed %s field %q", what, k, f)
@@ -577,12 +577,12 @@ func adv9Reads(y *adv8, what string, at time.Time) {
 	}
 }
 
-func adv9Dump(y *adv8, k Key) map[string]string {
+func looseDump(y *groupsRig, k Key) map[string]string {
 	out := map[string]string{}
 	ks := y.s.keys(k)
 	for _, key := range []string{ks[0], ks[1]} {
 		for f, v := range y.c.HGetAll(context.Background(), key).Val() {
-			if key == ks[1] && f == "H" && len(v) == adv7HeadLen {
+			if key == ks[1] && f == "H" && len(v) == codecHeadLen {
 				v = v[:44] + v[51:] // the server-clock stamp
 			}
 			out[key+" "+f] = v
@@ -608,38 +608,38 @@ func TestLooseBoundsRetentionSeesaw(t *testing.T) {
 		{[]time.Duration{30 * 24 * time.Hour, 12 * time.Hour, 20 * 24 * time.Hour, 9 * time.Hour}, false},
 	} {
 		t.Run(fmt.Sprint(tc.rets), func(t *testing.T) {
-			adv6Backends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
-				adv9RunSeesaw(t, c, uint64(i+1), tc.rets)
+			retainedBackends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
+				looseRunSeesaw(t, c, uint64(i+1), tc.rets)
 			})
 		})
 	}
 }
 
-func adv9RunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Duration) {
+func looseRunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Duration) {
 	r := rand.New(rand.NewPCG(seed, 99))
-	y := newAdv8(t, c, "seesaw9", rets[0])
+	y := newGroupsRig(t, c, "seesaw9", rets[0])
 	span := y.span
-	tr := newAdv9Tracker(y, keyLive)
+	tr := newLooseTracker(y, keyLive)
 	start := (Micros(t0)/hourUS)*hourUS + 3*minuteUS
 	retH := int64(rets[0] / time.Hour)
-	g := &adv9Gen{r: r, k: keyLive, clock: start, asd: start, pool: 120, play: min(retH, 40), far: min(retH-2, 200), stepP: 25, maxN: 30}
+	g := &looseGen{r: r, k: keyLive, clock: start, asd: start, pool: 120, play: min(retH, 40), far: min(retH-2, 200), stepP: 25, maxN: 30}
 	// The stream runs past its retention so that the cut passes hours and leaves garbage.
-	done := adv9Deliver(tr, g, 60, "phase 0")
+	done := looseDeliver(tr, g, 60, "phase 0")
 	for int64(g.clock-start) < int64(rets[0]/time.Microsecond)+3*hourUS {
 		g.clock += span * hourUS
-		done = append(done, adv9Deliver(tr, g, 3, "catching up")...)
+		done = append(done, looseDeliver(tr, g, 3, "catching up")...)
 	}
 	lowered, raised := 0, 0
 	for p, ret := range rets[1:] {
 		phase := fmt.Sprint("phase ", p+1, " (", ret, ")")
 		a := y.m.aggs[keyLive]
-		if garbage := adv9Garbage(y, keyLive); garbage > 0 {
+		if garbage := looseGarbage(y, keyLive); garbage > 0 {
 			y.seen["garbage at a switch"]++
 		}
 		old := y.ret
 		at := done[len(done)-1].at
 		y.switchRetention(ret)
-		adv9Reads(y, phase+": read right after the switch", at)
+		looseReads(y, phase+": read right after the switch", at)
 		w := a.watermark
 		newCut := retainedFrom(w, y.ret)
 		// Redeliver the batches of the last few: the first may move the cut.
@@ -647,7 +647,7 @@ func adv9RunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Durat
 		before := y.m.Tally(keyLive, at)
 		if y.ret < old && newCut > a.cut {
 			passes := 0
-			mh, _ := adv9ModelHours(a)
+			mh, _ := looseModelHours(a)
 			for h, m := range mh {
 				if h*hourUS < newCut {
 					passes += m.n
@@ -683,7 +683,7 @@ func adv9RunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Durat
 			h := floorDiv(a.cut, hourUS) - 1 - r.Int64N(3)
 			if h >= 0 && h*hourUS >= newCut {
 				g.asd++
-				ob := Observation{Key: keyLive, OpportunityID: g.id(r.IntN(g.pool)), Class: Confirmed, Occurred: h*hourUS + adv6Offset(r), Assessed: g.asd}
+				ob := Observation{Key: keyLive, OpportunityID: g.id(r.IntN(g.pool)), Class: Confirmed, Occurred: h*hourUS + retainedOffset(r), Assessed: g.asd}
 				got := tr.step(phase+": event below the kept cut", []Observation{ob}, at)
 				if got.Outcomes[0] != Expired {
 					t.Fatalf("%s: an event in hour %d below the kept cut %d was %v", phase, h, a.cut/hourUS, got.Outcomes[0])
@@ -691,20 +691,20 @@ func adv9RunSeesaw(t *testing.T, c *redis.Client, seed uint64, rets []time.Durat
 				y.seen["expired below the kept cut"]++
 			}
 		}
-		adv9Reads(y, phase+": read after the redelivery", at)
+		looseReads(y, phase+": read after the redelivery", at)
 		if hs := y.headSpan(keyLive); hs != span {
 			t.Fatalf("%s: head span %d, want %d", phase, hs, span)
 		}
 		g.play = min(int64(ret/time.Hour), g.play)
 		g.far = min(int64(ret/time.Hour)-2, g.far)
-		done = append(done, adv9Deliver(tr, g, 35, phase)...)
+		done = append(done, looseDeliver(tr, g, 35, phase)...)
 	}
 	// Everything expires under the last retention; garbage collection takes it all.
 	last := g.maxOcc + y.ret + 3*span*hourUS
 	g.asd++
 	tr.step("past everything", []Observation{{Key: keyLive, OpportunityID: "late", Class: Passed, Occurred: last, Assessed: g.asd}}, time.UnixMicro(last))
 	y.collect(keyLive, time.UnixMicro(last), 60)
-	adv9Reads(y, "end", time.UnixMicro(last))
+	looseReads(y, "end", time.UnixMicro(last))
 	t.Logf("span %d: %d lowerings passed winners, %d raises; outcomes %v, seen %v", span, lowered, raised, y.outs, y.seen)
 	if y.prev {
 		return
@@ -742,19 +742,19 @@ func TestEpochCutBelowZeroLowered(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
-				adv9RunEpochCut(t, newAdv8(t, c, "epochcut9", tc.from), tc.to, tc.next)
+			retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
+				looseRunEpochCut(t, newGroupsRig(t, c, "epochcut9", tc.from), tc.to, tc.next)
 			})
 		})
 	}
 }
 
-func adv9RunEpochCut(t *testing.T, y *adv8, to []time.Duration, next func(w, asd int64) Observation) {
-	tr := newAdv9Tracker(y, keyLive)
+func looseRunEpochCut(t *testing.T, y *groupsRig, to []time.Duration, next func(w, asd int64) Observation) {
+	tr := newLooseTracker(y, keyLive)
 	r := rand.New(rand.NewPCG(1970, 9))
 	var b []Observation
 	for i := 0; i < 60; i++ {
-		b = append(b, Observation{Key: keyLive, OpportunityID: fmt.Sprint("e", i), Class: Class(1 + i%3), Occurred: int64(r.IntN(40))*hourUS + adv6Offset(r), Assessed: int64(i + 10)})
+		b = append(b, Observation{Key: keyLive, OpportunityID: fmt.Sprint("e", i), Class: Class(1 + i%3), Occurred: int64(r.IntN(40))*hourUS + retainedOffset(r), Assessed: int64(i + 10)})
 	}
 	w := int64(40)*hourUS + 17*minuteUS
 	b = append(b, Observation{Key: keyLive, OpportunityID: "w", Class: Passed, Occurred: w, Assessed: 7})
@@ -762,7 +762,7 @@ func adv9RunEpochCut(t *testing.T, y *adv8, to []time.Duration, next func(w, asd
 	tr.step("1970", b, at)
 	// A few moves at bounds, so hours are loose when the cut passes them.
 	a := y.m.aggs[keyLive]
-	mh, hs := adv9ModelHours(a)
+	mh, hs := looseModelHours(a)
 	b = nil
 	for _, h := range hs[:min(len(hs), 12)] {
 		b = append(b, Observation{Key: keyLive, OpportunityID: mh[h].lows[0], Class: Confirmed, Occurred: mh[h].hi, Assessed: 1000 + h})
@@ -773,7 +773,7 @@ func adv9RunEpochCut(t *testing.T, y *adv8, to []time.Duration, next func(w, asd
 	}
 	for i, ret := range to {
 		y.switchRetention(ret)
-		adv9Reads(y, fmt.Sprint("read right after switch ", i), at)
+		looseReads(y, fmt.Sprint("read right after switch ", i), at)
 	}
 	if retainedFrom(a.watermark, y.ret) <= 0 {
 		t.Fatalf("the lowered retention gives the cut %d, not above hour 0", retainedFrom(a.watermark, y.ret))
@@ -783,7 +783,7 @@ func adv9RunEpochCut(t *testing.T, y *adv8, to []time.Duration, next func(w, asd
 	if a.cut <= 0 || y.m.Tally(keyLive, at).Retained() >= before {
 		t.Fatalf("the model's cut %d did not pass winners (%d retained before)", a.cut, before)
 	}
-	adv9Reads(y, "read after the next batch", at)
+	looseReads(y, "read after the next batch", at)
 	// The watermark moves on: the hours below the cut must still be gone.
 	for s := int64(1); s <= 4; s++ {
 		occ := w + s*hourUS
@@ -799,10 +799,10 @@ func adv9RunEpochCut(t *testing.T, y *adv8, to []time.Duration, next func(w, asd
 func TestLooseBoundsEpochStreams(t *testing.T) {
 	for i, ret := range []time.Duration{24 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
-			q := newAdv8Pair(t, "epoch9", ret)
+			q := newGroupsPair(t, "epoch9", ret)
 			r := rand.New(rand.NewPCG(uint64(i), 1970))
 			y := q.ys[0]
-			g := &adv9Gen{r: r, k: keyLive, clock: 5 * minuteUS, asd: 1, pool: 60, play: 10, far: 0, stepP: 35, maxN: 25}
+			g := &looseGen{r: r, k: keyLive, clock: 5 * minuteUS, asd: 1, pool: 60, play: 10, far: 0, stepP: 35, maxN: 25}
 			cutWasNegative, cutPassedZero := false, false
 			var prevF, prevL int64 = -1, -1
 			moved := 0
@@ -827,11 +827,11 @@ func TestLooseBoundsEpochStreams(t *testing.T) {
 			}
 			q.p.tallies(time.UnixMicro(g.clock))
 			retUS := int64(ret / time.Microsecond)
-			G := adv8Span(ret)
+			G := groupsSpan(ret)
 			for s := int64(1); s <= retUS/(G*hourUS)+3; s++ {
 				occ := g.maxOcc + s*G*hourUS
 				g.asd++
-				q.apply(fmt.Sprint("step ", s), []Observation{{Key: keyLive, OpportunityID: adv8ID(int(s)), Class: Passed, Occurred: occ, Assessed: g.asd}}, time.UnixMicro(occ))
+				q.apply(fmt.Sprint("step ", s), []Observation{{Key: keyLive, OpportunityID: groupsID(int(s)), Class: Passed, Occurred: occ, Assessed: g.asd}}, time.UnixMicro(occ))
 			}
 			last := g.maxOcc + (retUS/(G*hourUS)+3)*G*hourUS
 			q.p.collect(keyLive, time.UnixMicro(last))
@@ -854,7 +854,7 @@ func TestLooseBoundsEpochStreams(t *testing.T) {
 func TestLargeBatchesAcrossSwitches(t *testing.T) {
 	r := rand.New(rand.NewPCG(4242, 9))
 	ret := 24 * time.Hour // G = 3
-	q := newAdv8Pair(t, "large9", ret)
+	q := newGroupsPair(t, "large9", ret)
 	G := int64(3)
 	S := (Micros(t0)/hourUS)/G*G - 14
 	asd := (S + 500) * hourUS
@@ -867,7 +867,7 @@ func TestLargeBatchesAcrossSwitches(t *testing.T) {
 	}
 	var ids []string
 	for i := 0; i < 1300; i++ {
-		ids = append(ids, adv8ID(i))
+		ids = append(ids, groupsID(i))
 	}
 	at := time.UnixMicro((S+12)*hourUS + 1)
 	var b1 []Observation
@@ -879,7 +879,7 @@ func TestLargeBatchesAcrossSwitches(t *testing.T) {
 	y := q.ys[0]
 	moves := func(n int, lowH, highH int64) []Observation {
 		a := y.m.aggs[keyLive]
-		mh, hs := adv9ModelHours(a)
+		mh, hs := looseModelHours(a)
 		var b []Observation
 		for len(b) < n {
 			asd++
@@ -906,7 +906,7 @@ func TestLargeBatchesAcrossSwitches(t *testing.T) {
 	b2 := moves(4200, S, S+11)
 	q.apply("4200 moves off the bounds", b2, at)
 	loose := 0
-	for _, hv := range adv9Hours(t, y.c, y.s, keyLive) {
+	for _, hv := range looseHours(t, y.c, y.s, keyLive) {
 		if hv.loose {
 			loose++
 		}
@@ -959,7 +959,7 @@ func TestLargeBatchesAcrossSwitches(t *testing.T) {
 // be accepted at start and then fail every batch of every aggregate it holds. (It was accepted
 // until the layout became "/layout10".)
 func TestEarlierLayout9StateAtStart(t *testing.T) {
-	adv8NoPrev(t)
+	groupsNoPrev(t)
 	out, err := exec.Command("git", "show", "18ba637:aggregator/apply.lua").Output()
 	if err != nil || len(out) == 0 {
 		t.Skipf("git show 18ba637:aggregator/apply.lua: %v", err)
@@ -1005,14 +1005,14 @@ func TestEarlierLayout9StateAtStart(t *testing.T) {
 
 // TestLeftBehindCountedPerMove: an index group counts x, the entries that moves may have
 // left behind without a reason to be there, and n, the entries it lists (apply.lua, KEYS[2]
-// i<group>), so x <= n (adv6.check and adv8.inspect hold the store to it). One opportunity that
+// i<group>), so x <= n (retainedRig.check and groupsRig.inspect hold the store to it). One opportunity that
 // leaves group A several times within one batch (A → B → A → B …, each move a newer assessment)
 // is appended to A once per batch (push) but counted as left behind once per move (leave): x grows
 // past n. (Found by the bound-aimed streams above, which now move an id at most once per batch.)
 func TestLeftBehindCountedPerMove(t *testing.T) {
-	adv8NoPrev(t)
-	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
-		y := newAdv8(t, c, "leftbehind9", 8*time.Hour) // G = 1: an hour is a group
+	groupsNoPrev(t)
+	retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
+		y := newGroupsRig(t, c, "leftbehind9", 8*time.Hour) // G = 1: an hour is a group
 		A := Micros(t0)/hourUS - 3
 		asd := (A + 10) * hourUS
 		at := time.UnixMicro((A+2)*hourUS + 1)
@@ -1052,16 +1052,16 @@ func TestLooseBoundsLoweredPastEverything(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
-				y := newAdv8(t, c, "pasteverything9", 72*time.Hour) // G = 9
-				tr := newAdv9Tracker(y, keyLive)
+			retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
+				y := newGroupsRig(t, c, "pasteverything9", 72*time.Hour) // G = 9
+				tr := newLooseTracker(y, keyLive)
 				r := rand.New(rand.NewPCG(72, 9))
 				S := Micros(t0)/hourUS - 60
 				asd := (S + 100) * hourUS
 				var b []Observation
 				for i := 0; i < 150; i++ {
 					asd++
-					b = append(b, Observation{Key: keyLive, OpportunityID: fmt.Sprint("p", i), Class: Class(1 + r.IntN(3)), Occurred: (S+int64(r.IntN(40)))*hourUS + adv6Offset(r), Assessed: asd})
+					b = append(b, Observation{Key: keyLive, OpportunityID: fmt.Sprint("p", i), Class: Class(1 + r.IntN(3)), Occurred: (S+int64(r.IntN(40)))*hourUS + retainedOffset(r), Assessed: asd})
 				}
 				// "top" holds the watermark, nine hours after the rest: 8 hours of retention
 				// leave nothing else.
@@ -1071,32 +1071,32 @@ func TestLooseBoundsLoweredPastEverything(t *testing.T) {
 				tr.step("build", b, at)
 				a := y.m.aggs[keyLive]
 				for round := 0; round < 4; round++ {
-					mh, hs := adv9ModelHours(a)
+					mh, hs := looseModelHours(a)
 					b = nil
 					for _, h := range hs {
 						if h >= S+40 {
 							continue
 						}
 						asd++
-						b = append(b, Observation{Key: keyLive, OpportunityID: mh[h].lows[0], Class: Confirmed, Occurred: (S+int64(r.IntN(40)))*hourUS + adv6Offset(r), Assessed: asd})
+						b = append(b, Observation{Key: keyLive, OpportunityID: mh[h].lows[0], Class: Confirmed, Occurred: (S+int64(r.IntN(40)))*hourUS + retainedOffset(r), Assessed: asd})
 					}
 					tr.step(fmt.Sprint("bounds leave ", round), b, at)
 				}
 				loose := 0
-				for _, hv := range adv9Hours(t, c, y.s, keyLive) {
+				for _, hv := range looseHours(t, c, y.s, keyLive) {
 					if hv.loose {
 						loose++
 					}
 				}
 				y.switchRetention(8 * time.Hour)
-				adv9Reads(y, "read right after the switch", at)
+				looseReads(y, "read right after the switch", at)
 				before := y.m.Tally(keyLive, at)
 				tr.step("the next batch", []Observation{tc.next(w, asd+1)}, at)
 				after := y.m.Tally(keyLive, at)
 				if before.Retained() < 100 || after.Retained() > 2 || loose < 5 {
 					t.Fatalf("retained %d → %d, %d loose hours: the case is not reached", before.Retained(), after.Retained(), loose)
 				}
-				adv9Reads(y, "read after the next batch", at)
+				looseReads(y, "read after the next batch", at)
 				late := w + 8*hourUS + 10*9*hourUS
 				tr.step("late", []Observation{{Key: keyLive, OpportunityID: "late", Class: Passed, Occurred: late, Assessed: asd + 2}}, time.UnixMicro(late))
 				y.collect(keyLive, time.UnixMicro(late), 40)

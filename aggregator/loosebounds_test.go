@@ -16,7 +16,7 @@ import (
 // bounds loose and costs no scan of the index; once the hour holds the aggregate's first or last
 // retained winner and that one is needed again (it left, or the cut passed the hour before), the
 // bounds are made exact from the index. The head's first and last must equal the model's after
-// every batch (adv6.check), under index groups of one hour (8h retention) and of 90 (30 days).
+// every batch (retainedRig.check), under index groups of one hour (8h retention) and of 90 (30 days).
 func TestLooseBoundsAreMadeExactWhenNeeded(t *testing.T) {
 	for _, ret := range []time.Duration{8 * time.Hour, 30 * 24 * time.Hour} {
 		t.Run(ret.String(), func(t *testing.T) {
@@ -30,7 +30,7 @@ func TestLooseBoundsAreMadeExactWhenNeeded(t *testing.T) {
 }
 
 func looseBounds(t *testing.T, c *redis.Client, ret time.Duration, stats bool) {
-	x := newAdv6(t, c, "loose", ret)
+	x := newRetainedRig(t, c, "loose", ret)
 	h := Micros(t0)/hourUS - 6 // hours h (first), h+1 (middle), h+2 (last)
 	asd := (h + 20) * hourUS
 	next := func(id string, occ int64) Observation {
@@ -58,7 +58,7 @@ func looseBounds(t *testing.T, c *redis.Client, ret time.Duration, stats bool) {
 	}
 	loose := func(what string, hour int64, want bool) {
 		t.Helper()
-		hv, err := adv6ParseHour(c.HGet(t.Context(), x.s.keys(keyLive)[1], fmt.Sprint("h", hour)).Val())
+		hv, err := retainedParseHour(c.HGet(t.Context(), x.s.keys(keyLive)[1], fmt.Sprint("h", hour)).Val())
 		if err != nil || hv.loose != want {
 			t.Fatalf("%s: hour %d %+v (%v), want loose %v", what, hour, hv, err, want)
 		}
@@ -109,7 +109,7 @@ func looseBounds(t *testing.T, c *redis.Client, ret time.Duration, stats bool) {
 // TestRetentionChangeKeepsTheIndexGroups: an aggregate keeps the index group span it was created
 // with when the processor restarts with another retention (its groups are then read twice in a
 // batch: first under the new retention's span, then under its own), and everything still equals
-// the model: outcomes, tallies, the stored state (adv6.check, which also requires the head's span
+// the model: outcomes, tallies, the stored state (retainedRig.check, which also requires the head's span
 // to be the creation's), and garbage collection once a later event expires it all. The events lie
 // within 10 hours of the watermark, inside both retentions, so that the model (which forgets
 // identities only as its watermark moves) and the store agree on what either retention keeps.
@@ -120,8 +120,8 @@ func TestRetentionChangeKeepsTheIndexGroups(t *testing.T) {
 		{24 * time.Hour, 40 * time.Hour},      // span 3 → 5
 	} {
 		t.Run(tc.from.String()+"→"+tc.to.String(), func(t *testing.T) {
-			adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
-				x := newAdv6(t, c, "retchange", tc.from)
+			retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
+				x := newRetainedRig(t, c, "retchange", tc.from)
 				r := rand.New(rand.NewPCG(uint64(tc.from), uint64(tc.to)))
 				w := (Micros(t0)/hourUS - 100) * hourUS
 				asd := w + 200*hourUS

@@ -21,14 +21,14 @@ import (
 // smaller hour's bounds are read from its index when the first or last retained winner must be
 // found again, a stored duplicate's hour is read lazily. Every sequence is applied to the store and
 // to the model (the oracle): outcomes and tallies (counts, windows, first/last, version) must be
-// equal after every batch, and the stored state must say what the model holds (adv6.check).
+// equal after every batch, and the stored state must say what the model holds (retainedRig.check).
 
-// adv6Bounded mirrors apply.lua's BOUNDED: an hour keeps its bounds once it holds this many winners.
-const adv6Bounded = 32
+// retainedBounded mirrors apply.lua's BOUNDED: an hour keeps its bounds once it holds this many winners.
+const retainedBounded = 32
 
-// adv6Backends runs f on the test Redis and, when embedded, on the embedded Redis of
+// retainedBackends runs f on the test Redis and, when embedded, on the embedded Redis of
 // `repeatrate dev` (gopher-lua).
-func adv6Backends(t *testing.T, embedded bool, f func(t *testing.T, c *redis.Client)) {
+func retainedBackends(t *testing.T, embedded bool, f func(t *testing.T, c *redis.Client)) {
 	t.Run("redis", func(t *testing.T) { f(t, testenv.Redis(t)) })
 	if embedded {
 		t.Run("embedded", func(t *testing.T) {
@@ -38,21 +38,21 @@ func adv6Backends(t *testing.T, embedded bool, f func(t *testing.T, c *redis.Cli
 	}
 }
 
-// adv6Batch is one delivery of observations at an observation time.
-type adv6Batch struct {
+// retainedBatch is one delivery of observations at an observation time.
+type retainedBatch struct {
 	obs []Observation
 	at  time.Time
 }
 
-// adv6 applies batches to a store and to the model side by side.
-type adv6 struct {
+// retainedRig applies batches to a store and to the model side by side.
+type retainedRig struct {
 	t    *testing.T
 	s    *Redis
 	c    *redis.Client
 	m    *Model
 	ret  int64
 	outs map[Outcome]int
-	hist []adv6Batch // every batch applied, in order, for the failure message
+	hist []retainedBatch // every batch applied, in order, for the failure message
 	// spanRet is the retention the aggregates were created under, whose index group span their
 	// heads keep (ret, unless a test changes the retention later).
 	spanRet int64
@@ -61,15 +61,15 @@ type adv6 struct {
 	seen map[string]int
 }
 
-func newAdv6(t *testing.T, c *redis.Client, what string, retention time.Duration) *adv6 {
+func newRetainedRig(t *testing.T, c *redis.Client, what string, retention time.Duration) *retainedRig {
 	s, _ := storeOn(t, c, what, RedisConfig{Retention: retention})
 	ret := int64(retention / time.Microsecond)
-	return &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: ret, spanRet: ret,
+	return &retainedRig{t: t, s: s, c: c, m: NewModel(retention), ret: ret, spanRet: ret,
 		outs: map[Outcome]int{}, seen: map[string]int{}}
 }
 
 // history renders the last batches applied, for a failure message.
-func (x *adv6) history(last int) string {
+func (x *retainedRig) history(last int) string {
 	var b strings.Builder
 	from := max(0, len(x.hist)-last)
 	for i := from; i < len(x.hist); i++ {
@@ -84,17 +84,17 @@ func (x *adv6) history(last int) string {
 
 // apply applies batch at at to both, requires equal outcomes and tallies, and checks the stored
 // state of every aggregate of the batch.
-func (x *adv6) apply(what string, batch []Observation, at time.Time) Applied {
+func (x *retainedRig) apply(what string, batch []Observation, at time.Time) Applied {
 	x.t.Helper()
 	return x.applyChecked(what, batch, at, true)
 }
 
-// applyChecked is apply, checking the stored state (adv6.check) only when check is set: a rig
+// applyChecked is apply, checking the stored state (retainedRig.check) only when check is set: a rig
 // that checks the state its own way passes false.
-func (x *adv6) applyChecked(what string, batch []Observation, at time.Time, check bool) Applied {
+func (x *retainedRig) applyChecked(what string, batch []Observation, at time.Time, check bool) Applied {
 	x.t.Helper()
 	ctx := context.Background()
-	x.hist = append(x.hist, adv6Batch{batch, at})
+	x.hist = append(x.hist, retainedBatch{batch, at})
 	got, err := x.s.Apply(ctx, batch, at)
 	if err != nil {
 		x.t.Fatalf("%s: %v", what, err)
@@ -119,13 +119,13 @@ func (x *adv6) applyChecked(what string, batch []Observation, at time.Time, chec
 
 // again applies a batch once more (a retry after a lost reply, or a redelivery): the promise is that
 // it changes nothing, on either side.
-func (x *adv6) again(what string, batch []Observation, at time.Time) {
+func (x *retainedRig) again(what string, batch []Observation, at time.Time) {
 	x.t.Helper()
 	x.againWith(what, batch, at, x.apply)
 }
 
-// againWith is again through the given apply (a rig that checks more than adv6 passes its own).
-func (x *adv6) againWith(what string, batch []Observation, at time.Time, apply func(string, []Observation, time.Time) Applied) {
+// againWith is again through the given apply (a rig that checks more than retainedRig passes its own).
+func (x *retainedRig) againWith(what string, batch []Observation, at time.Time, apply func(string, []Observation, time.Time) Applied) {
 	x.t.Helper()
 	before := map[Key]int64{}
 	for _, k := range x.m.Keys() {
@@ -147,7 +147,7 @@ func (x *adv6) againWith(what string, batch []Observation, at time.Time, apply f
 // tallies reads every aggregate back at a few observation times and compares with the model (never
 // more than 10 minutes behind the newest event: the 1h window is exact only that far back,
 // docs/semantics.md#windows).
-func (x *adv6) tallies(at time.Time) {
+func (x *retainedRig) tallies(at time.Time) {
 	x.t.Helper()
 	for _, when := range []time.Time{at, at.Add(-9 * time.Minute), at.Add(26 * time.Hour), at.Add(40 * 24 * time.Hour)} {
 		for _, k := range x.m.Keys() {
@@ -162,11 +162,11 @@ func (x *adv6) tallies(at time.Time) {
 	}
 }
 
-// adv6Field is the record field of an opportunity id (recordFields).
-func adv6Field(id string) string { return fmt.Sprintf("%03x", len(id)) + id }
+// retainedField is the record field of an opportunity id (recordFields).
+func retainedField(id string) string { return fmt.Sprintf("%03x", len(id)) + id }
 
-// adv6Record parses a stored record "<class><occ>,<assessed>[,<seq>][;<horizon>]" (hex).
-func adv6Record(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
+// retainedRecord parses a stored record "<class><occ>,<assessed>[,<seq>][;<horizon>]" (hex).
+func retainedRecord(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
 	if v == "" {
 		return 0, 0, 0, 0, 0, fmt.Errorf("empty record")
 	}
@@ -197,22 +197,22 @@ func adv6Record(v string) (cls byte, occ, asd, seq, horizon int64, err error) {
 	return cls, occ, asd, seq, horizon, err
 }
 
-// adv6Hour is a parsed hour field: the byte 1 (exact bounds) or 2 (loose: a bound may lie beyond
+// retainedHour is a parsed hour field: the byte 1 (exact bounds) or 2 (loose: a bound may lie beyond
 // the winners), then C,P,U and the bounds a,b (as offsets from the hour's start) in 5 bytes each.
 // Only an hour that holds winners is stored, and it keeps its bounds.
-type adv6Hour struct {
+type retainedHour struct {
 	c, p, u int64
 	bounded bool
 	loose   bool
 	a, b    int64 // offsets from the hour's start
 }
 
-// adv6Span is apply.lua's index group span, in hours, under retention ret (µs).
-func adv6Span(ret int64) int64 { return min(max(ret/(8*hourUS), 1), 255) }
+// retainedSpan is apply.lua's index group span, in hours, under retention ret (µs).
+func retainedSpan(ret int64) int64 { return min(max(ret/(8*hourUS), 1), 255) }
 
-// adv6Group is a parsed index group field: the byte 0, k (closed chunks), n (entries listed) and
+// retainedGroup is a parsed index group field: the byte 0, k (closed chunks), n (entries listed) and
 // x (entries that moves may have left behind) in 5 bytes each, then the open chunk.
-type adv6Group struct {
+type retainedGroup struct {
 	k, n, x int64
 	open    string
 }
@@ -255,8 +255,8 @@ func minuteNumbers(v string) ([]int64, error) {
 	return x, err
 }
 
-func adv6ParseHour(v string) (adv6Hour, error) {
-	var h adv6Hour
+func retainedParseHour(v string) (retainedHour, error) {
+	var h retainedHour
 	if len(v) != 1+5*5 || (v[0] != 1 && v[0] != 2) {
 		return h, fmt.Errorf("hour field %q: want the byte 1 or 2 and 5 numbers of 5 bytes", v)
 	}
@@ -269,8 +269,8 @@ func adv6ParseHour(v string) (adv6Hour, error) {
 	return h, nil
 }
 
-func adv6ParseGroup(v string) (adv6Group, error) {
-	var g adv6Group
+func retainedParseGroup(v string) (retainedGroup, error) {
+	var g retainedGroup
 	if len(v) < 1+3*5 || v[0] != 0 {
 		return g, fmt.Errorf("index group field %q: want the byte 0 and 3 numbers of 5 bytes", v)
 	}
@@ -282,8 +282,8 @@ func adv6ParseGroup(v string) (adv6Group, error) {
 	return g, nil
 }
 
-// adv6Entries splits an index chunk into record fields.
-func adv6Entries(s string) ([]string, error) {
+// retainedEntries splits an index chunk into record fields.
+func retainedEntries(s string) ([]string, error) {
 	var out []string
 	for len(s) > 0 {
 		if len(s) < 3 {
@@ -299,10 +299,10 @@ func adv6Entries(s string) ([]string, error) {
 	return out, nil
 }
 
-// adv6Index is what check learnt of one aggregate's index: per index group, the entries listed
+// retainedIndex is what check learnt of one aggregate's index: per index group, the entries listed
 // and the ids that have a reason to be listed there (their winner, while retained, or their
 // horizon); per hour, whether it keeps bounds; and the group span G in hours.
-type adv6Index struct {
+type retainedIndex struct {
 	listed  map[int64]int // entries, duplicates included
 	reasons map[int64]int
 	bounded map[int64]bool
@@ -310,7 +310,7 @@ type adv6Index struct {
 }
 
 // group returns the index group of hour h.
-func (idx adv6Index) group(h int64) int64 { return floorDiv(h, idx.span) }
+func (idx retainedIndex) group(h int64) int64 { return floorDiv(h, idx.span) }
 
 // check compares aggregate k's stored state with what the model holds:
 //   - every identity the model holds is stored with the same winner and horizon, and every other
@@ -325,7 +325,7 @@ func (idx adv6Index) group(h int64) int64 { return floorDiv(h, idx.span) }
 //     member;
 //   - the head's counts and first and last occurred time are the model's, and its group span is
 //     an eighth of the retention, from 1 to 255 hours.
-func (x *adv6) check(what string, k Key) adv6Index {
+func (x *retainedRig) check(what string, k Key) retainedIndex {
 	t := x.t
 	t.Helper()
 	ctx := context.Background()
@@ -347,7 +347,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		t.Fatal(err)
 	}
 	a := x.m.aggs[k]
-	idx := adv6Index{listed: map[int64]int{}, reasons: map[int64]int{}, bounded: map[int64]bool{}}
+	idx := retainedIndex{listed: map[int64]int{}, reasons: map[int64]int{}, bounded: map[int64]bool{}}
 	if a == nil {
 		return idx
 	}
@@ -364,7 +364,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		fail("%v", err)
 	}
 	idx.span = int64(head[1])
-	if want := adv6Span(x.spanRet); idx.span != want {
+	if want := retainedSpan(x.spanRet); idx.span != want {
 		fail("head's index group span %d hours, want %d (retention %d µs)", idx.span, want, x.ret)
 	}
 	cutG := floorDiv(cutH, idx.span)
@@ -375,13 +375,13 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		if r.horizon < cut {
 			continue
 		}
-		f := adv6Field(id)
+		f := retainedField(id)
 		live[f] = r
 		v, ok := recs[f]
 		if !ok {
 			fail("the record of %q (%+v) is missing", id, r)
 		}
-		cls, occ, asd, seq, hz, err := adv6Record(v)
+		cls, occ, asd, seq, hz, err := retainedRecord(v)
 		if err != nil {
 			fail("%v", err)
 		}
@@ -393,7 +393,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		if _, ok := live[f]; ok {
 			continue
 		}
-		_, _, _, _, hz, err := adv6Record(v)
+		_, _, _, _, hz, err := retainedRecord(v)
 		if err != nil {
 			fail("%v", err)
 		}
@@ -441,8 +441,8 @@ func (x *adv6) check(what string, k Key) adv6Index {
 	}
 
 	// Hours, index groups and chunks.
-	hours := map[int64]adv6Hour{}
-	groups := map[int64]adv6Group{}
+	hours := map[int64]retainedHour{}
+	groups := map[int64]retainedGroup{}
 	chunks := map[int64]map[int64]string{}
 	for f, v := range st {
 		if f == "H" || f == "v" || f == "enc" || strings.HasPrefix(f, "m") {
@@ -467,13 +467,13 @@ func (x *adv6) check(what string, k Key) adv6Index {
 			}
 			chunks[n][i] = v
 		case f[0] == 'h':
-			hv, err := adv6ParseHour(v)
+			hv, err := retainedParseHour(v)
 			if err != nil {
 				fail("%s: %v", f, err)
 			}
 			hours[n] = hv
 		default:
-			gv, err := adv6ParseGroup(v)
+			gv, err := retainedParseGroup(v)
 			if err != nil {
 				fail("%s: %v", f, err)
 			}
@@ -511,7 +511,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 		set := map[string]bool{}
 		listed[g] = set
 		add := func(chunk string) {
-			es, err := adv6Entries(chunk)
+			es, err := retainedEntries(chunk)
 			if err != nil {
 				fail("index group %d: %v", g, err)
 			}
@@ -617,7 +617,7 @@ func (x *adv6) check(what string, k Key) adv6Index {
 // runs with every batch) until the store holds no garbage that collection owes: no record whose
 // horizon's index group is wholly expired, no field of an expired hour or of a wholly expired
 // group, no wholly expired group in the sorted set. It fails if rounds batches do not get there.
-func (x *adv6) collect(k Key, at time.Time, rounds int) {
+func (x *retainedRig) collect(k Key, at time.Time, rounds int) {
 	x.t.Helper()
 	ctx := context.Background()
 	a := x.m.aggs[k]
@@ -625,14 +625,14 @@ func (x *adv6) collect(k Key, at time.Time, rounds int) {
 	if cutH <= 0 {
 		x.t.Fatalf("collect needs an expired hour 0 (cut %d)", cutH)
 	}
-	span := adv6Span(x.spanRet)
+	span := retainedSpan(x.spanRet)
 	cutG := floorDiv(cutH, span)
 	for i := 0; i < rounds; i++ {
 		x.apply("collect", []Observation{{Key: k, OpportunityID: "expired-probe", Class: Passed, Occurred: 0, Assessed: 0}}, at)
 		keys := x.s.keys(k)
 		garbage := 0
 		for _, v := range x.c.HGetAll(ctx, keys[0]).Val() {
-			if _, _, _, _, hz, _ := adv6Record(v); floorDiv(hz/hourUS, span) < cutG {
+			if _, _, _, _, hz, _ := retainedRecord(v); floorDiv(hz/hourUS, span) < cutG {
 				garbage++
 			}
 		}
@@ -655,26 +655,26 @@ func (x *adv6) collect(k Key, at time.Time, rounds int) {
 	}
 }
 
-// adv6Offsets are offsets within an hour that collide often (ties) or sit at its edges.
-var adv6Offsets = []int64{0, 1, 2, 1800e6, 1800e6 + 1, hourUS - 2, hourUS - 1}
+// retainedOffsets are offsets within an hour that collide often (ties) or sit at its edges.
+var retainedOffsets = []int64{0, 1, 2, 1800e6, 1800e6 + 1, hourUS - 2, hourUS - 1}
 
-func adv6Offset(r *rand.Rand) int64 {
+func retainedOffset(r *rand.Rand) int64 {
 	if r.IntN(3) == 0 {
 		return r.Int64N(hourUS)
 	}
-	return adv6Offsets[r.IntN(len(adv6Offsets))]
+	return retainedOffsets[r.IntN(len(retainedOffsets))]
 }
 
-// adv6ID is the id of opportunity i; some carry the bytes the state's fields use as separators.
-func adv6ID(i int) string {
+// retainedID is the id of opportunity i; some carry the bytes the state's fields use as separators.
+func retainedID(i int) string {
 	if i%5 == 0 {
 		return fmt.Sprintf("x|%d;,\x00", i)
 	}
 	return fmt.Sprintf("x%03d", i)
 }
 
-// adv6Size is a batch size: often one or a few, often enough to carry an hour across 32 winners.
-func adv6Size(r *rand.Rand) int {
+// retainedSize is a batch size: often one or a few, often enough to carry an hour across 32 winners.
+func retainedSize(r *rand.Rand) int {
 	switch r.IntN(4) {
 	case 0:
 		return 1
@@ -685,20 +685,20 @@ func adv6Size(r *rand.Rand) int {
 	}
 }
 
-// adv6Deliver applies batches made by next (nil ends), and now and then applies a batch again at
+// retainedDeliver applies batches made by next (nil ends), and now and then applies a batch again at
 // once (a retried script whose reply was lost) or redelivers every batch since the last commit, in
 // order, at the current observation time.
-func (x *adv6) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)) time.Time {
+func (x *retainedRig) deliver(r *rand.Rand, next func(i int) ([]Observation, time.Time)) time.Time {
 	x.t.Helper()
 	apply := func(what string, b []Observation, at time.Time) { x.apply(what, b, at) }
-	return adv6DeliverWith(r, x.seen, apply, x.again, next)
+	return retainedDeliverWith(r, x.seen, apply, x.again, next)
 }
 
-// adv6DeliverWith is adv6.deliver's schedule through the given apply and again (a rig that checks
-// more than adv6 does reuses it).
-func adv6DeliverWith(r *rand.Rand, seen map[string]int, apply, again func(what string, b []Observation, at time.Time),
+// retainedDeliverWith is retainedRig.deliver's schedule through the given apply and again (a rig that checks
+// more than retainedRig does reuses it).
+func retainedDeliverWith(r *rand.Rand, seen map[string]int, apply, again func(what string, b []Observation, at time.Time),
 	next func(i int) ([]Observation, time.Time)) time.Time {
-	var done []adv6Batch
+	var done []retainedBatch
 	committed := 0
 	var at time.Time
 	for i := 0; ; i++ {
@@ -708,7 +708,7 @@ func adv6DeliverWith(r *rand.Rand, seen map[string]int, apply, again func(what s
 		}
 		at = bat
 		apply(fmt.Sprint("batch ", i), batch, at)
-		done = append(done, adv6Batch{batch, at})
+		done = append(done, retainedBatch{batch, at})
 		if r.IntN(6) == 0 {
 			again(fmt.Sprint("batch ", i, " retried"), batch, at)
 		}
@@ -732,13 +732,13 @@ func adv6DeliverWith(r *rand.Rand, seen map[string]int, apply, again func(what s
 // and byte-identical duplicates, retried and redelivered batches.
 func TestBoundedHoursMatchModel(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
-		adv6Backends(t, seed == 1, func(t *testing.T, c *redis.Client) { adv6RunBounded(t, c, seed, 120) })
+		retainedBackends(t, seed == 1, func(t *testing.T, c *redis.Client) { retainedRunBounded(t, c, seed, 120) })
 	}
 }
 
-func adv6RunBounded(t *testing.T, c *redis.Client, seed uint64, batches int) {
+func retainedRunBounded(t *testing.T, c *redis.Client, seed uint64, batches int) {
 	r := rand.New(rand.NewPCG(seed, 6))
-	x := newAdv6(t, c, "bounded", 30*24*time.Hour)
+	x := newRetainedRig(t, c, "bounded", 30*24*time.Hour)
 	base := (Micros(t0)/hourUS - 2) * hourUS
 	asd := base + 10*hourUS
 	var sent []Observation
@@ -747,7 +747,7 @@ func adv6RunBounded(t *testing.T, c *redis.Client, seed uint64, batches int) {
 		if i == batches {
 			return nil, time.Time{}
 		}
-		n := adv6Size(r)
+		n := retainedSize(r)
 		batch := make([]Observation, 0, n)
 		for len(batch) < n {
 			switch p := r.IntN(100); {
@@ -755,8 +755,8 @@ func adv6RunBounded(t *testing.T, c *redis.Client, seed uint64, batches int) {
 				batch = append(batch, sent[r.IntN(len(sent))])
 			default:
 				asd += int64(r.IntN(2))
-				o := Observation{Key: keyLive, OpportunityID: adv6ID(r.IntN(100)), Class: Class(1 + r.IntN(3)),
-					Occurred: base + int64(r.IntN(3))*hourUS + adv6Offset(r), Assessed: asd, Seq: int64(r.IntN(2))}
+				o := Observation{Key: keyLive, OpportunityID: retainedID(r.IntN(100)), Class: Class(1 + r.IntN(3)),
+					Occurred: base + int64(r.IntN(3))*hourUS + retainedOffset(r), Assessed: asd, Seq: int64(r.IntN(2))}
 				if r.IntN(10) == 0 {
 					o.Assessed -= int64(r.IntN(40)) // older than what may be held
 				}
@@ -782,11 +782,11 @@ func adv6RunBounded(t *testing.T, c *redis.Client, seed uint64, batches int) {
 // keeps bounds), drops below 32 and comes back above it in one batch, moves the top holders out
 // and back in one batch, and at exactly 32 lets one leave while another enters at a new extreme.
 func TestRetentionHoursBoundAtEveryTie(t *testing.T) {
-	adv6Backends(t, true, adv6RunTies)
+	retainedBackends(t, true, retainedRunTies)
 }
 
-func adv6RunTies(t *testing.T, c *redis.Client) {
-	x := newAdv6(t, c, "ties", 30*24*time.Hour)
+func retainedRunTies(t *testing.T, c *redis.Client) {
+	x := newRetainedRig(t, c, "ties", 30*24*time.Hour)
 	h := Micros(t0)/hourUS - 5
 	start := h * hourUS
 	asd := start + 20*hourUS
@@ -879,8 +879,8 @@ func TestFirstLastUnderShortRetention(t *testing.T) {
 		{5, time.Hour, 100, false}, {6, 150 * time.Minute, 100, false},
 	} {
 		t.Run(fmt.Sprint("seed", tc.seed), func(t *testing.T) {
-			adv6Backends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
-				garbage += adv6RunShort(t, c, tc.seed, tc.retention, tc.pool, 150)
+			retainedBackends(t, tc.embedded, func(t *testing.T, c *redis.Client) {
+				garbage += retainedRunShort(t, c, tc.seed, tc.retention, tc.pool, 150)
 			})
 		})
 	}
@@ -889,11 +889,11 @@ func TestFirstLastUnderShortRetention(t *testing.T) {
 	}
 }
 
-// adv6RunShort runs the sequence of TestFirstLastUnderShortRetention and returns how
+// retainedRunShort runs the sequence of TestFirstLastUnderShortRetention and returns how
 // many garbage records its checks met.
-func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Duration, pool, batches int) int {
+func retainedRunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Duration, pool, batches int) int {
 	r := rand.New(rand.NewPCG(seed, 66))
-	x := newAdv6(t, c, "shortret", retention)
+	x := newRetainedRig(t, c, "shortret", retention)
 	clock := Micros(t0)
 	var maxOcc int64
 	var sent []Observation
@@ -935,7 +935,7 @@ func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Dur
 		default:
 			clock += int64(r.IntN(15)) * 60e6
 		}
-		n := adv6Size(r)
+		n := retainedSize(r)
 		batch := make([]Observation, 0, n)
 		for len(batch) < n {
 			occ := clock - int64(r.ExpFloat64()*float64(30*60e6))
@@ -951,7 +951,7 @@ func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Dur
 				}
 				moved := occ
 				if r.IntN(3) == 0 {
-					moved = rec.occ/hourUS*hourUS + adv6Offset(r)
+					moved = rec.occ/hourUS*hourUS + retainedOffset(r)
 				}
 				batch = append(batch, Observation{Key: keyLive, OpportunityID: id, Class: Class(1 + r.IntN(3)),
 					Occurred: moved, Assessed: rec.assessed + 1 + r.Int64N(3), Seq: r.Int64N(2)})
@@ -998,14 +998,14 @@ func adv6RunShort(t *testing.T, c *redis.Client, seed uint64, retention time.Dur
 // horizon grows), or again the same. The hours touched so lazily must be read before they change.
 func TestStoredDuplicateFirstThenReassessed(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
-		adv6Backends(t, seed == 1, func(t *testing.T, c *redis.Client) { adv6RunLazy(t, c, seed, 80) })
+		retainedBackends(t, seed == 1, func(t *testing.T, c *redis.Client) { retainedRunLazy(t, c, seed, 80) })
 	}
 }
 
-func adv6RunLazy(t *testing.T, c *redis.Client, seed uint64, batches int) {
+func retainedRunLazy(t *testing.T, c *redis.Client, seed uint64, batches int) {
 	r := rand.New(rand.NewPCG(seed, 666))
 	ret := 6 * time.Hour
-	x := newAdv6(t, c, "lazyhour", ret)
+	x := newRetainedRig(t, c, "lazyhour", ret)
 	clock := Micros(t0)
 	asd := clock
 	var maxOcc int64
@@ -1013,7 +1013,7 @@ func adv6RunLazy(t *testing.T, c *redis.Client, seed uint64, batches int) {
 	var seedBatch []Observation
 	for i := 0; i < 120; i++ {
 		asd++
-		occ := clock - int64(i%4)*hourUS - adv6Offset(r)
+		occ := clock - int64(i%4)*hourUS - retainedOffset(r)
 		seedBatch = append(seedBatch, Observation{Key: keyLive, OpportunityID: fmt.Sprintf("d%03d", i), Class: Class(1 + i%3), Occurred: occ, Assessed: asd})
 		maxOcc = max(maxOcc, occ)
 	}
@@ -1049,7 +1049,7 @@ func adv6RunLazy(t *testing.T, c *redis.Client, seed uint64, batches int) {
 				case 0: // newer, same occurred time, maybe another class
 					n.Class, n.Assessed = Class(1+r.IntN(3)), asd
 				case 1: // newer, another µs of its hour
-					n.Occurred, n.Assessed = o.Occurred/hourUS*hourUS+adv6Offset(r), asd
+					n.Occurred, n.Assessed = o.Occurred/hourUS*hourUS+retainedOffset(r), asd
 				case 2: // newer, another hour (up to three back or one ahead, within the clock)
 					n.Occurred, n.Assessed = min(clock, o.Occurred+int64(r.IntN(5)-3)*hourUS+r.Int64N(1000)), asd
 				case 3: // stale and dated later: the horizon grows (maybe into a new hour)
@@ -1086,10 +1086,10 @@ func adv6RunLazy(t *testing.T, c *redis.Client, seed uint64, batches int) {
 // TestStoredDuplicateSequences are the lazy hour reads one by one: a stored winner's
 // byte-identical copy first in the batch, then the same opportunity assessed again.
 func TestStoredDuplicateSequences(t *testing.T) {
-	adv6Backends(t, true, adv6RunSequences)
+	retainedBackends(t, true, retainedRunSequences)
 }
 
-func adv6RunSequences(t *testing.T, c *redis.Client) {
+func retainedRunSequences(t *testing.T, c *redis.Client) {
 	h := time.Hour
 	m := time.Minute
 	for _, tc := range []struct {
@@ -1113,7 +1113,7 @@ func adv6RunSequences(t *testing.T, c *redis.Client) {
 			[][]Observation{{obs("a", Confirmed, 10*m, h, 0), obs("b", Passed, 70*m, h, 0), obs("a", Passed, 71*m, 2*h, 0), obs("b", Confirmed, 9*m, 2*h, 0)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			x := newAdv6(t, c, "lazyseq", 3*time.Hour)
+			x := newRetainedRig(t, c, "lazyseq", 3*time.Hour)
 			at := t0.Add(3 * time.Hour)
 			x.apply("seed", tc.seed, at)
 			for i, b := range tc.batches {
@@ -1134,12 +1134,12 @@ func adv6RunSequences(t *testing.T, c *redis.Client) {
 // Hour 0 fills past 32 winners with its bounds at µs 0 and at its last µs, opportunities move
 // between hours 0, 1 and 2, then the watermark passes them and garbage collection takes hour 0.
 func TestRetentionEpochHours(t *testing.T) {
-	adv6Backends(t, true, adv6RunEpoch)
+	retainedBackends(t, true, retainedRunEpoch)
 }
 
-func adv6RunEpoch(t *testing.T, c *redis.Client) {
+func retainedRunEpoch(t *testing.T, c *redis.Client) {
 	r := rand.New(rand.NewPCG(1970, 1))
-	x := newAdv6(t, c, "epoch", 2*time.Hour)
+	x := newRetainedRig(t, c, "epoch", 2*time.Hour)
 	var asd int64 = 10
 	next := func(id string, occ int64) Observation {
 		asd++
@@ -1159,9 +1159,9 @@ func adv6RunEpoch(t *testing.T, c *redis.Client) {
 	x.apply("hour 0 of 1970", batch, time.UnixMicro(hourUS-1))
 	for round := 0; round < 30; round++ {
 		batch = batch[:0]
-		for range adv6Size(r) {
+		for range retainedSize(r) {
 			h := int64(r.IntN(3))
-			batch = append(batch, next(fmt.Sprint("e", r.IntN(45)), h*hourUS+adv6Offset(r)))
+			batch = append(batch, next(fmt.Sprint("e", r.IntN(45)), h*hourUS+retainedOffset(r)))
 		}
 		w := x.m.aggs[keyLive].watermark
 		for _, o := range batch {
@@ -1190,19 +1190,19 @@ func adv6RunEpoch(t *testing.T, c *redis.Client) {
 // retained winner and that winner moves (its chunks are scanned); then the 290 move on to a later
 // hour, taking their horizon along, and the next scan of each hour compacts its index.
 func TestRetentionManyIDsInOneHour(t *testing.T) {
-	adv6Backends(t, true, adv6RunManyIDs)
+	retainedBackends(t, true, retainedRunManyIDs)
 }
 
-func adv6RunManyIDs(t *testing.T, c *redis.Client) {
+func retainedRunManyIDs(t *testing.T, c *redis.Client) {
 	// 8 hours' retention: index groups of one hour, so that the moves between hours leave entries
 	// behind; 30 days': one group of 24 hours holds them all.
 	for _, ret := range []time.Duration{8 * time.Hour, 30 * 24 * time.Hour} {
-		t.Run(ret.String(), func(t *testing.T) { adv6RunManyIDsUnder(t, c, ret) })
+		t.Run(ret.String(), func(t *testing.T) { retainedRunManyIDsUnder(t, c, ret) })
 	}
 }
 
-func adv6RunManyIDsUnder(t *testing.T, c *redis.Client, ret time.Duration) {
-	x := newAdv6(t, c, "manyids", ret)
+func retainedRunManyIDsUnder(t *testing.T, c *redis.Client, ret time.Duration) {
+	x := newRetainedRig(t, c, "manyids", ret)
 	id := func(i int) string { return fmt.Sprintf("opportunity-with-a-long-name-%05d", i) }
 	hA := Micros(t0)/hourUS - 10
 	hB := hA - 3
@@ -1274,12 +1274,12 @@ func adv6RunManyIDsUnder(t *testing.T, c *redis.Client, ret time.Duration) {
 // the same batches (one script call each), so that one aggregate's hours never leak into the
 // other's, with retries and redeliveries.
 func TestTwoAggregatesInterleaved(t *testing.T) {
-	adv6Backends(t, false, adv6RunTwoAggregates)
+	retainedBackends(t, false, retainedRunTwoAggregates)
 }
 
-func adv6RunTwoAggregates(t *testing.T, c *redis.Client) {
+func retainedRunTwoAggregates(t *testing.T, c *redis.Client) {
 	r := rand.New(rand.NewPCG(22, 6))
-	x := newAdv6(t, c, "twoaggs", 2*time.Hour)
+	x := newRetainedRig(t, c, "twoaggs", 2*time.Hour)
 	other := keyLive
 	other.Source = Evaluation
 	clock := Micros(t0)
@@ -1290,7 +1290,7 @@ func adv6RunTwoAggregates(t *testing.T, c *redis.Client) {
 			return nil, time.Time{}
 		}
 		clock += int64(r.IntN(20)) * 60e6
-		n := adv6Size(r)
+		n := retainedSize(r)
 		var batch []Observation
 		for len(batch) < n {
 			k := keyLive
@@ -1298,7 +1298,7 @@ func adv6RunTwoAggregates(t *testing.T, c *redis.Client) {
 				k = other
 			}
 			asd += int64(r.IntN(2))
-			occ := max(0, clock-int64(r.IntN(3))*hourUS+adv6Offset(r)-hourUS)
+			occ := max(0, clock-int64(r.IntN(3))*hourUS+retainedOffset(r)-hourUS)
 			batch = append(batch, Observation{Key: k, OpportunityID: fmt.Sprintf("y%03d", r.IntN(150)), Class: Class(1 + r.IntN(3)),
 				Occurred: min(occ, clock), Assessed: asd - int64(r.IntN(3)), Seq: int64(r.IntN(2))})
 		}
@@ -1319,18 +1319,18 @@ func adv6RunTwoAggregates(t *testing.T, c *redis.Client) {
 // between four hours (each well past 32 winners, bound holders among them), stale ones dated later
 // than their winners, and the copies once more; then the batch again.
 func TestLargeBatchOfCopiesThenMoves(t *testing.T) {
-	adv6Backends(t, false, adv6RunLargeCopies)
+	retainedBackends(t, false, retainedRunLargeCopies)
 }
 
-func adv6RunLargeCopies(t *testing.T, c *redis.Client) {
+func retainedRunLargeCopies(t *testing.T, c *redis.Client) {
 	r := rand.New(rand.NewPCG(4000, 6))
-	x := newAdv6(t, c, "largecopies", 30*24*time.Hour)
+	x := newRetainedRig(t, c, "largecopies", 30*24*time.Hour)
 	base := (Micros(t0)/hourUS - 6) * hourUS
 	at := time.UnixMicro(base + 6*hourUS)
 	var seed []Observation
 	for i := 0; i < 3000; i++ {
 		seed = append(seed, Observation{Key: keyLive, OpportunityID: fmt.Sprintf("big-%05d", i), Class: Class(1 + i%3),
-			Occurred: base + int64(i%4)*hourUS + adv6Offset(r), Assessed: base + 10*hourUS})
+			Occurred: base + int64(i%4)*hourUS + retainedOffset(r), Assessed: base + 10*hourUS})
 	}
 	x.apply("seed", seed, at)
 	batch := append([]Observation(nil), seed...)
@@ -1338,9 +1338,9 @@ func adv6RunLargeCopies(t *testing.T, c *redis.Client) {
 		o := seed[r.IntN(len(seed))]
 		switch r.IntN(3) {
 		case 0:
-			o.Occurred, o.Assessed, o.Seq = base+int64(r.IntN(4))*hourUS+adv6Offset(r), o.Assessed+1+int64(i), int64(r.IntN(2))
+			o.Occurred, o.Assessed, o.Seq = base+int64(r.IntN(4))*hourUS+retainedOffset(r), o.Assessed+1+int64(i), int64(r.IntN(2))
 		case 1:
-			o.Occurred, o.Assessed = o.Occurred/hourUS*hourUS+adv6Offset(r), o.Assessed+1+int64(i)
+			o.Occurred, o.Assessed = o.Occurred/hourUS*hourUS+retainedOffset(r), o.Assessed+1+int64(i)
 		default:
 			o.Occurred, o.Assessed = min(o.Occurred+r.Int64N(2*hourUS), base+5*hourUS), o.Assessed-1
 		}

@@ -27,35 +27,35 @@ import (
 // (they are skipped without it: a change that means to change what a script stores differs from
 // every earlier revision).
 
-// adv3ApplyBackends runs f on the test Redis and, when embedded, on an embedded one.
-func adv3ApplyBackends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
+// equivApplyBackends runs f on the test Redis and, when embedded, on an embedded one.
+func equivApplyBackends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
 	if embedded {
 		t.Run("embedded", func(t *testing.T) { f(t, miniredis.RunT(t).Addr()) })
 	}
 	t.Run("redis", func(t *testing.T) { f(t, testenv.RedisAddr(t)) })
 }
 
-// adv3NormState hides the server-clock stamp of the state's head: the two scripts run a moment
+// equivNormState hides the server-clock stamp of the state's head: the two scripts run a moment
 // apart.
-func adv3NormState(key, field, v string) string { return testenv.NormStateHead(key, field, v) }
+func equivNormState(key, field, v string) string { return testenv.NormStateHead(key, field, v) }
 
-func adv3IgnorePending(name string) bool { return strings.Contains(name, "}:pending:") }
+func equivIgnorePending(name string) bool { return strings.Contains(name, "}:pending:") }
 
-// adv3Batch is one delivery of observations at an observation time.
-type adv3Batch struct {
+// equivBatch is one delivery of observations at an observation time.
+type equivBatch struct {
 	obs []Observation
 	at  time.Time
 }
 
-// adv3Compare applies batches to two stores under fresh prefixes on addr, one running the
+// equivCompare applies batches to two stores under fresh prefixes on addr, one running the
 // current apply script and one the previous, and fails on the first reply or stored key that
 // differs; at the end it reads every aggregate back with Tally at a few times.
-func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch) map[Outcome]int {
+func equivCompare(t *testing.T, addr string, cfg RedisConfig, batches []equivBatch) map[Outcome]int {
 	t.Helper()
 	ctx := context.Background()
 	cur, prev, hc, hp := testenv.ScriptClients(t, addr, applySource, testenv.ScriptPrevSource(t, "aggregator/apply.lua"))
 	cc, cp := cfg, cfg
-	cc.Prefix, cp.Prefix = testenv.Name(t, "adv3cur"), testenv.Name(t, "adv3prev")
+	cc.Prefix, cp.Prefix = testenv.Name(t, "equivcur"), testenv.Name(t, "equivprev")
 	testenv.CleanPrefix(t, cur, cc.Prefix)
 	testenv.CleanPrefix(t, cur, cp.Prefix)
 	sc, err := NewRedis(cur, cc)
@@ -96,8 +96,8 @@ func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch
 		// The whole state, now and then and at the end (a dump costs a read of every key).
 		if n%max(7, len(batches)/12) == 0 || n == len(batches)-1 {
 			testenv.SameDumps(t, fmt.Sprint("after batch ", n),
-				testenv.DumpKeys(t, cur, cc.Prefix, adv3IgnorePending, adv3NormState),
-				testenv.DumpKeys(t, cur, cp.Prefix, adv3IgnorePending, adv3NormState))
+				testenv.DumpKeys(t, cur, cc.Prefix, equivIgnorePending, equivNormState),
+				testenv.DumpKeys(t, cur, cp.Prefix, equivIgnorePending, equivNormState))
 		}
 		last = b.at
 	}
@@ -117,17 +117,17 @@ func adv3Compare(t *testing.T, addr string, cfg RedisConfig, batches []adv3Batch
 			}
 		}
 	}
-	testenv.SameDumps(t, "after the reads", testenv.DumpKeys(t, cur, cc.Prefix, adv3IgnorePending, adv3NormState),
-		testenv.DumpKeys(t, cur, cp.Prefix, adv3IgnorePending, adv3NormState))
+	testenv.SameDumps(t, "after the reads", testenv.DumpKeys(t, cur, cc.Prefix, equivIgnorePending, equivNormState),
+		testenv.DumpKeys(t, cur, cp.Prefix, equivIgnorePending, equivNormState))
 	t.Logf("%d batches, %d script calls, %d aggregates, outcomes %v", len(batches), calls, len(keys), outcomes)
 	return outcomes
 }
 
-// adv3Cut cuts stream into batches of random sizes (up to maxBatch) at an observation time near
+// equivCut cuts stream into batches of random sizes (up to maxBatch) at an observation time near
 // the greatest occurred time so far (sometimes behind it), and now and then delivers again from
 // an earlier batch's start.
-func adv3Cut(r *rand.Rand, stream []Observation, maxBatch int) []adv3Batch {
-	var out []adv3Batch
+func equivCut(r *rand.Rand, stream []Observation, maxBatch int) []equivBatch {
+	var out []equivBatch
 	var maxOcc int64
 	var starts []int
 	for i := 0; i < len(stream); {
@@ -140,11 +140,11 @@ func adv3Cut(r *rand.Rand, stream []Observation, maxBatch int) []adv3Batch {
 			at = time.UnixMicro(maxOcc - int64(r.IntN(9*60))*1e6)
 		}
 		starts = append(starts, i)
-		out = append(out, adv3Batch{stream[i:end], at})
+		out = append(out, equivBatch{stream[i:end], at})
 		if r.IntN(6) == 0 { // a redelivery of what was applied since an earlier batch, cut anew
 			for j := starts[r.IntN(len(starts))]; j < end; {
 				m := min(j+1+r.IntN(maxBatch), end)
-				out = append(out, adv3Batch{stream[j:m], at})
+				out = append(out, equivBatch{stream[j:m], at})
 				j = m
 			}
 		}
@@ -153,10 +153,10 @@ func adv3Cut(r *rand.Rand, stream []Observation, maxBatch int) []adv3Batch {
 	return out
 }
 
-// adv3Wide is a batch of one aggregate whose n observations spread over hours hours and their
+// equivWide is a batch of one aggregate whose n observations spread over hours hours and their
 // minutes, many of them re-assessments and duplicates of each other: more fields to read than a
 // command takes at once (CHUNK), many hours, index chunks closed.
-func adv3Wide(r *rand.Rand, n, hours int, end time.Time) []Observation {
+func equivWide(r *rand.Rand, n, hours int, end time.Time) []Observation {
 	k := Key{Scope: collisionScopes[0], CorrectionID: "wide", Source: Live}
 	var out []Observation
 	for len(out) < n {
@@ -200,9 +200,9 @@ func TestApplyScriptSameAsPrevious(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 3))
-			batches := adv3Cut(r, randomStreamOver(r, tc.n, tc.span, tc.jumpEvery), tc.maxBatch)
-			adv3ApplyBackends(t, tc.embedded, func(t *testing.T, addr string) {
-				got := adv3Compare(t, addr, RedisConfig{Retention: tc.retention}, batches)
+			batches := equivCut(r, randomStreamOver(r, tc.n, tc.span, tc.jumpEvery), tc.maxBatch)
+			equivApplyBackends(t, tc.embedded, func(t *testing.T, addr string) {
+				got := equivCompare(t, addr, RedisConfig{Retention: tc.retention}, batches)
 				for _, o := range []Outcome{Counted, Reassessed, Duplicate, Stale, Expired} {
 					if got[o] == 0 {
 						t.Errorf("the stream never produced %v: it does not test it", o)
@@ -214,17 +214,17 @@ func TestApplyScriptSameAsPrevious(t *testing.T) {
 	t.Run("wide batches", func(t *testing.T) {
 		r := rand.New(rand.NewPCG(7, 3))
 		end := t0.Add(30 * 24 * time.Hour)
-		var batches []adv3Batch
+		var batches []equivBatch
 		// Past CHUNK fields and hours and minutes to read; then the same again (duplicates and
 		// stale), later ones that expire most of it and collect its records, and small ones.
-		wide := adv3Wide(r, 9000, 200, end)
-		batches = append(batches, adv3Batch{wide, end}, adv3Batch{wide[:5000], end})
+		wide := equivWide(r, 9000, 200, end)
+		batches = append(batches, equivBatch{wide, end}, equivBatch{wide[:5000], end})
 		for i := 1; i <= 6; i++ {
 			at := end.Add(time.Duration(i) * 40 * time.Hour)
-			batches = append(batches, adv3Batch{adv3Wide(r, 1500, 100, at), at})
+			batches = append(batches, equivBatch{equivWide(r, 1500, 100, at), at})
 		}
-		adv3ApplyBackends(t, false, func(t *testing.T, addr string) {
-			adv3Compare(t, addr, RedisConfig{Retention: 3 * 24 * time.Hour}, batches)
+		equivApplyBackends(t, false, func(t *testing.T, addr string) {
+			equivCompare(t, addr, RedisConfig{Retention: 3 * 24 * time.Hour}, batches)
 		})
 	})
 }

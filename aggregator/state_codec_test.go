@@ -31,16 +31,16 @@ import (
 //   - a state of another layout is refused, not misread (TestStateCodecRefusesOtherLayouts).
 
 const (
-	adv7HeadLen   = 2 + 21*7
-	adv7MinuteLen = 1 + 3*5
-	adv7MKeep     = 70 // apply.lua's MKEEP
+	codecHeadLen   = 2 + 21*7
+	codecMinuteLen = 1 + 3*5
+	codecMKeep     = 70 // apply.lua's MKEEP
 )
 
-// adv7MaxUS is the last µs the decoder accepts (schemas: times before 2200-01-01).
-var adv7MaxUS = Micros(time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)) - 1
+// codecMaxUS is the last µs the decoder accepts (schemas: times before 2200-01-01).
+var codecMaxUS = Micros(time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)) - 1
 
-// adv7Le is x in width little-endian bytes.
-func adv7Le(x int64, width int) string {
+// codecLe is x in width little-endian bytes.
+func codecLe(x int64, width int) string {
 	b := make([]byte, width)
 	for i := range b {
 		b[i] = byte(x >> (8 * i))
@@ -48,9 +48,9 @@ func adv7Le(x int64, width int) string {
 	return string(b)
 }
 
-// adv7HourBytes encodes an hour as the layout says: the byte 1 (exact) or 2 (loose), then C,P,U,a,b
+// codecHourBytes encodes an hour as the layout says: the byte 1 (exact) or 2 (loose), then C,P,U,a,b
 // in 5 bytes each.
-func adv7HourBytes(h adv6Hour) string {
+func codecHourBytes(h retainedHour) string {
 	var b strings.Builder
 	b.WriteByte(1)
 	if h.loose {
@@ -58,25 +58,25 @@ func adv7HourBytes(h adv6Hour) string {
 		b.WriteByte(2)
 	}
 	for _, x := range []int64{h.c, h.p, h.u, h.a, h.b} {
-		b.WriteString(adv7Le(x, 5))
+		b.WriteString(codecLe(x, 5))
 	}
 	return b.String()
 }
 
-// adv7GroupBytes encodes an index group as the layout says: the byte 0, then k,n,x in 5 bytes
+// codecGroupBytes encodes an index group as the layout says: the byte 0, then k,n,x in 5 bytes
 // each, then the open chunk.
-func adv7GroupBytes(g adv6Group) string {
-	return "\x00" + adv7Le(g.k, 5) + adv7Le(g.n, 5) + adv7Le(g.x, 5) + g.open
+func codecGroupBytes(g retainedGroup) string {
+	return "\x00" + codecLe(g.k, 5) + codecLe(g.n, 5) + codecLe(g.x, 5) + g.open
 }
 
-func adv7Minute(c, p, u int64) string { return "\x00" + adv7Le(c, 5) + adv7Le(p, 5) + adv7Le(u, 5) }
+func codecMinute(c, p, u int64) string { return "\x00" + codecLe(c, 5) + codecLe(p, 5) + codecLe(u, 5) }
 
-func adv7Head(span byte, x []int64) string {
+func codecHead(span byte, x []int64) string {
 	var b strings.Builder
 	b.WriteByte(10)
 	b.WriteByte(span)
 	for _, v := range x {
-		b.WriteString(adv7Le(v, 7))
+		b.WriteString(codecLe(v, 7))
 	}
 	return b.String()
 }
@@ -84,12 +84,12 @@ func adv7Head(span byte, x []int64) string {
 // ---------------------------------------------------------------------------------------------
 // The codec alone.
 
-// adv7CodecScript is apply.lua's codec (from "local spack, sunpack" to "local HEADR") in a harness:
+// codecCodecScript is apply.lua's codec (from "local spack, sunpack" to "local HEADR") in a harness:
 // ARGV[1] 'fallback' hides the struct library from it; then groups of four arguments: a format,
 // numbers to pack (decimal, comma-separated), bytes to unpack and the position to start at. It
 // returns which implementation ran, then per group the packed bytes and the unpacked numbers
 // (with the position after them) in %.17g.
-func adv7CodecScript(t *testing.T) string {
+func codecCodecScript(t *testing.T) string {
 	from := strings.Index(applySource, "local spack, sunpack")
 	to := strings.Index(applySource, "local HEADR")
 	if from < 0 || to < from {
@@ -124,7 +124,7 @@ func TestStateCodecBytes(t *testing.T) {
 	b5 := []int64{0, 1, 0xff, 0x100, 0xffff, 0x10000, 0xffffff, 0x1000000, 0xffffffff, 0x100000000,
 		hourUS - 1, hourUS, 0x0102030405, 1<<40 - 1}
 	b7 := []int64{0, 1, 0xff, 0x100, 0xffffffff, 0x100000000, 1<<40 - 1, 1 << 40, 1<<48 - 1, 1 << 48,
-		0x01020304050607, adv7MaxUS, adv7MaxUS + 1, 1<<53 - 1, Micros(t0) + 1}
+		0x01020304050607, codecMaxUS, codecMaxUS + 1, 1<<53 - 1, Micros(t0) + 1}
 	type format struct {
 		f      string
 		widths []int
@@ -167,7 +167,7 @@ func TestStateCodecBytes(t *testing.T) {
 					x = b7[(rot+i)%len(b7)]
 				}
 				nums = append(nums, strconv.FormatInt(x, 10))
-				packed.WriteString(adv7Le(x, w))
+				packed.WriteString(codecLe(x, w))
 			}
 			before := strings.Repeat("\x01", r.IntN(4)) // bytes before the numbers: read from pos
 			after := []string{"", "\x00", "014conv-0000001/turn-1", "\x03\xff\xff"}[r.IntN(4)]
@@ -176,7 +176,7 @@ func TestStateCodecBytes(t *testing.T) {
 			wants = append(wants, want{packed.String(), strings.Join(nums, ",") + "," + strconv.Itoa(pos+packed.Len())})
 		}
 	}
-	src := adv7CodecScript(t)
+	src := codecCodecScript(t)
 	run := func(t *testing.T, c *redis.Client, mode, impl string) {
 		ctx := context.Background()
 		res, err := c.Eval(ctx, src, nil, append([]any{mode}, args...)...).Slice()
@@ -207,8 +207,8 @@ func TestStateCodecBytes(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // The state's numbers, read from the stored bytes.
 
-// adv7Seen is what the stored states showed, so that a test can require its cases were reached.
-type adv7Seen struct {
+// codecSeen is what the stored states showed, so that a test can require its cases were reached.
+type codecSeen struct {
 	kinds    map[byte]int
 	closed   int            // index groups with closed chunks
 	winners  map[string]int // "1", "31", "32", "33+"
@@ -217,17 +217,17 @@ type adv7Seen struct {
 	minTotal int
 }
 
-func newAdv7Seen() *adv7Seen {
-	return &adv7Seen{kinds: map[byte]int{}, winners: map[string]int{}, edges: map[string]int{}}
+func newCodecSeen() *codecSeen {
+	return &codecSeen{kinds: map[byte]int{}, winners: map[string]int{}, edges: map[string]int{}}
 }
 
-// adv7Numbers checks the numbers of aggregate k's state that adv6.check does not read, against the
+// codecNumbers checks the numbers of aggregate k's state that retainedRig.check does not read, against the
 // model and the stored bytes: every hour, minute and head field has its layout's size and encodes
 // back to the same bytes; every minute bucket the script still reads or writes (the last 70 minutes
 // behind the watermark) holds the model's counts (plus extra, per minute), and none is stored below
 // the head's pruned-up-to minute; the head's cached window sums are the sums of the stored buckets
 // of the minute and hour they are cached for; its server-clock stamp is the server's time.
-func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *adv7Seen) {
+func codecNumbers(x *retainedRig, what string, k Key, extra map[int64][3]int64, seen *codecSeen) {
 	t := x.t
 	t.Helper()
 	ctx := context.Background()
@@ -244,13 +244,13 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 		return
 	}
 	head, ok := st["H"]
-	if !ok || len(head) != adv7HeadLen {
-		fail("head of %d bytes, want %d", len(head), adv7HeadLen)
+	if !ok || len(head) != codecHeadLen {
+		fail("head of %d bytes, want %d", len(head), codecHeadLen)
 	}
 	hx, _ := headNumbers(head)
 	w := a.watermark
 	cutH := floorDiv(w-x.ret, hourUS)
-	mfloor := floorDiv(w, minuteUS) - adv7MKeep
+	mfloor := floorDiv(w, minuteUS) - codecMKeep
 
 	model := map[int64][3]int64{}
 	for _, r := range a.opps {
@@ -269,7 +269,7 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 		model[m] = c
 	}
 	if Confirmed != 1 || Passed != 2 || Unscored != 3 {
-		t.Fatal("class numbering changed: fix adv7Numbers")
+		t.Fatal("class numbering changed: fix codecNumbers")
 	}
 	minutes := map[int64][3]int64{}
 	hours := map[int64][3]int64{}
@@ -280,11 +280,11 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 			if err != nil {
 				fail("state field %q", f)
 			}
-			if len(v) != adv7MinuteLen {
+			if len(v) != codecMinuteLen {
 				fail("minute %s of %d bytes %q", f, len(v), v)
 			}
 			n, _ := minuteNumbers(v)
-			if adv7Minute(n[0], n[1], n[2]) != v {
+			if codecMinute(n[0], n[1], n[2]) != v {
 				fail("minute %s does not encode back", f)
 			}
 			if n[0]+n[1]+n[2] == 0 {
@@ -300,12 +300,12 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 			if err != nil {
 				fail("state field %q", f)
 			}
-			hv, err := adv6ParseHour(v)
+			hv, err := retainedParseHour(v)
 			if err != nil {
 				fail("%s: %v", f, err)
 			}
-			if adv7HourBytes(hv) != v {
-				fail("hour %s %q does not encode back (%q)", f, v, adv7HourBytes(hv))
+			if codecHourBytes(hv) != v {
+				fail("hour %s %q does not encode back (%q)", f, v, codecHourBytes(hv))
 			}
 			hours[h] = [3]int64{hv.c, hv.p, hv.u}
 			seen.kinds[v[0]]++
@@ -322,12 +322,12 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 				seen.edges["b=HOUR-1"]++
 			}
 		case strings.HasPrefix(f, "i") && !strings.Contains(f, "."):
-			gv, err := adv6ParseGroup(v)
+			gv, err := retainedParseGroup(v)
 			if err != nil {
 				fail("%s: %v", f, err)
 			}
-			if adv7GroupBytes(gv) != v {
-				fail("index group %s %q does not encode back (%q)", f, v, adv7GroupBytes(gv))
+			if codecGroupBytes(gv) != v {
+				fail("index group %s %q does not encode back (%q)", f, v, codecGroupBytes(gv))
 			}
 			if gv.k > 0 {
 				seen.closed++
@@ -343,8 +343,8 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 		fail("the head keeps no pruned-up-to minute")
 	}
 	pm := hx[1] - 1
-	if pm > max(floorDiv(w, minuteUS)-adv7MKeep, 0) {
-		fail("pruned up to minute %d, past the floor %d", pm, floorDiv(w, minuteUS)-adv7MKeep)
+	if pm > max(floorDiv(w, minuteUS)-codecMKeep, 0) {
+		fail("pruned up to minute %d, past the floor %d", pm, floorDiv(w, minuteUS)-codecMKeep)
 	}
 	for m, c := range minutes {
 		if m >= mfloor && c != model[m] {
@@ -388,40 +388,40 @@ func adv7Numbers(x *adv6, what string, k Key, extra map[int64][3]int64, seen *ad
 // ---------------------------------------------------------------------------------------------
 // Both servers, byte for byte.
 
-// adv7Pair applies every batch to the test Redis and to an embedded one under the same prefix,
-// each checked against its own model (adv6.check and adv7Numbers), and requires equal replies and
+// codecPair applies every batch to the test Redis and to an embedded one under the same prefix,
+// each checked against its own model (retainedRig.check and codecNumbers), and requires equal replies and
 // byte-identical keys after every batch.
-type adv7Pair struct {
+type codecPair struct {
 	t      *testing.T
 	prefix string
-	sides  [2]*adv6
-	seen   *adv7Seen
+	sides  [2]*retainedRig
+	seen   *codecSeen
 	dumps  int
 }
 
-func newAdv7Pair(t *testing.T, what string, retention time.Duration) *adv7Pair {
+func newCodecPair(t *testing.T, what string, retention time.Duration) *codecPair {
 	prefix := testenv.Name(t, what)
 	m := miniredis.RunT(t)
 	clients := [2]*redis.Client{testenv.Redis(t), redis.NewClient(&redis.Options{Addr: m.Addr()})}
-	p := &adv7Pair{t: t, prefix: prefix, seen: newAdv7Seen()}
+	p := &codecPair{t: t, prefix: prefix, seen: newCodecSeen()}
 	for i, c := range clients {
 		testenv.CleanPrefix(t, c, prefix)
 		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: retention})
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.sides[i] = &adv6{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond), spanRet: int64(retention / time.Microsecond),
+		p.sides[i] = &retainedRig{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond), spanRet: int64(retention / time.Microsecond),
 			outs: map[Outcome]int{}, seen: map[string]int{}}
 	}
 	return p
 }
 
-var adv7SideNames = [2]string{"redis", "embedded"}
+var codecSideNames = [2]string{"redis", "embedded"}
 
-// adv7Dump renders every key under prefix: type, hash fields (the head's server-clock stamp,
+// codecDump renders every key under prefix: type, hash fields (the head's server-clock stamp,
 // bytes [43, 50), masked), sorted-set members and scores, and whether it expires; not the pending
 // tokens of batches.
-func adv7Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
+func codecDump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 	t.Helper()
 	ctx := context.Background()
 	keys, err := c.Keys(ctx, prefix+":*").Result()
@@ -430,7 +430,7 @@ func adv7Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 	}
 	out := map[string]string{}
 	for _, k := range keys {
-		if adv3IgnorePending(k) { // the batch's pending token, not the state
+		if equivIgnorePending(k) { // the batch's pending token, not the state
 			continue
 		}
 		typ := c.Type(ctx, k).Val()
@@ -446,7 +446,7 @@ func adv7Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 			sort.Strings(fs)
 			for _, f := range fs {
 				v := h[f]
-				if f == "H" && strings.HasSuffix(k, "}:s") && len(v) == adv7HeadLen {
+				if f == "H" && strings.HasSuffix(k, "}:s") && len(v) == codecHeadLen {
 					v = v[:44] + "<rt...>" + v[51:]
 				}
 				fmt.Fprintf(&b, "\n  %q = %q", f, v)
@@ -467,9 +467,9 @@ func adv7Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 }
 
 // same requires both servers to hold the same keys, byte for byte.
-func (p *adv7Pair) same(what string) {
+func (p *codecPair) same(what string) {
 	p.t.Helper()
-	a, b := adv7Dump(p.t, p.sides[0].c, p.prefix), adv7Dump(p.t, p.sides[1].c, p.prefix)
+	a, b := codecDump(p.t, p.sides[0].c, p.prefix), codecDump(p.t, p.sides[1].c, p.prefix)
 	if len(a) == 0 {
 		p.t.Fatalf("%s: nothing stored under %s", what, p.prefix)
 	}
@@ -488,13 +488,13 @@ func (p *adv7Pair) same(what string) {
 	p.dumps++
 }
 
-func (p *adv7Pair) apply(what string, batch []Observation, at time.Time) {
+func (p *codecPair) apply(what string, batch []Observation, at time.Time) {
 	p.t.Helper()
 	var got [2]Applied
 	for i, x := range p.sides {
-		got[i] = x.apply(adv7SideNames[i]+": "+what, batch, at)
+		got[i] = x.apply(codecSideNames[i]+": "+what, batch, at)
 		for _, k := range got[i].Keys {
-			adv7Numbers(x, adv7SideNames[i]+": "+what, k, nil, p.seen)
+			codecNumbers(x, codecSideNames[i]+": "+what, k, nil, p.seen)
 		}
 	}
 	if !reflect.DeepEqual(got[0], got[1]) {
@@ -503,15 +503,15 @@ func (p *adv7Pair) apply(what string, batch []Observation, at time.Time) {
 	p.same(what)
 }
 
-func (p *adv7Pair) again(what string, batch []Observation, at time.Time) {
+func (p *codecPair) again(what string, batch []Observation, at time.Time) {
 	p.t.Helper()
 	for i, x := range p.sides {
-		x.again(adv7SideNames[i]+": "+what, batch, at)
+		x.again(codecSideNames[i]+": "+what, batch, at)
 	}
 	p.same(what)
 }
 
-func (p *adv7Pair) tallies(at time.Time) {
+func (p *codecPair) tallies(at time.Time) {
 	p.t.Helper()
 	for _, x := range p.sides {
 		x.tallies(at)
@@ -519,7 +519,7 @@ func (p *adv7Pair) tallies(at time.Time) {
 	p.same("after tallies")
 }
 
-func (p *adv7Pair) collect(k Key, at time.Time) {
+func (p *codecPair) collect(k Key, at time.Time) {
 	p.t.Helper()
 	for _, x := range p.sides {
 		x.collect(k, at, 20)
@@ -527,8 +527,8 @@ func (p *adv7Pair) collect(k Key, at time.Time) {
 	p.same("after garbage collection")
 }
 
-// adv7BinID is an opportunity id whose bytes look like a state number or kind byte.
-func adv7BinID(i int) string {
+// codecBinID is an opportunity id whose bytes look like a state number or kind byte.
+func codecBinID(i int) string {
 	return string([]byte{byte(i % 4), byte(i), 0, 0, 0, 0, 0xff, ',', '|', ';'}) + fmt.Sprint(i)
 }
 
@@ -536,19 +536,19 @@ func adv7BinID(i int) string {
 // to the embedded Redis (the Lua fallback) under the same prefix: replies and every stored key and
 // field must be equal byte for byte, and each side what the model holds.
 func TestBackendsAgreeByteForByte(t *testing.T) {
-	t.Run("hour kinds", adv7RunKinds)
-	t.Run("1970 and 2200", adv7RunEdges)
-	t.Run("short retention", adv7RunShort)
-	t.Run("streams", adv7RunStreams)
-	t.Run("wide batches", adv7RunWide)
+	t.Run("hour kinds", codecRunKinds)
+	t.Run("1970 and 2200", codecRunEdges)
+	t.Run("short retention", codecRunShort)
+	t.Run("streams", codecRunStreams)
+	t.Run("wide batches", codecRunWide)
 }
 
-// adv7RunKinds builds hours of 1, 31, 32, 40 (long ids: bounds and closed chunks), 12 (longer ids:
+// codecRunKinds builds hours of 1, 31, 32, 40 (long ids: bounds and closed chunks), 12 (longer ids:
 // closed chunks, no bounds) and 300 winners (in one minute: counts past one byte), whose ids look
 // like numbers and kind bytes, then moves winners across the 32 line both ways, empties an hour
 // whose group keeps listing an id, moves a bound holder at each edge, retries and redelivers.
-func adv7RunKinds(t *testing.T) {
-	p := newAdv7Pair(t, "kinds", 30*24*time.Hour)
+func codecRunKinds(t *testing.T) {
+	p := newCodecPair(t, "kinds", 30*24*time.Hour)
 	h0 := Micros(t0)/hourUS - 8
 	at := time.UnixMicro((h0 + 8) * hourUS)
 	asd := (h0 + 20) * hourUS
@@ -569,7 +569,7 @@ func adv7RunKinds(t *testing.T) {
 		b = append(b, next(fmt.Sprint("t31-", i), Class(1+i%3), spread(h0+1, i, 31)))
 	}
 	for i := 0; i < 32; i++ {
-		b = append(b, next(adv7BinID(i), Class(1+i%3), spread(h0+2, i, 32)))
+		b = append(b, next(codecBinID(i), Class(1+i%3), spread(h0+2, i, 32)))
 	}
 	for i := 0; i < 40; i++ {
 		b = append(b, next(long(i, 120), Class(1+i%3), spread(h0+3, i, 40)))
@@ -597,8 +597,8 @@ func adv7RunKinds(t *testing.T) {
 	// (hour 4 keeps listing it for its horizon); "one" leaves hour 0 for hour 6 (hour 0: 0 winners,
 	// its field deleted, its group still listing it).
 	b = []Observation{
-		next(adv7BinID(0), Passed, spread(h0+1, 5, 31)+7),
-		next(adv7BinID(31), Unscored, (h0+1)*hourUS+hourUS-1),
+		next(codecBinID(0), Passed, spread(h0+1, 5, 31)+7),
+		next(codecBinID(31), Unscored, (h0+1)*hourUS+hourUS-1),
 		next(long(0, 120), Confirmed, (h0+5)*hourUS),
 		next(long(39, 120), Passed, (h0+5)*hourUS+hourUS-1),
 		next(long(105, 200), Confirmed, (h0-1)*hourUS+3),
@@ -608,7 +608,7 @@ func adv7RunKinds(t *testing.T) {
 	p.again("across the line, retried", b, at)
 	// And back, with stale and duplicate ones mixed in.
 	b = []Observation{
-		next(adv7BinID(0), Passed, spread(h0+2, 0, 32)),
+		next(codecBinID(0), Passed, spread(h0+2, 0, 32)),
 		b[1], // the same again: a duplicate
 		next(long(0, 120), Unscored, (h0+3)*hourUS),
 		next(long(39, 120), Passed, (h0+3)*hourUS+hourUS-1),
@@ -623,7 +623,7 @@ func adv7RunKinds(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 1))
 	ids := []string{"one"}
 	for i := 0; i < 31; i++ {
-		ids = append(ids, fmt.Sprint("t31-", i), adv7BinID(i))
+		ids = append(ids, fmt.Sprint("t31-", i), codecBinID(i))
 	}
 	for i := 0; i < 40; i++ {
 		ids = append(ids, long(i, 120))
@@ -631,7 +631,7 @@ func adv7RunKinds(t *testing.T) {
 	for round := 0; round < 12; round++ {
 		b = b[:0]
 		for range 1 + r.IntN(40) {
-			b = append(b, next(ids[r.IntN(len(ids))], Class(1+r.IntN(3)), (h0+int64(r.IntN(8)))*hourUS+adv6Offset(r)))
+			b = append(b, next(ids[r.IntN(len(ids))], Class(1+r.IntN(3)), (h0+int64(r.IntN(8)))*hourUS+retainedOffset(r)))
 		}
 		p.apply(fmt.Sprint("round ", round), b, at)
 		if r.IntN(3) == 0 {
@@ -648,11 +648,11 @@ func adv7RunKinds(t *testing.T) {
 	t.Logf("%d dumps compared; kinds %v, winners %v, edges %v", p.dumps, p.seen.kinds, p.seen.winners, p.seen.edges)
 }
 
-// adv7RunEdges dates one aggregate at the first hours of 1970 (bounds at µs 0, first retained at
+// codecRunEdges dates one aggregate at the first hours of 1970 (bounds at µs 0, first retained at
 // 0) and another at the last hours before 2200 (the last µs the decoder accepts as watermark, last
 // and bound), moves winners, expires them under 2h retention and collects their records.
-func adv7RunEdges(t *testing.T) {
-	p := newAdv7Pair(t, "edges", 2*time.Hour)
+func codecRunEdges(t *testing.T) {
+	p := newCodecPair(t, "edges", 2*time.Hour)
 	late := keyLive
 	late.Source = Evaluation
 	r := rand.New(rand.NewPCG(2200, 1970))
@@ -672,35 +672,35 @@ func adv7RunEdges(t *testing.T) {
 	p.apply("1970", b, time.UnixMicro(2*hourUS-1))
 	// 2200: the last hour with 33 winners up to the last µs, the hour before with 2, and one too
 	// old to retain.
-	hm := adv7MaxUS / hourUS
+	hm := codecMaxUS / hourUS
 	b = b[:0]
-	asd = adv7MaxUS - 10*hourUS
+	asd = codecMaxUS - 10*hourUS
 	for i := 0; i < 33; i++ {
 		b = append(b, next(late, fmt.Sprint("z", i), hm*hourUS+int64(i)*(hourUS-1)/32))
 	}
-	b = append(b, next(late, "y0", (hm-1)*hourUS), next(late, "y1", adv7MaxUS-hourUS), next(late, "old", (hm-3)*hourUS))
-	p.apply("2200", b, time.UnixMicro(adv7MaxUS))
+	b = append(b, next(late, "y0", (hm-1)*hourUS), next(late, "y1", codecMaxUS-hourUS), next(late, "old", (hm-3)*hourUS))
+	p.apply("2200", b, time.UnixMicro(codecMaxUS))
 	for _, x := range p.sides {
 		st := x.c.HGetAll(context.Background(), x.s.keys(late)[1]).Val()
 		hx, _ := headNumbers(st["H"])
-		hv, _ := adv6ParseHour(st[fmt.Sprint("h", hm)])
-		if hx[0] != adv7MaxUS+1 || hx[3] != adv7MaxUS+1 || !hv.bounded || hv.b != hourUS-1 || hv.a != 0 {
-			t.Fatalf("2200: head watermark %d and last %d (want %d stored), hour bounds %v [%d, %d]", hx[0], hx[3], adv7MaxUS+1, hv.bounded, hv.a, hv.b)
+		hv, _ := retainedParseHour(st[fmt.Sprint("h", hm)])
+		if hx[0] != codecMaxUS+1 || hx[3] != codecMaxUS+1 || !hv.bounded || hv.b != hourUS-1 || hv.a != 0 {
+			t.Fatalf("2200: head watermark %d and last %d (want %d stored), hour bounds %v [%d, %d]", hx[0], hx[3], codecMaxUS+1, hv.bounded, hv.a, hv.b)
 		}
 	}
 	// Moves within and across the hours, at both ends of time.
 	for round := 0; round < 8; round++ {
 		b = b[:0]
 		for range 1 + r.IntN(12) {
-			b = append(b, next(keyLive, fmt.Sprint("e", r.IntN(38)), int64(r.IntN(2))*hourUS+adv6Offset(r)))
+			b = append(b, next(keyLive, fmt.Sprint("e", r.IntN(38)), int64(r.IntN(2))*hourUS+retainedOffset(r)))
 		}
 		p.apply(fmt.Sprint("1970 round ", round), b, time.UnixMicro(2*hourUS-1))
 		b = b[:0]
 		for range 1 + r.IntN(12) {
-			occ := min((hm-int64(r.IntN(2)))*hourUS+adv6Offset(r), adv7MaxUS)
+			occ := min((hm-int64(r.IntN(2)))*hourUS+retainedOffset(r), codecMaxUS)
 			b = append(b, next(late, fmt.Sprint("z", r.IntN(36)), occ))
 		}
-		p.apply(fmt.Sprint("2200 round ", round), b, time.UnixMicro(adv7MaxUS))
+		p.apply(fmt.Sprint("2200 round ", round), b, time.UnixMicro(codecMaxUS))
 	}
 	p.tallies(time.UnixMicro(2*hourUS - 1))
 	// 1970 expires: the watermark passes hours 0 and 1, then garbage collection takes them.
@@ -712,10 +712,10 @@ func adv7RunEdges(t *testing.T) {
 	}
 }
 
-// adv7RunShort is a random stream under 1h retention: hours and their minute buckets expire as the
+// codecRunShort is a random stream under 1h retention: hours and their minute buckets expire as the
 // watermark moves by minutes, records are collected, batches are retried and redelivered.
-func adv7RunShort(t *testing.T) {
-	p := newAdv7Pair(t, "short", time.Hour)
+func codecRunShort(t *testing.T) {
+	p := newCodecPair(t, "short", time.Hour)
 	r := rand.New(rand.NewPCG(77, 1))
 	clock := Micros(t0)
 	asd := clock
@@ -724,10 +724,10 @@ func adv7RunShort(t *testing.T) {
 	for i := 0; i < 45; i++ {
 		clock += int64(r.IntN(12)) * minuteUS
 		var b []Observation
-		for range adv6Size(r) {
+		for range retainedSize(r) {
 			asd += int64(r.IntN(2))
 			occ := clock - int64(r.IntN(100))*minuteUS + int64(r.IntN(60e6))
-			b = append(b, Observation{Key: keyLive, OpportunityID: adv6ID(r.IntN(80)), Class: Class(1 + r.IntN(3)),
+			b = append(b, Observation{Key: keyLive, OpportunityID: retainedID(r.IntN(80)), Class: Class(1 + r.IntN(3)),
 				Occurred: min(occ, clock), Assessed: asd - int64(r.IntN(3)), Seq: int64(r.IntN(2))})
 		}
 		at := time.UnixMicro(clock + int64(r.IntN(60))*1e6)
@@ -754,7 +754,7 @@ func adv7RunShort(t *testing.T) {
 // stored count must be the model's plus those, on both servers byte for byte; when the hour
 // expires, the totals must be the model's again (the large counts leave exactly).
 func TestStateCodecLargeCounts(t *testing.T) {
-	p := newAdv7Pair(t, "largecounts", 3*time.Hour)
+	p := newCodecPair(t, "largecounts", 3*time.Hour)
 	off := [3]int64{1<<32 + 5, 1<<40 - 1<<20, 1<<24 + 3}
 	h0 := Micros(t0) / hourUS
 	base := h0 * hourUS
@@ -774,7 +774,7 @@ func TestStateCodecLargeCounts(t *testing.T) {
 	for _, x := range p.sides {
 		st := x.s.keys(keyLive)[1]
 		all := x.c.HGetAll(ctx, st).Val()
-		hv, err := adv6ParseHour(all[fmt.Sprint("h", h0)])
+		hv, err := retainedParseHour(all[fmt.Sprint("h", h0)])
 		if err != nil || !hv.bounded {
 			t.Fatalf("hour %d: %+v %v", h0, hv, err)
 		}
@@ -785,8 +785,8 @@ func TestStateCodecLargeCounts(t *testing.T) {
 			hx[8+i] += off[i]
 		}
 		hx[4], hx[5] = 0, 0 // no cached window sums: the next batch sums the buckets
-		x.c.HSet(ctx, st, fmt.Sprint("h", h0), adv7HourBytes(hv), fmt.Sprint("m", m0),
-			adv7Minute(mv[0]+off[0], mv[1]+off[1], mv[2]+off[2]), "H", adv7Head(all["H"][1], hx))
+		x.c.HSet(ctx, st, fmt.Sprint("h", h0), codecHourBytes(hv), fmt.Sprint("m", m0),
+			codecMinute(mv[0]+off[0], mv[1]+off[1], mv[2]+off[2]), "H", codecHead(all["H"][1], hx))
 	}
 	p.same("seeded")
 	// The model's tally plus the large counts, wherever hour h0 and minute m0 count.
@@ -813,14 +813,14 @@ func TestStateCodecLargeCounts(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got != want {
-				t.Fatalf("%s, %s: tally %+v, want %+v", what, adv7SideNames[i], got, want)
+				t.Fatalf("%s, %s: tally %+v, want %+v", what, codecSideNames[i], got, want)
 			}
 			var extra map[int64][3]int64
 			if !gone {
 				extra = map[int64][3]int64{m0: off}
 			}
 			all := x.c.HGetAll(ctx, x.s.keys(keyLive)[1]).Val()
-			hv, _ := adv6ParseHour(all[fmt.Sprint("h", h0)])
+			hv, _ := retainedParseHour(all[fmt.Sprint("h", h0)])
 			var mc, mp, mu int64
 			for _, r := range x.m.aggs[keyLive].opps {
 				if r.occ/hourUS == h0 && r.occ >= x.m.aggs[keyLive].cut {
@@ -838,10 +838,10 @@ func TestStateCodecLargeCounts(t *testing.T) {
 				mc, mp, mu = mc+off[0], mp+off[1], mu+off[2]
 			}
 			if hv.c != mc || hv.p != mp || hv.u != mu {
-				t.Fatalf("%s, %s: hour %d holds %d,%d,%d, want %d,%d,%d", what, adv7SideNames[i], h0, hv.c, hv.p, hv.u, mc, mp, mu)
+				t.Fatalf("%s, %s: hour %d holds %d,%d,%d, want %d,%d,%d", what, codecSideNames[i], h0, hv.c, hv.p, hv.u, mc, mp, mu)
 			}
 			if numbers { // not before a batch has run since the seeding (no cached sums)
-				adv7Numbers(x, what, keyLive, extra, p.seen)
+				codecNumbers(x, what, keyLive, extra, p.seen)
 			}
 		}
 		p.same(what)
@@ -856,7 +856,7 @@ func TestStateCodecLargeCounts(t *testing.T) {
 			}
 			want, _ := x.m.Apply(ctx, b, at)
 			if !reflect.DeepEqual(got[i].Outcomes, want.Outcomes) {
-				t.Fatalf("%s, %s: outcomes %v, model %v", what, adv7SideNames[i], got[i].Outcomes, want.Outcomes)
+				t.Fatalf("%s, %s: outcomes %v, model %v", what, codecSideNames[i], got[i].Outcomes, want.Outcomes)
 			}
 		}
 		if !reflect.DeepEqual(got[0], got[1]) {
@@ -890,7 +890,7 @@ func TestStateCodecLargeCounts(t *testing.T) {
 		hx, _ := headNumbers(x.c.HGet(ctx, x.s.keys(keyLive)[1], "H").Val())
 		want := x.m.Tally(keyLive, at3).All
 		if hx[8] != want.Confirmed || hx[9] != want.Passed || hx[10] != want.Unscored {
-			t.Fatalf("%s: head counts %v after the large hour expired, model %+v", adv7SideNames[i], hx[8:11], want)
+			t.Fatalf("%s: head counts %v after the large hour expired, model %+v", codecSideNames[i], hx[8:11], want)
 		}
 	}
 }
@@ -908,7 +908,7 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 	ctx := context.Background()
 	t.Run("epoch marker", func(t *testing.T) {
 		client := testenv.Redis(t)
-		prefix := testenv.Name(t, "adv7layout")
+		prefix := testenv.Name(t, "codeclayout")
 		testenv.CleanPrefix(t, client, prefix)
 		st, err := OpenState(ctx, client, prefix, false)
 		if err != nil || !strings.HasSuffix(st.Epoch, "/layout10") {
@@ -945,19 +945,19 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 		{"layout 7 bounded", "h", "21,0,0,0,e10,21,21|0041abc", true},
 		{"layout 7 chunks", "h", "3,1,0;2|", true},
 		{"empty", "h", "", true},
-		{"layout 8 kind 0", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 10), true},
-		{"layout 8 kind 0 listing", "h", "\x00" + adv7Le(1, 5) + adv7Le(0, 10) + "001a", true},
-		{"layout 8 kind 1", "h", "\x01" + adv7Le(40, 5) + adv7Le(0, 30), true},
-		{"layout 8 kind 3", "h", "\x03" + adv7Le(40, 5) + adv7Le(0, 35), true},
-		{"layout 8 kind 2", "h", "\x02" + adv7Le(1, 5) + adv7Le(0, 15), true},
-		{"kind 3 of 26 bytes", "h", "\x03" + adv7Le(1, 5) + adv7Le(0, 20), true},
-		{"kind 4", "h", "\x04" + adv7Le(1, 5) + adv7Le(0, 20), true},
-		{"kind 255", "h", "\xff" + adv7Le(1, 5) + adv7Le(0, 20), true},
-		{"kind 1 truncated", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 19), true},
-		{"kind 1 and more", "h", "\x01" + adv7Le(1, 5) + adv7Le(0, 20) + "001a", true},
+		{"layout 8 kind 0", "h", "\x00" + codecLe(1, 5) + codecLe(0, 10), true},
+		{"layout 8 kind 0 listing", "h", "\x00" + codecLe(1, 5) + codecLe(0, 10) + "001a", true},
+		{"layout 8 kind 1", "h", "\x01" + codecLe(40, 5) + codecLe(0, 30), true},
+		{"layout 8 kind 3", "h", "\x03" + codecLe(40, 5) + codecLe(0, 35), true},
+		{"layout 8 kind 2", "h", "\x02" + codecLe(1, 5) + codecLe(0, 15), true},
+		{"kind 3 of 26 bytes", "h", "\x03" + codecLe(1, 5) + codecLe(0, 20), true},
+		{"kind 4", "h", "\x04" + codecLe(1, 5) + codecLe(0, 20), true},
+		{"kind 255", "h", "\xff" + codecLe(1, 5) + codecLe(0, 20), true},
+		{"kind 1 truncated", "h", "\x01" + codecLe(1, 5) + codecLe(0, 19), true},
+		{"kind 1 and more", "h", "\x01" + codecLe(1, 5) + codecLe(0, 20) + "001a", true},
 		{"group as layout 7 text", "i", "3,1,0;2|001a", true},
-		{"group truncated", "i", "\x00" + adv7Le(1, 5) + adv7Le(0, 9), true},
-		{"group of kind 1", "i", "\x01" + adv7Le(0, 15) + "001a", true},
+		{"group truncated", "i", "\x00" + codecLe(1, 5) + codecLe(0, 9), true},
+		{"group of kind 1", "i", "\x01" + codecLe(0, 15) + "001a", true},
 		{"layout 7 minute", "m", "0,1,0", false},
 		{"layout 7 minute of 15 bytes", "m", "1a,2b,3c,4d,5ef", false},
 		{"layout 7 head", "H", "", false},                           // the head's numbers in layout 7's hex, filled in below
@@ -965,10 +965,10 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 		{"layout 8 head", "H", "layout 8", false},                   // the byte 8 and the same 20 numbers
 		{"layout 9 head", "H", "layout 9", false},                   // the byte 9, the span and the same 20 numbers
 	}
-	adv6Backends(t, true, func(t *testing.T, c *redis.Client) {
+	retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
 		for _, tc := range bad {
 			t.Run(tc.name, func(t *testing.T) {
-				s, _ := storeOn(t, c, "adv7bad", RedisConfig{Retention: time.Hour})
+				s, _ := storeOn(t, c, "codecbad", RedisConfig{Retention: time.Hour})
 				first := []Observation{{Key: keyLive, OpportunityID: "a", Class: Passed, Occurred: h0*hourUS + 5, Assessed: h0 * hourUS}}
 				if _, err := s.Apply(ctx, first, time.UnixMicro(h0*hourUS+5)); err != nil {
 					t.Fatal(err)
@@ -993,10 +993,10 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 					}
 					field, v = "H", strings.Join(hex, ",")
 					if tc.v == "layout 8" {
-						v = "\x08" + adv7Head(0, hx[:20])[2:]
+						v = "\x08" + codecHead(0, hx[:20])[2:]
 					}
 					if tc.v == "layout 9" {
-						v = "\x09" + adv7Head(1, hx[:20])[1:]
+						v = "\x09" + codecHead(1, hx[:20])[1:]
 					}
 					if tc.v == "wide" && len(v) < 140 {
 						t.Fatalf("head %q: shorter than the binary head", v)
@@ -1006,7 +1006,7 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 					t.Fatalf("no field %s to overwrite", field)
 				}
 				c.HSet(ctx, s.keys(keyLive)[1], field, v)
-				before := adv7Dump(t, c, s.cfg.Prefix)
+				before := codecDump(t, c, s.cfg.Prefix)
 				// A new winner in that hour (read with the head), and a re-assessment of the stored one.
 				for _, o := range []Observation{
 					{Key: keyLive, OpportunityID: "b", Class: Confirmed, Occurred: h0*hourUS + 9, Assessed: h0 * hourUS},
@@ -1019,7 +1019,7 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 					if tc.kind && !strings.Contains(err.Error(), "is no hour of this layout") && !strings.Contains(err.Error(), "is no index group of this layout") {
 						t.Errorf("field %s = %q: %v, want apply.lua's layout error", field, v, err)
 					}
-					after := adv7Dump(t, c, s.cfg.Prefix)
+					after := codecDump(t, c, s.cfg.Prefix)
 					if !reflect.DeepEqual(before, after) {
 						t.Fatalf("a refused batch changed the state:\nbefore %v\nafter  %v", before, after)
 					}
@@ -1029,10 +1029,10 @@ func TestStateCodecRefusesOtherLayouts(t *testing.T) {
 	})
 }
 
-// adv7RunStreams applies random streams over a dozen aggregates (duplicates, re-assessments across
+// codecRunStreams applies random streams over a dozen aggregates (duplicates, re-assessments across
 // hours, stale and far too late events, watermark leaps that expire whole aggregates, short
 // retention), cut into batches with redeliveries.
-func adv7RunStreams(t *testing.T) {
+func codecRunStreams(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		seed      uint64
@@ -1047,8 +1047,8 @@ func adv7RunStreams(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 7))
-			p := newAdv7Pair(t, "streams", tc.retention)
-			batches := adv3Cut(r, randomStreamOver(r, tc.n, tc.span, tc.jumpEvery), tc.maxBatch)
+			p := newCodecPair(t, "streams", tc.retention)
+			batches := equivCut(r, randomStreamOver(r, tc.n, tc.span, tc.jumpEvery), tc.maxBatch)
 			for i, b := range batches {
 				p.apply(fmt.Sprint("batch ", i), b.obs, b.at)
 			}
@@ -1062,21 +1062,21 @@ func adv7RunStreams(t *testing.T) {
 	}
 }
 
-// adv7RunWide applies large batches of one aggregate over a hundred hours, with long ids (many
+// codecRunWide applies large batches of one aggregate over a hundred hours, with long ids (many
 // closed chunks), then most of them again, then later ones that expire most of it and collect its
 // records. (Not past the script's chunk of 4 000 arguments: the embedded server's Lua fails a batch
 // of more than about 2 550 observations of one aggregate, "registry overflow" in table.concat of
 // the outcomes, in layout 7 as in layout 8.)
-func adv7RunWide(t *testing.T) {
+func codecRunWide(t *testing.T) {
 	r := rand.New(rand.NewPCG(8, 7))
-	p := newAdv7Pair(t, "wide", 3*24*time.Hour)
+	p := newCodecPair(t, "wide", 3*24*time.Hour)
 	end := t0.Add(30 * 24 * time.Hour)
-	wide := adv3Wide(r, 4500, 100, end) // past CHUNK (4 000), and past the 2 560 outcomes the embedded concat once overflowed on
+	wide := equivWide(r, 4500, 100, end) // past CHUNK (4 000), and past the 2 560 outcomes the embedded concat once overflowed on
 	p.apply("wide", wide, end)
 	p.apply("wide, most again", wide[:4200], end)
 	for i := 1; i <= 3; i++ {
 		at := end.Add(time.Duration(i) * 40 * time.Hour)
-		p.apply(fmt.Sprint("later ", i), adv3Wide(r, 1500, 100, at), at)
+		p.apply(fmt.Sprint("later ", i), equivWide(r, 1500, 100, at), at)
 	}
 	if p.seen.closed == 0 {
 		t.Error("no index group with closed chunks")

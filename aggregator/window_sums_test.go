@@ -179,7 +179,7 @@ func (x *wsRig) checkState(k Key) {
 			if err != nil {
 				x.fail("field %q", f)
 			}
-			hv, err := adv6ParseHour(v)
+			hv, err := retainedParseHour(v)
 			if err != nil {
 				x.fail("%s: %v", f, err)
 			}

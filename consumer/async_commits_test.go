@@ -21,16 +21,16 @@ import (
 )
 
 // Adversarial tests of the asynchronous offset commits (cf13f49) and the reuse of batch message
-// slices (84db456). Every helper here is prefixed adv10.
+// slices (84db456). Every helper here is prefixed commitsRig.
 
-// adv10Key is the one aggregate every liveMessage counts toward.
-var adv10Key = aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"},
+// commitsKey is the one aggregate every liveMessage counts toward.
+var commitsKey = aggregator.Key{Scope: schemas.Scope{Workspace: "w", Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"},
 	CorrectionID: "fix", Source: aggregator.Live}
 
-// adv10Store is a gateStore with faults injected by batch and by Verify call, and a record of the
+// commitsStore is a gateStore with faults injected by batch and by Verify call, and a record of the
 // offsets each successful Verify recorded beside mark (what aggregator.Redis keeps in its offsets
 // hash, which CheckOffsets compares committed offsets against).
-type adv10Store struct {
+type commitsStore struct {
 	*gateStore
 	mu sync.Mutex
 	// applyErr fails the Apply of the batch whose first opportunity is the key, once.
@@ -44,12 +44,12 @@ type adv10Store struct {
 	seals     int64
 }
 
-func newAdv10Store(tr *trace) *adv10Store {
-	return &adv10Store{gateStore: &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour)},
+func newCommitsStore(tr *trace) *commitsStore {
+	return &commitsStore{gateStore: &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour)},
 		applyErr: map[string]error{}, applyHook: map[string]func(){}, verifyErr: map[int]error{}, recorded: map[int64]int64{}}
 }
 
-func (s *adv10Store) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
+func (s *commitsStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
 	b := obs[0].OpportunityID
 	s.mu.Lock()
 	hook := s.applyHook[b]
@@ -66,14 +66,14 @@ func (s *adv10Store) Apply(ctx context.Context, obs []aggregator.Observation, at
 	return s.gateStore.Apply(ctx, obs, at)
 }
 
-func (s *adv10Store) Seal(ctx context.Context, _ aggregator.Offsets) (int64, error) {
+func (s *commitsStore) Seal(ctx context.Context, _ aggregator.Offsets) (int64, error) {
 	s.mu.Lock()
 	s.seals++
 	s.mu.Unlock()
 	return s.gateStore.Seal(ctx, nil)
 }
 
-func (s *adv10Store) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {
+func (s *commitsStore) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {
 	if upTo > 0 {
 		s.mu.Lock()
 		s.verifies++
@@ -97,7 +97,7 @@ func (s *adv10Store) Verify(ctx context.Context, upTo int64, commit aggregator.O
 
 // survivingRecord is the newest offset recorded by a Verify of a mark below lostFrom: what the
 // store still holds once every mark from lostFrom on was lost.
-func (s *adv10Store) survivingRecord(lostFrom int64) int64 {
+func (s *commitsStore) survivingRecord(lostFrom int64) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var rec int64
@@ -109,10 +109,10 @@ func (s *adv10Store) survivingRecord(lostFrom int64) int64 {
 	return rec
 }
 
-// adv10Committer commits under one generation: each call is numbered (1-based), may wait for a
+// commitsCommitter commits under one generation: each call is numbered (1-based), may wait for a
 // gate, take time, or fail, and is traced as "commit begins N", then "commit N" or "commit failed N"
 // (N the offset of partition 0).
-type adv10Committer struct {
+type commitsCommitter struct {
 	tr    *trace
 	mu    sync.Mutex
 	calls []map[string]map[int]int64
@@ -122,11 +122,11 @@ type adv10Committer struct {
 	delay func(n int) time.Duration
 }
 
-func newAdv10Committer(tr *trace) *adv10Committer {
-	return &adv10Committer{tr: tr, gate: map[int]chan struct{}{}, fail: map[int]error{}}
+func newCommitsCommitter(tr *trace) *commitsCommitter {
+	return &commitsCommitter{tr: tr, gate: map[int]chan struct{}{}, fail: map[int]error{}}
 }
 
-func (c *adv10Committer) CommitOffsets(offsets map[string]map[int]int64) error {
+func (c *commitsCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
 	cp := map[string]map[int]int64{}
 	for t, ps := range offsets {
 		cp[t] = map[int]int64{}
@@ -158,16 +158,16 @@ func (c *adv10Committer) CommitOffsets(offsets map[string]map[int]int64) error {
 	return nil
 }
 
-func (c *adv10Committer) made() (calls, ok []map[string]map[int]int64) {
+func (c *commitsCommitter) made() (calls, ok []map[string]map[int]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.calls), slices.Clone(c.ok)
 }
 
-// adv10Rig is one group with its processor over an adv10Store.
-type adv10Rig struct {
+// commitsRig is one group with its processor over an commitsStore.
+type commitsRig struct {
 	tr    *trace
-	store *adv10Store
+	store *commitsStore
 	pub   *gatePublisher
 	dlq   *recordingDLQ
 	group *Group
@@ -175,10 +175,10 @@ type adv10Rig struct {
 	fatal error
 }
 
-func newAdv10Rig(t *testing.T, maxInFlight, maxBatch int, commitDelay time.Duration) *adv10Rig {
+func newCommitsRig(t *testing.T, maxInFlight, maxBatch int, commitDelay time.Duration) *commitsRig {
 	t.Helper()
 	tr := &trace{}
-	r := &adv10Rig{tr: tr, store: newAdv10Store(tr), pub: &gatePublisher{tr: tr}, dlq: &recordingDLQ{}}
+	r := &commitsRig{tr: tr, store: newCommitsStore(tr), pub: &gatePublisher{tr: tr}, dlq: &recordingDLQ{}}
 	cfg := ProcessorConfig{RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, Suite: suite.Config{MinHistory: 1}}
 	p, err := NewProcessor(cfg, newTestDecoder(t), r.store, announceTrace{suite.NewMemory(cfg.Suite), tr},
 		r.pub, r.dlq, func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
@@ -200,14 +200,14 @@ func newAdv10Rig(t *testing.T, maxInFlight, maxBatch int, commitDelay time.Durat
 	return r
 }
 
-func (r *adv10Rig) fatalErr() error {
+func (r *commitsRig) fatalErr() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.fatal
 }
 
 // run starts one generation's batch loop; the channel closes when batches returned.
-func (r *adv10Rig) run(ctx, gctx context.Context, c committer, in <-chan kafka.Message) <-chan struct{} {
+func (r *commitsRig) run(ctx, gctx context.Context, c committer, in <-chan kafka.Message) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -216,11 +216,11 @@ func (r *adv10Rig) run(ctx, gctx context.Context, c committer, in <-chan kafka.M
 	return done
 }
 
-func (r *adv10Rig) passed() int64 {
-	return r.store.model.Tally(adv10Key, now).Snapshot(adv10Key, now).Windows.All.Passed
+func (r *commitsRig) passed() int64 {
+	return r.store.model.Tally(commitsKey, now).Snapshot(commitsKey, now).Windows.All.Passed
 }
 
-func adv10Feed(msgs []kafka.Message) chan kafka.Message {
+func commitsFeed(msgs []kafka.Message) chan kafka.Message {
 	in := make(chan kafka.Message, len(msgs)+1)
 	for _, m := range msgs {
 		in <- m
@@ -228,8 +228,8 @@ func adv10Feed(msgs []kafka.Message) chan kafka.Message {
 	return in
 }
 
-// adv10Committed is the newest offset committed per partition of topic "in".
-func adv10Committed(ok []map[string]map[int]int64) map[int]int64 {
+// commitsCommitted is the newest offset committed per partition of topic "in".
+func commitsCommitted(ok []map[string]map[int]int64) map[int]int64 {
 	got := map[int]int64{}
 	for _, call := range ok {
 		for p, o := range call["in"] {
@@ -239,7 +239,7 @@ func adv10Committed(ok []map[string]map[int]int64) map[int]int64 {
 	return got
 }
 
-func adv10Live(n int) []kafka.Message {
+func commitsLive(n int) []kafka.Message {
 	var msgs []kafka.Message
 	for i := range n {
 		msgs = append(msgs, liveMessage(int64(i), fmt.Sprint("o", i), "passed"))
@@ -265,7 +265,7 @@ func TestQueuedCommitSentAfterItsWorkWasFoundLost(t *testing.T) {
 	for _, where := range []string{"seal", "verify"} {
 		t.Run(where, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := newAdv10Rig(t, 1, 1, 0)
+				r := newCommitsRig(t, 1, 1, 0)
 				tr := r.tr
 				lost := fmt.Errorf("%w: mark 2 missing", aggregator.ErrStateLost)
 				event := "lost at apply o2"
@@ -275,9 +275,9 @@ func TestQueuedCommitSentAfterItsWorkWasFoundLost(t *testing.T) {
 					r.store.verifyErr[3] = lost // the Verify of batch c, after a's and b's
 					event = "fatal"
 				}
-				c := newAdv10Committer(tr)
+				c := newCommitsCommitter(tr)
 				c.gate[1] = make(chan struct{})
-				done := r.run(t.Context(), t.Context(), c, adv10Feed(adv10Live(3)))
+				done := r.run(t.Context(), t.Context(), c, commitsFeed(commitsLive(3)))
 				// On the pre-change code the first commit holds the apply loop, and the loss is
 				// found only after the gate opens; on the current code it is found while a's commit
 				// still waits for the broker and b's is queued behind it.
@@ -323,13 +323,13 @@ func TestFailedCommitDropsEveryQueuedOne(t *testing.T) {
 		t.Run(fmt.Sprint("fail call ", failAt), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const n = 12
-				r := newAdv10Rig(t, 2, 1, 0)
+				r := newCommitsRig(t, 2, 1, 0)
 				tr := r.tr
-				c := newAdv10Committer(tr)
+				c := newCommitsCommitter(tr)
 				c.gate[failAt] = make(chan struct{})
 				c.fail[failAt] = errors.New("not coordinator")
-				msgs := adv10Live(n)
-				done := r.run(t.Context(), t.Context(), c, adv10Feed(msgs))
+				msgs := commitsLive(n)
+				done := r.run(t.Context(), t.Context(), c, commitsFeed(msgs))
 				// Let the apply loop run ahead while the failing commit waits: commits queue up.
 				within(tr.seen(fmt.Sprint("published ", n)), time.Hour)
 				close(c.gate[failAt])
@@ -353,8 +353,8 @@ func TestFailedCommitDropsEveryQueuedOne(t *testing.T) {
 					from = ok[len(ok)-1]["in"][0]
 				}
 				ctx, cancel := context.WithCancel(t.Context())
-				c2 := newAdv10Committer(tr)
-				done = r.run(ctx, ctx, c2, adv10Feed(msgs[from:]))
+				c2 := newCommitsCommitter(tr)
+				done = r.run(ctx, ctx, c2, commitsFeed(msgs[from:]))
 				if !within(tr.seen(fmt.Sprint("commit ", n)), time.Hour) {
 					t.Fatalf("the redelivery did not commit every offset: %s", tr)
 				}
@@ -375,15 +375,15 @@ func TestCommitFailureRacesApplyFailure(t *testing.T) {
 		t.Run(order, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const n = 8
-				r := newAdv10Rig(t, 3, 1, 0)
+				r := newCommitsRig(t, 3, 1, 0)
 				tr := r.tr
-				c := newAdv10Committer(tr)
+				c := newCommitsCommitter(tr)
 				c.gate[1] = make(chan struct{})
 				c.fail[1] = errors.New("rebalance in progress")
 				applyGate := make(chan struct{})
 				r.store.applyErr["o4"] = fmt.Errorf("%w: token replaced", aggregator.ErrWritesLost)
 				r.store.applyHook["o4"] = func() { <-applyGate }
-				done := r.run(t.Context(), t.Context(), c, adv10Feed(adv10Live(n)))
+				done := r.run(t.Context(), t.Context(), c, commitsFeed(commitsLive(n)))
 				if !within(tr.seen("apply begins 4"), time.Hour) {
 					// Before cf13f49 the first commit holds the apply loop: its failure comes first.
 					t.Logf("the apply loop waits for the first commit (the pre-cf13f49 behaviour): %s", tr)
@@ -444,15 +444,15 @@ func TestVerifyAnswersWhileCommitInFlight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const n = 6
-				r := newAdv10Rig(t, 2, 1, 0)
+				r := newCommitsRig(t, 2, 1, 0)
 				tr := r.tr
 				r.store.verifyErr[2] = tc.err
 				r.store.verifyErr[3] = tc.err
-				c := newAdv10Committer(tr)
+				c := newCommitsCommitter(tr)
 				c.gate[1] = make(chan struct{})
-				msgs := adv10Live(n)
+				msgs := commitsLive(n)
 				ctx, cancel := context.WithCancel(t.Context())
-				done := r.run(ctx, ctx, c, adv10Feed(msgs))
+				done := r.run(ctx, ctx, c, commitsFeed(msgs))
 				if !within(tr.seen("commit begins 1"), time.Hour) {
 					t.Fatalf("no first commit: %s", tr)
 				}
@@ -500,8 +500,8 @@ func TestVerifyAnswersWhileCommitInFlight(t *testing.T) {
 					clear(r.store.verifyErr)
 					r.store.mu.Unlock()
 					ctx, cancel := context.WithCancel(t.Context())
-					c2 := newAdv10Committer(tr)
-					done = r.run(ctx, ctx, c2, adv10Feed(msgs[1:]))
+					c2 := newCommitsCommitter(tr)
+					done = r.run(ctx, ctx, c2, commitsFeed(msgs[1:]))
 					if !within(tr.seen(fmt.Sprint("commit ", n)), time.Hour) {
 						t.Fatalf("the redelivery did not commit every offset: %s", tr)
 					}
@@ -523,12 +523,12 @@ func TestGenerationEndsWhileCommitBlocked(t *testing.T) {
 	for _, n := range []int{5, 12} { // 5: every commit fits the queue; 12: the loop waits for room
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := newAdv10Rig(t, 3, 1, 0)
+				r := newCommitsRig(t, 3, 1, 0)
 				tr := r.tr
-				c := newAdv10Committer(tr)
+				c := newCommitsCommitter(tr)
 				c.gate[1] = make(chan struct{})
 				gctx, endGen := context.WithCancel(t.Context())
-				in := adv10Feed(adv10Live(n))
+				in := commitsFeed(commitsLive(n))
 				done := r.run(t.Context(), gctx, c, in)
 				all := within(tr.seen(fmt.Sprint("published ", n)), time.Hour)
 				endGen()
@@ -570,14 +570,14 @@ func TestGenerationEndsWhileCommitBlocked(t *testing.T) {
 func TestShutdownWithFullCommitQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 40
-		r := newAdv10Rig(t, 4, 1, time.Second)
+		r := newCommitsRig(t, 4, 1, time.Second)
 		tr := r.tr
-		c := newAdv10Committer(tr)
+		c := newCommitsCommitter(tr)
 		c.delay = func(int) time.Duration { return 10 * time.Second }
 		ctx, cancel := context.WithCancel(t.Context())
 		in := make(chan kafka.Message, n)
 		done := r.run(ctx, ctx, c, in)
-		for _, m := range adv10Live(n) {
+		for _, m := range commitsLive(n) {
 			in <- m
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -648,9 +648,9 @@ func TestRandomFaultsKeepTheInvariants(t *testing.T) {
 				maxInFlight := 1 + rnd.IntN(4)
 				maxBatch := 1 + rnd.IntN(5)
 				commitDelay := []time.Duration{0, 0, time.Second, 3 * time.Second}[rnd.IntN(4)]
-				r := newAdv10Rig(t, maxInFlight, maxBatch, commitDelay)
+				r := newCommitsRig(t, maxInFlight, maxBatch, commitDelay)
 				tr := r.tr
-				c := newAdv10Committer(tr)
+				c := newCommitsCommitter(tr)
 				lat := []time.Duration{0, 10 * time.Millisecond, time.Second, 5 * time.Second}[rnd.IntN(4)]
 				c.delay = func(int) time.Duration { return lat }
 				faults := []string{}
@@ -672,7 +672,7 @@ func TestRandomFaultsKeepTheInvariants(t *testing.T) {
 				ctx, cancel := context.WithCancel(t.Context())
 				gctx, endGen := context.WithCancel(t.Context())
 				defer endGen()
-				msgs := adv10Live(n)
+				msgs := commitsLive(n)
 				in := make(chan kafka.Message, n)
 				done1 := r.run(ctx, gctx, c, in)
 				done := done1
@@ -779,8 +779,8 @@ func TestRandomFaultsKeepTheInvariants(t *testing.T) {
 				clear(r.store.verifyErr)
 				r.store.mu.Unlock()
 				ctx2, cancel2 := context.WithCancel(t.Context())
-				c2 := newAdv10Committer(tr)
-				done = r.run(ctx2, ctx2, c2, adv10Feed(msgs[from:]))
+				c2 := newCommitsCommitter(tr)
+				done = r.run(ctx2, ctx2, c2, commitsFeed(msgs[from:]))
 				if int(from) < n && !within(tr.seen(fmt.Sprint("commit ", n)), time.Hour) {
 					t.Fatalf("%s: the redelivery from %d did not commit every offset: %s", cfg, from, tr)
 				}
@@ -797,41 +797,41 @@ func TestRandomFaultsKeepTheInvariants(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // Reused message slices
 
-// adv10Msg is what a batch was prepared with, copied.
-type adv10Msg struct {
+// commitsMsg is what a batch was prepared with, copied.
+type commitsMsg struct {
 	part  int
 	off   int64
 	value string
 }
 
-// adv10ReuseHandler checks, at Prepare, that a reused slice holds nothing past the batch's end,
+// commitsReuseHandler checks, at Prepare, that a reused slice holds nothing past the batch's end,
 // and at Apply and around Publish that the batch still holds exactly the messages (partition,
 // offset, value bytes) it was prepared with.
-type adv10ReuseHandler struct {
+type commitsReuseHandler struct {
 	traceHandler
 	t      *testing.T
 	mu     sync.Mutex
-	seen   map[*Batch][]adv10Msg
+	seen   map[*Batch][]commitsMsg
 	arrays map[*kafka.Message]int
 	caps   map[*kafka.Message]int
 }
 
-func newAdv10ReuseHandler(t *testing.T, r *adv10Rig) *adv10ReuseHandler {
-	h := &adv10ReuseHandler{traceHandler: r.group.handler.(traceHandler), t: t, seen: map[*Batch][]adv10Msg{},
+func newCommitsReuseHandler(t *testing.T, r *commitsRig) *commitsReuseHandler {
+	h := &commitsReuseHandler{traceHandler: r.group.handler.(traceHandler), t: t, seen: map[*Batch][]commitsMsg{},
 		arrays: map[*kafka.Message]int{}, caps: map[*kafka.Message]int{}}
 	r.group.handler = h
 	return h
 }
 
-func adv10Copy(msgs []kafka.Message) []adv10Msg {
-	var out []adv10Msg
+func commitsCopy(msgs []kafka.Message) []commitsMsg {
+	var out []commitsMsg
 	for _, m := range msgs {
-		out = append(out, adv10Msg{m.Partition, m.Offset, string(m.Value)})
+		out = append(out, commitsMsg{m.Partition, m.Offset, string(m.Value)})
 	}
 	return out
 }
 
-func (h *adv10ReuseHandler) Prepare(msgs []kafka.Message) (*Batch, error) {
+func (h *commitsReuseHandler) Prepare(msgs []kafka.Message) (*Batch, error) {
 	for i, m := range msgs[len(msgs):cap(msgs)] {
 		if m.Value != nil || m.Offset != 0 || m.Topic != "" || m.Headers != nil {
 			h.t.Errorf("a reused slice holds message %d/%d@%d past the batch's end (index %d of cap %d)",
@@ -843,45 +843,45 @@ func (h *adv10ReuseHandler) Prepare(msgs []kafka.Message) (*Batch, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if b != nil {
-		h.seen[b] = adv10Copy(msgs)
+		h.seen[b] = commitsCopy(msgs)
 	}
 	h.arrays[&msgs[:1][0]]++
 	h.caps[&msgs[:1][0]] = max(h.caps[&msgs[:1][0]], cap(msgs))
 	return b, err
 }
 
-func (h *adv10ReuseHandler) check(b *Batch, when string) {
+func (h *commitsReuseHandler) check(b *Batch, when string) {
 	h.mu.Lock()
 	want := h.seen[b]
 	h.mu.Unlock()
-	if got := adv10Copy(b.Messages()); !slices.Equal(got, want) {
+	if got := commitsCopy(b.Messages()); !slices.Equal(got, want) {
 		h.t.Errorf("%s: a batch prepared with %v holds %v", when, want, got)
 	}
 }
 
-func (h *adv10ReuseHandler) Apply(ctx context.Context, b *Batch) error {
+func (h *commitsReuseHandler) Apply(ctx context.Context, b *Batch) error {
 	h.check(b, "apply")
 	err := h.traceHandler.Apply(ctx, b)
 	h.check(b, "applied")
 	return err
 }
 
-func (h *adv10ReuseHandler) Publish(ctx context.Context, b *Batch) error {
+func (h *commitsReuseHandler) Publish(ctx context.Context, b *Batch) error {
 	h.check(b, "publish")
 	err := h.Processor.Publish(ctx, b)
 	h.check(b, "published")
 	return err
 }
 
-func (h *adv10ReuseHandler) reused() (batches, arrays int) {
+func (h *commitsReuseHandler) reused() (batches, arrays int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.seen), len(h.arrays)
 }
 
-// adv10Mixed is n messages on two partitions, every kth of them bad (a dead letter) with a value
+// commitsMixed is n messages on two partitions, every kth of them bad (a dead letter) with a value
 // of its own.
-func adv10Mixed(n, k int) (msgs []kafka.Message, bad map[[2]int64]string) {
+func commitsMixed(n, k int) (msgs []kafka.Message, bad map[[2]int64]string) {
 	bad = map[[2]int64]string{}
 	offs := [2]int64{}
 	for i := range n {
@@ -911,12 +911,12 @@ func TestReuseWithDeadLettersAndUnevenBatches(t *testing.T) {
 	for _, maxInFlight := range []int{1, 4} {
 		t.Run(fmt.Sprint("in flight ", maxInFlight), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				r := newAdv10Rig(t, maxInFlight, 300, 0)
+				r := newCommitsRig(t, maxInFlight, 300, 0)
 				r.group.cfg.Linger = 5 * time.Millisecond
-				h := newAdv10ReuseHandler(t, r)
+				h := newCommitsReuseHandler(t, r)
 				tr := r.tr
-				msgs, bad := adv10Mixed(900, 7)
-				c := newAdv10Committer(tr)
+				msgs, bad := commitsMixed(900, 7)
+				c := newCommitsCommitter(tr)
 				ctx, cancel := context.WithCancel(t.Context())
 				in := make(chan kafka.Message, len(msgs))
 				done := r.run(ctx, ctx, c, in)
@@ -937,11 +937,11 @@ func TestReuseWithDeadLettersAndUnevenBatches(t *testing.T) {
 				deadline := time.Now().Add(time.Hour)
 				for {
 					_, ok := c.made()
-					if got := adv10Committed(ok); got[0] == 450 && got[1] == 450 {
+					if got := commitsCommitted(ok); got[0] == 450 && got[1] == 450 {
 						break
 					}
 					if time.Now().After(deadline) {
-						t.Fatalf("not everything committed: %v", adv10Committed(ok))
+						t.Fatalf("not everything committed: %v", commitsCommitted(ok))
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
@@ -998,8 +998,8 @@ func TestReuseAcrossAFailedPublish(t *testing.T) {
 		t.Run(fmt.Sprint("in flight ", maxInFlight), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const n = 60
-				r := newAdv10Rig(t, maxInFlight, 4, 0)
-				h := newAdv10ReuseHandler(t, r)
+				r := newCommitsRig(t, maxInFlight, 4, 0)
+				h := newCommitsReuseHandler(t, r)
 				tr := r.tr
 				broken := true
 				var pubMu sync.Mutex
@@ -1014,8 +1014,8 @@ func TestReuseAcrossAFailedPublish(t *testing.T) {
 						return nil
 					}
 				}
-				msgs := adv10Live(n)
-				c := newAdv10Committer(tr)
+				msgs := commitsLive(n)
+				c := newCommitsCommitter(tr)
 				in := make(chan kafka.Message, n)
 				done := r.run(t.Context(), t.Context(), c, in)
 				for i, m := range msgs {
@@ -1039,8 +1039,8 @@ func TestReuseAcrossAFailedPublish(t *testing.T) {
 				broken = false
 				pubMu.Unlock()
 				ctx, cancel := context.WithCancel(t.Context())
-				c2 := newAdv10Committer(tr)
-				done = r.run(ctx, ctx, c2, adv10Feed(msgs[from:]))
+				c2 := newCommitsCommitter(tr)
+				done = r.run(ctx, ctx, c2, commitsFeed(msgs[from:]))
 				if !within(tr.seen(fmt.Sprint("commit ", n)), time.Hour) {
 					t.Fatalf("the redelivery did not commit everything: %s", tr)
 				}
@@ -1064,13 +1064,13 @@ func TestReuseAcrossAFailedPublish(t *testing.T) {
 // redis.wait_replicas a WAIT that cannot lead to a commit).
 func TestFailedCommitWithPendingBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		r := newAdv10Rig(t, 2, 1, 2*time.Second)
+		r := newCommitsRig(t, 2, 1, 2*time.Second)
 		tr := r.tr
-		c := newAdv10Committer(tr)
+		c := newCommitsCommitter(tr)
 		c.fail[1] = errors.New("illegal generation")
 		in := make(chan kafka.Message, 4)
 		done := r.run(t.Context(), t.Context(), c, in)
-		msgs := adv10Live(4)
+		msgs := commitsLive(4)
 		in <- msgs[0]
 		in <- msgs[1]
 		<-tr.seen("published 2")

@@ -26,24 +26,24 @@ import (
 // bounds, is handled as before when the generation, the process or the pipeline ends, costs no
 // CPU worth the name, and leaves latency under light load and every commit rule as they were.
 
-// adv8Poll is how late a growing batch may close after the batch before it was taken (collect
+// growthPoll is how late a growing batch may close after the batch before it was taken (collect
 // polled every millisecond when these tests were written; it is now told at once).
-const adv8Poll = time.Millisecond
+const growthPoll = time.Millisecond
 
-// adv8Key is a message's partition and offset.
-type adv8Key [2]int64
+// growthKey is a message's partition and offset.
+type growthKey [2]int64
 
-// adv8Msg is a live attempt on partition part at offset off (event ids distinct across
+// growthMsg is a live attempt on partition part at offset off (event ids distinct across
 // partitions), opportunity opp.
-func adv8Msg(part int, off int64, opp string) kafka.Message {
+func growthMsg(part int, off int64, opp string) kafka.Message {
 	m := liveMessage(int64(part)*1000+off, opp, "passed")
 	m.Partition, m.Offset = part, off
 	return m
 }
 
-// adv8Store is the model behind gates (gateStore), with an outage (transient errors, retried by
+// growthStore is the model behind gates (gateStore), with an outage (transient errors, retried by
 // the processor), an apply delay, and per-batch failures (the apply returns the error sent).
-type adv8Store struct {
+type growthStore struct {
 	*gateStore
 	delay time.Duration
 	fails map[string]chan error
@@ -56,7 +56,7 @@ type adv8Store struct {
 	refused int // applies refused while down
 }
 
-func (s *adv8Store) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {
+func (s *growthStore) Verify(ctx context.Context, upTo int64, commit aggregator.Offsets) error {
 	if s.verifyGate != nil && upTo > 0 {
 		s.tr.add("verify waits")
 		select {
@@ -68,13 +68,13 @@ func (s *adv8Store) Verify(ctx context.Context, upTo int64, commit aggregator.Of
 	return s.gateStore.Verify(ctx, upTo, commit)
 }
 
-func (s *adv8Store) setDown(down bool) {
+func (s *growthStore) setDown(down bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.down = down
 }
 
-func (s *adv8Store) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
+func (s *growthStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
 	b := obs[0].OpportunityID
 	if ch, ok := s.fails[b]; ok {
 		s.tr.add("apply %s", b)
@@ -104,27 +104,27 @@ func (s *adv8Store) Apply(ctx context.Context, obs []aggregator.Observation, at 
 	return s.gateStore.Apply(ctx, obs, at)
 }
 
-// adv8Batch is a prepared batch: its messages and when it was closed (Prepare called).
-type adv8Batch struct {
-	msgs []adv8Key
+// growthBatch is a prepared batch: its messages and when it was closed (Prepare called).
+type growthBatch struct {
+	msgs []growthKey
 	at   time.Time
 }
 
-// adv8Handler records every batch prepared and every message published, and audits commits.
-type adv8Handler struct {
+// growthHandler records every batch prepared and every message published, and audits commits.
+type growthHandler struct {
 	traceHandler
 	t *testing.T
 
 	mu        sync.Mutex
-	batches   []adv8Batch
-	prepared  map[adv8Key]int
-	published map[adv8Key]time.Time
+	batches   []growthBatch
+	prepared  map[growthKey]int
+	published map[growthKey]time.Time
 }
 
-func (h *adv8Handler) Prepare(msgs []kafka.Message) (*Batch, error) {
-	b := adv8Batch{at: time.Now()}
+func (h *growthHandler) Prepare(msgs []kafka.Message) (*Batch, error) {
+	b := growthBatch{at: time.Now()}
 	for _, m := range msgs {
-		b.msgs = append(b.msgs, adv8Key{int64(m.Partition), m.Offset})
+		b.msgs = append(b.msgs, growthKey{int64(m.Partition), m.Offset})
 	}
 	h.mu.Lock()
 	h.batches = append(h.batches, b)
@@ -135,31 +135,31 @@ func (h *adv8Handler) Prepare(msgs []kafka.Message) (*Batch, error) {
 	return h.traceHandler.Prepare(msgs)
 }
 
-func (h *adv8Handler) Publish(ctx context.Context, b *Batch) error {
+func (h *growthHandler) Publish(ctx context.Context, b *Batch) error {
 	if err := h.Processor.Publish(ctx, b); err != nil {
 		return err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, m := range b.Messages() {
-		h.published[adv8Key{int64(m.Partition), m.Offset}] = time.Now()
+		h.published[growthKey{int64(m.Partition), m.Offset}] = time.Now()
 	}
 	return nil
 }
 
 // snapshot returns the batches prepared so far.
-func (h *adv8Handler) snapshot() []adv8Batch {
+func (h *growthHandler) snapshot() []growthBatch {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Clone(h.batches)
 }
 
-// adv8Committer is the generation's committer: every commit may cover only published messages,
+// growthCommitter is the generation's committer: every commit may cover only published messages,
 // and a partition's committed offset never goes back.
-type adv8Committer struct {
+type growthCommitter struct {
 	t    *testing.T
 	tr   *trace
-	h    *adv8Handler
+	h    *growthHandler
 	mu   sync.Mutex
 	last map[int]int64
 	n    int
@@ -167,11 +167,11 @@ type adv8Committer struct {
 	all  chan struct{}
 }
 
-func (c *adv8Committer) CommitOffsets(offsets map[string]map[int]int64) error {
+func (c *growthCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
 	c.h.mu.Lock()
 	for p, next := range offsets["in"] {
 		for off := int64(0); off < next; off++ {
-			if _, ok := c.h.published[adv8Key{int64(p), off}]; !ok {
+			if _, ok := c.h.published[growthKey{int64(p), off}]; !ok {
 				c.t.Errorf("commit of partition %d up to %d although offset %d was not published", p, next, off)
 			}
 		}
@@ -205,7 +205,7 @@ func (c *adv8Committer) CommitOffsets(offsets map[string]map[int]int64) error {
 	return nil
 }
 
-func (c *adv8Committer) commits() (n int, last map[int]int64) {
+func (c *growthCommitter) commits() (n int, last map[int]int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	last = make(map[int]int64, len(c.last))
@@ -215,32 +215,32 @@ func (c *adv8Committer) commits() (n int, last map[int]int64) {
 	return c.n, last
 }
 
-type adv8Rig struct {
+type growthRig struct {
 	t      *testing.T
 	tr     *trace
-	store  *adv8Store
-	h      *adv8Handler
-	commit *adv8Committer
+	store  *growthStore
+	h      *growthHandler
+	commit *growthCommitter
 	group  *Group
 	fatal  error
 }
 
-// adv8NewRig is a batch loop over an in-memory model: MaxInFlight places, batches of up to
+// growthNewRig is a batch loop over an in-memory model: MaxInFlight places, batches of up to
 // maxBatch messages closed Linger after their first; the apply of a batch whose first
 // opportunity has a gate waits for it.
-func adv8NewRig(t *testing.T, maxInFlight, maxBatch int, linger time.Duration, gates map[string]chan struct{}) *adv8Rig {
+func growthNewRig(t *testing.T, maxInFlight, maxBatch int, linger time.Duration, gates map[string]chan struct{}) *growthRig {
 	t.Helper()
 	tr := &trace{}
-	store := &adv8Store{gateStore: &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour), gates: gates}, fails: map[string]chan error{}}
+	store := &growthStore{gateStore: &gateStore{tr: tr, model: aggregator.NewModel(30 * 24 * time.Hour), gates: gates}, fails: map[string]chan error{}}
 	cfg := ProcessorConfig{RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, Suite: suite.Config{MinHistory: 1}}
 	p, err := NewProcessor(cfg, newTestDecoder(t), store, announceTrace{suite.NewMemory(cfg.Suite), tr},
 		&gatePublisher{tr: tr}, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &adv8Handler{traceHandler: traceHandler{p, tr}, t: t, prepared: map[adv8Key]int{}, published: map[adv8Key]time.Time{}}
-	r := &adv8Rig{t: t, tr: tr, store: store, h: h,
-		commit: &adv8Committer{t: t, tr: tr, h: h, last: map[int]int64{}, all: make(chan struct{})}}
+	h := &growthHandler{traceHandler: traceHandler{p, tr}, t: t, prepared: map[growthKey]int{}, published: map[growthKey]time.Time{}}
+	r := &growthRig{t: t, tr: tr, store: store, h: h,
+		commit: &growthCommitter{t: t, tr: tr, h: h, last: map[int]int64{}, all: make(chan struct{})}}
 	r.group, err = NewGroup(GroupConfig{Brokers: []string{"unused"}, GroupID: "g", Topics: []string{"in"}, MaxBatch: maxBatch,
 		Linger: linger, MaxInFlight: maxInFlight, DrainTimeout: 10 * time.Minute}, h, zap.NewNop(), NewMetrics(nil))
 	if err != nil {
@@ -251,7 +251,7 @@ func adv8NewRig(t *testing.T, maxInFlight, maxBatch int, linger time.Duration, g
 }
 
 // run runs one generation's batch loop over in; the channel closes when it returned.
-func (r *adv8Rig) run(ctx, gctx context.Context, in <-chan kafka.Message) <-chan struct{} {
+func (r *growthRig) run(ctx, gctx context.Context, in <-chan kafka.Message) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -261,12 +261,12 @@ func (r *adv8Rig) run(ctx, gctx context.Context, in <-chan kafka.Message) <-chan
 }
 
 // passed is how many attempts the model counted for the test aggregate.
-func (r *adv8Rig) passed() int64 {
+func (r *growthRig) passed() int64 {
 	return r.store.model.Tally(deepKey, now).Snapshot(deepKey, now).Windows.All.Passed
 }
 
-// adv8Offsets lists the partition-0 offsets of b.
-func adv8Offsets(b adv8Batch) []int64 {
+// growthOffsets lists the partition-0 offsets of b.
+func growthOffsets(b growthBatch) []int64 {
 	var offs []int64
 	for _, k := range b.msgs {
 		offs = append(offs, k[1])
@@ -274,37 +274,37 @@ func adv8Offsets(b adv8Batch) []int64 {
 	return offs
 }
 
-func adv8Shape(bs []adv8Batch) [][]int64 {
+func growthShape(bs []growthBatch) [][]int64 {
 	var s [][]int64
 	for _, b := range bs {
-		s = append(s, adv8Offsets(b))
+		s = append(s, growthOffsets(b))
 	}
 	return s
 }
 
-// adv8Keys lists the messages of each batch.
-func adv8Keys(bs []adv8Batch) [][]adv8Key {
-	var s [][]adv8Key
+// growthKeys lists the messages of each batch.
+func growthKeys(bs []growthBatch) [][]growthKey {
+	var s [][]growthKey
 	for _, b := range bs {
 		s = append(s, b.msgs)
 	}
 	return s
 }
 
-// adv8Feeder sends messages into an unbuffered channel and records when each was taken (the
+// growthFeeder sends messages into an unbuffered channel and records when each was taken (the
 // send returns when collect received it).
-type adv8Feeder struct {
+type growthFeeder struct {
 	in    chan kafka.Message
 	mu    sync.Mutex
 	taken map[int64]time.Time
 }
 
-func newAdv8Feeder() *adv8Feeder {
-	return &adv8Feeder{in: make(chan kafka.Message), taken: map[int64]time.Time{}}
+func newGrowthFeeder() *growthFeeder {
+	return &growthFeeder{in: make(chan kafka.Message), taken: map[int64]time.Time{}}
 }
 
 // send reports false when the message was not taken within a minute.
-func (f *adv8Feeder) send(m kafka.Message) bool {
+func (f *growthFeeder) send(m kafka.Message) bool {
 	select {
 	case f.in <- m:
 	case <-time.After(time.Minute):
@@ -316,7 +316,7 @@ func (f *adv8Feeder) send(m kafka.Message) bool {
 	return true
 }
 
-func (f *adv8Feeder) takenAt(off int64) time.Time {
+func (f *growthFeeder) takenAt(off int64) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.taken[off]
@@ -324,7 +324,7 @@ func (f *adv8Feeder) takenAt(off int64) time.Time {
 
 // Batch 0 applies behind a gate, batch 1 (a lone message) waits for the apply stage, and
 // messages 2..5 arrive 20 ms apart, each past the 10 ms linger: they make one batch, which
-// closes within adv8Poll of the apply stage taking batch 1, not a linger later and not at
+// closes within growthPoll of the apply stage taking batch 1, not a linger later and not at
 // MaxBatch. Batch 1 itself, with batch 0 applying but nothing waiting, closes exactly at its
 // linger. Everything is committed once, in order, and only once published.
 func TestBatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
@@ -333,20 +333,20 @@ func TestBatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const linger = 10 * time.Millisecond
 				gate := make(chan struct{})
-				r := adv8NewRig(t, maxInFlight, 100, linger, map[string]chan struct{}{"a": gate})
+				r := growthNewRig(t, maxInFlight, 100, linger, map[string]chan struct{}{"a": gate})
 				r.commit.want = map[int]int64{0: 6}
-				f := newAdv8Feeder()
+				f := newGrowthFeeder()
 				ctx, cancel := context.WithCancel(t.Context())
 				done := r.run(ctx, ctx, f.in)
 				defer func() { cancel(); <-done }() // nothing left running, even after a failure
 
-				if !f.send(adv8Msg(0, 0, "a")) {
+				if !f.send(growthMsg(0, 0, "a")) {
 					t.Fatal("message 0 not taken")
 				}
 				if !within(r.tr.seen("apply a"), time.Minute) {
 					t.Fatalf("batch 0 not applied: %s", r.tr)
 				}
-				if !f.send(adv8Msg(0, 1, "b")) {
+				if !f.send(growthMsg(0, 1, "b")) {
 					t.Fatal("message 1 not taken")
 				}
 				if !within(r.tr.seen("prepared 1"), time.Minute) {
@@ -357,13 +357,13 @@ func TestBatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
 				}
 				for i := int64(2); i < 6; i++ {
 					time.Sleep(20 * time.Millisecond)
-					if !f.send(adv8Msg(0, i, fmt.Sprint("c", i))) {
-						t.Fatalf("message %d not taken within a minute: batches %v", i, adv8Shape(r.h.snapshot()))
+					if !f.send(growthMsg(0, i, fmt.Sprint("c", i))) {
+						t.Fatalf("message %d not taken within a minute: batches %v", i, growthShape(r.h.snapshot()))
 					}
 				}
 				time.Sleep(time.Second)
 				if bs := r.h.snapshot(); len(bs) != 2 {
-					t.Fatalf("batches %v while batch 1 still waits for the apply stage: batch 2 should keep growing", adv8Shape(bs))
+					t.Fatalf("batches %v while batch 1 still waits for the apply stage: batch 2 should keep growing", growthShape(bs))
 				}
 				opened := time.Now()
 				close(gate)
@@ -371,11 +371,11 @@ func TestBatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
 					t.Fatalf("batch 2 never closed after batch 1 was taken: %s", r.tr)
 				}
 				bs := r.h.snapshot()
-				if got := bs[2].at.Sub(opened); got > 2*adv8Poll {
-					t.Errorf("batch 2 closed %v after the apply stage was free to take batch 1, want at most %v", got, 2*adv8Poll)
+				if got := bs[2].at.Sub(opened); got > 2*growthPoll {
+					t.Errorf("batch 2 closed %v after the apply stage was free to take batch 1, want at most %v", got, 2*growthPoll)
 				}
-				if !slices.Equal(adv8Offsets(bs[2]), []int64{2, 3, 4, 5}) {
-					t.Errorf("batch 2 holds %v, want messages 2..5", adv8Offsets(bs[2]))
+				if !slices.Equal(growthOffsets(bs[2]), []int64{2, 3, 4, 5}) {
+					t.Errorf("batch 2 holds %v, want messages 2..5", growthOffsets(bs[2]))
 				}
 				if !within(r.commit.all, time.Minute) {
 					t.Fatalf("not all committed: %s (fatal %v)", r.tr, r.fatal)
@@ -385,7 +385,7 @@ func TestBatchGrowsUntilTheOneBeforeIsTaken(t *testing.T) {
 				if r.fatal != nil {
 					t.Fatal(r.fatal)
 				}
-				if got := adv8Shape(r.h.snapshot()); !slices.EqualFunc(got, [][]int64{{0}, {1}, {2, 3, 4, 5}}, slices.Equal) {
+				if got := growthShape(r.h.snapshot()); !slices.EqualFunc(got, [][]int64{{0}, {1}, {2, 3, 4, 5}}, slices.Equal) {
 					t.Errorf("batches %v, want [0] [1] [2 3 4 5]", got)
 				}
 				for k, n := range r.h.prepared {
@@ -422,10 +422,10 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 		t.Run(fmt.Sprintf("%d/gap%v/apply%v", c.maxInFlight, c.gap, c.apply), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const linger = 20 * time.Millisecond
-				r := adv8NewRig(t, c.maxInFlight, 1000, linger, nil)
+				r := growthNewRig(t, c.maxInFlight, 1000, linger, nil)
 				r.store.delay = c.apply
 				r.commit.want = map[int]int64{0: int64(c.n)}
-				f := newAdv8Feeder()
+				f := newGrowthFeeder()
 				ctx, cancel := context.WithCancel(t.Context())
 				done := r.run(ctx, ctx, f.in)
 				defer func() { cancel(); <-done }() // nothing left running, even after a failure
@@ -433,7 +433,7 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 					start := time.Now()
 					for i := range c.n {
 						time.Sleep(time.Until(start.Add(time.Duration(i) * c.gap)))
-						if !f.send(adv8Msg(0, int64(i), fmt.Sprint("o", i))) {
+						if !f.send(growthMsg(0, int64(i), fmt.Sprint("o", i))) {
 							return
 						}
 					}
@@ -448,7 +448,7 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 				for i, b := range bs {
 					first := b.msgs[0][1]
 					if got := b.at.Sub(f.takenAt(first)); got != linger {
-						t.Errorf("batch %d %v closed %v after its first message, want the linger %v", i, adv8Offsets(b), got, linger)
+						t.Errorf("batch %d %v closed %v after its first message, want the linger %v", i, growthOffsets(b), got, linger)
 					}
 					if len(b.msgs) > 1 {
 						multi++
@@ -466,10 +466,10 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 					}
 				}
 				if c.apply == 0 && multi > 0 {
-					t.Errorf("batches %v: lone messages 100 ms apart should each make a batch", adv8Shape(bs))
+					t.Errorf("batches %v: lone messages 100 ms apart should each make a batch", growthShape(bs))
 				}
 				if c.apply > 0 && multi == 0 {
-					t.Errorf("batches %v: a busy stream made no batch of more than one message; the test tests nothing", adv8Shape(bs))
+					t.Errorf("batches %v: a busy stream made no batch of more than one message; the test tests nothing", growthShape(bs))
 				}
 				if got := r.passed(); got != int64(c.n) {
 					t.Errorf("model counted %d attempts, want %d", got, c.n)
@@ -482,28 +482,28 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 // With MaxInFlight 2 the batch before is left waiting in the prepared queue only while the
 // applying goroutine commits (Verify, which may wait for replicas, then CommitOffsets): batch 1
 // waits there while batch 0's commit is held, so batch 2 grows past its linger, and closes
-// within adv8Poll of the commit returning. This is the one case where MaxInFlight 2 batches
+// within growthPoll of the commit returning. This is the one case where MaxInFlight 2 batches
 // differ from before the change; nothing is committed early and everything is committed in order.
 func TestTwoInFlightGrowOnlyBehindASlowCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const linger = 10 * time.Millisecond
-		r := adv8NewRig(t, 2, 100, linger, nil)
+		r := growthNewRig(t, 2, 100, linger, nil)
 		r.store.verifyGate = make(chan struct{})
 		r.commit.want = map[int]int64{0: 5}
 		in := make(chan kafka.Message, 8)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := r.run(ctx, ctx, in)
 		defer func() { cancel(); <-done }() // nothing left running, even after a failure
-		in <- adv8Msg(0, 0, "a")
+		in <- growthMsg(0, 0, "a")
 		if !within(r.tr.seen("verify waits"), time.Minute) {
 			t.Fatalf("batch 0's commit never began: %s", r.tr)
 		}
 		for i := int64(1); i < 5; i++ {
 			time.Sleep(20 * time.Millisecond)
-			in <- adv8Msg(0, i, fmt.Sprint("o", i))
+			in <- growthMsg(0, i, fmt.Sprint("o", i))
 		}
 		time.Sleep(205 * time.Millisecond) // off the linger's beat
-		if got := adv8Shape(r.h.snapshot()); !slices.EqualFunc(got, [][]int64{{0}, {1}}, slices.Equal) {
+		if got := growthShape(r.h.snapshot()); !slices.EqualFunc(got, [][]int64{{0}, {1}}, slices.Equal) {
 			t.Fatalf("batches %v while batch 0's commit is held, want [0] [1] and batch 2 growing", got)
 		}
 		if n, _ := r.commit.commits(); n != 0 {
@@ -515,11 +515,11 @@ func TestTwoInFlightGrowOnlyBehindASlowCommit(t *testing.T) {
 			t.Fatalf("batch 2 never closed: %s", r.tr)
 		}
 		bs := r.h.snapshot()
-		if got := bs[2].at.Sub(released); got > 2*adv8Poll {
-			t.Errorf("batch 2 closed %v after the commit returned, want at most %v", got, 2*adv8Poll)
+		if got := bs[2].at.Sub(released); got > 2*growthPoll {
+			t.Errorf("batch 2 closed %v after the commit returned, want at most %v", got, 2*growthPoll)
 		}
-		if !slices.Equal(adv8Offsets(bs[2]), []int64{2, 3, 4}) {
-			t.Errorf("batch 2 holds %v, want 2..4", adv8Offsets(bs[2]))
+		if !slices.Equal(growthOffsets(bs[2]), []int64{2, 3, 4}) {
+			t.Errorf("batch 2 holds %v, want 2..4", growthOffsets(bs[2]))
 		}
 		if !within(r.commit.all, time.Minute) {
 			t.Fatalf("not all committed: %s (fatal %v)", r.tr, r.fatal)
@@ -541,10 +541,10 @@ func TestStalledApplyKeepsTheBatchBounds(t *testing.T) {
 				const n = 20
 				var msgs []kafka.Message
 				for i := range n {
-					msgs = append(msgs, adv8Msg(i%2, int64(i/2), fmt.Sprint("o", i)))
+					msgs = append(msgs, growthMsg(i%2, int64(i/2), fmt.Sprint("o", i)))
 				}
 				maxBatch, want := 4, 4
-				r := adv8NewRig(t, 3, 100, 10*time.Millisecond, nil)
+				r := growthNewRig(t, 3, 100, 10*time.Millisecond, nil)
 				if bound == "messages" {
 					r.group.cfg.MaxBatch = maxBatch
 				} else {
@@ -572,9 +572,9 @@ func TestStalledApplyKeepsTheBatchBounds(t *testing.T) {
 				}
 				bs := r.h.snapshot()
 				if len(bs) != 3 || len(bs[0].msgs) != 1 || len(bs[1].msgs) != 1 || len(bs[2].msgs) != want {
-					t.Fatalf("while Redis is down: batches %v, want one message, one message, then %d (the growing batch stops at its bound)", adv8Keys(bs), want)
+					t.Fatalf("while Redis is down: batches %v, want one message, one message, then %d (the growing batch stops at its bound)", growthKeys(bs), want)
 				}
-				if !slices.Equal(bs[2].msgs, []adv8Key{{0, 1}, {1, 1}, {0, 2}, {1, 2}}[:want]) {
+				if !slices.Equal(bs[2].msgs, []growthKey{{0, 1}, {1, 1}, {0, 2}, {1, 2}}[:want]) {
 					t.Errorf("batch 2 holds %v", bs[2].msgs)
 				}
 				if got := len(in); got != n-2-want {
@@ -583,23 +583,23 @@ func TestStalledApplyKeepsTheBatchBounds(t *testing.T) {
 				r.store.setDown(false)
 				if !within(r.commit.all, time.Minute) {
 					_, last := r.commit.commits()
-					t.Fatalf("not all committed once Redis came back: committed %v, batches %v (fatal %v)", last, adv8Keys(r.h.snapshot()), r.fatal)
+					t.Fatalf("not all committed once Redis came back: committed %v, batches %v (fatal %v)", last, growthKeys(r.h.snapshot()), r.fatal)
 				}
 				cancel()
 				<-done
 				if r.fatal != nil {
 					t.Fatal(r.fatal)
 				}
-				var order []adv8Key
+				var order []growthKey
 				for i, b := range r.h.snapshot() {
 					if len(b.msgs) > want {
 						t.Errorf("batch %d holds %d messages, past the bound %d", i, len(b.msgs), want)
 					}
 					order = append(order, b.msgs...)
 				}
-				var sent []adv8Key
+				var sent []growthKey
 				for _, m := range msgs {
-					sent = append(sent, adv8Key{int64(m.Partition), m.Offset})
+					sent = append(sent, growthKey{int64(m.Partition), m.Offset})
 				}
 				if !slices.Equal(order, sent) {
 					t.Errorf("prepared in order %v, want %v (each once)", order, sent)
@@ -623,7 +623,7 @@ func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const drain = 10 * time.Second
 				gate := make(chan struct{})
-				r := adv8NewRig(t, 3, 100, 10*time.Millisecond, map[string]chan struct{}{"a": gate})
+				r := growthNewRig(t, 3, 100, 10*time.Millisecond, map[string]chan struct{}{"a": gate})
 				r.group.cfg.DrainTimeout = drain
 				fail := make(chan error, 1)
 				if end == "apply_fails" {
@@ -637,21 +637,21 @@ func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 				done := r.run(ctx, gctx, in)
 				defer func() { cancel(); <-done }() // nothing left running, even after a failure
 
-				in <- adv8Msg(0, 0, "a")
+				in <- growthMsg(0, 0, "a")
 				if !within(r.tr.seen("apply a"), time.Minute) {
 					t.Fatalf("batch 0 not applied: %s", r.tr)
 				}
-				in <- adv8Msg(0, 1, "b")
+				in <- growthMsg(0, 1, "b")
 				if !within(r.tr.seen("prepared 1"), time.Minute) {
 					t.Fatalf("batch 1 not prepared: %s", r.tr)
 				}
 				for i := int64(2); i < 5; i++ {
 					time.Sleep(20 * time.Millisecond)
-					in <- adv8Msg(0, i, fmt.Sprint("c", i))
+					in <- growthMsg(0, i, fmt.Sprint("c", i))
 				}
 				time.Sleep(100 * time.Millisecond)
 				if bs := r.h.snapshot(); len(bs) != 2 {
-					t.Fatalf("batches %v: batch 2 should still be growing past its linger; the test tests nothing", adv8Shape(bs))
+					t.Fatalf("batches %v: batch 2 should still be growing past its linger; the test tests nothing", growthShape(bs))
 				}
 				ended := time.Now()
 				switch end {
@@ -668,9 +668,9 @@ func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 					if !within(r.tr.seen("prepared 2"), time.Second) {
 						t.Fatalf("the growing batch was not prepared when the generation ended: %s", r.tr)
 					}
-					in <- adv8Msg(0, 5, "late") // after the end: never read
+					in <- growthMsg(0, 5, "late") // after the end: never read
 					late = 1
-					if got := adv8Offsets(r.h.snapshot()[2]); !slices.Equal(got, []int64{2, 3, 4}) {
+					if got := growthOffsets(r.h.snapshot()[2]); !slices.Equal(got, []int64{2, 3, 4}) {
 						t.Errorf("the growing batch closed with %v, want 2..4", got)
 					}
 					close(gate)
@@ -684,7 +684,7 @@ func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 					if !within(r.tr.seen("prepared 2"), time.Second) {
 						t.Fatalf("the growing batch was not prepared when the generation ended: %s", r.tr)
 					}
-					in <- adv8Msg(0, 5, "late") // after the end: never read
+					in <- growthMsg(0, 5, "late") // after the end: never read
 					late = 1
 					if !within(done, drain+time.Second) {
 						t.Fatalf("the loop did not end within DrainTimeout of the generation's end: %s", r.tr)
@@ -718,8 +718,8 @@ func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 	}
 }
 
-// adv8CPU is the process's user and system CPU time so far.
-func adv8CPU(t *testing.T) time.Duration {
+// growthCPU is the process's user and system CPU time so far.
+func growthCPU(t *testing.T) time.Duration {
 	t.Helper()
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -732,7 +732,7 @@ func adv8CPU(t *testing.T) time.Duration {
 // CPU (no spinning, no busy polling), and nothing runs once the pipeline is idle.
 func TestBatchGrowthWaitingIsCheap(t *testing.T) {
 	gate := make(chan struct{})
-	r := adv8NewRig(t, 3, 1000, 5*time.Millisecond, map[string]chan struct{}{"a": gate})
+	r := growthNewRig(t, 3, 1000, 5*time.Millisecond, map[string]chan struct{}{"a": gate})
 	r.commit.want = map[int]int64{0: 3}
 	in := make(chan kafka.Message, 4)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -746,19 +746,19 @@ func TestBatchGrowthWaitingIsCheap(t *testing.T) {
 			t.Fatalf("%s: %s", what, r.tr)
 		}
 	}
-	in <- adv8Msg(0, 0, "a")
+	in <- growthMsg(0, 0, "a")
 	wait(r.tr.seen("apply a"), "batch 0 not applied")
-	in <- adv8Msg(0, 1, "b")
+	in <- growthMsg(0, 1, "b")
 	wait(r.tr.seen("prepared 1"), "batch 1 not prepared")
-	in <- adv8Msg(0, 2, "c")
+	in <- growthMsg(0, 2, "c")
 	time.Sleep(50 * time.Millisecond)
 	if bs := r.h.snapshot(); len(bs) != 2 {
-		t.Fatalf("batches %v: batch 2 should be waiting past its linger; the test tests nothing", adv8Shape(bs))
+		t.Fatalf("batches %v: batch 2 should be waiting past its linger; the test tests nothing", growthShape(bs))
 	}
 	measure := func(d time.Duration) float64 {
-		c0, w0 := adv8CPU(t), time.Now()
+		c0, w0 := growthCPU(t), time.Now()
 		time.Sleep(d)
-		return float64(adv8CPU(t)-c0) / float64(time.Since(w0))
+		return float64(growthCPU(t)-c0) / float64(time.Since(w0))
 	}
 	waiting := measure(600 * time.Millisecond)
 	close(gate)
@@ -776,14 +776,14 @@ func TestBatchGrowthWaitingIsCheap(t *testing.T) {
 	}
 }
 
-// adv8SlowStore is a Store (no encoder: Apply is what the processor calls) whose applies take a
+// growthSlowStore is a Store (no encoder: Apply is what the processor calls) whose applies take a
 // while, so that batches queue behind it.
-type adv8SlowStore struct {
+type growthSlowStore struct {
 	Store
 	delay time.Duration
 }
 
-func (s adv8SlowStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
+func (s growthSlowStore) Apply(ctx context.Context, obs []aggregator.Observation, at time.Time) (aggregator.Applied, error) {
 	time.Sleep(s.delay)
 	return s.Store.Apply(ctx, obs, at)
 }
@@ -805,13 +805,13 @@ func TestGrowingBatchesOnKafkaAndRedis(t *testing.T) {
 	rates, suites := redisStores(t, client, cfg)
 	metrics := NewMetrics(prometheus.NewRegistry())
 	p, err := NewProcessor(ProcessorConfig{RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond}, newTestDecoder(t),
-		adv8SlowStore{Store: rates, delay: 40 * time.Millisecond}, suites, &lockedPublisher{}, &recordingDLQ{},
+		growthSlowStore{Store: rates, delay: 40 * time.Millisecond}, suites, &lockedPublisher{}, &recordingDLQ{},
 		func() time.Time { return now }, zap.NewNop(), metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &auditHandler{Processor: p, t: t, prepared: map[int64]int{}, published: map[int64]bool{}}
-	sizes := &adv8Sizes{auditHandler: h}
+	sizes := &growthSizes{auditHandler: h}
 	g, err := NewGroup(GroupConfig{Brokers: brokers, GroupID: name, Topics: []string{name}, MaxBatch: 1000, Linger: 5 * time.Millisecond,
 		DrainTimeout: 10 * time.Second, MaxInFlight: DefaultMaxInFlight, SessionTimeout: 6 * time.Second}, sizes, zap.NewNop(), metrics)
 	if err != nil {
@@ -860,21 +860,21 @@ func TestGrowingBatchesOnKafkaAndRedis(t *testing.T) {
 	t.Logf("batch sizes: %v", sizes.get())
 }
 
-// adv8Sizes records the size of every batch prepared.
-type adv8Sizes struct {
+// growthSizes records the size of every batch prepared.
+type growthSizes struct {
 	*auditHandler
 	mu    sync.Mutex
 	sizes []int
 }
 
-func (s *adv8Sizes) Prepare(msgs []kafka.Message) (*Batch, error) {
+func (s *growthSizes) Prepare(msgs []kafka.Message) (*Batch, error) {
 	s.mu.Lock()
 	s.sizes = append(s.sizes, len(msgs))
 	s.mu.Unlock()
 	return s.auditHandler.Prepare(msgs)
 }
 
-func (s *adv8Sizes) get() []int {
+func (s *growthSizes) get() []int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.sizes)

@@ -21,21 +21,21 @@ import (
 
 // Adversarial tests of fa6abcb: a published batch gives its place back from the publish goroutine
 // (offsets and mark taken, messages handed back to collect, batch dropped) before the applying
-// goroutine receives it from published. Every helper here is prefixed adv11; the adv10 rig
+// goroutine receives it from published. Every helper here is prefixed slotsRig; the commitsRig rig
 // (async_commits_test.go) is reused.
 
-// adv11Handler wraps the rig's traced processor: it checks that each batch holds the messages it
+// slotsHandler wraps the rig's traced processor: it checks that each batch holds the messages it
 // was prepared with through Apply and Publish, counts batches between Prepare and the end of
 // their Publish (the places), lets a test hold or fail a Publish or a Verify, and counts Batch
 // objects the garbage collector freed.
-type adv11Handler struct {
+type slotsHandler struct {
 	traceHandler
 	t           *testing.T
 	maxInFlight int
 	sent        *atomic.Int64 // messages the feeder handed over, when it counts them
 
 	mu             sync.Mutex
-	seen           map[*Batch][]adv10Msg
+	seen           map[*Batch][]commitsMsg
 	prepared       int // batches
 	preparedMsgs   int
 	published      int // batches whose Publish returned nil
@@ -54,14 +54,14 @@ type adv11Handler struct {
 	freed atomic.Int64
 }
 
-func newAdv11Handler(t *testing.T, r *adv10Rig) *adv11Handler {
-	h := &adv11Handler{traceHandler: r.group.handler.(traceHandler), t: t, maxInFlight: r.group.cfg.MaxInFlight,
-		seen: map[*Batch][]adv10Msg{}, barriers: map[int64]bool{}}
+func newSlotsHandler(t *testing.T, r *commitsRig) *slotsHandler {
+	h := &slotsHandler{traceHandler: r.group.handler.(traceHandler), t: t, maxInFlight: r.group.cfg.MaxInFlight,
+		seen: map[*Batch][]commitsMsg{}, barriers: map[int64]bool{}}
 	r.group.handler = h
 	return h
 }
 
-func (h *adv11Handler) Prepare(msgs []kafka.Message) (*Batch, error) {
+func (h *slotsHandler) Prepare(msgs []kafka.Message) (*Batch, error) {
 	for i, m := range msgs[len(msgs):cap(msgs)] {
 		if m.Value != nil || m.Offset != 0 || m.Topic != "" {
 			h.t.Errorf("a reused slice holds message %d@%d past the batch's end (index %d)", m.Partition, m.Offset, len(msgs)+i)
@@ -84,7 +84,7 @@ func (h *adv11Handler) Prepare(msgs []kafka.Message) (*Batch, error) {
 	runtime.AddCleanup(b, func(n *atomic.Int64) { n.Add(1) }, &h.freed)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seen[b] = adv10Copy(msgs)
+	h.seen[b] = commitsCopy(msgs)
 	h.prepared++
 	h.preparedMsgs += len(msgs)
 	h.unpublished++
@@ -95,7 +95,7 @@ func (h *adv11Handler) Prepare(msgs []kafka.Message) (*Batch, error) {
 	return b, err
 }
 
-func (h *adv11Handler) check(b *Batch, when string) {
+func (h *slotsHandler) check(b *Batch, when string) {
 	h.mu.Lock()
 	want, ok := h.seen[b]
 	h.mu.Unlock()
@@ -103,12 +103,12 @@ func (h *adv11Handler) check(b *Batch, when string) {
 		h.t.Errorf("%s: a batch never prepared, or already published", when)
 		return
 	}
-	if got := adv10Copy(b.Messages()); !slices.Equal(got, want) {
+	if got := commitsCopy(b.Messages()); !slices.Equal(got, want) {
 		h.t.Errorf("%s: a batch prepared with %v holds %v", when, want, got)
 	}
 }
 
-func (h *adv11Handler) Apply(ctx context.Context, b *Batch) error {
+func (h *slotsHandler) Apply(ctx context.Context, b *Batch) error {
 	h.check(b, "apply")
 	if h.applyHook != nil {
 		h.applyHook(b.Messages()[0].Offset)
@@ -123,7 +123,7 @@ func (h *adv11Handler) Apply(ctx context.Context, b *Batch) error {
 	return err
 }
 
-func (h *adv11Handler) Publish(ctx context.Context, b *Batch) error {
+func (h *slotsHandler) Publish(ctx context.Context, b *Batch) error {
 	h.check(b, "publish")
 	msgs := b.Messages()
 	first, end := msgs[0].Offset, msgs[len(msgs)-1].Offset+1
@@ -150,7 +150,7 @@ func (h *adv11Handler) Publish(ctx context.Context, b *Batch) error {
 	return nil
 }
 
-func (h *adv11Handler) Verify(ctx context.Context, mark int64, offsets map[string]map[int]int64) error {
+func (h *slotsHandler) Verify(ctx context.Context, mark int64, offsets map[string]map[int]int64) error {
 	if mark > 0 {
 		h.mu.Lock()
 		h.verifies++
@@ -166,21 +166,21 @@ func (h *adv11Handler) Verify(ctx context.Context, mark int64, offsets map[strin
 }
 
 // reset starts the counts of a new generation: batches of the last one left unpublished are dropped.
-func (h *adv11Handler) reset() {
+func (h *slotsHandler) reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	clear(h.seen)
 	h.prepared, h.preparedMsgs, h.published, h.publishedMsgs, h.unpublished, h.maxUnpublished = 0, 0, 0, 0, 0, 0
 }
 
-func (h *adv11Handler) counts() (prepared, published, publishedMsgs, maxUnpublished int) {
+func (h *slotsHandler) counts() (prepared, published, publishedMsgs, maxUnpublished int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.prepared, h.published, h.publishedMsgs, h.maxUnpublished
 }
 
-// adv11Feeder hands msgs over an unbuffered channel, counting each once taken, until stop.
-func adv11Feeder(msgs []kafka.Message, sent *atomic.Int64, stop <-chan struct{}) (<-chan kafka.Message, <-chan struct{}) {
+// slotsFeeder hands msgs over an unbuffered channel, counting each once taken, until stop.
+func slotsFeeder(msgs []kafka.Message, sent *atomic.Int64, stop <-chan struct{}) (<-chan kafka.Message, <-chan struct{}) {
 	in := make(chan kafka.Message)
 	fed := make(chan struct{})
 	go func() {
@@ -197,8 +197,8 @@ func adv11Feeder(msgs []kafka.Message, sent *atomic.Int64, stop <-chan struct{})
 	return in, fed
 }
 
-// adv11Ends are the end offsets of the batches published, in trace order.
-func adv11Ends(tr *trace) []int64 {
+// slotsEnds are the end offsets of the batches published, in trace order.
+func slotsEnds(tr *trace) []int64 {
 	var ends []int64
 	for _, e := range strings.Split(tr.String(), ", ") {
 		var first, end int64
@@ -209,9 +209,9 @@ func adv11Ends(tr *trace) []int64 {
 	return ends
 }
 
-// adv11CheckCommits: commits only grow, each one begins after the publish of the batch it ends
+// slotsCheckCommits: commits only grow, each one begins after the publish of the batch it ends
 // with and after a successful Verify of the same offsets.
-func adv11CheckCommits(t *testing.T, tr *trace, calls []map[string]map[int]int64) {
+func slotsCheckCommits(t *testing.T, tr *trace, calls []map[string]map[int]int64) {
 	t.Helper()
 	for i := 1; i < len(calls); i++ {
 		if calls[i]["in"][0] <= calls[i-1]["in"][0] {
@@ -246,8 +246,8 @@ func TestOneInFlightTakesNothingBeforePublished(t *testing.T) {
 			t.Run(fmt.Sprintf("batch %d delay %v", maxBatch, delay), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					const n = 13
-					r := newAdv10Rig(t, 1, maxBatch, delay)
-					h := newAdv11Handler(t, r)
+					r := newCommitsRig(t, 1, maxBatch, delay)
+					h := newSlotsHandler(t, r)
 					var sent atomic.Int64
 					h.sent = &sent
 					gates := make(chan chan struct{})
@@ -258,8 +258,8 @@ func TestOneInFlightTakesNothingBeforePublished(t *testing.T) {
 						return nil
 					}
 					stop := make(chan struct{})
-					in, fed := adv11Feeder(adv10Live(n), &sent, stop)
-					c := newAdv10Committer(r.tr)
+					in, fed := slotsFeeder(commitsLive(n), &sent, stop)
+					c := newCommitsCommitter(r.tr)
 					ctx, cancel := context.WithCancel(t.Context())
 					done := r.run(ctx, ctx, c, in)
 					for {
@@ -293,7 +293,7 @@ func TestOneInFlightTakesNothingBeforePublished(t *testing.T) {
 					close(stop)
 					<-fed
 					calls, _ := c.made()
-					adv11CheckCommits(t, r.tr, calls)
+					slotsCheckCommits(t, r.tr, calls)
 					if err := r.fatalErr(); err != nil {
 						t.Fatal(err)
 					}
@@ -303,13 +303,13 @@ func TestOneInFlightTakesNothingBeforePublished(t *testing.T) {
 	}
 }
 
-// adv11Stall makes Apply and Verify calls take 0, 10 ms or a second (seeded), publishes instant,
+// slotsStall makes Apply and Verify calls take 0, 10 ms or a second (seeded), publishes instant,
 // so that published batches queue whenever the applying goroutine's select takes a prepared batch
 // before them; the first
 // Apply that begins with at least target published batches not yet taken holds until gate
 // closes (stuck is closed then). waiting reports how many published batches the applying goroutine
 // has not taken (each one it took was verified at once: commit delay 0).
-func adv11Stall(r *adv10Rig, h *adv11Handler, gate <-chan struct{}, target int, seed uint64) (stuck <-chan struct{}, waiting func() int) {
+func slotsStall(r *commitsRig, h *slotsHandler, gate <-chan struct{}, target int, seed uint64) (stuck <-chan struct{}, waiting func() int) {
 	var mu sync.Mutex
 	rnd := rand.New(rand.NewPCG(seed, 11))
 	lat := func() time.Duration {
@@ -357,12 +357,12 @@ func TestBoundedWhileTheApplyingGoroutineIsStuck(t *testing.T) {
 			for rep := range 15 {
 				synctest.Test(t, func(t *testing.T) {
 					const n = 60
-					r := newAdv10Rig(t, maxInFlight, 1, 0)
-					h := newAdv11Handler(t, r)
+					r := newCommitsRig(t, maxInFlight, 1, 0)
+					h := newSlotsHandler(t, r)
 					gate := make(chan struct{})
-					stuck, waiting := adv11Stall(r, h, gate, maxInFlight, uint64(rep))
-					in := adv10Feed(adv10Live(n))
-					c := newAdv10Committer(r.tr)
+					stuck, waiting := slotsStall(r, h, gate, maxInFlight, uint64(rep))
+					in := commitsFeed(commitsLive(n))
+					c := newCommitsCommitter(r.tr)
 					ctx, cancel := context.WithCancel(t.Context())
 					done := r.run(ctx, ctx, c, in)
 					if !within(stuck, 2*time.Hour) {
@@ -407,7 +407,7 @@ func TestBoundedWhileTheApplyingGoroutineIsStuck(t *testing.T) {
 					cancel()
 					<-done
 					calls, _ := c.made()
-					adv11CheckCommits(t, r.tr, calls)
+					slotsCheckCommits(t, r.tr, calls)
 					if err := r.fatalErr(); err != nil {
 						t.Fatal(err)
 					}
@@ -434,17 +434,17 @@ func TestStopWhilePublishedQueues(t *testing.T) {
 				for rep := range 10 {
 					synctest.Test(t, func(t *testing.T) {
 						const n = 40
-						r := newAdv10Rig(t, maxInFlight, 1, 0)
+						r := newCommitsRig(t, maxInFlight, 1, 0)
 						if how == "drain timeout" {
 							r.group.cfg.DrainTimeout = 30 * time.Second
 						}
-						h := newAdv11Handler(t, r)
+						h := newSlotsHandler(t, r)
 						gate := make(chan struct{})
-						stuck, waiting := adv11Stall(r, h, gate, maxInFlight, uint64(rep))
+						stuck, waiting := slotsStall(r, h, gate, maxInFlight, uint64(rep))
 						var sent atomic.Int64
 						stop := make(chan struct{})
-						in, fed := adv11Feeder(adv10Live(n), &sent, stop)
-						c := newAdv10Committer(r.tr)
+						in, fed := slotsFeeder(commitsLive(n), &sent, stop)
+						c := newCommitsCommitter(r.tr)
 						ctx, cancel := context.WithCancel(t.Context())
 						gctx, endGen := context.WithCancel(t.Context())
 						defer endGen()
@@ -479,12 +479,12 @@ func TestStopWhilePublishedQueues(t *testing.T) {
 							t.Fatal(err)
 						}
 						calls, ok := c.made()
-						adv11CheckCommits(t, r.tr, calls)
+						slotsCheckCommits(t, r.tr, calls)
 						var last int64
 						if len(ok) > 0 {
 							last = ok[len(ok)-1]["in"][0]
 						}
-						ends := adv11Ends(r.tr)
+						ends := slotsEnds(r.tr)
 						prepared, published, _, _ := h.counts()
 						if how == "drain timeout" {
 							if last > ends[len(ends)-1] {
@@ -509,8 +509,8 @@ func TestStopWhilePublishedQueues(t *testing.T) {
 	}
 }
 
-// adv11Suite is case c of suite s (evalMessage's), run i, with result res.
-func adv11Suite(c, i int, res string) kafka.Message {
+// slotsSuite is case c of suite s (evalMessage's), run i, with result res.
+func slotsSuite(c, i int, res string) kafka.Message {
 	pred := "yes"
 	if res == "fail" {
 		pred = "no"
@@ -528,7 +528,7 @@ func TestBarrierWhilePublishedQueues(t *testing.T) {
 	msgs := func() []kafka.Message {
 		var ms []kafka.Message
 		for c := range 5 {
-			ms = append(ms, adv11Suite(c, 1, "pass"), adv11Suite(c, 2, "fail"), adv11Suite(c, 3, "fail"))
+			ms = append(ms, slotsSuite(c, 1, "pass"), slotsSuite(c, 2, "fail"), slotsSuite(c, 3, "fail"))
 			ms = append(ms, liveMessage(0, fmt.Sprint("o", c), "passed"))
 		}
 		for i := range ms {
@@ -536,21 +536,21 @@ func TestBarrierWhilePublishedQueues(t *testing.T) {
 		}
 		return ms
 	}
-	run := func(t *testing.T, maxInFlight int, stall bool, seed uint64) (revived int, h *adv11Handler, tr *trace) {
-		r := newAdv10Rig(t, maxInFlight, 1, 0)
-		h = newAdv11Handler(t, r)
+	run := func(t *testing.T, maxInFlight int, stall bool, seed uint64) (revived int, h *slotsHandler, tr *trace) {
+		r := newCommitsRig(t, maxInFlight, 1, 0)
+		h = newSlotsHandler(t, r)
 		gate := make(chan struct{})
 		var stuck <-chan struct{}
 		if stall {
-			stuck, _ = adv11Stall(r, h, gate, maxInFlight-1, seed)
+			stuck, _ = slotsStall(r, h, gate, maxInFlight-1, seed)
 			h.pubHook = func(context.Context, int64) error { time.Sleep(300 * time.Millisecond); return nil }
 		} else {
 			close(gate)
 		}
 		ms := msgs()
-		c := newAdv10Committer(r.tr)
+		c := newCommitsCommitter(r.tr)
 		ctx, cancel := context.WithCancel(t.Context())
-		done := r.run(ctx, ctx, c, adv10Feed(ms))
+		done := r.run(ctx, ctx, c, commitsFeed(ms))
 		if stall {
 			if within(stuck, 2*time.Hour) {
 				r.tr.add("stuck")
@@ -564,7 +564,7 @@ func TestBarrierWhilePublishedQueues(t *testing.T) {
 		cancel()
 		<-done
 		calls, _ := c.made()
-		adv11CheckCommits(t, r.tr, calls)
+		slotsCheckCommits(t, r.tr, calls)
 		if err := r.fatalErr(); err != nil {
 			t.Fatal(err)
 		}
@@ -632,8 +632,8 @@ func TestFailureWhilePublishedWaits(t *testing.T) {
 				for rep := range 12 {
 					synctest.Test(t, func(t *testing.T) {
 						const n = 20
-						r := newAdv10Rig(t, maxInFlight, 1, 0)
-						h := newAdv11Handler(t, r)
+						r := newCommitsRig(t, maxInFlight, 1, 0)
+						h := newSlotsHandler(t, r)
 						gate := make(chan struct{})
 						var failAt int64
 						if stage == "publish" {
@@ -667,9 +667,9 @@ func TestFailureWhilePublishedWaits(t *testing.T) {
 								within(r.tr.seen(fmt.Sprintf("pubdone %d %d", failAt-1, failAt)), time.Hour)
 							}
 						}
-						msgs := adv10Live(n)
-						c := newAdv10Committer(r.tr)
-						done := r.run(t.Context(), t.Context(), c, adv10Feed(msgs))
+						msgs := commitsLive(n)
+						c := newCommitsCommitter(r.tr)
+						done := r.run(t.Context(), t.Context(), c, commitsFeed(msgs))
 						if stage == "publish" {
 							within(r.tr.seen(fmt.Sprint("publish failed ", failAt)), time.Hour)
 							synctest.Wait() // the group has the error; the applying goroutine still holds in Verify
@@ -683,7 +683,7 @@ func TestFailureWhilePublishedWaits(t *testing.T) {
 							t.Fatal(err)
 						}
 						calls, ok := c.made()
-						adv11CheckCommits(t, r.tr, calls)
+						slotsCheckCommits(t, r.tr, calls)
 						var last int64
 						if len(ok) > 0 {
 							last = ok[len(ok)-1]["in"][0]
@@ -720,8 +720,8 @@ func TestFailureWhilePublishedWaits(t *testing.T) {
 						h.pubHook, h.verifyHook = nil, nil
 						h.reset()
 						ctx, cancel := context.WithCancel(t.Context())
-						c2 := newAdv10Committer(r.tr)
-						done = r.run(ctx, ctx, c2, adv10Feed(msgs[last:]))
+						c2 := newCommitsCommitter(r.tr)
+						done = r.run(ctx, ctx, c2, commitsFeed(msgs[last:]))
 						if !within(r.tr.seen(fmt.Sprint("commit ", n)), time.Hour) {
 							t.Fatalf("the redelivery did not commit everything: %s", r.tr)
 						}
@@ -762,8 +762,8 @@ func TestRandomTimingsAndFaults(t *testing.T) {
 				maxInFlight := 1 + rnd.IntN(4)
 				maxBatch := 1 + rnd.IntN(4)
 				commitDelay := []time.Duration{0, 0, time.Second}[rnd.IntN(3)]
-				r := newAdv10Rig(t, maxInFlight, maxBatch, commitDelay)
-				h := newAdv11Handler(t, r)
+				r := newCommitsRig(t, maxInFlight, maxBatch, commitDelay)
+				h := newSlotsHandler(t, r)
 				var sent atomic.Int64
 				h.sent = &sent
 				verifyLat := []time.Duration{0, 50 * time.Millisecond, 2 * time.Second, 20 * time.Second}
@@ -802,13 +802,13 @@ func TestRandomTimingsAndFaults(t *testing.T) {
 				if rnd.IntN(4) == 0 {
 					r.store.verifyErr[1+rnd.IntN(4)] = fmt.Errorf("%w: 0 of 1", aggregator.ErrReplicasBehind)
 				}
-				c := newAdv10Committer(r.tr)
-				msgs := adv10Live(n)
+				c := newCommitsCommitter(r.tr)
+				msgs := commitsLive(n)
 				ctx, cancel := context.WithCancel(t.Context())
 				gctx, endGen := context.WithCancel(t.Context())
 				defer endGen()
 				stop := make(chan struct{})
-				in, fed := adv11Feeder(msgs, &sent, stop)
+				in, fed := slotsFeeder(msgs, &sent, stop)
 				done := r.run(ctx, gctx, c, in)
 				ended := "fault"
 				if !within(done, time.Duration(rnd.IntN(8000))*time.Millisecond) {
@@ -831,7 +831,7 @@ func TestRandomTimingsAndFaults(t *testing.T) {
 					t.Fatalf("%s: no injected fault is fatal: %v", cfg, err)
 				}
 				calls, ok := c.made()
-				adv11CheckCommits(t, r.tr, calls)
+				slotsCheckCommits(t, r.tr, calls)
 				var last int64
 				if len(ok) > 0 {
 					last = ok[len(ok)-1]["in"][0]
@@ -856,14 +856,14 @@ func TestRandomTimingsAndFaults(t *testing.T) {
 					}
 				}
 				if !failed && !strings.HasPrefix(lastVerify, "verify failed") && !strings.HasPrefix(lastVerify, "behind") {
-					if ends := adv11Ends(r.tr); len(ends) > 0 && ends[len(ends)-1] != last {
+					if ends := slotsEnds(r.tr); len(ends) > 0 && ends[len(ends)-1] != last {
 						t.Errorf("%s: published up to %d but the last commit is %d after a clean end: %s", cfg, ends[len(ends)-1], last, r.tr)
 					}
 					if prepared, published, _, _ := h.counts(); prepared != published {
 						t.Errorf("%s: %d prepared, %d published after a clean end: %s", cfg, prepared, published, r.tr)
 					}
 				}
-				t.Logf("%s: failed %v, %d published, last commit %d", cfg, failed, len(adv11Ends(r.tr)), last)
+				t.Logf("%s: failed %v, %d published, last commit %d", cfg, failed, len(slotsEnds(r.tr)), last)
 				// Consume again from the last commit, without faults.
 				r.store.mu.Lock()
 				clear(r.store.applyErr)
@@ -875,8 +875,8 @@ func TestRandomTimingsAndFaults(t *testing.T) {
 				h.sent = nil
 				h.reset()
 				ctx2, cancel2 := context.WithCancel(t.Context())
-				c2 := newAdv10Committer(r.tr)
-				done = r.run(ctx2, ctx2, c2, adv10Feed(msgs[last:]))
+				c2 := newCommitsCommitter(r.tr)
+				done = r.run(ctx2, ctx2, c2, commitsFeed(msgs[last:]))
 				if int(last) < n && !within(r.tr.seen(fmt.Sprint("commit ", n)), time.Hour) {
 					t.Fatalf("%s: the redelivery from %d did not commit everything: %s", cfg, last, r.tr)
 				}

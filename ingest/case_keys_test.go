@@ -27,14 +27,14 @@ import (
 // events, with the longest identities the schema takes, in the binary, structured and batch
 // modes, at the limit without the key, at the limit with it and one byte over.
 
-// adv5Ident is an identity of MaxIdentityBytes bytes, every byte of which JoinEscaped escapes.
-func adv5Ident(c string) string {
+// caseKeysIdent is an identity of MaxIdentityBytes bytes, every byte of which JoinEscaped escapes.
+func caseKeysIdent(c string) string {
 	return strings.Repeat(c, schemas.MaxIdentityBytes/len(c))
 }
 
-// adv5Size is the decoder's count of m (consumer's messageSize): key, value, headers, each with
+// caseKeysSize is the decoder's count of m (consumer's messageSize): key, value, headers, each with
 // its varint length, and the header count.
-func adv5Size(m *kafka.Message) int {
+func caseKeysSize(m *kafka.Message) int {
 	n := sink.VarintLen(len(m.Key)) + len(m.Key) + sink.VarintLen(len(m.Value)) + len(m.Value) + sink.VarintLen(len(m.Headers))
 	for _, h := range m.Headers {
 		n += sink.HeaderSize(h)
@@ -42,10 +42,10 @@ func adv5Size(m *kafka.Message) int {
 	return n
 }
 
-// adv5Limit is what adv5AtTheLimit hands each mode's check: post posts the event padded with n
+// caseKeysLimit is what caseKeysAtTheLimit hands each mode's check: post posts the event padded with n
 // spaces to a handler with that record limit; unkeyedAt and keyedAt are the most spaces with which
 // its message fits the decoder's limit without and with its case key.
-type adv5Limit struct {
+type caseKeysLimit struct {
 	post               func(recordLimit int64, n int) (*httptestAnswer, *fakeWriter)
 	unkeyedAt, keyedAt int
 	limit              int
@@ -54,10 +54,10 @@ type adv5Limit struct {
 	sizeAt             func(n int, keyed bool) int
 }
 
-// adv5AtTheLimit runs check for the binary, structured and batch modes on an eval result that is
+// caseKeysAtTheLimit runs check for the binary, structured and batch modes on an eval result that is
 // no correction check with the longest escaped identities.
-func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
-	ws, suiteName, caseID := adv5Ident("é"), adv5Ident("|"), adv5Ident("%")
+func caseKeysAtTheLimit(t *testing.T, check func(t *testing.T, l caseKeysLimit)) {
+	ws, suiteName, caseID := caseKeysIdent("é"), caseKeysIdent("|"), caseKeysIdent("%")
 	const token = "token-adversary5-writer-000"
 	store, err := auth.NewStore([]auth.TokenConfig{{Name: "w", SHA256: auth.Hash(token), Workspaces: map[string]string{ws: "write"}}})
 	if err != nil {
@@ -133,7 +133,7 @@ func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
 				if !keyed {
 					mm.Key = nil
 				}
-				return adv5Size(&mm) - sink.VarintLen(0) + sink.VarintLen(base+n) + base + n
+				return caseKeysSize(&mm) - sink.VarintLen(0) + sink.VarintLen(base+n) + base + n
 			}
 			// fits returns the most spaces with which the message fits the limit.
 			fits := func(keyed bool) int {
@@ -147,7 +147,7 @@ func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
 			if unkeyedAt-keyedAt < len(wantKey) {
 				t.Fatalf("the key takes %d bytes, the padding moved by %d", len(wantKey), unkeyedAt-keyedAt)
 			}
-			check(t, adv5Limit{post: post1, unkeyedAt: unkeyedAt, keyedAt: keyedAt, limit: limit, dec: dec, key: wantKey, sizeAt: sizeAt})
+			check(t, caseKeysLimit{post: post1, unkeyedAt: unkeyedAt, keyedAt: keyedAt, limit: limit, dec: dec, key: wantKey, sizeAt: sizeAt})
 		})
 	}
 }
@@ -156,7 +156,7 @@ func adv5AtTheLimit(t *testing.T, check func(t *testing.T, l adv5Limit)) {
 // fits only without its key is refused as too_large or written so that the processor takes it;
 // one that fits with its key is written keyed and taken; the record limit counts the key.
 func TestLongestCaseKeyAtTheLimit(t *testing.T) {
-	adv5AtTheLimit(t, func(t *testing.T, l adv5Limit) {
+	caseKeysAtTheLimit(t, func(t *testing.T, l caseKeysLimit) {
 		post1, unkeyedAt, keyedAt, limit, dec, sizeAt := l.post, l.unkeyedAt, l.keyedAt, l.limit, l.dec, l.sizeAt
 		for _, recordLimit := range []int64{0, 2 << 20} {
 			// Fits only without its key: refused as too_large with nothing written, or written
@@ -182,7 +182,7 @@ func TestLongestCaseKeyAtTheLimit(t *testing.T) {
 			if a.code != http.StatusAccepted || len(w.msgs) != 1 || string(w.msgs[0].Key) != l.key {
 				t.Fatalf("record limit %d, at the keyed limit: %d %s", recordLimit, a.code, a.body)
 			}
-			if got := adv5Size(&w.msgs[0]); got != limit {
+			if got := caseKeysSize(&w.msgs[0]); got != limit {
 				t.Fatalf("the written message is %d bytes by the decoder's count, want exactly %d", got, limit)
 			}
 			if k, _ := mustEvent(t, dec, &w.msgs[0]).PartitionKey(); k != string(w.msgs[0].Key) {
@@ -207,7 +207,7 @@ func TestLongestCaseKeyAtTheLimit(t *testing.T) {
 // import use). A valid eval result that fits only without its key must then be written, unkeyed,
 // as produce writes it, and not refused as too_large.
 func TestIngestKeysAsProduceAtTheLimit(t *testing.T) {
-	adv5AtTheLimit(t, func(t *testing.T, l adv5Limit) {
+	caseKeysAtTheLimit(t, func(t *testing.T, l caseKeysLimit) {
 		for _, n := range []int{l.unkeyedAt, l.keyedAt + 1, l.keyedAt} {
 			a, w := l.post(0, n)
 			if a.code != http.StatusAccepted || len(w.msgs) != 1 {

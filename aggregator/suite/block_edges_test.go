@@ -50,14 +50,14 @@ import (
 //
 //	REPEATRATE_TEST_REDIS=127.0.0.1:16379 REPEATRATE_SCRIPT_PREV=ed0f13a go test -count=1 -run TestBlockEdges ./aggregator/suite/
 
-// adv9Suite is the suite every run of these tests belongs to (splitEncode takes one suite).
-var adv9Suite = Key{"ws9", "speed|adv9"}
+// judgeSuite is the suite every run of these tests belongs to (splitEncode takes one suite).
+var judgeSuite = Key{"ws9", "speed|judgeRig"}
 
-// a9 is a graded run of adv9Suite: result res of run idx of case c in version v (version_seq
+// a9 is a graded run of judgeSuite: result res of run idx of case c in version v (version_seq
 // vseq, runs planned), assessed at minute as with sequence seq, occurred idx%50 minutes after t0.
 func a9(v, c string, idx int64, res byte, vseq, runs, as, seq int64) RunObservation {
 	o := adv(v, c, idx, res, vseq, runs, idx%50, as, seq)
-	o.Key.Key = adv9Suite
+	o.Key.Key = judgeSuite
 	return o
 }
 
@@ -103,7 +103,7 @@ func a9Compare(t *testing.T, addr string, cfg Config, calls []a9Call, dumpEvery 
 		cur = redis.NewClient(&redis.Options{Addr: addr})
 		t.Cleanup(func() { cur.Close() })
 	}
-	pc := testenv.Name(t, "adv9cur")
+	pc := testenv.Name(t, "judgecur")
 	testenv.CleanPrefix(t, cur, pc)
 	sc, err := NewRedis(cur, aggregator.RedisConfig{Prefix: pc, Retention: time.Hour}, cfg)
 	if err != nil {
@@ -112,7 +112,7 @@ func a9Compare(t *testing.T, addr string, cfg Config, calls []a9Call, dumpEvery 
 	var sp *Redis
 	var pp string
 	if prev != nil {
-		pp = testenv.Name(t, "adv9prev")
+		pp = testenv.Name(t, "judgeprev")
 		testenv.CleanPrefix(t, cur, pp)
 		if sp, err = NewRedis(prev, aggregator.RedisConfig{Prefix: pp, Retention: time.Hour}, cfg); err != nil {
 			t.Fatal(err)
@@ -129,7 +129,7 @@ func a9Compare(t *testing.T, addr string, cfg Config, calls []a9Call, dumpEvery 
 	dumps := func(what string) {
 		t.Helper()
 		if sp != nil {
-			testenv.SameDumps(t, what, testenv.DumpKeys(t, cur, pc, adv3NoIgnore, adv3NoNorm), testenv.DumpKeys(t, cur, pp, adv3NoIgnore, adv3NoNorm))
+			testenv.SameDumps(t, what, testenv.DumpKeys(t, cur, pc, equivNoIgnore, equivNoNorm), testenv.DumpKeys(t, cur, pp, equivNoIgnore, equivNoNorm))
 		}
 	}
 	// against checks one store's reply to a call against the model's.
@@ -173,9 +173,9 @@ func a9Compare(t *testing.T, addr string, cfg Config, calls []a9Call, dumpEvery 
 	}
 	apply := func(n int, c a9Call, what string) {
 		t.Helper()
-		before := model.Model.orderState(adv9Suite, cfg)
+		before := model.Model.orderState(judgeSuite, cfg)
 		want, _ := model.Apply(ctx, c.obs, c.at)
-		if model.Model.reordered(adv9Suite, before, cfg) {
+		if model.Model.reordered(judgeSuite, before, cfg) {
 			st.reordered++
 		}
 		gc, err := sc.ApplyEncoded(ctx, encode(c), c.at)
@@ -228,9 +228,9 @@ func a9Compare(t *testing.T, addr string, cfg Config, calls []a9Call, dumpEvery 
 	for n, c := range calls {
 		apply(n, c, "first")
 		if c.twice {
-			before := adv5Dump(t, cur, pc)
+			before := blocksDump(t, cur, pc)
 			apply(n, c, "again")
-			testenv.SameDumps(t, fmt.Sprintf("call %d applied again, current script", n), adv5Dump(t, cur, pc), before)
+			testenv.SameDumps(t, fmt.Sprintf("call %d applied again, current script", n), blocksDump(t, cur, pc), before)
 		}
 		if dumpEvery > 0 && (n%dumpEvery == 0 || n == len(calls)-1) {
 			dumps(fmt.Sprint("after call ", n))
@@ -365,7 +365,7 @@ func TestBlockEdges(t *testing.T) {
 		{obs: callD, at: t0.Add(5 * time.Hour), split: true, twice: true},
 		{obs: callE, at: t0.Add(6 * time.Hour), want: "NNRNDNN", announce: true, read: true},
 	}
-	adv3Backends(t, true, func(t *testing.T, addr string) {
+	equivBackends(t, true, func(t *testing.T, addr string) {
 		a9Need(t, a9Compare(t, addr, cfg, calls, 1), "NRDS", false, true, false)
 	})
 }
@@ -418,7 +418,7 @@ func TestSameRunManyTimesInOneCall(t *testing.T) {
 			want: fresh + fresh, announce: true},
 		{obs: append(burst("r2", "y", 2, 0), burst("r1", "y", 1, 40)...), at: t0.Add(5 * time.Hour), twice: true, read: true},
 	}
-	adv3Backends(t, true, func(t *testing.T, addr string) {
+	equivBackends(t, true, func(t *testing.T, addr string) {
 		a9Need(t, a9Compare(t, addr, cfg, calls, 1), "NRDS", false, true, false)
 	})
 }
@@ -539,7 +539,7 @@ func TestBlockEdgesVersionsAndJudging(t *testing.T) {
 		{MinHistory: 2, JudgeLastVersions: 3, MissingAfter: 20 * time.Minute},
 	} {
 		t.Run(fmt.Sprintf("min%d-last%d", cfg.MinHistory, cfg.JudgeLastVersions), func(t *testing.T) {
-			adv3Backends(t, cfg.MinHistory == 2, func(t *testing.T, addr string) {
+			equivBackends(t, cfg.MinHistory == 2, func(t *testing.T, addr string) {
 				a9Need(t, a9Compare(t, addr, cfg, calls, 1), "NRDS", cfg.MinHistory < 3, true, true)
 			})
 		})
@@ -564,7 +564,7 @@ func TestBlockEdgesFullCell(t *testing.T) {
 		}
 		return o
 	}
-	adv3Backends(t, true, func(t *testing.T, addr string) {
+	equivBackends(t, true, func(t *testing.T, addr string) {
 		parts := int64(5) // 2000 runs a call: the embedded server's bound
 		var calls []a9Call
 		at := t0.Add(time.Hour)
@@ -596,7 +596,7 @@ func TestBlockEdgesFullCell(t *testing.T) {
 	})
 }
 
-// a9Stream returns runs of adv9Suite over few cells, with run indexes at block edges, repeats,
+// a9Stream returns runs of judgeSuite over few cells, with run indexes at block edges, repeats,
 // re-assessments of every part of the record and version_seq growing later (reordering).
 func a9Stream(r *rand.Rand, n, versions, cases int) []RunObservation {
 	idxs := []int64{0, 1, 6, 7, 8, 9, 14, 15, 16, 17, 23, 24, 30, 31, 32, 33, 47, 48, 63, 64, 100, 255, 256, 1000, 4095,
@@ -743,14 +743,14 @@ func TestBlockEdgesArithmetic(t *testing.T) {
 	nums := []string{"0", "1", "9", "10", "15", "16", "99", "100", "624", "625", "1000", "9999", "10000", "65535", "1000000",
 		"2147483647", "2147483648", "4294967296", "10000000000000", "99999999999999", "100000000000000", "9007199254740992"}
 	below := func(s string) bool { return len(s) <= 14 }
-	adv3Backends(t, true, func(t *testing.T, addr string) {
+	equivBackends(t, true, func(t *testing.T, addr string) {
 		c := redis.NewClient(&redis.Options{Addr: addr})
 		defer c.Close()
 		args := make([]any, len(nums))
 		for i, s := range nums {
 			args[i] = s
 		}
-		v, err := c.Eval(context.Background(), a9Arith, []string{"adv9:arith"}, args...).Result()
+		v, err := c.Eval(context.Background(), a9Arith, []string{"judgeRig:arith"}, args...).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -800,10 +800,10 @@ func TestBlockEdgesAfterAFailedCall(t *testing.T) {
 		{a9("v1", "c", 65535, 'p', 1, 65536, 0, 0), a9("v1", "c", 20, 'p', 1, 65536, 0, 0)}, // fails after writing block 1
 		{a9("v1", "c", 20, 'p', 1, 65536, 0, 0), a9("v1", "c", 21, 'f', 1, 65536, 0, 0)},
 	}
-	adv3Backends(t, true, func(t *testing.T, addr string) {
+	equivBackends(t, true, func(t *testing.T, addr string) {
 		ctx := context.Background()
 		cur, prev, hc, hp := testenv.ScriptClients(t, addr, suiteSource, testenv.ScriptPrevSource(t, "aggregator/suite/suite.lua"))
-		pc, pp := testenv.Name(t, "adv9cur"), testenv.Name(t, "adv9prev")
+		pc, pp := testenv.Name(t, "judgecur"), testenv.Name(t, "judgeprev")
 		testenv.CleanPrefix(t, cur, pc)
 		testenv.CleanPrefix(t, cur, pp)
 		sc, _ := NewRedis(cur, aggregator.RedisConfig{Prefix: pc, Retention: time.Hour}, cfg)
@@ -818,8 +818,8 @@ func TestBlockEdgesAfterAFailedCall(t *testing.T) {
 			if (ec == nil) != (ep == nil) || (ec == nil && !reflect.DeepEqual(rc, rp)) {
 				t.Fatalf("call %d: replies differ\ncurrent script:  %v\nprevious script: %v", n, rc, rp)
 			}
-			testenv.SameDumps(t, fmt.Sprint("after call ", n), testenv.DumpKeys(t, cur, pc, adv3NoIgnore, adv3NoNorm),
-				testenv.DumpKeys(t, cur, pp, adv3NoIgnore, adv3NoNorm))
+			testenv.SameDumps(t, fmt.Sprint("after call ", n), testenv.DumpKeys(t, cur, pc, equivNoIgnore, equivNoNorm),
+				testenv.DumpKeys(t, cur, pp, equivNoIgnore, equivNoNorm))
 		}
 		if !failed {
 			t.Error("no call failed: the test does not reach the state it is about")

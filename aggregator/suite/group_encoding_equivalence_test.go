@@ -48,7 +48,7 @@ import (
 const a11PrevRev = "36ccb9d"
 
 var (
-	a11Suite = Key{"ws11", "grp|adv11"}
+	a11Suite = Key{"ws11", "grp|encodingRig"}
 	a11Other = Key{"ws11", "grp|other11"}
 )
 
@@ -349,7 +349,7 @@ func a11Compare(t *testing.T, client *redis.Client, cfg Config, calls []a11Call)
 	strictOrder := strictEnv == "1" || strings.Contains(strictEnv, "order")
 	strictEnc := strictEnv == "1" || strings.Contains(strictEnv, "enc")
 	mk := func(name string) *a11Side {
-		p := testenv.Name(t, "adv11"+name)
+		p := testenv.Name(t, "encodingRig"+name)
 		testenv.CleanPrefix(t, client, p)
 		st, err := NewRedis(client, aggregator.RedisConfig{Prefix: p, Retention: time.Hour}, cfg)
 		if err != nil {
@@ -389,8 +389,8 @@ func a11Compare(t *testing.T, client *redis.Client, cfg Config, calls []a11Call)
 		if len(sides) < 2 {
 			return
 		}
-		dc := withoutSnapshotVersion(testenv.DumpKeys(t, client, cur.prefix, adv3NoIgnore, adv3NoNorm))
-		do := withoutSnapshotVersion(testenv.DumpKeys(t, client, sides[1].prefix, adv3NoIgnore, adv3NoNorm))
+		dc := withoutSnapshotVersion(testenv.DumpKeys(t, client, cur.prefix, equivNoIgnore, equivNoNorm))
+		do := withoutSnapshotVersion(testenv.DumpKeys(t, client, sides[1].prefix, equivNoIgnore, equivNoNorm))
 		testenv.SameDumps(t, what+" (contents)", a11Strip(dc), a11Strip(do))
 		if !reflect.DeepEqual(dc, do) {
 			st.encDiffs++
@@ -498,9 +498,9 @@ func a11Compare(t *testing.T, client *redis.Client, cfg Config, calls []a11Call)
 		want := apply(n, c, "first")
 		compareDumps(fmt.Sprint("after call ", n))
 		if c.twice {
-			before := adv5Dump(t, client, cur.prefix)
+			before := blocksDump(t, client, cur.prefix)
 			apply(n, c, "again")
-			testenv.SameDumps(t, fmt.Sprintf("call %d applied again, current", n), adv5Dump(t, client, cur.prefix), before)
+			testenv.SameDumps(t, fmt.Sprintf("call %d applied again, current", n), blocksDump(t, client, cur.prefix), before)
 			compareDumps(fmt.Sprint("after call ", n, " again"))
 		}
 		if c.announc {

@@ -54,7 +54,7 @@ type a10Stats struct {
 	checks         int // state comparisons made
 }
 
-// a10Snap is what the model held for adv9Suite at one time: the versions each case has runs in,
+// a10Snap is what the model held for judgeSuite at one time: the versions each case has runs in,
 // each cell's outcome (1 pass, 2 fail; absent when none) and the order of versions.
 type a10Snap struct {
 	cells map[string]map[string]bool
@@ -63,8 +63,8 @@ type a10Snap struct {
 }
 
 func a10Take(m *Model, cfg Config) a10Snap {
-	sn := a10Snap{cells: map[string]map[string]bool{}, outs: map[cellKey]int{}, order: m.orderState(adv9Suite, cfg)}
-	s := m.suites[adv9Suite]
+	sn := a10Snap{cells: map[string]map[string]bool{}, outs: map[cellKey]int{}, order: m.orderState(judgeSuite, cfg)}
+	s := m.suites[judgeSuite]
 	if s == nil {
 		return sn
 	}
@@ -84,7 +84,7 @@ func a10Take(m *Model, cfg Config) a10Snap {
 
 // a10Classify adds to st the paths the cases of obs took between before and after.
 func a10Classify(st *a10Stats, m *Model, cfg Config, obs []RunObservation, before, after a10Snap) {
-	if m.reordered(adv9Suite, before.order, cfg) {
+	if m.reordered(judgeSuite, before.order, cfg) {
 		st.reordered++
 		return
 	}
@@ -181,7 +181,7 @@ func a10State(t *testing.T, addr string, cfg Config, calls []a9Call) a10Stats {
 		sides = []*side{{name: "current", client: c}}
 	}
 	for _, s := range sides {
-		s.store, s.model = newTestRedis(t, s.client, "adv10", cfg), NewMemory(cfg)
+		s.store, s.model = newTestRedis(t, s.client, "fastpathRig", cfg), NewMemory(cfg)
 	}
 	var st a10Stats
 	apply := func(n int, s *side, c a9Call, what string) {
@@ -198,10 +198,10 @@ func a10State(t *testing.T, addr string, cfg Config, calls []a9Call) a10Stats {
 		if g, w := advOutcomes(got.Outcomes), advOutcomes(want.Outcomes); g != w {
 			t.Fatalf("call %d (%s), %s script: outcomes %s, model %s", n, what, s.name, g, w)
 		}
-		if d := summaryDiff(got.Summaries[adv9Suite], want.Summaries[adv9Suite]); d != "" {
+		if d := summaryDiff(got.Summaries[judgeSuite], want.Summaries[judgeSuite]); d != "" {
 			t.Fatalf("call %d (%s), %s script: summary differs from the model's: %s", n, what, s.name, d)
 		}
-		sjCheckState(t, s.client, s.store, s.model, adv9Suite, cfg)
+		sjCheckState(t, s.client, s.store, s.model, judgeSuite, cfg)
 		st.checks++
 	}
 	for n, c := range calls {
@@ -216,25 +216,25 @@ func a10State(t *testing.T, addr string, cfg Config, calls []a9Call) a10Stats {
 			}
 			if c.announce {
 				var cases []string
-				_, revived := s.model.Model.Discrimination(adv9Suite, cfg)
+				_, revived := s.model.Model.Discrimination(judgeSuite, cfg)
 				for _, rc := range slices.Sorted(maps.Keys(revived)) {
 					if n%2 == 0 || len(cases) == 0 { // every other call announces only the first
 						cases = append(cases, rc)
 					}
 				}
-				if err := s.store.MarkAnnounced(ctx, adv9Suite, cases); err != nil {
+				if err := s.store.MarkAnnounced(ctx, judgeSuite, cases); err != nil {
 					t.Fatal(err)
 				}
-				s.model.MarkAnnounced(ctx, adv9Suite, cases)
-				sjCheckState(t, s.client, s.store, s.model, adv9Suite, cfg)
+				s.model.MarkAnnounced(ctx, judgeSuite, cases)
+				sjCheckState(t, s.client, s.store, s.model, judgeSuite, cfg)
 			}
 			if c.read {
-				got, err := s.store.Read(ctx, adv9Suite, c.at)
+				got, err := s.store.Read(ctx, judgeSuite, c.at)
 				if err != nil {
 					t.Fatal(err)
 				}
 				m := s.model.Model
-				want := m.Summary(adv9Suite, slices.Sorted(slices.Values(m.Versions(adv9Suite))), s.model.announced[adv9Suite], cfg, c.at)
+				want := m.Summary(judgeSuite, slices.Sorted(slices.Values(m.Versions(judgeSuite))), s.model.announced[judgeSuite], cfg, c.at)
 				if d := summaryDiff(got, &want); d != "" {
 					t.Fatalf("read after call %d, %s script, differs from the model's: %s", n, s.name, d)
 				}
@@ -249,7 +249,7 @@ func a10State(t *testing.T, addr string, cfg Config, calls []a9Call) a10Stats {
 // 'k' tn kept, '1' a single-version case under min_history 1, 'g' the general path, '2' a case's
 // first two versions in one call, 'e' another version with errored runs only, 'r' a reordering.
 func a10Need(t *testing.T, cfg Config, calls []a9Call, embedded bool, dumpEvery int, need string) {
-	adv3Backends(t, embedded, func(t *testing.T, addr string) {
+	equivBackends(t, embedded, func(t *testing.T, addr string) {
 		a9Compare(t, addr, cfg, calls, dumpEvery)
 		st := a10State(t, addr, cfg, calls)
 		got := map[rune]int{'u': st.up, 'd': st.down, 'k': st.kept, '1': st.single1, 'g': st.general,

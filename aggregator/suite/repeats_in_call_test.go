@@ -164,8 +164,8 @@ func TestHeldRecordsWithinACall(t *testing.T) {
 				if fmt.Sprint(rw) != fmt.Sprint(rs) {
 					t.Fatalf("batch %d: reads differ\ngrouped: %+v\nsplit:   %+v", i, rw, rs)
 				}
-				testenv.SameDumps(t, fmt.Sprint("batch ", i), testenv.DumpKeys(t, c, pw, adv3NoIgnore, adv3NoNorm),
-					testenv.DumpKeys(t, c, ps, adv3NoIgnore, adv3NoNorm))
+				testenv.SameDumps(t, fmt.Sprint("batch ", i), testenv.DumpKeys(t, c, pw, equivNoIgnore, equivNoNorm),
+					testenv.DumpKeys(t, c, ps, equivNoIgnore, equivNoNorm))
 			}
 			for _, o := range []aggregator.Outcome{aggregator.Counted, aggregator.Reassessed, aggregator.Duplicate, aggregator.Stale} {
 				if counts[o] == 0 {

@@ -26,46 +26,46 @@ import (
 // application must leave every key as the first left it, and at the end the stored entries,
 // cells and bitmaps must be the model's (advStored).
 
-// adv5Suite has a workspace and suite name that need escaping in the hash tag.
-var adv5Suite = Key{"w s|%", "{suite}|x"}
+// blocksSuite has a workspace and suite name that need escaping in the hash tag.
+var blocksSuite = Key{"w s|%", "{suite}|x"}
 
-// adv5Cases are case names aimed at the unescaped "<vid>|<case>|<block>" field names and at the
+// blocksCases are case names aimed at the unescaped "<vid>|<case>|<block>" field names and at the
 // entries' separators.
-var adv5Cases = []string{
+var blocksCases = []string{
 	"a", "a|1", "a|1|0", "1|a", "1", "0", "16", "a|", "|", "||", "%", "%7C", "{", "}", "{x}|y", " ", "a b",
 	"\x00", "\x00|\x00", ";", "a;b", "1 2 3 4;", "0 0 0 0;", "\n", strings.Repeat("é", 256), strings.Repeat("|", 512),
 	strings.Repeat("9", 511) + "|",
 }
 
-// adv5Versions are labels that look like version ids (label "2" is usually given id 1).
-var adv5Versions = []string{"2", "1", "v|1", "1|2", " "}
+// blocksVersions are labels that look like version ids (label "2" is usually given id 1).
+var blocksVersions = []string{"2", "1", "v|1", "1|2", " "}
 
 // maxMicros is the last accepted time (schemas: before 2200), in µs.
 var maxMicros = aggregator.Micros(time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)) - 1
 
-// adv5Run is a run of adv5Suite with explicit assessed µs.
-func adv5Run(v, c string, idx int64, res byte, vseq, runs int64, assessed, seq int64) RunObservation {
+// blocksRun is a run of blocksSuite with explicit assessed µs.
+func blocksRun(v, c string, idx int64, res byte, vseq, runs int64, assessed, seq int64) RunObservation {
 	return RunObservation{
-		Key: RunKey{Key: adv5Suite, Version: v, Case: c, RunIndex: idx},
+		Key: RunKey{Key: blocksSuite, Version: v, Case: c, RunIndex: idx},
 		Record: RunRecord{Result: res, VersionSeq: vseq, Runs: runs, Occurred: aggregator.Micros(t0) + idx*1e6,
 			Assessed: assessed, Seq: seq},
 	}
 }
 
-// adv5Call is one script call: its runs, time, whether its cells are sent as two groups each,
+// blocksCall is one script call: its runs, time, whether its cells are sent as two groups each,
 // and whether it is applied twice in a row.
-type adv5Call struct {
+type blocksCall struct {
 	obs          []RunObservation
 	at           time.Time
 	split, twice bool
 	want         string // outcomes of the first application, "" unchecked
 }
 
-// adv5Dump is testenv.DumpKeys without the object encodings (a re-application may not change
+// blocksDump is testenv.DumpKeys without the object encodings (a re-application may not change
 // contents, and so no encoding either, but the comparison is of contents).
-func adv5Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
+func blocksDump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 	t.Helper()
-	d := testenv.DumpKeys(t, c, prefix, adv3NoIgnore, adv3NoNorm)
+	d := testenv.DumpKeys(t, c, prefix, equivNoIgnore, equivNoNorm)
 	for k, v := range d {
 		if i := strings.Index(v, "\n  encoding "); i >= 0 {
 			d[k] = v[:i]
@@ -74,15 +74,15 @@ func adv5Dump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 	return d
 }
 
-// adv5Compare applies calls to a fresh store and to the model, compares after every call, and
+// blocksCompare applies calls to a fresh store and to the model, compares after every call, and
 // compares the stored state at the end; it returns the outcome codes seen.
-func adv5Compare(t *testing.T, client *redis.Client, cfg Config, calls []adv5Call) map[string]int {
+func blocksCompare(t *testing.T, client *redis.Client, cfg Config, calls []blocksCall) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	prefix := testenv.Name(t, "adv5")
+	prefix := testenv.Name(t, "blocksRig")
 	testenv.CleanPrefix(t, client, prefix)
 	store, err := NewRedis(client, aggregator.RedisConfig{Prefix: prefix, Retention: time.Hour}, cfg)
 	if err != nil {
@@ -91,7 +91,7 @@ func adv5Compare(t *testing.T, client *redis.Client, cfg Config, calls []adv5Cal
 	model := NewMemory(cfg)
 	codes := map[string]int{}
 	at := t0
-	apply := func(n int, c adv5Call, what string) {
+	apply := func(n int, c blocksCall, what string) {
 		t.Helper()
 		enc := Encode(c.obs)
 		if c.split {
@@ -122,9 +122,9 @@ func adv5Compare(t *testing.T, client *redis.Client, cfg Config, calls []adv5Cal
 		at = c.at
 		apply(n, c, "first")
 		if c.twice {
-			before := adv5Dump(t, client, prefix)
+			before := blocksDump(t, client, prefix)
 			apply(n, c, "again")
-			testenv.SameDumps(t, fmt.Sprintf("call %d applied again", n), adv5Dump(t, client, prefix), before)
+			testenv.SameDumps(t, fmt.Sprintf("call %d applied again", n), blocksDump(t, client, prefix), before)
 		}
 	}
 	advReadAll(t, client, store, model, cfg, at)
@@ -138,14 +138,14 @@ func TestBlockFieldsOfAwkwardNames(t *testing.T) {
 	idxs := []int64{0, 15, 16, 17, 31, 32, 255, 256, 9983, 9984, 9998, 9999}
 	late := t0.Add(10 * time.Hour)
 	var first, second, third []RunObservation
-	for vi, v := range adv5Versions {
-		for ci, c := range adv5Cases {
+	for vi, v := range blocksVersions {
+		for ci, c := range blocksCases {
 			for j, idx := range idxs {
 				if (vi+ci+j)%3 == 0 {
 					continue // leave holes: missing runs, and blocks with fewer entries
 				}
 				res := "pfe"[(vi+ci+j)%3]
-				o := adv5Run(v, c, idx, res, int64(vi), schemas.MaxRuns, int64(ci), int64(j))
+				o := blocksRun(v, c, idx, res, int64(vi), schemas.MaxRuns, int64(ci), int64(j))
 				if j%4 == 1 {
 					o = withReply(o, 1<<16+j, []string{"", "gzip_ratio"}[ci%2])
 				}
@@ -169,15 +169,15 @@ func TestBlockFieldsOfAwkwardNames(t *testing.T) {
 		}
 	}
 	// Calls of about the dev bound: cut the first into pieces of 1 500.
-	var calls []adv5Call
+	var calls []blocksCall
 	for i := 0; i < len(first); i += 1500 {
-		calls = append(calls, adv5Call{obs: first[i:min(i+1500, len(first))], at: t0, split: i%3000 == 0, twice: true})
+		calls = append(calls, blocksCall{obs: first[i:min(i+1500, len(first))], at: t0, split: i%3000 == 0, twice: true})
 	}
-	calls = append(calls, adv5Call{obs: second, at: late, split: true, twice: true},
-		adv5Call{obs: third, at: late, twice: true, want: strings.Repeat("RD", len(third)/2)})
+	calls = append(calls, blocksCall{obs: second, at: late, split: true, twice: true},
+		blocksCall{obs: third, at: late, twice: true, want: strings.Repeat("RD", len(third)/2)})
 	cfg := Config{MinHistory: 2, MissingAfter: 20 * time.Minute}
 	advBackends(t, true, func(t *testing.T, client *redis.Client) {
-		codes := adv5Compare(t, client, cfg, calls)
+		codes := blocksCompare(t, client, cfg, calls)
 		for _, c := range []string{"N", "R", "D", "S"} {
 			if codes[c] == 0 {
 				t.Fatalf("outcomes %v: the calls must produce each of N R D S", codes)
@@ -216,14 +216,14 @@ func TestRunReassessedManyTimesInOneCall(t *testing.T) {
 					as = [2]int64{base - 60e6*int64(1+r.IntN(3)), int64(r.IntN(3))}
 				}
 				seen = append(seen, as)
-				o := adv5Run("1", c, idx, "pfe"[r.IntN(3)], 1, schemas.MaxRuns, as[0], as[1])
+				o := blocksRun("1", c, idx, "pfe"[r.IntN(3)], 1, schemas.MaxRuns, as[0], as[1])
 				if r.IntN(2) == 0 {
 					o = withReply(o, r.IntN(5000), []string{"", "repeat_pattern"}[r.IntN(2)])
 				}
 				seqs[n] = append(seqs[n], o)
 			}
 			// The last assessment at the limits of time and sequence.
-			last := adv5Run("1", c, idx, 'p', 1, schemas.MaxRuns, maxMicros, schemas.MaxAssessmentSeq)
+			last := blocksRun("1", c, idx, 'p', 1, schemas.MaxRuns, maxMicros, schemas.MaxAssessmentSeq)
 			seqs[n] = append(seqs[n], last, last)
 		}
 		var obs []RunObservation
@@ -237,19 +237,19 @@ func TestRunReassessedManyTimesInOneCall(t *testing.T) {
 		return obs
 	}
 	base := aggregator.Micros(t0)
-	var calls []adv5Call
+	var calls []blocksCall
 	for n, c := range []string{"a|1", "a", "1 2 3 4;"} {
-		calls = append(calls, adv5Call{obs: mk(c, base), at: t0, split: n%2 == 0, twice: true})
+		calls = append(calls, blocksCall{obs: mk(c, base), at: t0, split: n%2 == 0, twice: true})
 	}
 	// Held from the first calls, re-assessed many times again, whole and split.
 	for n, c := range []string{"a|1", "a", "1 2 3 4;"} {
-		calls = append(calls, adv5Call{obs: mk(c, base+60e6), at: t0.Add(time.Hour), split: n%2 == 1, twice: true})
+		calls = append(calls, blocksCall{obs: mk(c, base+60e6), at: t0.Add(time.Hour), split: n%2 == 1, twice: true})
 	}
 	// All three cases in one call, every cell split.
 	all := append(append(mk("a|1", base+120e6), mk("a", base+120e6)...), mk("1 2 3 4;", base+120e6)...)
-	calls = append(calls, adv5Call{obs: all, at: t0.Add(2 * time.Hour), split: true, twice: true})
+	calls = append(calls, blocksCall{obs: all, at: t0.Add(2 * time.Hour), split: true, twice: true})
 	advBackends(t, true, func(t *testing.T, client *redis.Client) {
-		codes := adv5Compare(t, client, Config{MinHistory: 2, MissingAfter: 20 * time.Minute}, calls)
+		codes := blocksCompare(t, client, Config{MinHistory: 2, MissingAfter: 20 * time.Minute}, calls)
 		if codes["R"] < 100 || codes["S"] < 100 || codes["D"] < 20 {
 			t.Fatalf("outcomes %v: the calls must re-assess, repeat and go stale many times", codes)
 		}
@@ -277,34 +277,34 @@ func TestRandomDeliveries(t *testing.T) {
 					stream = append(stream, o)
 					continue
 				}
-				vi := r.IntN(len(adv5Versions))
-				o := adv5Run(adv5Versions[vi], adv5Cases[r.IntN(len(adv5Cases))], idxs[r.IntN(len(idxs))], "ppfe"[r.IntN(4)],
+				vi := r.IntN(len(blocksVersions))
+				o := blocksRun(blocksVersions[vi], blocksCases[r.IntN(len(blocksCases))], idxs[r.IntN(len(idxs))], "ppfe"[r.IntN(4)],
 					int64(vi), schemas.MaxRuns, asd[r.IntN(len(asd))], seqs[r.IntN(len(seqs))])
 				if r.IntN(3) == 0 {
 					o = withReply(o, r.IntN(70000), []string{"", "gzip_ratio"}[r.IntN(2)])
 				}
 				stream = append(stream, o)
 			}
-			var calls []adv5Call
+			var calls []blocksCall
 			var starts []int
 			at := t0
 			for i := 0; i < len(stream); {
 				end := min(len(stream), i+1+r.IntN([]int{5, 60, 400}[r.IntN(3)]))
 				starts = append(starts, i)
 				at = at.Add(time.Duration(r.IntN(15)) * time.Minute)
-				calls = append(calls, adv5Call{obs: stream[i:end], at: at, split: r.IntN(2) == 0, twice: r.IntN(2) == 0})
+				calls = append(calls, blocksCall{obs: stream[i:end], at: at, split: r.IntN(2) == 0, twice: r.IntN(2) == 0})
 				if r.IntN(4) == 0 {
 					from := starts[r.IntN(len(starts))]
 					for j := from; j < end; {
 						m := min(end, j+1+r.IntN(300))
-						calls = append(calls, adv5Call{obs: stream[j:m], at: at, split: r.IntN(2) == 0, twice: r.IntN(3) == 0})
+						calls = append(calls, blocksCall{obs: stream[j:m], at: at, split: r.IntN(2) == 0, twice: r.IntN(3) == 0})
 						j = m
 					}
 				}
 				i = end
 			}
 			advBackends(t, seed == 7, func(t *testing.T, client *redis.Client) {
-				codes := adv5Compare(t, client, Config{MinHistory: 2, JudgeLastVersions: 3, MissingAfter: 30 * time.Minute}, calls)
+				codes := blocksCompare(t, client, Config{MinHistory: 2, JudgeLastVersions: 3, MissingAfter: 30 * time.Minute}, calls)
 				for _, c := range []string{"N", "R", "D", "S"} {
 					if codes[c] == 0 {
 						t.Fatalf("outcomes %v: the stream must produce each of N R D S", codes)

@@ -30,25 +30,25 @@ import (
 // (they are skipped without it: a change that means to change what a script stores differs from
 // every earlier revision).
 
-// adv3Batch is one delivery of graded runs at an observation time; announce marks the revived
+// equivBatch is one delivery of graded runs at an observation time; announce marks the revived
 // cases the batch reports as published before the next one (as the processor does).
-type adv3Batch struct {
+type equivBatch struct {
 	obs      []RunObservation
 	at       time.Time
 	announce bool
 }
 
-func adv3NoIgnore(string) bool         { return false }
-func adv3NoNorm(_, _, v string) string { return v }
+func equivNoIgnore(string) bool         { return false }
+func equivNoNorm(_, _, v string) string { return v }
 
-// adv3Compare applies batches to two stores under fresh prefixes on addr, one running the
+// equivCompare applies batches to two stores under fresh prefixes on addr, one running the
 // current suite script and one the previous, and fails on the first reply or stored key that
 // differs; every few batches and at the end it reads every suite back with Read.
-func adv3Compare(t *testing.T, addr string, cfg Config, batches []adv3Batch) map[aggregator.Outcome]int {
+func equivCompare(t *testing.T, addr string, cfg Config, batches []equivBatch) map[aggregator.Outcome]int {
 	t.Helper()
 	ctx := context.Background()
 	cur, prev, hc, hp := testenv.ScriptClients(t, addr, suiteSource, testenv.ScriptPrevSource(t, "aggregator/suite/suite.lua"))
-	pc, pp := testenv.Name(t, "adv3cur"), testenv.Name(t, "adv3prev")
+	pc, pp := testenv.Name(t, "equivcur"), testenv.Name(t, "equivprev")
 	testenv.CleanPrefix(t, cur, pc)
 	testenv.CleanPrefix(t, cur, pp)
 	sc, err := NewRedis(cur, aggregator.RedisConfig{Prefix: pc, Retention: time.Hour}, cfg)
@@ -61,7 +61,7 @@ func adv3Compare(t *testing.T, addr string, cfg Config, batches []adv3Batch) map
 	}
 	dumps := func(what string) {
 		t.Helper()
-		testenv.SameDumps(t, what, testenv.DumpKeys(t, cur, pc, adv3NoIgnore, adv3NoNorm), testenv.DumpKeys(t, cur, pp, adv3NoIgnore, adv3NoNorm))
+		testenv.SameDumps(t, what, testenv.DumpKeys(t, cur, pc, equivNoIgnore, equivNoNorm), testenv.DumpKeys(t, cur, pp, equivNoIgnore, equivNoNorm))
 	}
 	read := func(what string, suites map[Key]bool, at time.Time) {
 		t.Helper()
@@ -147,21 +147,21 @@ func adv3Compare(t *testing.T, addr string, cfg Config, batches []adv3Batch) map
 	return outcomes
 }
 
-// adv3Cut cuts stream into batches of random sizes at a clock moving a few minutes each, with
+// equivCut cuts stream into batches of random sizes at a clock moving a few minutes each, with
 // redeliveries from an earlier batch's start, announcing revived cases after most batches.
-func adv3Cut(r *rand.Rand, stream []RunObservation) []adv3Batch {
-	var out []adv3Batch
+func equivCut(r *rand.Rand, stream []RunObservation) []equivBatch {
+	var out []equivBatch
 	var starts []int
 	at := t0
 	for i := 0; i < len(stream); {
 		end := min(i+1+r.IntN([]int{3, 40, 300}[r.IntN(3)]), len(stream))
 		at = at.Add(time.Duration(r.IntN(20)) * time.Minute)
 		starts = append(starts, i)
-		out = append(out, adv3Batch{stream[i:end], at, r.IntN(3) > 0})
+		out = append(out, equivBatch{stream[i:end], at, r.IntN(3) > 0})
 		if r.IntN(4) == 0 {
 			for j := starts[r.IntN(len(starts))]; j < end; {
 				m := min(j+1+r.IntN(200), end)
-				out = append(out, adv3Batch{stream[j:m], at, r.IntN(3) > 0})
+				out = append(out, equivBatch{stream[j:m], at, r.IntN(3) > 0})
 				j = m
 			}
 		}
@@ -170,9 +170,9 @@ func adv3Cut(r *rand.Rand, stream []RunObservation) []adv3Batch {
 	return out
 }
 
-// adv3Wide is a batch of runs of one suite past the script's chunk of arguments (CHUNK, 1000):
+// equivWide is a batch of runs of one suite past the script's chunk of arguments (CHUNK, 1000):
 // more runs, cases and cells than one command takes, more runs to write than one HSET takes.
-func adv3Wide(r *rand.Rand, n, cases int, as int64) []RunObservation {
+func equivWide(r *rand.Rand, n, cases int, as int64) []RunObservation {
 	var out []RunObservation
 	for i := range n {
 		c := fmt.Sprint("w", r.IntN(cases))
@@ -205,9 +205,9 @@ func TestSuiteScriptSameAsPrevious(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 5))
-			batches := adv3Cut(r, advStream(r, 1500, tc.versions, tc.cases))
-			adv3Backends(t, tc.embedded, func(t *testing.T, addr string) {
-				got := adv3Compare(t, addr, tc.cfg, batches)
+			batches := equivCut(r, advStream(r, 1500, tc.versions, tc.cases))
+			equivBackends(t, tc.embedded, func(t *testing.T, addr string) {
+				got := equivCompare(t, addr, tc.cfg, batches)
 				for _, o := range []aggregator.Outcome{aggregator.Counted, aggregator.Reassessed, aggregator.Duplicate, aggregator.Stale} {
 					if got[o] == 0 {
 						t.Errorf("the stream never produced %v: it does not test it", o)
@@ -220,7 +220,7 @@ func TestSuiteScriptSameAsPrevious(t *testing.T) {
 		r := rand.New(rand.NewPCG(9, 5))
 		// At most 2000 runs a call: the bound of `repeatrate dev`, whose gopher-lua overflows its
 		// registry on about 3000 (table.concat of the outcome codes), with either script.
-		first := adv3Wide(r, 2000, 1500, 1)
+		first := equivWide(r, 2000, 1500, 1)
 		again := slices.Clone(first)
 		for i := range again {
 			if i%3 == 0 {
@@ -228,16 +228,16 @@ func TestSuiteScriptSameAsPrevious(t *testing.T) {
 				again[i].Record.Result = "pfe"[(i/3)%3]
 			}
 		}
-		batches := []adv3Batch{{first, t0, true}, {again, t0.Add(time.Hour), true}, {adv3Wide(r, 1800, 1200, 3), t0.Add(2 * time.Hour), true},
+		batches := []equivBatch{{first, t0, true}, {again, t0.Add(time.Hour), true}, {equivWide(r, 1800, 1200, 3), t0.Add(2 * time.Hour), true},
 			{[]RunObservation{adv("wv9", "w1", 0, 'p', 0, schemas.MaxRuns, 0, 5, 0)}, t0.Add(3 * time.Hour), true}}
-		adv3Backends(t, true, func(t *testing.T, addr string) {
-			adv3Compare(t, addr, Config{MinHistory: 2, JudgeLastVersions: 2, MissingAfter: 30 * time.Minute}, batches)
+		equivBackends(t, true, func(t *testing.T, addr string) {
+			equivCompare(t, addr, Config{MinHistory: 2, JudgeLastVersions: 2, MissingAfter: 30 * time.Minute}, batches)
 		})
 	})
 }
 
-// adv3Backends runs f on the test Redis and, when embedded, on an embedded one.
-func adv3Backends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
+// equivBackends runs f on the test Redis and, when embedded, on an embedded one.
+func equivBackends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
 	if embedded {
 		t.Run("embedded", func(t *testing.T) { f(t, miniredis.RunT(t).Addr()) })
 	}

@@ -22,9 +22,9 @@ func (r *msgRecorder) WriteMessages(_ context.Context, msgs ...kafka.Message) er
 	return nil
 }
 
-// adv5MessageSize is the decoder's count of m (docs/semantics.md#limits): key, value and headers
+// produceKeysMessageSize is the decoder's count of m (docs/semantics.md#limits): key, value and headers
 // with their varint lengths, and the header count.
-func adv5MessageSize(m *kafka.Message) int {
+func produceKeysMessageSize(m *kafka.Message) int {
 	n := sink.VarintLen(len(m.Key)) + len(m.Key) + sink.VarintLen(len(m.Value)) + len(m.Value) + sink.VarintLen(len(m.Headers))
 	for _, h := range m.Headers {
 		n += sink.HeaderSize(h)
@@ -67,12 +67,12 @@ func TestProduceKeyDoesNotDeadLetterAValidLine(t *testing.T) {
 		return &kafka.Message{Value: l, Headers: []kafka.Header{{Key: "content-type", Value: []byte(sink.ContentType)}}}
 	}
 	limit := dec.MaxMessageBytes()
-	extra := limit - adv5MessageSize(unkeyed(line(0)))
-	for adv5MessageSize(unkeyed(line(extra))) > limit {
+	extra := limit - produceKeysMessageSize(unkeyed(line(0)))
+	for produceKeysMessageSize(unkeyed(line(extra))) > limit {
 		extra--
 	}
 	l := line(extra)
-	if got := adv5MessageSize(unkeyed(l)); got != limit {
+	if got := produceKeysMessageSize(unkeyed(l)); got != limit {
 		t.Fatalf("the unkeyed message is %d bytes, want exactly %d", got, limit)
 	}
 	// Replay reads it (a structured line within the limit), and so did the processor unkeyed.

@@ -10,9 +10,9 @@ import (
 	"time"
 )
 
-// adv3Samples builds samples of counts ns one second apart, with Redis seen rewriting its AOF
+// quartersSamples builds samples of counts ns one second apart, with Redis seen rewriting its AOF
 // at the given sample indexes.
-func adv3Samples(ns []float64, rewriting ...int) []countSample {
+func quartersSamples(ns []float64, rewriting ...int) []countSample {
 	t0 := time.Unix(1000, 0)
 	s := make([]countSample, len(ns))
 	for i, n := range ns {
@@ -40,7 +40,7 @@ func TestQuarterBoundsRandom(t *testing.T) {
 			}
 			ns = append(ns, ns[len(ns)-1]+step)
 		}
-		s := adv3Samples(ns)
+		s := quartersSamples(ns)
 		ia, ib, ok := quarterBounds(s)
 		if !ok {
 			t.Fatalf("run %d: %v: no quarters from %d growing samples", run, ns, len(ns))
@@ -59,7 +59,7 @@ func TestQuarterBoundsRandom(t *testing.T) {
 		}
 		i := 1 + r.IntN(len(ns)-1)
 		want := i <= ia || i > ib
-		if got := rewriteInQuarters(adv3Samples(ns, i)); got != want {
+		if got := rewriteInQuarters(quartersSamples(ns, i)); got != want {
 			t.Fatalf("run %d: %v (quarters end at %d, start at %d): a rewrite seen at sample %d reported %v", run, ns, ia, ib, i, got)
 		}
 	}
@@ -90,7 +90,7 @@ func TestQuarterEdges(t *testing.T) {
 		{"flag closing the first interval of the last quarter", []float64{0, 100, 200, 300, 400, 500, 600, 700, 800}, []int{7}, 100, 100, true},
 		{"flag on the last sample", []float64{0, 100, 200, 300, 400, 500, 600, 700, 800}, []int{8}, 100, 100, true},
 	} {
-		s := adv3Samples(tc.ns, tc.rewriting...)
+		s := quartersSamples(tc.ns, tc.rewriting...)
 		a, b := quarterRates(s)
 		if !same(a, tc.first) || !same(b, tc.last) {
 			t.Errorf("%s: quarterRates = %v, %v, want %v, %v", tc.name, a, b, tc.first, tc.last)
