@@ -18,9 +18,12 @@
 -- load the buckets of the fingerprints a call needs once (one HMGET), find and put and delete in
 -- memory, and flush once (one HSET, one HDEL at most).
 --
--- Fingerprints come from the caller (SHA-256 of the opportunity id, truncated); any 16 bytes work,
--- but the payloads are the caller's too, so a fingerprint may also appear inside another record's
--- bytes: a match counts only where a record starts.
+-- Fingerprints come from the caller, 16 bytes each, and must be unpredictable to whoever chooses
+-- the ids (a keyed hash, HMAC-SHA-256 under a secret of the installation, truncated): the address
+-- uses the low bits of the first 4 bytes, and ids aimed at one bucket (about 2^L tries each with
+-- an unkeyed hash) would pile into it, every lookup there reading all of them. Payloads are the
+-- caller's too, so a fingerprint may also appear inside another record's bytes: a match counts
+-- only where a record starts. The caller keeps payloads to the lengths its tags say.
 
 local PACK_LOAD = 8 -- records per bucket at which a bucket splits (and at half of which one merges)
 local PACK_CHUNK = 4000 -- most arguments per command (Lua's unpack stops near 8000); even, for HSET
@@ -50,21 +53,20 @@ local function newPackedRecords(key, len)
   end
   self.bucketOf = function(fp) return bucketOf(word(fp)) end
 
-  -- startsAt reports whether a record of v starts at pos: the records are walked from the start,
-  -- by their tags' lengths (a bucket holds about PACK_LOAD of them).
-  local function startsAt(v, pos)
-    local at = 1
-    while at < pos do at = at + 16 + len[byte(v, at + 16)] end
-    return at == pos
-  end
-  -- locate returns where fp's record starts in v and its end (inclusive), or nil.
+  local steps = 0 -- records walked past, for tests of the work a lookup takes
+
+  -- locate returns where fp's record starts in v and its end (inclusive), or nil. A plain search
+  -- finds fp; a match counts only where a record starts, which a walk of the records' lengths
+  -- tells. The walk only moves forward and the next search starts at the next record, so a
+  -- lookup reads a bucket once however many false matches its bytes hold.
   local function locate(v, fp)
-    local from = 1
+    local from, rec = 1, 1
     while true do
       local at = find(v, fp, from, true)
       if not at then return nil end
-      if startsAt(v, at) then return at, at + 15 + len[byte(v, at + 16)] end
-      from = at + 1
+      while rec < at do rec = rec + 16 + len[byte(v, rec + 16)]; steps = steps + 1 end
+      if rec == at then return at, at + 15 + len[byte(v, at + 16)] end
+      from = rec
     end
   end
 
@@ -168,9 +170,12 @@ local function newPackedRecords(key, len)
   end
 
   self.count = function() return n end
+  self.steps = function() return steps end
 
-  -- flush writes what the call changed: the buckets, the meta field.
+  -- flush writes what the call changed: the buckets, the meta field; nothing when it changed
+  -- nothing.
   self.flush = function()
+    if next(dirty) == nil then return end
     local sets, dels = {'m', L .. ',' .. p .. ',' .. n}, {}
     for b in pairs(dirty) do
       local v = held[b]

@@ -77,8 +77,9 @@ func TestPackedRecordsMatchModel(t *testing.T) {
 			for seed := range seeds {
 				t.Run(fmt.Sprint(seed), func(t *testing.T) {
 					c := client(t)
-					key := testenv.Name(t, "packed") + ":{p}:o"
-					testenv.CleanPrefix(t, c, key)
+					prefix := testenv.Name(t, "packed")
+					testenv.CleanPrefix(t, c, prefix)
+					key := prefix + ":{p}:o"
 					checkPackedRecords(t, c, key, uint64(seed))
 				})
 			}
@@ -273,8 +274,9 @@ func checkPackedHash(t *testing.T, c *redis.Client, key string, model map[string
 func TestPackedRecordsLargeCalls(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	key := testenv.Name(t, "packed-large") + ":{p}:o"
-	testenv.CleanPrefix(t, c, key)
+	prefix := testenv.Name(t, "packed-large")
+	testenv.CleanPrefix(t, c, prefix)
+	key := prefix + ":{p}:o"
 	r := rand.New(rand.NewPCG(1, 2))
 	model := map[string]string{}
 	var fps []string
@@ -307,4 +309,62 @@ func TestPackedRecordsLargeCalls(t *testing.T) {
 	}
 	put(0) // 12 000 records over about 26 000 buckets
 	checkPackedHash(t, c, key, model)
+}
+
+// packedRecordsSteps puts the records ARGV[2:] gives (fingerprint, payload pairs) into KEYS[1]'s
+// store, then looks up ARGV[1], and returns the records that lookup alone walked past.
+var packedRecordsSteps = redis.NewScript(packedRecordsSource + `
+local s = newPackedRecords(KEYS[1], {[97] = 15, [98] = 22, [99] = 29})
+for i = 2, #ARGV, 2 do s.put(ARGV[i], ARGV[i + 1]) end
+local before = s.steps()
+s.get(ARGV[1])
+return s.steps() - before
+`)
+
+// TestPackedRecordsLookupReadsABucketOnce: a lookup walks each record of its bucket at most once,
+// however many false matches of the fingerprint the records' bytes hold (here every record's
+// payload holds the zero fingerprint twice over, in a bucket of 512 records).
+func TestPackedRecordsLookupReadsABucketOnce(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer c.Close()
+	zero := strings.Repeat("\x00", 16)
+	args := []any{zero}
+	const k = 512
+	for i := range k {
+		b := make([]byte, 16)
+		binary.LittleEndian.PutUint32(b, uint32(i+1)<<20) // one bucket while L < 20
+		b[15] = 1
+		args = append(args, string(b), "c"+strings.Repeat("\x00", 28))
+	}
+	steps, err := packedRecordsSteps.Run(context.Background(), c, []string{"k"}, args...).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps > k {
+		t.Fatalf("a lookup walked %d records in a bucket of %d", steps, k)
+	}
+}
+
+// TestPackedRecordsReadsWriteNothing: a call that only reads writes nothing, so a read-only
+// script (EVAL_RO) can use the store.
+func TestPackedRecordsReadsWriteNothing(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "packed-ro")
+	testenv.CleanPrefix(t, c, prefix)
+	key := prefix + ":{p}:o"
+	args := []any{"load"}
+	for i := range 100 {
+		args = append(args, "p", fmt.Sprintf("%016d", i), fmt.Sprintf("a%014d", i))
+	}
+	if err := packedRecordsDriver.Run(ctx, c, []string{key}, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := packedRecordsDriver.RunRO(ctx, c, []string{key}, "load", "g", fmt.Sprintf("%016d", 7), "", "e", "0000", "").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != fmt.Sprintf("a%014d", 7) {
+		t.Fatalf("read %q", got[0])
+	}
 }
