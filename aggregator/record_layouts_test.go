@@ -97,6 +97,24 @@ local t1 = redis.call('TIME')
 return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 `)
 
+// recordLayoutStore looks up and inserts records through the packed record store that layout 11
+// will use (packed_records.lua: linear hashing, about 8 records a bucket, the meta field read
+// each call), as recordLayoutPacked does by hand. It returns the µs of server time taken. KEYS[1]
+// the hash; ARGV fingerprint, value pairs (values of 15 bytes, tag 'c').
+var recordLayoutStore = redis.NewScript(packedRecordsSource + `
+local t0 = redis.call('TIME')
+local s = newPackedRecords(KEYS[1], {[99] = 15})
+local fps = {}
+for i = 1, #ARGV, 2 do fps[#fps + 1] = ARGV[i] end
+s.load(fps)
+for i = 1, #ARGV, 2 do
+  if not s.get(ARGV[i]) then s.put(ARGV[i], ARGV[i + 1]) end
+end
+s.flush()
+local t1 = redis.call('TIME')
+return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
+`)
+
 // recordLayoutIndex appends index entries to the open chunk of KEYS[1], as recordLayoutFill does,
 // for layouts whose records are written by another script. ARGV the entries.
 var recordLayoutIndex = redis.NewScript(`
@@ -143,20 +161,22 @@ func TestRecordLayoutCandidates(t *testing.T) {
 		bucket  int  // records per bucket at most (0: one hash per aggregate)
 		indexed int  // bytes of an index entry (0: the whole field, -1: no index)
 		packed  bool // buckets are fields of one hash, their records concatenated in its value
+		store   bool // through packed_records.lua (the buckets are its own)
 	}
-	cands := []candidate{{"layout 10: id field, hex value, one hash", false, 0, 0, false},
-		{"fingerprint, one hash", true, 0, 0, false}}
+	cands := []candidate{{"layout 10: id field, hex value, one hash", false, 0, 0, false, false},
+		{"fingerprint, one hash", true, 0, 0, false, false}}
 	for _, b := range []int{16, 32, 64, 100} {
-		cands = append(cands, candidate{fmt.Sprintf("fingerprint buckets of ~%d, 8-byte index", b), true, b, 8, false})
+		cands = append(cands, candidate{fmt.Sprintf("fingerprint buckets of ~%d, 8-byte index", b), true, b, 8, false, false})
 	}
-	cands = append(cands, candidate{"fingerprint buckets of ~32, 4-byte index", true, 32, 4, false},
-		candidate{"fingerprint buckets of ~32, no record index", true, 32, -1, false})
+	cands = append(cands, candidate{"fingerprint buckets of ~32, 4-byte index", true, 32, 4, false, false},
+		candidate{"fingerprint buckets of ~32, no record index", true, 32, -1, false, false})
 	for _, b := range []int{8, 16, 32, 64, 128} {
-		cands = append(cands, candidate{fmt.Sprintf("packed buckets of ~%d in one hash, no record index", b), true, b, -1, true})
+		cands = append(cands, candidate{fmt.Sprintf("packed buckets of ~%d in one hash, no record index", b), true, b, -1, true, false})
 	}
 	for _, b := range []int{8, 16} {
-		cands = append(cands, candidate{fmt.Sprintf("packed buckets of ~%d in one hash, 4-byte index", b), true, b, 4, true})
+		cands = append(cands, candidate{fmt.Sprintf("packed buckets of ~%d in one hash, 4-byte index", b), true, b, 4, true, false})
 	}
+	cands = append(cands, candidate{"packed record store (packed_records.lua), 4-byte index", true, 8, 4, true, true})
 	t.Logf("Redis hash-max-listpack-entries %d", entries)
 	only := os.Getenv("REPEATRATE_LAYOUT_CANDIDATES") // measure only the candidates whose name holds it
 	for _, c := range cands {
@@ -202,7 +222,16 @@ func TestRecordLayoutCandidates(t *testing.T) {
 						entries = append(entries, r[:c.indexed])
 					}
 				}
-				got, err := recordLayoutPacked.Run(ctx, rdb, []string{key}, args...).Int64()
+				script := recordLayoutPacked
+				if c.store {
+					script = recordLayoutStore
+					args = args[:0]
+					for i := from; i < to; i++ {
+						_, _, r := record(a, i)
+						args = append(args, r[:16], r[16:])
+					}
+				}
+				got, err := script.Run(ctx, rdb, []string{key}, args...).Int64()
 				if err != nil {
 					t.Fatal(err)
 				}
