@@ -77,14 +77,19 @@ func TestPackedRecordsMatchModel(t *testing.T) {
 			for seed := range seeds {
 				t.Run(fmt.Sprint(seed), func(t *testing.T) {
 					c := client(t)
-					prefix := testenv.Name(t, "packed")
-					testenv.CleanPrefix(t, c, prefix)
-					key := prefix + ":{p}:o"
+					key := packedKey(t, c, "packed")
 					checkPackedRecords(t, c, key, uint64(seed))
 				})
 			}
 		})
 	}
+}
+
+// packedKey names a record hash under a prefix of the test's own, deleted when the test ends.
+func packedKey(t *testing.T, c *redis.Client, what string) string {
+	prefix := testenv.Name(t, what)
+	testenv.CleanPrefix(t, c, prefix)
+	return prefix + ":{p}:o"
 }
 
 func checkPackedRecords(t *testing.T, c *redis.Client, key string, seed uint64) {
@@ -274,9 +279,7 @@ func checkPackedHash(t *testing.T, c *redis.Client, key string, model map[string
 func TestPackedRecordsLargeCalls(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "packed-large")
-	testenv.CleanPrefix(t, c, prefix)
-	key := prefix + ":{p}:o"
+	key := packedKey(t, c, "packed-large")
 	r := rand.New(rand.NewPCG(1, 2))
 	model := map[string]string{}
 	var fps []string
@@ -350,9 +353,7 @@ func TestPackedRecordsLookupReadsABucketOnce(t *testing.T) {
 func TestPackedRecordsReadsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "packed-ro")
-	testenv.CleanPrefix(t, c, prefix)
-	key := prefix + ":{p}:o"
+	key := packedKey(t, c, "packed-ro")
 	args := []any{"load"}
 	for i := range 100 {
 		args = append(args, "p", fmt.Sprintf("%016d", i), fmt.Sprintf("a%014d", i))
