@@ -13,10 +13,13 @@
 -- at every step (unless many fingerprints share their first 4 bytes), so the work of a call is
 -- bounded by what it changes, never by what the hash holds.
 --
--- The hash: field "m" holds "L,p,n" (n the records stored), field <b> (decimal) bucket b's
--- records; an empty bucket is not stored. Reads and writes go through newPackedRecords(key, len):
--- load the buckets of the fingerprints a call needs once (one HMGET), find and put and delete in
--- memory, and flush once (one HSET, one HDEL at most).
+-- The hash holds only buckets: field <b> (b's little-endian bytes, as few as it takes, at least
+-- one) is bucket b's records; an empty bucket is not stored. The shape (L, p and n, the records
+-- stored) is the caller's to keep, beside state it reads anyway: newPackedRecords(key, len, L, p,
+-- n) opens the store, shape() returns it as the call leaves it. A call loads the buckets of the
+-- fingerprints it needs at once (one HMGET; any other is read when first needed), finds, puts and
+-- deletes in memory, and flushes once (one HSET and one HDEL at most, nothing when it changed
+-- nothing).
 --
 -- Fingerprints come from the caller, 16 bytes each, and must be unpredictable to whoever chooses
 -- the ids (a keyed hash, HMAC-SHA-256 under a secret of the installation, truncated): the address
@@ -28,22 +31,21 @@
 local PACK_LOAD = 8 -- records per bucket at which a bucket splits (and at half of which one merges)
 local PACK_CHUNK = 4000 -- most arguments per command (Lua's unpack stops near 8000); even, for HSET
 
-local function newPackedRecords(key, len)
-  local byte, sub, find, floor = string.byte, string.sub, string.find, math.floor
+local function newPackedRecords(key, len, L, p, n)
+  local byte, sub, find, floor, char = string.byte, string.sub, string.find, math.floor, string.char
   local call = redis.call
   local self = {}
-  local L, p, n = 0, 0, 0
-  local meta = call('HGET', key, 'm')
-  if meta then
-    local a, b, c = string.match(meta, '^(%d+),(%d+),(%d+)$')
-    L, p, n = tonumber(a), tonumber(b), tonumber(c)
-  end
+  L, p, n = L or 0, p or 0, n or 0
   local size = 2 ^ L -- 2^L, kept beside L
-  local held = {}  -- bucket -> its records as read or changed ('' when empty); nil: not read
-  local dirty = {} -- bucket -> true when held differs from what the hash stores
+  -- Tables are keyed by -1 - b, not b: the embedded server's Lua (gopher-lua) stores a positive
+  -- integer key in a table's array part, filling every index below it (seconds and gigabytes at
+  -- a bucket near 2^26), as apply.lua's tables keyed by -hour avoid too.
+  local held = {}  -- -1 - bucket -> its records as read or changed ('' when empty); nil: not read
+  local dirty = {} -- -1 - bucket -> true when held differs from what the hash stores
+  local steps = 0  -- records walked past, for tests of the work a lookup takes
 
-  local function word(fp)
-    local a, b, c, d = byte(fp, 1, 4)
+  local function word(s, at)
+    local a, b, c, d = byte(s, at, at + 3)
     return a + 256 * (b + 256 * (c + 256 * d))
   end
   local function bucketOf(x)
@@ -51,9 +53,14 @@ local function newPackedRecords(key, len)
     if b < p then b = x % (2 * size) end
     return b
   end
-  self.bucketOf = function(fp) return bucketOf(word(fp)) end
-
-  local steps = 0 -- records walked past, for tests of the work a lookup takes
+  -- name is bucket b's field (no number formatting: a byte per 8 bits of b).
+  local function name(b)
+    if b < 256 then return char(b) end
+    if b < 65536 then return char(b % 256, floor(b / 256)) end
+    if b < 16777216 then return char(b % 256, floor(b / 256) % 256, floor(b / 65536)) end
+    return char(b % 256, floor(b / 256) % 256, floor(b / 65536) % 256, floor(b / 16777216))
+  end
+  self.bucketOf = function(fp) return bucketOf(word(fp, 1)) end
 
   -- locate returns where fp's record starts in v and its end (inclusive), or nil. A plain search
   -- finds fp; a match counts only where a record starts, which a walk of the records' lengths
@@ -71,38 +78,39 @@ local function newPackedRecords(key, len)
   end
 
   local function read(bs)
-    local names, seen = {}, {}
+    local names, nums, seen = {}, {}, {}
     for _, b in ipairs(bs) do
-      if held[b] == nil and not seen[b] then seen[b] = true; names[#names + 1] = tostring(b) end
+      if held[-1 - b] == nil and not seen[-1 - b] then
+        seen[-1 - b] = true; nums[#nums + 1] = -1 - b; names[#names + 1] = name(b)
+      end
     end
     for i = 1, #names, PACK_CHUNK do
       local last = math.min(i + PACK_CHUNK - 1, #names)
       local got = call('HMGET', key, unpack(names, i, last))
-      for j = i, last do held[tonumber(names[j])] = got[j - i + 1] or '' end
+      for j = i, last do held[nums[j]] = got[j - i + 1] or '' end
     end
   end
 
-  -- load reads, in one command, the buckets of every fingerprint given that is not read yet (a
-  -- bucket not loaded is read when first needed).
+  -- load reads, in one command, the buckets of every fingerprint given that is not read yet.
   self.load = function(fps)
     local bs = {}
-    for i, fp in ipairs(fps) do bs[i] = bucketOf(word(fp)) end
+    for i, fp in ipairs(fps) do bs[i] = bucketOf(word(fp, 1)) end
     read(bs)
   end
 
   -- split moves the records of bucket p whose bit L is set to the new bucket p + 2^L.
   local function split()
-    read({p})
-    local v, stay, go = held[p], {}, {}
+    if held[-1 - p] == nil then read({p}) end
+    local v, stay, go = held[-1 - p], {}, {}
     local at = 1
     while at <= #v do
       local last = at + 15 + len[byte(v, at + 16)]
-      if floor(word(sub(v, at, at + 3)) / size) % 2 == 1 then go[#go + 1] = sub(v, at, last)
+      if floor(word(v, at) / size) % 2 == 1 then go[#go + 1] = sub(v, at, last)
       else stay[#stay + 1] = sub(v, at, last) end
       at = last + 1
     end
-    held[p], held[p + size] = table.concat(stay), table.concat(go)
-    dirty[p], dirty[p + size] = true, true
+    held[-1 - p], held[-1 - p - size] = table.concat(stay), table.concat(go)
+    dirty[-1 - p], dirty[-1 - p - size] = true, true
     p = p + 1
     if p == size then L, p, size = L + 1, 0, 2 * size end
   end
@@ -111,47 +119,52 @@ local function newPackedRecords(key, len)
     if p == 0 then L, size = L - 1, size / 2; p = size end
     p = p - 1
     read({p, p + size})
-    held[p] = held[p] .. held[p + size]
-    held[p + size] = ''
-    dirty[p], dirty[p + size] = true, true
+    held[-1 - p] = held[-1 - p] .. held[-1 - p - size]
+    held[-1 - p - size] = ''
+    dirty[-1 - p], dirty[-1 - p - size] = true, true
   end
 
-  -- bucket returns the number and records of the bucket of x, read now if load did not.
-  local function bucket(x)
-    local b = bucketOf(x)
-    if held[b] == nil then read({b}) end
-    return b, held[b]
+  -- The last lookup, so that a put after a get of the same fingerprint does not search again:
+  -- valid while its bucket still holds the same string.
+  local lastFp, lastB, lastV, lastAt, lastEnd
+  -- find1 returns fp's bucket (as held's key), its records and where fp's record lies in them.
+  local function find1(fp)
+    local b = bucketOf(word(fp, 1))
+    local k = -1 - b
+    if held[k] == nil then read({b}) end
+    local v = held[k]
+    if fp == lastFp and k == lastB and v == lastV then return k, v, lastAt, lastEnd end
+    local at, last = locate(v, fp)
+    lastFp, lastB, lastV, lastAt, lastEnd = fp, k, v, at, last
+    return k, v, at, last
   end
 
   -- get returns fp's payload, or nil.
   self.get = function(fp)
-    local _, v = bucket(word(fp))
-    local at, last = locate(v, fp)
+    local _, v, at, last = find1(fp)
     if at then return sub(v, at + 16, last) end
     return nil
   end
 
   -- put stores payload as fp's record, in place of the one it has, if any.
   self.put = function(fp, payload)
-    local b, v = bucket(word(fp))
-    local at, last = locate(v, fp)
+    local k, v, at, last = find1(fp)
     if at then
-      held[b] = sub(v, 1, at + 15) .. payload .. sub(v, last + 1)
+      held[k] = sub(v, 1, at + 15) .. payload .. sub(v, last + 1)
     else
-      held[b] = v .. fp .. payload
+      held[k] = v .. fp .. payload
       n = n + 1
     end
-    dirty[b] = true
+    dirty[k] = true
     if n > PACK_LOAD * (size + p) then split() end
   end
 
   -- delete removes fp's record, if any, and reports whether it did.
   self.delete = function(fp)
-    local b, v = bucket(word(fp))
-    local at, last = locate(v, fp)
+    local k, v, at, last = find1(fp)
     if not at then return false end
-    held[b] = sub(v, 1, at - 1) .. sub(v, last + 1)
-    n, dirty[b] = n - 1, true
+    held[k] = sub(v, 1, at - 1) .. sub(v, last + 1)
+    n, dirty[k] = n - 1, true
     if size + p > 1 and 2 * n < PACK_LOAD * (size + p - 1) then merge() end
     return true
   end
@@ -160,7 +173,9 @@ local function newPackedRecords(key, len)
   -- prefix (they share a bucket): how an index of 4-byte prefixes finds records. f must not put
   -- or delete.
   self.each = function(prefix, f)
-    local _, v = bucket(word(prefix))
+    local b = bucketOf(word(prefix, 1))
+    if held[-1 - b] == nil then read({b}) end
+    local v = held[-1 - b]
     local at = 1
     while at <= #v do
       local last = at + 15 + len[byte(v, at + 16)]
@@ -169,25 +184,19 @@ local function newPackedRecords(key, len)
     end
   end
 
-  self.count = function() return n end
+  self.shape = function() return L, p, n end
   self.steps = function() return steps end
 
-  -- flush writes what the call changed: the buckets, the meta field; nothing when it changed
-  -- nothing.
+  -- flush writes the buckets the call changed; nothing when it changed nothing.
   self.flush = function()
-    if next(dirty) == nil then return end
-    local sets, dels = {'m', L .. ',' .. p .. ',' .. n}, {}
-    for b in pairs(dirty) do
-      local v = held[b]
-      if v == '' then dels[#dels + 1] = tostring(b)
-      else sets[#sets + 1] = tostring(b); sets[#sets + 1] = v end
+    local sets, dels = {}, {}
+    for k in pairs(dirty) do
+      local v = held[k]
+      if v == '' then dels[#dels + 1] = name(-1 - k)
+      else sets[#sets + 1] = name(-1 - k); sets[#sets + 1] = v end
     end
     for i = 1, #dels, PACK_CHUNK do call('HDEL', key, unpack(dels, i, math.min(i + PACK_CHUNK - 1, #dels))) end
-    if n == 0 and L == 0 then
-      call('HDEL', key, 'm')
-    else
-      for i = 1, #sets, PACK_CHUNK do call('HSET', key, unpack(sets, i, math.min(i + PACK_CHUNK - 1, #sets))) end
-    end
+    for i = 1, #sets, PACK_CHUNK do call('HSET', key, unpack(sets, i, math.min(i + PACK_CHUNK - 1, #sets))) end
     dirty = {}
   end
 

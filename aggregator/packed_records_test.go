@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -20,14 +19,37 @@ import (
 //go:embed packed_records.lua
 var packedRecordsSource string
 
-// packedRecordsDriver runs a call's operations on the packed record store of KEYS[1]: ARGV[1]
+// packedShapeLua opens the packed record store of KEYS[1] with the shape KEYS[2] keeps ("L,p,n",
+// standing in for the state a real caller reads anyway), and closes it: a flush, then the shape
+// written back when it changed (deleted when the store is empty).
+const packedShapeLua = `
+local function openPacked(len)
+  local shape = redis.call('GET', KEYS[2])
+  local L, p, n = 0, 0, 0
+  if shape then
+    local a, b, c = string.match(shape, '^(%d+),(%d+),(%d+)$')
+    L, p, n = tonumber(a), tonumber(b), tonumber(c)
+  end
+  return newPackedRecords(KEYS[1], len, L, p, n), L .. ',' .. p .. ',' .. n
+end
+local function closePacked(s, was)
+  s.flush()
+  local L, p, n = s.shape()
+  local now = L .. ',' .. p .. ',' .. n
+  if now == was then return end
+  if now == '0,0,0' then redis.call('DEL', KEYS[2]) else redis.call('SET', KEYS[2], now) end
+end
+`
+
+// packedRecordsDriver runs a call's operations on the packed record store of KEYS[1] (its shape
+// in KEYS[2]): ARGV[1]
 // "load" or "lazy", then triples of op ("g" get, "p" put, "d" delete, "e" each), fingerprint (for
 // "e" a 4-byte prefix) and payload (for "p"). Tags a, b and c mean payloads of 15, 22 and 29
 // bytes. It loads every bucket the call names first (unless lazy: each is then read when first
 // needed), runs the operations in order, flushes, and returns one reply per operation: the payload
 // or false, 1 or 0 for a delete, the matching records end to end for "e".
-var packedRecordsDriver = redis.NewScript(packedRecordsSource + `
-local s = newPackedRecords(KEYS[1], {[97] = 15, [98] = 22, [99] = 29})
+var packedRecordsDriver = redis.NewScript(packedRecordsSource + packedShapeLua + `
+local s, was = openPacked({[97] = 15, [98] = 22, [99] = 29})
 local fps = {}
 for i = 3, #ARGV, 3 do fps[#fps + 1] = ARGV[i] end
 if ARGV[1] == 'load' then s.load(fps) end
@@ -46,7 +68,7 @@ for i = 2, #ARGV, 3 do
   end
   out[#out + 1] = r
 end
-s.flush()
+closePacked(s, was)
 return out
 `)
 
@@ -77,22 +99,23 @@ func TestPackedRecordsMatchModel(t *testing.T) {
 			for seed := range seeds {
 				t.Run(fmt.Sprint(seed), func(t *testing.T) {
 					c := client(t)
-					key := packedKey(t, c, "packed")
-					checkPackedRecords(t, c, key, uint64(seed))
+					keys := packedKeys(t, c, "packed")
+					checkPackedRecords(t, c, keys, uint64(seed))
 				})
 			}
 		})
 	}
 }
 
-// packedKey names a record hash under a prefix of the test's own, deleted when the test ends.
-func packedKey(t *testing.T, c *redis.Client, what string) string {
+// packedKeys names a record hash and the key of its shape under a prefix of the test's own,
+// deleted when the test ends.
+func packedKeys(t *testing.T, c *redis.Client, what string) []string {
 	prefix := testenv.Name(t, what)
 	testenv.CleanPrefix(t, c, prefix)
-	return prefix + ":{p}:o"
+	return []string{prefix + ":{p}:o", prefix + ":{p}:shape"}
 }
 
-func checkPackedRecords(t *testing.T, c *redis.Client, key string, seed uint64) {
+func checkPackedRecords(t *testing.T, c *redis.Client, keys []string, seed uint64) {
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(seed, 7))
 	// Fingerprints: random, some sharing their first 4 bytes (one bucket, one index prefix).
@@ -130,7 +153,7 @@ func checkPackedRecords(t *testing.T, c *redis.Client, key string, seed uint64) 
 		if r.IntN(3) == 0 {
 			mode = "lazy"
 		}
-		got, err := packedRecordsDriver.Run(ctx, c, []string{key}, append([]any{mode}, args...)...).Slice()
+		got, err := packedRecordsDriver.Run(ctx, c, keys, append([]any{mode}, args...)...).Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +213,7 @@ func checkPackedRecords(t *testing.T, c *redis.Client, key string, seed uint64) 
 					t.Fatalf("op %d (%s): got %v, want %v", i, args[3*i], got[i], want[i])
 				}
 			}
-			checkPackedHash(t, c, key, model)
+			checkPackedHash(t, c, keys, model)
 		}
 	}
 	run(200, 40, 60, 10) // growing
@@ -202,39 +225,51 @@ func checkPackedRecords(t *testing.T, c *redis.Client, key string, seed uint64) 
 		all = append(all, "d", fp, "")
 	}
 	call(all)
-	if n, _ := c.Exists(ctx, key).Result(); n != 0 {
-		t.Fatalf("emptied, the hash still holds %v", c.HGetAll(ctx, key).Val())
+	if n, _ := c.Exists(ctx, keys...).Result(); n != 0 {
+		t.Fatalf("emptied, the store still holds %v and shape %q", c.HGetAll(ctx, keys[0]).Val(), c.Get(ctx, keys[1]).Val())
 	}
 }
 
-// checkPackedHash requires the hash to hold exactly model's records, each in its bucket, and a
-// bucket count within the load's bounds.
-func checkPackedHash(t *testing.T, c *redis.Client, key string, model map[string]string) {
+// checkPackedHash requires the hash to hold exactly model's records, each in its bucket under
+// its name (the bucket's little-endian bytes, as few as it takes), and a bucket count within the
+// load's bounds.
+func checkPackedHash(t *testing.T, c *redis.Client, keys []string, model map[string]string) {
 	t.Helper()
-	h, err := c.HGetAll(context.Background(), key).Result()
+	if n, buckets := checkPackedPlaces(t, c, keys, model); n > 8*buckets || (buckets > 1 && 2*n < 8*(buckets-1)) {
+		t.Fatalf("%d records in %d buckets", n, buckets)
+	}
+}
+
+// checkPackedPlaces is checkPackedHash without the load's bounds; it returns the records and
+// buckets the shape says.
+func checkPackedPlaces(t *testing.T, c *redis.Client, keys []string, model map[string]string) (int, int) {
+	t.Helper()
+	ctx := context.Background()
+	h, err := c.HGetAll(ctx, keys[0]).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(model) == 0 && len(h) == 0 {
-		return
+	shape, _ := c.Get(ctx, keys[1]).Result()
+	if len(model) == 0 && len(h) == 0 && shape == "" {
+		return 0, 1
 	}
 	var level, split, n int
-	if _, err := fmt.Sscanf(h["m"], "%d,%d,%d", &level, &split, &n); err != nil {
-		t.Fatalf("meta %q: %v", h["m"], err)
+	if _, err := fmt.Sscanf(shape, "%d,%d,%d", &level, &split, &n); err != nil {
+		t.Fatalf("shape %q: %v", shape, err)
 	}
 	if n != len(model) {
-		t.Fatalf("meta counts %d records, the model %d", n, len(model))
+		t.Fatalf("the shape counts %d records, the model %d", n, len(model))
 	}
 	size := 1 << level
 	buckets := size + split
 	seen := map[string]bool{}
 	for f, v := range h {
-		if f == "m" {
-			continue
+		b := 0
+		for i := len(f) - 1; i >= 0; i-- {
+			b = b*256 + int(f[i])
 		}
-		b, err := strconv.Atoi(f)
-		if err != nil || b < 0 || b >= buckets {
-			t.Fatalf("field %q outside the %d buckets", f, buckets)
+		if f == "" || len(f) > 4 || (len(f) > 1 && f[len(f)-1] == 0) || b >= buckets {
+			t.Fatalf("field %x is no name of the %d buckets", f, buckets)
 		}
 		if v == "" {
 			t.Fatalf("bucket %d stored empty", b)
@@ -269,8 +304,44 @@ func checkPackedHash(t *testing.T, c *redis.Client, key string, model map[string
 	if len(seen) != len(model) {
 		t.Fatalf("the hash holds %d records, the model %d", len(seen), len(model))
 	}
-	if n > 8*buckets || (buckets > 1 && 2*n < 8*(buckets-1)) {
-		t.Fatalf("%d records in %d buckets", n, buckets)
+	return n, buckets
+}
+
+// TestPackedRecordsNameEveryBucket: buckets far apart (a store opened at level 26, as one of
+// hundreds of millions of records would be) get fields of 1 to 4 bytes that name each exactly, on
+// Redis and on the embedded server (whose Lua tables would fill every index below a bucket
+// number used as a key: seconds and gigabytes at this level).
+func TestPackedRecordsNameEveryBucket(t *testing.T) {
+	for name, c := range map[string]*redis.Client{
+		"embedded": redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}),
+		"redis":    testenv.Redis(t),
+	} {
+		t.Run(name, func(t *testing.T) { checkPackedNames(t, c, packedKeys(t, c, "packed-names")) })
+	}
+}
+
+func checkPackedNames(t *testing.T, c *redis.Client, keys []string) {
+	ctx := context.Background()
+	for _, level := range []int{7, 15, 23, 26} {
+		c.Del(ctx, keys...)
+		c.Set(ctx, keys[1], fmt.Sprintf("%d,5,0", level), 0)
+		r := rand.New(rand.NewPCG(uint64(level), 3))
+		model := map[string]string{}
+		args := []any{"load"}
+		for i := range 3000 {
+			b := make([]byte, 16)
+			binary.LittleEndian.PutUint32(b, r.Uint32())
+			if i < 20 {
+				binary.LittleEndian.PutUint32(b, uint32(i)) // the lowest buckets, split and not
+			}
+			b[4] = byte(i)
+			model[string(b)] = fmt.Sprintf("a%014d", i)
+			args = append(args, "p", string(b), model[string(b)])
+		}
+		if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		checkPackedPlaces(t, c, keys, model)
 	}
 }
 
@@ -279,7 +350,7 @@ func checkPackedHash(t *testing.T, c *redis.Client, key string, model map[string
 func TestPackedRecordsLargeCalls(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	key := packedKey(t, c, "packed-large")
+	keys := packedKeys(t, c, "packed-large")
 	r := rand.New(rand.NewPCG(1, 2))
 	model := map[string]string{}
 	var fps []string
@@ -303,7 +374,7 @@ func TestPackedRecordsLargeCalls(t *testing.T) {
 			model[fp] = p
 			args = append(args, "p", fp, p)
 		}
-		if err := packedRecordsDriver.Run(ctx, c, []string{key}, append([]any{"load"}, args...)...).Err(); err != nil {
+		if err := packedRecordsDriver.Run(ctx, c, keys, append([]any{"load"}, args...)...).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -311,13 +382,13 @@ func TestPackedRecordsLargeCalls(t *testing.T) {
 		put(7000)
 	}
 	put(0) // 12 000 records over about 26 000 buckets
-	checkPackedHash(t, c, key, model)
+	checkPackedHash(t, c, keys, model)
 }
 
 // packedRecordsSteps puts the records ARGV[2:] gives (fingerprint, payload pairs) into KEYS[1]'s
 // store, then looks up ARGV[1], and returns the records that lookup alone walked past.
 var packedRecordsSteps = redis.NewScript(packedRecordsSource + `
-local s = newPackedRecords(KEYS[1], {[97] = 15, [98] = 22, [99] = 29})
+local s = newPackedRecords(KEYS[1], {[97] = 15, [98] = 22, [99] = 29}, 0, 0, 0)
 for i = 2, #ARGV, 2 do s.put(ARGV[i], ARGV[i + 1]) end
 local before = s.steps()
 s.get(ARGV[1])
@@ -353,15 +424,15 @@ func TestPackedRecordsLookupReadsABucketOnce(t *testing.T) {
 func TestPackedRecordsReadsWriteNothing(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	key := packedKey(t, c, "packed-ro")
+	keys := packedKeys(t, c, "packed-ro")
 	args := []any{"load"}
 	for i := range 100 {
 		args = append(args, "p", fmt.Sprintf("%016d", i), fmt.Sprintf("a%014d", i))
 	}
-	if err := packedRecordsDriver.Run(ctx, c, []string{key}, args...).Err(); err != nil {
+	if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := packedRecordsDriver.RunRO(ctx, c, []string{key}, "load", "g", fmt.Sprintf("%016d", 7), "", "e", "0000", "").Slice()
+	got, err := packedRecordsDriver.RunRO(ctx, c, keys, "load", "g", fmt.Sprintf("%016d", 7), "", "e", "0000", "").Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
