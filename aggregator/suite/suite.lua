@@ -382,11 +382,13 @@ local function block(f)
   return bt
 end
 -- parse makes a block's held entries a table: its stored value, then what this call appended.
+-- held is keyed by -index: the embedded server's Lua (gopher-lua) stores a positive integer key in
+-- a table's array part, filling every index below it.
 local function parse(bt)
   local held, order = {}, {}
   for e, i in gmatch((blockRaw[bt.field] or '') .. concat(bt.add), '((%d+) [^;]*;)') do
     i = tonumber(i)
-    held[i] = e
+    held[-i] = e
     order[#order + 1] = i
   end
   bt.held, bt.order, bt.add = held, order, nil
@@ -547,7 +549,7 @@ for b, n in groups() do
       if t then v = t[bi] elseif bi <= #x.bm then v = byte(x.bm, bi) end
       if v and v % (2 * bit) >= bit then
         if not bt.held then parse(bt) end
-        local ha, hs, hfl = match(bt.held[idx], ENTRY)
+        local ha, hs, hfl = match(bt.held[-idx], ENTRY)
         ha, hs, asd, seq = tonumber(ha), tonumber(hs), tonumber(asd), tonumber(seq)
         if asd > ha or (asd == ha and seq > hs) then
           code = 'R'
@@ -571,12 +573,12 @@ for b, n in groups() do
           t[bi] = t[bi] + bit -- not set: code N
           if bt.held then
             bt.order[#bt.order + 1] = idx
-            bt.held[idx] = entry
+            bt.held[-idx] = entry
           else
             bt.add[#bt.add + 1] = entry
           end
         else
-          bt.held[idx] = entry
+          bt.held[-idx] = entry
         end
         -- The cell counts the run; the version's sums already do (ARGV's totals).
         runDelta(x, nil, idx, fl, 1)
@@ -597,7 +599,7 @@ for i = 1, #blockWrites, CHUNK do
     local bt, v = blockWrites[j]
     if bt.held then
       local es = {}
-      for k, idx in ipairs(bt.order) do es[k] = bt.held[idx] end
+      for k, idx in ipairs(bt.order) do es[k] = bt.held[-idx] end
       v = concat(es)
     else
       v = (blockRaw[bt.field] or '') .. concat(bt.add)
