@@ -91,10 +91,18 @@ local function newPackedRecords(key, len, L, p, n)
     end
   end
 
-  -- load reads, in one command, the buckets of every fingerprint given that is not read yet.
+  -- load reads, in one command, the buckets of every fingerprint given that is not read yet, and
+  -- the buckets that would split if all of them were new records (a split reads one more bucket:
+  -- a field more in this command costs less than a command of its own).
   self.load = function(fps)
     local bs = {}
     for i, fp in ipairs(fps) do bs[i] = bucketOf(word(fp, 1)) end
+    local q, sz = p, size
+    for _ = 1, floor((n + #fps) / PACK_LOAD) - (size + p) + 1 do
+      bs[#bs + 1] = q
+      q = q + 1
+      if q == sz then q, sz = 0, 2 * sz end
+    end
     read(bs)
   end
 

@@ -440,3 +440,45 @@ func TestPackedRecordsReadsWriteNothing(t *testing.T) {
 		t.Fatalf("read %q", got[0])
 	}
 }
+
+// TestPackedRecordsSplitInOneRead: a call whose new records split buckets reads the buckets that
+// split in the same command as the ones its fingerprints name (one HMGET, no HGET or second
+// HMGET), on a Redis of the test's own (commandstats are server-wide).
+func TestPackedRecordsSplitInOneRead(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.OwnRedis(t)
+	keys := []string{"{p}:o", "{p}:shape"}
+	r := rand.New(rand.NewPCG(5, 5))
+	fresh := func(k int) []any {
+		args := []any{"load"}
+		for i := range k {
+			b := make([]byte, 16)
+			for j := range b {
+				b[j] = byte(r.IntN(256))
+			}
+			args = append(args, "p", string(b), fmt.Sprintf("a%014d", i))
+		}
+		return args
+	}
+	if err := packedRecordsDriver.Run(ctx, c, keys, fresh(8*64)...).Err(); err != nil { // 64 full buckets
+		t.Fatal(err)
+	}
+	for range 20 {
+		c.ConfigResetStat(ctx)
+		if err := packedRecordsDriver.Run(ctx, c, keys, fresh(10)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		stats, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stats, "cmdstat_hmget:calls=1,") || strings.Contains(stats, "cmdstat_hget:") {
+			t.Fatalf("a call of 10 new records read with:\n%s", stats)
+		}
+	}
+	var level, split, n int
+	fmt.Sscanf(c.Get(ctx, keys[1]).Val(), "%d,%d,%d", &level, &split, &n)
+	if n != 8*64+200 || (1<<level)+split < 64+20 {
+		t.Fatalf("shape %d,%d,%d: the calls did not split", level, split, n)
+	}
+}

@@ -98,22 +98,23 @@ return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
 `)
 
 // recordLayoutStore looks up and inserts records through the packed record store that layout 11
-// will use (packed_records.lua: linear hashing, 4 to 8 records a bucket, its shape read and
-// written as a key of its own, which layout 11 keeps in the head it reads anyway), as
-// recordLayoutPacked does by hand. It returns the µs of server time taken. KEYS[1] the hash,
-// KEYS[2] its shape; ARGV fingerprint, value pairs (values of 15 bytes, tag 'c').
-var recordLayoutStore = redis.NewScript(packedRecordsSource + packedShapeLua + `
+// will use (packed_records.lua: linear hashing, 4 to 8 records a bucket), as recordLayoutPacked
+// does by hand. The store's shape comes in ARGV[1..3] and goes back in the reply, as layout 11
+// keeps it in the head its calls read and write anyway. It returns the µs of server time taken
+// and the shape. KEYS[1] the hash; then fingerprint, value pairs (values of 15 bytes, tag 'c').
+var recordLayoutStore = redis.NewScript(packedRecordsSource + `
 local t0 = redis.call('TIME')
-local s, was = openPacked({[99] = 15})
+local s = newPackedRecords(KEYS[1], {[99] = 15}, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
 local fps = {}
-for i = 1, #ARGV, 2 do fps[#fps + 1] = ARGV[i] end
+for i = 4, #ARGV, 2 do fps[#fps + 1] = ARGV[i] end
 s.load(fps)
-for i = 1, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   if not s.get(ARGV[i]) then s.put(ARGV[i], ARGV[i + 1]) end
 end
-closePacked(s, was)
+s.flush()
 local t1 = redis.call('TIME')
-return (t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2])
+local L, p, n = s.shape()
+return {(t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2]), L, p, n}
 `)
 
 // recordLayoutIndex appends index entries to the open chunk of KEYS[1], as recordLayoutFill does,
@@ -211,6 +212,7 @@ func TestRecordLayoutCandidates(t *testing.T) {
 			}
 			return key, string(sum[:16]), string(v)
 		}
+		shapes := map[int][3]int64{} // the packed record store's shape per aggregate
 		call := func(s *redis.Script, a, from, to int, extra ...any) int64 {
 			if c.packed {
 				var key string
@@ -223,18 +225,24 @@ func TestRecordLayoutCandidates(t *testing.T) {
 						entries = append(entries, r[:c.indexed])
 					}
 				}
-				script := recordLayoutPacked
+				var got int64
 				if c.store {
-					script = recordLayoutStore
-					args = args[:0]
+					sh := shapes[a]
+					args = []any{sh[0], sh[1], sh[2]}
 					for i := from; i < to; i++ {
 						_, _, r := record(a, i)
 						args = append(args, r[:16], r[16:])
 					}
-				}
-				got, err := script.Run(ctx, rdb, []string{key, key + ":shape"}, args...).Int64()
-				if err != nil {
-					t.Fatal(err)
+					reply, err := recordLayoutStore.Run(ctx, rdb, []string{key}, args...).Int64Slice()
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, shapes[a] = reply[0], [3]int64(reply[1:])
+				} else {
+					var err error
+					if got, err = recordLayoutPacked.Run(ctx, rdb, []string{key}, args...).Int64(); err != nil {
+						t.Fatal(err)
+					}
 				}
 				if s == recordLayoutFill && c.indexed > 0 {
 					st := fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}:s", prefix, a)
