@@ -31,8 +31,41 @@
 local PACK_LOAD = 8 -- records per bucket at which a bucket splits (and at half of which one merges)
 local PACK_CHUNK = 4000 -- most arguments per command (Lua's unpack stops near 8000); even, for HSET
 
+local pbyte, psub, pfind, pfloor, pchar = string.byte, string.sub, string.find, math.floor, string.char
+local packedSteps = 0 -- records lookups walked past, for tests of the work a lookup takes
+
+-- packedWord reads the 4 bytes of s at at as a little-endian number.
+local function packedWord(s, at)
+  local a, b, c, d = pbyte(s, at, at + 3)
+  return a + 256 * (b + 256 * (c + 256 * d))
+end
+-- packedName is bucket b's field (no number formatting: a byte per 8 bits of b).
+local function packedName(b)
+  if b < 256 then return pchar(b) end
+  if b < 65536 then return pchar(b % 256, pfloor(b / 256)) end
+  if b < 16777216 then return pchar(b % 256, pfloor(b / 256) % 256, pfloor(b / 65536)) end
+  return pchar(b % 256, pfloor(b / 256) % 256, pfloor(b / 65536) % 256, pfloor(b / 16777216))
+end
+-- packedLocate returns where fp's record starts in v and its end (inclusive), or nil. A plain
+-- search finds fp; a match counts only where a record starts, which a walk of the records'
+-- lengths tells. The walk only moves forward and the next search starts at the next record, so a
+-- lookup reads a bucket once however many false matches its bytes hold.
+local function packedLocate(v, fp, len)
+  local from, rec = 1, 1
+  while true do
+    local at = pfind(v, fp, from, true)
+    if not at then return nil end
+    while rec < at do rec = rec + 16 + len[pbyte(v, rec + 16)]; packedSteps = packedSteps + 1 end
+    if rec == at then return at, at + 15 + len[pbyte(v, at + 16)] end
+    from = rec
+  end
+end
+
+-- The functions here are made once per script call; a store's own closures are only those that
+-- share its state (a closure costs in proportion to the variables it captures).
 local function newPackedRecords(key, len, L, p, n)
-  local byte, sub, find, floor, char = string.byte, string.sub, string.find, math.floor, string.char
+  local byte, sub, floor = pbyte, psub, pfloor
+  local word, name = packedWord, packedName
   local call = redis.call
   local self = {}
   L, p, n = L or 0, p or 0, n or 0
@@ -42,40 +75,13 @@ local function newPackedRecords(key, len, L, p, n)
   -- a bucket near 2^26), as apply.lua's tables keyed by -hour avoid too.
   local held = {}  -- -1 - bucket -> its records as read or changed ('' when empty); nil: not read
   local dirty = {} -- -1 - bucket -> true when held differs from what the hash stores
-  local steps = 0  -- records walked past, for tests of the work a lookup takes
 
-  local function word(s, at)
-    local a, b, c, d = byte(s, at, at + 3)
-    return a + 256 * (b + 256 * (c + 256 * d))
-  end
   local function bucketOf(x)
     local b = x % size
     if b < p then b = x % (2 * size) end
     return b
   end
-  -- name is bucket b's field (no number formatting: a byte per 8 bits of b).
-  local function name(b)
-    if b < 256 then return char(b) end
-    if b < 65536 then return char(b % 256, floor(b / 256)) end
-    if b < 16777216 then return char(b % 256, floor(b / 256) % 256, floor(b / 65536)) end
-    return char(b % 256, floor(b / 256) % 256, floor(b / 65536) % 256, floor(b / 16777216))
-  end
   self.bucketOf = function(fp) return bucketOf(word(fp, 1)) end
-
-  -- locate returns where fp's record starts in v and its end (inclusive), or nil. A plain search
-  -- finds fp; a match counts only where a record starts, which a walk of the records' lengths
-  -- tells. The walk only moves forward and the next search starts at the next record, so a
-  -- lookup reads a bucket once however many false matches its bytes hold.
-  local function locate(v, fp)
-    local from, rec = 1, 1
-    while true do
-      local at = find(v, fp, from, true)
-      if not at then return nil end
-      while rec < at do rec = rec + 16 + len[byte(v, rec + 16)]; steps = steps + 1 end
-      if rec == at then return at, at + 15 + len[byte(v, at + 16)] end
-      from = rec
-    end
-  end
 
   local function read(bs)
     local names, nums, seen = {}, {}, {}
@@ -142,7 +148,7 @@ local function newPackedRecords(key, len, L, p, n)
     if held[k] == nil then read({b}) end
     local v = held[k]
     if fp == lastFp and k == lastB and v == lastV then return k, v, lastAt, lastEnd end
-    local at, last = locate(v, fp)
+    local at, last = packedLocate(v, fp, len)
     lastFp, lastB, lastV, lastAt, lastEnd = fp, k, v, at, last
     return k, v, at, last
   end
@@ -193,7 +199,7 @@ local function newPackedRecords(key, len, L, p, n)
   end
 
   self.shape = function() return L, p, n end
-  self.steps = function() return steps end
+  self.steps = function() return packedSteps end
 
   -- flush writes the buckets the call changed; nothing when it changed nothing.
   self.flush = function()
