@@ -18,8 +18,8 @@
 -- stored) is the caller's to keep, beside state it reads anyway: newPackedRecords(key, len, L, p,
 -- n) opens the store, shape() returns it as the call leaves it. A call loads the buckets of the
 -- fingerprints it needs at once (one HMGET; any other is read when first needed), finds, puts and
--- deletes in memory, and flushes once (one HSET and one HDEL at most, nothing when it changed
--- nothing).
+-- deletes in memory, and flushes once (one HSET and one HDEL, in chunks past 2 000 buckets;
+-- nothing when no bucket ends the call other than it began).
 --
 -- Fingerprints come from the caller, 16 bytes each, and must be unpredictable to whoever chooses
 -- the ids (a keyed hash, HMAC-SHA-256 under a secret of the installation, truncated): the address
@@ -64,16 +64,24 @@ end
 -- The functions here are made once per script call; a store's own closures are only those that
 -- share its state (a closure costs in proportion to the variables it captures).
 local function newPackedRecords(key, len, L, p, n)
-  local byte, sub, floor = pbyte, psub, pfloor
+  local byte, sub, floor, min = pbyte, psub, pfloor, math.min
   local word, name = packedWord, packedName
   local call = redis.call
   local self = {}
   L, p, n = L or 0, p or 0, n or 0
   local size = 2 ^ L -- 2^L, kept beside L
+  -- Only a shape the store returned is accepted: any other would address records where they are
+  -- not, or read more buckets than the call needs.
+  if L < 0 or L > 31 or L % 1 ~= 0 or p < 0 or p >= size or p % 1 ~= 0 or n < 0 or n % 1 ~= 0
+      or n > PACK_LOAD * (size + p) or (size + p > 1 and 2 * n < PACK_LOAD * (size + p - 1)) then
+    error('packed records: shape ' .. L .. ',' .. p .. ',' .. n .. ' is none the store leaves')
+  end
   -- Tables are keyed by -1 - b, not b: the embedded server's Lua (gopher-lua) stores a positive
   -- integer key in a table's array part, filling every index below it (seconds and gigabytes at
   -- a bucket near 2^26), as apply.lua's tables keyed by -hour avoid too.
   local held = {}  -- -1 - bucket -> its records as read or changed ('' when empty); nil: not read
+  local stored = {} -- -1 - bucket -> its records as the hash holds them ('' when absent), once read
+  local fieldsRead = 0 -- bucket fields read, for tests of what a call reads
   local dirty = {} -- -1 - bucket -> true when held differs from what the hash stores
 
   local function bucketOf(x)
@@ -93,7 +101,8 @@ local function newPackedRecords(key, len, L, p, n)
     for i = 1, #names, PACK_CHUNK do
       local last = math.min(i + PACK_CHUNK - 1, #names)
       local got = call('HMGET', key, unpack(names, i, last))
-      for j = i, last do held[nums[j]] = got[j - i + 1] or '' end
+      for j = i, last do local v = got[j - i + 1] or ''; held[nums[j]], stored[nums[j]] = v, v end
+      fieldsRead = fieldsRead + last - i + 1
     end
   end
 
@@ -103,8 +112,10 @@ local function newPackedRecords(key, len, L, p, n)
   self.load = function(fps)
     local bs = {}
     for i, fp in ipairs(fps) do bs[i] = bucketOf(word(fp, 1)) end
-    local q, sz = p, size
-    for _ = 1, floor((n + #fps) / PACK_LOAD) - (size + p) + 1 do
+    -- Buckets split in order from p, wrapping to 0 at the next level; the first 2^L + p of them
+    -- are those the hash holds now (any later one this call would make first, so it is not read).
+    local q, sz, nb = p, size, size + p
+    for _ = 1, min(nb, floor((n + #fps) / PACK_LOAD) - nb + 1) do
       bs[#bs + 1] = q
       q = q + 1
       if q == sz then q, sz = 0, 2 * sz end
@@ -126,7 +137,10 @@ local function newPackedRecords(key, len, L, p, n)
     held[-1 - p], held[-1 - p - size] = table.concat(stay), table.concat(go)
     dirty[-1 - p], dirty[-1 - p - size] = true, true
     p = p + 1
-    if p == size then L, p, size = L + 1, 0, 2 * size end
+    if p == size then
+      if L == 31 then error('packed records: 2^32 buckets, the most a 4-byte address names') end
+      L, p, size = L + 1, 0, 2 * size
+    end
   end
   -- merge folds the last bucket back into the one it split from.
   local function merge()
@@ -162,6 +176,9 @@ local function newPackedRecords(key, len, L, p, n)
 
   -- put stores payload as fp's record, in place of the one it has, if any.
   self.put = function(fp, payload)
+    if #fp ~= 16 or len[byte(payload, 1)] ~= #payload then
+      error('packed records: a record is a 16-byte fingerprint and a payload of its tag\'s length')
+    end
     local k, v, at, last = find1(fp)
     if at then
       held[k] = sub(v, 1, at + 15) .. payload .. sub(v, last + 1)
@@ -183,31 +200,36 @@ local function newPackedRecords(key, len, L, p, n)
     return true
   end
 
-  -- each calls f(fp, payload) for every record whose fingerprint begins with the 4 bytes of
-  -- prefix (they share a bucket): how an index of 4-byte prefixes finds records. f must not put
-  -- or delete.
+  -- each calls f(fp, payload) for every record whose fingerprint begins with prefix (4 to 16
+  -- bytes; the first 4 name the bucket): how an index of 4-byte prefixes finds records. f must
+  -- not put or delete.
   self.each = function(prefix, f)
     local b = bucketOf(word(prefix, 1))
     if held[-1 - b] == nil then read({b}) end
     local v = held[-1 - b]
-    local at = 1
+    local at, w = 1, #prefix - 1
     while at <= #v do
       local last = at + 15 + len[byte(v, at + 16)]
-      if sub(v, at, at + 3) == prefix then f(sub(v, at, at + 15), sub(v, at + 16, last)) end
+      if sub(v, at, at + w) == prefix then f(sub(v, at, at + 15), sub(v, at + 16, last)) end
       at = last + 1
     end
   end
 
   self.shape = function() return L, p, n end
+  self.fieldsRead = function() return fieldsRead end
   self.steps = function() return packedSteps end
 
-  -- flush writes the buckets the call changed; nothing when it changed nothing.
+  -- flush writes the buckets whose records differ from what the hash holds (a put of what was
+  -- there, or a record put and deleted again, writes nothing).
   self.flush = function()
     local sets, dels = {}, {}
     for k in pairs(dirty) do
       local v = held[k]
-      if v == '' then dels[#dels + 1] = name(-1 - k)
-      else sets[#sets + 1] = name(-1 - k); sets[#sets + 1] = v end
+      if v ~= (stored[k] or '') then
+        if v == '' then dels[#dels + 1] = name(-1 - k)
+        else sets[#sets + 1] = name(-1 - k); sets[#sets + 1] = v end
+        stored[k] = v
+      end
     end
     for i = 1, #dels, PACK_CHUNK do call('HDEL', key, unpack(dels, i, math.min(i + PACK_CHUNK - 1, #dels))) end
     for i = 1, #sets, PACK_CHUNK do call('HSET', key, unpack(sets, i, math.min(i + PACK_CHUNK - 1, #sets))) end

@@ -45,13 +45,14 @@ end
 // in KEYS[2]): ARGV[1]
 // "load" or "lazy", then triples of op ("g" get, "p" put, "d" delete, "e" each), fingerprint (for
 // "e" a 4-byte prefix) and payload (for "p"). Tags a, b and c mean payloads of 15, 22 and 29
-// bytes. It loads every bucket the call names first (unless lazy: each is then read when first
-// needed), runs the operations in order, flushes, and returns one reply per operation: the payload
-// or false, 1 or 0 for a delete, the matching records end to end for "e".
+// bytes ("r" takes no operand). It loads every bucket the call names first (unless lazy: each is
+// then read when first needed), runs the operations in order, flushes, and returns one reply per
+// operation: the payload or false, 1 or 0 for a delete, the matching records end to end for "e",
+// the bucket fields read so far for "r".
 var packedRecordsDriver = redis.NewScript(packedRecordsSource + packedShapeLua + `
 local s, was = openPacked({[97] = 15, [98] = 22, [99] = 29})
 local fps = {}
-for i = 3, #ARGV, 3 do fps[#fps + 1] = ARGV[i] end
+for i = 3, #ARGV, 3 do if ARGV[i] ~= '' then fps[#fps + 1] = ARGV[i] end end
 if ARGV[1] == 'load' then s.load(fps) end
 local out = {}
 for i = 2, #ARGV, 3 do
@@ -60,6 +61,7 @@ for i = 2, #ARGV, 3 do
   if op == 'g' then r = s.get(fp) or false
   elseif op == 'p' then s.put(fp, ARGV[i + 2]); r = 1
   elseif op == 'd' then r = s.delete(fp) and 1 or 0
+  elseif op == 'r' then r = s.fieldsRead()
   else
     local got = {}
     s.each(fp, function(f, v) got[#got + 1] = f .. v end)
@@ -324,7 +326,9 @@ func checkPackedNames(t *testing.T, c *redis.Client, keys []string) {
 	ctx := context.Background()
 	for _, level := range []int{7, 15, 23, 26} {
 		c.Del(ctx, keys...)
-		c.Set(ctx, keys[1], fmt.Sprintf("%d,5,0", level), 0)
+		// A shape the store could leave: about 4 records a bucket, none of them stored here.
+		stated := 4 * ((1 << level) + 4)
+		c.Set(ctx, keys[1], fmt.Sprintf("%d,5,%d", level, stated), 0)
 		r := rand.New(rand.NewPCG(uint64(level), 3))
 		model := map[string]string{}
 		args := []any{"load"}
@@ -341,6 +345,13 @@ func checkPackedNames(t *testing.T, c *redis.Client, keys []string) {
 		if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
 			t.Fatal(err)
 		}
+		// The shape counts the stated records too; the hash holds the model's alone.
+		var l, sp, n int
+		fmt.Sscanf(c.Get(ctx, keys[1]).Val(), "%d,%d,%d", &l, &sp, &n)
+		if n != stated+len(model) {
+			t.Fatalf("level %d: the shape counts %d records, want %d", level, n, stated+len(model))
+		}
+		c.Set(ctx, keys[1], fmt.Sprintf("%d,%d,%d", l, sp, len(model)), 0)
 		checkPackedPlaces(t, c, keys, model)
 	}
 }
@@ -439,6 +450,19 @@ func TestPackedRecordsReadsWriteNothing(t *testing.T) {
 	if got[0] != fmt.Sprintf("a%014d", 7) {
 		t.Fatalf("read %q", got[0])
 	}
+	// Calls that end with every bucket as it was: a record put again as it is, a record put and
+	// deleted again. A prefix of 16 bytes finds its one record.
+	fp7, fp8 := fmt.Sprintf("%016d", 7), fmt.Sprintf("%016d", 8)
+	got, err = packedRecordsDriver.RunRO(ctx, c, keys, "load",
+		"p", fp7, fmt.Sprintf("a%014d", 7),
+		"p", "new-fingerprint!", "b"+strings.Repeat("x", 21), "d", "new-fingerprint!", "",
+		"e", fp8, "").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[3] != fp8+fmt.Sprintf("a%014d", 8) {
+		t.Fatalf("each of a whole fingerprint found %q", got[3])
+	}
 }
 
 // TestPackedRecordsSplitInOneRead: a call whose new records split buckets reads the buckets that
@@ -480,5 +504,74 @@ func TestPackedRecordsSplitInOneRead(t *testing.T) {
 	fmt.Sscanf(c.Get(ctx, keys[1]).Val(), "%d,%d,%d", &level, &split, &n)
 	if n != 8*64+200 || (1<<level)+split < 64+20 {
 		t.Fatalf("shape %d,%d,%d: the calls did not split", level, split, n)
+	}
+}
+
+// packedOpen opens the store of KEYS[1] on the shape ARGV gives (numbers as they come) and reads
+// nothing.
+var packedOpen = redis.NewScript(packedRecordsSource + `
+newPackedRecords(KEYS[1], {}, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+return 1
+`)
+
+// TestPackedRecordsRefuseForeignShapes: the store opens only on a shape it could have left (any
+// other would address records where they are not), and takes only records of the lengths their
+// tags say, with the same error on Redis and on the embedded server.
+func TestPackedRecordsRefuseForeignShapes(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]*redis.Client{
+		"embedded": redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}),
+		"redis":    testenv.Redis(t),
+	} {
+		t.Run(name, func(t *testing.T) {
+			keys := packedKeys(t, c, "packed-shapes")
+			for _, shape := range []string{"0,1,0", "5,6,0", "0,0,9", "1,0,0", "2,1,41", "32,0,0"} {
+				c.Set(ctx, keys[1], shape, 0)
+				err := packedRecordsDriver.Run(ctx, c, keys, "load", "g", strings.Repeat("f", 16), "").Err()
+				if err == nil || !strings.Contains(err.Error(), "is none the store leaves") {
+					t.Errorf("shape %s: %v", shape, err)
+				}
+			}
+			for _, shape := range []string{"0,0,0", "0,0,8", "1,0,5", "2,3,40"} {
+				c.Set(ctx, keys[1], shape, 0)
+				if err := packedRecordsDriver.Run(ctx, c, keys, "load", "g", strings.Repeat("f", 16), "").Err(); err != nil {
+					t.Errorf("shape %s: %v", shape, err)
+				}
+			}
+			for _, shape := range [][3]any{{1, 0, -1}, {0.5, 0, 0}, {1, 0.5, 4}, {2, 1, 39.5}} {
+				err := packedOpen.Run(ctx, c, keys[:1], shape[:]...).Err()
+				if err == nil || !strings.Contains(err.Error(), "is none the store leaves") {
+					t.Errorf("shape %v: %v", shape, err)
+				}
+			}
+			c.Del(ctx, keys...)
+			for _, rec := range [][2]string{{"short", "a" + strings.Repeat("x", 14)}, {strings.Repeat("f", 16), "a" + strings.Repeat("x", 13)}, {strings.Repeat("f", 16), "z" + strings.Repeat("x", 14)}} {
+				err := packedRecordsDriver.Run(ctx, c, keys, "load", "p", rec[0], rec[1]).Err()
+				if err == nil || !strings.Contains(err.Error(), "a record is a 16-byte fingerprint") {
+					t.Errorf("record %q %q: %v", rec[0], rec[1], err)
+				}
+			}
+		})
+	}
+}
+
+// TestPackedRecordsGrowFromEmptyReadsOnce: a call that fills an empty store reads the one bucket
+// there is, not the buckets its splits will make.
+func TestPackedRecordsGrowFromEmptyReadsOnce(t *testing.T) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer c.Close()
+	keys := []string{"{p}:o", "{p}:shape"}
+	args := []any{"load"}
+	for i := range 2000 {
+		args = append(args, "p", fmt.Sprintf("%016x", uint64(i)*0x9e3779b97f4a7c15), fmt.Sprintf("a%014d", i))
+	}
+	args = append(args, "r", "", "")
+	got, err := packedRecordsDriver.Run(ctx, c, keys, args...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read := got[len(got)-1]; read != int64(1) {
+		t.Fatalf("filling an empty store read %v bucket fields", read)
 	}
 }
