@@ -82,14 +82,13 @@ local function newPackedRecords(key, len, L, p, n)
   local held = {}  -- -1 - bucket -> its records as read or changed ('' when empty); nil: not read
   local stored = {} -- -1 - bucket -> its records as the hash holds them ('' when absent), once read
   local fieldsRead = 0 -- bucket fields read, for tests of what a call reads
-  local dirty = {} -- -1 - bucket -> true when held differs from what the hash stores
+  local dirty = {} -- -1 - bucket -> true when the call changed held (flush compares with stored)
 
   local function bucketOf(x)
     local b = x % size
     if b < p then b = x % (2 * size) end
     return b
   end
-  self.bucketOf = function(fp) return bucketOf(word(fp, 1)) end
 
   local function read(bs)
     local names, nums, seen = {}, {}, {}
@@ -99,7 +98,7 @@ local function newPackedRecords(key, len, L, p, n)
       end
     end
     for i = 1, #names, PACK_CHUNK do
-      local last = math.min(i + PACK_CHUNK - 1, #names)
+      local last = min(i + PACK_CHUNK - 1, #names)
       local got = call('HMGET', key, unpack(names, i, last))
       for j = i, last do local v = got[j - i + 1] or ''; held[nums[j]], stored[nums[j]] = v, v end
       fieldsRead = fieldsRead + last - i + 1
@@ -231,8 +230,8 @@ local function newPackedRecords(key, len, L, p, n)
         stored[k] = v
       end
     end
-    for i = 1, #dels, PACK_CHUNK do call('HDEL', key, unpack(dels, i, math.min(i + PACK_CHUNK - 1, #dels))) end
-    for i = 1, #sets, PACK_CHUNK do call('HSET', key, unpack(sets, i, math.min(i + PACK_CHUNK - 1, #sets))) end
+    for i = 1, #dels, PACK_CHUNK do call('HDEL', key, unpack(dels, i, min(i + PACK_CHUNK - 1, #dels))) end
+    for i = 1, #sets, PACK_CHUNK do call('HSET', key, unpack(sets, i, min(i + PACK_CHUNK - 1, #sets))) end
     dirty = {}
   end
 

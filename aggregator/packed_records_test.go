@@ -314,12 +314,17 @@ func checkPackedPlaces(t *testing.T, c *redis.Client, keys []string, model map[s
 // Redis and on the embedded server (whose Lua tables would fill every index below a bucket
 // number used as a key: seconds and gigabytes at this level).
 func TestPackedRecordsNameEveryBucket(t *testing.T) {
-	for name, c := range map[string]*redis.Client{
-		"embedded": redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}),
-		"redis":    testenv.Redis(t),
-	} {
-		t.Run(name, func(t *testing.T) { checkPackedNames(t, c, packedKeys(t, c, "packed-names")) })
-	}
+	onBackends(t, true, func(t *testing.T, addr string) {
+		c := packedClient(t, addr)
+		checkPackedNames(t, c, packedKeys(t, c, "packed-names"))
+	})
+}
+
+// packedClient is a client of addr, closed when the test ends.
+func packedClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func checkPackedNames(t *testing.T, c *redis.Client, keys []string) {
@@ -519,40 +524,36 @@ return 1
 // tags say, with the same error on Redis and on the embedded server.
 func TestPackedRecordsRefuseForeignShapes(t *testing.T) {
 	ctx := context.Background()
-	for name, c := range map[string]*redis.Client{
-		"embedded": redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}),
-		"redis":    testenv.Redis(t),
-	} {
-		t.Run(name, func(t *testing.T) {
-			keys := packedKeys(t, c, "packed-shapes")
-			for _, shape := range []string{"0,1,0", "5,6,0", "0,0,9", "1,0,0", "2,1,41", "32,0,0"} {
-				c.Set(ctx, keys[1], shape, 0)
-				err := packedRecordsDriver.Run(ctx, c, keys, "load", "g", strings.Repeat("f", 16), "").Err()
-				if err == nil || !strings.Contains(err.Error(), "is none the store leaves") {
-					t.Errorf("shape %s: %v", shape, err)
-				}
+	onBackends(t, true, func(t *testing.T, addr string) {
+		c := packedClient(t, addr)
+		keys := packedKeys(t, c, "packed-shapes")
+		for _, shape := range []string{"0,1,0", "5,6,0", "0,0,9", "1,0,0", "2,1,41", "32,0,0"} {
+			c.Set(ctx, keys[1], shape, 0)
+			err := packedRecordsDriver.Run(ctx, c, keys, "load", "g", strings.Repeat("f", 16), "").Err()
+			if err == nil || !strings.Contains(err.Error(), "is none the store leaves") {
+				t.Errorf("shape %s: %v", shape, err)
 			}
-			for _, shape := range []string{"0,0,0", "0,0,8", "1,0,5", "2,3,40"} {
-				c.Set(ctx, keys[1], shape, 0)
-				if err := packedRecordsDriver.Run(ctx, c, keys, "load", "g", strings.Repeat("f", 16), "").Err(); err != nil {
-					t.Errorf("shape %s: %v", shape, err)
-				}
+		}
+		for _, shape := range []string{"0,0,0", "0,0,8", "1,0,5", "2,3,40"} {
+			c.Set(ctx, keys[1], shape, 0)
+			if err := packedRecordsDriver.Run(ctx, c, keys, "load", "g", strings.Repeat("f", 16), "").Err(); err != nil {
+				t.Errorf("shape %s: %v", shape, err)
 			}
-			for _, shape := range [][3]any{{1, 0, -1}, {0.5, 0, 0}, {1, 0.5, 4}, {2, 1, 39.5}} {
-				err := packedOpen.Run(ctx, c, keys[:1], shape[:]...).Err()
-				if err == nil || !strings.Contains(err.Error(), "is none the store leaves") {
-					t.Errorf("shape %v: %v", shape, err)
-				}
+		}
+		for _, shape := range [][3]any{{1, 0, -1}, {0.5, 0, 0}, {1, 0.5, 4}, {2, 1, 39.5}} {
+			err := packedOpen.Run(ctx, c, keys[:1], shape[:]...).Err()
+			if err == nil || !strings.Contains(err.Error(), "is none the store leaves") {
+				t.Errorf("shape %v: %v", shape, err)
 			}
-			c.Del(ctx, keys...)
-			for _, rec := range [][2]string{{"short", "a" + strings.Repeat("x", 14)}, {strings.Repeat("f", 16), "a" + strings.Repeat("x", 13)}, {strings.Repeat("f", 16), "z" + strings.Repeat("x", 14)}} {
-				err := packedRecordsDriver.Run(ctx, c, keys, "load", "p", rec[0], rec[1]).Err()
-				if err == nil || !strings.Contains(err.Error(), "a record is a 16-byte fingerprint") {
-					t.Errorf("record %q %q: %v", rec[0], rec[1], err)
-				}
+		}
+		c.Del(ctx, keys...)
+		for _, rec := range [][2]string{{"short", "a" + strings.Repeat("x", 14)}, {strings.Repeat("f", 16), "a" + strings.Repeat("x", 13)}, {strings.Repeat("f", 16), "z" + strings.Repeat("x", 14)}} {
+			err := packedRecordsDriver.Run(ctx, c, keys, "load", "p", rec[0], rec[1]).Err()
+			if err == nil || !strings.Contains(err.Error(), "a record is a 16-byte fingerprint") {
+				t.Errorf("record %q %q: %v", rec[0], rec[1], err)
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestPackedRecordsGrowFromEmptyReadsOnce: a call that fills an empty store reads the one bucket

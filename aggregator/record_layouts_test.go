@@ -14,28 +14,33 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// recordLayoutAppendIndex is Lua that appends entries to the index of state key st as apply.lua
+// keeps one: an open chunk, closed into a field of its own before it passes 480 bytes.
+const recordLayoutAppendIndex = `
+local function appendIndex(st, entries)
+  local open = redis.call('HGET', st, 'open') or ''
+  local closed = tonumber(redis.call('HGET', st, 'closed') or '0')
+  for _, e in ipairs(entries) do
+    if #open + #e > 480 then closed = closed + 1; redis.call('HSET', st, 'c' .. closed, open); open = '' end
+    open = open .. e
+  end
+  redis.call('HSET', st, 'open', open, 'closed', closed)
+end
+`
+
 // recordLayoutFill stores one aggregate's records and index entries in a candidate layout.
 // KEYS: the keys the records go to, one per record (all the same key but in a bucketed layout),
 // then the state key that holds the index. ARGV[1] the index entry width in bytes (0: the whole
 // field, -1 none), then field, value pairs.
-var recordLayoutFill = redis.NewScript(`
+var recordLayoutFill = redis.NewScript(recordLayoutAppendIndex + `
 local w, n = tonumber(ARGV[1]), (#ARGV - 1) / 2
-if w < 0 then
-  for i = 1, n do redis.call('HSET', KEYS[i], ARGV[2 * i], ARGV[2 * i + 1]) end
-  return n
-end
-local chunk, k = {}, 0
-local st = KEYS[#KEYS]
-local open = redis.call('HGET', st, 'open') or ''
-local closed = tonumber(redis.call('HGET', st, 'closed') or '0')
+local entries = {}
 for i = 1, n do
   local f = ARGV[2 * i]
   redis.call('HSET', KEYS[i], f, ARGV[2 * i + 1])
-  local e = w == 0 and f or string.sub(f, 1, w)
-  if #open + #e > 480 then closed = closed + 1; redis.call('HSET', st, 'c' .. closed, open); open = '' end
-  open = open .. e
+  entries[i] = w == 0 and f or string.sub(f, 1, w)
 end
-redis.call('HSET', st, 'open', open, 'closed', closed)
+if w >= 0 then appendIndex(KEYS[#KEYS], entries) end
 return n
 `)
 
@@ -119,16 +124,8 @@ return {(t1[1] - t0[1]) * 1000000 + (t1[2] - t0[2]), L, p, n}
 
 // recordLayoutIndex appends index entries to the open chunk of KEYS[1], as recordLayoutFill does,
 // for layouts whose records are written by another script. ARGV the entries.
-var recordLayoutIndex = redis.NewScript(`
-local st = KEYS[1]
-local open = redis.call('HGET', st, 'open') or ''
-local closed = tonumber(redis.call('HGET', st, 'closed') or '0')
-for i = 1, #ARGV do
-  local e = ARGV[i]
-  if #open + #e > 480 then closed = closed + 1; redis.call('HSET', st, 'c' .. closed, open); open = '' end
-  open = open .. e
-end
-redis.call('HSET', st, 'open', open, 'closed', closed)
+var recordLayoutIndex = redis.NewScript(recordLayoutAppendIndex + `
+appendIndex(KEYS[1], ARGV)
 return #ARGV
 `)
 
@@ -217,22 +214,23 @@ func TestRecordLayoutCandidates(t *testing.T) {
 			if c.packed {
 				var key string
 				var args, entries []any
+				if c.store {
+					sh := shapes[a]
+					args = []any{sh[0], sh[1], sh[2]} // the store names its own buckets
+				}
 				for i := from; i < to; i++ {
 					k, b, r := record(a, i)
 					key = k
-					args = append(args, b, r[:16], r[16:])
+					if !c.store {
+						args = append(args, b)
+					}
+					args = append(args, r[:16], r[16:])
 					if c.indexed > 0 {
 						entries = append(entries, r[:c.indexed])
 					}
 				}
 				var got int64
 				if c.store {
-					sh := shapes[a]
-					args = []any{sh[0], sh[1], sh[2]}
-					for i := from; i < to; i++ {
-						_, _, r := record(a, i)
-						args = append(args, r[:16], r[16:])
-					}
 					reply, err := recordLayoutStore.Run(ctx, rdb, []string{key}, args...).Int64Slice()
 					if err != nil {
 						t.Fatal(err)

@@ -27,8 +27,9 @@ import (
 // (they are skipped without it: a change that means to change what a script stores differs from
 // every earlier revision).
 
-// equivApplyBackends runs f on the test Redis and, when embedded, on an embedded one.
-func equivApplyBackends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
+// onBackends runs f on the test Redis and, when embedded, on an embedded one (the server of
+// `repeatrate dev`, whose Lua is gopher-lua).
+func onBackends(t *testing.T, embedded bool, f func(t *testing.T, addr string)) {
 	if embedded {
 		t.Run("embedded", func(t *testing.T) { f(t, miniredis.RunT(t).Addr()) })
 	}
@@ -201,7 +202,7 @@ func TestApplyScriptSameAsPrevious(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 3))
 			batches := equivCut(r, randomStreamOver(r, tc.n, tc.span, tc.jumpEvery), tc.maxBatch)
-			equivApplyBackends(t, tc.embedded, func(t *testing.T, addr string) {
+			onBackends(t, tc.embedded, func(t *testing.T, addr string) {
 				got := equivCompare(t, addr, RedisConfig{Retention: tc.retention}, batches)
 				for _, o := range []Outcome{Counted, Reassessed, Duplicate, Stale, Expired} {
 					if got[o] == 0 {
@@ -223,7 +224,7 @@ func TestApplyScriptSameAsPrevious(t *testing.T) {
 			at := end.Add(time.Duration(i) * 40 * time.Hour)
 			batches = append(batches, equivBatch{equivWide(r, 1500, 100, at), at})
 		}
-		equivApplyBackends(t, false, func(t *testing.T, addr string) {
+		onBackends(t, false, func(t *testing.T, addr string) {
 			equivCompare(t, addr, RedisConfig{Retention: 3 * 24 * time.Hour}, batches)
 		})
 	})
