@@ -23,12 +23,9 @@ const ReadToken = "rr-test-busy-reader-0123456789"
 // ReadSideArgs returns the flags of `run` that serve the read side on a free local port for
 // ReadToken in workspaces, with a rate limit the readers do not reach, and the address.
 func ReadSideArgs(workspaces []string) (args []string, addr string, err error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if addr, err = freshReadSideAddr(); err != nil {
 		return nil, "", err
 	}
-	addr = l.Addr().String()
-	l.Close()
 	sum := sha256.Sum256([]byte(ReadToken))
 	grants := make([]string, len(workspaces))
 	for i, w := range workspaces {
@@ -38,6 +35,32 @@ func ReadSideArgs(workspaces []string) (args []string, addr string, err error) {
 		// The readers are to keep the suite store busy, not to be refused by the limits that
 		// protect it from one token.
 		"--http-rate-limit=100000", "--http-read-budget=100000000", "--http-max-reads-in-flight=1000"}, addr, nil
+}
+
+// handedOut holds the addresses ReadSideArgs gave: a port closed after Listen(":0") can be given
+// again by the next Listen, and two processors of one scenario told the same port fail to start.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// freshReadSideAddr returns a free local address that this process has not handed out before.
+func freshReadSideAddr() (string, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("no local port this process has not handed out in 100 tries")
 }
 
 // SuiteRef names a suite the busy readers read.
