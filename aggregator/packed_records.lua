@@ -34,11 +34,6 @@ local PACK_CHUNK = 4000 -- most arguments per command (Lua's unpack stops near 8
 local pbyte, psub, pfind, pfloor, pchar = string.byte, string.sub, string.find, math.floor, string.char
 local packedSteps = 0 -- records lookups walked past, for tests of the work a lookup takes
 
--- packedWord reads the 4 bytes of s at at as a little-endian number.
-local function packedWord(s, at)
-  local a, b, c, d = pbyte(s, at, at + 3)
-  return a + 256 * (b + 256 * (c + 256 * d))
-end
 -- packedName is bucket b's field (no number formatting: a byte per 8 bits of b).
 local function packedName(b)
   if b < 256 then return pchar(b) end
@@ -65,7 +60,7 @@ end
 -- share its state (a closure costs in proportion to the variables it captures).
 local function newPackedRecords(key, len, L, p, n)
   local byte, sub, floor, min = pbyte, psub, pfloor, math.min
-  local word, name = packedWord, packedName
+  local name = packedName
   local call = redis.call
   local self = {}
   L, p, n = L or 0, p or 0, n or 0
@@ -84,18 +79,23 @@ local function newPackedRecords(key, len, L, p, n)
   local fieldsRead = 0 -- bucket fields read, for tests of what a call reads
   local dirty = {} -- -1 - bucket -> true when the call changed held (flush compares with stored)
 
-  local function bucketOf(x)
-    local b = x % size
-    if b < p then b = x % (2 * size) end
-    return b
+  -- addr returns the bucket of a fingerprint (or prefix) s: its first 4 bytes as a little-endian
+  -- number x, x mod 2^L, or x mod 2^(L+1) when that is below p.
+  local function addr(s)
+    local a, b, c, d = byte(s, 1, 4)
+    local x = a + 256 * (b + 256 * (c + 256 * d))
+    local bk = x % size
+    if bk < p then bk = x % (2 * size) end
+    return bk
   end
 
+  -- read reads the buckets of bs not read yet, in one command per PACK_CHUNK of them (a bucket
+  -- named twice is read once: held holds false for it while its read is under way).
   local function read(bs)
-    local names, nums, seen = {}, {}, {}
+    local names, nums = {}, {}
     for _, b in ipairs(bs) do
-      if held[-1 - b] == nil and not seen[-1 - b] then
-        seen[-1 - b] = true; nums[#nums + 1] = -1 - b; names[#names + 1] = name(b)
-      end
+      local k = -1 - b
+      if held[k] == nil then held[k] = false; nums[#nums + 1] = k; names[#names + 1] = name(b) end
     end
     for i = 1, #names, PACK_CHUNK do
       local last = min(i + PACK_CHUNK - 1, #names)
@@ -110,7 +110,7 @@ local function newPackedRecords(key, len, L, p, n)
   -- a field more in this command costs less than a command of its own).
   self.load = function(fps)
     local bs = {}
-    for i, fp in ipairs(fps) do bs[i] = bucketOf(word(fp, 1)) end
+    for i, fp in ipairs(fps) do bs[i] = addr(fp) end
     -- Buckets split in order from p, wrapping to 0 at the next level; the first 2^L + p of them
     -- are those the hash holds now (any later one this call would make first, so it is not read).
     local q, sz, nb = p, size, size + p
@@ -122,17 +122,26 @@ local function newPackedRecords(key, len, L, p, n)
     read(bs)
   end
 
-  -- split moves the records of bucket p whose bit L is set to the new bucket p + 2^L.
+  -- split moves the records of bucket p whose bit L is set to the new bucket p + 2^L. Bit L of a
+  -- fingerprint's address is bit L % 8 of its byte L // 8 + 1; records that go the same way in a
+  -- row are moved as one piece.
   local function split()
     if held[-1 - p] == nil then read({p}) end
-    local v, stay, go = held[-1 - p], {}, {}
-    local at = 1
-    while at <= #v do
-      local last = at + 15 + len[byte(v, at + 16)]
-      if floor(word(v, at) / size) % 2 == 1 then go[#go + 1] = sub(v, at, last)
-      else stay[#stay + 1] = sub(v, at, last) end
-      at = last + 1
+    local v = held[-1 - p]
+    local off, bit = floor(L / 8), 2 ^ (L % 8)
+    local stay, go, ns, ng = {}, {}, 0, 0
+    local at, from, dir, size1 = 1, 1, nil, #v
+    while at <= size1 do
+      local d = floor(byte(v, at + off) / bit) % 2
+      if d ~= dir then
+        if dir == 1 then ng = ng + 1; go[ng] = sub(v, from, at - 1)
+        elseif dir == 0 then ns = ns + 1; stay[ns] = sub(v, from, at - 1) end
+        from, dir = at, d
+      end
+      at = at + 16 + len[byte(v, at + 16)]
     end
+    if dir == 1 then ng = ng + 1; go[ng] = sub(v, from)
+    elseif dir == 0 then ns = ns + 1; stay[ns] = sub(v, from) end
     held[-1 - p], held[-1 - p - size] = table.concat(stay), table.concat(go)
     dirty[-1 - p], dirty[-1 - p - size] = true, true
     p = p + 1
@@ -156,7 +165,7 @@ local function newPackedRecords(key, len, L, p, n)
   local lastFp, lastB, lastV, lastAt, lastEnd
   -- find1 returns fp's bucket (as held's key), its records and where fp's record lies in them.
   local function find1(fp)
-    local b = bucketOf(word(fp, 1))
+    local b = addr(fp)
     local k = -1 - b
     if held[k] == nil then read({b}) end
     local v = held[k]
@@ -203,7 +212,7 @@ local function newPackedRecords(key, len, L, p, n)
   -- bytes; the first 4 name the bucket): how an index of 4-byte prefixes finds records. f must
   -- not put or delete.
   self.each = function(prefix, f)
-    local b = bucketOf(word(prefix, 1))
+    local b = addr(prefix)
     if held[-1 - b] == nil then read({b}) end
     local v = held[-1 - b]
     local at, w = 1, #prefix - 1
