@@ -70,7 +70,7 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 		return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
 			"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
 	case err == nil:
-		return State{Namespace: ns, Epoch: epoch}, nil
+		return withSecret(ctx, c, State{Namespace: ns, Epoch: epoch})
 	case !errors.Is(err, redis.Nil):
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	case hadProgress:
@@ -92,7 +92,16 @@ func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State
 	if err != nil {
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	}
-	return State{Namespace: ns, Epoch: got}, nil
+	return withSecret(ctx, c, State{Namespace: ns, Epoch: got})
+}
+
+// withSecret returns s once its namespace holds a fingerprint secret, creating one when it has
+// none: layout 10 does not use it yet, and layout 11's migration will find it in place.
+func withSecret(ctx context.Context, c redis.UniversalClient, s State) (State, error) {
+	if err := ensureFingerprintSecret(ctx, c, s.Namespace); err != nil {
+		return State{}, err
+	}
+	return s, nil
 }
 
 // NewNamespace creates a fresh namespace under prefix for a rebuild, with its own epoch. Nothing
