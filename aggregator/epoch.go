@@ -70,7 +70,12 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 		return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
 			"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
 	case err == nil:
-		return withSecret(ctx, c, State{Namespace: ns, Epoch: epoch})
+		// Layout 10 does not read the secret yet: a namespace opened without one (made by an
+		// earlier build) gets it now, for layout 11's migration to find in place.
+		if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
+			return State{}, err
+		}
+		return State{Namespace: ns, Epoch: epoch}, nil
 	case !errors.Is(err, redis.Nil):
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	case hadProgress:
@@ -84,6 +89,10 @@ func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State
 	b := make([]byte, 8)
 	rand.Read(b)
 	epoch := time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b) + stateLayout
+	// The secret before the epoch: whoever finds the epoch finds the secret too.
+	if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
+		return State{}, err
+	}
 	// NX: when several instances start at once, all adopt the first one's epoch.
 	if err := c.SetNX(ctx, EpochKey(ns), epoch, 0).Err(); err != nil {
 		return State{}, fmt.Errorf("create epoch: %w", err)
@@ -92,16 +101,7 @@ func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State
 	if err != nil {
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	}
-	return withSecret(ctx, c, State{Namespace: ns, Epoch: got})
-}
-
-// withSecret returns s once its namespace holds a fingerprint secret, creating one when it has
-// none: layout 10 does not use it yet, and layout 11's migration will find it in place.
-func withSecret(ctx context.Context, c redis.UniversalClient, s State) (State, error) {
-	if err := ensureFingerprintSecret(ctx, c, s.Namespace); err != nil {
-		return State{}, err
-	}
-	return s, nil
+	return State{Namespace: ns, Epoch: got}, nil
 }
 
 // NewNamespace creates a fresh namespace under prefix for a rebuild, with its own epoch. Nothing

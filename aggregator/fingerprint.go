@@ -55,7 +55,8 @@ func (f *Fingerprinter) Append(dst []byte, id string) []byte {
 	return append(dst, out[:FingerprintBytes]...)
 }
 
-// Format prints no secret, whatever the verb.
+// Format prints no secret, whatever the verb. (The zero Fingerprinter has no secret and must not
+// be used: OpenFingerprint makes them.)
 func (f *Fingerprinter) Format(s fmt.State, _ rune) { fmt.Fprint(s, "Fingerprinter{secret hidden}") }
 
 // ensureFingerprintSecret creates namespace ns's fingerprint secret unless it has one (SET NX:
@@ -70,8 +71,10 @@ func ensureFingerprintSecret(ctx context.Context, c redis.UniversalClient, ns st
 }
 
 // OpenFingerprint returns the fingerprinter of namespace ns. A namespace OpenState or NewNamespace
-// returned holds its secret; one without it has lost its state, and OpenFingerprint returns
-// ErrStateLost rather than make fingerprints that would find none of the records.
+// returned holds its secret (a new one gets it before its epoch); one without it has lost its
+// state, and OpenFingerprint returns ErrStateLost rather than make fingerprints that would find
+// none of the records. (While layout 10 is in force OpenState itself gives a namespace without a
+// secret a new one: nothing depends on it yet. Layout 11 will refuse such a namespace there.)
 func OpenFingerprint(ctx context.Context, c redis.UniversalClient, ns string) (*Fingerprinter, error) {
 	secret, err := c.Get(ctx, FingerprintKey(ns)).Bytes()
 	if errors.Is(err, redis.Nil) {

@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // A record of state layout 11 is a tag byte, then the winner's occurred and assessed times in 7
@@ -34,27 +37,39 @@ func recordLength(tag byte) int {
 	return n
 }
 
-// appendRecord appends o's layout-11 record to dst. Times are validated to 1970..2200 and seqs to
-// below 2⁵³ (schemas), so each fits its 7 bytes; one that does not is a bug, and panics rather
-// than be stored wrong.
-func appendRecord(dst []byte, o *Observation) []byte {
+// recordMaxMicros is the last µs a record holds: the schemas admit times before 2200, and seqs
+// up to schemas.MaxAssessmentSeq, so every number fits its 7 bytes with room to spare.
+var recordMaxMicros = Micros(time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)) - 1
+
+// appendRecord appends o's layout-11 record to dst. An observation the schemas would not have
+// admitted (a class outside the three, a time outside 1970..2200, a seq outside 0..2⁵³−1) is
+// refused, never written in bytes that would read back as something else.
+func appendRecord(dst []byte, o *Observation) ([]byte, error) {
+	if o.Class < Confirmed || o.Class > Unscored {
+		return dst, fmt.Errorf("opportunity %q: class %d is none of the three", o.OpportunityID, o.Class)
+	}
+	if !inRecordRange(o.Occurred, recordMaxMicros) || !inRecordRange(o.Assessed, recordMaxMicros) ||
+		!inRecordRange(o.Seq, schemas.MaxAssessmentSeq) {
+		return dst, fmt.Errorf("opportunity %q: occurred %d, assessed %d µs or seq %d outside what a record holds",
+			o.OpportunityID, o.Occurred, o.Assessed, o.Seq)
+	}
 	tag := byte(o.Class)
 	if o.Seq != 0 {
 		tag |= recordTagSeq
 	}
 	dst = append(dst, tag)
-	dst = appendTime(dst, o.Occurred)
-	dst = appendTime(dst, o.Assessed)
+	dst = appendNumber(dst, o.Occurred)
+	dst = appendNumber(dst, o.Assessed)
 	if o.Seq != 0 {
-		dst = appendTime(dst, o.Seq)
+		dst = appendNumber(dst, o.Seq)
 	}
-	return dst
+	return dst, nil
 }
 
-func appendTime(dst []byte, v int64) []byte {
-	if v < 0 || v >= 1<<(8*recordTimeBytes) {
-		panic(fmt.Sprintf("aggregator: %d does not fit a record's 7 bytes", v))
-	}
+func inRecordRange(v, most int64) bool { return v >= 0 && v <= most }
+
+// appendNumber appends v (0 ≤ v < 2⁵⁶) in 7 bytes, little-endian.
+func appendNumber(dst []byte, v int64) []byte {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], uint64(v))
 	return append(dst, b[:recordTimeBytes]...)
@@ -74,15 +89,15 @@ func parseRecord(rec []byte) (storedRecord, error) {
 		return storedRecord{}, fmt.Errorf("no record of layout 11: %d bytes", len(rec))
 	}
 	tag := rec[0]
-	time := func(i int) int64 {
+	number := func(i int) int64 {
 		var b [8]byte
 		copy(b[:], rec[i:i+recordTimeBytes])
 		return int64(binary.LittleEndian.Uint64(b[:]))
 	}
-	r := storedRecord{class: Class(tag & 0x0f), occurred: time(1), assessed: time(1 + recordTimeBytes)}
+	r := storedRecord{class: Class(tag & 0x0f), occurred: number(1), assessed: number(1 + recordTimeBytes)}
 	at := 1 + 2*recordTimeBytes
 	if tag&recordTagSeq != 0 {
-		r.seq = time(at)
+		r.seq = number(at)
 		at += recordTimeBytes
 	}
 	if tag&recordTagSeq != 0 && r.seq == 0 {
@@ -90,10 +105,14 @@ func parseRecord(rec []byte) (storedRecord, error) {
 	}
 	r.horizon = r.occurred
 	if tag&recordTagHorizon != 0 {
-		r.horizon = time(at)
+		r.horizon = number(at)
 		if r.horizon <= r.occurred {
 			return storedRecord{}, fmt.Errorf("record's horizon %d is not above its occurred time %d", r.horizon, r.occurred)
 		}
+	}
+	if !inRecordRange(r.occurred, recordMaxMicros) || !inRecordRange(r.assessed, recordMaxMicros) ||
+		!inRecordRange(r.horizon, recordMaxMicros) || !inRecordRange(r.seq, schemas.MaxAssessmentSeq) {
+		return storedRecord{}, fmt.Errorf("record of %+v: a number outside what a writer stores", r)
 	}
 	return r, nil
 }

@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/repeatrate/repeatrate/schemas"
@@ -36,7 +35,10 @@ func TestRecordsReadBackAsWritten(t *testing.T) {
 	var packed []byte
 	for i := range all {
 		o := &all[i]
-		rec := appendRecord(nil, o)
+		rec, err := appendRecord(nil, o)
+		if err != nil {
+			t.Fatalf("%+v: %v", *o, err)
+		}
 		if recordLength(rec[0]) != len(rec) {
 			t.Fatalf("%+v: a record of %d bytes whose tag says %d", *o, len(rec), recordLength(rec[0]))
 		}
@@ -64,9 +66,12 @@ func TestRecordsReadBackAsWritten(t *testing.T) {
 func TestRecordsWithAHorizonReadBack(t *testing.T) {
 	for _, seq := range []int64{0, 9} {
 		o := Observation{Class: Passed, Occurred: 1000, Assessed: 2000, Seq: seq}
-		rec := appendRecord(nil, &o)
+		rec, err := appendRecord(nil, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
 		rec[0] |= recordTagHorizon
-		rec = appendTime(rec, 5000)
+		rec = appendNumber(rec, 5000)
 		if recordLength(rec[0]) != len(rec) {
 			t.Fatalf("seq %d: %d bytes, the tag says %d", seq, len(rec), recordLength(rec[0]))
 		}
@@ -81,39 +86,61 @@ func TestRecordsWithAHorizonReadBack(t *testing.T) {
 // TestRecordsRefuseWhatNoWriterMakes: bytes no writer makes are refused, not read as numbers: a
 // byte that is no tag, a length other than the tag's, a seq bit over a seq of 0 (a duplicate is
 // recognised byte for byte, so each assessment has one encoding), a horizon not above the
-// winner's occurred time; and a number that does not fit 7 bytes is never written.
+// winner's occurred time, a number beyond what the schemas admit; and an observation the schemas
+// would not admit is never written, not even in bytes a tag would frame wrongly.
 func TestRecordsRefuseWhatNoWriterMakes(t *testing.T) {
-	good := appendRecord(nil, &Observation{Class: Confirmed, Occurred: 10, Assessed: 20, Seq: 3})
+	good, err := appendRecord(nil, &Observation{Class: Confirmed, Occurred: 10, Assessed: 20, Seq: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tag := range []byte{0, 4, 0x0f, 0x40, 0x80, 0x41, 'C', 'P', 'U', '0'} {
 		if recordLength(tag) != 0 {
 			t.Errorf("tag %#x gives a length", tag)
 		}
 	}
+	nums := func(tag byte, vs ...int64) []byte {
+		b := []byte{tag}
+		for _, v := range vs {
+			b = appendNumber(b, v)
+		}
+		return b
+	}
+	top := recordMaxMicros
 	bad := map[string][]byte{
-		"empty":              {},
-		"one byte short":     good[:len(good)-1],
-		"one byte more":      append(append([]byte(nil), good...), 0),
-		"layout 10's text":   []byte("C19a2b3c4d5e6f7,19a2b3c4d5e6f8"),
-		"seq bit, seq 0":     append(append([]byte{byte(Confirmed) | recordTagSeq}, make([]byte, 14)...), make([]byte, 7)...),
-		"horizon at occ":     append([]byte{byte(Passed) | recordTagHorizon}, appendTime(appendTime(appendTime(nil, 10), 20), 10)...),
-		"horizon below occ":  append([]byte{byte(Passed) | recordTagHorizon}, appendTime(appendTime(appendTime(nil, 10), 20), 9)...),
-		"class 0 of length":  append([]byte{0}, make([]byte, 14)...),
-		"unknown high bit":   append([]byte{byte(Passed) | 0x40}, make([]byte, 14)...),
-		"seq record cut off": good[:15],
+		"empty":                  {},
+		"one byte short":         good[:len(good)-1],
+		"one byte more":          append(append([]byte(nil), good...), 0),
+		"layout 10's text":       []byte("C19a2b3c4d5e6f7,19a2b3c4d5e6f8"),
+		"seq bit, seq 0":         nums(byte(Confirmed)|recordTagSeq, 10, 20, 0),
+		"horizon at occ":         nums(byte(Passed)|recordTagHorizon, 10, 20, 10),
+		"horizon below occ":      nums(byte(Passed)|recordTagHorizon, 10, 20, 9),
+		"class 0 of length":      nums(0, 10, 20),
+		"unknown high bit":       nums(byte(Passed)|0x40, 10, 20),
+		"seq record cut off":     good[:15],
+		"occurred past 2200":     nums(byte(Passed), top+1, 20),
+		"assessed past 2200":     nums(byte(Passed), 10, top+1),
+		"seq of 2^53":            nums(byte(Passed)|recordTagSeq, 10, 20, schemas.MaxAssessmentSeq+1),
+		"horizon past 2200":      nums(byte(Passed)|recordTagHorizon, 10, 20, top+1),
+		"all 7 bytes set":        nums(byte(Passed)|recordTagSeq|recordTagHorizon, 1<<56-2, 1<<56-1, 1<<56-1, 1<<56-1),
+		"horizon with seq, past": nums(byte(Passed)|recordTagSeq|recordTagHorizon, 10, 20, 1, top+1),
 	}
 	for name, rec := range bad {
 		if got, err := parseRecord(rec); err == nil {
 			t.Errorf("%s (%x): read as %+v", name, rec, got)
 		}
 	}
-	for _, v := range []int64{-1, 1 << 56} {
-		func() {
-			defer func() {
-				if r := recover(); r == nil || !strings.Contains(r.(string), "7 bytes") {
-					t.Errorf("%d: written without complaint (%v)", v, r)
-				}
-			}()
-			appendTime(nil, v)
-		}()
+	for _, o := range []Observation{
+		{Class: 0, Occurred: 10, Assessed: 20},
+		{Class: 4, Occurred: 10, Assessed: 20},
+		{Class: 0x11, Occurred: 10, Assessed: 20},
+		{Class: 0x21, Occurred: 10, Assessed: 20, Seq: 1},
+		{Class: Passed, Occurred: -1, Assessed: 20},
+		{Class: Passed, Occurred: 10, Assessed: top + 1},
+		{Class: Passed, Occurred: 10, Assessed: 20, Seq: -1},
+		{Class: Passed, Occurred: 10, Assessed: 20, Seq: schemas.MaxAssessmentSeq + 1},
+	} {
+		if rec, err := appendRecord([]byte("kept"), &o); err == nil || string(rec) != "kept" {
+			t.Errorf("%+v written as %x (%v)", o, rec, err)
+		}
 	}
 }
