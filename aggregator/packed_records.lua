@@ -76,6 +76,7 @@ local function newPackedRecords(key, len, L, p, n)
   -- a bucket near 2^26), as apply.lua's tables keyed by -hour avoid too.
   local held = {}  -- -1 - bucket -> its records as read or changed ('' when empty); nil: not read
   local stored = {} -- -1 - bucket -> its records as the hash holds them ('' when absent), once read
+  local names = {} -- -1 - bucket -> its field name, once made
   local fieldsRead = 0 -- bucket fields read, for tests of what a call reads
   local dirty = {} -- -1 - bucket -> true when the call changed held (flush compares with stored)
 
@@ -92,29 +93,33 @@ local function newPackedRecords(key, len, L, p, n)
   -- read reads the buckets of bs not read yet, in one command per PACK_CHUNK of them (a bucket
   -- named twice is read once: held holds false for it while its read is under way).
   local function read(bs)
-    local names, nums = {}, {}
+    local fs, nums = {}, {}
     for _, b in ipairs(bs) do
       local k = -1 - b
-      if held[k] == nil then held[k] = false; nums[#nums + 1] = k; names[#names + 1] = name(b) end
+      if held[k] == nil then
+        local f = name(b)
+        held[k], names[k] = false, f; nums[#nums + 1] = k; fs[#fs + 1] = f
+      end
     end
-    for i = 1, #names, PACK_CHUNK do
-      local last = min(i + PACK_CHUNK - 1, #names)
-      local got = call('HMGET', key, unpack(names, i, last))
+    for i = 1, #fs, PACK_CHUNK do
+      local last = min(i + PACK_CHUNK - 1, #fs)
+      local got = call('HMGET', key, unpack(fs, i, last))
       for j = i, last do local v = got[j - i + 1] or ''; held[nums[j]], stored[nums[j]] = v, v end
       fieldsRead = fieldsRead + last - i + 1
     end
   end
 
-  -- load reads, in one command, the buckets of every fingerprint given that is not read yet, and
-  -- the buckets that would split if all of them were new records (a split reads one more bucket:
-  -- a field more in this command costs less than a command of its own).
-  self.load = function(fps)
+  -- load reads, in one command, the buckets of every fingerprint (or 4- to 16-byte prefix) given
+  -- that is not read yet, and the buckets that would split if adds new records were put (all of
+  -- fps when adds is nil): a split reads one more bucket, and a field more in this command costs
+  -- less than a command of its own.
+  self.load = function(fps, adds)
     local bs = {}
     for i, fp in ipairs(fps) do bs[i] = addr(fp) end
     -- Buckets split in order from p, wrapping to 0 at the next level; the first 2^L + p of them
     -- are those the hash holds now (any later one this call would make first, so it is not read).
     local q, sz, nb = p, size, size + p
-    for _ = 1, min(nb, floor((n + #fps) / PACK_LOAD) - nb + 1) do
+    for _ = 1, min(nb, floor((n + (adds or #fps)) / PACK_LOAD) - nb + 1) do
       bs[#bs + 1] = q
       q = q + 1
       if q == sz then q, sz = 0, 2 * sz end
@@ -162,16 +167,20 @@ local function newPackedRecords(key, len, L, p, n)
 
   -- The last lookup, so that a put after a get of the same fingerprint does not search again:
   -- valid while its bucket still holds the same string.
-  local lastFp, lastB, lastV, lastAt, lastEnd
+  local lastFp, lastB, lastV, lastAt, lastEnd, lastP, lastL
   -- find1 returns fp's bucket (as held's key), its records and where fp's record lies in them.
   local function find1(fp)
+    -- The last lookup stands while the shape, and so fp's address, is the same and its bucket
+    -- holds the same records.
+    if fp == lastFp and p == lastP and L == lastL and held[lastB] == lastV then
+      return lastB, lastV, lastAt, lastEnd
+    end
     local b = addr(fp)
     local k = -1 - b
     if held[k] == nil then read({b}) end
     local v = held[k]
-    if fp == lastFp and k == lastB and v == lastV then return k, v, lastAt, lastEnd end
     local at, last = packedLocate(v, fp, len)
-    lastFp, lastB, lastV, lastAt, lastEnd = fp, k, v, at, last
+    lastFp, lastB, lastV, lastAt, lastEnd, lastP, lastL = fp, k, v, at, last, p, L
     return k, v, at, last
   end
 
@@ -234,8 +243,9 @@ local function newPackedRecords(key, len, L, p, n)
     for k in pairs(dirty) do
       local v = held[k]
       if v ~= (stored[k] or '') then
-        if v == '' then dels[#dels + 1] = name(-1 - k)
-        else sets[#sets + 1] = name(-1 - k); sets[#sets + 1] = v end
+        local f = names[k] or name(-1 - k)
+        if v == '' then dels[#dels + 1] = f
+        else sets[#sets + 1] = f; sets[#sets + 1] = v end
         stored[k] = v
       end
     end

@@ -576,3 +576,47 @@ func TestPackedRecordsGrowFromEmptyReadsOnce(t *testing.T) {
 		t.Fatalf("filling an empty store read %v bucket fields", read)
 	}
 }
+
+// TestPackedRecordsLookupFollowsSplits: a fingerprint looked up and found absent, then put after
+// another record's put split its bucket, lands in the bucket it addresses after the split, even
+// when the split moved no record and left its old bucket's bytes as they were.
+func TestPackedRecordsLookupFollowsSplits(t *testing.T) {
+	onBackends(t, true, func(t *testing.T, addr string) {
+		ctx := context.Background()
+		c := packedClient(t, addr)
+		keys := packedKeys(t, c, "packed-follow")
+		// fp names a fingerprint whose address word is w.
+		fp := func(w uint32, tail byte) string {
+			b := make([]byte, 16)
+			binary.LittleEndian.PutUint32(b, w)
+			b[15] = tail
+			return string(b)
+		}
+		model := map[string]string{}
+		args := []any{"lazy"}
+		// 8 records addressing 0 mod 4 and 8 addressing 1 mod 4: the ninth put splits bucket 0 by
+		// bit 0, so the store leaves level 1, split pointer 0, 16 records (the next put splits
+		// bucket 0 by bit 1, which moves none of these).
+		for i := 0; i < 16; i++ {
+			f, v := fp(uint32(4*(i/2)+i%2), byte(i)), fmt.Sprintf("a%014d", i)
+			args = append(args, "p", f, v)
+			model[f] = v
+		}
+		if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if sh := c.Get(ctx, keys[1]).Val(); sh != "1,0,16" {
+			t.Fatalf("shape %q, want 1,0,16", sh)
+		}
+		x, y := fp(2, 100), fp(5, 101) // x: bucket 0 now, bucket 2 after the split; y: bucket 1
+		got, err := packedRecordsDriver.Run(ctx, c, keys, "lazy", "g", x, "", "p", y, "a00000000000101", "p", x, "a00000000000100").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0] != nil {
+			t.Fatalf("x found before it was put: %v", got[0])
+		}
+		model[x], model[y] = "a00000000000100", "a00000000000101"
+		checkPackedHash(t, c, keys, model)
+	})
+}
