@@ -23,6 +23,8 @@ import (
 //	  go test -count=1 -run TestRecordApplyCalls ./aggregator
 //
 // The shape is name:aggregates:span:events (costStream's); the batch size is costBatch's.
+// REPEATRATE_APPLY_CALLS_LAYOUT=11 records layout 11's script (apply11.lua after
+// packed_records.lua: replay the two concatenated).
 func TestRecordApplyCalls(t *testing.T) {
 	path := os.Getenv("REPEATRATE_APPLY_CALLS")
 	if path == "" {
@@ -46,7 +48,12 @@ func TestRecordApplyCalls(t *testing.T) {
 	client := costRedis(t)
 	prefix := testenv.Name(t, "calls")
 	testenv.CleanPrefix(t, client, prefix)
-	if err := applyScript.Load(ctx, client).Err(); err != nil {
+	cfg := RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour, IdleTTL: 30 * 24 * time.Hour}
+	if os.Getenv("REPEATRATE_APPLY_CALLS_LAYOUT") == "11" {
+		cfg.fingerprint = layout11Fingerprinter(t)
+	}
+	script := (&Redis{cfg: cfg}).script()
+	if err := script.Load(ctx, client).Err(); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Create(path)
@@ -67,7 +74,7 @@ func TestRecordApplyCalls(t *testing.T) {
 	}
 	const ret = 30 * 24 * time.Hour
 	// The calls are made as Redis.Apply makes them: Encode's keys and arguments, the head filled in.
-	store, err := NewRedis(client, RedisConfig{Prefix: prefix, Retention: ret, IdleTTL: ret})
+	store, err := NewRedis(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +94,7 @@ func TestRecordApplyCalls(t *testing.T) {
 				args[i] = a.(string)
 			}
 			redisKeys := e.redis[k]
-			reply, err := applyScript.EvalSha(ctx, client, redisKeys, iargs...).Slice()
+			reply, err := script.EvalSha(ctx, client, redisKeys, iargs...).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -70,9 +70,10 @@ func usedMemory(ctx context.Context, rdb *redis.Client) float64 {
 
 // TestRedisBytesPerOpportunity measures what make bench reports as redis_bytes_per_opportunity
 // (used_memory growth over 500 000 distinct opportunities in 100 aggregates, occurred over a day),
-// and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store
-// and the layout-4 script, on the Redis REPEATRATE_APPLY_MEMORY_REDIS names; nothing else may use
-// that Redis meanwhile:
+// and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store,
+// the layout-4 script and layout 11 (apply11.lua), with Redis's CPU per opportunity applied (in
+// batches of 2 000, 20 per script call), on the Redis REPEATRATE_APPLY_MEMORY_REDIS names; nothing
+// else may use that Redis meanwhile:
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisBytesPerOpportunity -v ./aggregator
 func TestRedisBytesPerOpportunity(t *testing.T) {
@@ -86,17 +87,28 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 	used := func() float64 { return usedMemory(ctx, rdb) }
 	const total, ret = 500_000, 30 * 24 * time.Hour
 	old := redis.NewScript(layout4Source)
+	if err := old.Load(ctx, rdb).Err(); err != nil { // applyLayout4 pipelines EVALSHA alone
+		t.Fatal(err)
+	}
 	for _, run := range []struct {
 		layout string
 		span   int64 // seconds
-	}{{"current", 86400}, {"layout 4", 86400}, {"current", 30 * 86400}, {"layout 4", 30 * 86400}} {
+	}{{"current", 86400}, {"layout 4", 86400}, {"layout 11", 86400}, {"current", 30 * 86400}, {"layout 4", 30 * 86400}, {"layout 11", 30 * 86400}} {
 		layout := run.layout
 		prefix := fmt.Sprintf("membench-%d", time.Now().UnixNano())
-		store, err := NewRedis(rdb, RedisConfig{Prefix: prefix, Retention: ret})
+		cfg := RedisConfig{Prefix: prefix, Retention: ret}
+		if layout == "layout 11" {
+			cfg.fingerprint = layout11Fingerprinter(t)
+		}
+		store, err := NewRedis(rdb, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		before := used()
+		cost0, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
 		now := time.Now()
 		obs := make([]Observation, 0, 2000)
 		var obs0 Observation
@@ -108,7 +120,7 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 				Class: Class(1 + i%3), Occurred: occ, Assessed: occ + 1e6})
 			obs0 = obs[0]
 			if len(obs) == cap(obs) {
-				if layout == "current" {
+				if layout != "layout 4" {
 					_, err = store.Apply(ctx, obs, now)
 				} else {
 					_, err = applyLayout4(ctx, rdb, old, prefix, ret, ret, obs, now)
@@ -119,10 +131,18 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 				obs = obs[:0]
 			}
 		}
+		recordKey := 0 // the record hash; layout 11's packed store is the aggregate's third key
+		if layout == "layout 11" {
+			recordKey = 2
+		}
+		cost1, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
 		after := used()
-		t.Logf("%s, occurred over %d days: %.1f bytes per retained opportunity (used_memory %.0f → %.0f, %d record fields in fix-0)",
+		t.Logf("%s, occurred over %d days: %.1f bytes per retained opportunity (used_memory %.0f → %.0f, %d record or bucket fields in fix-0), %.1f µs of Redis CPU per opportunity applied",
 			layout, run.span/86400, (after-before)/total, before, after,
-			rdb.HLen(ctx, prefix+":{"+obs0.Key.String()+"}:o").Val())
+			rdb.HLen(ctx, store.keys(obs0.Key)[recordKey]).Val(), (cost1.cpu-cost0.cpu)*1e6/total)
 		var keys []string
 		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 		for iter.Next(ctx) {

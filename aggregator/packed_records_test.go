@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"context"
-	_ "embed"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -15,9 +14,6 @@ import (
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
-
-//go:embed packed_records.lua
-var packedRecordsSource string
 
 // packedShapeLua opens the packed record store of KEYS[1] with the shape KEYS[2] keeps ("L,p,n",
 // standing in for the state a real caller reads anyway), and closes it: a flush, then the shape

@@ -61,6 +61,10 @@ type RedisConfig struct {
 	// (DefaultWaitTimeout when 0) per primary; fewer is ErrReplicasBehind and no commit.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+
+	// fingerprint, when set, makes the store keep state layout 11 (layout11.go) under its
+	// fingerprints.
+	fingerprint *Fingerprinter
 }
 
 // Validate checks the configuration and fills defaults.
@@ -146,12 +150,17 @@ const headArgs = 3
 func (r *Redis) Encode(obs []Observation) *Encoded {
 	groups, keys := groupByKey(obs)
 	e := &Encoded{obs: obs, groups: groups, keys: keys}
-	fields, err := recordFields(obs)
+	var fields, recs []string
+	var err error
+	if r.cfg.fingerprint != nil {
+		fields, recs, err = encodeLayout11(r.cfg.fingerprint, obs)
+	} else if fields, err = recordFields(obs); err == nil {
+		recs = encodeRecords(obs)
+	}
 	if err != nil {
 		e.err = err
 		return e
 	}
-	recs := encodeRecords(obs)
 	e.redis, e.args = make(map[Key][]string, len(keys)), make(map[Key][]any, len(keys))
 	for _, k := range keys {
 		idx := groups[k]
@@ -221,7 +230,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 				p.Get(ctx, markKey)
 			}
 			for _, k := range keys {
-				applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
+				r.script().EvalSha(ctx, p, e.redis[k], e.args[k]...)
 			}
 			written := make([]string, len(keys))
 			for i, k := range keys {
@@ -239,7 +248,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	if err != nil && isNoScript(err) {
 		// A restarted or new Redis has no scripts loaded: load it and run the batch again, which
 		// is safe because the script is idempotent.
-		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
+		if lerr := r.script().Load(ctx, r.client).Err(); lerr != nil {
 			return Applied{}, fmt.Errorf("load apply script: %w", lerr)
 		}
 		if c != nil {
@@ -305,7 +314,7 @@ func (r *Redis) Tally(ctx context.Context, k Key, at time.Time) (Tally, error) {
 		strconv.FormatInt(int64(r.cfg.Retention/time.Microsecond), 10),
 		strconv.FormatInt(Micros(at), 10), "0",
 	}
-	vals, err := applyScript.Run(ctx, r.client, r.keys(k), args...).Slice()
+	vals, err := r.script().Run(ctx, r.client, r.keys(k), args...).Slice()
 	if err != nil {
 		return Tally{}, fmt.Errorf("read %s: %w", k, err)
 	}

@@ -110,103 +110,115 @@ func storeOn(t testing.TB, client *redis.Client, what string, cfg RedisConfig) (
 	return store, client
 }
 
+// modelCase is a random stream TestRedisMatchesModel holds a store to the model on.
+type modelCase struct {
+	seed      uint64
+	span      time.Duration // how far the stream's clock moves
+	retention time.Duration
+	jumpEvery int
+	embedded  bool // on the embedded Redis of `repeatrate dev` (gopher-lua), not the real one
+	events    int  // 10 000 when 0
+}
+
+var modelCases = []modelCase{
+	// Days: expiry, pruning, every window boundary; the observation minute changes every batch.
+	{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0}, {2, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
+	{3, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
+	// Minutes: many batches share an observation minute, so the cached window sums are used
+	// and updated in place.
+	{4, 20 * time.Minute, 3 * 24 * time.Hour, 0, false, 0}, {5, 3 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
+	// A week and more in steps of half an hour on average, under a month's retention: the window
+	// sums move on minute by minute and hour by hour, and the hours that leave the week's
+	// window still hold counts.
+	{9, 9 * 24 * time.Hour, 30 * 24 * time.Hour, 0, false, 60000},
+	// Watermark leaps: whole aggregates expire at once, then fill again.
+	{6, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 500, false, 0},
+	// The shortest retention: hours expire inside the 24h window and while their minute
+	// buckets still exist.
+	{7, 12 * time.Hour, time.Hour, 0, false, 0}, {8, 2 * time.Hour, time.Hour, 700, false, 0},
+	// The embedded Redis runs another Lua, whose tables behave differently (an hour number as
+	// a key once cost seconds per call there).
+	{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, true, 0}, {8, 2 * time.Hour, time.Hour, 700, true, 0},
+}
+
 func TestRedisMatchesModel(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		seed      uint64
-		span      time.Duration // how far the stream's clock moves
-		retention time.Duration
-		jumpEvery int
-		embedded  bool // on the embedded Redis of `repeatrate dev` (gopher-lua), not the real one
-		events    int  // 10 000 when 0
-	}{
-		// Days: expiry, pruning, every window boundary; the observation minute changes every batch.
-		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0}, {2, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
-		{3, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
-		// Minutes: many batches share an observation minute, so the cached window sums are used
-		// and updated in place.
-		{4, 20 * time.Minute, 3 * 24 * time.Hour, 0, false, 0}, {5, 3 * time.Hour, 3 * 24 * time.Hour, 0, false, 0},
-		// A week and more in steps of half an hour on average, under a month's retention: the window
-		// sums move on minute by minute and hour by hour, and the hours that leave the week's
-		// window still hold counts.
-		{9, 9 * 24 * time.Hour, 30 * 24 * time.Hour, 0, false, 60000},
-		// Watermark leaps: whole aggregates expire at once, then fill again.
-		{6, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 500, false, 0},
-		// The shortest retention: hours expire inside the 24h window and while their minute
-		// buckets still exist.
-		{7, 12 * time.Hour, time.Hour, 0, false, 0}, {8, 2 * time.Hour, time.Hour, 700, false, 0},
-		// The embedded Redis runs another Lua, whose tables behave differently (an hour number as
-		// a key once cost seconds per call there).
-		{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, true, 0}, {8, 2 * time.Hour, time.Hour, 700, true, 0},
-	} {
-		seed := tc.seed
-		t.Run(fmt.Sprint("seed", seed, map[bool]string{true: " embedded"}[tc.embedded]), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(seed, 99))
-			events := tc.events
-			if events == 0 {
-				events = 10000
-			}
-			stream := randomStreamOver(r, events, tc.span, tc.jumpEvery)
-			retention := tc.retention // short, so expiry happens inside the stream
-			var store *Redis
-			if tc.embedded {
-				m := miniredis.RunT(t)
-				var err error
-				if store, err = NewRedis(redis.NewClient(&redis.Options{Addr: m.Addr()}), RedisConfig{Prefix: "model", Retention: retention}); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				store, _ = testStore(t, "model", RedisConfig{Retention: retention})
-			}
-			model := NewModel(retention)
-			var maxOcc int64
-			counts := map[Outcome]int{}
-			for i := 0; i < len(stream); {
-				n := 1 + r.IntN(300)
-				batch := stream[i:min(i+n, len(stream))]
-				i += len(batch)
-				for _, o := range batch {
-					maxOcc = max(maxOcc, o.Occurred)
-				}
-				at := time.UnixMicro(maxOcc + int64(r.IntN(120))*1e6)
-				if r.IntN(4) == 0 { // events slightly ahead of the observer's clock (within the skew the minute buckets keep)
-					at = time.UnixMicro(maxOcc - int64(r.IntN(9*60))*1e6)
-				}
-				got, err := store.Apply(ctx, batch, at)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, _ := model.Apply(ctx, batch, at)
-				for j := range batch {
-					counts[want.Outcomes[j]]++
-					if got.Outcomes[j] != want.Outcomes[j] {
-						t.Fatalf("event %d (%+v): redis %v, model %v", i-len(batch)+j, batch[j], got.Outcomes[j], want.Outcomes[j])
-					}
-				}
-				for _, k := range want.Keys {
-					if got.Tallies[k] != want.Tallies[k] {
-						t.Fatalf("after event %d, %s:\nredis %+v\nmodel %+v", i, k, got.Tallies[k], want.Tallies[k])
-					}
-				}
-			}
-			for _, o := range []Outcome{Counted, Reassessed, Duplicate, Stale, Expired} {
-				if counts[o] == 0 && (o != Expired || tc.span > retention) {
-					t.Errorf("the stream never produced %v: it does not test it", o)
-				}
-			}
-			t.Logf("outcomes %v", counts)
-			// Reading changes nothing and agrees with the model.
-			at := time.UnixMicro(maxOcc)
-			for _, k := range model.Keys() {
-				got, err := store.Tally(ctx, k, at)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if want := model.Tally(k, at); got != want {
-					t.Fatalf("%s: redis %+v, model %+v", k, got, want)
-				}
-			}
+	for _, tc := range modelCases {
+		t.Run(fmt.Sprint("seed", tc.seed, map[bool]string{true: " embedded"}[tc.embedded]), func(t *testing.T) {
+			matchModel(t, tc, nil)
 		})
+	}
+}
+
+// matchModel applies tc's stream in random batches to a store (of layout 11 when fp is set) and
+// to the model, and requires the same outcome for every event and the same tally for every
+// aggregate after every batch, and after the stream when read.
+func matchModel(t *testing.T, tc modelCase, fp *Fingerprinter) {
+	ctx := context.Background()
+	seed := tc.seed
+	r := rand.New(rand.NewPCG(seed, 99))
+	events := tc.events
+	if events == 0 {
+		events = 10000
+	}
+	stream := randomStreamOver(r, events, tc.span, tc.jumpEvery)
+	retention := tc.retention // short, so expiry happens inside the stream
+	var store *Redis
+	if tc.embedded {
+		m := miniredis.RunT(t)
+		var err error
+		if store, err = NewRedis(redis.NewClient(&redis.Options{Addr: m.Addr()}), RedisConfig{Prefix: "model", Retention: retention, fingerprint: fp}); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		store, _ = testStore(t, "model", RedisConfig{Retention: retention, fingerprint: fp})
+	}
+	model := NewModel(retention)
+	var maxOcc int64
+	counts := map[Outcome]int{}
+	for i := 0; i < len(stream); {
+		n := 1 + r.IntN(300)
+		batch := stream[i:min(i+n, len(stream))]
+		i += len(batch)
+		for _, o := range batch {
+			maxOcc = max(maxOcc, o.Occurred)
+		}
+		at := time.UnixMicro(maxOcc + int64(r.IntN(120))*1e6)
+		if r.IntN(4) == 0 { // events slightly ahead of the observer's clock (within the skew the minute buckets keep)
+			at = time.UnixMicro(maxOcc - int64(r.IntN(9*60))*1e6)
+		}
+		got, err := store.Apply(ctx, batch, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := model.Apply(ctx, batch, at)
+		for j := range batch {
+			counts[want.Outcomes[j]]++
+			if got.Outcomes[j] != want.Outcomes[j] {
+				t.Fatalf("event %d (%+v): redis %v, model %v", i-len(batch)+j, batch[j], got.Outcomes[j], want.Outcomes[j])
+			}
+		}
+		for _, k := range want.Keys {
+			if got.Tallies[k] != want.Tallies[k] {
+				t.Fatalf("after event %d, %s:\nredis %+v\nmodel %+v", i, k, got.Tallies[k], want.Tallies[k])
+			}
+		}
+	}
+	for _, o := range []Outcome{Counted, Reassessed, Duplicate, Stale, Expired} {
+		if counts[o] == 0 && (o != Expired || tc.span > retention) {
+			t.Errorf("the stream never produced %v: it does not test it", o)
+		}
+	}
+	t.Logf("outcomes %v", counts)
+	// Reading changes nothing and agrees with the model.
+	at := time.UnixMicro(maxOcc)
+	for _, k := range model.Keys() {
+		got, err := store.Tally(ctx, k, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := model.Tally(k, at); got != want {
+			t.Fatalf("%s: redis %+v, model %+v", k, got, want)
+		}
 	}
 }
 

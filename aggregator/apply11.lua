@@ -1,0 +1,1006 @@
+-- Applies a batch of observations to one aggregate, atomically. Running it twice with the same
+-- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
+-- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
+--
+-- State layout 11 (being built; apply.lua runs layout 10). It is layout 10 with each opportunity
+-- kept by a 16-byte fingerprint of its id (keyed: aggregator/fingerprint.go) and a binary record,
+-- packed into buckets (packed_records.lua, prepended to this script), and an id index of 4-byte
+-- fingerprint prefixes.
+--
+-- KEYS[1] hash  layout 10's records (id fields): not read or written by this script, so that a
+--               migration can move them into KEYS[3] aggregate by aggregate while both exist.
+-- KEYS[3] hash  the packed record store: bucket fields of records end to end, each a fingerprint and
+--               a record "<tag><occurred_us><assessed_us>[<seq>][<horizon_us>]" (aggregator/record.go:
+--               the tag's low 4 bits the class, 1 C, 2 P, 3 U; 0x10 a seq follows, 0x20 a
+--               horizon; every number 7 bytes little-endian): the winning assessment, and its
+--               horizon (the greatest occurred_us of every assessment applied while retained) when
+--               that is above the winner's occurred_us.
+-- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
+--               H     the head, the byte 11, the span G of an index group in hours (one byte), then
+--                     24 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9,k,L,p,n, the newest
+--                     occurred_us, minute buckets pruned up to, first and last retained
+--                     occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U)
+--                     are cached for, server time (s) of the last TTL refresh of KEYS[4], the lowest
+--                     index group KEYS[4] lists, the retained counts, the first retained hour (the
+--                     cut, which never moves back), the record store's shape (level, split pointer,
+--                     records). The first eight and k are stored plus one, 0
+--                     meaning absent (k is absent while the cut is below hour 0). G is an eighth of the retention, 1 to 255 hours,
+--                     fixed when the aggregate is created (a later retention leaves it as it is).
+--               v     the version, in decimal (see below; SeedVersion writes it too)
+--               h<hour> the byte 1 or 2, then C,P,U,a,b in 5 bytes each: the hour's counts, and
+--                     bounds of the occurred_us of its winners as offsets from the hour's start:
+--                     with 1 their least and greatest, with 2 (loose: a winner at a bound left) a
+--                     range that holds them, made exact only when the hour holds the first or last
+--                     retained winner and that is needed (a move costs no read of the index). Only
+--                     an hour that holds winners is stored.
+--               i<group> the byte 0, then k,n,x in 5 bytes each, then <entries>: the id index of
+--                     index group <group> (hours group·G .. group·G + G - 1), the first 4 bytes of
+--                     the fingerprints whose winner or horizon entered it (a prefix names a bucket,
+--                     and in it the records to check), so that a record can be found from the
+--                     group of its winner (to make its hour's bounds exact) and
+--                     from the group of its horizon (to delete it once the group has expired). k is
+--                     the number of closed chunks (fields i<group>.1 .. i<group>.<k>), n the
+--                     entries listed, x how many of them moves may have left without a reason to
+--                     be there; <entries> is the open chunk. A chunk is closed once appending would
+--                     take it past CHUNKBYTES, so an append costs a bounded copy. A batch reads and
+--                     writes a group once however many of its events fall in it: a group rather
+--                     than an hour, because events spread over many hours (a month of backfill)
+--                     would otherwise cost an index read and write each.
+--               m<minute> the byte 0 then C,P,U in 5 bytes each: counts of the last 70 minutes.
+--               enc   a long value that keeps the hash a hash table (see below).
+--               A minute whose counts are 0 and a group that lists nothing are deleted.
+-- KEYS[4] sorted set of the index groups that list ids, scored by group: garbage collection visits
+--               exactly those, however far apart (an event dated 1970 and one dated today make two
+--               entries, not half a million hours to walk), and only once the head's lowest one has
+--               wholly left retention.
+-- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
+-- then the n fingerprints, then the n records as KEYS[3] stores them (encoded by the caller, so a
+-- byte-identical duplicate is recognised by one string comparison; the occurred time is read
+-- from it).
+-- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
+-- outcomes has one letter per observation: N counted, R reassessed, D duplicate, S stale, E expired.
+--
+-- Retention is by whole hours: hour h is retained while h >= floor((w - retention) / 1h). When an
+-- hour leaves, its bucket counts leave C P U at once. A record is kept while its horizon is retained
+-- (docs/semantics.md#retention), so a redelivered older assessment still meets the identity; records
+-- whose horizon expired are deleted a little per batch once their horizon's index group has wholly
+-- expired (garbage collection from the id index), and until then they read as absent.
+--
+-- Cost: Redis work per call is a fixed handful of commands however many hours the batch touches
+-- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the records,
+-- one HMGET of the head and of every hour, index group and recent minute the batch touches, one
+-- HSET of the records, one HSET of the state, the expiries.
+-- Numbers: the state's are unsigned little-endian integers of fixed width (struct.pack and
+-- struct.unpack, one C call per field instead of a pattern match and a conversion per number;
+-- 7 bytes hold any time 1970..2200 in µs, 5 bytes any count a Redis could hold records for, and
+-- every value is a non-negative integer, exact in Lua's doubles). The records' are the same, 7
+-- bytes each. Each field name is formatted once, and no number is handed to redis.call
+-- (Redis would format it with %.17g).
+local MIN, HOUR = 60000000, 3600000000
+local MKEEP = 70 -- minute buckets kept behind the newest event: the 1h window plus skew
+local CHUNK = 4000 -- most arguments per command built in the script (Lua's unpack limit is 8000)
+local CHUNKBYTES = 480 -- an index chunk is closed before it grows past this (a 512-byte allocation)
+
+local opps, st, listed = KEYS[3], KEYS[2], KEYS[4]
+-- Globals read once: a global is a table lookup by name on every use, a local a register.
+local ARGV, tonumber, ipairs, unpack, type = ARGV, tonumber, ipairs, unpack, type
+local min = math.min
+local ret = tonumber(ARGV[1])
+local at = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local n = (#ARGV - 3) / 2
+local floor, max = math.floor, math.max
+local find, sub, fmt, match = string.find, string.sub, string.format, string.match
+local concat = table.concat
+local call = redis.call
+local byte, char = string.byte, string.char
+
+-- spack and sunpack are struct.pack and struct.unpack for the formats the state uses ('<', then
+-- B and I5 or I7); the embedded Redis of `repeatrate dev` (gopher-lua) has no struct library, so
+-- there the same bytes are made and read in Lua.
+local spack, sunpack
+local struct = rawget(_G, 'struct') -- nil where absent (reading an absent global is an error)
+if struct then
+  spack, sunpack = struct.pack, struct.unpack
+else
+  local widths = {}
+  local function widthsOf(f)
+    local ws = widths[f]
+    if not ws then
+      ws = {}
+      for c, d in string.gmatch(f, '([BI])(%d*)') do ws[#ws + 1] = c == 'B' and 1 or tonumber(d) end
+      widths[f] = ws
+    end
+    return ws
+  end
+  spack = function(f, ...)
+    local xs, out = {...}, {}
+    for i, w in ipairs(widthsOf(f)) do
+      local x = xs[i]
+      for _ = 1, w do local b = x % 256; out[#out + 1] = char(b); x = (x - b) / 256 end
+    end
+    return concat(out)
+  end
+  sunpack = function(f, v, pos)
+    pos = pos or 1
+    local r = {}
+    for i, w in ipairs(widthsOf(f)) do
+      local x, m = 0, 1
+      for j = 0, w - 1 do x = x + byte(v, pos + j) * m; m = m * 256 end
+      r[i], pos = x, pos + w
+    end
+    r[#r + 1] = pos
+    return unpack(r)
+  end
+end
+-- The head is the byte 10, a span byte and 21 numbers of 7 bytes; a minute the byte 0 and 3 numbers
+-- of 5 bytes. Their first bytes, like an hour's and a group's, are no hex digit: a field of an
+-- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
+-- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
+local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 24), '<BB' .. string.rep('I7', 24), 2 + 24 * 7
+-- RLEN: a record's length (its tag included) by its tag (aggregator/record.go's recordLength).
+local RLEN = {}
+for c = 1, 3 do RLEN[c], RLEN[c + 16], RLEN[c + 32], RLEN[c + 48] = 15, 22, 22, 29 end
+local TAGSEQ, TAGHZN = 16, 32
+-- i7 reads the 7-byte number of s at pos.
+local function i7(s, pos)
+  local a, b, c, d, e, f, g = byte(s, pos, pos + 6)
+  return a + 256 * (b + 256 * (c + 256 * (d + 256 * (e + 256 * (f + 256 * g)))))
+end
+
+-- hmget reads fields of key in chunks, returning one value (or false) per field.
+local function hmget(key, fields)
+  if #fields <= CHUNK then return call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local got = call('HMGET', key, unpack(fields, i, min(i + CHUNK - 1, #fields)))
+    for j = 1, #got do out[#out + 1] = got[j] end
+  end
+  return out
+end
+local function hdel(key, fields)
+  for i = 1, #fields, CHUNK do call('HDEL', key, unpack(fields, i, min(i + CHUNK - 1, #fields))) end
+end
+-- hset writes field, value pairs (a flat list).
+local function hset(key, pairs)
+  for i = 1, #pairs, CHUNK do call('HSET', key, unpack(pairs, i, min(i + CHUNK - 1, #pairs))) end
+end
+
+-- Hours, index groups and minutes the call touches, parsed once: hours[-h] = {s = field name, h
+-- (the hour), c p u (counts), a b (bounds, exact as the batch inserts; false when it holds no
+-- winner), lz (loose: a winner at a bound left, so a bound may lie beyond the winners), got (read),
+-- dirty};
+-- groups[-d] = {s, d (the group), k n x (closed chunks, entries, entries left behind), e (open
+-- chunk), got, dirty, add (index entries to append: one id, or a list of them)}; mins[-m] = {s, c,
+-- p, u, got, dirty}. Absent values are false.
+-- Tables keyed by an hour, group or minute use its negative: the embedded Redis of `repeatrate dev`
+-- (gopher-lua) keeps positive integer keys below 2^26 in an array part grown up to the key, so an
+-- hour since 1970 (about 5·10^5) or a minute (3·10^7) would allocate that many slots per call.
+local hours, hlist, mins, mlist, groups, glist = {}, {}, {}, {}, {}, {}
+local nhl = 0 -- #hlist
+local function hourOf(h)
+  local t = hours[-h]
+  if not t then
+    -- Every field set at once: no rehash as they are set later.
+    t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, got = false, a = false, b = false,
+      dirty = false, lz = false}
+    hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
+  end
+  return t
+end
+local function groupTable(d)
+  local t = groups[-d]
+  if not t then
+    t = {s = fmt('i%d', d), d = d, k = 0, n = 0, x = 0, e = '', got = false, dirty = false, add = false}
+    groups[-d] = t; glist[#glist + 1] = d
+  end
+  return t
+end
+local function minOf(m)
+  local t = mins[-m]
+  if not t then t = {s = fmt('m%d', m), c = 0, p = 0, u = 0, got = false, dirty = false}; mins[-m] = t; mlist[#mlist + 1] = m end
+  return t
+end
+local function parseHour(t, v)
+  t.got = true
+  if not v then return end
+  local kind = byte(v, 1)
+  if #v ~= 26 or (kind ~= 1 and kind ~= 2) then error('state field ' .. t.s .. ' is no hour of this layout') end
+  t.lz = kind == 2
+  local a, b
+  t.c, t.p, t.u, a, b = sunpack('<I5I5I5I5I5', v, 2)
+  local start = t.h * HOUR
+  t.a, t.b = start + a, start + b
+end
+local function parseGroup(t, v)
+  t.got = true
+  if not v then return end
+  if #v < 16 or byte(v, 1) ~= 0 then error('state field ' .. t.s .. ' is no index group of this layout') end
+  t.k, t.n, t.x = sunpack('<I5I5I5', v, 2)
+  t.e = sub(v, 17)
+end
+local function parseMin(t, v)
+  t.got = true
+  if not v then return end
+  if #v ~= 16 or byte(v, 1) ~= 0 then error('state field ' .. t.s .. ' is no minute of this layout') end
+  t.c, t.p, t.u = sunpack('<I5I5I5', v, 2)
+end
+-- load reads the hours, groups or minutes of list ts (tables from hourOf, groupTable or minOf) not read yet.
+local function load(ts, parse)
+  local miss, fs = {}, {}
+  for _, t in ipairs(ts) do
+    if not t.got then miss[#miss + 1] = t; fs[#fs + 1] = t.s; t.got = true end
+  end
+  if #fs == 0 then return end
+  local got = hmget(st, fs)
+  for i, t in ipairs(miss) do parse(t, got[i]) end
+end
+local function getHour(h)
+  local t = hourOf(h)
+  if not t.got then parseHour(t, call('HGET', st, t.s)) end
+  return t
+end
+local function getGroup(d)
+  local t = groupTable(d)
+  if not t.got then parseGroup(t, call('HGET', st, t.s)) end
+  return t
+end
+local function getMin(m)
+  local t = minOf(m)
+  if not t.got then parseMin(t, call('HGET', st, t.s)) end
+  return t
+end
+local function loadHours(from, to)
+  local ts = {}
+  for h = from, to do ts[#ts + 1] = hourOf(h) end
+  load(ts, parseHour)
+end
+
+-- Closed index chunks, read and written through a cache: cv[field] is its value, false when
+-- absent or deleted, nil when not read yet.
+local cv, cdirty = {}, {}
+local function cget(fs)
+  local miss = {}
+  for _, f in ipairs(fs) do if cv[f] == nil then miss[#miss + 1] = f end end
+  if #miss > 0 then
+    local got = hmget(st, miss)
+    for i, f in ipairs(miss) do cv[f] = got[i] end
+  end
+end
+local function cset(f, v)
+  if not cdirty[f] then cdirty[f] = true; cdirty[#cdirty + 1] = f end
+  cv[f] = v
+end
+
+-- G: the hours an index group spans, fixed when the aggregate is created: an eighth of the
+-- retention, at least 1 and at most 255 hours, so that a record outlives its horizon's expiry by at
+-- most an eighth of the retention. The fields are read below with the G the retention gives; an
+-- aggregate created under another retention names its own in the head, and its groups are then
+-- read again.
+local G = max(1, min(255, floor(ret / (8 * HOUR))))
+local GSPAN = G * HOUR
+local function groupOfHour(h) return (h - h % G) / G end
+local function groupOf(us) return floor(us / GSPAN) end
+
+-- Each observation's occurred time and hour, and the head, the hours, index groups and recent
+-- minutes the batch touches (one HMGET); then the records of the batch (one HMGET of their
+-- buckets, addressed by the shape the head keeps).
+local occs, hs, held = {}, {}, {}
+local want, wantH, wantM, wantG, nwant = {'H', 'v'}, {}, {}, {}, 2
+if n > 0 then
+  local recent = at - 2 * HOUR
+  for i = 1, n do
+    local fp, value = ARGV[3 + i], ARGV[3 + n + i]
+    local tag = byte(value, 1)
+    if #fp ~= 16 or not tag or tag >= TAGHZN or RLEN[tag] ~= #value then
+      error('observation ' .. i .. ' is no fingerprint and record of layout 11')
+    end
+    local occ = i7(value, 2)
+    local h = (occ - occ % HOUR) / HOUR -- floor(occ / HOUR) without a call
+    occs[i], hs[i] = occ, h
+    -- The batch's hours and minutes are read with the head: the head must come first (it keeps
+    -- the record store's shape), so a duplicate's hour is read too; what the loop below reaches
+    -- otherwise it reads on the way (getHour).
+    if not hours[-h] then
+      local t = hourOf(h)
+      t.got = true
+      nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+      local d = groupOfHour(h)
+      if not groups[-d] then
+        local td = groupTable(d)
+        td.got = true
+        nwant = nwant + 1; want[nwant] = td.s; wantG[nwant] = td
+      end
+    end
+    if occ >= recent then
+      local m = (occ - occ % MIN) / MIN
+      if not mins[-m] then
+        local t = minOf(m)
+        t.got = true
+        nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
+      end
+    end
+  end
+end
+local head, vgot
+local v, w, pm, f, l, hcm, hch, rt, g, kc
+local C, P, U = 0, 0, 0
+local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
+local store -- the packed record store of KEYS[3]
+do
+  local got = hmget(st, want)
+  head, vgot = got[1], got[2]
+  local own = G -- the head's G, when there is a head
+  local sL, sp, sn = 0, 0, 0
+  if head then
+    if #head ~= HEADLEN or byte(head, 1) ~= 11 then error('state field H is no head of this layout') end
+    local x = {sunpack(HEADR, head, 2)}
+    own = x[1]
+    if own < 1 then error('state field H is no head of this layout') end
+    for i = 2, 9 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
+    w, pm, f, l, hcm, hch, rt, g = x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9]
+    C, P, U = x[10], x[11], x[12]
+    hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = x[13], x[14], x[15], x[16], x[17], x[18], x[19], x[20], x[21]
+    if x[22] > 0 then kc = x[22] - 1 end
+    sL, sp, sn = x[23], x[24], x[25]
+  end
+  for i = 3, nwant do
+    if wantH[i] then parseHour(wantH[i], got[i])
+    elseif wantM[i] then parseMin(wantM[i], got[i])
+    elseif own == G then parseGroup(wantG[i], got[i]) end
+  end
+  if own ~= G then
+    -- Read under another retention's G: forget those groups, read the aggregate's own.
+    G, GSPAN = own, own * HOUR
+    for _, d in ipairs(glist) do groups[-d] = nil end
+    glist = {}
+    local ts = {}
+    for _, h in ipairs(hlist) do
+      local d = groupOfHour(h)
+      if not groups[-d] then ts[#ts + 1] = groupTable(d) end
+    end
+    load(ts, parseGroup)
+  end
+  store = newPackedRecords(opps, RLEN, sL, sp, sn)
+  if n > 0 then
+    local fps = {}
+    for i = 1, n do fps[i] = ARGV[3 + i] end
+    store.load(fps)
+    for i = 1, n do
+      local fp = fps[i]
+      if held[fp] == nil then held[fp] = store.get(fp) or false end
+    end
+  end
+end
+v = tonumber(vgot) or 0
+-- The state hash is read and written a field at a time, so it must be a hash table: a small hash
+-- (up to hash-max-listpack-entries, 128 to 512 fields) is stored as a listpack, where every field
+-- lookup scans the whole hash. A value longer than hash-max-listpack-value (64 bytes by default)
+-- makes Redis convert a hash to a hash table for good, so it is created with one.
+local sets, dels = {}, {}
+if not head and n > 0 then
+  sets[1] = 'enc'
+  sets[2] = 'a value longer than hash-max-listpack-value keeps this hash a hash table: field lookups in O(1)'
+end
+-- cutH: the first retained hour. It never moves back (docs/semantics.md#retention): the head keeps
+-- it, so a retention raised between batches neither revives an identity whose horizon it passed
+-- nor counts an hour whose counts left; a lowered one moves it up below, before the batch.
+local cutH, mfloor -- first retained hour, first minute with a bucket
+-- A head without it had its cut below hour 0, which holds nothing: -1 stands for any such cut.
+if w then cutH, mfloor = kc or min(floor((w - ret) / HOUR), -1), floor(w / MIN) - MKEEP end
+local changed = false
+local fDirty, lDirty = false, false -- f or l may no longer be exact: recompute from the bounds at the end
+
+-- Window sums at the observation time. They are cached per (minute, hour) of that time and kept
+-- up to date by every bucket change, so a batch recomputes them from the buckets only when its
+-- observation time enters a new minute (or buckets were dropped).
+local M, H = floor(at / MIN), floor(at / HOUR)
+local cached = hcm == M and hch == H
+local cacheDirty = false
+-- A batch whose observation time moved on by less than an hour of minutes and a day of hours
+-- shifts the sums instead: it subtracts the minutes and hours that left the windows and adds
+-- those that entered, as the buckets stand before this call, which is what the sums were kept for.
+-- A recompute reads 60 minutes and 168 hours; every aggregate needs one when the minute turns,
+-- which made that minute's first batch cost about five ordinary ones, and so did every read of an
+-- aggregate whose last batch was in an earlier minute (a read changes nothing, so it never
+-- stored its sums).
+if not cached and hcm and hch and M > hcm and M - hcm < 60 and H >= hch and H - hch < 24 then
+  local ts = {}
+  for m = hcm - 59, M - 60 do ts[#ts + 1] = minOf(m) end
+  for m = hcm + 1, M do ts[#ts + 1] = minOf(m) end
+  load(ts, parseMin)
+  local k = M - hcm
+  for i, t in ipairs(ts) do
+    local s = i <= k and -1 or 1
+    hr[1], hr[2], hr[3] = hr[1] + s * t.c, hr[2] + s * t.p, hr[3] + s * t.u
+  end
+  if H > hch then
+    local j = H - hch
+    ts = {}
+    for h = hch - 167, H - 168 do ts[#ts + 1] = hourOf(h) end
+    for h = hch - 23, H - 24 do ts[#ts + 1] = hourOf(h) end
+    for h = hch + 1, H do ts[#ts + 1] = hourOf(h) end
+    load(ts, parseHour)
+    for i = 1, j do
+      local t, u = ts[i], ts[2 * j + i]
+      wk[1], wk[2], wk[3] = wk[1] - t.c + u.c, wk[2] - t.p + u.p, wk[3] - t.u + u.u
+      t = ts[j + i]
+      dy[1], dy[2], dy[3] = dy[1] - t.c + u.c, dy[2] - t.p + u.p, dy[3] - t.u + u.u
+    end
+  end
+  hcm, hch, cached, cacheDirty = M, H, true, true
+  for i = 1, 3 do
+    if hr[i] < 0 or dy[i] < 0 or wk[i] < 0 then cached = false end
+  end
+end
+
+-- bump adds d to class j (1 C, 2 P, 3 U) at occurred time occ, of hour table t (read).
+local function bump(j, occ, t, d)
+  local h = t.h
+  if j == 1 then C = C + d; t.c = t.c + d
+  elseif j == 2 then P = P + d; t.p = t.p + d
+  else U = U + d; t.u = t.u + d end
+  t.dirty = true
+  if occ >= mfloor * MIN then
+    local m = (occ - occ % MIN) / MIN
+    local q = mins[-m] -- read with the head when the batch brought it (getMin otherwise)
+    if not q or not q.got then q = getMin(m) end
+    if j == 1 then q.c = q.c + d elseif j == 2 then q.p = q.p + d else q.u = q.u + d end
+    q.dirty = true
+    if cached and m <= M and m >= M - 59 then hr[j] = hr[j] + d; cacheDirty = true end
+  end
+  if cached and h <= H and h >= H - 167 then
+    wk[j] = wk[j] + d
+    if h >= H - 23 then dy[j] = dy[j] + d end
+    cacheDirty = true
+  end
+end
+
+-- parse returns class, occurred, assessed, seq and horizon of a record, and the record without
+-- its horizon.
+local function parse(rec)
+  local tag = byte(rec, 1)
+  local o = i7(rec, 2)
+  local s, z, base = 0, o, rec
+  if tag % TAGHZN >= TAGSEQ then s = i7(rec, 16) end
+  if tag >= TAGHZN then
+    z = i7(rec, #rec - 6)
+    base = char(tag - TAGHZN) .. sub(rec, 2, #rec - 7)
+  end
+  return tag % 16, o, i7(rec, 9), s, z, base
+end
+-- withHorizon returns record base (no horizon) of an assessment that occurred at occ, with horizon z.
+local function withHorizon(base, occ, z)
+  if z > occ then return char(byte(base, 1) + TAGHZN) .. sub(base, 2) .. spack('<I7', z) end
+  return base
+end
+
+local function pruneMinutes(from, to)
+  local gone = {}
+  if to - from <= 300 then
+    for b = from, to - 1 do gone[#gone + 1] = fmt('m%d', b) end
+  else
+    for _, k in ipairs(call('HKEYS', st)) do
+      if sub(k, 1, 1) == 'm' then
+        local b = tonumber(sub(k, 2))
+        if b and b < to then gone[#gone + 1] = k end
+      end
+    end
+  end
+  if #gone > 0 then hdel(st, gone) end
+  for _, m in ipairs(mlist) do
+    if m < to then
+      local t = mins[-m]
+      t.c, t.p, t.u, t.got, t.dirty = 0, 0, 0, true, false
+    end
+  end
+end
+
+-- expireHours drops the hours below newCut: their counts leave C P U, their buckets and bounds
+-- are deleted. Only hours between the first and last retained ones can hold anything.
+local function expireHours(newCut)
+  if not f then return end
+  local lo, hi = max(cutH, floor(f / HOUR)), min(newCut - 1, floor(l / HOUR))
+  if lo > hi then return end
+  loadHours(lo, hi)
+  local dropped = false
+  for h = lo, hi do
+    local t = hours[-h]
+    if t.c + t.p + t.u > 0 then
+      C, P, U = C - t.c, P - t.p, U - t.u
+      changed = true
+      -- Only an hour inside the week's window changes a window sum (with a retention of 30 days
+      -- the hour that leaves is a month old).
+      if h >= H - 167 then dropped = true end
+      t.c, t.p, t.u, t.a, t.b, t.lz, t.dirty = 0, 0, 0, false, false, false, true
+      if pm and (h + 1) * 60 > pm then -- a short retention: the hour still has minute buckets
+        dropped = true
+        for m = h * 60, h * 60 + 59 do
+          local q = minOf(m)
+          q.c, q.p, q.u, q.got, q.dirty = 0, 0, 0, true, true
+        end
+      end
+    end
+  end
+  if dropped then cached = false end
+  if l < newCut * HOUR then
+    f, l, fDirty, lDirty = nil, nil, false, false
+  elseif f < newCut * HOUR then
+    fDirty = true
+  end
+end
+
+-- raiseCut moves the cut up to what the watermark and the retention give, never back: the hours
+-- it passes leave every count.
+local function raiseCut()
+  local nc = floor((w - ret) / HOUR)
+  if cutH and nc > cutH then expireHours(nc) end
+  if not cutH or nc > cutH then cutH = nc end
+end
+
+-- advance moves the watermark to occ: hours beyond retention leave every count, and minute buckets
+-- no window can reach any more are dropped.
+local function advance(occ)
+  if w and occ <= w then return end
+  w = occ
+  raiseCut()
+  local nm = max(floor(w / MIN) - MKEEP, 0)
+  -- Minute buckets below the floor are never read or written again; deleting them is only
+  -- garbage collection, done in steps of an hour of minutes to keep it cheap.
+  if not pm then pm = nm end
+  if nm - pm >= 60 then
+    pruneMinutes(pm, nm)
+    if nm > M - 59 then cached = false end -- a pruned minute was in the hour's window
+    pm = nm
+  end
+  mfloor = floor(w / MIN) - MKEEP
+end
+-- A retention lowered since the last batch: the cut moves up to what it gives now (with a batch;
+-- a read shows the state as the last batch left it).
+if n > 0 and w then raiseCut() end
+
+-- insertOcc and removeOcc keep the bounds of hour table t (read) as a winner that occurred at occ
+-- enters or leaves it: exact, or loose (a bound may lie beyond the winners) once one left at a
+-- bound. Loose bounds are made exact again from the group's index (scanHour) only when the hour
+-- holds the first or last retained winner and that one is needed (see First and last below): a
+-- move costs no scan of its own.
+local function insertOcc(occ, t)
+  if not t.a then
+    t.a, t.b, t.dirty = occ, occ, true
+  else
+    if occ < t.a then t.a, t.dirty = occ, true end
+    if occ > t.b then t.b, t.dirty = occ, true end
+  end
+  if not f or occ < f then f = occ end
+  if not l or occ > l then l = occ end
+end
+local function removeOcc(occ, t)
+  if t.c + t.p + t.u == 0 then t.a, t.b, t.lz = false, false, false
+  elseif occ <= t.a or occ >= t.b then t.lz = true end
+  if occ <= f then fDirty = true end
+  if occ >= l then lDirty = true end
+end
+
+-- Records are written at the end of the loop (one HSET), index entries appended to their groups'
+-- open chunks. pending[id] says that id is written and under which groups this batch listed it:
+-- true (none yet), one group, or a set of them (keyed by the negative group).
+local pending, pendIds, pushGroups = {}, {}, {}
+local npend = 0 -- #pendIds
+-- push lists fingerprint id (already pending) under group once per batch, however often the batch
+-- moves it there: its first 4 bytes, which name its bucket and in it the records to check. A
+-- group's additions are one entry, or a list once there are more.
+local function push(id, grp)
+  local p = pending[id]
+  if p == grp then return end
+  if p == true then
+    pending[id] = grp
+  else
+    if type(p) ~= 'table' then p = {[-p] = true}; pending[id] = p end
+    if p[-grp] then return end
+    p[-grp] = true
+  end
+  local t = groupTable(grp)
+  local e, x = t.add, sub(id, 1, 4)
+  if not e then
+    t.add = x; pushGroups[#pushGroups + 1] = grp
+  elseif type(e) == 'table' then
+    e[#e + 1] = x
+  else
+    t.add = {e, x}
+  end
+end
+-- write records value for id and lists id under each given group that is not nil.
+local function write(id, value, d1, d2)
+  if not pending[id] then pending[id] = true; npend = npend + 1; pendIds[npend] = id end
+  held[id] = value
+  if d1 then push(id, d1) end
+  if d2 and d2 ~= d1 then push(id, d2) end
+end
+-- leave counts an entry of group d that may no longer be needed (its record's winner and horizon
+-- moved to other groups); a group whose index lists at least as many such entries as others is
+-- compacted at the end. Groups wholly expired are left to garbage collection.
+local function leave(d)
+  if d >= floor(cutH / G) then
+    local t = getGroup(d)
+    t.x, t.dirty = t.x + 1, true
+  end
+end
+
+local out = {}
+for i = 1, n do
+  local id, value, occ = ARGV[3 + i], ARGV[3 + n + i], occs[i]
+  if not w or occ > w then advance(occ) end
+  local cut = cutH * HOUR
+  local rec = held[id]
+  if occ < cut then
+    -- Changes nothing, even when newer than the held winner (docs/semantics.md#retention).
+    out[i] = 'E'
+  elseif rec == value then
+    -- The same assessment, byte for byte, of a record whose winner (and so horizon) is retained.
+    out[i] = 'D'
+  else
+    local oc, oo, oa, os, oz, obase
+    if rec then
+      oc, oo, oa, os, oz, obase = parse(rec)
+      if oz < cut then -- its horizon expired: the record is garbage, its entries too
+        rec = nil
+      end
+    end
+    if not rec then
+      local h = hs[i]
+      local d = (h - h % G) / G -- groupOfHour(h), inline: this runs for every new opportunity
+      if oo then -- garbage: its entries stay listed under its old winner's and horizon's groups
+        local od, ozd = groupOf(oo), groupOf(oz)
+        write(id, value, (d ~= od and d ~= ozd) and d or nil)
+        if od ~= d then leave(od) end
+        if ozd ~= d and ozd ~= od then leave(ozd) end
+      else
+        write(id, value, d)
+      end
+      local t = hours[-h] -- read with the head (getHour otherwise)
+      if not t or not t.got then t = getHour(h) end
+      insertOcc(occ, t)
+      bump(byte(value, 1) % 16, occ, t, 1)
+      changed = true
+      out[i] = 'N'
+    else
+      local cls, _, asd, seq = parse(value)
+      if asd > oa or (asd == oa and seq > os) then
+        local z = max(oz, occ)
+        local h, oh = hs[i], floor(oo / HOUR)
+        local d, od, zd, ozd = groupOfHour(h), groupOf(oo), groupOf(z), groupOf(oz)
+        local t, ot = getHour(h), oo >= cut and getHour(oh)
+        if ot then bump(oc, oo, ot, -1) end
+        bump(cls, occ, t, 1)
+        -- The id is listed under its old winner's and old horizon's groups already.
+        write(id, withHorizon(value, occ, z), (d ~= od and d ~= ozd) and d or nil,
+          (zd ~= od and zd ~= ozd) and zd or nil)
+        if od ~= d and od ~= zd then leave(od) end
+        if ozd ~= od and ozd ~= d and ozd ~= zd then leave(ozd) end
+        if oo < cut then
+          insertOcc(occ, t)
+        elseif occ ~= oo then
+          removeOcc(oo, ot); insertOcc(occ, t)
+        end
+        changed = true
+        out[i] = 'R'
+      else
+        if occ > oz then -- the horizon grows: list the id under its new group
+          local zd, od, ozd = groupOf(occ), groupOf(oo), groupOf(oz)
+          write(id, withHorizon(obase, oo, occ), (zd ~= od and zd ~= ozd) and zd or nil)
+          if ozd ~= od and ozd ~= zd then leave(ozd) end
+        end
+        out[i] = (asd == oa and seq == os) and 'D' or 'S'
+      end
+    end
+  end
+end
+
+-- The records are put in the store (written when it is flushed, with the state, at the end).
+for _, id in ipairs(pendIds) do store.put(id, held[id]) end
+
+-- entries appends to ids the entries of chunk s from position pos: 4-byte fingerprint prefixes.
+local function entries(ids, s, pos)
+  for q = pos, #s - 3, 4 do ids[#ids + 1] = sub(s, q, q + 3) end
+  return ids
+end
+
+-- Index appends: to the open chunk of each group, closing it whenever the next entry would take it
+-- past CHUNKBYTES, so that however many entries a batch adds to a group, each is copied once and
+-- every chunk stays small. Pushed groups were read with the head (or by leave), so they are loaded.
+local newGroups = false
+if #pushGroups > 0 then
+  local zs = {}
+  for _, grp in ipairs(pushGroups) do
+    local t = getGroup(grp)
+    local cur, add = t.e, t.add
+    if cur == '' and t.k == 0 then zs[#zs + 1] = grp; zs[#zs + 1] = sub(t.s, 2) end
+    if type(add) == 'string' and (#cur + #add <= CHUNKBYTES or cur == '') then
+      t.e = cur .. add -- one id that fits: no list
+      t.n = t.n + 1
+    else
+      if type(add) == 'string' then add = {add} end
+      t.n = t.n + #add
+      local parts, size = {cur}, #cur
+      for _, id in ipairs(add) do
+        if size + #id > CHUNKBYTES and size > 0 then -- close the open chunk
+          t.k = t.k + 1
+          cset(t.s .. '.' .. fmt('%d', t.k), concat(parts))
+          parts, size = {}, 0
+        end
+        parts[#parts + 1] = id; size = size + #id
+      end
+      t.e = concat(parts)
+    end
+    t.dirty = true
+  end
+  if #zs > 0 then
+    -- The index and the sorted set of its groups change together (expire together, see the end).
+    for i = 1, #zs, CHUNK do call('ZADD', listed, unpack(zs, i, min(i + CHUNK - 1, #zs))) end
+    for i = 1, #zs, 2 do if not g or zs[i] < g then g = zs[i] end end
+    newGroups = true
+  end
+end
+
+-- groupIds returns the record fields listed under a loaded group table t.
+local function groupIds(t)
+  local ids = {}
+  if t.k > 0 then
+    local fs = {}
+    for i = 1, t.k do fs[i] = t.s .. '.' .. fmt('%d', i) end
+    cget(fs)
+    for _, f in ipairs(fs) do
+      if cv[f] then entries(ids, cv[f], 1) end
+    end
+  end
+  return entries(ids, t.e, 1)
+end
+-- rewriteGroup replaces group table t's chunks by ents, a list of entries.
+local function rewriteGroup(t, ents)
+  local chunk, size, closed = {}, 0, 0
+  for _, e in ipairs(ents) do
+    if size + #e > CHUNKBYTES and size > 0 then
+      closed = closed + 1
+      cset(t.s .. '.' .. fmt('%d', closed), concat(chunk))
+      chunk, size = {}, 0
+    end
+    chunk[#chunk + 1] = e; size = size + #e
+  end
+  for i = closed + 1, t.k do cset(t.s .. '.' .. fmt('%d', i), false) end
+  t.k, t.e, t.dirty = closed, concat(chunk), true
+end
+
+-- scanGroup returns the winners' occurred times of the records listed under group d, read once per
+-- call (the records are written by then; only garbage collection, later, deletes). An index that
+-- holds more than twice the ids still listed there for a reason (their winner or their horizon
+-- is in group d), plus some slack, is rewritten with those alone: each move of an opportunity
+-- between groups leaves an entry behind, and the rewrite keeps a scan proportional to what the group
+-- holds.
+local scanned = {}
+local function scanGroup(d)
+  local occ = scanned[-d]
+  if occ then return occ end
+  local t = getGroup(d)
+  local ids = groupIds(t)
+  store.load(ids, 0)
+  -- An entry is kept when a record it finds has its winner or horizon in group d; each record's
+  -- winner counts once, however many entries find it.
+  local keep, kept, seen = {}, {}, {}
+  occ = {}
+  for j = 1, #ids do
+    local e = ids[j]
+    if kept[e] == nil then
+      kept[e] = false
+      store.each(e, function(fp, rec)
+        if seen[fp] then return end
+        seen[fp] = true
+        local _, o, _, _, z = parse(rec)
+        if groupOf(o) == d or groupOf(z) == d then
+          if not kept[e] then kept[e] = true; keep[#keep + 1] = e end
+          occ[#occ + 1] = o
+        end
+      end)
+    end
+  end
+  if #ids > 2 * #keep + 64 then rewriteGroup(t, keep); t.n, t.x = #keep, 0
+  elseif t.n ~= #ids or t.x ~= #ids - #keep then t.n, t.x, t.dirty = #ids, #ids - #keep, true end
+  scanned[-d] = occ
+  return occ
+end
+-- scanHour returns the least and greatest occurred of hour h's winners, from its group's index.
+local function scanHour(h)
+  local lo, hi
+  local from, to = h * HOUR, (h + 1) * HOUR
+  for _, o in ipairs(scanGroup(groupOfHour(h))) do
+    if o >= from and o < to then
+      if not lo or o < lo then lo = o end
+      if not hi or o > hi then hi = o end
+    end
+  end
+  return lo, hi
+end
+
+-- Groups whose index lists at least as many entries left behind by moves as others are compacted.
+for _, d in ipairs(glist) do
+  local t = groups[-d]
+  if t.dirty and 2 * t.x >= t.n + 64 then scanGroup(d) end
+end
+
+-- First and last: the least bound of the lowest retained hour with a winner, the greatest of the
+-- highest, made exact from the group's index first when loose.
+if (fDirty or lDirty) and w then
+  local top = floor(w / HOUR)
+  loadHours(cutH, top)
+  f, l = nil, nil
+  local function exact(h, t)
+    if t.lz then t.a, t.b = scanHour(h); t.lz, t.dirty = false, true end
+  end
+  for h = cutH, top do
+    local t = hours[-h]
+    if t.c + t.p + t.u > 0 then exact(h, t); f = t.a; break end
+  end
+  for h = top, cutH, -1 do
+    local t = hours[-h]
+    if t.c + t.p + t.u > 0 then exact(h, t); l = t.b; break end
+  end
+end
+
+-- Garbage collection: delete the records of wholly expired groups, a bounded number per batch (at
+-- least twice what the batch can add), from the lowest listed group up, a chunk at a time. A record
+-- goes when its horizon is in the group being collected; one listed there only for its winner stays
+-- for its horizon's. It runs only while the lowest listed group (g) is wholly expired; until then a
+-- record whose horizon expired reads as absent.
+local cutG = cutH and floor(cutH / G)
+if n > 0 and cutG and g and g < cutG then
+  local budget = min(2 * n + 100, CHUNK)
+  local grs = call('ZRANGEBYSCORE', listed, '-inf', '(' .. fmt('%d', cutG), 'LIMIT', 0, 64)
+  local ids, idGroup, done = {}, {}, {}
+  local ts = {}
+  for i, fd in ipairs(grs) do ts[i] = groupTable(tonumber(fd)) end
+  load(ts, parseGroup)
+  for i, fd in ipairs(grs) do
+    if budget <= 0 then break end
+    local d, t = tonumber(fd), ts[i]
+    local from = #ids
+    while t.k > 0 and budget > 0 do
+      local cf = t.s .. '.' .. fmt('%d', t.k)
+      cget({cf})
+      if cv[cf] then entries(ids, cv[cf], 1) end
+      cset(cf, false)
+      t.k, t.dirty = t.k - 1, true
+      budget = budget - (#ids - from); from = #ids
+    end
+    if t.k == 0 and budget > 0 then
+      entries(ids, t.e, 1)
+      t.e, t.n, t.x, t.dirty = '', 0, 0, true
+      done[#done + 1] = fd
+      budget = budget - (#ids - from)
+    end
+    for j = #idGroup + 1, #ids do idGroup[j] = d end
+  end
+  if #ids > 0 then
+    store.load(ids, 0)
+    local del, asked = {}, {}
+    for j = 1, #ids do
+      local e, d = ids[j], idGroup[j]
+      if not asked[e .. d] then
+        asked[e .. d] = true
+        store.each(e, function(fp, rec)
+          local _, _, _, _, z = parse(rec)
+          if groupOf(z) == d then del[#del + 1] = fp end
+        end)
+      end
+    end
+    for _, fp in ipairs(del) do store.delete(fp) end
+  end
+  if #done > 0 then call('ZREM', listed, unpack(done)) end
+  local low = call('ZRANGE', listed, 0, 0, 'WITHSCORES')
+  g = low[2] and tonumber(low[2]) or nil
+end
+
+-- The version: one more than before, or the observation time when that is greater, so a version
+-- published before Redis lost recent writes is never named again for other content.
+if changed then
+  v = max(v + 1, at)
+  sets[#sets + 1] = 'v'; sets[#sets + 1] = fmt('%d', v)
+end
+
+-- Windows at the observation time, from the buckets (as this call leaves them) when the cached
+-- sums are not for its minute and hour.
+if not cached then
+  hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3] = 0, 0, 0, 0, 0, 0, 0, 0, 0
+  -- No bucket lies past the watermark (an event moves it before it changes a bucket), so the
+  -- windows are read up to it only: a read of an aggregate idle for a week reads no bucket, nor
+  -- does one of an aggregate that holds nothing.
+  local topM, topH = M - 60, H - 168
+  if w then topM, topH = min(M, floor(w / MIN)), min(H, floor(w / HOUR)) end
+  -- Nor is one stored before the aggregate's first call: it has only what this call made.
+  local ts = {}
+  for m = M - 59, topM do ts[#ts + 1] = minOf(m) end
+  if head then load(ts, parseMin) end
+  for _, t in ipairs(ts) do hr[1], hr[2], hr[3] = hr[1] + t.c, hr[2] + t.p, hr[3] + t.u end
+  if head and topH >= H - 167 then loadHours(H - 167, topH) end
+  for h = H - 167, topH do
+    local t = hours[-h] -- nil: an hour a new aggregate's call did not touch
+    if t then
+      wk[1], wk[2], wk[3] = wk[1] + t.c, wk[2] + t.p, wk[3] + t.u
+      if h >= H - 23 then dy[1], dy[2], dy[3] = dy[1] + t.c, dy[2] + t.p, dy[3] + t.u end
+    end
+  end
+  hcm, hch, cacheDirty = M, H, true
+end
+
+-- The index's sorted set of hours lives twice the idle TTL and is refreshed every half TTL (server
+-- clock, stamp rt) and whenever it gains an hour, which is also when it is created: it outlives
+-- the index it lists, and does not outlive a dropped aggregate for long. The records and the state
+-- are refreshed by every batch, so an aggregate goes exactly the idle TTL after its last event.
+local refresh = false
+if n > 0 and ttl > 0 then
+  local now = tonumber(call('TIME')[1])
+  if newGroups or not rt or now - rt >= ttl / 2000 then refresh = true; rt = now end
+end
+
+if n > 0 then
+  local ns = #sets
+  for _, h in ipairs(hlist) do
+    local t = hours[-h]
+    if t.dirty then
+      if t.c + t.p + t.u == 0 then
+        dels[#dels + 1] = t.s
+      else
+        sets[ns + 1] = t.s
+        local start = h * HOUR
+        sets[ns + 2] = spack('<BI5I5I5I5I5', t.lz and 2 or 1, t.c, t.p, t.u, t.a - start, t.b - start)
+        ns = ns + 2
+      end
+    end
+  end
+  for _, d in ipairs(glist) do
+    local t = groups[-d]
+    if t.dirty then
+      if t.k == 0 and t.e == '' then
+        dels[#dels + 1] = t.s
+      else
+        sets[ns + 1] = t.s
+        -- x counts a move per move, and one opportunity may leave a group more than once a batch:
+        -- at most every entry can have been left behind.
+        sets[ns + 2] = spack('<BI5I5I5', 0, t.k, t.n, min(t.x, t.n)) .. t.e
+        ns = ns + 2
+      end
+    end
+  end
+  for _, m in ipairs(mlist) do
+    local t = mins[-m]
+    if t.dirty then
+      if t.c + t.p + t.u == 0 then
+        dels[#dels + 1] = t.s
+      else
+        sets[#sets + 1] = t.s; sets[#sets + 1] = spack('<BI5I5I5', 0, t.c, t.p, t.u)
+      end
+    end
+  end
+  for _, cf in ipairs(cdirty) do
+    if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
+  end
+  store.flush()
+  local sL, sp, sn = store.shape()
+  local function e(x) return x and x + 1 or 0 end
+  local nh = spack(HEADW, 11, G,
+    e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
+    hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
+    cutH and cutH >= 0 and cutH + 1 or 0, sL, sp, sn)
+  if nh ~= head then sets[#sets + 1] = 'H'; sets[#sets + 1] = nh end
+  if #dels > 0 then hdel(st, dels) end
+  if #sets > 0 then hset(st, sets) end
+  if ttl > 0 then
+    call('PEXPIRE', opps, ARGV[3]); call('PEXPIRE', st, ARGV[3])
+    if refresh then local t2 = fmt('%d', 2 * ttl); call('PEXPIRE', listed, t2) end
+  end
+end
+
+-- The outcomes joined a thousand at a time: the embedded server's table.concat pushes every element
+-- (and separator) onto a registry of 5 120 slots, which a batch of 2 560 observations overflowed.
+local outcomes = concat(out, '', 1, min(#out, 1000))
+for i = 1001, #out, 1000 do outcomes = outcomes .. concat(out, '', i, min(i + 999, #out)) end
+return {outcomes, v, C, P, U, hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
+  f and fmt('%d', f) or '', l and fmt('%d', l) or ''}

@@ -1,0 +1,51 @@
+package aggregator
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// State layout 11, being built beside layout 10: apply11.lua on the packed record store, fed
+// fingerprints and binary records. A store uses it when its configuration carries a fingerprinter
+// (tests only, until the upgrade path from layout 10 exists: docs/performance.md).
+
+//go:embed packed_records.lua
+var packedRecordsSource string
+
+//go:embed apply11.lua
+var apply11Source string
+
+var apply11Script = redis.NewScript(packedRecordsSource + apply11Source)
+
+// script returns the apply script of the store's layout.
+func (r *Redis) script() *redis.Script {
+	if r.cfg.fingerprint != nil {
+		return apply11Script
+	}
+	return applyScript
+}
+
+// encodeLayout11 returns each observation's fingerprint and its layout-11 record (record.go),
+// each a slice of one string per kind, or why an observation cannot be stored.
+func encodeLayout11(f *Fingerprinter, obs []Observation) (fps, recs []string, err error) {
+	fbuf := make([]byte, 0, len(obs)*FingerprintBytes)
+	rbuf := make([]byte, 0, len(obs)*(1+3*recordTimeBytes))
+	ends := make([]int, len(obs))
+	for i := range obs {
+		fbuf = f.Append(fbuf, obs[i].OpportunityID)
+		if rbuf, err = appendRecord(rbuf, &obs[i]); err != nil {
+			return nil, nil, err
+		}
+		ends[i] = len(rbuf)
+	}
+	fs, rs := string(fbuf), string(rbuf)
+	fps, recs = make([]string, len(obs)), make([]string, len(obs))
+	from := 0
+	for i := range obs {
+		fps[i] = fs[i*FingerprintBytes : (i+1)*FingerprintBytes]
+		recs[i] = rs[from:ends[i]]
+		from = ends[i]
+	}
+	return fps, recs, nil
+}

@@ -1,0 +1,226 @@
+package aggregator
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/schemas"
+)
+
+// layout11Fingerprinter is a fingerprinter under a fixed secret, for stores of layout 11 in tests.
+func layout11Fingerprinter(t testing.TB) *Fingerprinter {
+	t.Helper()
+	f, err := newFingerprinter(bytes.Repeat([]byte{11}, fingerprintSecretBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestLayout11MatchesModel holds layout 11 (apply11.lua on the packed record store, fingerprints
+// and binary records) to the model on every stream layout 10 is held to: the same outcome for
+// every event and the same tallies after every batch, on Redis and on the embedded server.
+func TestLayout11MatchesModel(t *testing.T) {
+	for _, tc := range modelCases {
+		t.Run(fmt.Sprint("seed", tc.seed, map[bool]string{true: " embedded"}[tc.embedded]), func(t *testing.T) {
+			matchModel(t, tc, layout11Fingerprinter(t))
+		})
+	}
+}
+
+// layout11Records walks the record store of aggregate k and returns the records it holds by
+// fingerprint, failing when a bucket does not split into whole records or the head's count of
+// records (the store's shape) differs from what the buckets hold.
+func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[string]storedRecord {
+	t.Helper()
+	ctx := context.Background()
+	keys := store.keys(k)
+	buckets, err := c.HGetAll(ctx, keys[2]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]storedRecord{}
+	for name, v := range buckets {
+		for at := 0; at < len(v); {
+			if len(v) < at+FingerprintBytes+1 || recordLength(v[at+FingerprintBytes]) == 0 || len(v) < at+FingerprintBytes+recordLength(v[at+FingerprintBytes]) {
+				t.Fatalf("%s: bucket %x does not split into records at byte %d", k, name, at)
+			}
+			end := at + FingerprintBytes + recordLength(v[at+FingerprintBytes])
+			rec, err := parseRecord([]byte(v[at+FingerprintBytes : end]))
+			if err != nil {
+				t.Fatalf("%s: bucket %x at byte %d: %v", k, name, at, err)
+			}
+			fp := v[at : at+FingerprintBytes]
+			if _, dup := out[fp]; dup {
+				t.Fatalf("%s: fingerprint %x stored twice", k, fp)
+			}
+			out[fp] = rec
+			at = end
+		}
+	}
+	head, err := c.HGet(ctx, keys[1], "H").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(head) != 2+24*7 || head[0] != 11 {
+		t.Fatalf("%s: head of %d bytes starting %d, want layout 11's", k, len(head), head[0])
+	}
+	var b [8]byte
+	copy(b[:], head[2+23*7:2+24*7])
+	if n := binary.LittleEndian.Uint64(b[:]); n != uint64(len(out)) {
+		t.Fatalf("%s: the head counts %d records, the buckets hold %d", k, n, len(out))
+	}
+	return out
+}
+
+// TestLayout11CollectsEveryExpiredRecord: once a random history (re-assessments moving winners
+// and horizons across index groups, so entries are left behind and groups compacted) has wholly
+// expired, garbage collection leaves exactly the records of the opportunities that came after,
+// and the store's count of records stays the records its buckets hold.
+func TestLayout11CollectsEveryExpiredRecord(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		seed      uint64
+		retention time.Duration
+	}{{21, time.Hour}, {22, 24 * time.Hour}, {23, 3 * 24 * time.Hour}} {
+		t.Run(fmt.Sprint("seed", tc.seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(tc.seed, 11))
+			store, c := testStore(t, "gc11", RedisConfig{Retention: tc.retention, fingerprint: layout11Fingerprinter(t)})
+			model := NewModel(tc.retention)
+			stream := randomStreamOver(r, 8000, 10*24*time.Hour, 0)
+			var maxOcc int64
+			for i := 0; i < len(stream); {
+				batch := stream[i:min(i+1+r.IntN(300), len(stream))]
+				i += len(batch)
+				for _, o := range batch {
+					maxOcc = max(maxOcc, o.Occurred)
+				}
+				at := time.UnixMicro(maxOcc)
+				if _, err := store.Apply(ctx, batch, at); err != nil {
+					t.Fatal(err)
+				}
+				model.Apply(ctx, batch, at)
+			}
+			later := maxOcc + int64(2*tc.retention/time.Microsecond) + int64(time.Hour/time.Microsecond)
+			for _, k := range model.Keys() {
+				collectAll(t, store, c, model, k, later)
+			}
+		})
+	}
+}
+
+// TestLayout11CollectsHorizonsOfCompactedGroups: a record whose winner moved to an earlier index
+// group keeps an entry in its horizon's group only; when that group is compacted (others left it),
+// the entry stays, so the record is collected once its horizon expires.
+func TestLayout11CollectsHorizonsOfCompactedGroups(t *testing.T) {
+	ctx := context.Background()
+	store, c := testStore(t, "gc11h", RedisConfig{Retention: 24 * time.Hour, fingerprint: layout11Fingerprinter(t)})
+	model := NewModel(24 * time.Hour)
+	span := int64(3 * time.Hour / time.Microsecond) // G: an eighth of the retention
+	base := (Micros(t0)/span + 10) * span
+	at := time.UnixMicro(base + 4*span)
+	apply := func(batch []Observation) {
+		t.Helper()
+		got, err := store.Apply(ctx, batch, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := model.Apply(ctx, batch, at); got.Tallies[keyLive] != want.Tallies[keyLive] {
+			t.Fatalf("redis %+v, model %+v", got.Tallies[keyLive], want.Tallies[keyLive])
+		}
+	}
+	at1 := func(id string, occ, asd int64) Observation {
+		return Observation{Key: keyLive, OpportunityID: id, Class: Passed, Occurred: occ, Assessed: asd}
+	}
+	var b1, b2, b3, b4 []Observation
+	for i := 0; i < 200; i++ { // winner in group 1, then moved back to group 0: horizon left in group 1
+		id := fmt.Sprint("back-", i)
+		b1 = append(b1, at1(id, base+span+int64(i), base+span+int64(i)))
+		b2 = append(b2, at1(id, base+int64(i), base+2*span+int64(i)))
+	}
+	for i := 0; i < 300; i++ { // in group 1, then moved on to group 2: they leave group 1
+		id := fmt.Sprint("on-", i)
+		b3 = append(b3, at1(id, base+span+int64(i), base+span+int64(i)))
+		b4 = append(b4, at1(id, base+2*span+int64(i), base+3*span+int64(i)))
+	}
+	for _, b := range [][]Observation{b1, b2, b3, b4} {
+		apply(b)
+	}
+	collectAll(t, store, c, model, keyLive, base+20*span)
+}
+
+// collectAll applies new opportunities to aggregate k at later (a retention and more after its
+// history), in batches until garbage collection has had budget for every record the history
+// left, and requires the store to hold exactly the new records then.
+func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key, later int64) {
+	t.Helper()
+	ctx := context.Background()
+	before := layout11Records(t, c, store, k)
+	var fresh []Observation
+	for b := 0; b < 2+len(before)/100; b++ {
+		var batch []Observation
+		for i := 0; i < 100; i++ {
+			occ := later + int64(b*100+i)
+			batch = append(batch, Observation{Key: k, OpportunityID: fmt.Sprintf("new-%d-%d", b, i), Class: Passed, Occurred: occ, Assessed: occ})
+		}
+		at := time.UnixMicro(later + 1e6)
+		got, err := store.Apply(ctx, batch, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := model.Apply(ctx, batch, at); got.Tallies[k] != want.Tallies[k] {
+			t.Fatalf("%s: redis %+v, model %+v", k, got.Tallies[k], want.Tallies[k])
+		}
+		fresh = append(fresh, batch...)
+	}
+	after := layout11Records(t, c, store, k)
+	if len(after) != len(fresh) {
+		t.Fatalf("%s: %d records before, %d after the history expired, want only the %d new ones", k, len(before), len(after), len(fresh))
+	}
+	for _, o := range fresh {
+		fp := string(store.cfg.fingerprint.Append(nil, o.OpportunityID))
+		if rec, ok := after[fp]; !ok || rec.occurred != o.Occurred {
+			t.Fatalf("%s: %s is not stored as applied: %+v, %v", k, o.OpportunityID, rec, ok)
+		}
+	}
+}
+
+// TestLayout11TiesGoBySeq: assessments of one opportunity at one assessed time are ordered by
+// their seq, which layout 11 keeps in 7 bytes beside the times: a higher seq wins, a lower or
+// equal one is stale or a duplicate, up to the largest seq the schemas admit.
+func TestLayout11TiesGoBySeq(t *testing.T) {
+	ctx := context.Background()
+	for _, fp := range []*Fingerprinter{nil, layout11Fingerprinter(t)} {
+		store, _ := testStore(t, "seq11", RedisConfig{Retention: 24 * time.Hour, fingerprint: fp})
+		model := NewModel(24 * time.Hour)
+		top := int64(schemas.MaxAssessmentSeq)
+		steps := []Observation{
+			obs("a", Confirmed, 0, time.Minute, 1),
+			obs("a", Passed, 0, time.Minute, 2),
+			obs("a", Unscored, 0, time.Minute, 1),
+			obs("a", Passed, 0, time.Minute, 2),
+			obs("a", Confirmed, 0, time.Minute, top),
+			obs("a", Passed, 0, time.Minute, top-1),
+			obs("b", Passed, time.Minute, time.Minute, top),
+			obs("b", Confirmed, time.Minute, time.Minute, 0),
+		}
+		for i, o := range steps {
+			at := t0.Add(time.Hour)
+			got, err := store.Apply(ctx, []Observation{o}, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := model.Apply(ctx, []Observation{o}, at)
+			if got.Outcomes[0] != want.Outcomes[0] || got.Tallies[o.Key] != want.Tallies[o.Key] {
+				t.Fatalf("layout 11 %v, step %d (%+v): %v %+v, model %v %+v", fp != nil, i, o, got.Outcomes[0], got.Tallies[o.Key], want.Outcomes[0], want.Tallies[o.Key])
+			}
+		}
+	}
+}
