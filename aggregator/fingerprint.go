@@ -20,8 +20,8 @@ import (
 // retained, with probability at most n²/2¹²⁹ (below 1.5·10⁻¹⁹ at n = 10¹⁰; docs/semantics.md).
 const FingerprintBytes = 16
 
-// fingerprintSecretBytes is the length of a namespace's fingerprint secret: SHA-256's block
-// size would do no better, and 32 random bytes make guessing it hopeless.
+// fingerprintSecretBytes is the length of a namespace's fingerprint secret: 256 random bits, as
+// many as HMAC-SHA-256's output, so guessing the secret is no easier than inverting the MAC.
 const fingerprintSecretBytes = 32
 
 // FingerprintKey is the key of namespace ns's fingerprint secret. It lives and dies with the
