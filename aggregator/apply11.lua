@@ -67,9 +67,10 @@
 -- expired (garbage collection from the id index), and until then they read as absent.
 --
 -- Cost: Redis work per call is a fixed handful of commands however many hours the batch touches
--- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the records,
--- one HMGET of the head and of every hour, index group and recent minute the batch touches, one
--- HSET of the records, one HSET of the state, the expiries.
+-- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the head and
+-- of every hour, index group and recent minute the batch touches, then one HMGET of the record
+-- buckets (addressed by the shape the head keeps), the store's flush (an HSET and an HDEL of
+-- buckets), one HSET of the state, the expiries.
 -- Numbers: the state's are unsigned little-endian integers of fixed width (struct.pack and
 -- struct.unpack, one C call per field instead of a pattern match and a conversion per number;
 -- 7 bytes hold any time 1970..2200 in µs, 5 bytes any count a Redis could hold records for, and
@@ -133,10 +134,10 @@ else
     return unpack(r)
   end
 end
--- The head is the byte 10, a span byte and 21 numbers of 7 bytes; a minute the byte 0 and 3 numbers
+-- The head is the byte 11, a span byte and 24 numbers of 7 bytes; a minute the byte 0 and 3 numbers
 -- of 5 bytes. Their first bytes, like an hour's and a group's, are no hex digit: a field of an
 -- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
--- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
+-- numbers, and so is a head of layout 10 (byte 10, 21 numbers) or 8.
 local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 24), '<BB' .. string.rep('I7', 24), 2 + 24 * 7
 -- RLEN: a record's length (its tag included) by its tag (aggregator/record.go's recordLength).
 local RLEN = {}
@@ -742,7 +743,7 @@ if #pushGroups > 0 then
   end
 end
 
--- groupIds returns the record fields listed under a loaded group table t.
+-- groupIds returns the entries (4-byte fingerprint prefixes) listed under a loaded group table t.
 local function groupIds(t)
   local ids = {}
   if t.k > 0 then
@@ -770,12 +771,12 @@ local function rewriteGroup(t, ents)
   t.k, t.e, t.dirty = closed, concat(chunk), true
 end
 
--- scanGroup returns the winners' occurred times of the records listed under group d, read once per
--- call (the records are written by then; only garbage collection, later, deletes). An index that
--- holds more than twice the ids still listed there for a reason (their winner or their horizon
--- is in group d), plus some slack, is rewritten with those alone: each move of an opportunity
--- between groups leaves an entry behind, and the rewrite keeps a scan proportional to what the group
--- holds.
+-- scanGroup returns the winners' occurred times of the records whose winner or horizon is in group
+-- d, found through its entries, read once per call (the records are put by then; only garbage
+-- collection, later, deletes). An entry is kept while some record behind its prefix has its
+-- winner or horizon in group d; an index that holds more than twice the entries kept, plus some
+-- slack, is rewritten with those alone: each move of an opportunity between groups leaves an entry
+-- behind, and the rewrite keeps a scan proportional to what the group holds.
 local scanned = {}
 local function scanGroup(d)
   local occ = scanned[-d]
