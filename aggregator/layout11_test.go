@@ -3,6 +3,7 @@ package aggregator
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -35,9 +36,66 @@ func TestLayout11MatchesModel(t *testing.T) {
 	}
 }
 
+// TestLayout11MatchesModelWhenPrefixesCollide: fingerprints that share their first 4 bytes (a
+// handful of prefixes, or only their low bits), which a keyed hash makes all but impossible and
+// which is where one index entry finds several records and one bucket holds what its address
+// cannot split, still give the model's outcomes and tallies, and a store whose every record is
+// where its shape says.
+func TestLayout11MatchesModelWhenPrefixesCollide(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mc   modelCase
+		fp   *Fingerprinter
+	}{
+		{"4 prefixes", modelCase{1, 10 * 24 * time.Hour, 3 * 24 * time.Hour, 0, false, 6000}, collidingFingerprinter(4, 0)},
+		{"1 prefix, 1h", modelCase{7, 12 * time.Hour, time.Hour, 0, false, 6000}, collidingFingerprinter(1, 0)},
+		{"low 12 bits shared", modelCase{2, 10 * 24 * time.Hour, 24 * time.Hour, 0, false, 6000}, collidingFingerprinter(0, 12)},
+		{"4 prefixes, embedded", modelCase{8, 2 * time.Hour, time.Hour, 700, true, 6000}, collidingFingerprinter(4, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, c, keys := matchModel(t, tc.mc, tc.fp)
+			for _, k := range keys {
+				layout11Records(t, c, store, k)
+			}
+		})
+	}
+}
+
+// collidingFingerprinter makes fingerprints whose first 4 bytes are one of k values (k > 0), or
+// share their low `low` bits; the rest is SHA-256 of the id.
+func collidingFingerprinter(k uint32, low uint) *Fingerprinter {
+	f := &Fingerprinter{}
+	f.macs.New = func() any { return &collidingMAC{k: k, low: low} }
+	return f
+}
+
+// collidingMAC is a hash.Hash standing in for the fingerprint's HMAC (see collidingFingerprinter).
+type collidingMAC struct {
+	buf []byte
+	k   uint32
+	low uint
+}
+
+func (m *collidingMAC) Write(p []byte) (int, error) { m.buf = append(m.buf, p...); return len(p), nil }
+func (m *collidingMAC) Reset()                      { m.buf = m.buf[:0] }
+func (m *collidingMAC) Size() int                   { return sha256.Size }
+func (m *collidingMAC) BlockSize() int              { return sha256.BlockSize }
+func (m *collidingMAC) Sum(b []byte) []byte {
+	s := sha256.Sum256(m.buf)
+	x := binary.LittleEndian.Uint32(s[:4])
+	if m.k > 0 {
+		x = 0x9e3779b1 * (x % m.k)
+	} else {
+		x <<= m.low
+	}
+	binary.LittleEndian.PutUint32(s[:4], x)
+	return append(b, s[:]...)
+}
+
 // layout11Records walks the record store of aggregate k and returns the records it holds by
-// fingerprint, failing when a bucket does not split into whole records or the head's count of
-// records (the store's shape) differs from what the buckets hold.
+// fingerprint, failing when a bucket does not split into whole records, holds a record its
+// fingerprint does not address under the head's shape, is empty or is none the shape names, or
+// when the head's count of records differs from what the buckets hold.
 func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[string]storedRecord {
 	t.Helper()
 	ctx := context.Background()
@@ -46,8 +104,32 @@ func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[str
 	if err != nil {
 		t.Fatal(err)
 	}
+	head, err := c.HGet(ctx, keys[1], "H").Result()
+	if err != nil {
+		if len(buckets) > 0 {
+			t.Fatalf("%s: no head, %d buckets", k, len(buckets))
+		}
+		return nil
+	}
+	if len(head) != 2+24*7 || head[0] != 11 {
+		t.Fatalf("%s: head of %d bytes starting %d, want layout 11's", k, len(head), head[0])
+	}
+	num := func(i int) uint64 { // the head's i-th number
+		var b [8]byte
+		copy(b[:], head[2+i*7:2+(i+1)*7])
+		return binary.LittleEndian.Uint64(b[:])
+	}
+	level, split, count := num(21), num(22), num(23)
+	size := uint64(1) << level
 	out := map[string]storedRecord{}
 	for name, v := range buckets {
+		var b uint64
+		for i := len(name) - 1; i >= 0; i-- {
+			b = b<<8 | uint64(name[i])
+		}
+		if v == "" || len(name) == 0 || b >= size+split {
+			t.Fatalf("%s: bucket %x (%d of %d) holds %d bytes", k, name, b, size+split, len(v))
+		}
 		for at := 0; at < len(v); {
 			if len(v) < at+FingerprintBytes+1 || recordLength(v[at+FingerprintBytes]) == 0 || len(v) < at+FingerprintBytes+recordLength(v[at+FingerprintBytes]) {
 				t.Fatalf("%s: bucket %x does not split into records at byte %d", k, name, at)
@@ -58,6 +140,14 @@ func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[str
 				t.Fatalf("%s: bucket %x at byte %d: %v", k, name, at, err)
 			}
 			fp := v[at : at+FingerprintBytes]
+			x := uint64(binary.LittleEndian.Uint32([]byte(fp[:4])))
+			a := x % size
+			if a < split {
+				a = x % (2 * size)
+			}
+			if a != b {
+				t.Fatalf("%s: record %x in bucket %d, which its address (L=%d p=%d) is not", k, fp, b, level, split)
+			}
 			if _, dup := out[fp]; dup {
 				t.Fatalf("%s: fingerprint %x stored twice", k, fp)
 			}
@@ -65,17 +155,8 @@ func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[str
 			at = end
 		}
 	}
-	head, err := c.HGet(ctx, keys[1], "H").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(head) != 2+24*7 || head[0] != 11 {
-		t.Fatalf("%s: head of %d bytes starting %d, want layout 11's", k, len(head), head[0])
-	}
-	var b [8]byte
-	copy(b[:], head[2+23*7:2+24*7])
-	if n := binary.LittleEndian.Uint64(b[:]); n != uint64(len(out)) {
-		t.Fatalf("%s: the head counts %d records, the buckets hold %d", k, n, len(out))
+	if count != uint64(len(out)) {
+		t.Fatalf("%s: the head counts %d records, the buckets hold %d", k, count, len(out))
 	}
 	return out
 }

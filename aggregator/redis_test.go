@@ -151,8 +151,9 @@ func TestRedisMatchesModel(t *testing.T) {
 
 // matchModel applies tc's stream in random batches to a store (of layout 11 when fp is set) and
 // to the model, and requires the same outcome for every event and the same tally for every
-// aggregate after every batch, and after the stream when read.
-func matchModel(t *testing.T, tc modelCase, fp *Fingerprinter) {
+// aggregate after every batch, and after the stream when read. It returns the store, its client
+// and the aggregates the stream made.
+func matchModel(t *testing.T, tc modelCase, fp *Fingerprinter) (*Redis, *redis.Client, []Key) {
 	ctx := context.Background()
 	seed := tc.seed
 	r := rand.New(rand.NewPCG(seed, 99))
@@ -163,14 +164,16 @@ func matchModel(t *testing.T, tc modelCase, fp *Fingerprinter) {
 	stream := randomStreamOver(r, events, tc.span, tc.jumpEvery)
 	retention := tc.retention // short, so expiry happens inside the stream
 	var store *Redis
+	var client *redis.Client
 	if tc.embedded {
-		m := miniredis.RunT(t)
+		client = redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		t.Cleanup(func() { client.Close() })
 		var err error
-		if store, err = NewRedis(redis.NewClient(&redis.Options{Addr: m.Addr()}), RedisConfig{Prefix: "model", Retention: retention, fingerprint: fp}); err != nil {
+		if store, err = NewRedis(client, RedisConfig{Prefix: "model", Retention: retention, fingerprint: fp}); err != nil {
 			t.Fatal(err)
 		}
 	} else {
-		store, _ = testStore(t, "model", RedisConfig{Retention: retention, fingerprint: fp})
+		store, client = testStore(t, "model", RedisConfig{Retention: retention, fingerprint: fp})
 	}
 	model := NewModel(retention)
 	var maxOcc int64
@@ -220,6 +223,7 @@ func matchModel(t *testing.T, tc modelCase, fp *Fingerprinter) {
 			t.Fatalf("%s: redis %+v, model %+v", k, got, want)
 		}
 	}
+	return store, client, model.Keys()
 }
 
 func TestRedisApplyTwiceIsApplyOnce(t *testing.T) {
