@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/repeatrate/repeatrate/internal/testenv"
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
@@ -304,4 +305,73 @@ func TestLayout11TiesGoBySeq(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestLayout11CallsPastTheArgumentChunks: one call of 9 000 events for one aggregate (past the
+// 4 000 arguments a command built in the script carries) gives the model's outcomes and tallies
+// when they are new, when the same call comes again, and when they are re-assessed (moving hours)
+// and met by stale assessments that grow their horizons; then, once all of it has expired, calls
+// of 4 500 new events leave the store exactly their records. On Redis and the embedded server.
+func TestLayout11CallsPastTheArgumentChunks(t *testing.T) {
+	onBackends(t, true, func(t *testing.T, addr string) {
+		ctx := context.Background()
+		c := packedClient(t, addr)
+		store, err := NewRedis(c, RedisConfig{Prefix: testenv.Name(t, "chunks11"), Retention: 24 * time.Hour, fingerprint: layout11Fingerprinter(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.CleanPrefix(t, c, store.cfg.Prefix)
+		model := NewModel(24 * time.Hour)
+		apply := func(what string, batch []Observation, at time.Time) {
+			t.Helper()
+			got, err := store.Apply(ctx, batch, at)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			want, _ := model.Apply(ctx, batch, at)
+			for j := range batch {
+				if got.Outcomes[j] != want.Outcomes[j] {
+					t.Fatalf("%s, event %d (%+v): %v, model %v", what, j, batch[j], got.Outcomes[j], want.Outcomes[j])
+				}
+			}
+			if got.Tallies[keyLive] != want.Tallies[keyLive] {
+				t.Fatalf("%s: %+v, model %+v", what, got.Tallies[keyLive], want.Tallies[keyLive])
+			}
+			layout11Records(t, c, store, keyLive)
+		}
+		base := Micros(t0)
+		const n = 9000
+		var fresh, moved []Observation
+		for i := 0; i < n; i++ {
+			occ := base + int64(i)*1e6
+			o := Observation{Key: keyLive, OpportunityID: fmt.Sprint("h", i), Class: Class(1 + i%3), Occurred: occ, Assessed: occ, Seq: int64(i % 2)}
+			fresh = append(fresh, o)
+			re := o // a newer assessment, up to 4 hours earlier
+			re.Assessed += 1e6
+			re.Occurred -= int64(i%5) * int64(time.Hour/time.Microsecond)
+			re.Class = Class(1 + (i+1)%3)
+			stale := o // an older assessment than re, 7 s later: the horizon grows
+			stale.Occurred += 7e6
+			moved = append(moved, re, stale)
+		}
+		at := time.UnixMicro(base + n*1e6)
+		apply("new", fresh, at)
+		apply("the same again", fresh, at)
+		apply("re-assessed and stale", moved, at)
+		apply("re-assessed and stale again", moved, at)
+		later := base + int64(5*24*time.Hour/time.Microsecond)
+		var all []Observation
+		for b := 0; b < 4; b++ {
+			var batch []Observation
+			for i := 0; i < 4500; i++ {
+				occ := later + int64(b*4500+i)
+				batch = append(batch, Observation{Key: keyLive, OpportunityID: fmt.Sprintf("n%d-%d", b, i), Class: Passed, Occurred: occ, Assessed: occ})
+			}
+			apply(fmt.Sprint("after expiry, call ", b), batch, time.UnixMicro(later+1e7))
+			all = append(all, batch...)
+		}
+		if got := layout11Records(t, c, store, keyLive); len(got) != len(all) {
+			t.Fatalf("%d records once the first 9 000 expired, want the %d new ones", len(got), len(all))
+		}
+	})
 }
