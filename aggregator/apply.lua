@@ -2,6 +2,13 @@
 -- arguments changes nothing the second time: every write is a max-merge on (assessed, seq), so a
 -- retried call after a lost reply, or a redelivered batch, is recognised as duplicates.
 --
+-- It runs state layout 10, and layout 11 (being built: docs/performance.md) for a call whose
+-- records are binary or a read of an aggregate whose head says 11. Layout 11 is layout 10 with
+-- each opportunity kept by a 16-byte keyed fingerprint of its id (aggregator/fingerprint.go) and a
+-- binary record, packed into buckets in KEYS[3] (packed_records.lua, prepended to this script),
+-- the store's shape in the head and an id index of 4-byte fingerprint prefixes; the notes marked
+-- "Layout 11" below say where it differs.
+--
 -- KEYS[1] hash  record field -> "<class><occurred_us hex>,<assessed_us hex>[,<seq hex>][;<horizon_us hex>]":
 --               the winning assessment, and its horizon (the greatest occurred_us of every assessment
 --               applied while retained) when that is above the winner's occurred_us. A record field
@@ -39,13 +46,22 @@
 --               m<minute> the byte 0 then C,P,U in 5 bytes each: counts of the last 70 minutes.
 --               enc   a long value that keeps the hash a hash table (see below).
 --               A minute whose counts are 0 and a group that lists nothing are deleted.
--- KEYS[3] unused (the id index lives in KEYS[2]); passed so that every key of the aggregate is named.
+-- KEYS[3] unused by layout 10 (the id index lives in KEYS[2]); passed so that every key of the
+--               aggregate is named. Layout 11: the packed record store, bucket fields of records end
+--               to end, each a fingerprint and a record "<tag><occurred_us><assessed_us>[<seq>]
+--               [<horizon_us>]" (aggregator/record.go: the tag's low 4 bits the class, 1 C, 2 P,
+--               3 U; 0x10 a seq follows, 0x20 a horizon; every number 7 bytes little-endian), and
+--               KEYS[1] is neither read nor written, so that a migration can move its records into
+--               KEYS[3] while both exist. Its head is the byte 11 and 24 numbers, the 21 above then
+--               the store's shape (level, split pointer, records); its index entries are the first 4
+--               bytes of fingerprints (a prefix names a bucket, and in it the records to check).
 -- KEYS[4] sorted set of the index groups that list ids, scored by group: garbage collection visits
 --               exactly those, however far apart (an event dated 1970 and one dated today make two
 --               entries, not half a million hours to walk), and only once the head's lowest one has
 --               wholly left retention.
 -- ARGV[1] retention_us, ARGV[2] observation time at_us, ARGV[3] key ttl in ms (0: none),
--- then the n record fields, then the n records as KEYS[1] stores them (encoded by the caller, so a
+-- then the n record fields (layout 11: fingerprints), then the n records as stored (encoded by the
+-- caller, so a
 -- byte-identical duplicate is recognised by one string comparison; the occurred time is read
 -- from it).
 -- Returns {outcomes, version, C, P, U, 1h C P U, 24h C P U, 7d C P U, first_us, last_us} where
@@ -85,6 +101,10 @@ local find, sub, fmt, match = string.find, string.sub, string.format, string.mat
 local concat = table.concat
 local call = redis.call
 local byte, char = string.byte, string.char
+-- Layout 11: a call whose records are binary (a tag byte below 32, where layout 10's start with a
+-- class letter); a read takes its aggregate's layout from the head.
+local L11 = n > 0 and byte(ARGV[4 + n], 1) < 32
+if L11 then opps = KEYS[3] end
 
 -- spack and sunpack are struct.pack and struct.unpack for the formats the state uses ('<', then
 -- B and I5 or I7); the embedded Redis of `repeatrate dev` (gopher-lua) has no struct library, so
@@ -129,6 +149,20 @@ end
 -- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
 -- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
 local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 21), '<BB' .. string.rep('I7', 21), 2 + 21 * 7
+-- Layout 11: its head is the byte 11 and 24 numbers (HEADLEN11 bytes); RLEN is a record's length
+-- (its tag included) by its tag (aggregator/record.go's recordLength); i7 reads the 7-byte number
+-- of s at pos. Made only for a call of layout 11: what a call makes, every call of layout 10 would
+-- pay for (Redis runs the script's body on every call).
+local HEADLEN11, TAGSEQ, TAGHZN = 2 + 24 * 7, 16, 32
+local RLEN, i7
+if L11 then
+  RLEN = {[1] = 15, [2] = 15, [3] = 15, [17] = 22, [18] = 22, [19] = 22, [33] = 22, [34] = 22,
+    [35] = 22, [49] = 29, [50] = 29, [51] = 29}
+  i7 = function(s, pos)
+    local a, b, c, d, e, f, g = byte(s, pos, pos + 6)
+    return a + 256 * (b + 256 * (c + 256 * (d + 256 * (e + 256 * (f + 256 * g)))))
+  end
+end
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -265,10 +299,11 @@ local function groupOfHour(h) return (h - h % G) / G end
 local function groupOf(us) return floor(us / GSPAN) end
 
 -- The records of the batch (one HMGET), each observation's occurred time and hour, and the head,
--- the hours, index groups and recent minutes the batch touches (one HMGET).
+-- the hours, index groups and recent minutes the batch touches (one HMGET). Layout 11 reads the
+-- head first (it keeps the record store's shape), then the records' buckets.
 local occs, hs, held = {}, {}, {}
 local want, wantH, wantM, wantG, nwant = {'H', 'v'}, {}, {}, {}, 2
-if n > 0 then
+if n > 0 and not L11 then
   local got
   if n <= CHUNK then
     got = call('HMGET', opps, unpack(ARGV, 4, 3 + n))
@@ -310,18 +345,63 @@ if n > 0 then
       end
     end
   end
+elseif n > 0 then
+  local recent = at - 2 * HOUR
+  for i = 1, n do
+    local fp, value = ARGV[3 + i], ARGV[3 + n + i]
+    local tag = byte(value, 1)
+    if #fp ~= 16 or not tag or tag >= TAGHZN or RLEN[tag] ~= #value then
+      error('observation ' .. i .. ' is no fingerprint and record of layout 11')
+    end
+    local occ = i7(value, 2)
+    local h = (occ - occ % HOUR) / HOUR -- floor(occ / HOUR) without a call
+    occs[i], hs[i] = occ, h
+    -- The batch's hours and minutes are read with the head: the head must come first (it keeps
+    -- the record store's shape), so a duplicate's hour is read too; what the loop below reaches
+    -- otherwise it reads on the way (getHour).
+    if not hours[-h] then
+      local t = hourOf(h)
+      t.got = true
+      nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+      local d = groupOfHour(h)
+      if not groups[-d] then
+        local td = groupTable(d)
+        td.got = true
+        nwant = nwant + 1; want[nwant] = td.s; wantG[nwant] = td
+      end
+    end
+    if occ >= recent then
+      local m = (occ - occ % MIN) / MIN
+      if not mins[-m] then
+        local t = minOf(m)
+        t.got = true
+        nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
+      end
+    end
+  end
 end
 local head, vgot
 local v, w, pm, f, l, hcm, hch, rt, g, kc
 local C, P, U = 0, 0, 0
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
+local store -- layout 11's packed record store (KEYS[3])
 do
   local got = hmget(st, want)
   head, vgot = got[1], got[2]
   local own = G -- the head's G, when there is a head
+  local sL, sp, sn = 0, 0, 0 -- layout 11: the store's shape
   if head then
-    if #head ~= HEADLEN or byte(head, 1) ~= 10 then error('state field H is no head of this layout') end
-    local x = {sunpack(HEADR, head, 2)}
+    local x
+    -- A read of layout 11 needs its head only: it touches no record.
+    if n == 0 and byte(head, 1) == 11 then L11 = true end
+    if not L11 and #head == HEADLEN and byte(head, 1) == 10 then
+      x = {sunpack(HEADR, head, 2)}
+    elseif L11 and #head == HEADLEN11 and byte(head, 1) == 11 then
+      x = {sunpack('<B' .. string.rep('I7', 24), head, 2)}
+      sL, sp, sn = x[23], x[24], x[25]
+    else
+      error('state field H is no head of this layout')
+    end
     own = x[1]
     if own < 1 then error('state field H is no head of this layout') end
     for i = 2, 9 do if x[i] > 0 then x[i] = x[i] - 1 else x[i] = nil end end
@@ -346,6 +426,18 @@ do
       if not groups[-d] then ts[#ts + 1] = groupTable(d) end
     end
     load(ts, parseGroup)
+  end
+  if L11 and n > 0 then
+    store = newPackedRecords(opps, RLEN, sL, sp, sn)
+    do
+      local fps = {}
+      for i = 1, n do fps[i] = ARGV[3 + i] end
+      store.load(fps)
+      for i = 1, n do
+        local fp = fps[i]
+        if held[fp] == nil then held[fp] = store.get(fp) or false end
+      end
+    end
   end
 end
 v = tonumber(vgot) or 0
@@ -410,12 +502,12 @@ if not cached and hcm and hch and M > hcm and M - hcm < 60 and H >= hch and H - 
   end
 end
 
--- bump adds d to class cls at occurred time occ, of hour table t (read).
-local function bump(cls, occ, t, d)
-  local h, j = t.h, nil
-  if cls == 'C' then C = C + d; t.c = t.c + d; j = 1
-  elseif cls == 'P' then P = P + d; t.p = t.p + d; j = 2
-  else U = U + d; t.u = t.u + d; j = 3 end
+-- bump adds d to class j (1 C, 2 P, 3 U) at occurred time occ, of hour table t (read).
+local function bump(j, occ, t, d)
+  local h = t.h
+  if j == 1 then C = C + d; t.c = t.c + d
+  elseif j == 2 then P = P + d; t.p = t.p + d
+  else j = 3; U = U + d; t.u = t.u + d end
   t.dirty = true
   if occ >= mfloor * MIN then
     local m = (occ - occ % MIN) / MIN
@@ -432,17 +524,37 @@ local function bump(cls, occ, t, d)
   end
 end
 
--- parse returns class, occurred, assessed, seq and horizon of a record, and the record without
--- its horizon.
-local function parse(rec)
-  local base, c, o, a, s, z = match(rec, '^((%a)(%x+),(%x+),?(%x*));?(%x*)$')
-  o = tonumber(o, 16)
-  return c, o, tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0, (z ~= '' and tonumber(z, 16)) or o, base
-end
--- withHorizon returns record base (no horizon) of an assessment that occurred at occ, with horizon z.
-local function withHorizon(base, occ, z)
-  if z > occ then return base .. ';' .. fmt('%x', z) end
-  return base
+-- parse returns class (1 C, 2 P, 3 U), occurred, assessed, seq and horizon of a record, and the
+-- record without its horizon; withHorizon returns record base (no horizon) of an assessment that
+-- occurred at occ, with horizon z.
+local CLASS = {C = 1, P = 2, U = 3}
+local parse, withHorizon
+if not L11 then
+  parse = function(rec)
+    local base, c, o, a, s, z = match(rec, '^((%a)(%x+),(%x+),?(%x*));?(%x*)$')
+    o = tonumber(o, 16)
+    return CLASS[c], o, tonumber(a, 16), (s ~= '' and tonumber(s, 16)) or 0, (z ~= '' and tonumber(z, 16)) or o, base
+  end
+  withHorizon = function(base, occ, z)
+    if z > occ then return base .. ';' .. fmt('%x', z) end
+    return base
+  end
+else
+  parse = function(rec)
+    local tag = byte(rec, 1)
+    local o = i7(rec, 2)
+    local s, z, base = 0, o, rec
+    if tag % TAGHZN >= TAGSEQ then s = i7(rec, 16) end
+    if tag >= TAGHZN then
+      z = i7(rec, #rec - 6)
+      base = char(tag - TAGHZN) .. sub(rec, 2, #rec - 7)
+    end
+    return tag % 16, o, i7(rec, 9), s, z, base
+  end
+  withHorizon = function(base, occ, z)
+    if z > occ then return char(byte(base, 1) + TAGHZN) .. sub(base, 2) .. spack('<I7', z) end
+    return base
+  end
 end
 
 local function pruneMinutes(from, to)
@@ -557,7 +669,8 @@ end
 local pending, pendIds, pushGroups = {}, {}, {}
 local npend = 0 -- #pendIds
 -- push lists record field id (already pending) under group once per batch, however often the batch
--- moves it there. A group's additions are one id, or a list once there are more.
+-- moves it there (layout 11: its fingerprint's first 4 bytes). A group's additions are one entry,
+-- or a list once there are more.
 local function push(id, grp)
   local p = pending[id]
   if p == grp then return end
@@ -569,13 +682,14 @@ local function push(id, grp)
     p[-grp] = true
   end
   local t = groupTable(grp)
-  local e = t.add
+  local e, x = t.add, id
+  if L11 then x = sub(id, 1, 4) end
   if not e then
-    t.add = id; pushGroups[#pushGroups + 1] = grp
+    t.add = x; pushGroups[#pushGroups + 1] = grp
   elseif type(e) == 'table' then
-    e[#e + 1] = id
+    e[#e + 1] = x
   else
-    t.add = {e, id}
+    t.add = {e, x}
   end
 end
 -- write records value for id and lists id under each given group that is not nil.
@@ -629,7 +743,7 @@ for i = 1, n do
       local t = hours[-h] -- read with the head (getHour otherwise)
       if not t or not t.got then t = getHour(h) end
       insertOcc(occ, t)
-      bump(sub(value, 1, 1), occ, t, 1)
+      bump(L11 and byte(value, 1) % 16 or CLASS[sub(value, 1, 1)], occ, t, 1)
       changed = true
       out[i] = 'N'
     else
@@ -665,7 +779,10 @@ for i = 1, n do
   end
 end
 
-if npend > 0 then
+if L11 then
+  -- The records are put in the store (written when it is flushed, with the state, at the end).
+  for _, id in ipairs(pendIds) do store.put(id, held[id]) end
+elseif npend > 0 then
   local h = {}
   for i, id in ipairs(pendIds) do h[2 * i - 1] = id; h[2 * i] = held[id] end
   hset(opps, h)
@@ -679,10 +796,14 @@ if npend > 0 then
   end
 end
 
--- entries appends to ids the record fields in chunk s from position pos: each is its length in
--- three hex digits and the id.
+-- entries appends to ids the entries of chunk s from position pos: record fields (each its length
+-- in three hex digits and the id), or layout 11's 4-byte fingerprint prefixes.
 local function entries(ids, s, pos)
   local len = #s
+  if L11 then
+    for q = pos, len - 3, 4 do ids[#ids + 1] = sub(s, q, q + 3) end
+    return ids
+  end
   while pos <= len do
     local e = pos + 2 + tonumber(sub(s, pos, pos + 2), 16)
     ids[#ids + 1] = sub(s, pos, e)
@@ -728,7 +849,7 @@ if #pushGroups > 0 then
   end
 end
 
--- groupIds returns the record fields listed under a loaded group table t.
+-- groupIds returns the entries listed under a loaded group table t.
 local function groupIds(t)
   local ids = {}
   if t.k > 0 then
@@ -768,16 +889,38 @@ local function scanGroup(d)
   if occ then return occ end
   local t = getGroup(d)
   local ids = groupIds(t)
-  local recs = #ids > 0 and hmget(opps, ids) or {}
   local keep, kept = {}, {}
   occ = {}
-  for j = 1, #recs do
-    if recs[j] and not kept[ids[j]] then
-      local _, o, _, _, z = parse(recs[j])
-      if groupOf(o) == d or groupOf(z) == d then
-        kept[ids[j]] = true
-        keep[#keep + 1] = ids[j]
-        occ[#occ + 1] = o
+  if L11 then
+    -- An entry is kept when a record it finds has its winner or horizon in group d; each record's
+    -- winner counts once, however many entries find it.
+    store.load(ids, 0)
+    local seen = {}
+    for j = 1, #ids do
+      local e = ids[j]
+      if kept[e] == nil then
+        kept[e] = false
+        store.each(e, function(fp, rec)
+          if seen[fp] then return end
+          seen[fp] = true
+          local _, o, _, _, z = parse(rec)
+          if groupOf(o) == d or groupOf(z) == d then
+            if not kept[e] then kept[e] = true; keep[#keep + 1] = e end
+            occ[#occ + 1] = o
+          end
+        end)
+      end
+    end
+  else
+    local recs = #ids > 0 and hmget(opps, ids) or {}
+    for j = 1, #recs do
+      if recs[j] and not kept[ids[j]] then
+        local _, o, _, _, z = parse(recs[j])
+        if groupOf(o) == d or groupOf(z) == d then
+          kept[ids[j]] = true
+          keep[#keep + 1] = ids[j]
+          occ[#occ + 1] = o
+        end
       end
     end
   end
@@ -857,7 +1000,21 @@ if n > 0 and cutG and g and g < cutG then
     end
     for j = #idGroup + 1, #ids do idGroup[j] = d end
   end
-  if #ids > 0 then
+  if #ids > 0 and L11 then
+    store.load(ids, 0)
+    local del, asked = {}, {}
+    for j = 1, #ids do
+      local e, d = ids[j], idGroup[j]
+      if not asked[e .. d] then
+        asked[e .. d] = true
+        store.each(e, function(fp, rec)
+          local _, _, _, _, z = parse(rec)
+          if groupOf(z) == d then del[#del + 1] = fp end
+        end)
+      end
+    end
+    for _, fp in ipairs(del) do store.delete(fp) end
+  elseif #ids > 0 then
     local recs = hmget(opps, ids)
     local del = {}
     for j = 1, #recs do
@@ -958,10 +1115,20 @@ if n > 0 then
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
   local function e(x) return x and x + 1 or 0 end
-  local nh = spack(HEADW, 10, G,
-    e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
-    hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
-    cutH and cutH >= 0 and cutH + 1 or 0)
+  local nh
+  if L11 then
+    store.flush()
+    local sL, sp, sn = store.shape()
+    nh = spack('<BB' .. string.rep('I7', 24), 11, G,
+      e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
+      hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
+      cutH and cutH >= 0 and cutH + 1 or 0, sL, sp, sn)
+  else
+    nh = spack(HEADW, 10, G,
+      e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
+      hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
+      cutH and cutH >= 0 and cutH + 1 or 0)
+  end
   if nh ~= head then sets[#sets + 1] = 'H'; sets[#sets + 1] = nh end
   if #dels > 0 then hdel(st, dels) end
   if #sets > 0 then hset(st, sets) end

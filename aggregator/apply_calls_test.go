@@ -23,8 +23,8 @@ import (
 //	  go test -count=1 -run TestRecordApplyCalls ./aggregator
 //
 // The shape is name:aggregates:span:events (costStream's); the batch size is costBatch's.
-// REPEATRATE_APPLY_CALLS_LAYOUT=11 records layout 11's script (apply11.lua after
-// packed_records.lua: replay the two concatenated).
+// REPEATRATE_APPLY_CALLS_LAYOUT=11 records layout 11's calls. The script Redis runs is
+// packed_records.lua then apply.lua: replay the two concatenated.
 func TestRecordApplyCalls(t *testing.T) {
 	path := os.Getenv("REPEATRATE_APPLY_CALLS")
 	if path == "" {
@@ -52,7 +52,7 @@ func TestRecordApplyCalls(t *testing.T) {
 	if os.Getenv("REPEATRATE_APPLY_CALLS_LAYOUT") == "11" {
 		cfg.fingerprint = layout11Fingerprinter(t)
 	}
-	script := (&Redis{cfg: cfg}).script()
+	script := applyScript
 	if err := script.Load(ctx, client).Err(); err != nil {
 		t.Fatal(err)
 	}

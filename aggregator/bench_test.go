@@ -71,7 +71,7 @@ func usedMemory(ctx context.Context, rdb *redis.Client) float64 {
 // TestRedisBytesPerOpportunity measures what make bench reports as redis_bytes_per_opportunity
 // (used_memory growth over 500 000 distinct opportunities in 100 aggregates, occurred over a day),
 // and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store,
-// the layout-4 script and layout 11 (apply11.lua), with Redis's CPU per opportunity applied (in
+// the layout-4 script and layout 11 (a store with a fingerprinter), with Redis's CPU per opportunity applied (in
 // batches of 2 000, 20 per script call), on the Redis REPEATRATE_APPLY_MEMORY_REDIS names; nothing
 // else may use that Redis meanwhile:
 //

@@ -2,29 +2,15 @@ package aggregator
 
 import (
 	_ "embed"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// State layout 11, being built beside layout 10: apply11.lua on the packed record store, fed
-// fingerprints and binary records. A store uses it when its configuration carries a fingerprinter
-// (tests only, until the upgrade path from layout 10 exists: docs/performance.md).
+// State layout 11, being built beside layout 10: apply.lua keeps it for calls whose records are
+// fingerprints and binary records (encodeLayout11), in the packed record store (packed_records.lua,
+// prepended to apply.lua). A store makes such calls when its configuration carries a
+// fingerprinter (tests only, until the upgrade path from layout 10 exists: docs/performance.md).
 
 //go:embed packed_records.lua
 var packedRecordsSource string
-
-//go:embed apply11.lua
-var apply11Source string
-
-var apply11Script = redis.NewScript(packedRecordsSource + apply11Source)
-
-// script returns the apply script of the store's layout.
-func (r *Redis) script() *redis.Script {
-	if r.cfg.fingerprint != nil {
-		return apply11Script
-	}
-	return applyScript
-}
 
 // encodeLayout11 returns each observation's fingerprint and its layout-11 record (record.go),
 // each a slice of one string per kind, or why an observation cannot be stored.

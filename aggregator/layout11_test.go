@@ -26,7 +26,7 @@ func layout11Fingerprinter(t testing.TB) *Fingerprinter {
 	return f
 }
 
-// TestLayout11MatchesModel holds layout 11 (apply11.lua on the packed record store, fingerprints
+// TestLayout11MatchesModel holds layout 11 (apply.lua on the packed record store, fingerprints
 // and binary records) to the model on every stream layout 10 is held to: the same outcome for
 // every event and the same tallies after every batch, on Redis and on the embedded server.
 func TestLayout11MatchesModel(t *testing.T) {

@@ -19,7 +19,11 @@ import (
 )
 
 //go:embed apply.lua
-var applySource string
+var applyLua string
+
+// applySource is the apply script as Redis runs it: the packed record store layout 11 keeps its
+// records in, then apply.lua.
+var applySource = packedRecordsSource + applyLua
 
 var applyScript = redis.NewScript(applySource)
 
@@ -230,7 +234,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 				p.Get(ctx, markKey)
 			}
 			for _, k := range keys {
-				r.script().EvalSha(ctx, p, e.redis[k], e.args[k]...)
+				applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
 			}
 			written := make([]string, len(keys))
 			for i, k := range keys {
@@ -248,7 +252,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	if err != nil && isNoScript(err) {
 		// A restarted or new Redis has no scripts loaded: load it and run the batch again, which
 		// is safe because the script is idempotent.
-		if lerr := r.script().Load(ctx, r.client).Err(); lerr != nil {
+		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
 			return Applied{}, fmt.Errorf("load apply script: %w", lerr)
 		}
 		if c != nil {
@@ -314,7 +318,7 @@ func (r *Redis) Tally(ctx context.Context, k Key, at time.Time) (Tally, error) {
 		strconv.FormatInt(int64(r.cfg.Retention/time.Microsecond), 10),
 		strconv.FormatInt(Micros(at), 10), "0",
 	}
-	vals, err := r.script().Run(ctx, r.client, r.keys(k), args...).Slice()
+	vals, err := applyScript.Run(ctx, r.client, r.keys(k), args...).Slice()
 	if err != nil {
 		return Tally{}, fmt.Errorf("read %s: %w", k, err)
 	}
