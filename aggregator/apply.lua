@@ -303,27 +303,43 @@ local function groupOf(us) return floor(us / GSPAN) end
 -- head first (it keeps the record store's shape), then the records' buckets.
 local occs, hs, held = {}, {}, {}
 local want, wantH, wantM, wantG, nwant = {'H', 'v'}, {}, {}, {}, 2
-if n > 0 and not L11 then
+if n > 0 then
   local got
-  if n <= CHUNK then
-    got = call('HMGET', opps, unpack(ARGV, 4, 3 + n))
-  else
-    local ids = {}
-    for i = 1, n do ids[i] = ARGV[3 + i] end
-    got = hmget(opps, ids)
+  if not L11 then
+    if n <= CHUNK then
+      got = call('HMGET', opps, unpack(ARGV, 4, 3 + n))
+    else
+      local ids = {}
+      for i = 1, n do ids[i] = ARGV[3 + i] end
+      got = hmget(opps, ids)
+    end
   end
   local recent = at - 2 * HOUR
   for i = 1, n do
     local id, value = ARGV[3 + i], ARGV[3 + n + i]
-    local occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
+    local occ
+    if L11 then
+      local tag = byte(value, 1)
+      if #id ~= 16 or not tag or tag >= TAGHZN or RLEN[tag] ~= #value then
+        error('observation ' .. i .. ' is no fingerprint and record of layout 11')
+      end
+      occ = i7(value, 2)
+    else
+      occ = tonumber(sub(value, 2, find(value, ',', 3, true) - 1), 16)
+    end
     local h = (occ - occ % HOUR) / HOUR -- floor(occ / HOUR) without a call
     occs[i], hs[i] = occ, h
-    local first = held[id] == nil
-    if first then held[id] = got[i] end
     -- The first observation of an id that is byte for byte its stored record is a duplicate (or
     -- expired) and changes nothing: its hour and minute are not read for it. Any other reads them
     -- here, with the head; what the loop below reaches otherwise it reads on the way (getHour).
-    if not first or got[i] ~= value then
+    -- Layout 11 reads the head before the records (the head keeps the store's shape), so it reads
+    -- a duplicate's hour too.
+    local first = true
+    if not L11 then
+      first = held[id] == nil
+      if first then held[id] = got[i] end
+    end
+    if L11 or not first or got[i] ~= value then
       if not hours[-h] then
         local t = hourOf(h)
         t.got = true
@@ -342,40 +358,6 @@ if n > 0 and not L11 then
           t.got = true
           nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
         end
-      end
-    end
-  end
-elseif n > 0 then
-  local recent = at - 2 * HOUR
-  for i = 1, n do
-    local fp, value = ARGV[3 + i], ARGV[3 + n + i]
-    local tag = byte(value, 1)
-    if #fp ~= 16 or not tag or tag >= TAGHZN or RLEN[tag] ~= #value then
-      error('observation ' .. i .. ' is no fingerprint and record of layout 11')
-    end
-    local occ = i7(value, 2)
-    local h = (occ - occ % HOUR) / HOUR -- floor(occ / HOUR) without a call
-    occs[i], hs[i] = occ, h
-    -- The batch's hours and minutes are read with the head: the head must come first (it keeps
-    -- the record store's shape), so a duplicate's hour is read too; what the loop below reaches
-    -- otherwise it reads on the way (getHour).
-    if not hours[-h] then
-      local t = hourOf(h)
-      t.got = true
-      nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
-      local d = groupOfHour(h)
-      if not groups[-d] then
-        local td = groupTable(d)
-        td.got = true
-        nwant = nwant + 1; want[nwant] = td.s; wantG[nwant] = td
-      end
-    end
-    if occ >= recent then
-      local m = (occ - occ % MIN) / MIN
-      if not mins[-m] then
-        local t = minOf(m)
-        t.got = true
-        nwant = nwant + 1; want[nwant] = t.s; wantM[nwant] = t
       end
     end
   end
