@@ -874,17 +874,14 @@ local function scanGroup(d)
   local keep, kept = {}, {}
   occ = {}
   if L11 then
-    -- An entry is kept when a record it finds has its winner or horizon in group d; each record's
-    -- winner counts once, however many entries find it.
+    -- An entry is kept when a record it finds has its winner or horizon in group d. Each prefix
+    -- is walked once, and only its own records begin with it, so each winner counts once.
     store.load(ids, 0)
-    local seen = {}
     for j = 1, #ids do
       local e = ids[j]
       if kept[e] == nil then
         kept[e] = false
-        store.each(e, function(fp, rec)
-          if seen[fp] then return end
-          seen[fp] = true
+        store.each(e, function(_, rec)
           local _, o, _, _, z = parse(rec)
           if groupOf(o) == d or groupOf(z) == d then
             if not kept[e] then kept[e] = true; keep[#keep + 1] = e end

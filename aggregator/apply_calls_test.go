@@ -50,10 +50,9 @@ func TestRecordApplyCalls(t *testing.T) {
 	testenv.CleanPrefix(t, client, prefix)
 	cfg := RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour, IdleTTL: 30 * 24 * time.Hour}
 	if os.Getenv("REPEATRATE_APPLY_CALLS_LAYOUT") == "11" {
-		cfg.fingerprint = layout11Fingerprinter(t)
+		cfg.fingerprint = testFingerprinter(t)
 	}
-	script := applyScript
-	if err := script.Load(ctx, client).Err(); err != nil {
+	if err := applyScript.Load(ctx, client).Err(); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Create(path)
@@ -94,7 +93,7 @@ func TestRecordApplyCalls(t *testing.T) {
 				args[i] = a.(string)
 			}
 			redisKeys := e.redis[k]
-			reply, err := script.EvalSha(ctx, client, redisKeys, iargs...).Slice()
+			reply, err := applyScript.EvalSha(ctx, client, redisKeys, iargs...).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}

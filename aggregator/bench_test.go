@@ -98,7 +98,7 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 		prefix := fmt.Sprintf("membench-%d", time.Now().UnixNano())
 		cfg := RedisConfig{Prefix: prefix, Retention: ret}
 		if layout == "layout 11" {
-			cfg.fingerprint = layout11Fingerprinter(t)
+			cfg.fingerprint = testFingerprinter(t)
 		}
 		store, err := NewRedis(rdb, cfg)
 		if err != nil {

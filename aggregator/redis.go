@@ -157,7 +157,7 @@ func (r *Redis) Encode(obs []Observation) *Encoded {
 	var fields, recs []string
 	var err error
 	if r.cfg.fingerprint != nil {
-		fields, recs, err = encodeLayout11(r.cfg.fingerprint, obs)
+		fields, recs, err = encodeFingerprinted(r.cfg.fingerprint, obs)
 	} else if fields, err = recordFields(obs); err == nil {
 		recs = encodeRecords(obs)
 	}

@@ -5,16 +5,16 @@ import (
 )
 
 // State layout 11, being built beside layout 10: apply.lua keeps it for calls whose records are
-// fingerprints and binary records (encodeLayout11), in the packed record store (packed_records.lua,
+// fingerprints and binary records (encodeFingerprinted), in the packed record store (packed_records.lua,
 // prepended to apply.lua). A store makes such calls when its configuration carries a
 // fingerprinter (tests only, until the upgrade path from layout 10 exists: docs/performance.md).
 
 //go:embed packed_records.lua
 var packedRecordsSource string
 
-// encodeLayout11 returns each observation's fingerprint and its layout-11 record (record.go),
+// encodeFingerprinted returns each observation's fingerprint and its layout-11 record (record.go),
 // each a slice of one string per kind, or why an observation cannot be stored.
-func encodeLayout11(f *Fingerprinter, obs []Observation) (fps, recs []string, err error) {
+func encodeFingerprinted(f *Fingerprinter, obs []Observation) (fps, recs []string, err error) {
 	fbuf := make([]byte, 0, len(obs)*FingerprintBytes)
 	rbuf := make([]byte, 0, len(obs)*(1+3*recordTimeBytes))
 	ends := make([]int, len(obs))

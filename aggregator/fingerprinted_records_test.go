@@ -16,8 +16,8 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// layout11Fingerprinter is a fingerprinter under a fixed secret, for stores of layout 11 in tests.
-func layout11Fingerprinter(t testing.TB) *Fingerprinter {
+// testFingerprinter is a fingerprinter under a fixed secret, for stores of layout 11 in tests.
+func testFingerprinter(t testing.TB) *Fingerprinter {
 	t.Helper()
 	f, err := newFingerprinter(bytes.Repeat([]byte{11}, fingerprintSecretBytes))
 	if err != nil {
@@ -26,23 +26,23 @@ func layout11Fingerprinter(t testing.TB) *Fingerprinter {
 	return f
 }
 
-// TestLayout11MatchesModel holds layout 11 (apply.lua on the packed record store, fingerprints
+// TestFingerprintedRecordsMatchModel holds layout 11 (apply.lua on the packed record store, fingerprints
 // and binary records) to the model on every stream layout 10 is held to: the same outcome for
 // every event and the same tallies after every batch, on Redis and on the embedded server.
-func TestLayout11MatchesModel(t *testing.T) {
+func TestFingerprintedRecordsMatchModel(t *testing.T) {
 	for _, tc := range modelCases {
 		t.Run(fmt.Sprint("seed", tc.seed, map[bool]string{true: " embedded"}[tc.embedded]), func(t *testing.T) {
-			matchModel(t, tc, layout11Fingerprinter(t))
+			matchModel(t, tc, testFingerprinter(t))
 		})
 	}
 }
 
-// TestLayout11MatchesModelWhenPrefixesCollide: fingerprints that share their first 4 bytes (a
+// TestFingerprintedRecordsMatchModelWhenPrefixesCollide: fingerprints that share their first 4 bytes (a
 // handful of prefixes, or only their low bits), which a keyed hash makes all but impossible and
 // which is where one index entry finds several records and one bucket holds what its address
 // cannot split, still give the model's outcomes and tallies, and a store whose every record is
 // where its shape says.
-func TestLayout11MatchesModelWhenPrefixesCollide(t *testing.T) {
+func TestFingerprintedRecordsMatchModelWhenPrefixesCollide(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mc   modelCase
@@ -56,7 +56,7 @@ func TestLayout11MatchesModelWhenPrefixesCollide(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			store, c, keys := matchModel(t, tc.mc, tc.fp)
 			for _, k := range keys {
-				layout11Records(t, c, store, k)
+				fingerprintedRecords(t, c, store, k)
 			}
 		})
 	}
@@ -93,11 +93,11 @@ func (m *collidingMAC) Sum(b []byte) []byte {
 	return append(b, s[:]...)
 }
 
-// layout11Records walks the record store of aggregate k and returns the records it holds by
+// fingerprintedRecords walks the record store of aggregate k and returns the records it holds by
 // fingerprint, failing when a bucket does not split into whole records, holds a record its
 // fingerprint does not address under the head's shape, is empty or is none the shape names, or
 // when the head's count of records differs from what the buckets hold.
-func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[string]storedRecord {
+func fingerprintedRecords(t *testing.T, c *redis.Client, store *Redis, k Key) map[string]storedRecord {
 	t.Helper()
 	ctx := context.Background()
 	keys := store.keys(k)
@@ -162,11 +162,11 @@ func layout11Records(t *testing.T, c *redis.Client, store *Redis, k Key) map[str
 	return out
 }
 
-// TestLayout11CollectsEveryExpiredRecord: once a random history (re-assessments moving winners
+// TestFingerprintedRecordsAllCollectedOnceExpired: once a random history (re-assessments moving winners
 // and horizons across index groups, so entries are left behind and groups compacted) has wholly
 // expired, garbage collection leaves exactly the records of the opportunities that came after,
 // and the store's count of records stays the records its buckets hold.
-func TestLayout11CollectsEveryExpiredRecord(t *testing.T) {
+func TestFingerprintedRecordsAllCollectedOnceExpired(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		seed      uint64
@@ -174,7 +174,7 @@ func TestLayout11CollectsEveryExpiredRecord(t *testing.T) {
 	}{{21, time.Hour}, {22, 24 * time.Hour}, {23, 3 * 24 * time.Hour}} {
 		t.Run(fmt.Sprint("seed", tc.seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 11))
-			store, c := testStore(t, "gc11", RedisConfig{Retention: tc.retention, fingerprint: layout11Fingerprinter(t)})
+			store, c := testStore(t, "gc-fingerprinted", RedisConfig{Retention: tc.retention, fingerprint: testFingerprinter(t)})
 			model := NewModel(tc.retention)
 			stream := randomStreamOver(r, 8000, 10*24*time.Hour, 0)
 			var maxOcc int64
@@ -198,12 +198,12 @@ func TestLayout11CollectsEveryExpiredRecord(t *testing.T) {
 	}
 }
 
-// TestLayout11CollectsHorizonsOfCompactedGroups: a record whose winner moved to an earlier index
+// TestFingerprintedRecordsKeptByHorizonThroughCompaction: a record whose winner moved to an earlier index
 // group keeps an entry in its horizon's group only; when that group is compacted (others left it),
 // the entry stays, so the record is collected once its horizon expires.
-func TestLayout11CollectsHorizonsOfCompactedGroups(t *testing.T) {
+func TestFingerprintedRecordsKeptByHorizonThroughCompaction(t *testing.T) {
 	ctx := context.Background()
-	store, c := testStore(t, "gc11h", RedisConfig{Retention: 24 * time.Hour, fingerprint: layout11Fingerprinter(t)})
+	store, c := testStore(t, "gc-horizon", RedisConfig{Retention: 24 * time.Hour, fingerprint: testFingerprinter(t)})
 	model := NewModel(24 * time.Hour)
 	span := int64(3 * time.Hour / time.Microsecond) // G: an eighth of the retention
 	base := (Micros(t0)/span + 10) * span
@@ -244,7 +244,7 @@ func TestLayout11CollectsHorizonsOfCompactedGroups(t *testing.T) {
 func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key, later int64) {
 	t.Helper()
 	ctx := context.Background()
-	before := layout11Records(t, c, store, k)
+	before := fingerprintedRecords(t, c, store, k)
 	var fresh []Observation
 	for b := 0; b < 2+len(before)/100; b++ {
 		var batch []Observation
@@ -262,7 +262,7 @@ func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key
 		}
 		fresh = append(fresh, batch...)
 	}
-	after := layout11Records(t, c, store, k)
+	after := fingerprintedRecords(t, c, store, k)
 	if len(after) != len(fresh) {
 		t.Fatalf("%s: %d records before, %d after the history expired, want only the %d new ones", k, len(before), len(after), len(fresh))
 	}
@@ -274,13 +274,13 @@ func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key
 	}
 }
 
-// TestLayout11TiesGoBySeq: assessments of one opportunity at one assessed time are ordered by
+// TestTiesOnAssessedGoBySeq: assessments of one opportunity at one assessed time are ordered by
 // their seq, which layout 11 keeps in 7 bytes beside the times: a higher seq wins, a lower or
 // equal one is stale or a duplicate, up to the largest seq the schemas admit.
-func TestLayout11TiesGoBySeq(t *testing.T) {
+func TestTiesOnAssessedGoBySeq(t *testing.T) {
 	ctx := context.Background()
-	for _, fp := range []*Fingerprinter{nil, layout11Fingerprinter(t)} {
-		store, _ := testStore(t, "seq11", RedisConfig{Retention: 24 * time.Hour, fingerprint: fp})
+	for _, fp := range []*Fingerprinter{nil, testFingerprinter(t)} {
+		store, _ := testStore(t, "seq-ties", RedisConfig{Retention: 24 * time.Hour, fingerprint: fp})
 		model := NewModel(24 * time.Hour)
 		top := int64(schemas.MaxAssessmentSeq)
 		steps := []Observation{
@@ -307,16 +307,16 @@ func TestLayout11TiesGoBySeq(t *testing.T) {
 	}
 }
 
-// TestLayout11CallsPastTheArgumentChunks: one call of 9 000 events for one aggregate (past the
+// TestFingerprintedRecordsPastTheArgumentChunks: one call of 9 000 events for one aggregate (past the
 // 4 000 arguments a command built in the script carries) gives the model's outcomes and tallies
 // when they are new, when the same call comes again, and when they are re-assessed (moving hours)
 // and met by stale assessments that grow their horizons; then, once all of it has expired, calls
 // of 4 500 new events leave the store exactly their records. On Redis and the embedded server.
-func TestLayout11CallsPastTheArgumentChunks(t *testing.T) {
+func TestFingerprintedRecordsPastTheArgumentChunks(t *testing.T) {
 	onBackends(t, true, func(t *testing.T, addr string) {
 		ctx := context.Background()
 		c := packedClient(t, addr)
-		store, err := NewRedis(c, RedisConfig{Prefix: testenv.Name(t, "chunks11"), Retention: 24 * time.Hour, fingerprint: layout11Fingerprinter(t)})
+		store, err := NewRedis(c, RedisConfig{Prefix: testenv.Name(t, "chunks-fingerprinted"), Retention: 24 * time.Hour, fingerprint: testFingerprinter(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -337,7 +337,7 @@ func TestLayout11CallsPastTheArgumentChunks(t *testing.T) {
 			if got.Tallies[keyLive] != want.Tallies[keyLive] {
 				t.Fatalf("%s: %+v, model %+v", what, got.Tallies[keyLive], want.Tallies[keyLive])
 			}
-			layout11Records(t, c, store, keyLive)
+			fingerprintedRecords(t, c, store, keyLive)
 		}
 		base := Micros(t0)
 		const n = 9000
@@ -370,7 +370,7 @@ func TestLayout11CallsPastTheArgumentChunks(t *testing.T) {
 			apply(fmt.Sprint("after expiry, call ", b), batch, time.UnixMicro(later+1e7))
 			all = append(all, batch...)
 		}
-		if got := layout11Records(t, c, store, keyLive); len(got) != len(all) {
+		if got := fingerprintedRecords(t, c, store, keyLive); len(got) != len(all) {
 			t.Fatalf("%d records once the first 9 000 expired, want the %d new ones", len(got), len(all))
 		}
 	})
