@@ -411,15 +411,7 @@ do
   end
   if L11 and n > 0 then
     store = newPackedRecords(opps, RLEN, sL, sp, sn)
-    do
-      local fps = {}
-      for i = 1, n do fps[i] = ARGV[3 + i] end
-      store.load(fps)
-      for i = 1, n do
-        local fp = fps[i]
-        if held[fp] == nil then held[fp] = store.get(fp) or false end
-      end
-    end
+    store.getAll(ARGV, 4, 3 + n, held)
   end
 end
 v = tonumber(vgot) or 0

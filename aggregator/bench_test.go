@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,7 +74,8 @@ func usedMemory(ctx context.Context, rdb *redis.Client) float64 {
 // and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store,
 // the layout-4 script and layout 11 (a store with a fingerprinter), with Redis's CPU per opportunity applied (in
 // batches of 2 000, 20 per script call), on the Redis REPEATRATE_APPLY_MEMORY_REDIS names; nothing
-// else may use that Redis meanwhile:
+// else may use that Redis meanwhile (REPEATRATE_APPLY_MEMORY_RUNS="current/1,layout 11/30" runs
+// only those layouts and spans in days):
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisBytesPerOpportunity -v ./aggregator
 func TestRedisBytesPerOpportunity(t *testing.T) {
@@ -95,6 +97,9 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 		span   int64 // seconds
 	}{{"current", 86400}, {"layout 4", 86400}, {"layout 11", 86400}, {"current", 30 * 86400}, {"layout 4", 30 * 86400}, {"layout 11", 30 * 86400}} {
 		layout := run.layout
+		if only := os.Getenv("REPEATRATE_APPLY_MEMORY_RUNS"); only != "" && !slices.Contains(strings.Split(only, ","), fmt.Sprintf("%s/%d", layout, run.span/86400)) {
+			continue
+		}
 		prefix := fmt.Sprintf("membench-%d", time.Now().UnixNano())
 		cfg := RedisConfig{Prefix: prefix, Retention: ret}
 		if layout == "layout 11" {

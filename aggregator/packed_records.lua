@@ -17,9 +17,10 @@
 -- one) is bucket b's records; an empty bucket is not stored. The shape (L, p and n, the records
 -- stored) is the caller's to keep, beside state it reads anyway: newPackedRecords(key, len, L, p,
 -- n) opens the store, shape() returns it as the call leaves it. A call loads the buckets of the
--- fingerprints it needs at once (one HMGET; any other is read when first needed), finds, puts and
--- deletes in memory, and flushes once (one HSET and one HDEL, in chunks past 2 000 buckets;
--- nothing when no bucket ends the call other than it began).
+-- fingerprints it needs at once (one HMGET; any other is read when first needed), or looks them
+-- all up at once (getAll, after which a put of one found absent appends it without a search),
+-- finds, puts and deletes in memory, and flushes once (one HSET and one HDEL, in chunks past 2 000
+-- buckets; nothing when no bucket ends the call other than it began).
 --
 -- Fingerprints come from the caller, 16 bytes each, and must be unpredictable to whoever chooses
 -- the ids (a keyed hash, HMAC-SHA-256 under a secret of the installation, truncated): the address
@@ -79,6 +80,8 @@ local function newPackedRecords(key, len, L, p, n)
   local names = {} -- -1 - bucket -> its field name, once made
   local fieldsRead = 0 -- bucket fields read, for tests of what a call reads
   local dirty = {} -- -1 - bucket -> true when the call changed held (flush compares with stored)
+  local absent = {} -- fingerprint -> -1 - its bucket, when getAll found it absent and no put since
+  local moved = {} -- -1 - bucket -> true when a split or merge changed which fingerprints it holds
 
   -- addr returns the bucket of a fingerprint (or prefix) s: its first 4 bytes as a little-endian
   -- number x, x mod 2^L, or x mod 2^(L+1) when that is below p.
@@ -109,6 +112,18 @@ local function newPackedRecords(key, len, L, p, n)
     end
   end
 
+  -- splitting adds to bs the buckets that would split if adds new records were put. Buckets
+  -- split in order from p, wrapping to 0 at the next level; the first 2^L + p of them are those
+  -- the hash holds now (any later one this call would make first, so it is not read).
+  local function splitting(bs, adds)
+    local q, sz, nb = p, size, size + p
+    for _ = 1, min(nb, floor((n + adds) / PACK_LOAD) - nb + 1) do
+      bs[#bs + 1] = q
+      q = q + 1
+      if q == sz then q, sz = 0, 2 * sz end
+    end
+  end
+
   -- load reads, in one command, the buckets of every fingerprint (or 4- to 16-byte prefix) given
   -- that is not read yet, and the buckets that would split if adds new records were put (all of
   -- fps when adds is nil): a split reads one more bucket, and a field more in this command costs
@@ -116,15 +131,37 @@ local function newPackedRecords(key, len, L, p, n)
   self.load = function(fps, adds)
     local bs = {}
     for i, fp in ipairs(fps) do bs[i] = addr(fp) end
-    -- Buckets split in order from p, wrapping to 0 at the next level; the first 2^L + p of them
-    -- are those the hash holds now (any later one this call would make first, so it is not read).
-    local q, sz, nb = p, size, size + p
-    for _ = 1, min(nb, floor((n + (adds or #fps)) / PACK_LOAD) - nb + 1) do
-      bs[#bs + 1] = q
-      q = q + 1
-      if q == sz then q, sz = 0, 2 * sz end
-    end
+    splitting(bs, adds or #fps)
     read(bs)
+  end
+
+  -- getAll looks up fps[from..to] that out does not hold yet: out[fp] becomes the fingerprint's
+  -- payload, or false. Every bucket they name, and those a split would read if each were new, is
+  -- read in one command, and each fingerprint is addressed once; one found absent is remembered
+  -- with its bucket, so that a put of it appends without a search (or an address, unless a split
+  -- or merge has moved its bucket since).
+  self.getAll = function(fps, from, to, out)
+    local ks, bs = {}, {}
+    for i = from, to do
+      local fp = fps[i]
+      if out[fp] == nil then
+        local bk = addr(fp)
+        ks[i] = -1 - bk; bs[#bs + 1] = bk
+      end
+    end
+    splitting(bs, #bs)
+    read(bs)
+    for i = from, to do
+      local k = ks[i]
+      if k then
+        local fp = fps[i]
+        if out[fp] == nil then
+          local v = held[k]
+          local at, last = packedLocate(v, fp, len)
+          if at then out[fp] = sub(v, at + 16, last) else out[fp] = false; absent[fp] = k end
+        end
+      end
+    end
   end
 
   -- split moves the records of bucket p whose bit L is set to the new bucket p + 2^L. Bit L of a
@@ -149,6 +186,7 @@ local function newPackedRecords(key, len, L, p, n)
     elseif dir == 0 then ns = ns + 1; stay[ns] = sub(v, from) end
     held[-1 - p], held[-1 - p - size] = table.concat(stay), table.concat(go)
     dirty[-1 - p], dirty[-1 - p - size] = true, true
+    moved[-1 - p], moved[-1 - p - size] = true, true
     p = p + 1
     if p == size then
       if L == 31 then error('packed records: 2^32 buckets, the most a 4-byte address names') end
@@ -163,6 +201,7 @@ local function newPackedRecords(key, len, L, p, n)
     held[-1 - p] = held[-1 - p] .. held[-1 - p - size]
     held[-1 - p - size] = ''
     dirty[-1 - p], dirty[-1 - p - size] = true, true
+    moved[-1 - p], moved[-1 - p - size] = true, true
   end
 
   -- The last lookup, so that a put after a get of the same fingerprint does not search again:
@@ -196,12 +235,25 @@ local function newPackedRecords(key, len, L, p, n)
     if #fp ~= 16 or len[byte(payload, 1)] ~= #payload then
       error('packed records: a record is a 16-byte fingerprint and a payload of its tag\'s length')
     end
-    local k, v, at, last = find1(fp)
-    if at then
-      held[k] = sub(v, 1, at + 15) .. payload .. sub(v, last + 1)
-    else
-      held[k] = v .. fp .. payload
+    local k = absent[fp]
+    if k then
+      -- Known absent: appended to its bucket, addressed again only when a split or merge moved it.
+      absent[fp] = nil
+      if moved[k] then
+        k = -1 - addr(fp)
+        if held[k] == nil then read({-1 - k}) end
+      end
+      held[k] = held[k] .. fp .. payload
       n = n + 1
+    else
+      local v, at, last
+      k, v, at, last = find1(fp)
+      if at then
+        held[k] = sub(v, 1, at + 15) .. payload .. sub(v, last + 1)
+      else
+        held[k] = v .. fp .. payload
+        n = n + 1
+      end
     end
     dirty[k] = true
     if n > PACK_LOAD * (size + p) then split() end

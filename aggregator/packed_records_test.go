@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -39,17 +40,26 @@ end
 
 // packedRecordsDriver runs a call's operations on the packed record store of KEYS[1] (its shape
 // in KEYS[2]): ARGV[1]
-// "load" or "lazy", then triples of op ("g" get, "p" put, "d" delete, "e" each), fingerprint (for
-// "e" a 4-byte prefix) and payload (for "p"). Tags a, b and c mean payloads of 15, 22 and 29
-// bytes ("r" takes no operand). It loads every bucket the call names first (unless lazy: each is
-// then read when first needed), runs the operations in order, flushes, and returns one reply per
-// operation: the payload or false, 1 or 0 for a delete, the matching records end to end for "e",
-// the bucket fields read so far for "r".
+// "load", "lazy" or "all", then triples of op ("g" get, "p" put, "d" delete, "e" each),
+// fingerprint (for "e" a 4-byte prefix) and payload (for "p"). Tags a, b and c mean payloads of
+// 15, 22 and 29 bytes ("r" takes no operand). It loads every bucket the call names first (unless
+// lazy: each is then read when first needed; "all" looks up every fingerprint of the call's "g",
+// "p" and "d" first, with getAll), runs the operations in order, flushes, and returns one reply
+// per operation: the payload or false, 1 or 0 for a delete, the matching records end to end for
+// "e", the bucket fields read so far for "r"; after them, for "all", what getAll found for each
+// of those fingerprints, in the order of the operations.
 var packedRecordsDriver = redis.NewScript(packedRecordsSource + packedShapeLua + `
 local s, was = openPacked({[97] = 15, [98] = 22, [99] = 29})
 local fps = {}
 for i = 3, #ARGV, 3 do if ARGV[i] ~= '' then fps[#fps + 1] = ARGV[i] end end
 if ARGV[1] == 'load' then s.load(fps) end
+local pre, preList = {}, {}
+if ARGV[1] == 'all' then
+  for i = 2, #ARGV, 3 do
+    if ARGV[i] == 'g' or ARGV[i] == 'p' or ARGV[i] == 'd' then preList[#preList + 1] = ARGV[i + 1] end
+  end
+  s.getAll(preList, 1, #preList, pre)
+end
 local out = {}
 for i = 2, #ARGV, 3 do
   local op, fp = ARGV[i], ARGV[i + 1]
@@ -66,6 +76,7 @@ for i = 2, #ARGV, 3 do
   end
   out[#out + 1] = r
 end
+for _, fp in ipairs(preList) do out[#out + 1] = pre[fp] end
 closePacked(s, was)
 return out
 `)
@@ -142,20 +153,41 @@ func checkPackedRecords(t *testing.T, c *redis.Client, keys []string, seed uint6
 		return string(b)
 	}
 	model := map[string]string{}
+	before := map[string]string{} // the model as the store holds it before the call being made
 	call := func(args []any) []any {
 		t.Helper()
 		if len(args) == 0 {
 			args = []any{"g", pool[0], ""}
 		}
-		mode := "load"
-		if r.IntN(3) == 0 {
-			mode = "lazy"
+		mode := []string{"load", "lazy", "all"}[r.IntN(3)]
+		// What getAll must find: each fingerprint the call gets, puts or deletes, as the store
+		// holds it before the call.
+		var pre []any
+		if mode == "all" {
+			for i := 0; i+2 < len(args); i += 3 {
+				if op := args[i]; op == "g" || op == "p" || op == "d" {
+					if v, ok := before[args[i+1].(string)]; ok {
+						pre = append(pre, v)
+					} else {
+						pre = append(pre, nil)
+					}
+				}
+			}
 		}
 		got, err := packedRecordsDriver.Run(ctx, c, keys, append([]any{mode}, args...)...).Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return got
+		ops := len(args) / 3
+		if len(got) != ops+len(pre) {
+			t.Fatalf("%d replies to %d operations and %d lookups", len(got), ops, len(pre))
+		}
+		for i, w := range pre {
+			if got[ops+i] != w {
+				t.Fatalf("getAll's lookup %d: got %q, want %q", i, got[ops+i], w)
+			}
+		}
+		return got[:ops]
 	}
 	asString := func(v any) string {
 		s, _ := v.(string)
@@ -165,6 +197,7 @@ func checkPackedRecords(t *testing.T, c *redis.Client, keys []string, seed uint6
 		for range calls {
 			var args []any
 			var want []any
+			before = maps.Clone(model)
 			ops := 1 + r.IntN(maxOps)
 			for range ops {
 				fp := pool[r.IntN(len(pool))]
@@ -219,6 +252,7 @@ func checkPackedRecords(t *testing.T, c *redis.Client, keys []string, seed uint6
 	run(300, 20, 30, 30) // steady
 	run(100, 60, 10, 60) // shrinking
 	var all []any
+	before = maps.Clone(model)
 	for fp := range model {
 		all = append(all, "d", fp, "")
 	}
@@ -573,14 +607,15 @@ func TestPackedRecordsGrowFromEmptyReadsOnce(t *testing.T) {
 	}
 }
 
-// TestPackedRecordsLookupFollowsSplits: a fingerprint looked up and found absent, then put after
-// another record's put split its bucket, lands in the bucket it addresses after the split, even
-// when the split moved no record and left its old bucket's bytes as they were.
-func TestPackedRecordsLookupFollowsSplits(t *testing.T) {
+// TestPackedRecordsLookupFollowsSplitsAndMerges: a fingerprint looked up and found absent, then
+// put after another record's put split its bucket, lands in the bucket it addresses after the
+// split, even when the split moved no record and left its old bucket's bytes as they were; and
+// one put after deletes merged its bucket away lands in the bucket it was merged into. Whether it
+// was looked up alone (get) or with the call's others (getAll, whose put appends without a search).
+func TestPackedRecordsLookupFollowsSplitsAndMerges(t *testing.T) {
 	onBackends(t, true, func(t *testing.T, addr string) {
 		ctx := context.Background()
 		c := packedClient(t, addr)
-		keys := packedKeys(t, c, "packed-follow")
 		// fp names a fingerprint whose address word is w.
 		fp := func(w uint32, tail byte) string {
 			b := make([]byte, 16)
@@ -588,31 +623,60 @@ func TestPackedRecordsLookupFollowsSplits(t *testing.T) {
 			b[15] = tail
 			return string(b)
 		}
-		model := map[string]string{}
-		args := []any{"lazy"}
-		// 8 records addressing 0 mod 4 and 8 addressing 1 mod 4: the ninth put splits bucket 0 by
-		// bit 0, so the store leaves level 1, split pointer 0, 16 records (the next put splits
-		// bucket 0 by bit 1, which moves none of these).
-		for i := 0; i < 16; i++ {
-			f, v := fp(uint32(4*(i/2)+i%2), byte(i)), fmt.Sprintf("a%014d", i)
-			args = append(args, "p", f, v)
-			model[f] = v
+		for _, mode := range []string{"lazy", "all"} {
+			keys := packedKeys(t, c, "packed-follow-"+mode)
+			model := map[string]string{}
+			args := []any{"lazy"}
+			// 8 records addressing 0 mod 4 and 8 addressing 1 mod 4: the ninth put splits bucket 0
+			// by bit 0, so the store leaves level 1, split pointer 0, 16 records (the next put
+			// splits bucket 0 by bit 1, which moves none of these).
+			for i := 0; i < 16; i++ {
+				f, v := fp(uint32(4*(i/2)+i%2), byte(i)), fmt.Sprintf("a%014d", i)
+				args = append(args, "p", f, v)
+				model[f] = v
+			}
+			if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if sh := c.Get(ctx, keys[1]).Val(); sh != "1,0,16" {
+				t.Fatalf("shape %q, want 1,0,16", sh)
+			}
+			x, y := fp(2, 100), fp(5, 101) // x: bucket 0 now, bucket 2 after the split; y: bucket 1
+			got, err := packedRecordsDriver.Run(ctx, c, keys, mode, "g", x, "", "p", y, "a00000000000101", "p", x, "a00000000000100").Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0] != nil {
+				t.Fatalf("%s: x found before it was put: %v", mode, got[0])
+			}
+			model[x], model[y] = "a00000000000100", "a00000000000101"
+			checkPackedHash(t, c, keys, model)
+
+			// 18 records in buckets 0, 1 and 2 (level 1, split pointer 1). z addresses bucket 2, the
+			// last; deleting 11 records merges bucket 2 back into bucket 0, where z then belongs.
+			if sh := c.Get(ctx, keys[1]).Val(); sh != "1,1,18" {
+				t.Fatalf("shape %q, want 1,1,18", sh)
+			}
+			z := fp(6, 102)
+			args = []any{mode}
+			deleted := 0
+			for f := range model {
+				if deleted == 11 {
+					break
+				}
+				args = append(args, "d", f, "")
+				delete(model, f)
+				deleted++
+			}
+			args = append(args, "p", z, "a00000000000102")
+			model[z] = "a00000000000102"
+			if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if sh := c.Get(ctx, keys[1]).Val(); sh != "1,0,8" {
+				t.Fatalf("shape %q, want 1,0,8", sh)
+			}
+			checkPackedHash(t, c, keys, model)
 		}
-		if err := packedRecordsDriver.Run(ctx, c, keys, args...).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if sh := c.Get(ctx, keys[1]).Val(); sh != "1,0,16" {
-			t.Fatalf("shape %q, want 1,0,16", sh)
-		}
-		x, y := fp(2, 100), fp(5, 101) // x: bucket 0 now, bucket 2 after the split; y: bucket 1
-		got, err := packedRecordsDriver.Run(ctx, c, keys, "lazy", "g", x, "", "p", y, "a00000000000101", "p", x, "a00000000000100").Slice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got[0] != nil {
-			t.Fatalf("x found before it was put: %v", got[0])
-		}
-		model[x], model[y] = "a00000000000100", "a00000000000101"
-		checkPackedHash(t, c, keys, model)
 	})
 }
