@@ -76,12 +76,19 @@ local function newPackedRecords(key, len, L, p, n)
   -- integer key in a table's array part, filling every index below it (seconds and gigabytes at
   -- a bucket near 2^26), as apply.lua's tables keyed by -hour avoid too.
   local held = {}  -- -1 - bucket -> its records as read or changed ('' when empty); nil: not read
-  local stored = {} -- -1 - bucket -> its records as the hash holds them ('' when absent), once read
   local names = {} -- -1 - bucket -> its field name, once made
   local fieldsRead = 0 -- bucket fields read, for tests of what a call reads
-  local dirty = {} -- -1 - bucket -> true when the call changed held (flush compares with stored)
+  -- -1 - bucket -> its records as the hash holds them ('' when absent), once the call changes
+  -- them in held (flush compares): mark(k) before every change.
+  local dirty = {}
   local absent = {} -- fingerprint -> -1 - its bucket, when getAll found it absent and no put since
   local moved = {} -- -1 - bucket -> true when a split or merge changed which fingerprints it holds
+
+  -- mark keeps bucket k's records as the hash holds them, before the call's first change to them
+  -- (a bucket not read is one the hash does not hold: one a split makes).
+  local function mark(k)
+    if dirty[k] == nil then dirty[k] = held[k] or '' end
+  end
 
   -- addr returns the bucket of a fingerprint (or prefix) s: its first 4 bytes as a little-endian
   -- number x, x mod 2^L, or x mod 2^(L+1) when that is below p.
@@ -107,7 +114,7 @@ local function newPackedRecords(key, len, L, p, n)
     for i = 1, #fs, PACK_CHUNK do
       local last = min(i + PACK_CHUNK - 1, #fs)
       local got = call('HMGET', key, unpack(fs, i, last))
-      for j = i, last do local v = got[j - i + 1] or ''; held[nums[j]], stored[nums[j]] = v, v end
+      for j = i, last do local v = got[j - i + 1] or ''; held[nums[j]] = v end
       fieldsRead = fieldsRead + last - i + 1
     end
   end
@@ -137,9 +144,9 @@ local function newPackedRecords(key, len, L, p, n)
 
   -- getAll looks up fps[from..to] that out does not hold yet: out[fp] becomes the fingerprint's
   -- payload, or false. Every bucket they name, and those a split would read if each were new, is
-  -- read in one command, and each fingerprint is addressed once; one found absent is remembered
-  -- with its bucket, so that a put of it appends without a search (or an address, unless a split
-  -- or merge has moved its bucket since).
+  -- read in one command; one found absent is remembered with its bucket, so that a put of it
+  -- appends without a search, and without computing its address again unless a split or merge
+  -- has moved its bucket since.
   self.getAll = function(fps, from, to, out)
     local ks, bs = {}, {}
     for i = from, to do
@@ -184,8 +191,8 @@ local function newPackedRecords(key, len, L, p, n)
     end
     if dir == 1 then ng = ng + 1; go[ng] = sub(v, from)
     elseif dir == 0 then ns = ns + 1; stay[ns] = sub(v, from) end
+    mark(-1 - p); mark(-1 - p - size)
     held[-1 - p], held[-1 - p - size] = table.concat(stay), table.concat(go)
-    dirty[-1 - p], dirty[-1 - p - size] = true, true
     moved[-1 - p], moved[-1 - p - size] = true, true
     p = p + 1
     if p == size then
@@ -198,9 +205,9 @@ local function newPackedRecords(key, len, L, p, n)
     if p == 0 then L, size = L - 1, size / 2; p = size end
     p = p - 1
     read({p, p + size})
+    mark(-1 - p); mark(-1 - p - size)
     held[-1 - p] = held[-1 - p] .. held[-1 - p - size]
     held[-1 - p - size] = ''
-    dirty[-1 - p], dirty[-1 - p - size] = true, true
     moved[-1 - p], moved[-1 - p - size] = true, true
   end
 
@@ -243,11 +250,13 @@ local function newPackedRecords(key, len, L, p, n)
         k = -1 - addr(fp)
         if held[k] == nil then read({-1 - k}) end
       end
+      mark(k)
       held[k] = held[k] .. fp .. payload
       n = n + 1
     else
       local v, at, last
       k, v, at, last = find1(fp)
+      mark(k)
       if at then
         held[k] = sub(v, 1, at + 15) .. payload .. sub(v, last + 1)
       else
@@ -255,7 +264,6 @@ local function newPackedRecords(key, len, L, p, n)
         n = n + 1
       end
     end
-    dirty[k] = true
     if n > PACK_LOAD * (size + p) then split() end
   end
 
@@ -263,8 +271,9 @@ local function newPackedRecords(key, len, L, p, n)
   self.delete = function(fp)
     local k, v, at, last = find1(fp)
     if not at then return false end
+    mark(k)
     held[k] = sub(v, 1, at - 1) .. sub(v, last + 1)
-    n, dirty[k] = n - 1, true
+    n = n - 1
     if size + p > 1 and 2 * n < PACK_LOAD * (size + p - 1) then merge() end
     return true
   end
@@ -292,13 +301,12 @@ local function newPackedRecords(key, len, L, p, n)
   -- there, or a record put and deleted again, writes nothing).
   self.flush = function()
     local sets, dels = {}, {}
-    for k in pairs(dirty) do
+    for k, was in pairs(dirty) do
       local v = held[k]
-      if v ~= (stored[k] or '') then
+      if v ~= was then
         local f = names[k] or name(-1 - k)
         if v == '' then dels[#dels + 1] = f
         else sets[#sets + 1] = f; sets[#sets + 1] = v end
-        stored[k] = v
       end
     end
     for i = 1, #dels, PACK_CHUNK do call('HDEL', key, unpack(dels, i, min(i + PACK_CHUNK - 1, #dels))) end
