@@ -30,7 +30,8 @@
 --                     with 1 their least and greatest, with 2 (loose: a winner at a bound left) a
 --                     range that holds them, made exact only when the hour holds the first or last
 --                     retained winner and that is needed (a move costs no read of the index). Only
---                     an hour that holds winners is stored.
+--                     an hour that holds winners is stored. Layout 11: the hours of a day in one
+--                     field, d<day>, their counts in as few bytes as they take (parseHour).
 --               i<group> the byte 0, then k,n,x in 5 bytes each, then <entries>: the id index of
 --                     index group <group> (hours group·G .. group·G + G - 1), the record fields
 --                     whose winner or horizon entered it, so that a record can be found from the
@@ -154,8 +155,15 @@ local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 21), '<BB' .. string.rep(
 -- of s at pos. Made only for a call of layout 11: what a call makes, every call of layout 10 would
 -- pay for (Redis runs the script's body on every call).
 local HEADLEN11, TAGSEQ, TAGHZN = 2 + 24 * 7, 16, 32
-local RLEN, i7
-if L11 then
+-- HWIDTH and HFMT are a day's hour entries' count widths by their code and the formats of an
+-- entry after its first byte (parseHour); days caches the day fields a call read. layout11 makes
+-- them, for a call of layout 11 or a read that finds its head is.
+local RLEN, i7, HWIDTH, HFMT, days
+local function layout11()
+  L11 = true
+  HWIDTH = {[0] = 1, 2, 3, 5}
+  HFMT = {[0] = '<I1I1I1I4I4', '<I2I2I2I4I4', '<I3I3I3I4I4', '<I5I5I5I4I4'}
+  days = {}
   RLEN = {[1] = 15, [2] = 15, [3] = 15, [17] = 22, [18] = 22, [19] = 22, [33] = 22, [34] = 22,
     [35] = 22, [49] = 29, [50] = 29, [51] = 29}
   i7 = function(s, pos)
@@ -163,6 +171,7 @@ if L11 then
     return a + 256 * (b + 256 * (c + 256 * (d + 256 * (e + 256 * (f + 256 * g)))))
   end
 end
+if L11 then layout11() end
 
 -- hmget reads fields of key in chunks, returning one value (or false) per field.
 local function hmget(key, fields)
@@ -198,8 +207,8 @@ local function hourOf(h)
   local t = hours[-h]
   if not t then
     -- Every field set at once: no rehash as they are set later.
-    t = {s = fmt('h%d', h), h = h, c = 0, p = 0, u = 0, got = false, a = false, b = false,
-      dirty = false, lz = false}
+    t = {s = L11 and fmt('d%d', (h - h % 24) / 24) or fmt('h%d', h), h = h, c = 0, p = 0, u = 0,
+      got = false, a = false, b = false, dirty = false, lz = false}
     hours[-h] = t; nhl = nhl + 1; hlist[nhl] = h
   end
   return t
@@ -217,8 +226,49 @@ local function minOf(m)
   if not t then t = {s = fmt('m%d', m), c = 0, p = 0, u = 0, got = false, dirty = false}; mins[-m] = t; mlist[#mlist + 1] = m end
   return t
 end
+-- Layout 11 keeps a day's hours in one field, d<day> (day = floor(hour / 24)): the entries of the
+-- hours that hold winners, in hour order, each a byte E (the hour of the day in bits 0-4, loose
+-- bounds in bit 5, the counts' width in bits 6-7: 1, 2, 3 or 5 bytes), then C,P,U in that width
+-- and the bounds as offsets from the hour's start in 4 bytes each. A field of its own per hour
+-- cost about 70 bytes with Redis's overhead, 10 bytes an opportunity where an aggregate holds 7 an
+-- hour (30 days of the wide shape); a day's entries cost 12 to 24 bytes each. dayOf checks day
+-- field s as read (false: absent) and returns {v = it, at = {[hour of the day] = its entry's
+-- position}}, which days[-day] keeps: a day is parsed once a call however many of its hours
+-- the call reads.
+local function dayOf(s, v)
+  local at = {}
+  if v then
+    local p, len, last = 1, #v, -1
+    if len == 0 then error('state field ' .. s .. ' is no day of this layout') end
+    while p <= len do
+      local e = byte(v, p)
+      local hk = e % 32
+      if hk >= 24 or hk <= last then error('state field ' .. s .. ' is no day of this layout') end
+      at[hk], last = p, hk
+      p = p + 9 + 3 * HWIDTH[(e - e % 64) / 64]
+    end
+    if p ~= len + 1 then error('state field ' .. s .. ' is no day of this layout') end
+  end
+  return {v = v, at = at}
+end
+-- parseHour parses hour table t from its field as read (layout 11: from its day's).
 local function parseHour(t, v)
   t.got = true
+  if L11 then
+    local h = t.h
+    local d = (h - h % 24) / 24
+    local dt = days[-d]
+    if not dt then dt = dayOf(t.s, v); days[-d] = dt end
+    local p = dt.at[h % 24]
+    if not p then return end
+    local e = byte(dt.v, p)
+    local a, b
+    t.c, t.p, t.u, a, b = sunpack(HFMT[(e - e % 64) / 64], dt.v, p + 1)
+    t.lz = e % 64 >= 32
+    local start = h * HOUR
+    t.a, t.b = start + a, start + b
+    return
+  end
   if not v then return end
   local kind = byte(v, 1)
   if #v ~= 26 or (kind ~= 1 and kind ~= 2) then error('state field ' .. t.s .. ' is no hour of this layout') end
@@ -242,18 +292,30 @@ local function parseMin(t, v)
   t.c, t.p, t.u = sunpack('<I5I5I5', v, 2)
 end
 -- load reads the hours, groups or minutes of list ts (tables from hourOf, groupTable or minOf) not read yet.
+-- A field several of them share (layout 11's day of hours) is read once.
 local function load(ts, parse)
-  local miss, fs = {}, {}
+  local miss, fs, idx, pos = {}, {}, {}, {}
   for _, t in ipairs(ts) do
-    if not t.got then miss[#miss + 1] = t; fs[#fs + 1] = t.s; t.got = true end
+    if not t.got then
+      if parse == parseHour and L11 and days[-((t.h - t.h % 24) / 24)] then
+        parseHour(t, nil) -- its day is read
+      else
+        local s = t.s
+        local j = pos[s]
+        if not j then j = #fs + 1; fs[j] = s; pos[s] = j end
+        miss[#miss + 1] = t; idx[#miss] = j; t.got = true
+      end
+    end
   end
   if #fs == 0 then return end
   local got = hmget(st, fs)
-  for i, t in ipairs(miss) do parse(t, got[i]) end
+  for i, t in ipairs(miss) do parse(t, got[idx[i]]) end
 end
 local function getHour(h)
   local t = hourOf(h)
-  if not t.got then parseHour(t, call('HGET', st, t.s)) end
+  if not t.got then
+    if L11 and days[-((h - h % 24) / 24)] then parseHour(t, nil) else parseHour(t, call('HGET', st, t.s)) end
+  end
   return t
 end
 local function getGroup(d)
@@ -303,6 +365,8 @@ local function groupOf(us) return floor(us / GSPAN) end
 -- head first (it keeps the record store's shape), then the records' buckets.
 local occs, hs, held = {}, {}, {}
 local want, wantH, wantM, wantG, nwant = {'H', 'v'}, {}, {}, {}, 2
+local wantDay, sameDay -- layout 11: the day fields wanted, the hours they hold read with another
+if L11 then wantDay, sameDay = {}, {} end
 if n > 0 then
   local got
   if not L11 then
@@ -343,7 +407,15 @@ if n > 0 then
       if not hours[-h] then
         local t = hourOf(h)
         t.got = true
-        nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+        -- Layout 11: an hour whose day another hour read is parsed from that one's day.
+        if not wantDay then
+          nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+        elseif wantDay[t.s] then
+          sameDay[#sameDay + 1] = t
+        else
+          wantDay[t.s] = true
+          nwant = nwant + 1; want[nwant] = t.s; wantH[nwant] = t
+        end
         local d = groupOfHour(h)
         if not groups[-d] then
           local td = groupTable(d)
@@ -375,7 +447,7 @@ do
   if head then
     local x
     -- A read of layout 11 needs its head only: it touches no record.
-    if n == 0 and byte(head, 1) == 11 then L11 = true end
+    if n == 0 and byte(head, 1) == 11 then layout11() end
     if not L11 and #head == HEADLEN and byte(head, 1) == 10 then
       x = {sunpack(HEADR, head, 2)}
     elseif L11 and #head == HEADLEN11 and byte(head, 1) == 11 then
@@ -397,6 +469,7 @@ do
     elseif wantM[i] then parseMin(wantM[i], got[i])
     elseif own == G then parseGroup(wantG[i], got[i]) end
   end
+  if sameDay then for _, t in ipairs(sameDay) do parseHour(t, nil) end end
   if own ~= G then
     -- Read under another retention's G: forget those groups, read the aggregate's own.
     G, GSPAN = own, own * HOUR
@@ -1045,16 +1118,69 @@ end
 
 if n > 0 then
   local ns = #sets
-  for _, h in ipairs(hlist) do
-    local t = hours[-h]
-    if t.dirty then
-      if t.c + t.p + t.u == 0 then
-        dels[#dels + 1] = t.s
-      else
-        sets[ns + 1] = t.s
-        local start = h * HOUR
-        sets[ns + 2] = spack('<BI5I5I5I5I5', t.lz and 2 or 1, t.c, t.p, t.u, t.a - start, t.b - start)
-        ns = ns + 2
+  if not L11 then
+    for _, h in ipairs(hlist) do
+      local t = hours[-h]
+      if t.dirty then
+        if t.c + t.p + t.u == 0 then
+          dels[#dels + 1] = t.s
+        else
+          sets[ns + 1] = t.s
+          local start = h * HOUR
+          sets[ns + 2] = spack('<BI5I5I5I5I5', t.lz and 2 or 1, t.c, t.p, t.u, t.a - start, t.b - start)
+          ns = ns + 2
+        end
+      end
+    end
+  else
+    -- Layout 11: each day with a changed hour is written again, the changed hours' entries
+    -- spliced into the day as read.
+    local dd = {}
+    for _, h in ipairs(hlist) do
+      if hours[-h].dirty then
+        local d = (h - h % 24) / 24
+        local ks = dd[-d]
+        if not ks then ks = {}; dd[-d] = ks; dd[#dd + 1] = d end
+        ks[#ks + 1] = h % 24
+      end
+    end
+    for _, d in ipairs(dd) do
+      local dt, ks = days[-d], dd[-d]
+      if not dt then error('day ' .. d .. ' changed unread') end
+      local v, at = dt.v, dt.at
+      if #ks > 1 then table.sort(ks) end
+      local parts, np, from = {}, 0, 1 -- from: the first byte of v not yet copied
+      for _, hk in ipairs(ks) do
+        local p = at[hk] -- where its entry is, or where it goes
+        local q = p
+        if p then
+          local e = byte(v, p)
+          q = p + 9 + 3 * HWIDTH[(e - e % 64) / 64]
+        else
+          for j = hk + 1, 23 do if at[j] then p = at[j]; break end end
+          p = p or (v and #v + 1 or 1)
+          q = p
+        end
+        if p > from then np = np + 1; parts[np] = sub(v, from, p - 1) end
+        from = q
+        local h = d * 24 + hk
+        local t = hours[-h]
+        if t.c + t.p + t.u > 0 then
+          local start, top = h * HOUR, max(t.c, t.p, t.u)
+          local a, b = t.a - start, t.b - start
+          if a < 0 or b < a or b >= HOUR then error('hour ' .. h .. ' has bounds outside it') end
+          local code = top < 256 and 0 or top < 65536 and 1 or top < 16777216 and 2 or 3
+          np = np + 1
+          parts[np] = char(hk + (t.lz and 32 or 0) + 64 * code) .. spack(HFMT[code], t.c, t.p, t.u, a, b)
+        end
+      end
+      if v and from <= #v then np = np + 1; parts[np] = sub(v, from) end
+      local nv = concat(parts)
+      local s = fmt('d%d', d)
+      if nv == '' then
+        if v then dels[#dels + 1] = s end
+      elseif nv ~= v then
+        sets[ns + 1] = s; sets[ns + 2] = nv; ns = ns + 2
       end
     end
   end

@@ -7,6 +7,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -372,6 +375,76 @@ func TestFingerprintedRecordsPastTheArgumentChunks(t *testing.T) {
 		}
 		if got := fingerprintedRecords(t, c, store, keyLive); len(got) != len(all) {
 			t.Fatalf("%d records once the first 9 000 expired, want the %d new ones", len(got), len(all))
+		}
+	})
+}
+
+// TestFingerprintedRecordsKeepADayOfHoursInOneField: layout 11 keeps the hours of a day in one
+// field of the state hash, d<day>, and refuses a day field it could not have written (empty,
+// an hour past 23, hours out of order or twice, an entry cut short or followed by stray bytes)
+// without changing anything, instead of reading it as counts.
+func TestFingerprintedRecordsKeepADayOfHoursInOneField(t *testing.T) {
+	ctx := context.Background()
+	day := Micros(t0)/(24*hourUS) - 3
+	h0 := day * 24
+	retainedBackends(t, true, func(t *testing.T, c *redis.Client) {
+		// Winners in hours 0, 5 and 23 of one day and hour 0 of the next, 800 in hour 5 (counts
+		// past one byte).
+		var obs []Observation
+		for i, h := range []int64{0, 5, 23, 24} {
+			n := 1
+			if h == 5 {
+				n = 800
+			}
+			for j := 0; j < n; j++ {
+				occ := (h0+h)*hourUS + int64(j+1)*1e6
+				obs = append(obs, Observation{Key: keyLive, OpportunityID: fmt.Sprintf("o%d-%d", i, j), Class: Class(1 + j%3), Occurred: occ, Assessed: occ + 1})
+			}
+		}
+		at := time.UnixMicro((h0 + 25) * hourUS)
+		s, _ := storeOn(t, c, "days", RedisConfig{Retention: 30 * 24 * time.Hour, fingerprint: testFingerprinter(t)})
+		if _, err := s.Apply(ctx, obs, at); err != nil {
+			t.Fatal(err)
+		}
+		st := s.keys(keyLive)[1]
+		fields := c.HKeys(ctx, st).Val()
+		var hours []string
+		for _, f := range fields {
+			if f[0] == 'h' || f[0] == 'd' {
+				hours = append(hours, f)
+			}
+		}
+		slices.Sort(hours)
+		if want := []string{fmt.Sprint("d", day), fmt.Sprint("d", day+1)}; !slices.Equal(hours, want) {
+			t.Fatalf("hour fields %v, want %v", hours, want)
+		}
+		stored := c.HGet(ctx, st, fmt.Sprint("d", day)).Val()
+		if len(stored) != 12+15+12 { // hours 0 and 23 in counts of a byte, hour 5 in 2 bytes
+			t.Fatalf("day of %d bytes, want 39: %q", len(stored), stored)
+		}
+		entry := func(hk byte) string { return string([]byte{hk, 1, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0}) }
+		for _, tc := range []struct{ name, v string }{
+			{"empty", ""},
+			{"hour 24", entry(24)},
+			{"hour 31", entry(31)},
+			{"hours out of order", entry(5) + entry(3)},
+			{"an hour twice", entry(5) + entry(5)},
+			{"an entry cut short", entry(2)[:11]},
+			{"a stray byte after", entry(2) + "\x00"},
+			{"a wider entry cut short", stored[:len(stored)-1]},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				c.HSet(ctx, st, fmt.Sprint("d", day), tc.v)
+				before := codecDump(t, c, s.cfg.Prefix)
+				next := []Observation{{Key: keyLive, OpportunityID: "new", Class: Passed, Occurred: (h0+7)*hourUS + 9, Assessed: (h0 + 8) * hourUS}}
+				_, err := s.Apply(ctx, next, at)
+				if err == nil || !strings.Contains(err.Error(), "is no day of this layout") {
+					t.Fatalf("day field %q: %v, want apply.lua's layout error", tc.v, err)
+				}
+				if after := codecDump(t, c, s.cfg.Prefix); !reflect.DeepEqual(before, after) {
+					t.Fatalf("a refused batch changed the state:\nbefore %v\nafter  %v", before, after)
+				}
+			})
 		}
 	})
 }
