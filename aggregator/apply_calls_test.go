@@ -50,7 +50,7 @@ func TestRecordApplyCalls(t *testing.T) {
 	testenv.CleanPrefix(t, client, prefix)
 	cfg := RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour, IdleTTL: 30 * 24 * time.Hour}
 	if os.Getenv("REPEATRATE_APPLY_CALLS_LAYOUT") == "11" {
-		cfg.fingerprint = testFingerprinter(t)
+		cfg.Fingerprint = testFingerprinter(t)
 	}
 	if err := applyScript.Load(ctx, client).Err(); err != nil {
 		t.Fatal(err)

@@ -103,7 +103,7 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 		prefix := fmt.Sprintf("membench-%d", time.Now().UnixNano())
 		cfg := RedisConfig{Prefix: prefix, Retention: ret}
 		if layout == "layout 11" {
-			cfg.fingerprint = testFingerprinter(t)
+			cfg.Fingerprint = testFingerprinter(t)
 		}
 		store, err := NewRedis(rdb, cfg)
 		if err != nil {

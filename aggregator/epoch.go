@@ -18,10 +18,11 @@ import (
 var ErrStateLost = errors.New("redis state lost")
 
 // State names where an installation's state lives: its namespace (the key prefix in use, moved by
-// a rebuild) and the epoch marker written when that namespace was created.
+// a rebuild), the epoch marker written when that namespace was created, and the layout it is in.
 type State struct {
 	Namespace string
 	Epoch     string
+	Layout    Layout
 }
 
 // stateLayout names the layout of the keys a namespace holds; it ends every epoch marker, so a
@@ -40,8 +41,36 @@ type State struct {
 // once per group instead of once per hour; every hour that holds winners keeps bounds, exact or
 // loose. Version 10: version 9 as it landed — the head also keeps the cut (the first retained
 // hour, which never moves back); builds between (commits bcdf9ec and 18ba637) wrote heads and
-// hours of other sizes under the name layout 9, so their state is refused, not misread.
+// hours of other sizes under the name layout 9, so their state is refused, not misread. Version 11
+// (Layout11): each opportunity kept by a fingerprint of its id in packed buckets, a day's hours in
+// one field. A namespace is made in 10 or 11 (OpenStateIn) and keeps it.
 const stateLayout = "/layout10"
+
+// Layout is the state layout a namespace is kept in; its epoch marker ends with it, and it never
+// changes while the namespace is in use.
+type Layout int
+
+const (
+	// Layout10 keeps a record per opportunity id, about 138 bytes an opportunity in Redis.
+	Layout10 Layout = 10
+	// Layout11 keeps each opportunity by a keyed 128-bit fingerprint of its id in packed buckets
+	// (docs/performance.md), about 47 bytes an opportunity, at about 1.6 times layout 10's
+	// Redis CPU for a new one. A namespace in it needs its fingerprint secret.
+	Layout11 Layout = 11
+)
+
+// suffix is what ends the epoch marker of a namespace in layout l.
+func (l Layout) suffix() string { return fmt.Sprintf("/layout%d", int(l)) }
+
+// layoutOf returns the layout an epoch marker names, or false for one no build reads.
+func layoutOf(epoch string) (Layout, bool) {
+	for _, l := range []Layout{Layout10, Layout11} {
+		if strings.HasSuffix(epoch, l.suffix()) {
+			return l, true
+		}
+	}
+	return 0, false
+}
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
 
@@ -49,12 +78,23 @@ func pointerKey(prefix string) string { return prefix + ":ns" }
 // under ns) reads to detect lost state.
 func EpochKey(ns string) string { return ns + ":epoch" }
 
-// OpenState finds the current namespace under prefix and its epoch. A namespace without an epoch
-// is new when nothing was ever consumed (hadProgress false): its epoch is created. When the
-// consumer group already committed offsets, a missing epoch means the state was lost, and
-// OpenState returns ErrStateLost instead of starting over silently. A namespace that a rebuild
-// retired (Retire) is refused with ErrStateLost too, until that rebuild cuts over.
+// OpenState is OpenStateIn for an installation whose new namespaces are made in layout 10.
 func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadProgress bool) (State, error) {
+	return OpenStateIn(ctx, c, prefix, hadProgress, Layout10)
+}
+
+// OpenStateIn finds the current namespace under prefix, its epoch and its layout. A namespace
+// without an epoch is new when nothing was ever consumed (hadProgress false): its epoch is created,
+// in layout fresh. An existing namespace keeps the layout it was made in, whatever fresh says
+// (until an online migration exists, a rebuild is what moves one). When the consumer group
+// already committed offsets, a missing epoch means the state was lost, and OpenStateIn returns
+// ErrStateLost instead of starting over silently. So it does for a namespace that a rebuild
+// retired (Retire), until that rebuild cuts over, and for a layout-11 namespace without its
+// fingerprint secret, whose records no fingerprint could find again.
+func OpenStateIn(ctx context.Context, c redis.UniversalClient, prefix string, hadProgress bool, fresh Layout) (State, error) {
+	if _, ok := layoutOf(fresh.suffix()); !ok {
+		return State{}, fmt.Errorf("state layout %d: want %d or %d", int(fresh), int(Layout10), int(Layout11))
+	}
 	ns, err := c.Get(ctx, pointerKey(prefix)).Result()
 	if errors.Is(err, redis.Nil) {
 		ns = prefix
@@ -66,29 +106,36 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 	case err == nil && strings.HasPrefix(epoch, retiredMark):
 		return State{}, fmt.Errorf("%w: namespace %q is retired (%s): a rebuild is running or was interrupted; "+
 			"let it finish, or run `repeatrate rebuild` again", ErrStateLost, ns, epoch)
-	case err == nil && !strings.HasSuffix(epoch, stateLayout):
-		return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
-			"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
 	case err == nil:
-		// Layout 10 does not read the secret yet: a namespace opened without one (made by an
-		// earlier build) gets it now, for layout 11's migration to find in place.
-		if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
+		layout, ok := layoutOf(epoch)
+		if !ok {
+			return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
+				"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
+		}
+		if layout == Layout11 {
+			// Its records are found by their fingerprints: a new secret would find none of them.
+			if _, err := OpenFingerprint(ctx, c, ns); err != nil {
+				return State{}, err
+			}
+		} else if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
+			// Layout 10 does not read the secret: a namespace opened without one (made by an
+			// earlier build) gets it now, for a migration to layout 11 to find in place.
 			return State{}, err
 		}
-		return State{Namespace: ns, Epoch: epoch}, nil
+		return State{Namespace: ns, Epoch: epoch, Layout: layout}, nil
 	case !errors.Is(err, redis.Nil):
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	case hadProgress:
 		return State{}, fmt.Errorf("%w: namespace %q has no epoch marker but the consumer group has committed offsets; "+
 			"run `repeatrate rebuild` to recompute the state from the input topics", ErrStateLost, ns)
 	}
-	return createEpoch(ctx, c, ns)
+	return createEpoch(ctx, c, ns, fresh)
 }
 
-func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State, error) {
+func createEpoch(ctx context.Context, c redis.UniversalClient, ns string, layout Layout) (State, error) {
 	b := make([]byte, 8)
 	rand.Read(b)
-	epoch := time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b) + stateLayout
+	epoch := time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b) + layout.suffix()
 	// The secret before the epoch: whoever finds the epoch finds the secret too.
 	if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
 		return State{}, err
@@ -101,13 +148,27 @@ func createEpoch(ctx context.Context, c redis.UniversalClient, ns string) (State
 	if err != nil {
 		return State{}, fmt.Errorf("read epoch: %w", err)
 	}
-	return State{Namespace: ns, Epoch: got}, nil
+	// Another instance's epoch, when it was first: its layout is the namespace's.
+	layout, ok := layoutOf(got)
+	if !ok {
+		return State{}, fmt.Errorf("%w: namespace %q was created in a state layout this build does not read (epoch %q)", ErrStateLost, ns, got)
+	}
+	return State{Namespace: ns, Epoch: got, Layout: layout}, nil
 }
 
-// NewNamespace creates a fresh namespace under prefix for a rebuild, with its own epoch. Nothing
-// reads it until CutOver.
+// NewNamespace creates a fresh namespace under prefix for a rebuild, in layout 10, with its own
+// epoch. Nothing reads it until CutOver.
 func NewNamespace(ctx context.Context, c redis.UniversalClient, prefix string) (State, error) {
-	return createEpoch(ctx, c, fmt.Sprintf("%s:r%d", prefix, time.Now().UnixNano()))
+	return NewNamespaceIn(ctx, c, prefix, Layout10)
+}
+
+// NewNamespaceIn is NewNamespace in layout l: a rebuild is how an installation moves its state
+// from one layout to another.
+func NewNamespaceIn(ctx context.Context, c redis.UniversalClient, prefix string, l Layout) (State, error) {
+	if _, ok := layoutOf(l.suffix()); !ok {
+		return State{}, fmt.Errorf("state layout %d: want %d or %d", int(l), int(Layout10), int(Layout11))
+	}
+	return createEpoch(ctx, c, fmt.Sprintf("%s:r%d", prefix, time.Now().UnixNano()), l)
 }
 
 // retiredMark starts the epoch marker of a namespace that a rebuild retired. The marker names the

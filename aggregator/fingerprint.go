@@ -73,8 +73,8 @@ func ensureFingerprintSecret(ctx context.Context, c redis.UniversalClient, ns st
 // OpenFingerprint returns the fingerprinter of namespace ns. A namespace OpenState or NewNamespace
 // returned holds its secret (a new one gets it before its epoch); one without it has lost its
 // state, and OpenFingerprint returns ErrStateLost rather than make fingerprints that would find
-// none of the records. (While layout 10 is in force OpenState itself gives a namespace without a
-// secret a new one: nothing depends on it yet. Layout 11 will refuse such a namespace there.)
+// none of the records. (OpenState refuses a layout-11 namespace without its secret the same way,
+// and gives a layout-10 namespace without one a new one: nothing there depends on it.)
 func OpenFingerprint(ctx context.Context, c redis.UniversalClient, ns string) (*Fingerprinter, error) {
 	secret, err := c.Get(ctx, FingerprintKey(ns)).Bytes()
 	if errors.Is(err, redis.Nil) {

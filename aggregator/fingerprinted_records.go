@@ -4,10 +4,10 @@ import (
 	_ "embed"
 )
 
-// State layout 11, being built beside layout 10: apply.lua keeps it for calls whose records are
-// fingerprints and binary records (encodeFingerprinted), in the packed record store (packed_records.lua,
+// State layout 11, beside layout 10: apply.lua keeps it for calls whose records are fingerprints
+// and binary records (encodeFingerprinted), in the packed record store (packed_records.lua,
 // prepended to apply.lua). A store makes such calls when its configuration carries a
-// fingerprinter (tests only, until the upgrade path from layout 10 exists: docs/performance.md).
+// fingerprinter, which it must exactly when its namespace was created in layout 11 (State.Layout).
 
 //go:embed packed_records.lua
 var packedRecordsSource string

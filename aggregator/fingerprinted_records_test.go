@@ -177,7 +177,7 @@ func TestFingerprintedRecordsAllCollectedOnceExpired(t *testing.T) {
 	}{{21, time.Hour}, {22, 24 * time.Hour}, {23, 3 * 24 * time.Hour}} {
 		t.Run(fmt.Sprint("seed", tc.seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(tc.seed, 11))
-			store, c := testStore(t, "gc-fingerprinted", RedisConfig{Retention: tc.retention, fingerprint: testFingerprinter(t)})
+			store, c := testStore(t, "gc-fingerprinted", RedisConfig{Retention: tc.retention, Fingerprint: testFingerprinter(t)})
 			model := NewModel(tc.retention)
 			stream := randomStreamOver(r, 8000, 10*24*time.Hour, 0)
 			var maxOcc int64
@@ -206,7 +206,7 @@ func TestFingerprintedRecordsAllCollectedOnceExpired(t *testing.T) {
 // the entry stays, so the record is collected once its horizon expires.
 func TestFingerprintedRecordsKeptByHorizonThroughCompaction(t *testing.T) {
 	ctx := context.Background()
-	store, c := testStore(t, "gc-horizon", RedisConfig{Retention: 24 * time.Hour, fingerprint: testFingerprinter(t)})
+	store, c := testStore(t, "gc-horizon", RedisConfig{Retention: 24 * time.Hour, Fingerprint: testFingerprinter(t)})
 	model := NewModel(24 * time.Hour)
 	span := int64(3 * time.Hour / time.Microsecond) // G: an eighth of the retention
 	base := (Micros(t0)/span + 10) * span
@@ -270,7 +270,7 @@ func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key
 		t.Fatalf("%s: %d records before, %d after the history expired, want only the %d new ones", k, len(before), len(after), len(fresh))
 	}
 	for _, o := range fresh {
-		fp := string(store.cfg.fingerprint.Append(nil, o.OpportunityID))
+		fp := string(store.cfg.Fingerprint.Append(nil, o.OpportunityID))
 		if rec, ok := after[fp]; !ok || rec.occurred != o.Occurred {
 			t.Fatalf("%s: %s is not stored as applied: %+v, %v", k, o.OpportunityID, rec, ok)
 		}
@@ -283,7 +283,7 @@ func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key
 func TestTiesOnAssessedGoBySeq(t *testing.T) {
 	ctx := context.Background()
 	for _, fp := range []*Fingerprinter{nil, testFingerprinter(t)} {
-		store, _ := testStore(t, "seq-ties", RedisConfig{Retention: 24 * time.Hour, fingerprint: fp})
+		store, _ := testStore(t, "seq-ties", RedisConfig{Retention: 24 * time.Hour, Fingerprint: fp})
 		model := NewModel(24 * time.Hour)
 		top := int64(schemas.MaxAssessmentSeq)
 		steps := []Observation{
@@ -319,7 +319,7 @@ func TestFingerprintedRecordsPastTheArgumentChunks(t *testing.T) {
 	onBackends(t, true, func(t *testing.T, addr string) {
 		ctx := context.Background()
 		c := packedClient(t, addr)
-		store, err := NewRedis(c, RedisConfig{Prefix: testenv.Name(t, "chunks-fingerprinted"), Retention: 24 * time.Hour, fingerprint: testFingerprinter(t)})
+		store, err := NewRedis(c, RedisConfig{Prefix: testenv.Name(t, "chunks-fingerprinted"), Retention: 24 * time.Hour, Fingerprint: testFingerprinter(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,7 +402,7 @@ func TestFingerprintedRecordsKeepADayOfHoursInOneField(t *testing.T) {
 			}
 		}
 		at := time.UnixMicro((h0 + 25) * hourUS)
-		s, _ := storeOn(t, c, "days", RedisConfig{Retention: 30 * 24 * time.Hour, fingerprint: testFingerprinter(t)})
+		s, _ := storeOn(t, c, "days", RedisConfig{Retention: 30 * 24 * time.Hour, Fingerprint: testFingerprinter(t)})
 		if _, err := s.Apply(ctx, obs, at); err != nil {
 			t.Fatal(err)
 		}

@@ -66,9 +66,10 @@ type RedisConfig struct {
 	WaitReplicas int
 	WaitTimeout  time.Duration
 
-	// fingerprint, when set, makes the store keep state layout 11 (layout11.go) under its
-	// fingerprints.
-	fingerprint *Fingerprinter
+	// Fingerprint, when set, makes the store keep state layout 11 under its fingerprints: set it
+	// (OpenFingerprint) exactly when the namespace is in layout 11 (State.Layout). A call of one
+	// layout on an aggregate of the other is refused.
+	Fingerprint *Fingerprinter
 }
 
 // Validate checks the configuration and fills defaults.
@@ -156,8 +157,8 @@ func (r *Redis) Encode(obs []Observation) *Encoded {
 	e := &Encoded{obs: obs, groups: groups, keys: keys}
 	var fields, recs []string
 	var err error
-	if r.cfg.fingerprint != nil {
-		fields, recs, err = encodeFingerprinted(r.cfg.fingerprint, obs)
+	if r.cfg.Fingerprint != nil {
+		fields, recs, err = encodeFingerprinted(r.cfg.Fingerprint, obs)
 	} else if fields, err = recordFields(obs); err == nil {
 		recs = encodeRecords(obs)
 	}

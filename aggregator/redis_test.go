@@ -169,11 +169,11 @@ func matchModel(t *testing.T, tc modelCase, fp *Fingerprinter) (*Redis, *redis.C
 		client = redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 		t.Cleanup(func() { client.Close() })
 		var err error
-		if store, err = NewRedis(client, RedisConfig{Prefix: "model", Retention: retention, fingerprint: fp}); err != nil {
+		if store, err = NewRedis(client, RedisConfig{Prefix: "model", Retention: retention, Fingerprint: fp}); err != nil {
 			t.Fatal(err)
 		}
 	} else {
-		store, client = testStore(t, "model", RedisConfig{Retention: retention, fingerprint: fp})
+		store, client = testStore(t, "model", RedisConfig{Retention: retention, Fingerprint: fp})
 	}
 	model := NewModel(retention)
 	var maxOcc int64

@@ -54,6 +54,9 @@ type Rebuild struct {
 	SnapshotTopic string
 	// Prefix is the installation's Redis key prefix, under which namespaces are created.
 	Prefix string
+	// Layout is the state layout the rebuilt namespace is created in (0: layout 10): a rebuild is
+	// how an installation moves to another layout.
+	Layout aggregator.Layout
 	// CommitDelay is the processor's commit delay: how long Redis takes to make a write durable.
 	CommitDelay time.Duration
 	// ReplicaWait bounds how long the rebuild waits for the configured replicas to acknowledge
@@ -118,7 +121,11 @@ func (r *Rebuild) Run(ctx context.Context) error {
 	if members > 0 {
 		return fmt.Errorf("group %s has %d active members: stop every processor before a rebuild", r.Group, members)
 	}
-	state, err := aggregator.NewNamespace(ctx, r.Redis, r.Prefix)
+	layout := r.Layout
+	if layout == 0 {
+		layout = aggregator.Layout10
+	}
+	state, err := aggregator.NewNamespaceIn(ctx, r.Redis, r.Prefix, layout)
 	if err != nil {
 		return err
 	}

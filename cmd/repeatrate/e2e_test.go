@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/internal/synth"
 	"github.com/repeatrate/repeatrate/internal/testenv"
@@ -81,8 +83,17 @@ func (l *latestSnapshots) equal(want map[string]string) (bool, string) {
 	return true, ""
 }
 
+// TestEndToEndMatchesReplay: the processor on real Kafka and Redis publishes, for every aggregate,
+// the snapshot replay computes from the same input, and dead-letters exactly the poison, in a
+// namespace of either state layout (redis.state_layout).
 func TestEndToEndMatchesReplay(t *testing.T) {
 	testenv.KafkaBrokers(t) // skip before generating anything when Kafka is absent
+	for _, layout := range []aggregator.Layout{aggregator.Layout10, aggregator.Layout11} {
+		t.Run(fmt.Sprint("layout ", int(layout)), func(t *testing.T) { endToEndMatchesReplay(t, layout) })
+	}
+}
+
+func endToEndMatchesReplay(t *testing.T, layout aggregator.Layout) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
@@ -120,7 +131,7 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 	}
 
 	// Streaming through real Kafka and Redis.
-	h := startPipeline(ctx, t, input.Bytes(), events)
+	h := startPipeline(ctx, t, input.Bytes(), events, func(c *Config) { c.Redis.StateLayout = int(layout) })
 	cfg, kc, done, stop, procStart := h.cfg, h.kc, h.done, h.stop, h.start
 
 	// Collect snapshots and dead letters until the snapshots equal replay's.
@@ -191,6 +202,24 @@ func TestEndToEndMatchesReplay(t *testing.T) {
 			t.Errorf("dead-letter reason %s: streaming and replay differ by %d", r, n)
 		}
 	}
+	// The namespace is in the layout asked for, and so are its aggregates: layout 11 keeps its
+	// records in each aggregate's packed store (…:e), layout 10 in its record hash (…:o).
+	rdb := testenv.Redis(t)
+	epoch, err := rdb.Get(ctx, aggregator.EpochKey(cfg.Redis.KeyPrefix)).Result()
+	if err != nil || !strings.HasSuffix(epoch, fmt.Sprintf("/layout%d", int(layout))) {
+		t.Fatalf("epoch %q (%v), want one of layout %d", epoch, err, int(layout))
+	}
+	var aggregates, inStore, inHash int64
+	iter := rdb.Scan(ctx, 0, cfg.Redis.KeyPrefix+":{*}:s", 1000).Iterator()
+	for iter.Next(ctx) {
+		base := strings.TrimSuffix(iter.Val(), "s")
+		aggregates++
+		inStore += rdb.Exists(ctx, base+"e").Val()
+		inHash += rdb.Exists(ctx, base+"o").Val()
+	}
+	if want := map[aggregator.Layout][2]int64{aggregator.Layout10: {0, aggregates}, aggregator.Layout11: {aggregates, 0}}[layout]; aggregates == 0 || [2]int64{inStore, inHash} != want {
+		t.Fatalf("of %d aggregates' state hashes, %d have a packed record store (…:e) and %d a record hash (…:o)", aggregates, inStore, inHash)
+	}
 	elapsed := matchedAt.Sub(procStart)
 	t.Logf("%d events (%d poison, %d aggregates, %d snapshots published): converged %.2fs after start (%.0f events/s), %.2fs after the first snapshot",
 		events, poison, len(wantJSON), got.seen, elapsed.Seconds(), float64(events)/elapsed.Seconds(), matchedAt.Sub(firstSnap).Seconds())
@@ -236,11 +265,15 @@ func isolated(ctx context.Context, t *testing.T, what string, parts int) (Config
 	return cfg, kc
 }
 
-// startPipeline creates the topics, produces input (n lines) and starts the processor.
-func startPipeline(ctx context.Context, t *testing.T, input []byte, n int) *pipeline {
+// startPipeline creates the topics, produces input (n lines) and starts the processor, its
+// configuration changed by opts.
+func startPipeline(ctx context.Context, t *testing.T, input []byte, n int, opts ...func(*Config)) *pipeline {
 	t.Helper()
 	cfg, kc := isolated(ctx, t, "e2e", 4)
 	cfg.Kafka.CreateTopics = true
+	for _, o := range opts {
+		o(&cfg)
+	}
 	// Compressed both ways, with two codecs (kafka.compression): the input written zstd, every
 	// output lz4. The processor and the tests' readers read whatever codec they find.
 	zstd := cfg.Kafka

@@ -55,12 +55,17 @@ type stores struct {
 	decoder  *cloudevent.Decoder
 }
 
-func openStores(rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
+func openStores(ctx context.Context, rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
 	var s stores
 	// One chain of pending tokens for both stores: Seal then vouches for the suite writes too.
 	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
 		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout}
 	var err error
+	if state.Layout == aggregator.Layout11 {
+		if rcfg.Fingerprint, err = aggregator.OpenFingerprint(ctx, rdb, state.Namespace); err != nil {
+			return s, err
+		}
+	}
 	if s.rates, err = aggregator.NewRedis(rdb, rcfg); err != nil {
 		return s, err
 	}
@@ -152,12 +157,16 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	if err != nil {
 		return err
 	}
-	state, err := aggregator.OpenState(ctx, rdb, cfg.Redis.KeyPrefix, len(committed) > 0)
+	state, err := aggregator.OpenStateIn(ctx, rdb, cfg.Redis.KeyPrefix, len(committed) > 0, aggregator.Layout(cfg.Redis.StateLayout))
 	if err != nil {
 		return err
 	}
-	log.Info("state", zap.String("namespace", state.Namespace), zap.String("epoch", state.Epoch))
-	st, err := openStores(rdb, state, cfg)
+	log.Info("state", zap.String("namespace", state.Namespace), zap.String("epoch", state.Epoch), zap.Int("layout", int(state.Layout)))
+	if int(state.Layout) != cfg.Redis.StateLayout {
+		log.Warn("the namespace keeps the state layout it was created in; redis.state_layout applies to namespaces created from now on (repeatrate rebuild makes one)",
+			zap.Int("layout", int(state.Layout)), zap.Int("state_layout", cfg.Redis.StateLayout))
+	}
+	st, err := openStores(ctx, rdb, state, cfg)
 	if err != nil {
 		return err
 	}

@@ -55,10 +55,10 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 	finished := false
 	r := &rebuild.Rebuild{
 		Group: cfg.Kafka.GroupID, Inputs: cfg.Kafka.InputTopics, SnapshotTopic: cfg.Kafka.SnapshotTopic,
-		Prefix: cfg.Redis.KeyPrefix, CommitDelay: cfg.Batch.CommitDelay, ReplicaWait: rebuildReplicaWait,
+		Prefix: cfg.Redis.KeyPrefix, Layout: aggregator.Layout(cfg.Redis.StateLayout), CommitDelay: cfg.Batch.CommitDelay, ReplicaWait: rebuildReplicaWait,
 		Redis: rdb, Kafka: rebuildKafka{kc},
 		Open: func(state aggregator.State) (rebuild.Stores, error) {
-			st, err := openStores(rdb, state, cfg)
+			st, err := openStores(ctx, rdb, state, cfg)
 			return rebuild.Stores{Rates: st.rates, Suites: st.suites, SuiteConfig: st.suiteCfg, Decoder: st.decoder}, err
 		},
 		DeadLetters: consumer.NewDeadLetters(dlqWriter, &consumer.KafkaDeadLetterLog{Client: kc.client(), Topic: cfg.Kafka.DLQTopic}),
