@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/repeatrate/repeatrate/aggregator"
 )
 
 // env is one harness run: its configuration and the builds it compares.
@@ -327,12 +329,25 @@ func run() error {
 		m["consume_only_eps"] = num(consumeEPS, 0)
 		m["redis_only_eps"] = num(redisEPS, 0)
 		m["ratio"] = num(c.best[0].eps/math.Min(consumeEPS, redisEPS), 3)
-		bytesPer, err := e.redisBytes(ctx)
-		if err != nil {
-			return err
+		// Layout 10 over a day is what the pipeline's default writes (the figure make bench has
+		// always reported); layout 11 (redis.state_layout 11) and 30 days beside it.
+		for _, l := range []aggregator.Layout{aggregator.Layout10, aggregator.Layout11} {
+			for _, days := range []int{1, 30} {
+				bytesPer, err := e.redisBytes(ctx, l, time.Duration(days)*24*time.Hour)
+				if err != nil {
+					return err
+				}
+				logf("redis bytes per retained opportunity, layout %d, occurred over %d days: %.1f", int(l), days, bytesPer)
+				name := "redis_bytes_per_opportunity"
+				if l != aggregator.Layout10 {
+					name += fmt.Sprintf("_layout%d", int(l))
+				}
+				if days != 1 {
+					name += fmt.Sprintf("_%dd", days)
+				}
+				m[name] = num(bytesPer, 1)
+			}
 		}
-		logf("redis bytes per retained opportunity: %.1f", bytesPer)
-		m["redis_bytes_per_opportunity"] = num(bytesPer, 1)
 		out[shapeToday] = m
 	}
 	for shape, name := range map[string]string{shapeWide: "wide aof", shapeEval: "eval aof"} {
