@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/term"
 
+	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/deploy"
 	"github.com/repeatrate/repeatrate/internal/auth"
 	"github.com/repeatrate/repeatrate/internal/synth"
@@ -40,11 +41,16 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	compression := fs.String("kafka-compression", "snappy", "codec of every record batch written to the embedded broker, which keeps its records in this "+
 		"process's memory: none, gzip, snappy, lz4 or zstd")
 	pprof := fs.Bool("pprof", false, "serve /debug/pprof on the HTTP address")
+	stateLayout := fs.Int("redis-state-layout", int(aggregator.Layout10), "state layout of the embedded Redis's namespace: 10, or 11 (a keyed fingerprint per "+
+		"opportunity in packed buckets: a third of the memory, more CPU)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if _, err := compressionCodec(*compression); err != nil {
 		return fmt.Errorf("dev: --kafka-compression: %w", err)
+	}
+	if *stateLayout != int(aggregator.Layout10) && *stateLayout != int(aggregator.Layout11) {
+		return fmt.Errorf("dev: --redis-state-layout %d: want 10 or 11", *stateLayout)
 	}
 	if *kafkaRetention < 10*time.Second {
 		// Shorter, the broker may drop what the demo wrote once at start before the processor
@@ -123,6 +129,7 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// a demo gains nothing from the large batches that spread Redis's fixed cost under load.
 	cfg.Batch.MaxMessages = 2000
 	cfg.Retention = *retention
+	cfg.Redis.StateLayout = *stateLayout
 	// The embedded broker keeps its records in this heap: compressed, the demo's JSON takes a
 	// fraction of the memory (at 400 events/s, uncompressed snapshots alone held 230 MB).
 	cfg.Kafka.Compression = *compression
