@@ -137,7 +137,6 @@ func endToEndMatchesReplay(t *testing.T, layout aggregator.Layout) {
 	// Collect snapshots and dead letters until the snapshots equal replay's.
 	got := &latestSnapshots{by: map[string]schemas.Snapshot{}}
 	var firstSnap time.Time
-	var matchedAt time.Time
 	tailErr := make(chan error, 1)
 	tctx, stopTail := context.WithCancel(ctx)
 	go func() {
@@ -148,23 +147,7 @@ func endToEndMatchesReplay(t *testing.T, layout aggregator.Layout) {
 			return got.add(m)
 		})
 	}()
-	deadline := time.Now().Add(3 * time.Minute)
-	var why string
-	for ok := false; !ok; {
-		select {
-		case err := <-tailErr:
-			t.Fatalf("tail snapshots: %v", err)
-		case err := <-done:
-			t.Fatalf("processor stopped early: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("snapshots did not converge to replay's: %s", why)
-		}
-		time.Sleep(200 * time.Millisecond)
-		ok, why = got.equal(wantJSON)
-		matchedAt = time.Now()
-	}
+	matchedAt := awaitSnapshots(t, got, wantJSON, tailErr, done, 3*time.Minute)
 	stopTail()
 	<-tailErr
 
@@ -223,6 +206,27 @@ func endToEndMatchesReplay(t *testing.T, layout aggregator.Layout) {
 	elapsed := matchedAt.Sub(procStart)
 	t.Logf("%d events (%d poison, %d aggregates, %d snapshots published): converged %.2fs after start (%.0f events/s), %.2fs after the first snapshot",
 		events, poison, len(wantJSON), got.seen, elapsed.Seconds(), float64(events)/elapsed.Seconds(), matchedAt.Sub(firstSnap).Seconds())
+}
+
+// awaitSnapshots waits until got holds want and returns when it did; the test fails when the
+// snapshots' tail or the processor stops first, or when d passes.
+func awaitSnapshots(t *testing.T, got *latestSnapshots, want map[string]string, tailErr, done <-chan error, d time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if ok, why := got.equal(want); ok {
+			return time.Now()
+		} else if time.Now().After(deadline) {
+			t.Fatalf("snapshots did not converge to replay's: %s", why)
+		}
+		select {
+		case err := <-tailErr:
+			t.Fatalf("tail snapshots: %v", err)
+		case err := <-done:
+			t.Fatalf("processor stopped early: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // pipeline is a processor running in this process on real Kafka and Redis, on topics, a group

@@ -64,28 +64,7 @@ func TestRebuildMovesAnInstallationToLayout11(t *testing.T) {
 	go func() {
 		tailErr <- tail(tctx, h.kc, h.cfg.Kafka.SnapshotTopic, 3*time.Minute, func(m kafka.Message) error { return got.add(m) })
 	}()
-	converge := func(want map[string]string, done <-chan error) {
-		t.Helper()
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			ok, why := got.equal(want)
-			if ok {
-				return
-			}
-			select {
-			case err := <-tailErr:
-				t.Fatalf("tail snapshots: %v", err)
-			case err := <-done:
-				t.Fatalf("processor stopped early: %v", err)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("snapshots did not converge to replay's: %s", why)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	converge(wantOf(before.Bytes()), h.done)
+	awaitSnapshots(t, got, wantOf(before.Bytes()), tailErr, h.done, 2*time.Minute)
 	h.stop()
 	if err := <-h.done; err != nil {
 		t.Fatalf("processor in layout 10: %v", err)
@@ -107,7 +86,7 @@ func TestRebuildMovesAnInstallationToLayout11(t *testing.T) {
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- runProcessor(pctx, cfg, log) }()
-	converge(wantOf(append(before.Bytes(), after.Bytes()...)), done)
+	awaitSnapshots(t, got, wantOf(append(before.Bytes(), after.Bytes()...)), tailErr, done, 2*time.Minute)
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("processor in layout 11: %v", err)
