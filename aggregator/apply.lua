@@ -263,8 +263,14 @@ local function parseHour(t, v)
     local p = dt.at[h % 24]
     if not p then return end
     local e = byte(dt.v, p)
-    local a, b
-    t.c, t.p, t.u, a, b = sunpack(HFMT[(e - e % 64) / 64], dt.v, p + 1)
+    local code, a, b = (e - e % 64) / 64
+    t.c, t.p, t.u, a, b = sunpack(HFMT[code], dt.v, p + 1)
+    -- What a write makes: an hour that holds winners, its counts in the fewest bytes that hold
+    -- them, bounds within the hour and in order.
+    local top = max(t.c, t.p, t.u)
+    if top == 0 or code ~= (top < 256 and 0 or top < 65536 and 1 or top < 16777216 and 2 or 3) or a > b or b >= HOUR then
+      error('state field ' .. t.s .. ' is no day of this layout')
+    end
     t.lz = e % 64 >= 32
     local start = h * HOUR
     t.a, t.b = start + a, start + b

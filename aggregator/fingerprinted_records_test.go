@@ -381,8 +381,12 @@ func TestFingerprintedRecordsPastTheArgumentChunks(t *testing.T) {
 
 // TestFingerprintedRecordsKeepADayOfHoursInOneField: layout 11 keeps the hours of a day in one
 // field of the state hash, d<day>, and refuses a day field it could not have written (empty,
-// an hour past 23, hours out of order or twice, an entry cut short or followed by stray bytes)
-// without changing anything, instead of reading it as counts.
+// an hour past 23, hours out of order or twice, an entry cut short or followed by stray bytes,
+// and an entry it reads that holds no counts, counts wider than they need, or bounds past the
+// hour or crossed) instead of reading it as counts; a batch that reads it with its head, as it
+// reads its events' days, changes nothing. (One read later in the call, by an expiry or a window
+// recompute, is refused as well, but Redis keeps what the call wrote before it: both layouts
+// write pruned minutes and the index's sorted set before those reads.)
 func TestFingerprintedRecordsKeepADayOfHoursInOneField(t *testing.T) {
 	ctx := context.Background()
 	day := Micros(t0)/(24*hourUS) - 3
@@ -423,6 +427,11 @@ func TestFingerprintedRecordsKeepADayOfHoursInOneField(t *testing.T) {
 			t.Fatalf("day of %d bytes, want 39: %q", len(stored), stored)
 		}
 		entry := func(hk byte) string { return string([]byte{hk, 1, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0}) }
+		// hour 7's entry (the hour the batch below reads) with counts c and bounds a, b.
+		hour7 := func(code byte, c []byte, a, b uint32) string {
+			e := append([]byte{7 + 64*code}, c...)
+			return string(binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(e, a), b))
+		}
 		for _, tc := range []struct{ name, v string }{
 			{"empty", ""},
 			{"hour 24", entry(24)},
@@ -432,6 +441,10 @@ func TestFingerprintedRecordsKeepADayOfHoursInOneField(t *testing.T) {
 			{"an entry cut short", entry(2)[:11]},
 			{"a stray byte after", entry(2) + "\x00"},
 			{"a wider entry cut short", stored[:len(stored)-1]},
+			{"an hour without counts", hour7(0, []byte{0, 0, 0}, 5, 5)},
+			{"counts wider than they need", hour7(1, []byte{1, 0, 0, 0, 0, 0}, 5, 5)},
+			{"a bound past the hour", hour7(0, []byte{1, 0, 0}, 5, 3_600_000_000)},
+			{"bounds crossed", hour7(0, []byte{1, 0, 0}, 6, 5)},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				c.HSet(ctx, st, fmt.Sprint("d", day), tc.v)
