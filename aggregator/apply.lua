@@ -4,9 +4,9 @@
 --
 -- It runs state layout 10, and layout 11 (docs/performance.md; a namespace created with
 -- redis.state_layout 11) for a call whose records are binary or a read of an aggregate whose head
--- says 11. Layout 11 is layout 10 with
--- each opportunity kept by a 16-byte keyed fingerprint of its id (aggregator/fingerprint.go) and a
--- binary record, packed into buckets in KEYS[3] (packed_records.lua, prepended to this script),
+-- says 11. Layout 11 is layout 10 with each opportunity kept by a 16-byte keyed fingerprint of its
+-- id (aggregator/fingerprint.go) and a binary record, packed into buckets in KEYS[3]
+-- (packed_records.lua, prepended to this script), a day's hours in one field,
 -- the store's shape in the head and an id index of 4-byte fingerprint prefixes; the notes marked
 -- "Layout 11" below say where it differs.
 --
