@@ -78,7 +78,9 @@
 -- Cost: Redis work per call is a fixed handful of commands however many hours the batch touches
 -- (docs/semantics.md#delivery: one script call per aggregate and batch): one HMGET of the records,
 -- one HMGET of the head and of every hour, index group and recent minute the batch touches, one
--- HSET of the records, one HSET of the state, the expiries.
+-- HSET of the records, one HSET of the state, the expiries. Every write comes after every read
+-- that could refuse a field, so a refused call writes nothing (Redis keeps a failed script's
+-- writes).
 -- Numbers: the state's are unsigned little-endian integers of fixed width (struct.pack and
 -- struct.unpack, one C call per field instead of a pattern match and a conversion per number;
 -- 7 bytes hold any time 1970..2200 in µs, 5 bytes any count a Redis could hold records for, and
@@ -222,9 +224,13 @@ local function groupTable(d)
   end
   return t
 end
+local prunedTo -- minutes below it were pruned by this call (deleted at its end)
 local function minOf(m)
   local t = mins[-m]
-  if not t then t = {s = fmt('m%d', m), c = 0, p = 0, u = 0, got = false, dirty = false}; mins[-m] = t; mlist[#mlist + 1] = m end
+  if not t then
+    t = {s = fmt('m%d', m), c = 0, p = 0, u = 0, got = prunedTo ~= nil and m < prunedTo, dirty = false}
+    mins[-m] = t; mlist[#mlist + 1] = m
+  end
   return t
 end
 -- Layout 11 keeps a day's hours in one field, d<day> (day = floor(hour / 24)): the entries of the
@@ -623,7 +629,10 @@ local function pruneMinutes(from, to)
       end
     end
   end
-  if #gone > 0 then hdel(st, gone) end
+  -- Deleted with the call's other writes, at its end: a call refused on the way writes nothing.
+  -- Until then, a minute below the pruned point reads as empty without a read (minOf).
+  for _, f in ipairs(gone) do dels[#dels + 1] = f end
+  if not prunedTo or to > prunedTo then prunedTo = to end
   for _, m in ipairs(mlist) do
     if m < to then
       local t = mins[-m]
@@ -836,19 +845,12 @@ end
 if L11 then
   -- The records are put in the store (written when it is flushed, with the state, at the end).
   for _, id in ipairs(pendIds) do store.put(id, held[id]) end
-elseif npend > 0 then
-  local h = {}
-  for i, id in ipairs(pendIds) do h[2 * i - 1] = id; h[2 * i] = held[id] end
-  hset(opps, h)
-  if not head then
-    -- A new aggregate's record hash would be a listpack up to hash-max-listpack-entries records
-    -- (128 to 512), where every lookup scans the whole hash. A field longer than
-    -- hash-max-listpack-value converts it to a hash table for good; it holds records alone.
-    local long = 'a field longer than hash-max-listpack-value makes this hash a hash table: lookups in O(1)'
-    call('HSET', opps, long, '')
-    call('HDEL', opps, long)
-  end
 end
+-- Every write waits for the call's end, after every read that could refuse a field (an expiry,
+-- a window recompute, garbage collection): Redis keeps what a failed script wrote, so a call
+-- refused on the way must have written nothing. Layout 10's records, the index's sorted set and
+-- garbage collection's deletes are written there, in this order (writeDeferred below).
+local zadds, gcDels, gcDone = {}, {}, {}
 
 -- entries appends to ids the entries of chunk s from position pos: record fields (each its length
 -- in three hex digits and the id), or layout 11's 4-byte fingerprint prefixes.
@@ -897,7 +899,7 @@ if #pushGroups > 0 then
   end
   if #zs > 0 then
     -- The index and the sorted set of its groups change together (expire together, see the end).
-    for i = 1, #zs, CHUNK do call('ZADD', listed, unpack(zs, i, min(i + CHUNK - 1, #zs))) end
+    zadds = zs
     for i = 1, #zs, 2 do if not g or zs[i] < g then g = zs[i] end end
     newGroups = true
   end
@@ -965,6 +967,7 @@ local function scanGroup(d)
   else
     local recs = #ids > 0 and hmget(opps, ids) or {}
     for j = 1, #recs do
+      if pending[ids[j]] then recs[j] = held[ids[j]] end -- written at the call's end
       if recs[j] and not kept[ids[j]] then
         local _, o, _, _, z = parse(recs[j])
         if groupOf(o) == d or groupOf(z) == d then
@@ -1026,7 +1029,20 @@ end
 local cutG = cutH and floor(cutH / G)
 if n > 0 and cutG and g and g < cutG then
   local budget = min(2 * n + 100, CHUNK)
-  local grs = call('ZRANGEBYSCORE', listed, '-inf', '(' .. fmt('%d', cutG), 'LIMIT', 0, 64)
+  -- The 64 lowest groups below the cut that the sorted set lists once this call's new groups
+  -- (zadds, written at the end) are added.
+  local grs, isNew = call('ZRANGEBYSCORE', listed, '-inf', '(' .. fmt('%d', cutG), 'LIMIT', 0, 64), {}
+  for i = 2, #zadds, 2 do
+    local fd = zadds[i]
+    if zadds[i - 1] < cutG then isNew[fd] = true; grs[#grs + 1] = fd end
+  end
+  if next(isNew) then
+    local seen, u = {}, {}
+    for _, fd in ipairs(grs) do if not seen[fd] then seen[fd] = true; u[#u + 1] = fd end end
+    table.sort(u, function(x, y) return tonumber(x) < tonumber(y) end)
+    grs = {}
+    for i = 1, min(#u, 64) do grs[i] = u[i] end
+  end
   local ids, idGroup, done = {}, {}, {}
   local ts = {}
   for i, fd in ipairs(grs) do ts[i] = groupTable(tonumber(fd)) end
@@ -1066,19 +1082,34 @@ if n > 0 and cutG and g and g < cutG then
     end
     for _, fp in ipairs(del) do store.delete(fp) end
   elseif #ids > 0 then
+    -- A record this call writes is read as it will be written.
     local recs = hmget(opps, ids)
-    local del = {}
     for j = 1, #recs do
+      local id = ids[j]
+      if pending[id] then recs[j] = held[id] end
       if recs[j] then
         local _, _, _, _, z = parse(recs[j])
-        if groupOf(z) == idGroup[j] then del[#del + 1] = ids[j] end
+        if groupOf(z) == idGroup[j] then gcDels[#gcDels + 1] = id end
       end
     end
-    if #del > 0 then hdel(opps, del) end
   end
-  if #done > 0 then call('ZREM', listed, unpack(done)) end
-  local low = call('ZRANGE', listed, 0, 0, 'WITHSCORES')
+  -- The collected groups leave the sorted set: a new one is not added, the others are removed at
+  -- the end. Collection takes the lowest groups first, so those it removes are the lowest the
+  -- sorted set holds, and the lowest left is the next one, or a new group.
+  local gone = {}
+  for _, fd in ipairs(done) do
+    if isNew[fd] then gone[fd] = true else gcDone[#gcDone + 1] = fd end
+  end
+  if next(gone) then
+    local kept = {}
+    for i = 1, #zadds, 2 do
+      if not gone[zadds[i + 1]] then kept[#kept + 1] = zadds[i]; kept[#kept + 1] = zadds[i + 1] end
+    end
+    zadds = kept
+  end
+  local low = call('ZRANGE', listed, #gcDone, #gcDone, 'WITHSCORES')
   g = low[2] and tonumber(low[2]) or nil
+  for i = 1, #zadds, 2 do if not g or zadds[i] < g then g = zadds[i] end end
 end
 
 -- The version: one more than before, or the observation time when that is greater, so a version
@@ -1218,6 +1249,23 @@ if n > 0 then
   for _, cf in ipairs(cdirty) do
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
+  -- The writes deferred until every read is done.
+  if not L11 and npend > 0 then
+    local h = {}
+    for i, id in ipairs(pendIds) do h[2 * i - 1] = id; h[2 * i] = held[id] end
+    hset(opps, h)
+    if not head then
+      -- A new aggregate's record hash would be a listpack up to hash-max-listpack-entries records
+      -- (128 to 512), where every lookup scans the whole hash. A field longer than
+      -- hash-max-listpack-value converts it to a hash table for good; it holds records alone.
+      local long = 'a field longer than hash-max-listpack-value makes this hash a hash table: lookups in O(1)'
+      call('HSET', opps, long, '')
+      call('HDEL', opps, long)
+    end
+  end
+  if #gcDels > 0 then hdel(opps, gcDels) end
+  for i = 1, #zadds, CHUNK do call('ZADD', listed, unpack(zadds, i, min(i + CHUNK - 1, #zadds))) end
+  if #gcDone > 0 then call('ZREM', listed, unpack(gcDone)) end
   local function e(x) return x and x + 1 or 0 end
   local nh
   if L11 then

@@ -383,10 +383,8 @@ func TestFingerprintedRecordsPastTheArgumentChunks(t *testing.T) {
 // field of the state hash, d<day>, and refuses a day field it could not have written (empty,
 // an hour past 23, hours out of order or twice, an entry cut short or followed by stray bytes,
 // and an entry it reads that holds no counts, counts wider than they need, or bounds past the
-// hour or crossed) instead of reading it as counts; a batch that reads it with its head, as it
-// reads its events' days, changes nothing. (One read later in the call, by an expiry or a window
-// recompute, is refused as well, but Redis keeps what the call wrote before it: both layouts
-// write pruned minutes and the index's sorted set before those reads.)
+// hour or crossed) instead of reading it as counts, and changes nothing (a day read late in a
+// call: TestRefusedBatchWritesNothing).
 func TestFingerprintedRecordsKeepADayOfHoursInOneField(t *testing.T) {
 	ctx := context.Background()
 	day := Micros(t0)/(24*hourUS) - 3
