@@ -756,6 +756,15 @@ local function push(id, grp)
   end
 end
 -- write records value for id and lists id under each given group that is not nil.
+-- records reads layout 10's records of ids, one written by this call as it will be written (the
+-- record hash is written at the call's end).
+local function records(ids)
+  local recs = hmget(opps, ids)
+  for j = 1, #recs do
+    if pending[ids[j]] then recs[j] = held[ids[j]] end
+  end
+  return recs
+end
 local function write(id, value, d1, d2)
   if not pending[id] then pending[id] = true; npend = npend + 1; pendIds[npend] = id end
   held[id] = value
@@ -848,8 +857,8 @@ if L11 then
 end
 -- Every write waits for the call's end, after every read that could refuse a field (an expiry,
 -- a window recompute, garbage collection): Redis keeps what a failed script wrote, so a call
--- refused on the way must have written nothing. Layout 10's records, the index's sorted set and
--- garbage collection's deletes are written there, in this order (writeDeferred below).
+-- refused on the way must have written nothing. Layout 10's records, garbage collection's deletes
+-- and the index's sorted set are written there, in this order, before the state.
 local zadds, gcDels, gcDone = {}, {}, {}
 
 -- entries appends to ids the entries of chunk s from position pos: record fields (each its length
@@ -965,9 +974,8 @@ local function scanGroup(d)
       end
     end
   else
-    local recs = #ids > 0 and hmget(opps, ids) or {}
+    local recs = #ids > 0 and records(ids) or {}
     for j = 1, #recs do
-      if pending[ids[j]] then recs[j] = held[ids[j]] end -- written at the call's end
       if recs[j] and not kept[ids[j]] then
         local _, o, _, _, z = parse(recs[j])
         if groupOf(o) == d or groupOf(z) == d then
@@ -1082,11 +1090,9 @@ if n > 0 and cutG and g and g < cutG then
     end
     for _, fp in ipairs(del) do store.delete(fp) end
   elseif #ids > 0 then
-    -- A record this call writes is read as it will be written.
-    local recs = hmget(opps, ids)
+    local recs = records(ids)
     for j = 1, #recs do
       local id = ids[j]
-      if pending[id] then recs[j] = held[id] end
       if recs[j] then
         local _, _, _, _, z = parse(recs[j])
         if groupOf(z) == idGroup[j] then gcDels[#gcDels + 1] = id end

@@ -59,6 +59,14 @@ const (
 	Layout11 Layout = 11
 )
 
+// Validate says whether a namespace can be made in layout l: 10 or 11.
+func (l Layout) Validate() error {
+	if _, ok := layoutOf(l.suffix()); !ok {
+		return fmt.Errorf("state layout %d: want %d or %d", int(l), int(Layout10), int(Layout11))
+	}
+	return nil
+}
+
 // suffix is what ends the epoch marker of a namespace in layout l.
 func (l Layout) suffix() string { return fmt.Sprintf("/layout%d", int(l)) }
 
@@ -92,8 +100,8 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 // retired (Retire), until that rebuild cuts over, and for a layout-11 namespace without its
 // fingerprint secret, whose records no fingerprint could find again.
 func OpenStateIn(ctx context.Context, c redis.UniversalClient, prefix string, hadProgress bool, fresh Layout) (State, error) {
-	if _, ok := layoutOf(fresh.suffix()); !ok {
-		return State{}, fmt.Errorf("state layout %d: want %d or %d", int(fresh), int(Layout10), int(Layout11))
+	if err := fresh.Validate(); err != nil {
+		return State{}, err
 	}
 	ns, err := c.Get(ctx, pointerKey(prefix)).Result()
 	if errors.Is(err, redis.Nil) {
@@ -165,8 +173,8 @@ func NewNamespace(ctx context.Context, c redis.UniversalClient, prefix string) (
 // NewNamespaceIn is NewNamespace in layout l: a rebuild is how an installation moves its state
 // from one layout to another.
 func NewNamespaceIn(ctx context.Context, c redis.UniversalClient, prefix string, l Layout) (State, error) {
-	if _, ok := layoutOf(l.suffix()); !ok {
-		return State{}, fmt.Errorf("state layout %d: want %d or %d", int(l), int(Layout10), int(Layout11))
+	if err := l.Validate(); err != nil {
+		return State{}, err
 	}
 	return createEpoch(ctx, c, fmt.Sprintf("%s:r%d", prefix, time.Now().UnixNano()), l)
 }

@@ -248,8 +248,8 @@ func (c *Config) Validate() error {
 	if c.Redis.WaitReplicas < 0 || c.Redis.WaitTimeout < 0 || (c.Redis.WaitTimeout > 0 && c.Redis.WaitTimeout < time.Millisecond) {
 		bad("redis.wait_replicas must not be negative and redis.wait_timeout must be 0 (the default, 1s) or at least 1ms")
 	}
-	if c.Redis.StateLayout != int(aggregator.Layout10) && c.Redis.StateLayout != int(aggregator.Layout11) {
-		bad("redis.state_layout %d: want 10 or 11", c.Redis.StateLayout)
+	if err := aggregator.Layout(c.Redis.StateLayout).Validate(); err != nil {
+		bad("redis.state_layout: %v", err)
 	}
 	if c.Retention < time.Hour {
 		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)

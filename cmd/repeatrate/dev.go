@@ -49,8 +49,8 @@ func devCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if _, err := compressionCodec(*compression); err != nil {
 		return fmt.Errorf("dev: --kafka-compression: %w", err)
 	}
-	if *stateLayout != int(aggregator.Layout10) && *stateLayout != int(aggregator.Layout11) {
-		return fmt.Errorf("dev: --redis-state-layout %d: want 10 or 11", *stateLayout)
+	if err := aggregator.Layout(*stateLayout).Validate(); err != nil {
+		return fmt.Errorf("dev: --redis-state-layout: %w", err)
 	}
 	if *kafkaRetention < 10*time.Second {
 		// Shorter, the broker may drop what the demo wrote once at start before the processor
