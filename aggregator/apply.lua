@@ -96,6 +96,18 @@ local opps, st, listed = KEYS[1], KEYS[2], KEYS[4]
 -- Globals read once: a global is a table lookup by name on every use, a local a register.
 local ARGV, tonumber, ipairs, unpack, type = ARGV, tonumber, ipairs, unpack, type
 local min = math.min
+-- A call of an online migration to layout 11 (aggregator/migrate.go) carries its observations both
+-- ways, layout 10's record fields and records, then layout 11's fingerprints and records, then one
+-- more argument: it applies the half its aggregate's head says (layout 11 for a new aggregate).
+-- Any other call has 2n arguments after the first three.
+if (#ARGV - 3) % 4 == 1 then
+  local m = (#ARGV - 4) / 4
+  local h = redis.call('HGET', KEYS[2], 'H')
+  local from = (h and string.byte(h, 1) == 10) and 4 or 4 + 2 * m
+  local a = {ARGV[1], ARGV[2], ARGV[3]}
+  for i = 0, 2 * m - 1 do a[4 + i] = ARGV[from + i] end
+  ARGV = a
+end
 local ret = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])

@@ -57,27 +57,51 @@ const (
 	// (docs/performance.md), about 47 bytes an opportunity, at 1.2 to 1.9 times layout 10's Redis
 	// CPU per event (BENCHMARKS.md). A namespace in it needs its fingerprint secret.
 	Layout11 Layout = 11
+	// Layout10To11 is a namespace that an online migration (Migrate) is moving from layout 10 to
+	// 11: each aggregate is in one or the other, as its head says, and the processors' calls carry
+	// both encodings. No namespace is created in it.
+	Layout10To11 Layout = 1011
 )
 
 // Validate says whether a namespace can be made in layout l: 10 or 11.
 func (l Layout) Validate() error {
-	if _, ok := layoutOf(l.suffix()); !ok {
+	if l != Layout10 && l != Layout11 {
 		return fmt.Errorf("state layout %d: want %d or %d", int(l), int(Layout10), int(Layout11))
 	}
 	return nil
 }
 
 // suffix is what ends the epoch marker of a namespace in layout l.
-func (l Layout) suffix() string { return fmt.Sprintf("/layout%d", int(l)) }
+func (l Layout) suffix() string {
+	if l == Layout10To11 {
+		return "/layout10to11"
+	}
+	return fmt.Sprintf("/layout%d", int(l))
+}
 
 // layoutOf returns the layout an epoch marker names, or false for one no build reads.
 func layoutOf(epoch string) (Layout, bool) {
-	for _, l := range []Layout{Layout10, Layout11} {
+	for _, l := range []Layout{Layout10, Layout11, Layout10To11} {
 		if strings.HasSuffix(epoch, l.suffix()) {
 			return l, true
 		}
 	}
 	return 0, false
+}
+
+// EpochFollows says whether epoch marker got is want or a later step of the same namespace's
+// migration from layout 10 to 11 (10, then 10 → 11, then 11): a store opened on want keeps
+// working across the migration, which changes the marker's layout and nothing else.
+func EpochFollows(want, got string) bool {
+	if got == want {
+		return true
+	}
+	wl, ok1 := layoutOf(want)
+	gl, ok2 := layoutOf(got)
+	if !ok1 || !ok2 || strings.TrimSuffix(want, wl.suffix()) != strings.TrimSuffix(got, gl.suffix()) {
+		return false
+	}
+	return wl == Layout10 && gl != Layout10 || wl == Layout10To11 && gl == Layout11
 }
 
 func pointerKey(prefix string) string { return prefix + ":ns" }
@@ -94,7 +118,7 @@ func OpenState(ctx context.Context, c redis.UniversalClient, prefix string, hadP
 // OpenStateIn finds the current namespace under prefix, its epoch and its layout. A namespace
 // without an epoch is new when nothing was ever consumed (hadProgress false): its epoch is created,
 // in layout fresh. An existing namespace keeps the layout it was made in, whatever fresh says
-// (until an online migration exists, a rebuild is what moves one). When the consumer group
+// (Migrate or a rebuild moves one). When the consumer group
 // already committed offsets, a missing epoch means the state was lost, and OpenStateIn returns
 // ErrStateLost instead of starting over silently. So it does for a namespace that a rebuild
 // retired (Retire), until that rebuild cuts over, and for a layout-11 namespace without its
@@ -120,7 +144,7 @@ func OpenStateIn(ctx context.Context, c redis.UniversalClient, prefix string, ha
 			return State{}, fmt.Errorf("%w: namespace %q was written in an older state layout (epoch %q); "+
 				"run `repeatrate rebuild` to recompute it in the current one", ErrStateLost, ns, epoch)
 		}
-		if layout == Layout11 {
+		if layout != Layout10 {
 			// Its records are found by their fingerprints: a new secret would find none of them.
 			if _, err := OpenFingerprint(ctx, c, ns); err != nil {
 				return State{}, err

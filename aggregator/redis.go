@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,9 +68,17 @@ type RedisConfig struct {
 	WaitTimeout  time.Duration
 
 	// Fingerprint, when set, makes the store keep state layout 11 under its fingerprints: set it
-	// (OpenFingerprint) exactly when the namespace is in layout 11 (State.Layout). A call of one
-	// layout on an aggregate of the other is refused.
+	// (OpenFingerprint) exactly when the namespace is in layout 11 or migrating to it
+	// (State.Layout). A call of one layout on an aggregate of the other is refused.
 	Fingerprint *Fingerprinter
+}
+
+// applyMode is how a store encodes its calls, by the epoch marker it last found: layout 10's
+// records (fp nil), layout 11's, or both while the namespace migrates (both).
+type applyMode struct {
+	epoch string
+	fp    *Fingerprinter
+	both  bool
 }
 
 // Validate checks the configuration and fills defaults.
@@ -107,6 +116,9 @@ type Redis struct {
 	sealSeq  int64 // the last batch mark written
 	verified int64 // the last batch mark Verify confirmed before a commit
 	sealed   []sealedTokens
+
+	// mode follows the namespace's migration from layout 10 to 11 (followEpoch).
+	mode atomic.Pointer[applyMode]
 }
 
 // NewRedis returns a store on client.
@@ -117,7 +129,10 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	if cfg.Pending == nil {
 		cfg.Pending = NewPending()
 	}
-	return &Redis{client: client, cfg: cfg}, nil
+	r := &Redis{client: client, cfg: cfg}
+	l, _ := layoutOf(cfg.Epoch)
+	r.mode.Store(&applyMode{epoch: cfg.Epoch, fp: cfg.Fingerprint, both: l == Layout10To11 && cfg.Fingerprint != nil})
+	return r, nil
 }
 
 // keys returns the record hash and state hash of k, its id index (the ids listed per hour of
@@ -139,6 +154,7 @@ func (r *Redis) Apply(ctx context.Context, obs []Observation, at time.Time) (App
 // them, made by Encode without any I/O, so that the processor can do it while Redis applies the
 // batch before (docs/semantics.md#delivery).
 type Encoded struct {
+	mode   *applyMode // the store's mode when it was encoded: another one encodes it again
 	obs    []Observation
 	groups map[Key][]int
 	keys   []Key
@@ -153,28 +169,52 @@ const headArgs = 3
 // Encode groups obs by aggregate and encodes them for ApplyEncoded. An observation that cannot be
 // stored makes ApplyEncoded fail, as Apply would.
 func (r *Redis) Encode(obs []Observation) *Encoded {
+	return r.encode(r.mode.Load(), obs)
+}
+
+func (r *Redis) encode(m *applyMode, obs []Observation) *Encoded {
 	groups, keys := groupByKey(obs)
-	e := &Encoded{obs: obs, groups: groups, keys: keys}
-	var fields, recs []string
+	e := &Encoded{mode: m, obs: obs, groups: groups, keys: keys}
+	var fields, recs, fps, fprecs []string
 	var err error
-	if r.cfg.Fingerprint != nil {
-		fields, recs, err = encodeFingerprinted(r.cfg.Fingerprint, obs)
-	} else if fields, err = recordFields(obs); err == nil {
-		recs = encodeRecords(obs)
+	if m.fp == nil || m.both {
+		if fields, err = recordFields(obs); err == nil {
+			recs = encodeRecords(obs)
+		}
+	}
+	if err == nil && m.fp != nil {
+		fps, fprecs, err = encodeFingerprinted(m.fp, obs)
 	}
 	if err != nil {
 		e.err = err
 		return e
 	}
+	if m.fp != nil && !m.both {
+		fields, recs = fps, fprecs
+	}
 	e.redis, e.args = make(map[Key][]string, len(keys)), make(map[Key][]any, len(keys))
 	for _, k := range keys {
 		idx := groups[k]
-		args := make([]any, headArgs, headArgs+2*len(idx))
+		size := headArgs + 2*len(idx)
+		if m.both {
+			size = headArgs + 4*len(idx) + 1
+		}
+		args := make([]any, headArgs, size)
 		for _, i := range idx {
 			args = append(args, fields[i])
 		}
 		for _, i := range idx {
 			args = append(args, recs[i])
+		}
+		if m.both {
+			// A migration call (apply.lua): layout 11's half after layout 10's, then one more.
+			for _, i := range idx {
+				args = append(args, fps[i])
+			}
+			for _, i := range idx {
+				args = append(args, fprecs[i])
+			}
+			args = append(args, "both")
 		}
 		e.redis[k], e.args[k] = r.keys(k), args
 	}
@@ -203,6 +243,11 @@ type Companion interface {
 // ApplyEncodedWith is ApplyEncoded with c's commands in the same pipeline (c may be nil). Either
 // part failing fails the call; both are idempotent, so a retry applies both again.
 func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, c Companion) (Applied, error) {
+	m := r.mode.Load()
+	if e.mode != m {
+		// The namespace moved on in its migration since e was encoded.
+		e = r.encode(m, e.obs)
+	}
 	if e.err != nil {
 		return Applied{}, e.err
 	}
@@ -228,7 +273,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 			}
 		}()
 		return r.cfg.Pending.Writer(r.client).Pipelined(ctx, func(p redis.Pipeliner) error {
-			if r.cfg.Epoch != "" {
+			if m.epoch != "" {
 				p.Get(ctx, EpochKey(r.cfg.Prefix))
 			}
 			if mark > 0 {
@@ -263,20 +308,35 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 		}
 		cmds, err = run()
 	}
-	if r.cfg.Epoch != "" && len(cmds) > 0 {
+	if m.epoch != "" && len(cmds) > 0 {
 		// The marker first, even when a script failed: a namespace that is not this build's state
 		// (lost, replaced, or written in another layout) explains a script's error on it, and
-		// must stop the processor as lost state, not be retried.
+		// must stop the processor as lost state, not be retried. A namespace that moved on in its
+		// migration to layout 11 is followed, and the batch applied again in the new mode.
 		got, gerr := cmds[0].(*redis.StringCmd).Result()
-		if (gerr == nil || errors.Is(gerr, redis.Nil)) && got != r.cfg.Epoch {
-			return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
-				ErrStateLost, r.cfg.Prefix, got, r.cfg.Epoch)
+		if (gerr == nil || errors.Is(gerr, redis.Nil)) && got != m.epoch {
+			if !EpochFollows(m.epoch, got) {
+				return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+					ErrStateLost, r.cfg.Prefix, got, m.epoch)
+			}
+			if ferr := r.followEpoch(ctx, m, got); ferr != nil {
+				return Applied{}, ferr
+			}
+			if err != nil {
+				// A call of the old mode on an aggregate converted since, refused, so unwritten.
+				return Applied{}, fmt.Errorf("namespace %q moved on in its migration to layout 11 (epoch %q): apply the batch again: %w",
+					r.cfg.Prefix, got, err)
+			}
+			// Every call was applied in the layout its aggregate's head says: the replies stand.
 		}
 	}
 	if err != nil && !errors.Is(err, redis.Nil) {
+		if m.fp != nil && !m.both {
+			r.convertStragglers(ctx, m.fp, e, cmds)
+		}
 		return Applied{}, fmt.Errorf("apply batch: %w", err)
 	}
-	if r.cfg.Epoch != "" {
+	if m.epoch != "" {
 		cmds = cmds[1:]
 	}
 	if mark > 0 {

@@ -654,7 +654,8 @@ func (r *Redis) callOnce(ctx context.Context, suites []Key, token bool, args fun
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	if epoch != nil && epoch.Val() != r.cfg.Epoch {
+	// A namespace migrating from state layout 10 to 11 changes its marker's layout, not the suites.
+	if epoch != nil && !aggregator.EpochFollows(r.cfg.Epoch, epoch.Val()) {
 		return nil, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
 			aggregator.ErrStateLost, r.cfg.Prefix, epoch.Val(), r.cfg.Epoch)
 	}

@@ -517,6 +517,10 @@ var commandSettings = map[string]func(name string) bool{
 		}
 		return false
 	},
+	// A migration works on Redis alone.
+	"migrate": func(n string) bool {
+		return (strings.HasPrefix(n, "redis-") && !strings.HasPrefix(n, "redis-wait") && n != "redis-state-layout") || n == "log-level"
+	},
 	// A rebuild applies the input as the processor does, without the read side and alerting.
 	"rebuild": func(n string) bool {
 		for _, p := range []string{"alert", "http-", "pprof", "batch-max", "batch-linger"} {

@@ -60,6 +60,7 @@ commands:
   dev      everything in one process on an embedded Kafka and Redis (--demo feeds traffic)
   alert    the alerting rules alone, as a subscriber of the snapshot topics (run includes them)
   rebuild  recompute lost Redis state from the input topics into a fresh namespace and cut over
+  migrate  move the Redis state from layout 10 to 11 while the processors run
   replay   the same aggregation offline over NDJSON CloudEvents
   produce  publish NDJSON CloudEvents to a topic
   import   turn Inspect AI or OpenCompass result files into eval-result events
@@ -127,6 +128,8 @@ func dispatch(ctx context.Context, cmd string, rest []string, getenv func(string
 		return devCommand(ctx, rest, stdout, stderr)
 	case "rebuild":
 		return rebuildCommand(ctx, rest, getenv, stderr)
+	case "migrate":
+		return migrateCommand(ctx, rest, getenv, stderr)
 	case "alert":
 		return alertCommand(ctx, rest, getenv, stderr)
 	case "replay":

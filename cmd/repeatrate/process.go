@@ -61,7 +61,7 @@ func openStores(ctx context.Context, rdb redis.UniversalClient, state aggregator
 	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
 		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout}
 	var err error
-	if state.Layout == aggregator.Layout11 {
+	if state.Layout != aggregator.Layout10 {
 		if rcfg.Fingerprint, err = aggregator.OpenFingerprint(ctx, rdb, state.Namespace); err != nil {
 			return s, err
 		}
@@ -163,7 +163,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}
 	log.Info("state", zap.String("namespace", state.Namespace), zap.String("epoch", state.Epoch), zap.Int("layout", int(state.Layout)))
 	if int(state.Layout) != cfg.Redis.StateLayout {
-		log.Warn("the namespace keeps the state layout it was created in; redis.state_layout applies to namespaces created from now on (repeatrate rebuild makes one)",
+		log.Warn("the namespace keeps the state layout it was created in; redis.state_layout applies to namespaces created from now on (`repeatrate migrate` moves one from layout 10 to 11 while the processors run)",
 			zap.Int("layout", int(state.Layout)), zap.Int("state_layout", cfg.Redis.StateLayout))
 	}
 	st, err := openStores(ctx, rdb, state, cfg)
