@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
@@ -20,9 +19,9 @@ import (
 // namespace to layout 11, and a second Migrate finds nothing to do.
 func TestOnlineMigrationMatchesModel(t *testing.T) {
 	for _, tc := range []struct {
-		name       string
-		mc         modelCase
-		how        string // "between" batches, "beside" them (concurrently), or in "steps": an aggregate a batch
+		name string
+		mc   modelCase
+		how  string // "between" batches, "beside" them (concurrently), or in "steps": an aggregate a batch
 	}{
 		{"days, between batches", modelCase{seed: 1, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, events: 9000}, "between"},
 		{"days, beside batches", modelCase{seed: 2, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, events: 9000}, "beside"},

@@ -186,4 +186,3 @@ func firstOffsets(ctx context.Context, t *testing.T, kc *kafkaClients, topic str
 	}
 	return out
 }
-
