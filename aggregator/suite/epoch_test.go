@@ -3,6 +3,7 @@ package suite
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,5 +47,42 @@ func TestCutOverStopsSuiteStoreOnOldNamespace(t *testing.T) {
 	}
 	if _, err := suites.Apply(ctx, runs, t0); !errors.Is(err, aggregator.ErrStateLost) {
 		t.Errorf("suite apply on the old namespace after the cut-over: %v, want ErrStateLost", err)
+	}
+}
+
+// A migration of the namespace from state layout 10 to 11 changes its epoch marker's layout and
+// nothing of the suites: a suite store opened before it keeps applying through both steps, and is
+// still stopped when a rebuild retires the namespace afterwards.
+func TestSuiteStoreFollowsTheMigrationToLayout11(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	prefix := testenv.Name(t, "suitemigrate")
+	testenv.CleanPrefix(t, client, prefix)
+	state, err := aggregator.OpenState(ctx, client, prefix, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suites, err := NewRedis(client, aggregator.RedisConfig{Prefix: state.Namespace, Retention: time.Hour, Epoch: state.Epoch}, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := []RunObservation{{Key: RunKey{Key: Key{Workspace: "w", Suite: "s"}, Version: "v1", Case: "c"},
+		Record: RunRecord{Result: 'p', Runs: 1}}}
+	base := strings.TrimSuffix(state.Epoch, "/layout10")
+	for _, epoch := range []string{base + "/layout10to11", base + "/layout11"} {
+		if err := client.Set(ctx, aggregator.EpochKey(state.Namespace), epoch, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := suites.Apply(ctx, runs, t0); err != nil {
+			t.Errorf("suite apply with the epoch at %q: %v", epoch, err)
+		}
+	}
+	for _, epoch := range []string{base + "x/layout11", base + "x/layout10to11"} {
+		if err := client.Set(ctx, aggregator.EpochKey(state.Namespace), epoch, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := suites.Apply(ctx, runs, t0); !errors.Is(err, aggregator.ErrStateLost) {
+			t.Errorf("suite apply with the epoch at %q, another namespace's: %v, want ErrStateLost", epoch, err)
+		}
 	}
 }
