@@ -99,11 +99,19 @@ local min = math.min
 -- A call of an online migration to layout 11 (aggregator/migrate.go) carries its observations both
 -- ways, layout 10's record fields and records, then layout 11's fingerprints and records, then one
 -- more argument: it applies the half its aggregate's head says (layout 11 for a new aggregate).
--- Any other call has 2n arguments after the first three.
+-- Any other call has 2n arguments after the first three. On an aggregate being converted (its
+-- head's byte 12, layout10to11.lua) it applies layout 10 and mirrors what it writes: mirror maps
+-- each record field to its fingerprint.
+local mirror
 if (#ARGV - 3) % 4 == 1 then
   local m = (#ARGV - 4) / 4
   local h = redis.call('HGET', KEYS[2], 'H')
-  local from = (h and string.byte(h, 1) == 10) and 4 or 4 + 2 * m
+  local hb = h and string.byte(h, 1)
+  local from = (hb == 10 or hb == 12) and 4 or 4 + 2 * m
+  if hb == 12 then
+    mirror = {}
+    for i = 1, m do mirror[ARGV[3 + i]] = ARGV[3 + 2 * m + i] end
+  end
   local a = {ARGV[1], ARGV[2], ARGV[3]}
   for i = 0, 2 * m - 1 do a[4 + i] = ARGV[from + i] end
   ARGV = a
@@ -473,7 +481,8 @@ do
     local x
     -- A read of layout 11 needs its head only: it touches no record.
     if n == 0 and byte(head, 1) == 11 then layout11() end
-    if not L11 and #head == HEADLEN and byte(head, 1) == 10 then
+    -- A head of 12 is layout 10 being converted: read, or written by a call that mirrors.
+    if not L11 and #head == HEADLEN and (byte(head, 1) == 10 or byte(head, 1) == 12 and (mirror or n == 0)) then
       x = {sunpack(HEADR, head, 2)}
     elseif L11 and #head == HEADLEN11 and byte(head, 1) == 11 then
       x = {sunpack('<B' .. string.rep('I7', 24), head, 2)}
@@ -1047,7 +1056,7 @@ end
 -- for its horizon's. It runs only while the lowest listed group (g) is wholly expired; until then a
 -- record whose horizon expired reads as absent.
 local cutG = cutH and floor(cutH / G)
-if n > 0 and cutG and g and g < cutG then
+if n > 0 and cutG and g and g < cutG and not mirror then
   local budget = min(2 * n + 100, CHUNK)
   -- The 64 lowest groups below the cut that the sorted set lists once this call's new groups
   -- (zadds, written at the end) are added.
@@ -1267,7 +1276,27 @@ if n > 0 then
   for _, cf in ipairs(cdirty) do
     if cv[cf] then sets[#sets + 1] = cf; sets[#sets + 1] = cv[cf] else dels[#dels + 1] = cf end
   end
+  -- An aggregate being converted: the records this call writes, copied as layout 11 keeps them
+  -- into the packed store and listed beside layout 10's index (its reads first).
+  local mstore
+  if mirror and npend > 0 then
+    local X = layout10to11(spack, sunpack)
+    local mfps, recs, ents = {}, {}, {}
+    for i, id in ipairs(pendIds) do
+      local fp = mirror[id]
+      local rec, wd, zd = X.record(id, held[id], GSPAN)
+      mfps[i], recs[i] = fp, rec
+      ents[#ents + 1] = {wd, fp}
+      if zd ~= wd then ents[#ents + 1] = {zd, fp} end
+    end
+    X.shadow(st, ents, sets)
+    mstore = newPackedRecords(KEYS[3], X.RLEN, X.shape(st))
+    mstore.getAll(mfps, 1, #mfps, {})
+    for i, fp in ipairs(mfps) do mstore.put(fp, recs[i]) end
+    sets[#sets + 1] = 'M'; sets[#sets + 1] = fmt('%d,%d,%d', mstore.shape())
+  end
   -- The writes deferred until every read is done.
+  if mstore then mstore.flush() end
   if not L11 and npend > 0 then
     local h = {}
     for i, id in ipairs(pendIds) do h[2 * i - 1] = id; h[2 * i] = held[id] end
@@ -1294,7 +1323,7 @@ if n > 0 then
       hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
       cutH and cutH >= 0 and cutH + 1 or 0, sL, sp, sn)
   else
-    nh = spack(HEADW, 10, G,
+    nh = spack(HEADW, mirror and 12 or 10, G,
       e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
       hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
       cutH and cutH >= 0 and cutH + 1 or 0)
@@ -1304,6 +1333,7 @@ if n > 0 then
   if #sets > 0 then hset(st, sets) end
   if ttl > 0 then
     call('PEXPIRE', opps, ARGV[3]); call('PEXPIRE', st, ARGV[3])
+    if mstore then call('PEXPIRE', KEYS[3], ARGV[3]) end
     if refresh then local t2 = fmt('%d', 2 * ttl); call('PEXPIRE', listed, t2) end
   end
 end

@@ -1,63 +1,92 @@
--- Converts one aggregate from state layout 10 to layout 11 in one atomic call (run after
--- packed_records.lua), for an online migration (aggregator/migrate.go): its records move from the
--- record hash into the packed store, its hours into day fields, its id index entries become
--- fingerprint prefixes and its head says 11. Processors keep applying batches meanwhile; being one
--- call, a conversion falls wholly before or after each of theirs.
---
+-- Converts one aggregate from state layout 10 to layout 11 (run after packed_records.lua and
+-- layout10to11.lua) for an online migration (aggregator/migrate.go), in steps of bounded work
+-- while batches keep reaching it (layout10to11.lua says how):
+--   ARGV[1] 'begin': the head's byte 10 becomes 12 and an empty packed store is made (a head
+--     already at 12 is a conversion resumed, kept as it is);
+--   ARGV[1] 'copy', then n record fields and their n fingerprints (computed by the caller: the
+--     secret stays out of Redis's scripts): the records of those fields that the record hash
+--     holds are copied into the packed store and listed in the index beside layout 10's;
+--   ARGV[1] 'finish': once the packed store holds as many records as the record hash (it holds
+--     no other), the hours become day fields, the index beside layout 10's replaces it, the head
+--     says 11 with the store's shape, and the record hash is deleted.
 -- KEYS are apply.lua's: the record hash, the state hash, the packed store, the sorted set of index
--- groups. ARGV[1..n] are record fields of the record hash and ARGV[n+1..2n] their fingerprints,
--- which the caller computes (the secret never reaches Redis).
--- Returns {'converted', records}, {'layout11'} when the head already says 11, {'absent'} when the
--- aggregate has no head, or {'missing', field...}: fields the record hash holds and the caller gave
--- no fingerprint for (written since it read them), at most MISSING of them; nothing is written then.
--- A state it could not have been written by layout 10 is refused with an error, and nothing written.
-local HOUR, HEADLEN, CHUNKBYTES, MISSING, CHUNK = 3600000000, 2 + 21 * 7, 480, 2000, 4000
-local opps, st, packed = KEYS[1], KEYS[2], KEYS[3]
+-- groups. Returns {'begun'}, {'copied', records}, {'converted', records}, {'short', held, copied}
+-- (finish found records not copied yet: copy them again), {'layout11'} when the head already says
+-- 11, or {'absent'} when the aggregate has no head. A state layout 10 could not have written is
+-- refused with an error, and nothing written.
+local HEADLEN, CHUNK = 2 + 21 * 7, 4000
+local opps, st, packed, listed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local call, byte, sub, char, fmt, match = redis.call, string.byte, string.sub, string.char, string.format, string.match
-local concat, min, max = table.concat, math.min, math.max
+local min, max = math.min, math.max
 local struct = rawget(_G, 'struct')
 if not struct then error('convert needs the struct library of Redis') end
 local spack, sunpack = struct.pack, struct.unpack
-local n = #ARGV / 2
+local X = layout10to11(spack, sunpack)
+local op = ARGV[1]
 
 local head = call('HGET', st, 'H')
 if not head then return {'absent'} end
 if byte(head, 1) == 11 then return {'layout11'} end
-if #head ~= HEADLEN or byte(head, 1) ~= 10 then error('state field H is no head of layout 10') end
+if #head ~= HEADLEN or (byte(head, 1) ~= 10 and byte(head, 1) ~= 12) then error('state field H is no head of layout 10') end
+local gspan = byte(head, 2) * X.HOUR
+local ttl = call('PTTL', st)
 
--- Every record needs its fingerprint: any field the caller did not know of is returned instead.
-local fpOf = {}
-for i = 1, n do fpOf[ARGV[i]] = ARGV[n + i] end
-local all = call('HGETALL', opps)
-local missing = {'missing'}
-for i = 1, #all, 2 do
-  if not fpOf[all[i]] and #missing <= MISSING then missing[#missing + 1] = all[i] end
+if op == 'begin' then
+  if byte(head, 1) == 12 then return {'begun'} end
+  call('DEL', packed)
+  call('HSET', st, 'H', char(12) .. sub(head, 2), 'M', '0,0,0')
+  return {'begun'}
 end
-if #missing > 1 then return missing end
+if byte(head, 1) ~= 12 then error('aggregate is not being converted: begin first') end
+local sL, sp, sn = X.shape(st)
 
--- The records, as layout 11 stores them (aggregator/record.go): a tag (class, 0x10 seq, 0x20
--- horizon), then occurred, assessed, seq and horizon in 7 bytes each.
-local CLASS = {C = 1, P = 2, U = 3}
-local RLEN = {[1] = 15, [2] = 15, [3] = 15, [17] = 22, [18] = 22, [19] = 22, [33] = 22, [34] = 22,
-  [35] = 22, [49] = 29, [50] = 29, [51] = 29}
-local fps, recs = {}, {}
-for i = 1, #all, 2 do
-  local c, o, a, s, z = match(all[i + 1], '^(%a)(%x+),(%x+),?(%x*);?(%x*)$')
-  if not c or not CLASS[c] then error('record ' .. all[i] .. ' is no record of layout 10') end
-  local tag = CLASS[c] + (s ~= '' and 16 or 0) + (z ~= '' and 32 or 0)
-  local parts = {char(tag), spack('<I7I7', tonumber(o, 16), tonumber(a, 16))}
-  if s ~= '' then parts[#parts + 1] = spack('<I7', tonumber(s, 16)) end
-  if z ~= '' then parts[#parts + 1] = spack('<I7', tonumber(z, 16)) end
-  fps[#fps + 1] = fpOf[all[i]]
-  recs[#recs + 1] = concat(parts)
+if op == 'copy' then
+  local n = (#ARGV - 1) / 2
+  if n == 0 then return {'copied', '0'} end
+  local fields, fps = {}, {}
+  for i = 1, n do fields[i] = ARGV[1 + i] end
+  local got = call('HMGET', opps, unpack(fields))
+  local store = newPackedRecords(packed, X.RLEN, sL, sp, sn)
+  local recs, keep, entries = {}, {}, {}
+  for i = 1, n do
+    if got[i] then
+      local rec, wd, zd = X.record(fields[i], got[i], gspan)
+      local fp = ARGV[1 + n + i]
+      keep[#keep + 1] = fp; recs[#recs + 1] = rec
+      entries[#entries + 1] = {wd, fp}
+      if zd ~= wd then entries[#entries + 1] = {zd, fp} end
+    end
+  end
+  local sets = {}
+  X.shadow(st, entries, sets)
+  -- The writes, after every read and check.
+  store.getAll(keep, 1, #keep, {})
+  for i, fp in ipairs(keep) do store.put(fp, recs[i]) end
+  store.flush()
+  local L, p, m = store.shape()
+  sets[#sets + 1] = 'M'; sets[#sets + 1] = fmt('%d,%d,%d', L, p, m)
+  for i = 1, #sets, CHUNK do call('HSET', st, unpack(sets, i, min(i + CHUNK - 1, #sets))) end
+  if ttl > 0 and m > 0 then call('PEXPIRE', packed, ttl) end
+  return {'copied', fmt('%d', #keep)}
 end
 
--- The state hash's hours and index groups, read before anything is written.
-local keys = call('HKEYS', st)
-local hourFields, groupFields = {}, {}
-for _, k in ipairs(keys) do
+if op ~= 'finish' then error('convert: no operation ' .. tostring(op)) end
+local held = call('HLEN', opps)
+if held ~= sn then return {'short', fmt('%d', held), fmt('%d', sn)} end
+
+-- Hours: h<hour> (the byte 1 or 2 for loose, then C,P,U,a,b in 5 bytes each) into d<day>, whose
+-- entries are a byte (hour of the day, 32 when loose, 64 times the counts' width code), then C,P,U
+-- in 1, 2, 3 or 5 bytes and a, b in 4, in hour order (apply.lua, dayOf). Index: layout 10's
+-- groups and chunks go, the ones beside them take their names.
+local HFMT = {[0] = '<I1I1I1I4I4', '<I2I2I2I4I4', '<I3I3I3I4I4', '<I5I5I5I4I4'}
+local hourFields, oldIndex, newIndex, newGroups = {}, {}, {}, {}
+for _, k in ipairs(call('HKEYS', st)) do
   if match(k, '^h%-?%d+$') then hourFields[#hourFields + 1] = k
-  elseif match(k, '^i%-?%d+$') then groupFields[#groupFields + 1] = k end
+  elseif match(k, '^i%-?%d+$') or match(k, '^i%-?%d+%.%d+$') then oldIndex[#oldIndex + 1] = k
+  elseif match(k, '^j%-?%d+%.?%d*$') then
+    newIndex[#newIndex + 1] = k
+    if not match(k, '%.') then newGroups[#newGroups + 1] = sub(k, 2) end
+  end
 end
 local function hmget(fs)
   local out = {}
@@ -68,11 +97,6 @@ local function hmget(fs)
   return out
 end
 local sets, dels = {}, {}
-
--- Hours: h<hour> (the byte 1 or 2 for loose, then C,P,U,a,b in 5 bytes each) into d<day>, whose
--- entries are a byte (hour of the day, 32 when loose, 64 times the counts' width code), then C,P,U
--- in 1, 2, 3 or 5 bytes and a, b in 4, in hour order (apply.lua, dayOf).
-local HFMT = {[0] = '<I1I1I1I4I4', '<I2I2I2I4I4', '<I3I3I3I4I4', '<I5I5I5I4I4'}
 local days, dayList = {}, {}
 for i, v in ipairs(hmget(hourFields)) do
   local f = hourFields[i]
@@ -81,12 +105,11 @@ for i, v in ipairs(hmget(hourFields)) do
   if #v ~= 26 or (kind ~= 1 and kind ~= 2) then error('state field ' .. f .. ' is no hour of layout 10') end
   local c, p, u, a, b = sunpack('<I5I5I5I5I5', v, 2)
   local top = max(c, p, u)
-  if top == 0 or a > b or b >= HOUR then error('state field ' .. f .. ' is no hour of layout 10') end
+  if top == 0 or a > b or b >= X.HOUR then error('state field ' .. f .. ' is no hour of layout 10') end
   local code = top < 256 and 0 or top < 65536 and 1 or top < 16777216 and 2 or 3
   local d = (h - h % 24) / 24
-  local hk = h % 24
   if not days[-d] then days[-d] = {}; dayList[#dayList + 1] = d end
-  days[-d][#days[-d] + 1] = {hk, char(hk + (kind == 2 and 32 or 0) + 64 * code) .. spack(HFMT[code], c, p, u, a, b)}
+  days[-d][#days[-d] + 1] = {h % 24, char(h % 24 + (kind == 2 and 32 or 0) + 64 * code) .. spack(HFMT[code], c, p, u, a, b)}
   dels[#dels + 1] = f
 end
 for _, d in ipairs(dayList) do
@@ -94,57 +117,35 @@ for _, d in ipairs(dayList) do
   table.sort(es, function(x, y) return x[1] < y[1] end)
   local parts = {}
   for j, e in ipairs(es) do parts[j] = e[2] end
-  sets[#sets + 1] = fmt('d%d', d); sets[#sets + 1] = concat(parts)
+  sets[#sets + 1] = fmt('d%d', d); sets[#sets + 1] = table.concat(parts)
+end
+local moved = hmget(newIndex)
+local renamed = {}
+for i, f in ipairs(newIndex) do
+  local v = moved[i]
+  if not match(f, '%.') and (#v < 16 or byte(v, 1) ~= 0) then error('state field ' .. f .. ' is no index group of this layout') end
+  local to = 'i' .. sub(f, 2)
+  renamed[to] = true
+  sets[#sets + 1] = to; sets[#sets + 1] = moved[i]
+  dels[#dels + 1] = f
+end
+for _, f in ipairs(oldIndex) do
+  if not renamed[f] then dels[#dels + 1] = f end
 end
 
--- Index groups: each entry (a record field after its length in three hex digits) becomes the first
--- 4 bytes of its fingerprint; an entry whose record is gone finds nothing in either layout and is
--- dropped. Chunks are rewritten as apply.lua closes them.
-for i, v in ipairs(hmget(groupFields)) do
-  local f = groupFields[i]
-  if #v < 16 or byte(v, 1) ~= 0 then error('state field ' .. f .. ' is no index group of layout 10') end
-  local k, _, x = sunpack('<I5I5I5', v, 2)
-  local chunks = {}
-  for j = 1, k do chunks[j] = f .. '.' .. fmt('%d', j) end
-  local vals = k > 0 and hmget(chunks) or {}
-  vals[#vals + 1] = sub(v, 17)
-  local ents, dropped = {}, 0
-  for _, s in ipairs(vals) do
-    if not s then error('state field ' .. f .. ' lists a chunk it does not have') end
-    local pos, len = 1, #s
-    while pos <= len do
-      local e = pos + 2 + tonumber(sub(s, pos, pos + 2), 16)
-      local fp = fpOf[sub(s, pos, e)]
-      if fp then ents[#ents + 1] = sub(fp, 1, 4) else dropped = dropped + 1 end
-      pos = e + 1
-    end
-  end
-  local chunk, size, closed = {}, 0, 0
-  for _, e in ipairs(ents) do
-    if size + #e > CHUNKBYTES and size > 0 then
-      closed = closed + 1
-      sets[#sets + 1] = f .. '.' .. fmt('%d', closed); sets[#sets + 1] = concat(chunk)
-      chunk, size = {}, 0
-    end
-    chunk[#chunk + 1] = e; size = size + #e
-  end
-  for j = closed + 1, k do dels[#dels + 1] = chunks[j] end
-  sets[#sets + 1] = f
-  sets[#sets + 1] = spack('<BI5I5I5', 0, closed, #ents, max(0, min(x - dropped, #ents))) .. concat(chunk)
-end
-
--- The writes, after every read and check: the store, the state, the head, and the record hash gone.
-call('DEL', packed)
-local store = newPackedRecords(packed, RLEN, 0, 0, 0)
-local absent = {}
-store.getAll(fps, 1, #fps, absent)
-for i, fp in ipairs(fps) do store.put(fp, recs[i]) end
-store.flush()
-local sL, sp, sn = store.shape()
+-- The writes, after every read and check.
 sets[#sets + 1] = 'H'; sets[#sets + 1] = char(11) .. sub(head, 2) .. spack('<I7I7I7', sL, sp, sn)
+dels[#dels + 1] = 'M'
 for i = 1, #dels, CHUNK do call('HDEL', st, unpack(dels, i, min(i + CHUNK - 1, #dels))) end
 for i = 1, #sets, CHUNK do call('HSET', st, unpack(sets, i, min(i + CHUNK - 1, #sets))) end
-local ttl = call('PTTL', st)
-if ttl > 0 and #fps > 0 then call('PEXPIRE', packed, ttl) end
+-- Every group the new index lists is in the sorted set, so that garbage collection visits it (a
+-- record copied after its group was collected, whose horizon has expired, is found there).
+local zs = {}
+for _, g in ipairs(newGroups) do zs[#zs + 1] = g; zs[#zs + 1] = g end
+for i = 1, #zs, CHUNK do call('ZADD', listed, unpack(zs, i, min(i + CHUNK - 1, #zs))) end
+if ttl > 0 then
+  if sn > 0 then call('PEXPIRE', packed, ttl) end
+  if #zs > 0 and call('PTTL', listed) < 0 then call('PEXPIRE', listed, 2 * ttl) end
+end
 call('DEL', opps)
-return {'converted', fmt('%d', #fps)}
+return {'converted', fmt('%d', sn)}

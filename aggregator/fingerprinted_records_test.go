@@ -270,7 +270,7 @@ func collectAll(t *testing.T, store *Redis, c *redis.Client, model *Model, k Key
 		t.Fatalf("%s: %d records before, %d after the history expired, want only the %d new ones", k, len(before), len(after), len(fresh))
 	}
 	for _, o := range fresh {
-		fp := string(store.cfg.Fingerprint.Append(nil, o.OpportunityID))
+		fp := string(store.mode.Load().fp.Append(nil, o.OpportunityID))
 		if rec, ok := after[fp]; !ok || rec.occurred != o.Occurred {
 			t.Fatalf("%s: %s is not stored as applied: %+v, %v", k, o.OpportunityID, rec, ok)
 		}

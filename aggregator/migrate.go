@@ -3,8 +3,8 @@ package aggregator
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -17,11 +17,12 @@ import (
 //     this build follows on its next batch (the per-batch epoch check, followEpoch): from then on
 //     its calls carry every observation in both layouts, and the script applies the one its
 //     aggregate's head says. A processor of an earlier build stops: the marker is not its own.
-//  2. Migrate converts every aggregate whose head says 10, each in one script call (convert.lua)
-//     with the fingerprints of its records, which it computes here: the secret never reaches
-//     Redis. Being one call, a conversion falls wholly before or after any batch's call on the
-//     aggregate, so no record is lost or counted twice; records written between the read of
-//     the fields and the call are named by the script, and fingerprinted in another try.
+//  2. Migrate converts every aggregate whose head says 10 (convert.lua, layout10to11.lua), in
+//     script calls of bounded work: it marks the aggregate as converting, copies its records a
+//     chunk at a time into the packed store with the fingerprints it computes here (the secret
+//     stays out of the scripts), and finishes in one call once the store holds every record.
+//     Meanwhile batches keep applying layout 10 to it and mirror each record they write into the
+//     store, and garbage collection waits, so no record is lost or counted twice.
 //  3. Once a whole pass over the namespace found nothing left in layout 10, the marker says
 //     layout 11, and passes go on until one finds nothing again (an aggregate a lagging
 //     processor created in layout 10 meanwhile).
@@ -32,16 +33,19 @@ import (
 //go:embed convert.lua
 var convertLua string
 
-var convertScript = redis.NewScript(packedRecordsSource + convertLua)
+//go:embed layout10to11.lua
+var layout10to11Source string
+
+var convertScript = redis.NewScript(packedRecordsSource + layout10to11Source + convertLua)
 
 // compareAndSet sets KEYS[1] to ARGV[2] when it holds ARGV[1].
 var compareAndSet = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end
 return 0`)
 
-// convertTries bounds the calls that converting one aggregate takes while processors keep adding
-// records to it between the read of its fields and the call.
-const convertTries = 20
+// convertChunk is how many record fields one copy call of a conversion takes: about 10 to 20 ms of
+// Redis at 10 to 15 µs a record, during which the aggregate's batches wait.
+const convertChunk = 1000
 
 // MigrateProgress is what a migration has done so far.
 type MigrateProgress struct {
@@ -71,11 +75,16 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 	if !ok {
 		return p, fmt.Errorf("%w: namespace %q has epoch marker %q, in no layout this build migrates", ErrStateLost, ns, epoch)
 	}
+	// The secret before the marker moves: a namespace made by a build older than fingerprints has
+	// none, and a processor following the marker needs it (layout 10 never reads it).
+	if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
+		return p, err
+	}
 	if layout == Layout10 {
 		if epoch, err = moveEpoch(ctx, c, ns, epoch, Layout10To11); err != nil {
 			return p, err
 		}
-		layout = Layout10To11
+		layout, _ = layoutOf(epoch)
 	}
 	p.Epoch = epoch
 	fp, err := OpenFingerprint(ctx, c, ns)
@@ -113,7 +122,12 @@ func moveEpoch(ctx context.Context, c redis.UniversalClient, ns, epoch string, t
 		return "", fmt.Errorf("move epoch of %s to layout %d: %w", ns, int(to), err)
 	}
 	if set != 1 {
-		return "", fmt.Errorf("%w: epoch marker of %s changed during the migration (want %q)", ErrStateLost, ns, epoch)
+		// Another migration of the same namespace may have moved it first: carry on from there.
+		cur, err := c.Get(ctx, EpochKey(ns)).Result()
+		if err == nil && EpochFollows(next, cur) {
+			return cur, nil
+		}
+		return "", fmt.Errorf("%w: epoch marker of %s changed during the migration (want %q, found %q)", ErrStateLost, ns, epoch, cur)
 	}
 	return next, nil
 }
@@ -190,59 +204,111 @@ func globEscape(s string) string {
 }
 
 // convertAggregate converts the aggregate with keys (record hash, state hash, packed store, index
-// groups) from layout 10 to 11, and returns the records it moved and whether it converted it
-// (false: it was in layout 11 already, or is gone).
+// groups) from layout 10 to 11 in calls of bounded work, and returns the records it moved and
+// whether it converted it (false: it was in layout 11 already, or is gone).
 func convertAggregate(ctx context.Context, c redis.UniversalClient, fp *Fingerprinter, keys []string) (int, bool, error) {
-	var fields []string
-	fps := map[string]string{}
-	add := func(f string) {
-		if _, ok := fps[f]; !ok && len(f) > 3 {
-			fps[f] = string(fp.Append(nil, f[3:])) // the id after its length in three hex digits
-			fields = append(fields, f)
+	a := &conversion{c: c, fp: fp, keys: keys, chunk: convertChunk}
+	for !a.done {
+		if err := a.step(ctx); err != nil {
+			return 0, false, err
 		}
 	}
-	for try := 0; try < convertTries; try++ {
-		args := make([]any, 0, 2*len(fields))
+	return a.records, a.converted, nil
+}
+
+// conversion is one aggregate's conversion, a step (one script call) at a time: begin, copy the
+// record hash a chunk at a time (HSCAN: every field present for the whole scan is returned; one
+// written meanwhile is copied by the batch that wrote it), finish.
+type conversion struct {
+	c     redis.UniversalClient
+	fp    *Fingerprinter
+	keys  []string
+	chunk int
+
+	begun, scanned bool
+	cursor         uint64
+	copies         int // full copies of the record hash so far
+	done           bool
+	converted      bool
+	records        int
+}
+
+func (a *conversion) step(ctx context.Context) error {
+	switch {
+	case !a.begun:
+		res, err := a.run(ctx, "begin")
+		if err != nil {
+			return err
+		}
+		a.begun = true
+		if res[0] != "begun" {
+			a.done = true // in layout 11 already, or gone
+		}
+		return nil
+	case !a.scanned:
+		kv, cursor, err := a.c.HScan(ctx, a.keys[0], a.cursor, "", int64(a.chunk)).Result()
+		if err != nil {
+			return fmt.Errorf("read records of %s: %w", a.keys[0], err)
+		}
+		fields := make([]string, 0, len(kv)/2)
+		for i := 0; i < len(kv); i += 2 {
+			fields = append(fields, kv[i])
+		}
+		args := make([]any, 0, 1+2*len(fields))
+		args = append(args, "copy")
 		for _, f := range fields {
 			args = append(args, f)
 		}
 		for _, f := range fields {
-			args = append(args, fps[f])
+			if len(f) < 3 {
+				return fmt.Errorf("record field %q of %s is no field of layout 10", f, a.keys[0])
+			}
+			args = append(args, string(a.fp.Append(nil, f[3:]))) // the id after its length in three hex digits
 		}
-		res, err := convertScript.Run(ctx, c, keys, args...).StringSlice()
+		if _, err := a.run(ctx, args...); err != nil {
+			return err
+		}
+		a.cursor = cursor
+		a.scanned = cursor == 0
+		return nil
+	default:
+		res, err := a.run(ctx, "finish")
 		if err != nil {
-			return 0, false, fmt.Errorf("convert %s: %w", keys[1], err)
+			return err
 		}
 		switch res[0] {
 		case "converted":
-			n := 0
+			a.done, a.converted = true, true
 			if len(res) > 1 {
-				fmt.Sscan(res[1], &n)
+				a.records, _ = strconv.Atoi(res[1])
 			}
-			return n, true, nil
 		case "layout11", "absent":
-			return 0, false, nil
-		case "missing":
-			if try == 0 {
-				// The first call names at most a few thousand: read them all.
-				iter := c.HScan(ctx, keys[0], 0, "", 1000).Iterator()
-				for i := 0; iter.Next(ctx); i++ {
-					if i%2 == 0 {
-						add(iter.Val())
-					}
-				}
-				if err := iter.Err(); err != nil {
-					return 0, false, fmt.Errorf("read records of %s: %w", keys[0], err)
-				}
+			a.done = true
+		case "short":
+			// Fewer records copied than held: none can be missing by the rules above, so copy the
+			// whole hash again once before giving up.
+			a.copies++
+			if a.copies > 1 {
+				return fmt.Errorf("convert %s: the record hash holds %s records, the packed store %s after copying it twice",
+					a.keys[1], res[1], res[2])
 			}
-			for _, f := range res[1:] {
-				add(f)
-			}
+			a.scanned, a.cursor = false, 0
 		default:
-			return 0, false, fmt.Errorf("convert %s: reply %q", keys[1], res[0])
+			return fmt.Errorf("convert %s: reply %q", a.keys[1], res[0])
 		}
+		return nil
 	}
-	return 0, false, errors.New("convert " + keys[1] + ": its records kept changing")
+}
+
+func (a *conversion) run(ctx context.Context, args ...any) ([]string, error) {
+	res, err := convertScript.Run(ctx, a.c, a.keys, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("convert %s: %w", a.keys[1], err)
+	}
+	if len(res) == 0 {
+		return nil, fmt.Errorf("convert %s: empty reply", a.keys[1])
+	}
+	return res, nil
 }
 
 // followEpoch moves the store to the mode epoch marker got names, a later step of the migration

@@ -2,12 +2,17 @@ package aggregator
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
@@ -16,12 +21,13 @@ import (
 // batches keep being applied by a store opened on layout 10 gives the model's tallies after every
 // batch and the model's outcomes on every batch that was not applied again, ends with every
 // aggregate in layout 11 (a valid packed store, no record hash) and the store following the
-// namespace to layout 11, and a second Migrate finds nothing to do.
+// namespace to layout 11, collects every record once the history has expired, and a second Migrate
+// finds nothing to do.
 func TestOnlineMigrationMatchesModel(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mc   modelCase
-		how  string // "between" batches, "beside" them (concurrently), or in "steps": an aggregate a batch
+		how  string // "between" batches, "beside" them (concurrently), in "steps" (an aggregate a batch), or "interrupted" (see below)
 	}{
 		{"days, between batches", modelCase{seed: 1, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, events: 9000}, "between"},
 		{"days, beside batches", modelCase{seed: 2, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, events: 9000}, "beside"},
@@ -29,6 +35,8 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 		{"minutes, an aggregate a batch", modelCase{seed: 4, span: 3 * time.Hour, retention: 3 * 24 * time.Hour, events: 9000}, "steps"},
 		{"a month, an aggregate a batch", modelCase{seed: 9, span: 9 * 24 * time.Hour, retention: 30 * 24 * time.Hour, events: 12000}, "steps"},
 		{"leaps, an aggregate a batch", modelCase{seed: 6, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, jumpEvery: 500, events: 9000}, "steps"},
+		{"days, interrupted between batches", modelCase{seed: 5, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, events: 9000}, "interrupted"},
+		{"a month, interrupted between batches", modelCase{seed: 10, span: 9 * 24 * time.Hour, retention: 30 * 24 * time.Hour, events: 12000}, "interrupted"},
 		{"leaps, beside batches", modelCase{seed: 7, span: 10 * 24 * time.Hour, retention: 3 * 24 * time.Hour, jumpEvery: 500, events: 9000}, "beside"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,16 +62,43 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 			start, third := len(stream)/3, 2*len(stream)/3
 			again, both := 0, 0
 			var fp *Fingerprinter
-			var stepped []Key // aggregates converted one a batch
+			var stepped []Key // aggregates converted a step a batch
+			var convs []*conversion
+			steps := 0
+			// "interrupted": a migration stopped at a moment that moves on with every batch (its
+			// deadline doubles from 100 µs), run again until one finishes.
+			budget, interrupts, finished, convertedBefore := 100*time.Microsecond, 0, false, 0
 			for i := 0; i < len(stream); {
+				if tc.how == "interrupted" && start < 0 && third >= 0 && !finished {
+					mctx, cancel := context.WithTimeout(ctx, budget)
+					migrated, migErr = Migrate(mctx, c, prefix, nil)
+					cancel()
+					convertedBefore += migrated.Converted
+					if finished = migErr == nil; !finished {
+						interrupts++
+						budget *= 2
+					}
+				}
 				if tc.how == "steps" && start < 0 && third >= 0 {
-					for _, k := range model.Keys() {
-						if n, _ := c.Exists(ctx, store.keys(k)[0]).Result(); n > 0 {
-							if _, _, err := convertAggregate(ctx, c, fp, store.keys(k)); err != nil {
-								t.Fatal(err)
+					// Every aggregate's conversion at once, one call of each between batches, of 20
+					// records a copy: batches meet aggregates before, during and after conversion.
+					if convs == nil {
+						for _, k := range model.Keys() {
+							if n, _ := c.Exists(ctx, store.keys(k)[0]).Result(); n > 0 {
+								convs = append(convs, &conversion{c: c, fp: fp, keys: store.keys(k), chunk: 20})
 							}
-							stepped = append(stepped, k)
-							break
+						}
+					}
+					for _, conv := range convs {
+						if conv.done {
+							continue
+						}
+						if err := conv.step(ctx); err != nil {
+							t.Fatal(err)
+						}
+						steps++
+						if conv.done {
+							stepped = append(stepped, Key{})
 						}
 					}
 				}
@@ -82,14 +117,14 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 							defer wg.Done()
 							migrated, migErr = Migrate(ctx, c, prefix, nil)
 						}()
-					} else {
+					} else if tc.how == "between" {
 						migrated, migErr = Migrate(ctx, c, prefix, nil)
 					}
 				}
 				if i >= third && third >= 0 {
 					third = -1
 					wg.Wait() // the last third after the migration ended
-					if tc.how == "steps" {
+					if tc.how == "steps" || tc.how == "interrupted" && !finished {
 						migrated, migErr = Migrate(ctx, c, prefix, nil)
 					}
 					if migErr != nil {
@@ -138,11 +173,17 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("migration %+v; batches applied again: %d, in both layouts: %d; converted one a batch: %d", migrated, again, both, len(stepped))
-			if tc.how == "steps" && (both == 0 || len(stepped) < 3) {
-				t.Fatalf("%d batches in both layouts, %d aggregates converted between them: the steps test nothing", both, len(stepped))
+			t.Logf("migration %+v; batches applied again: %d, in both layouts: %d; converted a step a batch: %d in %d steps", migrated, again, both, len(stepped), steps)
+			if tc.how == "interrupted" {
+				t.Logf("interrupted %d times, then finished: %v", interrupts, finished)
+				if interrupts < 3 {
+					t.Fatalf("interrupted %d times: the test interrupts nothing", interrupts)
+				}
 			}
-			if migrated.Converted+len(stepped) == 0 {
+			if tc.how == "steps" && (both == 0 || len(stepped) == 0 || steps < 10) {
+				t.Fatalf("%d batches in both layouts, %d aggregates converted in %d steps between them: the steps test nothing", both, len(stepped), steps)
+			}
+			if migrated.Converted+len(stepped)+convertedBefore == 0 {
 				t.Fatalf("the migration converted nothing (%+v): it tests nothing", migrated)
 			}
 			if m := store.mode.Load(); m.fp == nil || m.both || !strings.HasSuffix(m.epoch, "/layout11") {
@@ -172,6 +213,13 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 					t.Errorf("%s has a head of layout %d after the migration", k, head[0])
 				}
 				fingerprintedRecords(t, c, store, k)
+				stateFieldsOfLayout11(t, c, keys[1])
+			}
+			// Every record converted, copied or mirrored is listed where garbage collection finds
+			// it: once the whole history expires, the packed stores hold only what came since.
+			later := maxOcc + int64(2*tc.mc.retention/time.Microsecond) + int64(time.Hour/time.Microsecond)
+			for _, k := range model.Keys() {
+				collectAll(t, store, c, model, k, later)
 			}
 			second, err := Migrate(ctx, c, prefix, nil)
 			if err != nil || second.Converted != 0 {
@@ -204,27 +252,42 @@ func TestConvertRefusesWhatLayout10CouldNotHaveWritten(t *testing.T) {
 		}
 		return b.String()
 	}
+	// Each case is refused at the call that reads what it breaks, and that call writes nothing; the
+	// calls before it (begin, copies) are steps of a conversion that the next one resumes.
 	for _, tc := range []struct {
 		name, key, field, value string
 	}{
 		{"a record of no class", keys[0], "003abc", "X1,2"},
 		{"an hour of another size", keys[1], "h400000", "\x01abc"},
 		{"an hour of no counts", keys[1], "h400001", "\x01" + strings.Repeat("\x00", 25)},
-		{"an index group cut short", keys[1], "i5", "\x00\x01"},
-		{"a group naming a chunk it has not", keys[1], "i6", "\x00\x01\x00\x00\x00\x00" + strings.Repeat("\x00", 10)},
+		{"an hour whose bounds cross", keys[1], "h400002", "\x01\x01" + strings.Repeat("\x00", 14) + "\x09\x00\x00\x00\x00\x01\x00\x00\x00\x00"},
+		{"an index group beside layout 10's cut short", keys[1], "j5", "\x00\x01"},
+		{"a packed store's shape that is none", keys[1], "M", "1,2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			old, had := c.HGet(ctx, tc.key, tc.field).Result()
 			if err := c.HSet(ctx, tc.key, tc.field, tc.value).Err(); err != nil {
 				t.Fatal(err)
 			}
-			defer c.HDel(ctx, tc.key, tc.field)
-			before := dump()
-			_, _, err := convertAggregate(ctx, c, fp, keys)
+			defer func() {
+				if had == nil {
+					c.HSet(ctx, tc.key, tc.field, old)
+				} else {
+					c.HDel(ctx, tc.key, tc.field)
+				}
+			}()
+			a := &conversion{c: c, fp: fp, keys: keys, chunk: 1000}
+			var before string
+			var err error
+			for !a.done && err == nil {
+				before = dump()
+				err = a.step(ctx)
+			}
 			if err == nil {
 				t.Fatal("converted")
 			}
 			if after := dump(); after != before {
-				t.Fatalf("a refused conversion wrote: %v", err)
+				t.Fatalf("a refused step wrote: %v", err)
 			}
 		})
 	}
@@ -237,5 +300,149 @@ func TestConvertRefusesWhatLayout10CouldNotHaveWritten(t *testing.T) {
 	}
 	if _, done, err := convertAggregate(ctx, c, fp, []string{"nothing:o", "nothing:s", "nothing:e", "nothing:z"}); err != nil || done {
 		t.Fatalf("converted an absent aggregate: %v, %v", done, err)
+	}
+}
+
+// TestMigrationsRacingAndWithoutASecretAgree: two migrations of one namespace at once both succeed
+// and leave it in layout 11, and a namespace made before fingerprint secrets existed (none) is
+// given one before its marker moves, so that a processor following the marker can fingerprint.
+func TestMigrationsRacingAndWithoutASecretAgree(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "migrace")
+	testenv.CleanPrefix(t, c, prefix)
+	state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: 3 * 24 * time.Hour, Epoch: state.Epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := randomStreamOver(rand.New(rand.NewPCG(5, 5)), 3000, 48*time.Hour, 0)
+	at := time.UnixMicro(batch[len(batch)-1].Occurred)
+	if _, err := store.Apply(ctx, batch, at); err != nil {
+		t.Fatal(err)
+	}
+	again, err := store.Apply(ctx, batch, at) // what a redelivery finds in layout 10
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Del(ctx, FingerprintKey(state.Namespace)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var res [2]MigrateProgress
+	var errs [2]error
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = Migrate(ctx, c, prefix, nil)
+		}()
+	}
+	wg.Wait()
+	for i := range 2 {
+		if errs[i] != nil || !strings.HasSuffix(res[i].Epoch, "/layout11") {
+			t.Fatalf("migration %d of 2: %+v, %v", i, res[i], errs[i])
+		}
+	}
+	if res[0].Converted+res[1].Converted == 0 {
+		t.Fatal("neither migration converted anything")
+	}
+	if _, err := store.Apply(ctx, batch, at); err != nil && !strings.Contains(err.Error(), "apply the batch again") {
+		t.Fatal(err)
+	}
+	got, err := store.Apply(ctx, batch, at)
+	if err != nil {
+		t.Fatalf("a store following the migration: %v", err)
+	}
+	for i, o := range got.Outcomes {
+		if o != again.Outcomes[i] {
+			t.Fatalf("event %d redelivered after the migration: %v, before it %v", i, o, again.Outcomes[i])
+		}
+	}
+	for k, want := range again.Tallies {
+		if got.Tallies[k] != want {
+			t.Fatalf("%s after the migration: %+v, before it %+v", k, got.Tallies[k], want)
+		}
+	}
+}
+
+// TestConversionFinishesOnlyWithEveryRecordCopied: a record that reached layout 10's record hash
+// without being copied (as no batch of this build writes it: those of an aggregate being converted
+// mirror their writes) holds the conversion's finish back until it is copied too, and is found
+// after the conversion.
+func TestConversionFinishesOnlyWithEveryRecordCopied(t *testing.T) {
+	ctx := context.Background()
+	store, c := testStore(t, "convert-short", RedisConfig{Retention: 3 * 24 * time.Hour})
+	fp := testFingerprinter(t)
+	batch := randomStreamOver(rand.New(rand.NewPCG(8, 8)), 300, 24*time.Hour, 0)
+	at := time.UnixMicro(batch[len(batch)-1].Occurred)
+	if _, err := store.Apply(ctx, batch, at); err != nil {
+		t.Fatal(err)
+	}
+	k := batch[0].Key
+	keys := store.keys(k)
+	a := &conversion{c: c, fp: fp, keys: keys, chunk: 1000}
+	for !a.scanned {
+		if err := a.step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	late := Observation{Key: k, OpportunityID: "late-record", Class: Confirmed, Occurred: batch[0].Occurred, Assessed: batch[0].Occurred}
+	fields, err := recordFields([]Observation{late})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, keys[0], fields[0], encodeRecords([]Observation{late})[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for !a.done {
+		if err := a.step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.copies != 1 || !a.converted {
+		t.Fatalf("copied the record hash %d more times, converted %v: want one more copy", a.copies, a.converted)
+	}
+	if _, ok := fingerprintedRecords(t, c, store, k)[string(fp.Append(nil, late.OpportunityID))]; !ok {
+		t.Fatal("the record written past the copy is not in the packed store")
+	}
+}
+
+// stateFieldsOfLayout11 fails unless state hash key holds only fields layout 11 writes: the head,
+// the version, the hash-table field, minutes, days, and index groups with their closed chunks (none
+// past the count the group's header gives), every chunk at most CHUNKBYTES (480) bytes.
+func stateFieldsOfLayout11(t *testing.T, c *redis.Client, key string) {
+	t.Helper()
+	fields, err := c.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := map[string]int{}
+	for f, v := range fields {
+		switch {
+		case f == "H" || f == "v" || f == "enc":
+		case regexp.MustCompile(`^[md]-?\d+$`).MatchString(f):
+		case regexp.MustCompile(`^i-?\d+$`).MatchString(f):
+			if len(v) < 16 || v[0] != 0 || len(v)-16 > 480 {
+				t.Fatalf("%s: index group %s of %d bytes", key, f, len(v))
+			}
+			closed[f] = int(binary.LittleEndian.Uint32([]byte(v[1:5])))
+		case regexp.MustCompile(`^i-?\d+\.\d+$`).MatchString(f):
+			if len(v) > 480 {
+				t.Fatalf("%s: index chunk %s of %d bytes", key, f, len(v))
+			}
+		default:
+			t.Fatalf("%s holds field %q, which layout 11 does not write", key, f)
+		}
+	}
+	for f := range fields {
+		if g, k, ok := strings.Cut(f, "."); ok && strings.HasPrefix(f, "i") {
+			if n, _ := strconv.Atoi(k); n > closed[g] {
+				t.Fatalf("%s: chunk %s past the %d its group's header counts", key, f, closed[g])
+			}
+		}
 	}
 }

@@ -24,7 +24,7 @@ var applyLua string
 
 // applySource is the apply script as Redis runs it: the packed record store layout 11 keeps its
 // records in, then apply.lua.
-var applySource = packedRecordsSource + applyLua
+var applySource = packedRecordsSource + layout10to11Source + applyLua
 
 var applyScript = redis.NewScript(applySource)
 
