@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/internal/synth"
@@ -28,6 +31,17 @@ import (
 // lost, with duplicates across the parts; the namespace is the same one, now in layout 11, with
 // every aggregate in the packed store and no record hash of layout 10 left.
 func TestMigrateUpgradesARunningInstallationWhoseTopicsLostItsStart(t *testing.T) {
+	migrateUpgrade(t, false)
+}
+
+// TestMigrateResumesAfterAnInterruptionAndAProcessorRestart: the same, with the first `repeatrate
+// migrate` stopped a few milliseconds into its first pass and the processor restarted while the
+// namespace is half migrated (it opens the namespace in "10 → 11"); a second `migrate` finishes.
+func TestMigrateResumesAfterAnInterruptionAndAProcessorRestart(t *testing.T) {
+	migrateUpgrade(t, true)
+}
+
+func migrateUpgrade(t *testing.T, interrupt bool) {
 	testenv.KafkaBrokers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -101,9 +115,43 @@ func TestMigrateUpgradesARunningInstallationWhoseTopicsLostItsStart(t *testing.T
 		}
 		produced <- err
 	}()
+	migrateArgs := []string{"migrate", "-redis-addrs", strings.Join(h.cfg.Redis.Addrs, ","), "-redis-key-prefix", h.cfg.Redis.KeyPrefix}
+	done := h.done
+	if interrupt {
+		// Stopped 3 ms after the marker moved, mid-pass.
+		mctx, stopMigrate := context.WithCancel(ctx)
+		go func() {
+			defer stopMigrate()
+			for mctx.Err() == nil {
+				if e, _ := rdb.Get(ctx, aggregator.EpochKey(before.Namespace)).Result(); strings.HasSuffix(e, "/layout10to11") {
+					time.Sleep(3 * time.Millisecond)
+					return
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+		}()
+		var stderr bytes.Buffer
+		if err := run(mctx, migrateArgs, func(string) string { return "" }, nil, nil, &stderr); err == nil {
+			t.Fatalf("the interrupted migration finished:\n%s", stderr.String())
+		}
+		mid, err := aggregator.OpenState(ctx, rdb, h.cfg.Redis.KeyPrefix, true)
+		if err != nil || mid.Layout != aggregator.Layout10To11 {
+			t.Fatalf("after the interruption: %+v, %v; want the namespace in 10 → 11", mid, err)
+		}
+		t.Logf("aggregates after the interruption, by head: %v", headsOf(ctx, t, rdb, mid.Namespace))
+		// The processor restarts on the half-migrated namespace.
+		h.stop()
+		if err := <-h.done; err != nil {
+			t.Fatalf("the processor before its restart: %v", err)
+		}
+		pctx, stop := context.WithCancel(ctx)
+		defer stop()
+		restarted := make(chan error, 1)
+		go func() { restarted <- runProcessor(pctx, h.cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))) }()
+		h.stop, done = stop, restarted
+	}
 	var stderr bytes.Buffer
-	if err := run(ctx, []string{"migrate", "-redis-addrs", strings.Join(h.cfg.Redis.Addrs, ","),
-		"-redis-key-prefix", h.cfg.Redis.KeyPrefix}, func(string) string { return "" }, nil, nil, &stderr); err != nil {
+	if err := run(ctx, migrateArgs, func(string) string { return "" }, nil, nil, &stderr); err != nil {
 		t.Fatalf("migrate: %v\n%s", err, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), `"converted"`) {
@@ -118,9 +166,9 @@ func TestMigrateUpgradesARunningInstallationWhoseTopicsLostItsStart(t *testing.T
 	if err != nil || n != sizes[2] {
 		t.Fatalf("produced %d of %d: %v", n, sizes[2], err)
 	}
-	awaitSnapshots(t, got, wantOf(2), tailErr, h.done, 3*time.Minute)
+	awaitSnapshots(t, got, wantOf(2), tailErr, done, 3*time.Minute)
 	h.stop()
-	if err := <-h.done; err != nil {
+	if err := <-done; err != nil {
 		t.Fatalf("the processor across the migration: %v", err)
 	}
 
@@ -183,6 +231,19 @@ func firstOffsets(ctx context.Context, t *testing.T, kc *kafkaClients, topic str
 			t.Fatal(po.Error)
 		}
 		out[po.Partition] = po.FirstOffset
+	}
+	return out
+}
+
+// headsOf counts namespace ns's aggregates by their head's first byte (10, 12 being converted, 11).
+func headsOf(ctx context.Context, t *testing.T, rdb redis.UniversalClient, ns string) map[byte]int {
+	t.Helper()
+	out := map[byte]int{}
+	iter := rdb.Scan(ctx, 0, ns+":{*}:s", 1000).Iterator()
+	for iter.Next(ctx) {
+		if h, _ := rdb.HGet(ctx, iter.Val(), "H").Result(); h != "" {
+			out[h[0]]++
+		}
 	}
 	return out
 }

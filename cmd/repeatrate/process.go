@@ -162,7 +162,9 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		return err
 	}
 	log.Info("state", zap.String("namespace", state.Namespace), zap.String("epoch", state.Epoch), zap.Int("layout", int(state.Layout)))
-	if int(state.Layout) != cfg.Redis.StateLayout {
+	if state.Layout == aggregator.Layout10To11 {
+		log.Warn("the namespace is migrating from state layout 10 to 11: every call carries its observations in both layouts until `repeatrate migrate` has finished")
+	} else if int(state.Layout) != cfg.Redis.StateLayout {
 		log.Warn("the namespace keeps the state layout it was created in; redis.state_layout applies to namespaces created from now on (`repeatrate migrate` moves one from layout 10 to 11 while the processors run)",
 			zap.Int("layout", int(state.Layout)), zap.Int("state_layout", cfg.Redis.StateLayout))
 	}
