@@ -1290,7 +1290,7 @@ if n > 0 then
       if zd ~= wd then ents[#ents + 1] = {zd, fp} end
     end
     X.shadow(st, ents, sets)
-    mstore = newPackedRecords(KEYS[3], X.RLEN, X.shape(st))
+    mstore = newPackedRecords(KEYS[3], X.RLEN, X.shape(st, KEYS[3]))
     mstore.getAll(mfps, 1, #mfps, {})
     for i, fp in ipairs(mfps) do mstore.put(fp, recs[i]) end
     sets[#sets + 1] = 'M'; sets[#sets + 1] = fmt('%d,%d,%d', mstore.shape())
@@ -1333,7 +1333,8 @@ if n > 0 then
   if #sets > 0 then hset(st, sets) end
   if ttl > 0 then
     call('PEXPIRE', opps, ARGV[3]); call('PEXPIRE', st, ARGV[3])
-    if mstore then call('PEXPIRE', KEYS[3], ARGV[3]) end
+    -- Every call on an aggregate being converted keeps its packed store as long as its record hash.
+    if mirror then call('PEXPIRE', KEYS[3], ARGV[3]) end
     if refresh then local t2 = fmt('%d', 2 * ttl); call('PEXPIRE', listed, t2) end
   end
 end

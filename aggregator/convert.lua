@@ -38,7 +38,7 @@ if op == 'begin' then
   return {'begun'}
 end
 if byte(head, 1) ~= 12 then error('aggregate is not being converted: begin first') end
-local sL, sp, sn = X.shape(st)
+local sL, sp, sn = X.shape(st, packed)
 
 if op == 'copy' then
   local n = (#ARGV - 1) / 2
@@ -83,9 +83,12 @@ local hourFields, oldIndex, newIndex, newGroups = {}, {}, {}, {}
 for _, k in ipairs(call('HKEYS', st)) do
   if match(k, '^h%-?%d+$') then hourFields[#hourFields + 1] = k
   elseif match(k, '^i%-?%d+$') or match(k, '^i%-?%d+%.%d+$') then oldIndex[#oldIndex + 1] = k
-  elseif match(k, '^j%-?%d+%.?%d*$') then
+  elseif match(k, '^j%-?%d+$') or match(k, '^j%-?%d+%.%d+$') then
     newIndex[#newIndex + 1] = k
     if not match(k, '%.') then newGroups[#newGroups + 1] = sub(k, 2) end
+  elseif k ~= 'H' and k ~= 'v' and k ~= 'enc' and k ~= 'M' and not match(k, '^m%-?%d+$') then
+    -- Nothing else is layout 10's or the conversion's: carried over, it could read as layout 11's.
+    error('state field ' .. k .. ' is no field of layout 10')
   end
 end
 local function hmget(fs)

@@ -68,12 +68,17 @@ local function layout10to11(spack, sunpack)
     end
   end
 
-  -- shape reads field M of state hash st: the packed store's shape while the aggregate converts.
-  X.shape = function(st)
+  -- shape reads field M of state hash st: the shape of packed store key packed while the aggregate
+  -- converts. A store that holds records by its shape but is gone (it expired: nothing else
+  -- deletes it) starts again empty, so that its records are copied again rather than counted as
+  -- copied.
+  X.shape = function(st, packed)
     local m = redis.call('HGET', st, 'M')
     local L, p, n = match(m or '', '^(%d+),(%d+),(%d+)$')
     if not L then error('state field M is no conversion of this layout') end
-    return tonumber(L), tonumber(p), tonumber(n)
+    L, p, n = tonumber(L), tonumber(p), tonumber(n)
+    if n > 0 and redis.call('EXISTS', packed) == 0 then return 0, 0, 0 end
+    return L, p, n
   end
   X.HOUR = HOUR
   return X

@@ -76,9 +76,13 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 		return p, fmt.Errorf("%w: namespace %q has epoch marker %q, in no layout this build migrates", ErrStateLost, ns, epoch)
 	}
 	// The secret before the marker moves: a namespace made by a build older than fingerprints has
-	// none, and a processor following the marker needs it (layout 10 never reads it).
-	if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
-		return p, err
+	// none, and a processor following the marker needs it (layout 10 never reads it). Once the
+	// marker has moved, aggregates may be keyed by the secret: one gone means the state is lost
+	// (OpenFingerprint below), not a namespace to give a new one.
+	if layout == Layout10 {
+		if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
+			return p, err
+		}
 	}
 	if layout == Layout10 {
 		if epoch, err = moveEpoch(ctx, c, ns, epoch, Layout10To11); err != nil {

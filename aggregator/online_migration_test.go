@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
@@ -263,6 +264,7 @@ func TestConvertRefusesWhatLayout10CouldNotHaveWritten(t *testing.T) {
 		{"an hour whose bounds cross", keys[1], "h400002", "\x01\x01" + strings.Repeat("\x00", 14) + "\x09\x00\x00\x00\x00\x01\x00\x00\x00\x00"},
 		{"an index group beside layout 10's cut short", keys[1], "j5", "\x00\x01"},
 		{"a packed store's shape that is none", keys[1], "M", "1,2"},
+		{"a field layout 10 does not write", keys[1], "d400", "\x03\x07" + strings.Repeat("\x00", 10)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			old, had := c.HGet(ctx, tc.key, tc.field).Result()
@@ -444,5 +446,124 @@ func stateFieldsOfLayout11(t *testing.T, c *redis.Client, key string) {
 				t.Fatalf("%s: chunk %s past the %d its group's header counts", key, f, closed[g])
 			}
 		}
+	}
+}
+
+// TestConversionKeepsItsPackedStoreWithItsRecords: a batch on an aggregate being converted keeps
+// the packed store alive as long as the record hash even when it writes no record (duplicates),
+// and a packed store lost anyway is copied again, not finished empty: every record is found after
+// the conversion.
+func TestConversionKeepsItsPackedStoreWithItsRecords(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "convert-ttl")
+	testenv.CleanPrefix(t, c, prefix)
+	state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: 3 * 24 * time.Hour, IdleTTL: 10 * time.Minute, Epoch: state.Epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := randomStreamOver(rand.New(rand.NewPCG(12, 12)), 300, 24*time.Hour, 0)
+	at := time.UnixMicro(batch[len(batch)-1].Occurred)
+	apply := func() Applied {
+		t.Helper()
+		got, err := store.Apply(ctx, batch, at)
+		if err != nil && strings.Contains(err.Error(), "apply the batch again") {
+			got, err = store.Apply(ctx, batch, at)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	apply()
+	again := apply() // what a redelivery finds
+	if _, err := moveEpoch(ctx, c, state.Namespace, state.Epoch, Layout10To11); err != nil {
+		t.Fatal(err)
+	}
+	fp, err := OpenFingerprint(ctx, c, state.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := batch[0].Key
+	keys := store.keys(k)
+	a := &conversion{c: c, fp: fp, keys: keys, chunk: 1000}
+	for !a.scanned {
+		if err := a.step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As if the aggregate had aged: a redelivery (it writes no record) refreshes every key.
+	for _, key := range keys[:3] {
+		c.PExpire(ctx, key, 2*time.Second)
+	}
+	apply()
+	for _, key := range keys[:3] {
+		if ttl := c.PTTL(ctx, key).Val(); ttl < time.Minute {
+			t.Fatalf("%s expires in %v after a batch that wrote no record, want the idle TTL", key, ttl)
+		}
+	}
+	// Lost anyway: the conversion copies again.
+	c.Del(ctx, keys[2])
+	apply()
+	for !a.done {
+		if err := a.step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !a.converted || a.copies != 1 {
+		t.Fatalf("converted %v after %d more copies, want one more", a.converted, a.copies)
+	}
+	got := apply()
+	for i := range batch {
+		if got.Outcomes[i] != again.Outcomes[i] {
+			t.Fatalf("event %d redelivered after the conversion: %v, before it %v", i, got.Outcomes[i], again.Outcomes[i])
+		}
+	}
+	if got.Tallies[k] != again.Tallies[k] {
+		t.Fatalf("%s after the conversion: %+v, before %+v", k, got.Tallies[k], again.Tallies[k])
+	}
+}
+
+// TestMigrateRefusesANamespaceThatLostItsSecret: once aggregates may be keyed by the fingerprint
+// secret (the marker moved), a namespace without it has lost its state: Migrate says so and makes
+// no new secret, whose fingerprints would find none of the records and count them again.
+func TestMigrateRefusesANamespaceThatLostItsSecret(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "migrate-secret")
+	testenv.CleanPrefix(t, c, prefix)
+	state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: 3 * 24 * time.Hour, Epoch: state.Epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := randomStreamOver(rand.New(rand.NewPCG(13, 13)), 200, 24*time.Hour, 0)
+	if _, err := store.Apply(ctx, batch, time.UnixMicro(batch[len(batch)-1].Occurred)); err != nil {
+		t.Fatal(err)
+	}
+	for _, stop := range []Layout{Layout10To11, Layout11} {
+		if _, err := Migrate(ctx, c, prefix, nil); err != nil {
+			t.Fatal(err)
+		}
+		epoch := c.Get(ctx, EpochKey(state.Namespace)).Val()
+		if stop == Layout10To11 {
+			base := strings.TrimSuffix(epoch, Layout11.suffix())
+			c.Set(ctx, EpochKey(state.Namespace), base+Layout10To11.suffix(), 0)
+		}
+		c.Del(ctx, FingerprintKey(state.Namespace))
+		if _, err := Migrate(ctx, c, prefix, nil); !errors.Is(err, ErrStateLost) {
+			t.Fatalf("migrating again at layout %d without the secret: %v, want ErrStateLost", int(stop), err)
+		}
+		if n := c.Exists(ctx, FingerprintKey(state.Namespace)).Val(); n != 0 {
+			t.Fatal("the migration made a new secret")
+		}
+		c.Set(ctx, FingerprintKey(state.Namespace), strings.Repeat("k", fingerprintSecretBytes), 0)
 	}
 }
