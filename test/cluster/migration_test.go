@@ -47,6 +47,13 @@ func TestMigrationOnRedisClusterMatchesModel(t *testing.T) {
 			if migErr != nil {
 				t.Fatal(migErr)
 			}
+			// Every aggregate existed before the migration began: none is left for the
+			// processors to convert as stragglers.
+			for i := range 40 {
+				if h := c.HGet(ctx, state.Namespace+":{"+aggKey(i).String()+"}:s", "H").Val(); h == "" || h[0] != 11 {
+					t.Fatalf("aggregate %d is not in layout 11 when the migration returns", i)
+				}
+			}
 		}
 		obs := batch(b, 40)
 		if b%4 == 3 {
@@ -68,8 +75,9 @@ func TestMigrationOnRedisClusterMatchesModel(t *testing.T) {
 			}
 		}
 	}
-	if migrated.Converted == 0 || !strings.HasSuffix(migrated.Epoch, "/layout11") {
-		t.Fatalf("migration: %+v", migrated)
+	// Every pass visits every aggregate (SCAN on each primary returns every key it holds).
+	if migrated.Converted == 0 || !strings.HasSuffix(migrated.Epoch, "/layout11") || migrated.Aggregates < 40*migrated.Passes {
+		t.Fatalf("migration: %+v, want every pass to visit the 40 aggregates", migrated)
 	}
 	shards := map[string]bool{}
 	for i := range 40 {
