@@ -42,17 +42,7 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			c := testenv.Redis(t)
-			prefix := testenv.Name(t, "migrate")
-			testenv.CleanPrefix(t, c, prefix)
-			state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
-			if err != nil {
-				t.Fatal(err)
-			}
-			store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: tc.mc.retention, Epoch: state.Epoch})
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, prefix, state, store := layout10Namespace(t, "migrate", RedisConfig{Retention: tc.mc.retention})
 			r := rand.New(rand.NewPCG(tc.mc.seed, 11))
 			stream := randomStreamOver(r, tc.mc.events, tc.mc.span, tc.mc.jumpEvery)
 			model := NewModel(tc.mc.retention)
@@ -109,6 +99,7 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 						if _, err := moveEpoch(ctx, c, state.Namespace, state.Epoch, Layout10To11); err != nil {
 							t.Fatal(err)
 						}
+						var err error
 						if fp, err = OpenFingerprint(ctx, c, state.Namespace); err != nil {
 							t.Fatal(err)
 						}
@@ -193,18 +184,7 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 			if epoch, _ := c.Get(ctx, EpochKey(state.Namespace)).Result(); epoch != strings.TrimSuffix(state.Epoch, "/layout10")+"/layout11" {
 				t.Fatalf("epoch %q after the migration of %q", epoch, state.Epoch)
 			}
-			for _, later := range []time.Duration{0, 90 * time.Minute, 50 * time.Hour} {
-				at := time.UnixMicro(maxOcc).Add(later)
-				for _, k := range model.Keys() {
-					got, err := store.Tally(ctx, k, at)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if want := model.Tally(k, at); got != want {
-						t.Fatalf("%s, read %v after the newest event: redis %+v, model %+v", k, later, got, want)
-					}
-				}
-			}
+			readsMatchModel(t, store, model, maxOcc)
 			for _, k := range model.Keys() {
 				keys := store.keys(k)
 				if n, _ := c.Exists(ctx, keys[0]).Result(); n != 0 {
@@ -310,17 +290,7 @@ func TestConvertRefusesWhatLayout10CouldNotHaveWritten(t *testing.T) {
 // given one before its marker moves, so that a processor following the marker can fingerprint.
 func TestMigrationsRacingAndWithoutASecretAgree(t *testing.T) {
 	ctx := context.Background()
-	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "migrace")
-	testenv.CleanPrefix(t, c, prefix)
-	state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: 3 * 24 * time.Hour, Epoch: state.Epoch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, prefix, state, store := layout10Namespace(t, "migrace", RedisConfig{Retention: 3 * 24 * time.Hour})
 	batch := randomStreamOver(rand.New(rand.NewPCG(5, 5)), 3000, 48*time.Hour, 0)
 	at := time.UnixMicro(batch[len(batch)-1].Occurred)
 	if _, err := store.Apply(ctx, batch, at); err != nil {
@@ -455,17 +425,7 @@ func stateFieldsOfLayout11(t *testing.T, c *redis.Client, key string) {
 // the conversion.
 func TestConversionKeepsItsPackedStoreWithItsRecords(t *testing.T) {
 	ctx := context.Background()
-	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "convert-ttl")
-	testenv.CleanPrefix(t, c, prefix)
-	state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: 3 * 24 * time.Hour, IdleTTL: 10 * time.Minute, Epoch: state.Epoch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _, state, store := layout10Namespace(t, "convert-ttl", RedisConfig{Retention: 3 * 24 * time.Hour, IdleTTL: 10 * time.Minute})
 	batch := randomStreamOver(rand.New(rand.NewPCG(12, 12)), 300, 24*time.Hour, 0)
 	at := time.UnixMicro(batch[len(batch)-1].Occurred)
 	apply := func() Applied {
@@ -533,17 +493,7 @@ func TestConversionKeepsItsPackedStoreWithItsRecords(t *testing.T) {
 // no new secret, whose fingerprints would find none of the records and count them again.
 func TestMigrateRefusesANamespaceThatLostItsSecret(t *testing.T) {
 	ctx := context.Background()
-	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "migrate-secret")
-	testenv.CleanPrefix(t, c, prefix)
-	state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := NewRedis(c, RedisConfig{Prefix: state.Namespace, Retention: 3 * 24 * time.Hour, Epoch: state.Epoch})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, prefix, state, store := layout10Namespace(t, "migrate-secret", RedisConfig{Retention: 3 * 24 * time.Hour})
 	batch := randomStreamOver(rand.New(rand.NewPCG(13, 13)), 200, 24*time.Hour, 0)
 	if _, err := store.Apply(ctx, batch, time.UnixMicro(batch[len(batch)-1].Occurred)); err != nil {
 		t.Fatal(err)
@@ -566,4 +516,23 @@ func TestMigrateRefusesANamespaceThatLostItsSecret(t *testing.T) {
 		}
 		c.Set(ctx, FingerprintKey(state.Namespace), strings.Repeat("k", fingerprintSecretBytes), 0)
 	}
+}
+
+// layout10Namespace makes a namespace in layout 10 on the test Redis and a store opened on it with
+// cfg (its prefix and epoch set), as a processor of the installation to migrate would have.
+func layout10Namespace(t *testing.T, what string, cfg RedisConfig) (*redis.Client, string, State, *Redis) {
+	t.Helper()
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, what)
+	testenv.CleanPrefix(t, c, prefix)
+	state, err := OpenStateIn(context.Background(), c, prefix, false, Layout10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Prefix, cfg.Epoch = state.Namespace, state.Epoch
+	store, err := NewRedis(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, prefix, state, store
 }
