@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -62,12 +63,19 @@ type MigrateProgress struct {
 // 11 gets one more pass, which converts nothing unless an earlier migration stopped before its
 // last pass.
 func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progress func(MigrateProgress)) (MigrateProgress, error) {
+	if prefix == "" || strings.ContainsAny(prefix, "{}") {
+		return MigrateProgress{}, fmt.Errorf("redis key prefix %q: want the installation's, without braces", prefix)
+	}
 	ns, err := current(ctx, c, prefix)
 	if err != nil {
 		return MigrateProgress{}, err
 	}
 	p := MigrateProgress{Namespace: ns}
 	epoch, err := c.Get(ctx, EpochKey(ns)).Result()
+	if errors.Is(err, redis.Nil) {
+		return p, fmt.Errorf("no state under key prefix %q: %s holds no epoch marker (check redis.key_prefix, redis.db and the address)",
+			prefix, EpochKey(ns))
+	}
 	if err != nil {
 		return p, fmt.Errorf("read epoch of %s: %w", ns, err)
 	}
@@ -79,6 +87,12 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 	// none, and a processor following the marker needs it (layout 10 never reads it). Once the
 	// marker has moved, aggregates may be keyed by the secret: one gone means the state is lost
 	// (OpenFingerprint below), not a namespace to give a new one.
+	// Nothing moves before the migration is known to be able to finish: a marker moved by a
+	// migration that cannot run (a user without SCAN, a server without the scripts' library) would
+	// leave every call carrying both layouts until one that can.
+	if err := migrationCanRun(ctx, c, ns); err != nil {
+		return p, err
+	}
 	if layout == Layout10 {
 		if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
 			return p, err
@@ -114,6 +128,36 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 		}
 		layout, p.Epoch = Layout11, epoch
 	}
+}
+
+// migrationCanRun runs, on nothing, every command a migration of namespace ns runs: SCAN on every
+// primary, HSCAN, and the conversion script (which needs Redis's struct library, which the embedded
+// server of `repeatrate dev` lacks).
+func migrationCanRun(ctx context.Context, c redis.UniversalClient, ns string) error {
+	base := ns + ":{migration check}:"
+	keys := []string{base + "o", base + "s", base + "e", base + "z"}
+	check := func(ctx context.Context, node redis.UniversalClient) error {
+		return node.Scan(ctx, 0, globEscape(ns)+":{*}:s", 1).Err()
+	}
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return check(ctx, n) })
+	} else {
+		err = check(ctx, c)
+	}
+	if err == nil {
+		err = c.HScan(ctx, keys[0], 0, "", 1).Err()
+	}
+	if err == nil {
+		var res []string
+		if res, err = convertScript.Run(ctx, c, keys, "begin").StringSlice(); err == nil && (len(res) == 0 || res[0] != "absent") {
+			err = fmt.Errorf("the conversion script answered %q on no aggregate", res)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("this Redis or user cannot run a migration (nothing changed): %w", err)
+	}
+	return nil
 }
 
 // moveEpoch moves namespace ns's marker from epoch to the same one in layout to, and returns it.

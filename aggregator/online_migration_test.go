@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/repeatrate/repeatrate/internal/testenv"
@@ -535,4 +536,84 @@ func layout10Namespace(t *testing.T, what string, cfg RedisConfig) (*redis.Clien
 		t.Fatal(err)
 	}
 	return c, prefix, state, store
+}
+
+// TestMigrateChangesNothingWhereItCannotRun: where a migration could not finish (a Redis user
+// without SCAN, the embedded Redis of `repeatrate dev` without the scripts' struct library) or
+// finds no state (a wrong prefix), Migrate says so and leaves every key as it was: no marker moved,
+// no secret made.
+func TestMigrateChangesNothingWhereItCannotRun(t *testing.T) {
+	ctx := context.Background()
+	fill := func(t *testing.T, c *redis.Client, prefix string) State {
+		t.Helper()
+		state, err := OpenStateIn(ctx, c, prefix, false, Layout10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, Epoch: state.Epoch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch := randomStreamOver(rand.New(rand.NewPCG(14, 14)), 100, time.Hour, 0)
+		if _, err := store.Apply(ctx, batch, time.UnixMicro(batch[len(batch)-1].Occurred)); err != nil {
+			t.Fatal(err)
+		}
+		return state
+	}
+	keysOf := func(c *redis.Client, prefix string) string {
+		keys, _ := c.Keys(ctx, prefix+"*").Result()
+		var b strings.Builder
+		for _, k := range keys {
+			v, _ := c.Dump(ctx, k).Result()
+			fmt.Fprintf(&b, "%s=%d;", k, len(v))
+		}
+		return b.String()
+	}
+	t.Run("a user without SCAN", func(t *testing.T) {
+		admin := testenv.Redis(t)
+		prefix := testenv.Name(t, "noscan")
+		testenv.CleanPrefix(t, admin, prefix)
+		state := fill(t, admin, prefix)
+		user := testenv.Name(t, "user")
+		if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">migrate-check-password", "~"+prefix+":*",
+			"+@all", "-scan").Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Do(ctx, "ACL", "DELUSER", user) })
+		c := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: user, Password: "migrate-check-password"})
+		defer c.Close()
+		before := keysOf(admin, prefix)
+		if _, err := Migrate(ctx, c, prefix, nil); err == nil || !strings.Contains(err.Error(), "cannot run a migration") {
+			t.Fatalf("migrating as a user without SCAN: %v", err)
+		}
+		if after := keysOf(admin, prefix); after != before || admin.Get(ctx, EpochKey(prefix)).Val() != state.Epoch {
+			t.Fatalf("a migration that could not run changed keys:\n%s\n%s", before, after)
+		}
+	})
+	t.Run("the embedded Redis", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+		defer c.Close()
+		state := fill(t, c, "dev")
+		before := keysOf(c, "dev")
+		if _, err := Migrate(ctx, c, "dev", nil); err == nil || !strings.Contains(err.Error(), "cannot run a migration") {
+			t.Fatalf("migrating the embedded Redis: %v", err)
+		}
+		if after := keysOf(c, "dev"); after != before || c.Get(ctx, EpochKey("dev")).Val() != state.Epoch {
+			t.Fatalf("a migration that could not run changed keys:\n%s\n%s", before, after)
+		}
+	})
+	t.Run("a prefix without state", func(t *testing.T) {
+		c := testenv.Redis(t)
+		prefix := testenv.Name(t, "nostate")
+		testenv.CleanPrefix(t, c, prefix)
+		if _, err := Migrate(ctx, c, prefix, nil); err == nil || !strings.Contains(err.Error(), "no state under key prefix") {
+			t.Fatalf("migrating a prefix without state: %v", err)
+		}
+		if keys := keysOf(c, prefix); keys != "" {
+			t.Fatalf("a migration of nothing made keys: %s", keys)
+		}
+		if _, err := Migrate(ctx, c, "a{b}", nil); err == nil {
+			t.Fatal("a prefix with braces was taken")
+		}
+	})
 }
