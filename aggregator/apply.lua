@@ -16,7 +16,7 @@
 --               is the opportunity id after its length in three hex digits ("014conv-0000001/turn-1"),
 --               so that a run of them splits back into ids whatever bytes they hold.
 -- KEYS[2] hash  the state, its numbers fixed-width binary (see Numbers below):
---               H     the head, the byte 10, the span G of an index group in hours (one byte), then
+--               H     the head, the byte 10 (12 while a migration converts it: layout10to11.lua), the span G of an index group in hours (one byte), then
 --                     21 numbers of 7 bytes: w,pm,f,l,cm,ch,rt,g,C,P,U,x1..x9,k, the newest
 --                     occurred_us, minute buckets pruned up to, first and last retained
 --                     occurred_us, the minute and hour the window sums x1..x9 (1h, 24h, 7d × C P U)

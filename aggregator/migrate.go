@@ -14,6 +14,8 @@ import (
 // An online migration moves a namespace from state layout 10 to 11 while the processors keep
 // running (docs/operations.md, "State layouts"):
 //
+//  0. Migrate checks that it can finish (migrationCanRun): SCAN on every primary, the conversion
+//     script; otherwise it changes nothing.
 //  1. Migrate moves the epoch marker from layout 10 to "10 → 11" (Layout10To11). A processor of
 //     this build follows on its next batch (the per-batch epoch check, followEpoch): from then on
 //     its calls carry every observation in both layouts, and the script applies the one its

@@ -23,7 +23,8 @@ import (
 var applyLua string
 
 // applySource is the apply script as Redis runs it: the packed record store layout 11 keeps its
-// records in, then apply.lua.
+// records in, what converting an aggregate to layout 11 takes (a migration's calls mirror their
+// writes), then apply.lua.
 var applySource = packedRecordsSource + layout10to11Source + applyLua
 
 var applyScript = redis.NewScript(applySource)
