@@ -136,17 +136,10 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 // primary, HSCAN, and the conversion script (which needs Redis's struct library, which the embedded
 // server of `repeatrate dev` lacks).
 func migrationCanRun(ctx context.Context, c redis.UniversalClient, ns string) error {
-	base := ns + ":{migration check}:"
-	keys := []string{base + "o", base + "s", base + "e", base + "z"}
-	check := func(ctx context.Context, node redis.UniversalClient) error {
+	keys := aggregateKeys(ns + ":{migration check}:")
+	err := forEachPrimary(ctx, c, func(node redis.UniversalClient) error {
 		return node.Scan(ctx, 0, globEscape(ns)+":{*}:s", 1).Err()
-	}
-	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return check(ctx, n) })
-	} else {
-		err = check(ctx, c)
-	}
+	})
 	if err == nil {
 		err = c.HScan(ctx, keys[0], 0, "", 1).Err()
 	}
@@ -186,7 +179,7 @@ func moveEpoch(ctx context.Context, c redis.UniversalClient, ns, epoch string, t
 // returns how many it converted.
 func migratePass(ctx context.Context, c redis.UniversalClient, fp *Fingerprinter, ns string, p *MigrateProgress) (int, error) {
 	converted := 0
-	visit := func(ctx context.Context, node redis.UniversalClient) error {
+	err := forEachPrimary(ctx, c, func(node redis.UniversalClient) error {
 		iter := node.Scan(ctx, 0, globEscape(ns)+":{*}:s", 200).Iterator()
 		for iter.Next(ctx) {
 			base, ok := aggregateBase(ns, iter.Val())
@@ -194,7 +187,7 @@ func migratePass(ctx context.Context, c redis.UniversalClient, fp *Fingerprinter
 				continue
 			}
 			p.Aggregates++
-			n, done, err := convertAggregate(ctx, c, fp, []string{base + "o", base + "s", base + "e", base + "z"})
+			n, done, err := convertAggregate(ctx, c, fp, aggregateKeys(base))
 			if err != nil {
 				return err
 			}
@@ -205,26 +198,31 @@ func migratePass(ctx context.Context, c redis.UniversalClient, fp *Fingerprinter
 			}
 		}
 		return iter.Err()
-	}
-	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		// SCAN walks one node: walk every primary (their keys are disjoint). Passes run one node
-		// at a time, so p needs no lock.
-		var nodes []*redis.Client
-		err = cc.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
-			nodes = append(nodes, n)
-			return nil
-		})
-		for _, n := range nodes {
-			if err == nil {
-				err = visit(ctx, n)
-			}
-		}
-	} else {
-		err = visit(ctx, c)
-	}
+	})
 	p.Passes++
 	return converted, err
+}
+
+// forEachPrimary calls fn with every node whose keys a SCAN must walk: each primary of a Redis
+// Cluster (their keys are disjoint), one at a time, or c itself.
+func forEachPrimary(ctx context.Context, c redis.UniversalClient, fn func(node redis.UniversalClient) error) error {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return fn(c)
+	}
+	var nodes []*redis.Client
+	if err := cc.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
+		nodes = append(nodes, n)
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if err := fn(n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // aggregateBase returns the prefix of an aggregate's keys from the key of its state hash, or false

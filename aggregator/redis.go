@@ -139,7 +139,12 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 // keys returns the record hash and state hash of k, its id index (the ids listed per hour of
 // their winner and horizon, see apply.lua) and the sorted set of the hours the index holds.
 func (r *Redis) keys(k Key) []string {
-	base := r.cfg.Prefix + ":{" + k.String() + "}:"
+	return aggregateKeys(r.cfg.Prefix + ":{" + k.String() + "}:")
+}
+
+// aggregateKeys returns the keys of the aggregate whose keys all start with base, in the order
+// the apply script takes them.
+func aggregateKeys(base string) []string {
 	return []string{base + "o", base + "s", base + "e", base + "z"}
 }
 
