@@ -162,3 +162,89 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisCostPerCallAndPerRecord splits Redis's CPU for applying new opportunities into what a
+// script call costs whatever it carries (F) and what each new record adds (R), for layouts 10 and
+// 11, on the Redis REPEATRATE_APPLY_MEMORY_REDIS names (nothing else may use it meanwhile): 100
+// aggregates take 100 000 new opportunities, occurred within the last 30 s, in calls of 5 and of
+// 80 (a batch's share of an aggregate at light and at full load), on empty aggregates and on
+// aggregates already holding 2 000 records occurred over the last day; F and R solve
+// cost per record = F / (records per call) + R from the two. The layouts alternate, two rounds:
+//
+//	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisCostPerCallAndPerRecord -v ./aggregator
+func TestRedisCostPerCallAndPerRecord(t *testing.T) {
+	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
+	if addr == "" {
+		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
+	}
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	const aggs, measured, filled, ret = 100, 100_000, 2_000, 30 * 24 * time.Hour
+	key := func(i int) Key {
+		k := Key{CorrectionID: fmt.Sprintf("fix-%d", i%aggs), Source: Live}
+		k.Scope.Workspace, k.Scope.Model, k.Scope.Run, k.Scope.Checkpoint, k.Scope.Artifact = "acme", "support-bot", "2026-11", "ckpt-42", "prod"
+		return k
+	}
+	// usPerRecord applies the measured opportunities in calls of per records, after fill records
+	// per aggregate, and returns Redis's CPU µs per measured record.
+	usPerRecord := func(layout Layout, per, fill int) float64 {
+		prefix := fmt.Sprintf("costsplit-%d", time.Now().UnixNano())
+		cfg := RedisConfig{Prefix: prefix, Retention: ret}
+		if layout == Layout11 {
+			cfg.Fingerprint = testFingerprinter(t)
+		}
+		store, err := NewRedis(rdb, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+			var keys []string
+			for iter.Next(ctx) {
+				if keys = append(keys, iter.Val()); len(keys) == 500 {
+					rdb.Unlink(ctx, keys...)
+					keys = keys[:0]
+				}
+			}
+			if len(keys) > 0 {
+				rdb.Unlink(ctx, keys...)
+			}
+		}()
+		now := time.Now()
+		apply := func(total, batch int, id string, occ func(i int) int64) {
+			obs := make([]Observation, 0, batch)
+			for i := 0; i < total; i++ {
+				o := occ(i)
+				obs = append(obs, Observation{Key: key(i), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6})
+				if len(obs) == cap(obs) || i == total-1 {
+					if _, err := store.Apply(ctx, obs, now); err != nil {
+						t.Fatal(err)
+					}
+					obs = obs[:0]
+				}
+			}
+		}
+		apply(fill*aggs, 20*aggs, "pre", func(i int) int64 { return Micros(now) - 60e6 - int64(i)*(86400e6/int64(fill*aggs+1)) })
+		before, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apply(measured, per*aggs, "conv", func(i int) int64 { return Micros(now) - int64(i%30)*1e6 })
+		after, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return (after.cpu - before.cpu) * 1e6 / measured
+	}
+	for round := 0; round < 2; round++ {
+		for _, fill := range []int{0, filled} {
+			for _, layout := range []Layout{Layout10, Layout11} {
+				c5, c80 := usPerRecord(layout, 5, fill), usPerRecord(layout, 80, fill)
+				f := (c5 - c80) / (1.0/5 - 1.0/80)
+				t.Logf("round %d, layout %d, %d records an aggregate before: %.2f µs per record in calls of 5, %.2f in calls of 80: F %.1f µs a call, R %.2f µs a record",
+					round, layout, fill, c5, c80, f, c80-f/80)
+			}
+		}
+	}
+}
