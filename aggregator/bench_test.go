@@ -69,6 +69,34 @@ func usedMemory(ctx context.Context, rdb *redis.Client) float64 {
 	return 0
 }
 
+// redisOfItsOwn returns a client of the Redis REPEATRATE_APPLY_MEMORY_REDIS names, for the
+// measurements that read its memory or CPU (nothing else may use it meanwhile), or skips.
+func redisOfItsOwn(t *testing.T) *redis.Client {
+	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
+	if addr == "" {
+		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// deleteUnder deletes every key under prefix with DEL, not UNLINK, so that the next measurement
+// starts once Redis has freed what this one held.
+func deleteUnder(ctx context.Context, rdb *redis.Client, prefix string) {
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 1000 {
+			rdb.Del(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
+}
+
 // TestRedisBytesPerOpportunity measures what make bench reports as redis_bytes_per_opportunity
 // (used_memory growth over 500 000 distinct opportunities in 100 aggregates, occurred over a day),
 // and the same occurred over 30 days (7 opportunities per aggregate and hour), for the current store,
@@ -79,13 +107,8 @@ func usedMemory(ctx context.Context, rdb *redis.Client) float64 {
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisBytesPerOpportunity -v ./aggregator
 func TestRedisBytesPerOpportunity(t *testing.T) {
-	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
-	if addr == "" {
-		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
-	}
+	rdb := redisOfItsOwn(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	used := func() float64 { return usedMemory(ctx, rdb) }
 	const total, ret = 500_000, 30 * 24 * time.Hour
 	old := redis.NewScript(layout4Source)
@@ -152,14 +175,7 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 			layout, run.span/86400, (after-before)/total, before, after,
 			rdb.HLen(ctx, store.keys(obs0.Key)[recordKey]).Val(), (cost1.cpu-cost0.cpu)*1e6/total,
 			per("evalsha"), per("hmget"), per("hset"), per("hdel"))
-		var keys []string
-		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		for i := 0; i < len(keys); i += 500 {
-			rdb.Del(ctx, keys[i:min(i+500, len(keys))]...)
-		}
+		deleteUnder(ctx, rdb, prefix)
 	}
 }
 
@@ -173,13 +189,8 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisCostPerCallAndPerRecord -v ./aggregator
 func TestRedisCostPerCallAndPerRecord(t *testing.T) {
-	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
-	if addr == "" {
-		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
-	}
+	rdb := redisOfItsOwn(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	const aggs, measured, filled, ret = 100, 100_000, 2_000, 30 * 24 * time.Hour
 	key := func(i int) Key {
 		k := Key{CorrectionID: fmt.Sprintf("fix-%d", i%aggs), Source: Live}
@@ -198,19 +209,7 @@ func TestRedisCostPerCallAndPerRecord(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-			var keys []string
-			for iter.Next(ctx) {
-				if keys = append(keys, iter.Val()); len(keys) == 500 {
-					rdb.Unlink(ctx, keys...)
-					keys = keys[:0]
-				}
-			}
-			if len(keys) > 0 {
-				rdb.Unlink(ctx, keys...)
-			}
-		}()
+		defer deleteUnder(ctx, rdb, prefix)
 		now := time.Now()
 		apply := func(total, batch int, id string, occ func(i int) int64) {
 			obs := make([]Observation, 0, batch)

@@ -141,13 +141,8 @@ return #ARGV
 //
 // REPEATRATE_LAYOUT_CANDIDATES=packed measures only the candidates whose name holds "packed".
 func TestRecordLayoutCandidates(t *testing.T) {
-	addr := os.Getenv("REPEATRATE_APPLY_MEMORY_REDIS")
-	if addr == "" {
-		t.Skip("set REPEATRATE_APPLY_MEMORY_REDIS to a Redis of its own")
-	}
+	rdb := redisOfItsOwn(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
 	used := func() float64 { return usedMemory(ctx, rdb) }
 	entries := 0
 	if v, err := rdb.ConfigGet(ctx, "hash-max-listpack-entries").Result(); err == nil {
@@ -281,17 +276,6 @@ func TestRecordLayoutCandidates(t *testing.T) {
 		}
 		t.Logf("%-48s %6.1f bytes per opportunity, %5.2f µs per new record looked up and inserted",
 			c.name, (after-before)/(aggregates*perAggregate), float64(us)/float64(hot*aggregates*10))
-		iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-			if len(keys) == 1000 {
-				rdb.Del(ctx, keys...)
-				keys = keys[:0]
-			}
-		}
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
+		deleteUnder(ctx, rdb, prefix)
 	}
 }
