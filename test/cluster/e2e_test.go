@@ -122,7 +122,7 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 	// it as leader, feed the next part, wait until the processors publish again, bring it back.
 	kill := func(what string, find func() (int, error), part int) {
 		t.Helper()
-		s.await(100, 2*time.Minute)
+		s.await(scenarioAggregates, 2*time.Minute)
 		var id int
 		var err error
 		for try := 0; try < 100; try++ {
@@ -147,7 +147,7 @@ func TestProcessorsOnClustersSurviveBrokerLossAndEqualReplay(t *testing.T) {
 		awaitLeadersOff(t, s.client, s.topic("in"), id)
 		before := s.seen.count()
 		s.produce(part)
-		s.await(before+100, 2*time.Minute)
+		s.await(before+scenarioAggregates, 2*time.Minute)
 		script(t, "kafka-cluster.sh", "start-node", strconv.Itoa(id))
 		back = true
 	}

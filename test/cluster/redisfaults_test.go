@@ -37,7 +37,7 @@ func TestProcessorsSurviveRedisPrimaryLossAndEqualReplay(t *testing.T) {
 	cleanPrefix(t, c, s.name)
 	s.produce(0)
 	s.start(3)
-	s.await(100, 2*time.Minute)
+	s.await(scenarioAggregates, 2*time.Minute)
 
 	marks, err := c.MasterForKey(ctx, s.name+":{marks}:x")
 	if err != nil {
@@ -57,7 +57,7 @@ func TestProcessorsSurviveRedisPrimaryLossAndEqualReplay(t *testing.T) {
 	s.produce(1)
 	awaitPrimary(t, replica, 30*time.Second)
 	before := s.seen.count()
-	s.await(before+100, 2*time.Minute) // publishing again on the promoted replica
+	s.await(before+scenarioAggregates, 2*time.Minute) // publishing again on the promoted replica
 	script(t, "redis-cluster.sh", "start-node", port)
 	back = true
 	s.produce(2)
@@ -82,7 +82,7 @@ func TestProcessorsEqualReplayWhileSlotsMigrate(t *testing.T) {
 	cleanPrefix(t, c, s.name)
 	s.produce(0)
 	s.start(3)
-	s.await(100, 2*time.Minute)
+	s.await(scenarioAggregates, 2*time.Minute)
 
 	// The source: the primary of the first node address; the reshard takes its lowest slots, so
 	// take enough of them to include movedLive slots that hold this test's keys.
@@ -228,7 +228,7 @@ func TestProcessorsEqualReplayAfterFailoverThatLosesWrites(t *testing.T) {
 	cleanPrefix(t, c, s.name)
 	s.produce(0)
 	s.start(3)
-	s.await(100, 2*time.Minute)
+	s.await(scenarioAggregates, 2*time.Minute)
 
 	marks, err := c.MasterForKey(ctx, s.name+":{marks}:x")
 	if err != nil {

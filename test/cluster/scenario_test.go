@@ -60,6 +60,13 @@ func (s *scenario) logTails() {
 
 // newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
 // whole, creates the topics and starts following the snapshot topic.
+// scenarioAggregates is how many aggregates a scenario's input holds (6 workspaces × 2 models × 4
+// corrections, live and eval; newScenario checks it). A part of thousands of events touches every
+// one, so processing a part publishes at least this many snapshots however the processors batch
+// it, and the waits for processors under way count that many. A fixed 100 did not hold:
+// processors that took a whole part in one batch each published exactly 96, and the wait timed out.
+const scenarioAggregates = 96
+
 func newScenario(t *testing.T, seed uint64, events, nparts int) *scenario {
 	t.Helper()
 	s := &scenario{t: t, brokers: kafkaCluster(t), redisAddrs: redisCluster(t), poison: map[string]int{}}
@@ -91,6 +98,9 @@ func newScenario(t *testing.T, seed uint64, events, nparts int) *scenario {
 		s.parts = append(s.parts, part)
 	}
 	s.want = expected(t, file)
+	if len(s.want) != scenarioAggregates {
+		t.Fatalf("the input holds %d aggregates, want scenarioAggregates (%d)", len(s.want), scenarioAggregates)
+	}
 
 	ctx := context.Background()
 	s.client = &kafka.Client{Addr: kafka.TCP(s.brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}}
