@@ -52,13 +52,19 @@ func costBatch() int {
 	return 2000
 }
 
+// costKey is the i-th aggregate of the cost measurements: correction fix-i of one live scope.
+func costKey(i int) Key {
+	k := Key{CorrectionID: fmt.Sprintf("fix-%d", i), Source: Live}
+	k.Scope.Workspace, k.Scope.Model, k.Scope.Run = "acme", "support-bot", "2026-11"
+	k.Scope.Checkpoint, k.Scope.Artifact = "ckpt-42", "prod"
+	return k
+}
+
 func costStream(shape costShape, events int) (batches [][]Observation, ats []time.Time) {
 	r := rand.New(rand.NewPCG(10, uint64(shape.aggregates)))
 	keys := make([]Key, shape.aggregates)
 	for i := range keys {
-		keys[i] = Key{CorrectionID: fmt.Sprintf("fix-%d", i), Source: Live}
-		keys[i].Scope.Workspace, keys[i].Scope.Model, keys[i].Scope.Run = "acme", "support-bot", "2026-11"
-		keys[i].Scope.Checkpoint, keys[i].Scope.Artifact = "ckpt-42", "prod"
+		keys[i] = costKey(i)
 	}
 	base := Micros(time.Now().Truncate(time.Second))
 	span := int64(shape.span / time.Microsecond)

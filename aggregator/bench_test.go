@@ -142,8 +142,7 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 		var obs0 Observation
 		for i := 0; i < total; i++ {
 			occ := Micros(now) - int64(i)*run.span/total*1e6
-			k := Key{CorrectionID: fmt.Sprintf("fix-%d", i%100), Source: Live}
-			k.Scope.Workspace, k.Scope.Model, k.Scope.Run, k.Scope.Checkpoint, k.Scope.Artifact = "acme", "support-bot", "2026-11", "ckpt-42", "prod"
+			k := costKey(i % 100)
 			obs = append(obs, Observation{Key: k, OpportunityID: fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3),
 				Class: Class(1 + i%3), Occurred: occ, Assessed: occ + 1e6})
 			obs0 = obs[0]
@@ -192,11 +191,6 @@ func TestRedisCostPerCallAndPerRecord(t *testing.T) {
 	rdb := redisOfItsOwn(t)
 	ctx := context.Background()
 	const aggs, measured, filled, ret = 100, 100_000, 2_000, 30 * 24 * time.Hour
-	key := func(i int) Key {
-		k := Key{CorrectionID: fmt.Sprintf("fix-%d", i%aggs), Source: Live}
-		k.Scope.Workspace, k.Scope.Model, k.Scope.Run, k.Scope.Checkpoint, k.Scope.Artifact = "acme", "support-bot", "2026-11", "ckpt-42", "prod"
-		return k
-	}
 	// usPerRecord applies the measured opportunities in calls of per records, after fill records
 	// per aggregate, and returns Redis's CPU µs per measured record.
 	usPerRecord := func(layout Layout, per, fill int) float64 {
@@ -215,7 +209,7 @@ func TestRedisCostPerCallAndPerRecord(t *testing.T) {
 			obs := make([]Observation, 0, batch)
 			for i := 0; i < total; i++ {
 				o := occ(i)
-				obs = append(obs, Observation{Key: key(i), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6})
+				obs = append(obs, Observation{Key: costKey(i % aggs), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6})
 				if len(obs) == cap(obs) || i == total-1 {
 					if _, err := store.Apply(ctx, obs, now); err != nil {
 						t.Fatal(err)

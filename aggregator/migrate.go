@@ -85,10 +85,6 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 	if !ok {
 		return p, fmt.Errorf("%w: namespace %q has epoch marker %q, in no layout this build migrates", ErrStateLost, ns, epoch)
 	}
-	// The secret before the marker moves: a namespace made by a build older than fingerprints has
-	// none, and a processor following the marker needs it (layout 10 never reads it). Once the
-	// marker has moved, aggregates may be keyed by the secret: one gone means the state is lost
-	// (OpenFingerprint below), not a namespace to give a new one.
 	// Nothing moves before the migration is known to be able to finish: a marker moved by a
 	// migration that cannot run (a user without SCAN, a server without the scripts' library) would
 	// leave every call carrying both layouts until one that can.
@@ -96,11 +92,13 @@ func Migrate(ctx context.Context, c redis.UniversalClient, prefix string, progre
 		return p, err
 	}
 	if layout == Layout10 {
+		// The secret before the marker moves: a namespace made by a build older than fingerprints
+		// has none, and a processor following the marker needs it (layout 10 never reads it). Once
+		// the marker has moved, aggregates may be keyed by the secret: one gone means the state is
+		// lost (OpenFingerprint below), not a namespace to give a new one.
 		if err := ensureFingerprintSecret(ctx, c, ns); err != nil {
 			return p, err
 		}
-	}
-	if layout == Layout10 {
 		if epoch, err = moveEpoch(ctx, c, ns, epoch, Layout10To11); err != nil {
 			return p, err
 		}

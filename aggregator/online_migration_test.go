@@ -357,12 +357,7 @@ func TestConversionFinishesOnlyWithEveryRecordCopied(t *testing.T) {
 	}
 	k := batch[0].Key
 	keys := store.keys(k)
-	a := &conversion{c: c, fp: fp, keys: keys, chunk: 1000}
-	for !a.scanned {
-		if err := a.step(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a := copyEveryRecord(t, ctx, c, fp, keys)
 	late := Observation{Key: k, OpportunityID: "late-record", Class: Confirmed, Occurred: batch[0].Occurred, Assessed: batch[0].Occurred}
 	fields, err := recordFields([]Observation{late})
 	if err != nil {
@@ -451,12 +446,7 @@ func TestConversionKeepsItsPackedStoreWithItsRecords(t *testing.T) {
 	}
 	k := batch[0].Key
 	keys := store.keys(k)
-	a := &conversion{c: c, fp: fp, keys: keys, chunk: 1000}
-	for !a.scanned {
-		if err := a.step(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a := copyEveryRecord(t, ctx, c, fp, keys)
 	// As if the aggregate had aged: a redelivery (it writes no record) refreshes every key.
 	for _, key := range keys[:3] {
 		c.PExpire(ctx, key, 2*time.Second)
@@ -616,4 +606,17 @@ func TestMigrateChangesNothingWhereItCannotRun(t *testing.T) {
 			t.Fatal("a prefix with braces was taken")
 		}
 	})
+}
+
+// copyEveryRecord begins the conversion of the aggregate of keys and copies every record it holds
+// into its packed store, stopping before the finish.
+func copyEveryRecord(t *testing.T, ctx context.Context, c redis.UniversalClient, fp *Fingerprinter, keys []string) *conversion {
+	t.Helper()
+	a := &conversion{c: c, fp: fp, keys: keys, chunk: 1000}
+	for !a.scanned {
+		if err := a.step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a
 }

@@ -136,8 +136,8 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	return r, nil
 }
 
-// keys returns the record hash and state hash of k, its id index (the ids listed per hour of
-// their winner and horizon, see apply.lua) and the sorted set of the hours the index holds.
+// keys returns the keys of aggregate k: layout 10's record hash, the state hash, layout 11's packed
+// record store and the sorted set of the index groups that list ids (apply.lua's KEYS).
 func (r *Redis) keys(k Key) []string {
 	return aggregateKeys(r.cfg.Prefix + ":{" + k.String() + "}:")
 }

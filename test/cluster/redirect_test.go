@@ -61,11 +61,7 @@ func TestRedirectedWriteIsAppliedAgainUnderItsShardsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := model.Apply(ctx, batch(1, 1), t0.Add(time.Hour))
-	for _, k := range want.Keys {
-		if got.Tallies[k] != want.Tallies[k] {
-			t.Fatalf("%s after the move: redis %+v, model %+v", k, got.Tallies[k], want.Tallies[k])
-		}
-	}
+	talliesOfModel(t, "after the move", got, want)
 	m, err := store.Seal(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

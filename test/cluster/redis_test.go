@@ -46,6 +46,17 @@ func newStore(t *testing.T, c redis.UniversalClient, prefix string) *aggregator.
 	return s
 }
 
+// talliesOfModel fails unless every tally the model's batch touched is the one Redis answered;
+// what names the batch in the message.
+func talliesOfModel(t *testing.T, what string, got, want aggregator.Applied) {
+	t.Helper()
+	for _, k := range want.Keys {
+		if got.Tallies[k] != want.Tallies[k] {
+			t.Fatalf("%s, %s: redis %+v, model %+v", what, k, got.Tallies[k], want.Tallies[k])
+		}
+	}
+}
+
 // until retries op through a failover's transient errors (connection refused, CLUSTERDOWN,
 // MOVED storms) as the processor's stages do, and returns its first loss error or nil.
 func until(t *testing.T, what string, op func() error) error {
@@ -85,11 +96,7 @@ func TestRedisClusterMatchesModel(t *testing.T) {
 			t.Fatalf("batch %d: %v", b, err)
 		}
 		want, _ := model.Apply(ctx, obs, at)
-		for _, k := range want.Keys {
-			if got.Tallies[k] != want.Tallies[k] {
-				t.Fatalf("batch %d, %s: redis %+v, model %+v", b, k, got.Tallies[k], want.Tallies[k])
-			}
-		}
+		talliesOfModel(t, fmt.Sprintf("batch %d", b), got, want)
 		for i, o := range want.Outcomes {
 			if got.Outcomes[i] != o {
 				t.Fatalf("batch %d, observation %d: redis %v, model %v", b, i, got.Outcomes[i], o)

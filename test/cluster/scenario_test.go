@@ -58,8 +58,6 @@ func (s *scenario) logTails() {
 	}
 }
 
-// newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
-// whole, creates the topics and starts following the snapshot topic.
 // scenarioAggregates is how many aggregates a scenario's input holds (6 workspaces × 2 models × 4
 // corrections, live and eval; newScenario checks it). A part of thousands of events touches every
 // one, so processing a part publishes at least this many snapshots however the processors batch
@@ -67,6 +65,8 @@ func (s *scenario) logTails() {
 // processors that took a whole part in one batch each published exactly 96, and the wait timed out.
 const scenarioAggregates = 96
 
+// newScenario generates events lines (seed), cuts them in nparts files, runs replay over the
+// whole, creates the topics and starts following the snapshot topic.
 func newScenario(t *testing.T, seed uint64, events, nparts int) *scenario {
 	t.Helper()
 	s := &scenario{t: t, brokers: kafkaCluster(t), redisAddrs: redisCluster(t), poison: map[string]int{}}
