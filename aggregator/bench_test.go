@@ -81,6 +81,19 @@ func redisOfItsOwn(t *testing.T) *redis.Client {
 	return rdb
 }
 
+// costStore opens a store of layout under prefix, layout 11's with the tests' fingerprinter.
+func costStore(t *testing.T, rdb *redis.Client, layout Layout, prefix string, ret time.Duration) *Redis {
+	cfg := RedisConfig{Prefix: prefix, Retention: ret}
+	if layout == Layout11 {
+		cfg.Fingerprint = testFingerprinter(t)
+	}
+	s, err := NewRedis(rdb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // deleteUnder deletes every key under prefix with DEL, not UNLINK, so that the next measurement
 // starts once Redis has freed what this one held.
 func deleteUnder(ctx context.Context, rdb *redis.Client, prefix string) {
@@ -195,14 +208,7 @@ func TestRedisCostPerCallAndPerRecord(t *testing.T) {
 	// per aggregate, and returns Redis's CPU µs per measured record.
 	usPerRecord := func(layout Layout, per, fill int) float64 {
 		prefix := fmt.Sprintf("costsplit-%d", time.Now().UnixNano())
-		cfg := RedisConfig{Prefix: prefix, Retention: ret}
-		if layout == Layout11 {
-			cfg.Fingerprint = testFingerprinter(t)
-		}
-		store, err := NewRedis(rdb, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		store := costStore(t, rdb, layout, prefix, ret)
 		defer deleteUnder(ctx, rdb, prefix)
 		now := time.Now()
 		apply := func(total, batch int, id string, occ func(i int) int64) {
