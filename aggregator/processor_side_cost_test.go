@@ -40,6 +40,43 @@ end
 return 1
 `
 
+// storeIfUnchangedScript is storeOnlyScript with another check: instead of a version, every field the
+// state was computed from must still hold what was read (or still be absent), which stops a stale
+// write whatever wrote meanwhile, a processor of an older release included. All checks come before
+// the first write, so a refused call writes nothing. KEYS: the hashes; ARGV: the TTL in ms, then per
+// key the number of fields read, of pairs and of deletions, a string with a byte per field read
+// ('1' present, '0' absent), the fields read, what they held (empty when absent), the pairs and the
+// deleted fields.
+const storeIfUnchangedScript = `
+local byte = string.byte
+local at = {}
+local i = 2
+for k = 1, #KEYS do
+  local r, n, d, has = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
+  i = i + 4
+  if r > 0 then
+    local got = redis.call('HMGET', KEYS[k], unpack(ARGV, i, i + r - 1))
+    for j = 1, r do
+      local v = got[j]
+      if byte(has, j) == 49 then
+        if v ~= ARGV[i + r + j - 1] then return 0 end
+      elseif v then return 0 end
+    end
+  end
+  i = i + 2 * r
+  at[k] = {i, n, d}
+  i = i + 2 * n + d
+end
+for k = 1, #KEYS do
+  local j, n, d = at[k][1], at[k][2], at[k][3]
+  if n > 0 then redis.call('HSET', KEYS[k], unpack(ARGV, j, j + 2 * n - 1)) end
+  j = j + 2 * n
+  if d > 0 then redis.call('HDEL', KEYS[k], unpack(ARGV, j, j + d - 1)) end
+  redis.call('PEXPIRE', KEYS[k], ARGV[1])
+end
+return 1
+`
+
 // TestRedisCostOfStateComputedInProcessor projects what Redis would spend per call and per record
 // if the processor computed each call's new state (the work apply.lua does in Lua) and Redis only
 // read and stored it, against the script today, on the Redis REPEATRATE_APPLY_MEMORY_REDIS names
@@ -50,11 +87,13 @@ return 1
 // The workload is TestRedisCostPerCallAndPerRecord's (100 aggregates, 100 000 new opportunities in
 // calls of 5 and of 80, on empty aggregates and on aggregates holding 2 000 records), in layouts 10
 // and 11. The script runs it first on a prefix of its own, and every call's writes are recorded by
-// reading the aggregate's state before and after each batch. Two ways of storing those same writes
+// reading the aggregate's state before and after each batch. Three ways of storing those same writes
 // are then timed on a fresh prefix filled the same way:
 //   - "read + store": one pipeline reads, for every call, the records of its ids (layout 10) and
 //     the state fields and buckets it changes, then a second pipeline sends each call's writes to
 //     storeOnlyScript, which checks the version first;
+//   - "read + store if unchanged": the same, but the script checks every field read instead of a
+//     version (storeIfUnchangedScript), which needs no version that every writer moves;
 //   - "WATCH + MULTI": the same reads and writes as plain commands in one optimistic transaction
 //     per batch, no Lua at all (a single Redis only: in a cluster a transaction holds one slot).
 //
@@ -67,6 +106,10 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 	now := time.Now()
 	ttl := int64(ret / time.Millisecond)
 	sha, err := rdb.ScriptLoad(ctx, storeOnlyScript).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shaUnchanged, err := rdb.ScriptLoad(ctx, storeIfUnchangedScript).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,20 +214,46 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 		}
 		return out
 	}
-	// readAll queues every call's reads; the first of a call's reads is its state hash's, whose
-	// second field is the version.
-	readAll := func(p redis.Pipeliner, prefix string, calls [][]hashWrite) (versions []*redis.SliceCmd) {
-		for _, ws := range calls {
-			for i, w := range ws {
+	// readAll queues every call's reads, a command per hash with fields to read (nil for one
+	// without); a call's first hash is its state hash, whose second field read is the version.
+	readAll := func(p redis.Pipeliner, prefix string, calls [][]hashWrite) [][]*redis.SliceCmd {
+		out := make([][]*redis.SliceCmd, len(calls))
+		for i, ws := range calls {
+			out[i] = make([]*redis.SliceCmd, len(ws))
+			for j, w := range ws {
 				if len(w.read) > 0 {
-					c := p.HMGet(ctx, prefix+w.key, w.read...)
-					if i == 0 {
-						versions = append(versions, c)
-					}
+					out[i][j] = p.HMGet(ctx, prefix+w.key, w.read...)
 				}
 			}
 		}
-		return versions
+		return out
+	}
+	// storeAll sends each call's writes to the script sha with the arguments args makes.
+	storeAll := func(sha, prefix string, calls [][]hashWrite, args func(i int) []any) {
+		p := rdb.Pipeline()
+		for i, ws := range calls {
+			keys := make([]string, len(ws))
+			for j, w := range ws {
+				keys[j] = prefix + w.key
+			}
+			p.EvalSha(ctx, sha, keys, args(i)...)
+		}
+		cmds, err := p.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cmds {
+			if n, _ := c.(*redis.Cmd).Int(); n != 1 {
+				t.Fatalf("the store script refused a call: %v", c)
+			}
+		}
+	}
+	writes := func(args []any, w hashWrite) []any {
+		args = append(args, w.set...)
+		for _, f := range w.del {
+			args = append(args, f)
+		}
+		return args
 	}
 	stores := map[string]func(prefix string, calls [][]hashWrite){
 		"read + store": func(prefix string, calls [][]hashWrite) {
@@ -193,30 +262,47 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 			if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
 				t.Fatal(err)
 			}
-			p = rdb.Pipeline()
-			for i, ws := range calls {
-				keys := make([]string, len(ws))
-				v, _ := read[i].Val()[1].(string)
+			storeAll(sha, prefix, calls, func(i int) []any {
+				v, _ := read[i][0].Val()[1].(string)
 				args := []any{v, ttl}
-				for j, w := range ws {
-					keys[j] = prefix + w.key
-					args = append(args, len(w.set)/2, len(w.del))
-					args = append(args, w.set...)
-					for _, f := range w.del {
-						args = append(args, f)
-					}
+				for _, w := range calls[i] {
+					args = writes(append(args, len(w.set)/2, len(w.del)), w)
 				}
-				p.EvalSha(ctx, sha, keys, args...)
-			}
-			cmds, err := p.Exec(ctx)
-			if err != nil {
+				return args
+			})
+		},
+		"read + store if unchanged": func(prefix string, calls [][]hashWrite) {
+			p := rdb.Pipeline()
+			read := readAll(p, prefix, calls)
+			if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
 				t.Fatal(err)
 			}
-			for _, c := range cmds {
-				if n, _ := c.(*redis.Cmd).Int(); n != 1 {
-					t.Fatalf("the version check refused a call: %v", c)
+			storeAll(shaUnchanged, prefix, calls, func(i int) []any {
+				args := []any{ttl}
+				for j, w := range calls[i] {
+					var got []any
+					if read[i][j] != nil {
+						got = read[i][j].Val()
+					}
+					has := make([]byte, len(got))
+					args = append(args, len(got), len(w.set)/2, len(w.del), "")
+					at := len(args) - 1
+					for _, f := range w.read {
+						args = append(args, f)
+					}
+					for k, v := range got {
+						s, ok := v.(string)
+						has[k] = '0'
+						if ok {
+							has[k] = '1'
+						}
+						args = append(args, s)
+					}
+					args[at] = string(has)
+					args = writes(args, w)
 				}
-			}
+				return args
+			})
 		},
 		"WATCH + MULTI": func(prefix string, calls [][]hashWrite) {
 			var watched []string
@@ -248,7 +334,7 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 			}
 		},
 	}
-	ways := []string{"script", "read + store", "WATCH + MULTI"}
+	ways := []string{"script", "read + store", "read + store if unchanged", "WATCH + MULTI"}
 	for _, layout := range []Layout{Layout10, Layout11} {
 		for _, fill := range []int{0, filled} {
 			perRecord := map[string][2]float64{}
