@@ -11,9 +11,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// The aggregate's hashes the projection below records, as indexes into Redis.keys.
+const (
+	recordHash  = 0 // layout 10's records
+	stateHash   = 1
+	packedStore = 2 // layout 11's records
+)
+
 // hashWrite is what one apply call did to one of its aggregate's hashes: the fields a processor
-// computing the call's new state would have read, those it set (field, value, ...) and those it
-// deleted. key is the hash's key after the store's prefix.
+// computing the call's new state would have read (on a stream of new records: the call's ids and
+// what the call changes), those it set (field, value, ...) and those it deleted. key is the hash's
+// key after the store's prefix.
 type hashWrite struct {
 	key  string
 	read []string
@@ -21,12 +29,21 @@ type hashWrite struct {
 	del  []string
 }
 
-// storeOnlyScript is the one script a processor that computed each call's new state itself would
-// still need: it refuses the call unless the aggregate's version is the one the state was computed
-// from (another processor wrote meanwhile), then stores the writes and refreshes the TTLs.
-// KEYS: the hashes; ARGV: the version read, the TTL in ms, then per key its number of pairs, its
-// number of deletions, the pairs and the deleted fields.
-const storeOnlyScript = `
+// appendWrites appends w's pairs, then its deleted fields, to args.
+func appendWrites(args []any, w hashWrite) []any {
+	args = append(args, w.set...)
+	for _, f := range w.del {
+		args = append(args, f)
+	}
+	return args
+}
+
+// storeIfVersionScript is the one script a processor that computed each call's new state itself
+// would still need: it refuses the call unless the aggregate's version is the one the state was
+// computed from (another processor wrote meanwhile), then stores the writes and refreshes the TTLs.
+// KEYS: the hashes, the state hash first; ARGV: the version read, the TTL in ms, then per key its
+// number of pairs, its number of deletions, the pairs and the deleted fields.
+const storeIfVersionScript = `
 if (redis.call('HGET', KEYS[1], 'v') or '') ~= ARGV[1] then return 0 end
 local i = 3
 for k = 1, #KEYS do
@@ -41,13 +58,12 @@ end
 return 1
 `
 
-// storeIfUnchangedScript is storeOnlyScript with another check: instead of a version, every field the
-// state was computed from must still hold what was read (or still be absent), which stops a stale
-// write whatever wrote meanwhile, a processor of an older release included. All checks come before
-// the first write, so a refused call writes nothing. KEYS: the hashes; ARGV: the TTL in ms, then per
-// key the number of fields read, of pairs and of deletions, a string with a byte per field read
-// ('1' present, '0' absent), the fields read, what they held (empty when absent), the pairs and the
-// deleted fields.
+// storeIfUnchangedScript checks, instead of a version, that every field the state was computed from
+// still holds what was read (or is still absent), which stops a stale write whatever wrote
+// meanwhile, a processor of an older release included. All checks come before the first write, so
+// a refused call writes nothing. KEYS: the hashes; ARGV: the TTL in ms, then per key the number of
+// fields read, of pairs and of deletions, a string with a byte per field read ('1' present, '0'
+// absent), the fields read, what they held (empty when absent), the pairs and the deleted fields.
 const storeIfUnchangedScript = `
 local byte = string.byte
 local at = {}
@@ -78,6 +94,302 @@ end
 return 1
 `
 
+// storeCostRig is what the steps of TestRedisCostOfStateComputedInProcessor share.
+type storeCostRig struct {
+	t    *testing.T
+	ctx  context.Context
+	rdb  *redis.Client
+	aggs int
+	ret  time.Duration
+	// now is every batch's observation time. Fixed, so an aggregate's window sums stay cached
+	// after its first call: the minute's and the hour's turns are not measured.
+	now time.Time
+}
+
+// batches returns total observations of new opportunities over the rig's aggregates, in batches
+// of per a call, ids made from id, occurred at occ(i).
+func (r *storeCostRig) batches(total, per int, id string, occ func(i int) int64) [][]Observation {
+	var out [][]Observation
+	obs := make([]Observation, 0, per*r.aggs)
+	for i := 0; i < total; i++ {
+		o := occ(i)
+		obs = append(obs, Observation{Key: costKey(i % r.aggs), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6})
+		if len(obs) == cap(obs) || i == total-1 {
+			out = append(out, obs)
+			obs = make([]Observation, 0, per*r.aggs)
+		}
+	}
+	return out
+}
+
+func (r *storeCostRig) apply(s *Redis, bs [][]Observation) {
+	for _, b := range bs {
+		if _, err := s.Apply(r.ctx, b, r.now); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// opened returns a store on a fresh prefix whose aggregates hold fill records each, occurred over
+// the last day.
+func (r *storeCostRig) opened(layout Layout, fill int) (*Redis, string) {
+	prefix := fmt.Sprintf("storecost-%d", time.Now().UnixNano())
+	s := costStore(r.t, r.rdb, layout, prefix, r.ret)
+	if fill > 0 {
+		span := 86400e6 / int64(fill*r.aggs+1)
+		r.apply(s, r.batches(fill*r.aggs, 20, "pre", func(i int) int64 { return Micros(r.now) - 60e6 - int64(i)*span }))
+	}
+	return s, prefix
+}
+
+// recordHashTables makes the layout-10 record hashes not made yet hash tables, as the script makes
+// a new aggregate's (a listpack scans itself on every lookup): a field longer than
+// hash-max-listpack-value converts the hash, and a second field keeps it once that one is deleted.
+func (r *storeCostRig) recordHashTables(s *Redis) {
+	for i := 0; i < r.aggs; i++ {
+		o := s.keys(costKey(i))[recordHash]
+		n, err := r.rdb.Exists(r.ctx, o).Result()
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if n == 0 {
+			long := strings.Repeat("x", 100)
+			if err := r.rdb.HSet(r.ctx, o, long, "", "kept", "").Err(); err != nil {
+				r.t.Fatal(err)
+			}
+			if err := r.rdb.HDel(r.ctx, o, long).Err(); err != nil {
+				r.t.Fatal(err)
+			}
+		}
+	}
+}
+
+func (r *storeCostRig) hgetall(key string) map[string]string {
+	m, err := r.rdb.HGetAll(r.ctx, key).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return m
+}
+
+// record runs bs through the script on a store filled with fill records an aggregate, and returns
+// per batch and call what the call wrote: the state hash first (storeIfVersionScript checks its
+// v), found by reading the aggregate's hashes before and after every batch.
+func (r *storeCostRig) record(layout Layout, fill int, bs [][]Observation) [][][]hashWrite {
+	s, prefix := r.opened(layout, fill)
+	defer deleteUnder(r.ctx, r.rdb, prefix)
+	hashes := []int{stateHash} // read whole
+	if layout == Layout11 {
+		hashes = append(hashes, packedStore)
+	}
+	var out [][][]hashWrite
+	for _, b := range bs {
+		byKey, order := groupByKey(b)
+		before := make([][]map[string]string, len(order))
+		for i, k := range order {
+			for _, h := range hashes {
+				before[i] = append(before[i], r.hgetall(s.keys(k)[h]))
+			}
+		}
+		if _, err := s.Apply(r.ctx, b, r.now); err != nil {
+			r.t.Fatal(err)
+		}
+		calls := make([][]hashWrite, len(order))
+		for i, k := range order {
+			keys := s.keys(k)
+			var ws []hashWrite
+			for j, h := range hashes {
+				w := hashWrite{key: strings.TrimPrefix(keys[h], prefix)}
+				if h == stateHash {
+					w.read = []string{"H", "v"}
+				}
+				after := r.hgetall(keys[h])
+				for f, v := range after {
+					if old, ok := before[i][j][f]; !ok || old != v {
+						w.set = append(w.set, f, v)
+						if f != "H" && f != "v" {
+							w.read = append(w.read, f)
+						}
+					}
+				}
+				for f := range before[i][j] {
+					if _, ok := after[f]; !ok {
+						w.del = append(w.del, f)
+						w.read = append(w.read, f)
+					}
+				}
+				ws = append(ws, w)
+			}
+			if layout == Layout10 {
+				w := hashWrite{key: strings.TrimPrefix(keys[recordHash], prefix)}
+				for _, o := range byKey[k] {
+					w.read = append(w.read, b[o].OpportunityID)
+				}
+				recs, err := r.rdb.HMGet(r.ctx, keys[recordHash], w.read...).Result()
+				if err != nil {
+					r.t.Fatal(err)
+				}
+				for j, v := range recs {
+					w.set = append(w.set, w.read[j], v)
+				}
+				ws = append(ws, w)
+			}
+			calls[i] = ws
+		}
+		out = append(out, calls)
+	}
+	return out
+}
+
+// read reads what every call read, in one pipeline: a reply per hash with fields to read (nil for
+// one without).
+func (r *storeCostRig) read(prefix string, calls [][]hashWrite) [][]*redis.SliceCmd {
+	p := r.rdb.Pipeline()
+	out := make([][]*redis.SliceCmd, len(calls))
+	for i, ws := range calls {
+		out[i] = make([]*redis.SliceCmd, len(ws))
+		for j, w := range ws {
+			if len(w.read) > 0 {
+				out[i][j] = p.HMGet(r.ctx, prefix+w.key, w.read...)
+			}
+		}
+	}
+	if _, err := p.Exec(r.ctx); err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// store sends each call's writes to the script sha in one pipeline, with the arguments args makes,
+// and fails unless the script stored every call.
+func (r *storeCostRig) store(sha, prefix string, calls [][]hashWrite, args func(i int) []any) {
+	p := r.rdb.Pipeline()
+	for i, ws := range calls {
+		keys := make([]string, len(ws))
+		for j, w := range ws {
+			keys[j] = prefix + w.key
+		}
+		p.EvalSha(r.ctx, sha, keys, args(i)...)
+	}
+	cmds, err := p.Exec(r.ctx)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, c := range cmds {
+		if n, _ := c.(*redis.Cmd).Int(); n != 1 {
+			r.t.Fatalf("the store script refused a call: %v", c)
+		}
+	}
+}
+
+func (r *storeCostRig) loaded(script string) string {
+	sha, err := r.rdb.ScriptLoad(r.ctx, script).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return sha
+}
+
+// storeWay is one way of applying the measured batches: run is timed, on a store that prepare (when
+// set) readied untimed.
+type storeWay struct {
+	name    string
+	prepare func(s *Redis)
+	run     func(s *Redis, prefix string, bs [][]Observation, rec [][][]hashWrite)
+}
+
+func (r *storeCostRig) ways() []storeWay {
+	version, unchanged := r.loaded(storeIfVersionScript), r.loaded(storeIfUnchangedScript)
+	ttl := int64(r.ret / time.Millisecond)
+	return []storeWay{
+		{name: "script", run: func(s *Redis, _ string, bs [][]Observation, _ [][][]hashWrite) { r.apply(s, bs) }},
+		{name: "read + store", prepare: r.recordHashTables, run: func(_ *Redis, prefix string, _ [][]Observation, rec [][][]hashWrite) {
+			for _, calls := range rec {
+				got := r.read(prefix, calls)
+				r.store(version, prefix, calls, func(i int) []any {
+					v, _ := got[i][0].Val()[1].(string) // the state hash's second field read
+					args := []any{v, ttl}
+					for _, w := range calls[i] {
+						args = appendWrites(append(args, len(w.set)/2, len(w.del)), w)
+					}
+					return args
+				})
+			}
+		}},
+		{name: "read + store if unchanged", prepare: r.recordHashTables, run: func(_ *Redis, prefix string, _ [][]Observation, rec [][][]hashWrite) {
+			for _, calls := range rec {
+				got := r.read(prefix, calls)
+				r.store(unchanged, prefix, calls, func(i int) []any {
+					args := []any{ttl}
+					for j, w := range calls[i] {
+						var vals []any
+						if got[i][j] != nil {
+							vals = got[i][j].Val()
+						}
+						has := make([]byte, len(vals))
+						args = append(args, len(vals), len(w.set)/2, len(w.del), "")
+						hasAt := len(args) - 1
+						for _, f := range w.read {
+							args = append(args, f)
+						}
+						for k, v := range vals {
+							s, ok := v.(string)
+							has[k] = '0'
+							if ok {
+								has[k] = '1'
+							}
+							args = append(args, s)
+						}
+						args[hasAt] = string(has)
+						args = appendWrites(args, w)
+					}
+					return args
+				})
+			}
+		}},
+		{name: "WATCH + MULTI", prepare: r.recordHashTables, run: func(_ *Redis, prefix string, _ [][]Observation, rec [][][]hashWrite) {
+			for _, calls := range rec {
+				var watched []string
+				for _, ws := range calls {
+					watched = append(watched, prefix+ws[0].key)
+				}
+				err := r.rdb.Watch(r.ctx, func(tx *redis.Tx) error {
+					if _, err := tx.Pipelined(r.ctx, func(p redis.Pipeliner) error {
+						for _, ws := range calls {
+							for _, w := range ws {
+								if len(w.read) > 0 {
+									p.HMGet(r.ctx, prefix+w.key, w.read...)
+								}
+							}
+						}
+						return nil
+					}); err != nil {
+						return err
+					}
+					_, err := tx.TxPipelined(r.ctx, func(p redis.Pipeliner) error {
+						for _, ws := range calls {
+							for _, w := range ws {
+								if len(w.set) > 0 {
+									p.HSet(r.ctx, prefix+w.key, w.set...)
+								}
+								if len(w.del) > 0 {
+									p.HDel(r.ctx, prefix+w.key, w.del...)
+								}
+								p.PExpire(r.ctx, prefix+w.key, r.ret)
+							}
+						}
+						return nil
+					})
+					return err
+				}, watched...)
+				if err != nil {
+					r.t.Fatal(err)
+				}
+			}
+		}},
+	}
+}
+
 // TestRedisCostOfStateComputedInProcessor projects what Redis would spend per call and per record
 // if the processor computed each call's new state (the work apply.lua does in Lua) and Redis only
 // read and stored it, against the script today, on the Redis REPEATRATE_APPLY_MEMORY_REDIS names
@@ -85,300 +397,93 @@ return 1
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRedisCostOfStateComputedInProcessor -v ./aggregator
 //
-// The workload is TestRedisCostPerCallAndPerRecord's (100 aggregates, 100 000 new opportunities in
-// calls of 5 and of 80, on empty aggregates and on aggregates holding 2 000 records), in layouts 10
-// and 11. The script runs it first on a prefix of its own, and every call's writes are recorded by
-// reading the aggregate's state before and after each batch. Three ways of storing those same writes
-// are then timed on a fresh prefix filled the same way:
+// The workload has TestRedisCostPerCallAndPerRecord's shape: 100 aggregates, 96 000 new
+// opportunities occurred within the last 30 s in calls of 5 and of 80, on empty aggregates and on
+// aggregates holding 2 000 records, in layouts 10 and 11. The script runs it first on a prefix of
+// its own, and every call's writes are recorded by reading the aggregate's state before and after
+// each batch. Three ways of storing those same writes are then timed on a fresh prefix filled the
+// same way, the four ways in turn, in reverse order in the second round:
 //   - "read + store": one pipeline reads, for every call, the records of its ids (layout 10) and
 //     the state fields and buckets it changes, then a second pipeline sends each call's writes to
-//     storeOnlyScript, which checks the version first;
-//   - "read + store if unchanged": the same, but the script checks every field read instead of a
-//     version (storeIfUnchangedScript), which needs no version that every writer moves;
+//     storeIfVersionScript;
+//   - "read + store if unchanged": the same, with storeIfUnchangedScript, which checks every field
+//     read instead of a version;
 //   - "WATCH + MULTI": the same reads and writes as plain commands in one optimistic transaction
 //     per batch, no Lua at all (a single Redis only: in a cluster a transaction holds one slot).
 //
-// It also logs this process's CPU per call: for the script, encoding the batch and its pipeline;
-// for the other ways, their pipelines with the arguments built beforehand. What it leaves out: the
-// processor's cost of computing the state, the index's sorted set (its ZADDs and TTL), and what a
-// refused check costs (a read and a compute again).
+// It logs Redis's CPU per call, and for the script the time Redis gave the script calls and the
+// commands they issued (INFO commandstats), and this process's CPU per call: for the script,
+// encoding the batch and its pipeline; for the other ways, their pipelines with the arguments built
+// beforehand.
+//
+// What it leaves out: the processor's cost of computing the state; every call other than new
+// records (duplicates and reassessments read records and hours they do not write, a move may
+// read index chunks, garbage collection reads chunks and deletes records); the minute's and hour's
+// turns of the window sums; layout 11's read of the head before its buckets (a round trip, not
+// Redis CPU); the index's sorted set (its ZADDs and TTL); and what a refused check costs (a read and
+// a compute again).
 func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
-	rdb := redisOfItsOwn(t)
-	ctx := context.Background()
-	const aggs, measured, filled, ret = 100, 100_000, 2_000, 30 * 24 * time.Hour
-	now := time.Now()
-	ttl := int64(ret / time.Millisecond)
-	sha, err := rdb.ScriptLoad(ctx, storeOnlyScript).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	shaUnchanged, err := rdb.ScriptLoad(ctx, storeIfUnchangedScript).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	batches := func(total, per int, id string, occ func(i int) int64) [][]Observation {
-		var out [][]Observation
-		obs := make([]Observation, 0, per*aggs)
-		for i := 0; i < total; i++ {
-			o := occ(i)
-			obs = append(obs, Observation{Key: costKey(i % aggs), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6})
-			if len(obs) == cap(obs) || i == total-1 {
-				out = append(out, obs)
-				obs = make([]Observation, 0, per*aggs)
-			}
-		}
-		return out
-	}
-	apply := func(s *Redis, bs [][]Observation) {
-		for _, b := range bs {
-			if _, err := s.Apply(ctx, b, now); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	// opened returns a store on a fresh prefix whose aggregates hold fill records each. For the
-	// ways without the script, layout 10's empty record hashes are made hash tables first, as the
-	// script makes them (a listpack scans itself on every lookup), with a field of their own.
-	opened := func(layout Layout, fill int, script bool) (*Redis, string) {
-		prefix := fmt.Sprintf("storecost-%d", time.Now().UnixNano())
-		s := costStore(t, rdb, layout, prefix, ret)
-		if fill > 0 {
-			apply(s, batches(fill*aggs, 20, "pre", func(i int) int64 { return Micros(now) - 60e6 - int64(i)*(86400e6/int64(fill*aggs+1)) }))
-		} else if layout == Layout10 && !script {
-			long := strings.Repeat("x", 100)
-			for i := 0; i < aggs; i++ {
-				o := s.keys(costKey(i))[0]
-				rdb.HSet(ctx, o, long, "", "made", "")
-				rdb.HDel(ctx, o, long)
-			}
-		}
-		return s, prefix
-	}
-	// record runs bs through the script and returns, per batch and call, what each call wrote.
-	record := func(layout Layout, fill int, bs [][]Observation) [][][]hashWrite {
-		s, prefix := opened(layout, fill, true)
-		defer deleteUnder(ctx, rdb, prefix)
-		hashes := []int{1} // the state hash, and (layout 11) the packed store, read whole
-		if layout == Layout11 {
-			hashes = append(hashes, 2)
-		}
-		var out [][][]hashWrite
-		for _, b := range bs {
-			byKey, order := groupByKey(b)
-			before := make([][]map[string]string, len(order))
-			for i, k := range order {
-				for _, h := range hashes {
-					before[i] = append(before[i], rdb.HGetAll(ctx, s.keys(k)[h]).Val())
-				}
-			}
-			if _, err := s.Apply(ctx, b, now); err != nil {
-				t.Fatal(err)
-			}
-			calls := make([][]hashWrite, len(order))
-			for i, k := range order {
-				keys := s.keys(k)
-				// The version hash first: storeOnlyScript checks its v.
-				var ws []hashWrite
-				for j, h := range hashes {
-					w := hashWrite{key: strings.TrimPrefix(keys[h], prefix)}
-					if h == 1 {
-						w.read = []string{"H", "v"}
-					}
-					after := rdb.HGetAll(ctx, keys[h]).Val()
-					for f, v := range after {
-						if before[i][j][f] != v {
-							w.set = append(w.set, f, v)
-							if f != "H" && f != "v" {
-								w.read = append(w.read, f)
+	r := &storeCostRig{t: t, ctx: context.Background(), rdb: redisOfItsOwn(t), aggs: 100, ret: 30 * 24 * time.Hour, now: time.Now()}
+	const measured, filled = 96_000, 2_000 // whole batches at both call sizes
+	ways := r.ways()
+	for round := 0; round < 2; round++ {
+		for _, layout := range []Layout{Layout10, Layout11} {
+			for _, fill := range []int{0, filled} {
+				perRecord := map[string][2]float64{}
+				for c, per := range []int{5, 80} {
+					bs := r.batches(measured, per, "new", func(i int) int64 { return Micros(r.now) - int64(i%30)*1e6 })
+					rec := r.record(layout, fill, bs)
+					calls := float64(measured) / float64(per)
+					var line, client []string
+					for k := range ways {
+						way := ways[k]
+						if round%2 == 1 {
+							way = ways[len(ways)-1-k]
+						}
+						s, prefix := r.opened(layout, fill)
+						if way.prepare != nil {
+							way.prepare(s)
+						}
+						before, err := readCost(r.ctx, r.rdb)
+						if err != nil {
+							t.Fatal(err)
+						}
+						own := processCPU(t)
+						way.run(s, prefix, bs, rec)
+						own = processCPU(t) - own
+						after, err := readCost(r.ctx, r.rdb)
+						if err != nil {
+							t.Fatal(err)
+						}
+						deleteUnder(r.ctx, r.rdb, prefix)
+						us := (after.cpu - before.cpu) * 1e6 / measured
+						pr := perRecord[way.name]
+						pr[c] = us
+						perRecord[way.name] = pr
+						line = append(line, fmt.Sprintf("%s %.1f", way.name, us*float64(per)))
+						client = append(client, fmt.Sprintf("%s %.1f", way.name, own.Seconds()*1e6/calls))
+						if way.name == "script" {
+							var d redisCost
+							d.calls, d.usec = map[string]int64{}, map[string]int64{}
+							d.add(before, after)
+							inner := int64(0)
+							for cmd, us := range d.usec {
+								if cmd != "evalsha" {
+									inner += us
+								}
 							}
+							t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: the script calls took %.1f µs a call by INFO commandstats, %.1f of them in the commands they issued",
+								round, layout, fill, per, float64(d.usec["evalsha"])/calls, float64(inner)/calls)
 						}
 					}
-					for f := range before[i][j] {
-						if _, ok := after[f]; !ok {
-							w.del = append(w.del, f)
-							w.read = append(w.read, f)
-						}
-					}
-					ws = append(ws, w)
+					t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: Redis µs a call: %s", round, layout, fill, per, strings.Join(line, ", "))
+					t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: this process's µs a call: %s", round, layout, fill, per, strings.Join(client, ", "))
 				}
-				if layout == Layout10 {
-					w := hashWrite{key: strings.TrimPrefix(keys[0], prefix)}
-					for _, o := range byKey[k] {
-						w.read = append(w.read, b[o].OpportunityID)
-					}
-					for j, v := range rdb.HMGet(ctx, keys[0], w.read...).Val() {
-						w.set = append(w.set, w.read[j], v)
-					}
-					ws = append(ws, w)
-				}
-				calls[i] = ws
-			}
-			out = append(out, calls)
-		}
-		return out
-	}
-	// readAll queues every call's reads, a command per hash with fields to read (nil for one
-	// without); a call's first hash is its state hash, whose second field read is the version.
-	readAll := func(p redis.Pipeliner, prefix string, calls [][]hashWrite) [][]*redis.SliceCmd {
-		out := make([][]*redis.SliceCmd, len(calls))
-		for i, ws := range calls {
-			out[i] = make([]*redis.SliceCmd, len(ws))
-			for j, w := range ws {
-				if len(w.read) > 0 {
-					out[i][j] = p.HMGet(ctx, prefix+w.key, w.read...)
-				}
-			}
-		}
-		return out
-	}
-	// storeAll sends each call's writes to the script sha with the arguments args makes.
-	storeAll := func(sha, prefix string, calls [][]hashWrite, args func(i int) []any) {
-		p := rdb.Pipeline()
-		for i, ws := range calls {
-			keys := make([]string, len(ws))
-			for j, w := range ws {
-				keys[j] = prefix + w.key
-			}
-			p.EvalSha(ctx, sha, keys, args(i)...)
-		}
-		cmds, err := p.Exec(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range cmds {
-			if n, _ := c.(*redis.Cmd).Int(); n != 1 {
-				t.Fatalf("the store script refused a call: %v", c)
-			}
-		}
-	}
-	writes := func(args []any, w hashWrite) []any {
-		args = append(args, w.set...)
-		for _, f := range w.del {
-			args = append(args, f)
-		}
-		return args
-	}
-	stores := map[string]func(prefix string, calls [][]hashWrite){
-		"read + store": func(prefix string, calls [][]hashWrite) {
-			p := rdb.Pipeline()
-			read := readAll(p, prefix, calls)
-			if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
-				t.Fatal(err)
-			}
-			storeAll(sha, prefix, calls, func(i int) []any {
-				v, _ := read[i][0].Val()[1].(string)
-				args := []any{v, ttl}
-				for _, w := range calls[i] {
-					args = writes(append(args, len(w.set)/2, len(w.del)), w)
-				}
-				return args
-			})
-		},
-		"read + store if unchanged": func(prefix string, calls [][]hashWrite) {
-			p := rdb.Pipeline()
-			read := readAll(p, prefix, calls)
-			if _, err := p.Exec(ctx); err != nil && err != redis.Nil {
-				t.Fatal(err)
-			}
-			storeAll(shaUnchanged, prefix, calls, func(i int) []any {
-				args := []any{ttl}
-				for j, w := range calls[i] {
-					var got []any
-					if read[i][j] != nil {
-						got = read[i][j].Val()
-					}
-					has := make([]byte, len(got))
-					args = append(args, len(got), len(w.set)/2, len(w.del), "")
-					at := len(args) - 1
-					for _, f := range w.read {
-						args = append(args, f)
-					}
-					for k, v := range got {
-						s, ok := v.(string)
-						has[k] = '0'
-						if ok {
-							has[k] = '1'
-						}
-						args = append(args, s)
-					}
-					args[at] = string(has)
-					args = writes(args, w)
-				}
-				return args
-			})
-		},
-		"WATCH + MULTI": func(prefix string, calls [][]hashWrite) {
-			var watched []string
-			for _, ws := range calls {
-				watched = append(watched, prefix+ws[0].key)
-			}
-			err := rdb.Watch(ctx, func(tx *redis.Tx) error {
-				if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error { readAll(p, prefix, calls); return nil }); err != nil && err != redis.Nil {
-					return err
-				}
-				_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-					for _, ws := range calls {
-						for _, w := range ws {
-							if len(w.set) > 0 {
-								p.HSet(ctx, prefix+w.key, w.set...)
-							}
-							if len(w.del) > 0 {
-								p.HDel(ctx, prefix+w.key, w.del...)
-							}
-							p.PExpire(ctx, prefix+w.key, ret)
-						}
-					}
-					return nil
-				})
-				return err
-			}, watched...)
-			if err != nil {
-				t.Fatal(err)
-			}
-		},
-	}
-	ways := []string{"script", "read + store", "read + store if unchanged", "WATCH + MULTI"}
-	for _, layout := range []Layout{Layout10, Layout11} {
-		for _, fill := range []int{0, filled} {
-			perRecord := map[string][2]float64{}
-			for c, per := range []int{5, 80} {
-				bs := batches(measured, per, "new", func(i int) int64 { return Micros(now) - int64(i%30)*1e6 })
-				rec := record(layout, fill, bs)
-				var line, client []string
 				for _, way := range ways {
-					s, prefix := opened(layout, fill, way == "script")
-					before, err := readCost(ctx, rdb)
-					if err != nil {
-						t.Fatal(err)
-					}
-					own := processCPU(t)
-					if way == "script" {
-						apply(s, bs)
-					} else {
-						for _, calls := range rec {
-							stores[way](prefix, calls)
-						}
-					}
-					own = processCPU(t) - own
-					after, err := readCost(ctx, rdb)
-					if err != nil {
-						t.Fatal(err)
-					}
-					deleteUnder(ctx, rdb, prefix)
-					us := (after.cpu - before.cpu) * 1e6 / measured
-					r := perRecord[way]
-					r[c] = us
-					perRecord[way] = r
-					line = append(line, fmt.Sprintf("%s %.1f", way, us*float64(per)))
-					client = append(client, fmt.Sprintf("%s %.1f", way, own.Seconds()*1e6/float64(measured/per)))
+					c5, c80 := perRecord[way.name][0], perRecord[way.name][1]
+					f := (c5 - c80) / (1.0/5 - 1.0/80)
+					t.Logf("round %d, layout %d, %d records an aggregate before, %s: F %.1f µs a call, R %.2f µs a record, a call of 10: %.1f µs", round, layout, fill, way.name, f, c80-f/80, f+10*(c80-f/80))
 				}
-				t.Logf("layout %d, %d records an aggregate before, calls of %d: Redis µs a call: %s", layout, fill, per, strings.Join(line, ", "))
-				t.Logf("layout %d, %d records an aggregate before, calls of %d: this process's µs a call: %s", layout, fill, per, strings.Join(client, ", "))
-			}
-			for _, way := range ways {
-				c5, c80 := perRecord[way][0], perRecord[way][1]
-				f := (c5 - c80) / (1.0/5 - 1.0/80)
-				t.Logf("layout %d, %d records an aggregate before, %s: F %.1f µs a call, R %.2f µs a record, a call of 10: %.1f µs", layout, fill, way, f, c80-f/80, f+10*(c80-f/80))
 			}
 		}
 	}
