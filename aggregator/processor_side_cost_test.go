@@ -3,6 +3,8 @@ package aggregator
 import (
 	"context"
 	"fmt"
+	"maps"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +29,8 @@ type hashWrite struct {
 	read []string
 	set  []any
 	del  []string
+	// before is the state hash as the call found it (nil for the other hashes).
+	before map[string]string
 }
 
 // appendWrites appends w's pairs, then its deleted fields, to args.
@@ -201,7 +205,7 @@ func (r *storeCostRig) record(layout Layout, fill int, bs [][]Observation) [][][
 			for j, h := range hashes {
 				w := hashWrite{key: strings.TrimPrefix(keys[h], prefix)}
 				if h == stateHash {
-					w.read = []string{"H", "v"}
+					w.read, w.before = []string{"H", "v"}, before[i][j]
 				}
 				after := r.hgetall(keys[h])
 				for f, v := range after {
@@ -222,14 +226,23 @@ func (r *storeCostRig) record(layout Layout, fill int, bs [][]Observation) [][][
 			}
 			if layout == Layout10 {
 				w := hashWrite{key: strings.TrimPrefix(keys[recordHash], prefix)}
+				obs := make([]Observation, 0, len(byKey[k]))
 				for _, o := range byKey[k] {
-					w.read = append(w.read, b[o].OpportunityID)
+					obs = append(obs, b[o])
 				}
+				fields, err := recordFields(obs)
+				if err != nil {
+					r.t.Fatal(err)
+				}
+				w.read = fields
 				recs, err := r.rdb.HMGet(r.ctx, keys[recordHash], w.read...).Result()
 				if err != nil {
 					r.t.Fatal(err)
 				}
 				for j, v := range recs {
+					if v == nil {
+						r.t.Fatalf("record %s was not written", w.read[j])
+					}
 					w.set = append(w.set, w.read[j], v)
 				}
 				ws = append(ws, w)
@@ -390,6 +403,53 @@ func (r *storeCostRig) ways() []storeWay {
 	}
 }
 
+// computeInGo runs computeNewRecords on every layout-10 call recorded in rec, fails the test unless
+// each call it computes sets exactly what the script set, and returns how many calls it computed
+// of how many, and its CPU µs per computed call (the state parsed from the strings a read returns,
+// as a processor would get them).
+func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us float64) {
+	type call struct {
+		state        map[string]string
+		fields, recs []string
+	}
+	var todo []call
+	at, ret, ttl, now := Micros(r.now), int64(r.ret/time.Microsecond), int64(r.ret/time.Millisecond), time.Now().Unix()
+	for _, batch := range rec {
+		for _, ws := range batch {
+			calls++
+			st, records := ws[0], ws[len(ws)-1]
+			c := call{state: st.before}
+			for i := 0; i < len(records.set); i += 2 {
+				c.fields = append(c.fields, records.set[i].(string))
+				c.recs = append(c.recs, records.set[i+1].(string))
+			}
+			got, ok := computeNewRecords(c.state, c.fields, c.recs, at, ret, ttl, now)
+			if !ok {
+				continue
+			}
+			want := map[string]string{}
+			for i := 0; i < len(st.set); i += 2 {
+				want[st.set[i].(string)] = st.set[i+1].(string)
+			}
+			if len(st.del) > 0 || !maps.Equal(got, want) {
+				r.t.Fatalf("computed in Go: %q, the script set %q and deleted %q", got, want, st.del)
+			}
+			todo = append(todo, c)
+		}
+	}
+	if len(todo) == 0 {
+		return 0, calls, 0
+	}
+	const reps = 20
+	began := processCPU(r.t)
+	for range reps {
+		for _, c := range todo {
+			computeNewRecords(c.state, c.fields, c.recs, at, ret, ttl, now)
+		}
+	}
+	return len(todo), calls, (processCPU(r.t) - began).Seconds() * 1e6 / float64(reps*len(todo))
+}
+
 // TestRedisCostOfStateComputedInProcessor projects what Redis would spend per call and per record
 // if the processor computed each call's new state (the work apply.lua does in Lua) and Redis only
 // read and stored it, against the script today, on the Redis REPEATRATE_APPLY_MEMORY_REDIS names
@@ -414,9 +474,10 @@ func (r *storeCostRig) ways() []storeWay {
 // It logs Redis's CPU per call, and for the script the time Redis gave the script calls and the
 // commands they issued (INFO commandstats), and this process's CPU per call: for the script,
 // encoding the batch and its pipeline; for the other ways, their pipelines with the arguments built
-// beforehand.
+// beforehand. In layout 10 it also times the computation on the path these calls take, with a
+// stand-in (computeNewRecords) that must set exactly what the script set on every call it computes.
 //
-// What it leaves out: the processor's cost of computing the state; every call other than new
+// What it leaves out: the computation in layout 11, and off that path; every call other than new
 // records (duplicates and reassessments read records and hours they do not write, a move may
 // read index chunks, garbage collection reads chunks and deletes records); the minute's and hour's
 // turns of the window sums; layout 11's read of the head before its buckets (a round trip, not
@@ -433,6 +494,11 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 				for c, per := range []int{5, 80} {
 					bs := r.batches(measured, per, "new", func(i int) int64 { return Micros(r.now) - int64(i%30)*1e6 })
 					rec := r.record(layout, fill, bs)
+					if layout == Layout10 {
+						computed, calls, us := r.computeInGo(rec)
+						t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: computed in Go as the script wrote them, %d calls of %d, %.2f µs of CPU a call",
+							round, layout, fill, per, computed, calls, us)
+					}
 					calls := float64(measured) / float64(per)
 					var line, client []string
 					for k := range ways {
@@ -497,4 +563,239 @@ func processCPU(t *testing.T) time.Duration {
 		t.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// The layout-10 constants of apply.lua that computeNewRecords needs.
+const (
+	applyMinute     = int64(60_000_000)
+	applyHour       = int64(3_600_000_000)
+	applyMKeep      = 70
+	applyChunkBytes = 480
+)
+
+// standInCount is an hour's or a minute's counts, and an hour's bounds (absolute µs).
+type standInCount struct {
+	c      [3]int64
+	a, b   int64
+	bounds bool // a and b hold winners' bounds
+	loose  bool
+}
+
+// standInGroup is an index group's header and open chunk, and the fields it adds this call.
+type standInGroup struct {
+	k, n, x int64
+	e       string
+	add     []string
+}
+
+// littleEndian reads s as an unsigned little-endian number.
+func littleEndian(s string) int64 {
+	var x int64
+	for i := len(s) - 1; i >= 0; i-- {
+		x = x<<8 | int64(s[i])
+	}
+	return x
+}
+
+// appendLittleEndian appends x to b as width bytes, little-endian.
+func appendLittleEndian(b []byte, x int64, width int) []byte {
+	for i := 0; i < width; i++ {
+		b = append(b, byte(x))
+		x >>= 8
+	}
+	return b
+}
+
+// computeNewRecords is a stand-in for the computation a processor would do instead of apply.lua, for
+// the only calls the projection above makes often enough to time: layout 10, an aggregate that
+// exists, every record new, in an index group that lists ids already, with the window sums cached
+// for the observation time, no hour expiring, no minutes to prune and no TTL stamp to refresh.
+// Given the state hash as read and the call's record fields and records, it returns the state
+// fields the call sets, or false for any other call. It is what the script does on that path,
+// written in Go to time it, not a second implementation of the semantics.
+func computeNewRecords(state map[string]string, fields, recs []string, at, ret, ttlMs, nowS int64) (map[string]string, bool) {
+	head := state["H"]
+	if len(head) != 2+21*7 || head[0] != 10 {
+		return nil, false
+	}
+	G := int64(head[1])
+	var x [21]int64
+	for i := range x {
+		x[i] = littleEndian(head[2+7*i : 9+7*i])
+	}
+	for _, i := range []int{0, 1, 2, 3, 4, 5, 6, 7, 20} { // stored plus one; all present on this path
+		if x[i] == 0 {
+			return nil, false
+		}
+		x[i]--
+	}
+	w, pm, f, l, hcm, hch, rt, g := x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
+	counts := [3]int64{x[8], x[9], x[10]}
+	var hr, dy, wk [3]int64
+	copy(hr[:], x[11:14])
+	copy(dy[:], x[14:17])
+	copy(wk[:], x[17:20])
+	cutH := x[20]
+	M, H := at/applyMinute, at/applyHour
+	if hcm != M || hch != H || (w-ret)/applyHour > cutH || nowS-rt >= ttlMs/2000 {
+		return nil, false
+	}
+	v, err := strconv.ParseInt(state["v"], 10, 64)
+	if err != nil {
+		return nil, false
+	}
+	mfloor := w/applyMinute - applyMKeep
+	hours := map[int64]*standInCount{}
+	mins := map[int64]*standInCount{}
+	groups := map[int64]*standInGroup{}
+	var hourOrder, minOrder, groupOrder []int64
+	for i, rec := range recs {
+		comma := strings.IndexByte(rec, ',')
+		if comma < 2 {
+			return nil, false
+		}
+		occ, err := strconv.ParseInt(rec[1:comma], 16, 64)
+		if err != nil {
+			return nil, false
+		}
+		j := strings.IndexByte("CPU", rec[0])
+		if j < 0 {
+			return nil, false
+		}
+		if occ > w {
+			w = occ
+			nm := max(w/applyMinute-applyMKeep, 0)
+			if (w-ret)/applyHour > cutH || nm-pm >= 60 {
+				return nil, false
+			}
+			mfloor = w/applyMinute - applyMKeep
+		}
+		if occ < cutH*applyHour {
+			return nil, false
+		}
+		h := occ / applyHour
+		d := h / G
+		gr := groups[d]
+		if gr == nil {
+			v, ok := state["i"+strconv.FormatInt(d, 10)]
+			if !ok || len(v) < 16 || v[0] != 0 {
+				return nil, false // a new group: the sorted set and the TTL stamp change too
+			}
+			gr = &standInGroup{k: littleEndian(v[1:6]), n: littleEndian(v[6:11]), x: littleEndian(v[11:16]), e: v[16:]}
+			groups[d] = gr
+			groupOrder = append(groupOrder, d)
+		}
+		gr.add = append(gr.add, fields[i])
+		t := hours[h]
+		if t == nil {
+			t = &standInCount{}
+			if v, ok := state["h"+strconv.FormatInt(h, 10)]; ok {
+				if len(v) != 26 || (v[0] != 1 && v[0] != 2) {
+					return nil, false
+				}
+				t.loose = v[0] == 2
+				for k := range t.c {
+					t.c[k] = littleEndian(v[1+5*k : 6+5*k])
+				}
+				t.a, t.b, t.bounds = h*applyHour+littleEndian(v[16:21]), h*applyHour+littleEndian(v[21:26]), true
+			}
+			hours[h] = t
+			hourOrder = append(hourOrder, h)
+		}
+		if !t.bounds {
+			t.a, t.b, t.bounds = occ, occ, true
+		} else {
+			t.a, t.b = min(t.a, occ), max(t.b, occ)
+		}
+		f, l = min(f, occ), max(l, occ)
+		counts[j]++
+		t.c[j]++
+		if occ >= mfloor*applyMinute {
+			m := occ / applyMinute
+			q := mins[m]
+			if q == nil {
+				q = &standInCount{}
+				if v, ok := state["m"+strconv.FormatInt(m, 10)]; ok {
+					if len(v) != 16 || v[0] != 0 {
+						return nil, false
+					}
+					for k := range q.c {
+						q.c[k] = littleEndian(v[1+5*k : 6+5*k])
+					}
+				}
+				mins[m] = q
+				minOrder = append(minOrder, m)
+			}
+			q.c[j]++
+			if m <= M && m >= M-59 {
+				hr[j]++
+			}
+		}
+		if h <= H && h >= H-167 {
+			wk[j]++
+			if h >= H-23 {
+				dy[j]++
+			}
+		}
+	}
+	sets := map[string]string{}
+	for _, d := range groupOrder {
+		gr := groups[d]
+		name := "i" + strconv.FormatInt(d, 10)
+		gr.n += int64(len(gr.add))
+		size := len(gr.e)
+		var b strings.Builder
+		b.WriteString(gr.e)
+		for _, id := range gr.add {
+			if size+len(id) > applyChunkBytes && size > 0 {
+				gr.k++
+				sets[name+"."+strconv.FormatInt(gr.k, 10)] = b.String()
+				b.Reset()
+				size = 0
+			}
+			b.WriteString(id)
+			size += len(id)
+		}
+		buf := appendLittleEndian(appendLittleEndian(appendLittleEndian([]byte{0}, gr.k, 5), gr.n, 5), min(gr.x, gr.n), 5)
+		sets[name] = string(buf) + b.String()
+	}
+	for _, h := range hourOrder {
+		t := hours[h]
+		kind := byte(1)
+		if t.loose {
+			kind = 2
+		}
+		buf := []byte{kind}
+		for _, c := range t.c {
+			buf = appendLittleEndian(buf, c, 5)
+		}
+		buf = appendLittleEndian(appendLittleEndian(buf, t.a-h*applyHour, 5), t.b-h*applyHour, 5)
+		sets["h"+strconv.FormatInt(h, 10)] = string(buf)
+	}
+	for _, m := range minOrder {
+		buf := []byte{0}
+		for _, c := range mins[m].c {
+			buf = appendLittleEndian(buf, c, 5)
+		}
+		sets["m"+strconv.FormatInt(m, 10)] = string(buf)
+	}
+	v = max(v+1, at)
+	sets["v"] = strconv.FormatInt(v, 10)
+	nh := []byte{10, byte(G)}
+	for _, n := range []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, rt + 1, g + 1} {
+		nh = appendLittleEndian(nh, n, 7)
+	}
+	for _, n := range [][3]int64{counts, hr, dy, wk} {
+		for _, c := range n {
+			nh = appendLittleEndian(nh, c, 7)
+		}
+	}
+	nh = appendLittleEndian(nh, cutH+1, 7)
+	sets["H"] = string(nh)
+	for k, v := range sets {
+		if state[k] == v {
+			delete(sets, k)
+		}
+	}
+	return sets, true
 }
