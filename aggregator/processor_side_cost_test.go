@@ -6,11 +6,12 @@ import (
 	"maps"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
 // The aggregate's hashes the projection below records, as indexes into Redis.keys.
@@ -441,13 +442,13 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 		return 0, calls, 0
 	}
 	const reps = 20
-	began := processCPU(r.t)
+	began := testenv.OwnCPU(r.t)
 	for range reps {
 		for _, c := range todo {
 			computeNewRecords(c.state, c.fields, c.recs, at, ret, ttl, now)
 		}
 	}
-	return len(todo), calls, (processCPU(r.t) - began).Seconds() * 1e6 / float64(reps*len(todo))
+	return len(todo), calls, (testenv.OwnCPU(r.t) - began).Seconds() * 1e6 / float64(reps*len(todo))
 }
 
 // TestRedisCostOfStateComputedInProcessor projects what Redis would spend per call and per record
@@ -514,9 +515,9 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						own := processCPU(t)
+						own := testenv.OwnCPU(t)
 						way.run(s, prefix, bs, rec)
-						own = processCPU(t) - own
+						own = testenv.OwnCPU(t) - own
 						after, err := readCost(r.ctx, r.rdb)
 						if err != nil {
 							t.Fatal(err)
@@ -553,16 +554,6 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 			}
 		}
 	}
-}
-
-// processCPU is the test process's user and system CPU time so far.
-func processCPU(t *testing.T) time.Duration {
-	t.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // The layout-10 constants of apply.lua that computeNewRecords needs.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -718,16 +717,6 @@ func TestGenerationEndsWhileABatchGrows(t *testing.T) {
 	}
 }
 
-// growthCPU is the process's user and system CPU time so far.
-func growthCPU(t *testing.T) time.Duration {
-	t.Helper()
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // In real time: a batch past its linger waiting for the one before it to be taken must cost little
 // CPU (no spinning, no busy polling), and nothing runs once the pipeline is idle.
 func TestBatchGrowthWaitingIsCheap(t *testing.T) {
@@ -756,9 +745,9 @@ func TestBatchGrowthWaitingIsCheap(t *testing.T) {
 		t.Fatalf("batches %v: batch 2 should be waiting past its linger; the test tests nothing", growthShape(bs))
 	}
 	measure := func(d time.Duration) float64 {
-		c0, w0 := growthCPU(t), time.Now()
+		c0, w0 := testenv.OwnCPU(t), time.Now()
 		time.Sleep(d)
-		return float64(growthCPU(t)-c0) / float64(time.Since(w0))
+		return float64(testenv.OwnCPU(t)-c0) / float64(time.Since(w0))
 	}
 	waiting := measure(600 * time.Millisecond)
 	close(gate)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,16 +40,6 @@ func redisCounters(b *testing.B, c *redis.Client) (commands int64, cpu float64) 
 	return commands, cpu
 }
 
-// processCPU returns this process's CPU time (user + sys): the recorder's and its Redis client's
-// work, not redis-server's (a child is not counted until it is waited for).
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // BenchmarkRecord puts batches of 400 snapshots (the bench's "today" shape: 400 aggregates,
 // batches of 2000 events) through the read side's recorder on a Redis of its own, one batch per
 // iteration, and reports per snapshot the wall time, this process's CPU time, and Redis's commands
@@ -83,7 +72,7 @@ func BenchmarkRecord(b *testing.B) {
 				}
 			}
 			cmd0, cpu0 := redisCounters(b, client)
-			own0 := processCPU(b)
+			own0 := testenv.OwnCPU(b)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for n := range b.N {
@@ -103,7 +92,7 @@ func BenchmarkRecord(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			own1 := processCPU(b)
+			own1 := testenv.OwnCPU(b)
 			cmd1, cpu1 := redisCounters(b, client)
 			snaps := float64(b.N * aggregates)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/snaps, "ns/snapshot")
