@@ -462,8 +462,8 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 // opportunities occurred within the last 30 s in calls of 5 and of 80, on empty aggregates and on
 // aggregates holding 2 000 records, in layouts 10 and 11. The script runs it first on a prefix of
 // its own, and every call's writes are recorded by reading the aggregate's state before and after
-// each batch. Three ways of storing those same writes are then timed on a fresh prefix filled the
-// same way, the four ways in turn, in reverse order in the second round:
+// each batch. The script and three ways of storing those same writes are then timed in turn, each
+// on a fresh prefix filled the same way, in the reverse order in the second round:
 //   - "read + store": one pipeline reads, for every call, the records of its ids (layout 10) and
 //     the state fields and buckets it changes, then a second pipeline sends each call's writes to
 //     storeIfVersionScript;
