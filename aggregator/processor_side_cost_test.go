@@ -30,8 +30,11 @@ type hashWrite struct {
 	read []string
 	set  []any
 	del  []string
-	// before is the state hash as the call found it (nil for the other hashes).
+	// before is the hash as the call found it: the state hash whole, layout 10's record hash at
+	// the call's record fields (nil for layout 11's packed store).
 	before map[string]string
+	// records are the call's records, in the order of read (layout 10's record hash only).
+	records []string
 }
 
 // appendWrites appends w's pairs, then its deleted fields, to args.
@@ -111,14 +114,28 @@ type storeCostRig struct {
 	now time.Time
 }
 
-// batches returns total observations of new opportunities over the rig's aggregates, in batches
-// of per a call, ids made from id, occurred at occ(i).
-func (r *storeCostRig) batches(total, per int, id string, occ func(i int) int64) [][]Observation {
+// batches returns total observations over the rig's aggregates, in batches of per a call, ids made
+// from id, occurred at occ(i): all of new opportunities, or with mixed, from the second batch on, 20 %
+// duplicates of the previous batch's observations and 10 % reassessments of them (assessed a
+// second later, in the next class), as the bench's today shape has.
+func (r *storeCostRig) batches(total, per int, id string, mixed bool, occ func(i int) int64) [][]Observation {
 	var out [][]Observation
+	all := make([]Observation, 0, total)
 	obs := make([]Observation, 0, per*r.aggs)
 	for i := 0; i < total; i++ {
 		o := occ(i)
-		obs = append(obs, Observation{Key: costKey(i % r.aggs), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6})
+		ob := Observation{Key: costKey(i % r.aggs), OpportunityID: fmt.Sprintf("%s-%07d", id, i), Class: Class(1 + i%3), Occurred: o, Assessed: o + 1e6}
+		// Which of ten kinds: by the observation's index and its aggregate's, so a call mixes them.
+		kind := (i/r.aggs + i) % 10
+		if earlier := i - per*r.aggs; mixed && earlier >= 0 && kind < 3 { // the same aggregate, a batch before
+			ob = all[earlier]
+			if kind == 2 {
+				ob.Assessed += 1e6
+				ob.Class = 1 + ob.Class%3
+			}
+		}
+		all = append(all, ob)
+		obs = append(obs, ob)
 		if len(obs) == cap(obs) || i == total-1 {
 			out = append(out, obs)
 			obs = make([]Observation, 0, per*r.aggs)
@@ -142,7 +159,7 @@ func (r *storeCostRig) opened(layout Layout, fill int) (*Redis, string) {
 	s := costStore(r.t, r.rdb, layout, prefix, r.ret)
 	if fill > 0 {
 		span := 86400e6 / int64(fill*r.aggs+1)
-		r.apply(s, r.batches(fill*r.aggs, 20, "pre", func(i int) int64 { return Micros(r.now) - 60e6 - int64(i)*span }))
+		r.apply(s, r.batches(fill*r.aggs, 20, "pre", false, func(i int) int64 { return Micros(r.now) - 60e6 - int64(i)*span }))
 	}
 	return s, prefix
 }
@@ -191,9 +208,13 @@ func (r *storeCostRig) record(layout Layout, fill int, bs [][]Observation) [][][
 	for _, b := range bs {
 		byKey, order := groupByKey(b)
 		before := make([][]map[string]string, len(order))
+		records := make([]hashWrite, len(order)) // layout 10's record hash, before the call
 		for i, k := range order {
 			for _, h := range hashes {
 				before[i] = append(before[i], r.hgetall(s.keys(k)[h]))
+			}
+			if layout == Layout10 {
+				records[i] = r.recordsOf(s, prefix, k, b, byKey[k])
 			}
 		}
 		if _, err := s.Apply(r.ctx, b, r.now); err != nil {
@@ -226,25 +247,18 @@ func (r *storeCostRig) record(layout Layout, fill int, bs [][]Observation) [][][
 				ws = append(ws, w)
 			}
 			if layout == Layout10 {
-				w := hashWrite{key: strings.TrimPrefix(keys[recordHash], prefix)}
-				obs := make([]Observation, 0, len(byKey[k]))
-				for _, o := range byKey[k] {
-					obs = append(obs, b[o])
-				}
-				fields, err := recordFields(obs)
+				w := records[i]
+				after, err := r.rdb.HMGet(r.ctx, keys[recordHash], w.read...).Result()
 				if err != nil {
 					r.t.Fatal(err)
 				}
-				w.read = fields
-				recs, err := r.rdb.HMGet(r.ctx, keys[recordHash], w.read...).Result()
-				if err != nil {
-					r.t.Fatal(err)
-				}
-				for j, v := range recs {
+				for j, v := range after {
 					if v == nil {
 						r.t.Fatalf("record %s was not written", w.read[j])
 					}
-					w.set = append(w.set, w.read[j], v)
+					if old, ok := w.before[w.read[j]]; !ok || old != v {
+						w.set = append(w.set, w.read[j], v)
+					}
 				}
 				ws = append(ws, w)
 			}
@@ -253,6 +267,32 @@ func (r *storeCostRig) record(layout Layout, fill int, bs [][]Observation) [][][
 		out = append(out, calls)
 	}
 	return out
+}
+
+// recordsOf returns the record hash of aggregate k of store s as the call of observations b[at]
+// finds it: its key after prefix, the call's record fields (read), those already held (before)
+// and the call's records.
+func (r *storeCostRig) recordsOf(s *Redis, prefix string, k Key, b []Observation, at []int) hashWrite {
+	obs := make([]Observation, 0, len(at))
+	for _, o := range at {
+		obs = append(obs, b[o])
+	}
+	fields, err := recordFields(obs)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	key := s.keys(k)[recordHash]
+	held, err := r.rdb.HMGet(r.ctx, key, fields...).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	w := hashWrite{key: strings.TrimPrefix(key, prefix), read: fields, before: map[string]string{}, records: encodeRecords(obs)}
+	for j, v := range held {
+		if v, ok := v.(string); ok {
+			w.before[fields[j]] = v
+		}
+	}
+	return w
 }
 
 // read reads what every call read, in one pipeline: a reply per hash with fields to read (nil for
@@ -410,7 +450,7 @@ func (r *storeCostRig) ways() []storeWay {
 // as a processor would get them).
 func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us float64) {
 	type call struct {
-		state        map[string]string
+		state, held  map[string]string
 		fields, recs []string
 	}
 	var todo []call
@@ -419,12 +459,8 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 		for _, ws := range batch {
 			calls++
 			st, records := ws[0], ws[len(ws)-1]
-			c := call{state: st.before}
-			for i := 0; i < len(records.set); i += 2 {
-				c.fields = append(c.fields, records.set[i].(string))
-				c.recs = append(c.recs, records.set[i+1].(string))
-			}
-			got, ok := computeNewRecords(c.state, c.fields, c.recs, at, ret, ttl, now)
+			c := call{state: st.before, held: records.before, fields: records.read, recs: records.records}
+			got, ok := computeNewRecords(c.state, c.held, c.fields, c.recs, at, ret, ttl, now)
 			if !ok {
 				continue
 			}
@@ -445,7 +481,7 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 	began := testenv.OwnCPU(r.t)
 	for range reps {
 		for _, c := range todo {
-			computeNewRecords(c.state, c.fields, c.recs, at, ret, ttl, now)
+			computeNewRecords(c.state, c.held, c.fields, c.recs, at, ret, ttl, now)
 		}
 	}
 	return len(todo), calls, (testenv.OwnCPU(r.t) - began).Seconds() * 1e6 / float64(reps*len(todo))
@@ -460,7 +496,8 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 //
 // The workload has TestRedisCostPerCallAndPerRecord's shape: 100 aggregates, 96 000 new
 // opportunities occurred within the last 30 s in calls of 5 and of 80, on empty aggregates and on
-// aggregates holding 2 000 records, in layouts 10 and 11. The script runs it first on a prefix of
+// aggregates holding 2 000 records, in layouts 10 and 11; and in layout 10 with 2 000 held, the
+// today shape's mix (20 % duplicates, 10 % reassessments). The script runs it first on a prefix of
 // its own, and every call's writes are recorded by reading the aggregate's state before and after
 // each batch. The script and three ways of storing those same writes are then timed in turn, each
 // on a fresh prefix filled the same way, in the reverse order in the second round:
@@ -489,68 +526,75 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 	const measured, filled = 96_000, 2_000 // whole batches at both call sizes
 	ways := r.ways()
 	for round := 0; round < 2; round++ {
-		for _, layout := range []Layout{Layout10, Layout11} {
-			for _, fill := range []int{0, filled} {
-				perRecord := map[string][2]float64{}
-				for c, per := range []int{5, 80} {
-					bs := r.batches(measured, per, "new", func(i int) int64 { return Micros(r.now) - int64(i%30)*1e6 })
-					rec := r.record(layout, fill, bs)
-					if layout == Layout10 {
-						computed, calls, us := r.computeInGo(rec)
-						t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: computed in Go as the script wrote them, %d calls of %d, %.2f µs of CPU a call",
-							round, layout, fill, per, computed, calls, us)
+		for _, run := range []struct {
+			layout Layout
+			fill   int
+			mixed  bool
+		}{{Layout10, 0, false}, {Layout10, filled, false}, {Layout10, filled, true}, {Layout11, 0, false}, {Layout11, filled, false}} {
+			layout, fill := run.layout, run.fill
+			stream := "new records"
+			if run.mixed {
+				stream = "20 % duplicates, 10 % reassessed"
+			}
+			perRecord := map[string][2]float64{}
+			for c, per := range []int{5, 80} {
+				bs := r.batches(measured, per, "new", run.mixed, func(i int) int64 { return Micros(r.now) - int64(i%30)*1e6 })
+				rec := r.record(layout, fill, bs)
+				if layout == Layout10 {
+					computed, calls, us := r.computeInGo(rec)
+					t.Logf("round %d, layout %d, %d records an aggregate before, %s, calls of %d: computed in Go as the script wrote them, %d calls of %d, %.2f µs of CPU a call",
+						round, layout, fill, stream, per, computed, calls, us)
+				}
+				calls := float64(measured) / float64(per)
+				var line, client []string
+				for k := range ways {
+					way := ways[k]
+					if round%2 == 1 {
+						way = ways[len(ways)-1-k]
 					}
-					calls := float64(measured) / float64(per)
-					var line, client []string
-					for k := range ways {
-						way := ways[k]
-						if round%2 == 1 {
-							way = ways[len(ways)-1-k]
-						}
-						s, prefix := r.opened(layout, fill)
-						if way.prepare != nil {
-							way.prepare(s)
-						}
-						before, err := readCost(r.ctx, r.rdb)
-						if err != nil {
-							t.Fatal(err)
-						}
-						own := testenv.OwnCPU(t)
-						way.run(s, prefix, bs, rec)
-						own = testenv.OwnCPU(t) - own
-						after, err := readCost(r.ctx, r.rdb)
-						if err != nil {
-							t.Fatal(err)
-						}
-						deleteUnder(r.ctx, r.rdb, prefix)
-						us := (after.cpu - before.cpu) * 1e6 / measured
-						pr := perRecord[way.name]
-						pr[c] = us
-						perRecord[way.name] = pr
-						line = append(line, fmt.Sprintf("%s %.1f", way.name, us*float64(per)))
-						client = append(client, fmt.Sprintf("%s %.1f", way.name, own.Seconds()*1e6/calls))
-						if way.name == "script" {
-							var d redisCost
-							d.calls, d.usec = map[string]int64{}, map[string]int64{}
-							d.add(before, after)
-							inner := int64(0)
-							for cmd, us := range d.usec {
-								if cmd != "evalsha" {
-									inner += us
-								}
+					s, prefix := r.opened(layout, fill)
+					if way.prepare != nil {
+						way.prepare(s)
+					}
+					before, err := readCost(r.ctx, r.rdb)
+					if err != nil {
+						t.Fatal(err)
+					}
+					own := testenv.OwnCPU(t)
+					way.run(s, prefix, bs, rec)
+					own = testenv.OwnCPU(t) - own
+					after, err := readCost(r.ctx, r.rdb)
+					if err != nil {
+						t.Fatal(err)
+					}
+					deleteUnder(r.ctx, r.rdb, prefix)
+					us := (after.cpu - before.cpu) * 1e6 / measured
+					pr := perRecord[way.name]
+					pr[c] = us
+					perRecord[way.name] = pr
+					line = append(line, fmt.Sprintf("%s %.1f", way.name, us*float64(per)))
+					client = append(client, fmt.Sprintf("%s %.1f", way.name, own.Seconds()*1e6/calls))
+					if way.name == "script" {
+						var d redisCost
+						d.calls, d.usec = map[string]int64{}, map[string]int64{}
+						d.add(before, after)
+						inner := int64(0)
+						for cmd, us := range d.usec {
+							if cmd != "evalsha" {
+								inner += us
 							}
-							t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: the script calls took %.1f µs a call by INFO commandstats, %.1f of them in the commands they issued",
-								round, layout, fill, per, float64(d.usec["evalsha"])/calls, float64(inner)/calls)
 						}
+						t.Logf("round %d, layout %d, %d records an aggregate before, %s, calls of %d: the script calls took %.1f µs a call by INFO commandstats, %.1f of them in the commands they issued",
+							round, layout, fill, stream, per, float64(d.usec["evalsha"])/calls, float64(inner)/calls)
 					}
-					t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: Redis µs a call: %s", round, layout, fill, per, strings.Join(line, ", "))
-					t.Logf("round %d, layout %d, %d records an aggregate before, calls of %d: this process's µs a call: %s", round, layout, fill, per, strings.Join(client, ", "))
 				}
-				for _, way := range ways {
-					c5, c80 := perRecord[way.name][0], perRecord[way.name][1]
-					f := (c5 - c80) / (1.0/5 - 1.0/80)
-					t.Logf("round %d, layout %d, %d records an aggregate before, %s: F %.1f µs a call, R %.2f µs a record, a call of 10: %.1f µs", round, layout, fill, way.name, f, c80-f/80, f+10*(c80-f/80))
-				}
+				t.Logf("round %d, layout %d, %d records an aggregate before, %s, calls of %d: Redis µs a call: %s", round, layout, fill, stream, per, strings.Join(line, ", "))
+				t.Logf("round %d, layout %d, %d records an aggregate before, %s, calls of %d: this process's µs a call: %s", round, layout, fill, stream, per, strings.Join(client, ", "))
+			}
+			for _, way := range ways {
+				c5, c80 := perRecord[way.name][0], perRecord[way.name][1]
+				f := (c5 - c80) / (1.0/5 - 1.0/80)
+				t.Logf("round %d, layout %d, %d records an aggregate before, %s, %s: F %.1f µs a call, R %.2f µs a record, a call of 10: %.1f µs", round, layout, fill, stream, way.name, f, c80-f/80, f+10*(c80-f/80))
 			}
 		}
 	}
@@ -598,13 +642,14 @@ func appendLittleEndian(b []byte, x int64, width int) []byte {
 }
 
 // computeNewRecords is a stand-in for the computation a processor would do instead of apply.lua, for
-// the only calls the projection above makes often enough to time: layout 10, an aggregate that
-// exists, every record new, in an index group that lists ids already, with the window sums cached
-// for the observation time, no hour expiring, no minutes to prune and no TTL stamp to refresh.
-// Given the state hash as read and the call's record fields and records, it returns the state
-// fields the call sets, or false for any other call. It is what the script does on that path,
-// written in Go to time it, not a second implementation of the semantics.
-func computeNewRecords(state map[string]string, fields, recs []string, at, ret, ttlMs, nowS int64) (map[string]string, bool) {
+// the calls the projection above makes most: layout 10, an aggregate that exists, every record new
+// or a byte-for-byte duplicate, new ones in index groups that list ids already, with the window
+// sums cached for the observation time, no hour expiring, no minutes to prune and no TTL stamp to
+// refresh. Given the state hash as read, the records held at the call's record fields, and the
+// call's record fields and records, it returns the state fields the call sets, or false for any
+// other call (a reassessment among them). It is what the script does on that path, written in Go
+// to time it, not a second implementation of the semantics.
+func computeNewRecords(state, held map[string]string, fields, recs []string, at, ret, ttlMs, nowS int64) (map[string]string, bool) {
 	head := state["H"]
 	if len(head) != 2+21*7 || head[0] != 10 {
 		return nil, false
@@ -636,6 +681,7 @@ func computeNewRecords(state map[string]string, fields, recs []string, at, ret, 
 		return nil, false
 	}
 	mfloor := w/applyMinute - applyMKeep
+	changed := false
 	hours := map[int64]*standInCount{}
 	mins := map[int64]*standInCount{}
 	groups := map[int64]*standInGroup{}
@@ -664,6 +710,13 @@ func computeNewRecords(state map[string]string, fields, recs []string, at, ret, 
 		if occ < cutH*applyHour {
 			return nil, false
 		}
+		if old, ok := held[fields[i]]; ok {
+			if old != rec {
+				return nil, false
+			}
+			continue // a duplicate: nothing changes
+		}
+		changed = true
 		h := occ / applyHour
 		d := h / G
 		gr := groups[d]
@@ -770,8 +823,10 @@ func computeNewRecords(state map[string]string, fields, recs []string, at, ret, 
 		}
 		sets["m"+strconv.FormatInt(m, 10)] = string(buf)
 	}
-	v = max(v+1, at)
-	sets["v"] = strconv.FormatInt(v, 10)
+	if changed {
+		v = max(v+1, at)
+		sets["v"] = strconv.FormatInt(v, 10)
+	}
 	nh := []byte{10, byte(G)}
 	for _, n := range []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, rt + 1, g + 1} {
 		nh = appendLittleEndian(nh, n, 7)
