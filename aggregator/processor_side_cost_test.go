@@ -515,12 +515,12 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 // beforehand. In layout 10 it also times the computation on the path these calls take, with a
 // stand-in (computeNewRecords) that must set exactly what the script set on every call it computes.
 //
-// What it leaves out: the computation in layout 11, and off that path; every call other than new
-// records (duplicates and reassessments read records and hours they do not write, a move may
-// read index chunks, garbage collection reads chunks and deletes records); the minute's and hour's
-// turns of the window sums; layout 11's read of the head before its buckets (a round trip, not
-// Redis CPU); the index's sorted set (its ZADDs and TTL); and what a refused check costs (a read and
-// a compute again).
+// What it leaves out: the computation in layout 11 and of a reassessment; what the streams do not
+// do (a reassessment into another hour or index group, a move that makes an hour's bounds exact,
+// garbage collection), whose reads of fields they do not change the replay would miss; the
+// minute's and hour's turns of the window sums; layout 11's read of the head before its buckets (a
+// round trip, not Redis CPU); the index's sorted set (its ZADDs and TTL); and what a refused check
+// costs (a read and a compute again).
 func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 	r := &storeCostRig{t: t, ctx: context.Background(), rdb: redisOfItsOwn(t), aggs: 100, ret: 30 * 24 * time.Hour, now: time.Now()}
 	const measured, filled = 96_000, 2_000 // whole batches at both call sizes
