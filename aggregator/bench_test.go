@@ -171,9 +171,9 @@ func TestRedisBytesPerOpportunity(t *testing.T) {
 				obs = obs[:0]
 			}
 		}
-		recordKey := 0 // the record hash; layout 11's packed store is the aggregate's third key
+		recordKey := recordHash
 		if layout == "layout 11" {
-			recordKey = 2
+			recordKey = packedStore
 		}
 		cost1, err := readCost(ctx, rdb)
 		if err != nil {

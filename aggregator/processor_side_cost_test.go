@@ -600,13 +600,8 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 	}
 }
 
-// The layout-10 constants of apply.lua that computeNewRecords needs.
-const (
-	applyMinute     = int64(60_000_000)
-	applyHour       = int64(3_600_000_000)
-	applyMKeep      = 70
-	applyChunkBytes = 480
-)
+// applyChunkBytes is apply.lua's CHUNKBYTES: an index chunk is closed before it grows past it.
+const applyChunkBytes = 480
 
 // standInCount is an hour's or a minute's counts, and an hour's bounds (absolute µs).
 type standInCount struct {
@@ -616,29 +611,10 @@ type standInCount struct {
 	loose  bool
 }
 
-// standInGroup is an index group's header and open chunk, and the fields it adds this call.
+// standInGroup is an index group as read, and the record fields the call adds to it.
 type standInGroup struct {
-	k, n, x int64
-	e       string
-	add     []string
-}
-
-// littleEndian reads s as an unsigned little-endian number.
-func littleEndian(s string) int64 {
-	var x int64
-	for i := len(s) - 1; i >= 0; i-- {
-		x = x<<8 | int64(s[i])
-	}
-	return x
-}
-
-// appendLittleEndian appends x to b as width bytes, little-endian.
-func appendLittleEndian(b []byte, x int64, width int) []byte {
-	for i := 0; i < width; i++ {
-		b = append(b, byte(x))
-		x >>= 8
-	}
-	return b
+	retainedGroup
+	add []string
 }
 
 // computeNewRecords is a stand-in for the computation a processor would do instead of apply.lua, for
@@ -650,15 +626,11 @@ func appendLittleEndian(b []byte, x int64, width int) []byte {
 // other call (a reassessment among them). It is what the script does on that path, written in Go
 // to time it, not a second implementation of the semantics.
 func computeNewRecords(state, held map[string]string, fields, recs []string, at, ret, ttlMs, nowS int64) (map[string]string, bool) {
-	head := state["H"]
-	if len(head) != 2+21*7 || head[0] != 10 {
+	x, err := headNumbers(state["H"])
+	if err != nil {
 		return nil, false
 	}
-	G := int64(head[1])
-	var x [21]int64
-	for i := range x {
-		x[i] = littleEndian(head[2+7*i : 9+7*i])
-	}
+	G := int64(state["H"][1])
 	for _, i := range []int{0, 1, 2, 3, 4, 5, 6, 7, 20} { // stored plus one; all present on this path
 		if x[i] == 0 {
 			return nil, false
@@ -672,15 +644,15 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 	copy(dy[:], x[14:17])
 	copy(wk[:], x[17:20])
 	cutH := x[20]
-	M, H := at/applyMinute, at/applyHour
-	if hcm != M || hch != H || (w-ret)/applyHour > cutH || nowS-rt >= ttlMs/2000 {
+	M, H := at/minuteUS, at/hourUS
+	if hcm != M || hch != H || (w-ret)/hourUS > cutH || nowS-rt >= ttlMs/2000 {
 		return nil, false
 	}
 	v, err := strconv.ParseInt(state["v"], 10, 64)
 	if err != nil {
 		return nil, false
 	}
-	mfloor := w/applyMinute - applyMKeep
+	mfloor := w/minuteUS - codecMKeep
 	changed := false
 	hours := map[int64]*standInCount{}
 	mins := map[int64]*standInCount{}
@@ -701,13 +673,13 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 		}
 		if occ > w {
 			w = occ
-			nm := max(w/applyMinute-applyMKeep, 0)
-			if (w-ret)/applyHour > cutH || nm-pm >= 60 {
+			nm := max(w/minuteUS-codecMKeep, 0)
+			if (w-ret)/hourUS > cutH || nm-pm >= 60 {
 				return nil, false
 			}
-			mfloor = w/applyMinute - applyMKeep
+			mfloor = w/minuteUS - codecMKeep
 		}
-		if occ < cutH*applyHour {
+		if occ < cutH*hourUS {
 			return nil, false
 		}
 		if old, ok := held[fields[i]]; ok {
@@ -717,15 +689,19 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 			continue // a duplicate: nothing changes
 		}
 		changed = true
-		h := occ / applyHour
+		h := occ / hourUS
 		d := h / G
 		gr := groups[d]
 		if gr == nil {
 			v, ok := state["i"+strconv.FormatInt(d, 10)]
-			if !ok || len(v) < 16 || v[0] != 0 {
+			if !ok {
 				return nil, false // a new group: the sorted set and the TTL stamp change too
 			}
-			gr = &standInGroup{k: littleEndian(v[1:6]), n: littleEndian(v[6:11]), x: littleEndian(v[11:16]), e: v[16:]}
+			read, err := retainedParseGroup(v)
+			if err != nil {
+				return nil, false
+			}
+			gr = &standInGroup{retainedGroup: read}
 			groups[d] = gr
 			groupOrder = append(groupOrder, d)
 		}
@@ -734,14 +710,12 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 		if t == nil {
 			t = &standInCount{}
 			if v, ok := state["h"+strconv.FormatInt(h, 10)]; ok {
-				if len(v) != 26 || (v[0] != 1 && v[0] != 2) {
+				read, err := retainedParseHour(v)
+				if err != nil {
 					return nil, false
 				}
-				t.loose = v[0] == 2
-				for k := range t.c {
-					t.c[k] = littleEndian(v[1+5*k : 6+5*k])
-				}
-				t.a, t.b, t.bounds = h*applyHour+littleEndian(v[16:21]), h*applyHour+littleEndian(v[21:26]), true
+				t.c, t.loose = [3]int64{read.c, read.p, read.u}, read.loose
+				t.a, t.b, t.bounds = h*hourUS+read.a, h*hourUS+read.b, true
 			}
 			hours[h] = t
 			hourOrder = append(hourOrder, h)
@@ -754,18 +728,17 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 		f, l = min(f, occ), max(l, occ)
 		counts[j]++
 		t.c[j]++
-		if occ >= mfloor*applyMinute {
-			m := occ / applyMinute
+		if occ >= mfloor*minuteUS {
+			m := occ / minuteUS
 			q := mins[m]
 			if q == nil {
 				q = &standInCount{}
 				if v, ok := state["m"+strconv.FormatInt(m, 10)]; ok {
-					if len(v) != 16 || v[0] != 0 {
+					read, err := minuteNumbers(v)
+					if err != nil {
 						return nil, false
 					}
-					for k := range q.c {
-						q.c[k] = littleEndian(v[1+5*k : 6+5*k])
-					}
+					copy(q.c[:], read)
 				}
 				mins[m] = q
 				minOrder = append(minOrder, m)
@@ -787,9 +760,9 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 		gr := groups[d]
 		name := "i" + strconv.FormatInt(d, 10)
 		gr.n += int64(len(gr.add))
-		size := len(gr.e)
+		size := len(gr.open)
 		var b strings.Builder
-		b.WriteString(gr.e)
+		b.WriteString(gr.open)
 		for _, id := range gr.add {
 			if size+len(id) > applyChunkBytes && size > 0 {
 				gr.k++
@@ -800,44 +773,26 @@ func computeNewRecords(state, held map[string]string, fields, recs []string, at,
 			b.WriteString(id)
 			size += len(id)
 		}
-		buf := appendLittleEndian(appendLittleEndian(appendLittleEndian([]byte{0}, gr.k, 5), gr.n, 5), min(gr.x, gr.n), 5)
-		sets[name] = string(buf) + b.String()
+		gr.x, gr.open = min(gr.x, gr.n), b.String()
+		sets[name] = codecGroupBytes(gr.retainedGroup)
 	}
 	for _, h := range hourOrder {
 		t := hours[h]
-		kind := byte(1)
-		if t.loose {
-			kind = 2
-		}
-		buf := []byte{kind}
-		for _, c := range t.c {
-			buf = appendLittleEndian(buf, c, 5)
-		}
-		buf = appendLittleEndian(appendLittleEndian(buf, t.a-h*applyHour, 5), t.b-h*applyHour, 5)
-		sets["h"+strconv.FormatInt(h, 10)] = string(buf)
+		sets["h"+strconv.FormatInt(h, 10)] = codecHourBytes(retainedHour{c: t.c[0], p: t.c[1], u: t.c[2], loose: t.loose, a: t.a - h*hourUS, b: t.b - h*hourUS})
 	}
 	for _, m := range minOrder {
-		buf := []byte{0}
-		for _, c := range mins[m].c {
-			buf = appendLittleEndian(buf, c, 5)
-		}
-		sets["m"+strconv.FormatInt(m, 10)] = string(buf)
+		c := mins[m].c
+		sets["m"+strconv.FormatInt(m, 10)] = codecMinute(c[0], c[1], c[2])
 	}
 	if changed {
 		v = max(v+1, at)
 		sets["v"] = strconv.FormatInt(v, 10)
 	}
-	nh := []byte{10, byte(G)}
-	for _, n := range []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, rt + 1, g + 1} {
-		nh = appendLittleEndian(nh, n, 7)
-	}
+	nh := []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, rt + 1, g + 1}
 	for _, n := range [][3]int64{counts, hr, dy, wk} {
-		for _, c := range n {
-			nh = appendLittleEndian(nh, c, 7)
-		}
+		nh = append(nh, n[:]...)
 	}
-	nh = appendLittleEndian(nh, cutH+1, 7)
-	sets["H"] = string(nh)
+	sets["H"] = codecHead(byte(G), append(nh, cutH+1))
 	for k, v := range sets {
 		if state[k] == v {
 			delete(sets, k)
