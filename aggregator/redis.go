@@ -29,6 +29,12 @@ var applySource = packedRecordsSource + layout10to11Source + applyLua
 
 var applyScript = redis.NewScript(applySource)
 
+//go:embed store.lua
+var storeLua string
+
+// storeScript stores a call the processor computed (computed.go), or refuses it.
+var storeScript = redis.NewScript(storeLua)
+
 // MaxFutureSkew is the most an event's occurred_at may lie ahead of the observer's clock: the
 // apply script keeps minute buckets for 70 minutes behind the newest event, the 1h window plus
 // this much skew, so a larger skew would drop buckets the 1h window still covers.
@@ -72,6 +78,12 @@ type RedisConfig struct {
 	// (OpenFingerprint) exactly when the namespace is in layout 11 or migrating to it
 	// (State.Layout). A call of one layout on an aggregate of the other is refused.
 	Fingerprint *Fingerprinter
+
+	// ComputeCalls makes the processor compute the commonest calls of layout 10 itself (new
+	// records and duplicates, computed.go) and store them through store.lua, which checks that
+	// nothing it read changed, instead of running apply.lua on Redis's one thread. It costs a
+	// second round trip per batch that has such calls.
+	ComputeCalls bool
 }
 
 // applyMode is how a store encodes its calls, by the epoch marker it last found: layout 10's
@@ -120,6 +132,14 @@ type Redis struct {
 
 	// mode follows the namespace's migration from layout 10 to 11 (followEpoch).
 	mode atomic.Pointer[applyMode]
+
+	// computedStored and computedRefused count the calls the processor computed that the store
+	// wrote, and those it refused (ComputedCalls).
+	computedStored, computedRefused atomic.Int64
+	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
+	storeLoaded atomic.Bool
+	// afterRead, when set, runs between computeCalls's read and the store: a test's other writer.
+	afterRead func()
 }
 
 // NewRedis returns a store on client.
@@ -249,13 +269,43 @@ type Companion interface {
 // ApplyEncodedWith is ApplyEncoded with c's commands in the same pipeline (c may be nil). Either
 // part failing fails the call; both are idempotent, so a retry applies both again.
 func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, c Companion) (Applied, error) {
+	res, refused, err := r.applyEncoded(ctx, e, at, c, r.cfg.ComputeCalls)
+	if err != nil || len(refused) == 0 {
+		return res, err
+	}
+	// The calls the store refused: another writer changed their aggregates after they were read.
+	// Nothing of them was written; apply.lua runs them on the state as it is now.
+	var obs []Observation
+	var at2 []int
+	for _, k := range refused {
+		for _, i := range e.groups[k] {
+			obs, at2 = append(obs, e.obs[i]), append(at2, i)
+		}
+	}
+	again, _, err := r.applyEncoded(ctx, r.Encode(obs), at, nil, false)
+	if err != nil {
+		return Applied{}, err
+	}
+	for j, i := range at2 {
+		res.Outcomes[i] = again.Outcomes[j]
+	}
+	for k, t := range again.Tallies {
+		res.Tallies[k] = t
+	}
+	return res, nil
+}
+
+// applyEncoded applies e in one pipeline, each call by apply.lua or, with compute, by store.lua
+// where the processor computed it (computeCalls). It returns the aggregates whose computed calls
+// the store refused, which it did not apply.
+func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Companion, compute bool) (Applied, []Key, error) {
 	m := r.mode.Load()
 	if e.mode != m {
 		// The namespace moved on in its migration since e was encoded.
 		e = r.encode(m, e.obs)
 	}
 	if e.err != nil {
-		return Applied{}, e.err
+		return Applied{}, nil, e.err
 	}
 	obs, groups, keys := e.obs, e.groups, e.keys
 	head := [headArgs]any{
@@ -271,6 +321,13 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	markKey, mark := r.sealKey, r.sealSeq
+	var computed map[Key]*computedCall
+	if compute && m.fp == nil && !m.both {
+		computed = r.computeCalls(ctx, e, at)
+		if r.afterRead != nil {
+			r.afterRead()
+		}
+	}
 	run := func() (cmds []redis.Cmder, err error) {
 		token := func() error { return nil }
 		defer func() {
@@ -286,7 +343,11 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 				p.Get(ctx, markKey)
 			}
 			for _, k := range keys {
-				applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
+				if cc := computed[k]; cc != nil {
+					storeScript.EvalSha(ctx, p, []string{e.redis[k][1], e.redis[k][0]}, cc.args...)
+				} else {
+					applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
+				}
 			}
 			written := make([]string, len(keys))
 			for i, k := range keys {
@@ -305,12 +366,30 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 		// A restarted or new Redis has no scripts loaded: load it and run the batch again, which
 		// is safe because the script is idempotent.
 		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
-			return Applied{}, fmt.Errorf("load apply script: %w", lerr)
+			return Applied{}, nil, fmt.Errorf("load apply script: %w", lerr)
+		}
+		if len(computed) > 0 {
+			if lerr := storeScript.Load(ctx, r.client).Err(); lerr != nil {
+				return Applied{}, nil, fmt.Errorf("load store script: %w", lerr)
+			}
 		}
 		if c != nil {
 			if lerr := c.Load(ctx); lerr != nil {
-				return Applied{}, lerr
+				return Applied{}, nil, lerr
 			}
+		}
+		from := 0
+		if m.epoch != "" {
+			from++
+		}
+		if mark > 0 {
+			from++
+		}
+		if len(computed) > 0 && ranAny(cmds, from, len(keys)) {
+			// Only some scripts were missing: a call that ran would be applied twice, and a
+			// computed one refused as changed. The batch fails as a call that may be applied in
+			// part does; its retry finds the scripts loaded.
+			return Applied{}, nil, fmt.Errorf("apply batch: scripts were missing from Redis and are loaded now; apply the batch again: %w", err)
 		}
 		cmds, err = run()
 	}
@@ -322,15 +401,15 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 		got, gerr := cmds[0].(*redis.StringCmd).Result()
 		if (gerr == nil || errors.Is(gerr, redis.Nil)) && got != m.epoch {
 			if !EpochFollows(m.epoch, got) {
-				return Applied{}, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+				return Applied{}, nil, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
 					ErrStateLost, r.cfg.Prefix, got, m.epoch)
 			}
 			if ferr := r.followEpoch(ctx, m, got); ferr != nil {
-				return Applied{}, ferr
+				return Applied{}, nil, ferr
 			}
 			if err != nil {
 				// A call of the old mode on an aggregate converted since, refused, so unwritten.
-				return Applied{}, fmt.Errorf("namespace %q moved on in its migration to layout 11 (epoch %q): apply the batch again: %w",
+				return Applied{}, nil, fmt.Errorf("namespace %q moved on in its migration to layout 11 (epoch %q): apply the batch again: %w",
 					r.cfg.Prefix, got, err)
 			}
 			// Every call was applied in the layout its aggregate's head says: the replies stand.
@@ -340,7 +419,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 		if m.fp != nil && !m.both {
 			r.convertStragglers(ctx, m.fp, e, cmds)
 		}
-		return Applied{}, fmt.Errorf("apply batch: %w", err)
+		return Applied{}, nil, fmt.Errorf("apply batch: %w", err)
 	}
 	if m.epoch != "" {
 		cmds = cmds[1:]
@@ -348,23 +427,41 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	if mark > 0 {
 		got, _ := cmds[0].(*redis.StringCmd).Result()
 		if err := r.checkMark(ctx, got); err != nil {
-			return Applied{}, err
+			return Applied{}, nil, err
 		}
 		cmds = cmds[1:]
 	}
 	res := Applied{Outcomes: make([]Outcome, len(obs)), Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
+	var refused []Key
 	for n, k := range keys {
+		if cc := computed[k]; cc != nil {
+			stored, err := cmds[n].(*redis.Cmd).Int()
+			if err != nil {
+				return Applied{}, nil, fmt.Errorf("store %s: %w", k, err)
+			}
+			if stored != 1 {
+				refused = append(refused, k)
+				r.computedRefused.Add(1)
+				continue
+			}
+			r.computedStored.Add(1)
+			for j, i := range groups[k] {
+				res.Outcomes[i] = cc.outcomes[j]
+			}
+			res.Tallies[k] = cc.tally
+			continue
+		}
 		vals, err := cmds[n].(*redis.Cmd).Slice()
 		if err != nil {
-			return Applied{}, fmt.Errorf("apply %s: %w", k, err)
+			return Applied{}, nil, fmt.Errorf("apply %s: %w", k, err)
 		}
 		t, outs, err := parseReply(vals)
 		if err != nil {
-			return Applied{}, fmt.Errorf("apply %s: %w", k, err)
+			return Applied{}, nil, fmt.Errorf("apply %s: %w", k, err)
 		}
 		idx := groups[k]
 		if len(outs) != len(idx) {
-			return Applied{}, fmt.Errorf("apply %s: %d outcomes for %d observations", k, len(outs), len(idx))
+			return Applied{}, nil, fmt.Errorf("apply %s: %d outcomes for %d observations", k, len(outs), len(idx))
 		}
 		for j, i := range idx {
 			res.Outcomes[i] = outs[j]
@@ -373,10 +470,24 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	}
 	if c != nil {
 		if err := c.Finish(); err != nil {
-			return Applied{}, err
+			return Applied{}, nil, err
 		}
 	}
-	return res, nil
+	return res, refused, nil
+}
+
+// ranAny reports whether any of the n script calls from cmds[from] ran (was not refused as a script
+// Redis did not hold).
+func ranAny(cmds []redis.Cmder, from, n int) bool {
+	if from < 0 || from+n > len(cmds) {
+		return true // not the pipeline's shape: assume the worst
+	}
+	for _, c := range cmds[from : from+n] {
+		if !isNoScript(c.Err()) {
+			return true
+		}
+	}
+	return false
 }
 
 // Tally reads the state of aggregate k as observed at time at, changing nothing.

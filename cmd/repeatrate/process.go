@@ -59,7 +59,8 @@ func openStores(ctx context.Context, rdb redis.UniversalClient, state aggregator
 	var s stores
 	// One chain of pending tokens for both stores: Seal then vouches for the suite writes too.
 	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
-		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout}
+		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout,
+		ComputeCalls: cfg.Redis.ComputeCalls}
 	var err error
 	if state.Layout != aggregator.Layout10 {
 		if rcfg.Fingerprint, err = aggregator.OpenFingerprint(ctx, rdb, state.Namespace); err != nil {

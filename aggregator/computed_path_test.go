@@ -1,0 +1,361 @@
+package aggregator
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/repeatrate/repeatrate/internal/testenv"
+)
+
+// computedSides are stores that apply the same batches: apply.lua alone on the test Redis, and the
+// processor's computation (ComputeCalls) on the test Redis and on the embedded server of
+// `repeatrate dev`, each under its own prefix.
+type computedSides struct {
+	t        *testing.T
+	names    []string
+	prefixes []string
+	rigs     []*retainedRig
+	stores   []*Redis
+}
+
+func newComputedSides(t *testing.T, what string, retention, idle time.Duration) *computedSides {
+	m := miniredis.RunT(t)
+	x := &computedSides{t: t, names: []string{"script", "computed", "computed, embedded"}}
+	for i, c := range []*redis.Client{testenv.Redis(t), testenv.Redis(t), redis.NewClient(&redis.Options{Addr: m.Addr()})} {
+		prefix := testenv.Name(t, what)
+		testenv.CleanPrefix(t, c, prefix)
+		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: retention, IdleTTL: idle, ComputeCalls: i > 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.prefixes, x.stores = append(x.prefixes, prefix), append(x.stores, s)
+		x.rigs = append(x.rigs, &retainedRig{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond),
+			spanRet: int64(retention / time.Microsecond), outs: map[Outcome]int{}, seen: map[string]int{}})
+	}
+	return x
+}
+
+// apply applies batch on every side: each must reply what the model does (retainedRig.apply), and
+// all must store the same keys byte for byte.
+func (x *computedSides) apply(what string, batch []Observation, at time.Time) {
+	x.t.Helper()
+	for i, rig := range x.rigs {
+		rig.apply(x.names[i]+": "+what, batch, at)
+	}
+	x.same(what)
+}
+
+// same requires every side to hold the same keys, byte for byte, after its prefix.
+func (x *computedSides) same(what string) {
+	x.t.Helper()
+	want := x.dump(0)
+	for i := 1; i < len(x.rigs); i++ {
+		got := x.dump(i)
+		for k, v := range want {
+			if got[k] != v {
+				x.t.Fatalf("%s: key %s differs\n%s: %s\n%s: %s\n%s", what, k, x.names[0], v, x.names[i], got[k], x.rigs[0].history(2))
+			}
+		}
+		for k, v := range got {
+			if _, ok := want[k]; !ok {
+				x.t.Fatalf("%s: %s holds key %s, which %s does not: %s", what, x.names[i], k, x.names[0], v)
+			}
+		}
+	}
+}
+
+func (x *computedSides) dump(i int) map[string]string {
+	out := map[string]string{}
+	for k, v := range codecDump(x.t, x.rigs[i].c, x.prefixes[i]) {
+		out[strings.TrimPrefix(k, x.prefixes[i])] = v
+	}
+	return out
+}
+
+// computedStream returns batches for aggregates aggs over a clock that moves by seconds, so that
+// most calls find their window sums cached, with the minute and the hour turning, new hours and
+// index groups, duplicates (some redelivered whole batches), reassessments, stale and expired
+// events, long ids (closed index chunks), ids that repeat within a batch, and now and then a leap
+// that expires hours and leaves garbage to collect.
+func computedStream(r *rand.Rand, aggs, batches, maxBatch int, retention time.Duration) [][]Observation {
+	keys := make([]Key, aggs)
+	for i := range keys {
+		keys[i] = Key{Scope: collisionScopes[i%len(collisionScopes)], CorrectionID: fmt.Sprint("fix-", i), Source: Live}
+	}
+	var out [][]Observation
+	var seen []Observation
+	clock := Micros(t0)
+	next := 0
+	for range batches {
+		clock += int64(r.IntN(20)) * 1e6
+		if r.IntN(40) == 0 {
+			clock += int64(r.IntN(int(3*retention/time.Hour))) * hourUS // a leap: hours expire
+		}
+		n := 1 + r.IntN(maxBatch)
+		if len(out) > 0 && r.IntN(10) == 0 { // a redelivered batch
+			out = append(out, out[r.IntN(len(out))])
+			continue
+		}
+		var b []Observation
+		for len(b) < n {
+			switch p := r.IntN(100); {
+			case p < 12 && len(seen) > 0: // a duplicate
+				b = append(b, seen[len(seen)-1-r.IntN(min(len(seen), 200))])
+			case p < 16 && len(seen) > 0: // a reassessment, or a stale one
+				o := seen[len(seen)-1-r.IntN(min(len(seen), 200))]
+				o.Class = Class(1 + r.IntN(3))
+				o.Assessed += int64(r.IntN(600)-200) * 1e6
+				if r.IntN(4) == 0 {
+					o.Occurred += int64(r.IntN(7200)-3600) * 1e6
+				}
+				b = append(b, o)
+			case p < 18 && len(b) > 0: // an id twice in a batch
+				o := b[r.IntN(len(b))]
+				o.Assessed += 1e6
+				b = append(b, o)
+			default:
+				back := int64(r.ExpFloat64() * float64(5*time.Minute/time.Microsecond))
+				switch q := r.IntN(100); {
+				case q < 3:
+					back = int64(r.IntN(int(2*retention/time.Hour))) * hourUS // hours late, some expired
+				case q < 5:
+					back = -int64(r.IntN(300)) * 1e6 // ahead of the clock, within the skew allowed
+				}
+				id := fmt.Sprintf("op-%d", next)
+				if r.IntN(8) == 0 {
+					id += strings.Repeat("x", 100+r.IntN(200))
+				}
+				next++
+				occ := clock - back
+				b = append(b, Observation{Key: keys[r.IntN(aggs)], OpportunityID: id, Class: Class(1 + r.IntN(3)),
+					Occurred: occ, Assessed: occ + int64(r.IntN(30))*1e6})
+			}
+		}
+		seen = append(seen, b...)
+		out = append(out, b)
+	}
+	return out
+}
+
+// TestComputedCallsStoreWhatTheScriptStores applies streams through apply.lua alone and through the
+// processor's own computation with store.lua, on Redis and on the embedded server: every reply is
+// the model's, and every key and field is the same byte for byte after every batch. Most calls
+// must take the computed path, or the test would prove nothing.
+func TestComputedCallsStoreWhatTheScriptStores(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		seed      uint64
+		aggs      int
+		batches   int
+		maxBatch  int
+		retention time.Duration
+		idle      time.Duration
+	}{
+		{"a few aggregates", 1, 3, 400, 12, 24 * time.Hour, 0},
+		{"many aggregates, large batches", 2, 12, 200, 80, 3 * 24 * time.Hour, 0},
+		{"short retention, no idle TTL", 3, 4, 400, 10, 2 * time.Hour, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			idle := tc.idle
+			if idle < 0 {
+				idle = 0
+			}
+			x := newComputedSides(t, "computed", tc.retention, idle)
+			if tc.idle < 0 {
+				for _, s := range x.stores {
+					s.cfg.IdleTTL = 0
+				}
+			}
+			r := rand.New(rand.NewPCG(tc.seed, 11))
+			clock := t0
+			for i, b := range computedStream(r, tc.aggs, tc.batches, tc.maxBatch, tc.retention) {
+				var top int64
+				for _, o := range b {
+					top = max(top, o.Occurred)
+				}
+				if at := time.UnixMicro(top + int64(r.IntN(30))*1e6); at.After(clock) {
+					clock = at
+				}
+				x.apply(fmt.Sprint("batch ", i), b, clock)
+			}
+			for i, s := range x.stores[1:] {
+				stored, refused := s.ComputedCalls()
+				t.Logf("%s: %d calls computed and stored, %d refused", x.names[i+1], stored, refused)
+				if stored < int64(tc.batches)/2 {
+					t.Errorf("%s: only %d calls took the computed path", x.names[i+1], stored)
+				}
+				if refused != 0 {
+					t.Errorf("%s: the store refused %d calls no other writer touched", x.names[i+1], refused)
+				}
+			}
+			for o, n := range x.rigs[0].outs {
+				t.Logf("%v: %d", o, n)
+			}
+		})
+	}
+}
+
+// TestComputedCallsAtTheEdges holds the computed path to apply.lua where a window, garbage
+// collection or an index's compaction begins: new records in the first and last hour and minute
+// of each window; calls while garbage of wholly expired groups is still being collected, call by
+// call; and a group whose index lists more entries left behind than it may (as an older release
+// could leave it), which apply.lua compacts.
+func TestComputedCallsAtTheEdges(t *testing.T) {
+	k := Key{Scope: collisionScopes[0], CorrectionID: "edges", Source: Live}
+	obs := func(id string, occ int64) Observation {
+		return Observation{Key: k, OpportunityID: id, Class: Class(1 + len(id)%3), Occurred: occ, Assessed: occ + 1e6}
+	}
+	computed := func(x *computedSides) int64 {
+		n, _ := x.stores[1].ComputedCalls()
+		return n
+	}
+
+	t.Run("window edges", func(t *testing.T) {
+		x := newComputedSides(t, "edges", 30*24*time.Hour, 0)
+		at := time.UnixMicro(Micros(t0) + 30*minuteUS + 7e6)
+		a := Micros(at)
+		H, M := a/hourUS, a/minuteUS
+		edges := []int64{(H-168)*hourUS + 5, (H-167)*hourUS + 5, (H-24)*hourUS + 5, (H-23)*hourUS + 5,
+			(M-61)*minuteUS + 5, (M-60)*minuteUS + 5, (M-59)*minuteUS + 5, M*minuteUS + 5, a + 60e6}
+		var first []Observation
+		for i, occ := range edges {
+			first = append(first, obs(fmt.Sprint("first-", i), occ))
+		}
+		x.apply("the edges' hours and groups", first, at)
+		for round := range 3 {
+			var b []Observation
+			for i, occ := range edges {
+				b = append(b, obs(fmt.Sprint("new-", round, "-", i), occ+int64(round)))
+			}
+			x.apply(fmt.Sprint("new records at the edges, round ", round), b, at)
+		}
+		if n := computed(x); n != 3 {
+			t.Fatalf("%d calls took the computed path, want 3", n)
+		}
+	})
+
+	t.Run("garbage still to collect", func(t *testing.T) {
+		x := newComputedSides(t, "garbage", 24*time.Hour, 0)
+		base := Micros(t0)
+		var old []Observation
+		for i := range 1500 {
+			old = append(old, obs(fmt.Sprint("old-", i), base-int64(i%20)*hourUS-int64(i)*1e6))
+		}
+		x.apply("old records over 20 hours", old, time.UnixMicro(base))
+		leap := base + 40*hourUS
+		at := time.UnixMicro(leap + 1e6)
+		x.apply("a leap that expires them", []Observation{obs("leap", leap)}, at)
+		for i := range 20 {
+			x.apply(fmt.Sprint("new records while collecting, call ", i),
+				[]Observation{obs(fmt.Sprint("late-", i), leap-int64(i)*1e6), obs(fmt.Sprint("late-b-", i), leap-int64(i)*1e6-5e5)}, at)
+		}
+		if n := computed(x); n == 0 {
+			t.Fatal("no call took the computed path once the garbage was collected")
+		}
+	})
+
+	t.Run("an index to compact", func(t *testing.T) {
+		x := newComputedSides(t, "compact", 24*time.Hour, 0)
+		mid := Micros(t0) + 30*minuteUS
+		at := time.UnixMicro(mid + 1e6)
+		var b []Observation
+		for i := range 100 {
+			b = append(b, obs(fmt.Sprint("listed-", i), mid-int64(i)*1e6))
+		}
+		x.apply("a hundred records in one group", b, at)
+		g := "i" + fmt.Sprint(floorDiv(floorDiv(mid, hourUS), groupSpan(int64(24*time.Hour/time.Microsecond))))
+		ctx := t.Context()
+		for i, rig := range x.rigs {
+			key := x.stores[i].keys(k)[1]
+			v, err := rig.c.HGet(ctx, key, g).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := v[6:11] // every entry counted as left behind by a move
+			if err := rig.c.HSet(ctx, key, g, v[:11]+n+v[16:]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		x.apply("a new record in that group", []Observation{obs("new", mid-500e6)}, at)
+		x.apply("another", []Observation{obs("new-2", mid-501e6)}, at)
+		if n := computed(x); n != 1 {
+			t.Fatalf("%d calls took the computed path, want 1 (the second, after the compaction)", n)
+		}
+	})
+}
+
+// TestComputedCallRefusedWhenAnotherWriterCameBetween runs another processor's batch on the same
+// aggregate between the computed call's read and its store: the store refuses the call, which
+// writes nothing, and apply.lua applies it on the state as the other writer left it. Nothing is
+// counted twice, and the outcomes say what happened.
+func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "refused")
+	testenv.CleanPrefix(t, c, prefix)
+	open := func(compute bool) *Redis {
+		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: compute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	mine, other := open(true), open(false)
+	k := Key{Scope: collisionScopes[0], CorrectionID: "refused", Source: Live}
+	occ := Micros(t0) + 30*minuteUS
+	at := time.UnixMicro(occ + 5e6)
+	ob := func(id string, cls Class) Observation {
+		return Observation{Key: k, OpportunityID: id, Class: cls, Occurred: occ, Assessed: occ + 1e6}
+	}
+	ctx := t.Context()
+	if _, err := other.Apply(ctx, []Observation{ob("first", Passed)}, at); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		between []Observation // the other writer's batch
+		batch   []Observation
+		want    []Outcome
+		all     Counts // the aggregate's counts after both
+	}{
+		{"the same opportunity", []Observation{ob("a", Confirmed)}, []Observation{ob("a", Confirmed), ob("b", Passed)},
+			[]Outcome{Duplicate, Counted}, Counts{Confirmed: 1, Passed: 2}},
+		{"another opportunity", []Observation{ob("c", Unscored)}, []Observation{ob("d", Passed)},
+			[]Outcome{Counted}, Counts{Confirmed: 1, Passed: 3, Unscored: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mine.afterRead = func() {
+				if _, err := other.Apply(ctx, tc.between, at); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, refusedBefore := mine.ComputedCalls()
+			got, err := mine.Apply(ctx, tc.batch, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, refused := mine.ComputedCalls(); refused != refusedBefore+1 {
+				t.Fatalf("the store refused %d calls, want 1", refused-refusedBefore)
+			}
+			if fmt.Sprint(got.Outcomes) != fmt.Sprint(tc.want) {
+				t.Fatalf("outcomes %v, want %v", got.Outcomes, tc.want)
+			}
+			mine.afterRead = nil
+			tl, err := mine.Tally(ctx, k, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tl.All != tc.all || got.Tallies[k] != tl {
+				t.Fatalf("counts %+v, replied %+v, want %+v", tl, got.Tallies[k], tc.all)
+			}
+		})
+	}
+	if stored, _ := mine.ComputedCalls(); stored != 0 {
+		t.Fatalf("%d computed calls stored over another writer's", stored)
+	}
+}

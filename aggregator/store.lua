@@ -1,0 +1,45 @@
+-- Stores one apply call the processor computed itself (aggregator/computed.go), or refuses it: it
+-- writes only when every field the computation read still holds what was read (or is still
+-- absent), so a call computed from state that another writer changed since, a processor of an
+-- older release included, is refused and runs apply.lua instead. Every check comes before the
+-- first write, so a refused call writes nothing.
+--
+-- KEYS[1] the state hash, KEYS[2] layout 10's record hash (apply.lua's KEYS[2] and KEYS[1]).
+-- ARGV[1] the key TTL in ms (0: none), ARGV[2] the head's TTL stamp (server time, s), ARGV[3] the
+-- number s of state fields read, ARGV[4] the number r of record fields read, ARGV[5] and ARGV[6]
+-- a byte per state and record field read ('1' present, '0' absent), then the s state fields, what
+-- they held (empty when absent), the r record fields, what they held, the number of state pairs
+-- to set, those pairs, and last the record pairs to set.
+-- Returns 1 when stored, 0 when refused.
+local call, byte, unpack, tonumber = redis.call, string.byte, unpack, tonumber
+local ttl = tonumber(ARGV[1])
+local s, r = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- apply.lua refreshes the stamp (and the index's TTL) every half TTL by the server's clock.
+if ttl > 0 and tonumber(call('TIME')[1]) - tonumber(ARGV[2]) >= ttl / 2000 then return 0 end
+local CHUNK = 4000 -- most arguments per command (Lua's unpack limit is 8000)
+local function same(key, has, from, count)
+  for c = 0, count - 1, CHUNK do
+    local m = math.min(CHUNK, count - c)
+    local got = call('HMGET', key, unpack(ARGV, from + c, from + c + m - 1))
+    for j = 1, m do
+      local v = got[j]
+      if byte(has, c + j) == 49 then
+        if v ~= ARGV[from + count + c + j - 1] then return false end
+      elseif v then return false end
+    end
+  end
+  return true
+end
+local i = 7
+if not same(KEYS[1], ARGV[5], i, s) then return 0 end
+i = i + 2 * s
+if not same(KEYS[2], ARGV[6], i, r) then return 0 end
+i = i + 2 * r
+local function hset(key, from, to)
+  for c = from, to, 2 * CHUNK do call('HSET', key, unpack(ARGV, c, math.min(c + 2 * CHUNK - 1, to))) end
+end
+local pairs = tonumber(ARGV[i])
+if i + 1 + 2 * pairs <= #ARGV then hset(KEYS[2], i + 1 + 2 * pairs, #ARGV) end
+if pairs > 0 then hset(KEYS[1], i + 1, i + 2 * pairs) end
+if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
+return 1
