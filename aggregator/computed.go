@@ -61,42 +61,67 @@ type computedGroup struct {
 	add     []string
 }
 
-// callRead is what the processor reads for one call before computing it: the state fields and the
-// record fields, as one HMGET each.
+// callRead is what the processor reads for one call before computing it, as one HMGET of the state
+// fields and one of the call's record fields, and where each record's hour, index group and minute
+// are among the state fields.
 type callRead struct {
-	state   []string // H, v, then every hour, group and minute the call may touch
-	records []string // the call's record fields
+	state   []any // H, v, then every hour, group and minute the call may touch, as strings
+	records []any // the call's record fields (Encoded's arguments)
+	class   []int8
+	occ     []int64
+	// hourAt, groupAt and minuteAt are each record's fields' indexes in state; minuteAt is -1 for a
+	// minute below every floor the call can have.
+	hourAt, groupAt, minuteAt []int32
 }
 
-// planRead returns the fields a call of records recs at record fields fields reads, for an aggregate
-// whose index groups span span hours, or false when the processor cannot compute the call: a
-// record field that repeats, or a record it cannot read.
-func planRead(fields, recs []string, span int64) (callRead, bool) {
-	seen := make(map[string]struct{}, 2+3*len(recs))
-	plan := callRead{state: []string{"H", "v"}, records: fields}
-	add := func(f string) {
-		if _, ok := seen[f]; !ok {
-			seen[f] = struct{}{}
-			plan.state = append(plan.state, f)
+// planRead returns what a call of records recs at record fields fields (strings) reads, for an
+// aggregate whose index groups span span hours, or false when the processor cannot compute the
+// call: a record field that repeats, or a record it cannot read.
+func planRead(fields, recs []any, span int64) (*callRead, bool) {
+	n := len(recs)
+	plan := &callRead{state: append(make([]any, 0, 8), "H", "v"), records: fields,
+		class: make([]int8, n), occ: make([]int64, n), hourAt: make([]int32, 3*n)}
+	plan.groupAt, plan.minuteAt = plan.hourAt[n:2*n], plan.hourAt[2*n:]
+	plan.hourAt = plan.hourAt[:n]
+	var buf []byte
+	at := map[int64]int32{} // a field's index in state by its number and kind (0 h, 1 i, 2 m: the low 2 bits)
+	field := func(kind byte, x int64) int32 {
+		key := x<<2 | int64(strings.IndexByte("him", kind))
+		if i, ok := at[key]; ok {
+			return i
 		}
+		buf = strconv.AppendInt(append(buf[:0], kind), x, 10)
+		i := int32(len(plan.state))
+		at[key] = i
+		plan.state = append(plan.state, string(buf))
+		return i
 	}
-	ids := make(map[string]struct{}, len(fields))
+	ids := make(map[string]struct{}, n)
 	var top int64 // the greatest occurred time so far: a minute below its floor is never bumped
-	for i, rec := range recs {
-		if _, ok := ids[fields[i]]; ok {
-			return callRead{}, false
+	lastH, lastM := int64(-1), int64(-1)
+	var hi, gi, mi int32
+	for i, r := range recs {
+		id, _ := fields[i].(string)
+		rec, _ := r.(string)
+		if _, ok := ids[id]; ok {
+			return nil, false
 		}
-		ids[fields[i]] = struct{}{}
-		_, occ, ok := recordClassOccurred(rec)
+		ids[id] = struct{}{}
+		j, occ, ok := recordClassOccurred(rec)
 		if !ok {
-			return callRead{}, false
+			return nil, false
 		}
+		plan.class[i], plan.occ[i] = int8(j), occ
 		top = max(top, occ)
-		h := floorDiv(occ, hourUS)
-		add("h" + strconv.FormatInt(h, 10))
-		add("i" + strconv.FormatInt(floorDiv(h, span), 10))
+		if h := floorDiv(occ, hourUS); h != lastH {
+			hi, gi, lastH = field('h', h), field('i', floorDiv(h, span)), h
+		}
+		plan.hourAt[i], plan.groupAt[i], plan.minuteAt[i] = hi, gi, -1
 		if m := floorDiv(occ, minuteUS); m >= floorDiv(top, minuteUS)-minuteKeep {
-			add("m" + strconv.FormatInt(m, 10))
+			if m != lastM {
+				mi, lastM = field('m', m), m
+			}
+			plan.minuteAt[i] = mi
 		}
 	}
 	return plan, true
@@ -133,16 +158,24 @@ type computedCall struct {
 	args []any
 }
 
+// computedField is a state field of a call as the computation loaded and changed it.
+type computedField struct {
+	loaded bool
+	hour   computedHour
+	minute [3]int64
+	group  *computedGroup
+}
+
 // computeCall computes a call as apply.lua would, from the fields plan read: state[i] is the value
-// of plan.state[i] and held[i] of plan.records[i] (present false when absent). ret is the
-// retention, at the observation time (µs), ttl the idle TTL in ms. It returns false for any call
-// off the path the package comment names; apply.lua runs those.
-func computeCall(plan callRead, state []string, present []bool, held []string, heldPresent []bool,
-	recs []string, ret, at, ttl int64) (*computedCall, bool) {
-	if !present[0] || len(state[0]) != headBytes || state[0][0] != 10 {
+// of plan.state[i] and held[i] of plan.records[i] (nil when absent, a string otherwise), as HMGET
+// replies. recs are the call's records, ret the retention, at the observation time (µs), ttl the
+// idle TTL in ms. It returns false for any call off the path the package comment names; apply.lua
+// runs those.
+func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*computedCall, bool) {
+	head, ok := state[0].(string)
+	if !ok || len(head) != headBytes || head[0] != 10 {
 		return nil, false
 	}
-	head := state[0]
 	span := int64(head[1])
 	if span != groupSpan(ret) {
 		return nil, false // the aggregate keeps another retention's groups: not the fields read
@@ -159,7 +192,6 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 		}
 	}
 	w, pm, f, l, hcm, hch, g, cutH := x[0]-1, x[1]-1, x[2]-1, x[3]-1, x[4]-1, x[5]-1, x[7]-1, x[20]-1
-	stamp := x[6] - 1
 	if ttl > 0 && x[6] == 0 {
 		return nil, false // no stamp yet: apply.lua sets one
 	}
@@ -169,8 +201,8 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 	copy(dy[:], x[14:17])
 	copy(wk[:], x[17:20])
 	v := int64(0)
-	if present[1] {
-		n, err := strconv.ParseInt(state[1], 10, 64)
+	if s, ok := state[1].(string); ok {
+		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return nil, false
 		}
@@ -183,23 +215,13 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 	if floorDiv(w-ret, hourUS) > cutH || g < floorDiv(cutH, span) {
 		return nil, false // hours expire, or garbage is collected
 	}
-	field := make(map[string]int, len(plan.state))
-	for i, s := range plan.state {
-		field[s] = i
-	}
-	hours := map[int64]*computedHour{}
-	mins := map[int64]*[3]int64{}
-	groups := map[int64]*computedGroup{}
-	var hourOrder, minOrder, groupOrder []int64
-	out := &computedCall{outcomes: make([]Outcome, len(recs)), stamp: stamp}
+	fields := make([]computedField, len(plan.state))
+	out := &computedCall{outcomes: make([]Outcome, len(recs)), records: make([]any, 0, 2*len(recs)), stamp: x[6] - 1}
 	mfloor := floorDiv(w, minuteUS) - minuteKeep
 	cut := cutH * hourUS
 	changed := false
-	for i, rec := range recs {
-		j, occ, ok := recordClassOccurred(rec)
-		if !ok {
-			return nil, false
-		}
+	for i := range recs {
+		j, occ := plan.class[i], plan.occ[i]
 		if occ > w {
 			w = occ
 			if floorDiv(w-ret, hourUS) > cutH || max(floorDiv(w, minuteUS)-minuteKeep, 0)-pm >= 60 {
@@ -210,8 +232,8 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 		if occ < cut {
 			return nil, false // expired
 		}
-		if heldPresent[i] {
-			if held[i] != rec {
+		if old, ok := held[i].(string); ok {
+			if rec, _ := recs[i].(string); old != rec {
 				return nil, false // a reassessment, an older one, or garbage
 			}
 			out.outcomes[i] = Duplicate
@@ -219,33 +241,28 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 		}
 		changed = true
 		out.outcomes[i] = Counted
-		out.records = append(out.records, plan.records[i], rec)
+		out.records = append(out.records, plan.records[i], recs[i])
 		h := floorDiv(occ, hourUS)
-		d := floorDiv(h, span)
-		gr := groups[d]
-		if gr == nil {
-			p, ok := field["i"+strconv.FormatInt(d, 10)]
-			if !ok || !present[p] || len(state[p]) < groupHead || state[p][0] != 0 {
+		gf := &fields[plan.groupAt[i]]
+		if !gf.loaded {
+			v, ok := state[plan.groupAt[i]].(string)
+			if !ok || len(v) < groupHead || v[0] != 0 {
 				return nil, false // a new group: its sorted set and the TTL stamp change too
 			}
-			v := state[p]
-			gr = &computedGroup{k: littleEndian(v[1:6]), n: littleEndian(v[6:11]), x: littleEndian(v[11:16]), open: v[16:]}
-			if gr.k == 0 && gr.open == "" {
+			gf.loaded = true
+			gf.group = &computedGroup{k: littleEndian(v[1:6]), n: littleEndian(v[6:11]), x: littleEndian(v[11:16]), open: v[16:],
+				add: make([]string, 0, min(len(recs)-i, 16))}
+			if gf.group.k == 0 && gf.group.open == "" {
 				return nil, false
 			}
-			groups[d] = gr
-			groupOrder = append(groupOrder, d)
 		}
-		gr.add = append(gr.add, plan.records[i])
-		t := hours[h]
-		if t == nil {
-			p, ok := field["h"+strconv.FormatInt(h, 10)]
-			if !ok {
-				return nil, false
-			}
-			t = &computedHour{}
-			if present[p] {
-				v := state[p]
+		id, _ := plan.records[i].(string)
+		gf.group.add = append(gf.group.add, id)
+		hf := &fields[plan.hourAt[i]]
+		t := &hf.hour
+		if !hf.loaded {
+			hf.loaded = true
+			if v, ok := state[plan.hourAt[i]].(string); ok {
 				if len(v) != hourBytes || (v[0] != 1 && v[0] != 2) {
 					return nil, false
 				}
@@ -253,8 +270,6 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 				t.c = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
 				t.a, t.b, t.bounded, t.lose = start+littleEndian(v[16:21]), start+littleEndian(v[21:26]), true, v[0] == 2
 			}
-			hours[h] = t
-			hourOrder = append(hourOrder, h)
 		}
 		if !t.bounded {
 			t.a, t.b, t.bounded = occ, occ, true
@@ -265,26 +280,22 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 		counts[j]++
 		t.c[j]++
 		if occ >= mfloor*minuteUS {
-			m := floorDiv(occ, minuteUS)
-			q := mins[m]
-			if q == nil {
-				p, ok := field["m"+strconv.FormatInt(m, 10)]
-				if !ok {
-					return nil, false
-				}
-				q = &[3]int64{}
-				if present[p] {
-					v := state[p]
+			p := plan.minuteAt[i]
+			if p < 0 {
+				return nil, false // not read: cannot happen, the plan reads every minute a call can bump
+			}
+			mf := &fields[p]
+			if !mf.loaded {
+				mf.loaded = true
+				if v, ok := state[p].(string); ok {
 					if len(v) != minuteBytes || v[0] != 0 {
 						return nil, false
 					}
-					*q = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
+					mf.minute = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
 				}
-				mins[m] = q
-				minOrder = append(minOrder, m)
 			}
-			q[j]++
-			if m <= M && m >= M-59 {
+			mf.minute[j]++
+			if m := floorDiv(occ, minuteUS); m <= M && m >= M-59 {
 				hr[j]++
 			}
 		}
@@ -295,54 +306,58 @@ func computeCall(plan callRead, state []string, present []bool, held []string, h
 			}
 		}
 	}
-	set := func(f string, v string) { out.state = append(out.state, f, v) }
-	for _, d := range groupOrder {
-		gr := groups[d]
-		name := "i" + strconv.FormatInt(d, 10)
-		gr.n += int64(len(gr.add))
-		if 2*gr.x >= gr.n+64 {
-			return nil, false // apply.lua compacts the group
+	set := func(f any, v string) { out.state = append(out.state, f, v) }
+	var buf []byte
+	for p := 2; p < len(fields); p++ {
+		fd := &fields[p]
+		if !fd.loaded {
+			continue
 		}
-		var b strings.Builder
-		b.WriteString(gr.open)
-		size := len(gr.open)
-		for _, id := range gr.add {
-			if size+len(id) > chunkBytes && size > 0 {
-				gr.k++
-				set(name+"."+strconv.FormatInt(gr.k, 10), b.String())
-				b.Reset()
-				size = 0
+		name, _ := plan.state[p].(string)
+		buf = buf[:0]
+		switch name[0] {
+		case 'i':
+			gr := fd.group
+			gr.n += int64(len(gr.add))
+			if 2*gr.x >= gr.n+64 {
+				return nil, false // apply.lua compacts the group
 			}
-			b.WriteString(id)
-			size += len(id)
+			open, size := gr.open, len(gr.open)
+			var chunk []byte
+			for _, id := range gr.add {
+				if size+len(id) > chunkBytes && size > 0 {
+					gr.k++
+					set(name+"."+strconv.FormatInt(gr.k, 10), open+string(chunk))
+					open, chunk, size = "", chunk[:0], 0
+				}
+				chunk = append(chunk, id...)
+				size += len(id)
+			}
+			buf = append(buf, 0)
+			buf = appendLittleEndian(buf, gr.k, 5)
+			buf = appendLittleEndian(buf, gr.n, 5)
+			buf = appendLittleEndian(buf, min(gr.x, gr.n), 5)
+			buf = append(append(buf, open...), chunk...)
+		case 'h':
+			t := &fd.hour
+			kind := byte(1)
+			if t.lose {
+				kind = 2
+			}
+			start := floorDiv(t.a, hourUS) * hourUS
+			buf = append(buf, kind)
+			for _, n := range t.c {
+				buf = appendLittleEndian(buf, n, 5)
+			}
+			buf = appendLittleEndian(buf, t.a-start, 5)
+			buf = appendLittleEndian(buf, t.b-start, 5)
+		case 'm':
+			buf = append(buf, 0)
+			for _, n := range fd.minute {
+				buf = appendLittleEndian(buf, n, 5)
+			}
 		}
-		buf := make([]byte, 0, groupHead+b.Len())
-		buf = append(buf, 0)
-		buf = appendLittleEndian(buf, gr.k, 5)
-		buf = appendLittleEndian(buf, gr.n, 5)
-		buf = appendLittleEndian(buf, min(gr.x, gr.n), 5)
-		set(name, string(append(buf, b.String()...)))
-	}
-	for _, h := range hourOrder {
-		t := hours[h]
-		kind := byte(1)
-		if t.lose {
-			kind = 2
-		}
-		buf := append(make([]byte, 0, hourBytes), kind)
-		for _, n := range t.c {
-			buf = appendLittleEndian(buf, n, 5)
-		}
-		buf = appendLittleEndian(buf, t.a-h*hourUS, 5)
-		buf = appendLittleEndian(buf, t.b-h*hourUS, 5)
-		set("h"+strconv.FormatInt(h, 10), string(buf))
-	}
-	for _, m := range minOrder {
-		buf := append(make([]byte, 0, minuteBytes), 0)
-		for _, n := range mins[m] {
-			buf = appendLittleEndian(buf, n, 5)
-		}
-		set("m"+strconv.FormatInt(m, 10), string(buf))
+		set(plan.state[p], string(buf))
 	}
 	if changed {
 		v = max(v+1, at)

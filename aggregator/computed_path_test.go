@@ -46,6 +46,7 @@ func newComputedSides(t *testing.T, what string, retention, idle time.Duration) 
 func (x *computedSides) apply(what string, batch []Observation, at time.Time) {
 	x.t.Helper()
 	for i, rig := range x.rigs {
+		x.stores[i].skipReads = 0 // every batch read: the path taken as often as it can be
 		rig.apply(x.names[i]+": "+what, batch, at)
 	}
 	x.same(what)
@@ -260,6 +261,20 @@ func TestComputedCallsAtTheEdges(t *testing.T) {
 		}
 	})
 
+	t.Run("minutes to prune", func(t *testing.T) {
+		x := newComputedSides(t, "prune", 24*time.Hour, 0)
+		start := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS // minute X
+		at := time.UnixMicro(start + 60*minuteUS + 30e6)
+		// Minute buckets pruned up to X-70; the newest event 59 minutes on: nothing to prune yet.
+		x.apply("minutes X and X+59", []Observation{obs("x", start), obs("x59", start+59*minuteUS)}, at)
+		// The newest event 60 minutes on: apply.lua prunes an hour of minute buckets.
+		x.apply("minute X+60", []Observation{obs("x60", start+60*minuteUS)}, at)
+		x.apply("minute X+60 again", []Observation{obs("x60b", start+60*minuteUS+1)}, at)
+		if n := computed(x); n != 1 {
+			t.Fatalf("%d calls took the computed path, want 1 (the last)", n)
+		}
+	})
+
 	t.Run("an index to compact", func(t *testing.T) {
 		x := newComputedSides(t, "compact", 24*time.Hour, 0)
 		mid := Micros(t0) + 30*minuteUS
@@ -357,5 +372,41 @@ func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
 	}
 	if stored, _ := mine.ComputedCalls(); stored != 0 {
 		t.Fatalf("%d computed calls stored over another writer's", stored)
+	}
+}
+
+// TestBatchesMostlyOffThePathGoUnread: a batch whose calls the processor read but could mostly not
+// compute (here: new aggregates, which apply.lua creates) paid a read round trip for nothing, so the
+// next skipAfterMiss batches go to apply.lua unread, and the one after reads again.
+func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "unread")
+	testenv.CleanPrefix(t, c, prefix)
+	s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	occ := Micros(t0) + 30*minuteUS
+	at := time.UnixMicro(occ + 5e6)
+	batch := func(i int) []Observation {
+		var b []Observation
+		for a := range 4 {
+			b = append(b, Observation{Key: Key{Scope: collisionScopes[0], CorrectionID: fmt.Sprint("unread-", a), Source: Live},
+				OpportunityID: fmt.Sprint("o-", i), Class: Passed, Occurred: occ, Assessed: occ})
+		}
+		return b
+	}
+	for i := range skipAfterMiss + 2 {
+		if _, err := s.Apply(t.Context(), batch(i), at); err != nil {
+			t.Fatal(err)
+		}
+		stored, _ := s.ComputedCalls()
+		want := int64(0) // the first batch creates the aggregates; the next skipAfterMiss go unread
+		if i == skipAfterMiss+1 {
+			want = 4
+		}
+		if stored != want {
+			t.Fatalf("after batch %d: %d calls computed, want %d", i, stored, want)
+		}
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // stampMargin is how long before apply.lua would refresh an aggregate's TTL stamp the processor
@@ -13,90 +11,112 @@ import (
 // store.lua refuses calls for it.
 const stampMargin = 5 // seconds
 
+// skipAfterMiss is how many batches go unread after a batch in which the processor computed fewer
+// than half the calls it read: a call it reads and cannot compute costs a read for nothing, and a
+// stream whose calls mostly leave the path (reassessments in most calls, the minute turning between
+// an aggregate's batches) would pay one per call. One batch in skipAfterMiss+1 still probes.
+const skipAfterMiss = 7
+
+// readNext reports whether the next batch's calls are read for the computation. The caller holds
+// sealMu.
+func (r *Redis) readNext() bool {
+	if r.skipReads > 0 {
+		r.skipReads--
+		return false
+	}
+	return true
+}
+
+// readBatch records that a batch read read calls and computed computed of them.
+func (r *Redis) readBatch(read, computed int) {
+	if 2*computed < read {
+		r.skipReads = skipAfterMiss
+	}
+}
+
 // computeCalls reads, in one pipelined round trip, what apply.lua would read for each call of e
-// that the processor may compute, and computes those it can (computed.go). A call it does not
-// compute, and every call when the read fails, is left to apply.lua: it is absent from the map.
-func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) map[Key]*computedCall {
+// that the processor may compute, and computes those it can (computed.go); it returns them and how
+// many calls it read. A call it does not compute, and every call when the read fails, is left to
+// apply.lua: it is absent from the map.
+func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map[Key]*computedCall, int) {
 	ret, atUS := int64(r.cfg.Retention/time.Microsecond), Micros(at)
 	span, ttl := groupSpan(ret), r.cfg.IdleTTL.Milliseconds()
 	type read struct {
 		k          Key
-		plan       callRead
-		recs       []string
-		state, rec *redis.SliceCmd
+		plan       *callRead
+		recs       []any
+		state, rec interface{ Slice() ([]any, error) }
 	}
 	var reads []read
 	p := r.client.Pipeline()
 	for _, k := range e.keys {
 		args := e.args[k][headArgs:]
 		n := len(args) / 2
-		fields, recs := make([]string, n), make([]string, n)
-		for i := range n {
-			fields[i], _ = args[i].(string)
-			recs[i], _ = args[n+i].(string)
-		}
-		plan, ok := planRead(fields, recs, span)
+		plan, ok := planRead(args[:n], args[n:], span)
 		if !ok {
 			continue
 		}
 		keys := e.redis[k]
-		reads = append(reads, read{k: k, plan: plan, recs: recs,
-			state: p.HMGet(ctx, keys[1], plan.state...), rec: p.HMGet(ctx, keys[0], plan.records...)})
+		state := append(append(make([]any, 0, 2+len(plan.state)), "hmget", keys[1]), plan.state...)
+		recs := append(append(make([]any, 0, 2+n), "hmget", keys[0]), plan.records...)
+		reads = append(reads, read{k: k, plan: plan, recs: args[n:], state: p.Do(ctx, state...), rec: p.Do(ctx, recs...)})
 	}
 	if len(reads) == 0 {
-		return nil
+		return nil, 0
 	}
 	if !r.storeLoaded.Load() {
 		// Before the first store: a pipeline in which apply.lua runs and store.lua is missing
-		// could only fail (applyEncoded).
-		p.ScriptLoad(ctx, storeLua)
+		// could only fail (applyEncoded). On every primary of a cluster.
+		if err := storeScript.Load(ctx, r.client).Err(); err != nil {
+			return nil, 0
+		}
+		r.storeLoaded.Store(true)
 	}
 	if _, err := p.Exec(ctx); err != nil {
-		return nil
+		return nil, len(reads)
 	}
-	r.storeLoaded.Store(true)
 	now := time.Now().Unix()
 	out := make(map[Key]*computedCall, len(reads))
 	for _, rd := range reads {
-		state, present := values(rd.state.Val())
-		held, heldPresent := values(rd.rec.Val())
-		if len(state) != len(rd.plan.state) || len(held) != len(rd.plan.records) {
+		state, err := rd.state.Slice()
+		if err != nil || len(state) != len(rd.plan.state) {
 			continue
 		}
-		cc, ok := computeCall(rd.plan, state, present, held, heldPresent, rd.recs, ret, atUS, ttl)
+		held, err := rd.rec.Slice()
+		if err != nil || len(held) != len(rd.plan.records) {
+			continue
+		}
+		cc, ok := computeCall(rd.plan, state, held, rd.recs, ret, atUS, ttl)
 		if !ok || (ttl > 0 && float64(now-cc.stamp+stampMargin) >= float64(ttl)/2000) {
 			continue
 		}
-		cc.args = storeArgs(cc, rd.plan, state, present, held, heldPresent, ttl)
+		cc.args = storeArgs(cc, rd.plan, state, held, ttl)
 		out[rd.k] = cc
 	}
-	return out
+	return out, len(reads)
 }
 
-// values splits an HMGET reply into its values and whether each field was present.
-func values(got []any) ([]string, []bool) {
-	vs, present := make([]string, len(got)), make([]bool, len(got))
-	for i, v := range got {
-		vs[i], present[i] = v.(string)
-	}
-	return vs, present
-}
+// absent is what store.lua is sent for a field read absent (with '0' in its presence string).
+var absent any = ""
 
-// storeArgs returns store.lua's arguments for call cc, computed from plan's fields as read.
-func storeArgs(cc *computedCall, plan callRead, state []string, present []bool, held []string, heldPresent []bool, ttl int64) []any {
+// storeArgs returns store.lua's arguments for call cc, computed from plan's fields as read (HMGET
+// replies: nil for an absent field).
+func storeArgs(cc *computedCall, plan *callRead, state, held []any, ttl int64) []any {
 	args := make([]any, 0, 7+2*len(state)+2*len(held)+len(cc.state)+len(cc.records))
 	args = append(args, strconv.FormatInt(ttl, 10), strconv.FormatInt(cc.stamp, 10),
-		strconv.Itoa(len(state)), strconv.Itoa(len(held)), presence(present), presence(heldPresent))
-	for _, f := range plan.state {
-		args = append(args, f)
-	}
+		strconv.Itoa(len(state)), strconv.Itoa(len(held)), presence(state), presence(held))
+	args = append(args, plan.state...)
 	for _, v := range state {
+		if v == nil {
+			v = absent
+		}
 		args = append(args, v)
 	}
-	for _, f := range plan.records {
-		args = append(args, f)
-	}
+	args = append(args, plan.records...)
 	for _, v := range held {
+		if v == nil {
+			v = absent
+		}
 		args = append(args, v)
 	}
 	args = append(args, strconv.Itoa(len(cc.state)/2))
@@ -105,11 +125,11 @@ func storeArgs(cc *computedCall, plan callRead, state []string, present []bool, 
 }
 
 // presence is store.lua's byte per field read: '1' present, '0' absent.
-func presence(present []bool) string {
-	b := make([]byte, len(present))
-	for i, p := range present {
+func presence(got []any) string {
+	b := make([]byte, len(got))
+	for i, v := range got {
 		b[i] = '0'
-		if p {
+		if v != nil {
 			b[i] = '1'
 		}
 	}

@@ -136,6 +136,9 @@ type Redis struct {
 	// computedStored and computedRefused count the calls the processor computed that the store
 	// wrote, and those it refused (ComputedCalls).
 	computedStored, computedRefused atomic.Int64
+	// skipReads is how many batches from now on are left to apply.lua unread: the last batch read
+	// mostly calls the processor could not compute (readBatch). Guarded by sealMu.
+	skipReads int
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
 	// afterRead, when set, runs between computeCalls's read and the store: a test's other writer.
@@ -322,8 +325,10 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	defer r.sealMu.Unlock()
 	markKey, mark := r.sealKey, r.sealSeq
 	var computed map[Key]*computedCall
-	if compute && m.fp == nil && !m.both {
-		computed = r.computeCalls(ctx, e, at)
+	if compute && m.fp == nil && !m.both && r.readNext() {
+		var read int
+		computed, read = r.computeCalls(ctx, e, at)
+		r.readBatch(read, len(computed))
 		if r.afterRead != nil {
 			r.afterRead()
 		}

@@ -175,6 +175,20 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}
 
 	metrics := consumer.NewMetrics(reg)
+	for _, result := range []string{"stored", "refused"} {
+		stored := result == "stored"
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "repeatrate_computed_calls_total",
+			Help:        "Apply calls the processor computed itself (redis.compute_calls), by result: stored, or refused because their aggregate changed after it was read (apply.lua ran them).",
+			ConstLabels: prometheus.Labels{"result": result},
+		}, func() float64 {
+			s, r := st.rates.ComputedCalls()
+			if stored {
+				return float64(s)
+			}
+			return float64(r)
+		}))
+	}
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
 	defer func() {
