@@ -74,11 +74,20 @@ type callRead struct {
 	hourAt, groupAt, minuteAt []int32
 }
 
+// maxComputedRecords is the most records a call the processor computes may hold: a larger call's
+// fixed cost in apply.lua is spread thin already, and store.lua's arguments stay far below what
+// one script call can unpack.
+const maxComputedRecords = 1000
+
 // planRead returns what a call of records recs at record fields fields (strings) reads, for an
 // aggregate whose index groups span span hours, or false when the processor cannot compute the
-// call: a record field that repeats, or a record it cannot read.
+// call: more than maxComputedRecords records, a record field that repeats, or a record it cannot
+// read.
 func planRead(fields, recs []any, span int64) (*callRead, bool) {
 	n := len(recs)
+	if n > maxComputedRecords {
+		return nil, false
+	}
 	plan := &callRead{state: append(make([]any, 0, 8), "H", "v"), records: fields,
 		class: make([]int8, n), occ: make([]int64, n), hourAt: make([]int32, 3*n)}
 	plan.groupAt, plan.minuteAt = plan.hourAt[n:2*n], plan.hourAt[2*n:]

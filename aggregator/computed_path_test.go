@@ -410,3 +410,79 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptsPartlyMissingApplyEachCallOnce: after Redis lost its scripts, another client loaded
+// apply.lua alone (a Tally, an older release), so in the next batch the apply calls run and the
+// computed ones meet no store.lua. The calls that ran stand, the others run through apply.lua
+// once: every new opportunity is counted, none reported a duplicate.
+func TestScriptsPartlyMissingApplyEachCallOnce(t *testing.T) {
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	s, err := NewRedis(c, RedisConfig{Prefix: "partly", Retention: 24 * time.Hour, ComputeCalls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	occ := Micros(t0) + 30*minuteUS
+	at := time.UnixMicro(occ + 5e6)
+	known := Key{Scope: collisionScopes[0], CorrectionID: "known", Source: Live}
+	ob := func(k Key, id string) Observation {
+		return Observation{Key: k, OpportunityID: id, Class: Passed, Occurred: occ, Assessed: occ}
+	}
+	ctx := t.Context()
+	if _, err := s.Apply(ctx, []Observation{ob(known, "first")}, at); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Tally(ctx, known, at); err != nil { // loads apply.lua alone
+		t.Fatal(err)
+	}
+	fresh := Key{Scope: collisionScopes[1], CorrectionID: "fresh", Source: Live}
+	s.skipReads = 0 // the first batch created its aggregate: read this one anyway
+	got, err := s.Apply(ctx, []Observation{ob(known, "second"), ob(fresh, "third")}, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got.Outcomes) != fmt.Sprint([]Outcome{Counted, Counted}) {
+		t.Fatalf("outcomes %v, want both counted", got.Outcomes)
+	}
+	for k, want := range map[Key]int64{known: 2, fresh: 1} {
+		tl, err := s.Tally(ctx, k, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tl.All.Passed != want || got.Tallies[k] != tl {
+			t.Fatalf("%s: counts %+v, replied %+v, want %d passed", k, tl, got.Tallies[k], want)
+		}
+	}
+	if _, refused := s.ComputedCalls(); refused != 1 {
+		t.Fatalf("%d computed calls left to apply.lua, want 1 (for the missing script)", refused)
+	}
+}
+
+// TestLargestComputedCallMatchesTheScript: a call of maxComputedRecords new records with ids long
+// enough that each closes an index chunk (as many state fields as records) is computed and stored
+// as apply.lua stores it, on Redis and on the embedded server; one record more is left to apply.lua.
+func TestLargestComputedCallMatchesTheScript(t *testing.T) {
+	x := newComputedSides(t, "largest", 24*time.Hour, 0)
+	k := Key{Scope: collisionScopes[0], CorrectionID: "largest", Source: Live}
+	occ := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS
+	at := time.UnixMicro(occ + 60e6)
+	batch := func(from, n int) []Observation {
+		var b []Observation
+		for i := from; i < from+n; i++ {
+			b = append(b, Observation{Key: k, OpportunityID: fmt.Sprintf("%05d-", i) + strings.Repeat("L", 400),
+				Class: Class(1 + i%3), Occurred: occ + int64(i), Assessed: occ + int64(i)})
+		}
+		return b
+	}
+	x.apply("the aggregate", batch(0, 1), at)
+	x.apply("the largest computed call", batch(1, maxComputedRecords), at)
+	x.apply("one record more", batch(1+maxComputedRecords, maxComputedRecords+1), at)
+	for i, s := range x.stores[1:] {
+		if stored, _ := s.ComputedCalls(); stored != 1 {
+			t.Errorf("%s: %d calls computed, want 1", x.names[i+1], stored)
+		}
+	}
+}

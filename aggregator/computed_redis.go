@@ -68,7 +68,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		// Before the first store: a pipeline in which apply.lua runs and store.lua is missing
 		// could only fail (applyEncoded). On every primary of a cluster.
 		if err := storeScript.Load(ctx, r.client).Err(); err != nil {
-			return nil, 0
+			return nil, len(reads) // the next batches go unread, not each held up by a load
 		}
 		r.storeLoaded.Store(true)
 	}
@@ -137,7 +137,8 @@ func presence(got []any) string {
 }
 
 // ComputedCalls returns how many calls the processor computed that the store wrote, and how many
-// it refused (their aggregates changed after they were read; apply.lua ran them).
+// it did not (their aggregates changed after they were read, the TTL stamp fell due, or Redis had
+// lost store.lua; apply.lua ran them).
 func (r *Redis) ComputedCalls() (stored, refused int64) {
 	return r.computedStored.Load(), r.computedRefused.Load()
 }

@@ -333,14 +333,11 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 			r.afterRead()
 		}
 	}
-	run := func() (cmds []redis.Cmder, err error) {
+	// run sends the batch's pipeline; terr is the pending token's own check (Pending.Append).
+	run := func() (cmds []redis.Cmder, err, terr error) {
 		token := func() error { return nil }
-		defer func() {
-			if terr := token(); err == nil {
-				err = terr
-			}
-		}()
-		return r.cfg.Pending.Writer(r.client).Pipelined(ctx, func(p redis.Pipeliner) error {
+		defer func() { terr = token() }()
+		cmds, err = r.cfg.Pending.Writer(r.client).Pipelined(ctx, func(p redis.Pipeliner) error {
 			if m.epoch != "" {
 				p.Get(ctx, EpochKey(r.cfg.Prefix))
 			}
@@ -365,38 +362,62 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 			token = r.cfg.Pending.Append(ctx, r.client, p, r.cfg.Prefix, written)
 			return nil
 		})
+		return cmds, err, nil
 	}
-	cmds, err := run()
+	cmds, err, terr := run()
+	from := 0 // the first script call's index in cmds
+	if m.epoch != "" {
+		from++
+	}
+	if mark > 0 {
+		from++
+	}
+	var unrun map[Key]bool // calls Redis refused for a missing script: they wrote nothing
 	if err != nil && isNoScript(err) {
-		// A restarted or new Redis has no scripts loaded: load it and run the batch again, which
-		// is safe because the script is idempotent.
+		// A restarted or new Redis has no scripts loaded: load them, and run the batch again when
+		// none of its calls ran.
 		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
 			return Applied{}, nil, fmt.Errorf("load apply script: %w", lerr)
 		}
-		if len(computed) > 0 {
+		if compute {
 			if lerr := storeScript.Load(ctx, r.client).Err(); lerr != nil {
 				return Applied{}, nil, fmt.Errorf("load store script: %w", lerr)
 			}
+			r.storeLoaded.Store(true)
 		}
 		if c != nil {
 			if lerr := c.Load(ctx); lerr != nil {
 				return Applied{}, nil, lerr
 			}
 		}
-		from := 0
-		if m.epoch != "" {
-			from++
-		}
-		if mark > 0 {
-			from++
-		}
-		if len(computed) > 0 && ranAny(cmds, from, len(keys)) {
-			// Only some scripts were missing: a call that ran would be applied twice, and a
-			// computed one refused as changed. The batch fails as a call that may be applied in
-			// part does; its retry finds the scripts loaded.
+		switch {
+		case !ranAny(cmds, from, len(keys)):
+			cmds, err, terr = run()
+		case c == nil:
+			// Only some scripts were missing (another process loaded apply.lua alone after a
+			// restart): the calls that ran stand, and those Redis refused wrote nothing and run
+			// again through apply.lua (ApplyEncodedWith), as a refused store does.
+			unrun = make(map[Key]bool)
+			for n, k := range keys {
+				if isNoScript(cmds[from+n].Err()) {
+					unrun[k] = true
+				}
+			}
+			err = nil
+			for i, cmd := range cmds {
+				if cerr := cmd.Err(); cerr != nil && !errors.Is(cerr, redis.Nil) && !(i >= from && i < from+len(keys) && isNoScript(cerr)) {
+					err = cerr
+					break
+				}
+			}
+		default:
+			// A companion's commands cannot be told apart here: the batch fails as a call that
+			// may be applied in part does, and its retry finds every script loaded.
 			return Applied{}, nil, fmt.Errorf("apply batch: scripts were missing from Redis and are loaded now; apply the batch again: %w", err)
 		}
-		cmds, err = run()
+	}
+	if err == nil {
+		err = terr
 	}
 	if m.epoch != "" && len(cmds) > 0 {
 		// The marker first, even when a script failed: a namespace that is not this build's state
@@ -439,6 +460,13 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	res := Applied{Outcomes: make([]Outcome, len(obs)), Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
 	var refused []Key
 	for n, k := range keys {
+		if unrun[k] {
+			refused = append(refused, k)
+			if computed[k] != nil {
+				r.computedRefused.Add(1)
+			}
+			continue
+		}
 		if cc := computed[k]; cc != nil {
 			stored, err := cmds[n].(*redis.Cmd).Int()
 			if err != nil {

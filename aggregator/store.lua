@@ -35,8 +35,10 @@ if not same(KEYS[1], ARGV[5], i, s) then return 0 end
 i = i + 2 * s
 if not same(KEYS[2], ARGV[6], i, r) then return 0 end
 i = i + 2 * r
+-- CHUNK values (CHUNK / 2 pairs) a command: Redis's Lua refuses to unpack 8 000, and the embedded
+-- server's registry overflows near 5 100. A failing HSET would keep the records written before it.
 local function hset(key, from, to)
-  for c = from, to, 2 * CHUNK do call('HSET', key, unpack(ARGV, c, math.min(c + 2 * CHUNK - 1, to))) end
+  for c = from, to, CHUNK do call('HSET', key, unpack(ARGV, c, math.min(c + CHUNK - 1, to))) end
 end
 local pairs = tonumber(ARGV[i])
 if i + 1 + 2 * pairs <= #ARGV then hset(KEYS[2], i + 1 + 2 * pairs, #ARGV) end

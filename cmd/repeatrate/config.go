@@ -98,9 +98,9 @@ type RedisConfig struct {
 	// 11 for about a third of the memory per retained opportunity at 1.2 to 1.9 times the Redis
 	// CPU per event. A namespace keeps the layout it was created in.
 	StateLayout int `yaml:"state_layout"`
-	// ComputeCalls makes the processor compute layout 10's commonest calls (new records and
-	// duplicates) itself and store them through a script that checks nothing it read changed,
-	// instead of running the apply script on Redis's one thread (docs/performance.md).
+	// ComputeCalls (on by default) makes the processor compute layout 10's commonest calls (new
+	// records and duplicates) itself and store them through a script that checks nothing it read
+	// changed, instead of running the apply script on Redis's one thread (docs/performance.md).
 	ComputeCalls bool `yaml:"compute_calls"`
 }
 
@@ -196,8 +196,9 @@ func defaultConfig() Config {
 			InputTopics: []string{TopicLive, TopicEval}, Session: 10 * time.Second, Compression: "none",
 			SnapshotTopic: TopicSnapshots, SuiteTopic: TopicSuites, AlertsTopic: TopicAlerts, DLQTopic: TopicDLQ,
 		},
-		Suite:     SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
-		Redis:     RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr", WaitTimeout: aggregator.DefaultWaitTimeout, StateLayout: int(aggregator.Layout10)},
+		Suite: SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
+		Redis: RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr", WaitTimeout: aggregator.DefaultWaitTimeout, StateLayout: int(aggregator.Layout10),
+			ComputeCalls: true},
 		Retention: 30 * 24 * time.Hour,
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
