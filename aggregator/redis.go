@@ -276,8 +276,9 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	if err != nil || len(refused) == 0 {
 		return res, err
 	}
-	// The calls the store refused: another writer changed their aggregates after they were read.
-	// Nothing of them was written; apply.lua runs them on the state as it is now.
+	// The calls not applied: store.lua refused them (another writer changed their aggregates
+	// after they were read, or the TTL stamp fell due), or Redis had lost the script. Nothing of
+	// them was written; apply.lua runs them on the state as it is now.
 	var obs []Observation
 	var at2 []int
 	for _, k := range refused {
