@@ -5,7 +5,8 @@
 // retention, windows, rates and Wilson intervals. It takes time as an argument and does no I/O;
 // replay runs on it and the Redis store is tested against it. Redis applies the same rules
 // atomically, one Lua script call per aggregate and batch, so that a retried or redelivered batch
-// changes nothing twice.
+// changes nothing twice. The commonest call the processor may compute itself (computed.go) and
+// store through a script that writes only if nothing it read changed; any other runs apply.lua.
 //
 // The package does not read Kafka or publish anything: package consumer feeds it and package sink
 // carries its snapshots out.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -444,7 +443,7 @@ func (r *storeCostRig) ways() []storeWay {
 	}
 }
 
-// computeInGo runs computeNewRecords on every layout-10 call recorded in rec, fails the test unless
+// computeInGo runs the processor's computation (computeRecorded) on every layout-10 call recorded in rec, fails the test unless
 // each call it computes sets exactly what the script set, and returns how many calls it computed
 // of how many, and its CPU µs per computed call (the state parsed from the strings a read returns,
 // as a processor would get them).
@@ -454,13 +453,13 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 		fields, recs []string
 	}
 	var todo []call
-	at, ret, ttl, now := Micros(r.now), int64(r.ret/time.Microsecond), int64(r.ret/time.Millisecond), time.Now().Unix()
+	at, ret, ttl := Micros(r.now), int64(r.ret/time.Microsecond), int64(r.ret/time.Millisecond)
 	for _, batch := range rec {
 		for _, ws := range batch {
 			calls++
 			st, records := ws[0], ws[len(ws)-1]
 			c := call{state: st.before, held: records.before, fields: records.read, recs: records.records}
-			got, ok := computeNewRecords(c.state, c.held, c.fields, c.recs, at, ret, ttl, now)
+			got, ok := computeRecorded(c.state, c.held, c.fields, c.recs, at, ret, ttl)
 			if !ok {
 				continue
 			}
@@ -481,7 +480,7 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 	began := testenv.OwnCPU(r.t)
 	for range reps {
 		for _, c := range todo {
-			computeNewRecords(c.state, c.held, c.fields, c.recs, at, ret, ttl, now)
+			computeRecorded(c.state, c.held, c.fields, c.recs, at, ret, ttl)
 		}
 	}
 	return len(todo), calls, (testenv.OwnCPU(r.t) - began).Seconds() * 1e6 / float64(reps*len(todo))
@@ -512,8 +511,8 @@ func (r *storeCostRig) computeInGo(rec [][][]hashWrite) (computed, calls int, us
 // It logs Redis's CPU per call, and for the script the time Redis gave the script calls and the
 // commands they issued (INFO commandstats), and this process's CPU per call: for the script,
 // encoding the batch and its pipeline; for the other ways, their pipelines with the arguments built
-// beforehand. In layout 10 it also times the computation on the path these calls take, with a
-// stand-in (computeNewRecords) that must set exactly what the script set on every call it computes.
+// beforehand. In layout 10 it also times the processor's computation (computed.go) on the calls it
+// computes, which must set exactly what the script set.
 //
 // What it leaves out: the computation in layout 11 and of a reassessment; what the streams do not
 // do (a reassessment into another hour or index group, a move that makes an hour's bounds exact,
@@ -600,202 +599,39 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 	}
 }
 
-// applyChunkBytes is apply.lua's CHUNKBYTES: an index chunk is closed before it grows past it.
-const applyChunkBytes = 480
-
-// standInCount is an hour's or a minute's counts, and an hour's bounds (absolute µs).
-type standInCount struct {
-	c      [3]int64
-	a, b   int64
-	bounds bool // a and b hold winners' bounds
-	loose  bool
-}
-
-// standInGroup is an index group as read, and the record fields the call adds to it.
-type standInGroup struct {
-	retainedGroup
-	add []string
-}
-
-// computeNewRecords is a stand-in for the computation a processor would do instead of apply.lua, for
-// the calls the projection above makes most: layout 10, an aggregate that exists, every record new
-// or a byte-for-byte duplicate, new ones in index groups that list ids already, with the window
-// sums cached for the observation time, no hour expiring, no minutes to prune and no TTL stamp to
-// refresh. Given the state hash as read, the records held at the call's record fields, and the
-// call's record fields and records, it returns the state fields the call sets, or false for any
-// other call (a reassessment among them). It is what the script does on that path, written in Go
-// to time it, not a second implementation of the semantics.
-func computeNewRecords(state, held map[string]string, fields, recs []string, at, ret, ttlMs, nowS int64) (map[string]string, bool) {
-	x, err := headNumbers(state["H"])
-	if err != nil {
+// computeRecorded runs the processor's computation (planRead, computeCall) on a recorded call,
+// given the state hash and the records held at the call's record fields as the call found them, and
+// returns the state fields it sets that differ from what they held, or false for a call off its
+// path.
+func computeRecorded(state, held map[string]string, fields, recs []string, at, ret, ttl int64) (map[string]string, bool) {
+	fs, rs := make([]any, len(fields)), make([]any, len(recs))
+	for i := range fields {
+		fs[i], rs[i] = fields[i], recs[i]
+	}
+	plan, ok := planRead(fs, rs, groupSpan(ret))
+	if !ok {
 		return nil, false
 	}
-	G := int64(state["H"][1])
-	for _, i := range []int{0, 1, 2, 3, 4, 5, 6, 7, 20} { // stored plus one; all present on this path
-		if x[i] == 0 {
-			return nil, false
+	st := make([]any, len(plan.state))
+	for i, name := range plan.state {
+		if v, ok := state[name.(string)]; ok {
+			st[i] = v
 		}
-		x[i]--
 	}
-	w, pm, f, l, hcm, hch, rt, g := x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
-	counts := [3]int64{x[8], x[9], x[10]}
-	var hr, dy, wk [3]int64
-	copy(hr[:], x[11:14])
-	copy(dy[:], x[14:17])
-	copy(wk[:], x[17:20])
-	cutH := x[20]
-	M, H := at/minuteUS, at/hourUS
-	if hcm != M || hch != H || (w-ret)/hourUS > cutH || nowS-rt >= ttlMs/2000 {
+	hd := make([]any, len(fields))
+	for i, f := range fields {
+		if v, ok := held[f]; ok {
+			hd[i] = v
+		}
+	}
+	cc, ok := computeCall(plan, st, hd, rs, ret, at, ttl)
+	if !ok {
 		return nil, false
-	}
-	v, err := strconv.ParseInt(state["v"], 10, 64)
-	if err != nil {
-		return nil, false
-	}
-	mfloor := w/minuteUS - codecMKeep
-	changed := false
-	hours := map[int64]*standInCount{}
-	mins := map[int64]*standInCount{}
-	groups := map[int64]*standInGroup{}
-	var hourOrder, minOrder, groupOrder []int64
-	for i, rec := range recs {
-		comma := strings.IndexByte(rec, ',')
-		if comma < 2 {
-			return nil, false
-		}
-		occ, err := strconv.ParseInt(rec[1:comma], 16, 64)
-		if err != nil {
-			return nil, false
-		}
-		j := strings.IndexByte("CPU", rec[0])
-		if j < 0 {
-			return nil, false
-		}
-		if occ > w {
-			w = occ
-			nm := max(w/minuteUS-codecMKeep, 0)
-			if (w-ret)/hourUS > cutH || nm-pm >= 60 {
-				return nil, false
-			}
-			mfloor = w/minuteUS - codecMKeep
-		}
-		if occ < cutH*hourUS {
-			return nil, false
-		}
-		if old, ok := held[fields[i]]; ok {
-			if old != rec {
-				return nil, false
-			}
-			continue // a duplicate: nothing changes
-		}
-		changed = true
-		h := occ / hourUS
-		d := h / G
-		gr := groups[d]
-		if gr == nil {
-			v, ok := state["i"+strconv.FormatInt(d, 10)]
-			if !ok {
-				return nil, false // a new group: the sorted set and the TTL stamp change too
-			}
-			read, err := retainedParseGroup(v)
-			if err != nil {
-				return nil, false
-			}
-			gr = &standInGroup{retainedGroup: read}
-			groups[d] = gr
-			groupOrder = append(groupOrder, d)
-		}
-		gr.add = append(gr.add, fields[i])
-		t := hours[h]
-		if t == nil {
-			t = &standInCount{}
-			if v, ok := state["h"+strconv.FormatInt(h, 10)]; ok {
-				read, err := retainedParseHour(v)
-				if err != nil {
-					return nil, false
-				}
-				t.c, t.loose = [3]int64{read.c, read.p, read.u}, read.loose
-				t.a, t.b, t.bounds = h*hourUS+read.a, h*hourUS+read.b, true
-			}
-			hours[h] = t
-			hourOrder = append(hourOrder, h)
-		}
-		if !t.bounds {
-			t.a, t.b, t.bounds = occ, occ, true
-		} else {
-			t.a, t.b = min(t.a, occ), max(t.b, occ)
-		}
-		f, l = min(f, occ), max(l, occ)
-		counts[j]++
-		t.c[j]++
-		if occ >= mfloor*minuteUS {
-			m := occ / minuteUS
-			q := mins[m]
-			if q == nil {
-				q = &standInCount{}
-				if v, ok := state["m"+strconv.FormatInt(m, 10)]; ok {
-					read, err := minuteNumbers(v)
-					if err != nil {
-						return nil, false
-					}
-					copy(q.c[:], read)
-				}
-				mins[m] = q
-				minOrder = append(minOrder, m)
-			}
-			q.c[j]++
-			if m <= M && m >= M-59 {
-				hr[j]++
-			}
-		}
-		if h <= H && h >= H-167 {
-			wk[j]++
-			if h >= H-23 {
-				dy[j]++
-			}
-		}
 	}
 	sets := map[string]string{}
-	for _, d := range groupOrder {
-		gr := groups[d]
-		name := "i" + strconv.FormatInt(d, 10)
-		gr.n += int64(len(gr.add))
-		size := len(gr.open)
-		var b strings.Builder
-		b.WriteString(gr.open)
-		for _, id := range gr.add {
-			if size+len(id) > applyChunkBytes && size > 0 {
-				gr.k++
-				sets[name+"."+strconv.FormatInt(gr.k, 10)] = b.String()
-				b.Reset()
-				size = 0
-			}
-			b.WriteString(id)
-			size += len(id)
-		}
-		gr.x, gr.open = min(gr.x, gr.n), b.String()
-		sets[name] = codecGroupBytes(gr.retainedGroup)
-	}
-	for _, h := range hourOrder {
-		t := hours[h]
-		sets["h"+strconv.FormatInt(h, 10)] = codecHourBytes(retainedHour{c: t.c[0], p: t.c[1], u: t.c[2], loose: t.loose, a: t.a - h*hourUS, b: t.b - h*hourUS})
-	}
-	for _, m := range minOrder {
-		c := mins[m].c
-		sets["m"+strconv.FormatInt(m, 10)] = codecMinute(c[0], c[1], c[2])
-	}
-	if changed {
-		v = max(v+1, at)
-		sets["v"] = strconv.FormatInt(v, 10)
-	}
-	nh := []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, rt + 1, g + 1}
-	for _, n := range [][3]int64{counts, hr, dy, wk} {
-		nh = append(nh, n[:]...)
-	}
-	sets["H"] = codecHead(byte(G), append(nh, cutH+1))
-	for k, v := range sets {
-		if state[k] == v {
-			delete(sets, k)
+	for i := 0; i < len(cc.state); i += 2 {
+		if f, v := cc.state[i].(string), cc.state[i+1].(string); state[f] != v {
+			sets[f] = v
 		}
 	}
 	return sets, true

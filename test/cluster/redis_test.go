@@ -77,20 +77,39 @@ func until(t *testing.T, what string, op func() error) error {
 // The store on Redis Cluster computes what the in-memory model (the rules replay applies)
 // computes, for aggregates spread over every shard, with a seal and a verify per batch.
 func TestRedisClusterMatchesModel(t *testing.T) {
+	t.Run("apply.lua", func(t *testing.T) { clusterMatchesModel(t, false) })
+	// The processor computing calls (aggregator.RedisConfig.ComputeCalls): batches a second apart,
+	// so that an aggregate's window sums are cached for the next batch's minute.
+	t.Run("computed calls", func(t *testing.T) { clusterMatchesModel(t, true) })
+}
+
+func clusterMatchesModel(t *testing.T, compute bool) {
 	ctx := context.Background()
 	addrs := redisCluster(t)
 	c := clusterClient(t, addrs)
 	prefix := testenv.Name(t, "clustermodel")
 	cleanPrefix(t, c, prefix)
-	store := newStore(t, c, prefix)
+	store, err := aggregator.NewRedis(c, aggregator.RedisConfig{Prefix: prefix, Retention: 30 * 24 * time.Hour,
+		Pending: aggregator.NewPending(), ComputeCalls: compute})
+	if err != nil {
+		t.Fatal(err)
+	}
 	model := aggregator.NewModel(30 * 24 * time.Hour)
 	shards := map[string]bool{}
+	step := time.Minute
+	if compute {
+		step = time.Second
+	}
 	for b := range 20 {
 		obs := batch(b, 40)
 		if b%4 == 3 {
 			obs = append(obs, batch(b-1, 40)...) // redelivered: duplicates change nothing
 		}
-		at := t0.Add(time.Duration(b)*time.Minute + time.Second)
+		for i := range obs {
+			obs[i].Occurred = aggregator.Micros(t0) + (obs[i].Occurred-aggregator.Micros(t0))/int64(time.Minute/step)
+			obs[i].Assessed = obs[i].Occurred
+		}
+		at := t0.Add(time.Duration(b)*step + time.Second)
 		got, err := store.Apply(ctx, obs, at)
 		if err != nil {
 			t.Fatalf("batch %d: %v", b, err)
@@ -119,6 +138,9 @@ func TestRedisClusterMatchesModel(t *testing.T) {
 	}
 	if len(shards) != 3 {
 		t.Fatalf("the aggregates live on %d shards, want all 3", len(shards))
+	}
+	if stored, refused := store.ComputedCalls(); compute && (stored < 200 || refused != 0) {
+		t.Fatalf("%d calls computed and stored, %d refused; want most of the 800 stored", stored, refused)
 	}
 }
 
