@@ -179,7 +179,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		stored := result == "stored"
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "repeatrate_computed_calls_total",
-			Help:        "Apply calls the processor computed itself (redis.compute_calls), by result: stored, or refused because their aggregate changed after it was read its TTL stamp fell due by Redis's clock, or Redis had lost store.lua (apply.lua ran them).",
+			Help:        "Apply calls the processor computed itself (redis.compute_calls), by result: stored, or refused because their aggregate changed after it was read, its TTL stamp fell due by Redis's clock, or Redis had lost store.lua (apply.lua ran them).",
 			ConstLabels: prometheus.Labels{"result": result},
 		}, func() float64 {
 			s, r := st.rates.ComputedCalls()
