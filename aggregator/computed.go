@@ -178,8 +178,8 @@ type computedField struct {
 // computeCall computes a call as apply.lua would, from the fields plan read: state[i] is the value
 // of plan.state[i] and held[i] of plan.records[i] (nil when absent, a string otherwise), as HMGET
 // replies. recs are the call's records, ret the retention, at the observation time (µs), ttl the
-// idle TTL in ms. It returns false for any call off the path the package comment names; apply.lua
-// runs those.
+// idle TTL in ms. It returns false for any call off the path named at the top of this file;
+// apply.lua runs those.
 func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*computedCall, bool) {
 	head, ok := state[0].(string)
 	if !ok || len(head) != headBytes || head[0] != 10 {
