@@ -49,9 +49,9 @@ func appendLittleEndian(b []byte, x int64, width int) []byte {
 // computedHour is an hour field as read and changed: counts by class, and the bounds of its
 // winners' occurred times (absolute µs) when it holds any.
 type computedHour struct {
-	c             [3]int64
-	a, b          int64
-	bounded, lose bool
+	c              [3]int64
+	a, b           int64
+	bounded, loose bool
 }
 
 // computedGroup is an index group field as read, and the record fields the call lists in it.
@@ -79,17 +79,17 @@ type callRead struct {
 // one script call can unpack.
 const maxComputedRecords = 1000
 
-// planRead returns what a call of records recs at record fields fields (strings) reads, for an
-// aggregate whose index groups span span hours, or false when the processor cannot compute the
-// call: more than maxComputedRecords records, a record field that repeats, or a record it cannot
-// read.
-func planRead(fields, recs []any, span int64) (*callRead, bool) {
-	n := len(recs)
+// planRead returns what a call reads, for an aggregate whose index groups span span hours, given
+// the call's record fields (strings) and each record's class (0 C, 1 P, 2 U) and occurred time, or
+// false when the processor cannot compute the call: more than maxComputedRecords records, or a
+// record field that repeats.
+func planRead(fields []any, class []int8, occ []int64, span int64) (*callRead, bool) {
+	n := len(fields)
 	if n > maxComputedRecords {
 		return nil, false
 	}
 	plan := &callRead{state: append(make([]any, 0, 8), "H", "v"), records: fields,
-		class: make([]int8, n), occ: make([]int64, n), hourAt: make([]int32, 3*n)}
+		class: class, occ: occ, hourAt: make([]int32, 3*n)}
 	plan.groupAt, plan.minuteAt = plan.hourAt[n:2*n], plan.hourAt[2*n:]
 	plan.hourAt = plan.hourAt[:n]
 	var buf []byte
@@ -109,24 +109,18 @@ func planRead(fields, recs []any, span int64) (*callRead, bool) {
 	var top int64 // the greatest occurred time so far: a minute below its floor is never bumped
 	lastH, lastM := int64(-1), int64(-1)
 	var hi, gi, mi int32
-	for i, r := range recs {
-		id, _ := fields[i].(string)
-		rec, _ := r.(string)
+	for i, f := range fields {
+		id, _ := f.(string)
 		if _, ok := ids[id]; ok {
 			return nil, false
 		}
 		ids[id] = struct{}{}
-		j, occ, ok := recordClassOccurred(rec)
-		if !ok {
-			return nil, false
-		}
-		plan.class[i], plan.occ[i] = int8(j), occ
-		top = max(top, occ)
-		if h := floorDiv(occ, hourUS); h != lastH {
+		top = max(top, occ[i])
+		if h := floorDiv(occ[i], hourUS); h != lastH {
 			hi, gi, lastH = field('h', h), field('i', floorDiv(h, span)), h
 		}
 		plan.hourAt[i], plan.groupAt[i], plan.minuteAt[i] = hi, gi, -1
-		if m := floorDiv(occ, minuteUS); m >= floorDiv(top, minuteUS)-minuteKeep {
+		if m := floorDiv(occ[i], minuteUS); m >= floorDiv(top, minuteUS)-minuteKeep {
 			if m != lastM {
 				mi, lastM = field('m', m), m
 			}
@@ -136,22 +130,9 @@ func planRead(fields, recs []any, span int64) (*callRead, bool) {
 	return plan, true
 }
 
-// recordClassOccurred reads a layout 10 record's class (0 C, 1 P, 2 U) and occurred time.
-func recordClassOccurred(rec string) (int, int64, bool) {
-	if len(rec) < 3 {
-		return 0, 0, false
-	}
-	j := strings.IndexByte("CPU", rec[0])
-	comma := strings.IndexByte(rec[2:], ',')
-	if j < 0 || comma < 0 {
-		return 0, 0, false
-	}
-	occ, err := strconv.ParseInt(rec[1:2+comma], 16, 64)
-	if err != nil || occ < 0 {
-		return 0, 0, false
-	}
-	return j, occ, true
-}
+// classIndex is a class's index in a call's counts (0 C, 1 P, 2 U), as apply.lua reads it from the
+// record's first letter (classCode).
+func classIndex(c Class) int8 { return int8(strings.IndexByte("CPU", classCode(c))) }
 
 // computedCall is a call the processor computed: what it stores and what apply.lua would have
 // replied.
@@ -277,7 +258,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 				}
 				start := h * hourUS
 				t.c = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
-				t.a, t.b, t.bounded, t.lose = start+littleEndian(v[16:21]), start+littleEndian(v[21:26]), true, v[0] == 2
+				t.a, t.b, t.bounded, t.loose = start+littleEndian(v[16:21]), start+littleEndian(v[21:26]), true, v[0] == 2
 			}
 		}
 		if !t.bounded {
@@ -350,7 +331,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		case 'h':
 			t := &fd.hour
 			kind := byte(1)
-			if t.lose {
+			if t.loose {
 				kind = 2
 			}
 			start := floorDiv(t.a, hourUS) * hourUS

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // stampMargin is how long before apply.lua would refresh an aggregate's TTL stamp the processor
@@ -45,14 +47,18 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		k          Key
 		plan       *callRead
 		recs       []any
-		state, rec interface{ Slice() ([]any, error) }
+		state, rec *redis.Cmd
 	}
 	var reads []read
 	p := r.client.Pipeline()
 	for _, k := range e.keys {
 		args := e.args[k][headArgs:]
 		n := len(args) / 2
-		plan, ok := planRead(args[:n], args[n:], span)
+		class, occ := make([]int8, n), make([]int64, n)
+		for j, i := range e.groups[k] {
+			class[j], occ[j] = classIndex(e.obs[i].Class), e.obs[i].Occurred
+		}
+		plan, ok := planRead(args[:n], class, occ, span)
 		if !ok {
 			continue
 		}

@@ -605,10 +605,16 @@ func TestRedisCostOfStateComputedInProcessor(t *testing.T) {
 // path.
 func computeRecorded(state, held map[string]string, fields, recs []string, at, ret, ttl int64) (map[string]string, bool) {
 	fs, rs := make([]any, len(fields)), make([]any, len(recs))
+	class, occs := make([]int8, len(recs)), make([]int64, len(recs))
 	for i := range fields {
 		fs[i], rs[i] = fields[i], recs[i]
+		cls, occ, _, _, _, err := retainedRecord(recs[i])
+		if err != nil {
+			return nil, false
+		}
+		class[i], occs[i] = int8(strings.IndexByte("CPU", cls)), occ
 	}
-	plan, ok := planRead(fs, rs, groupSpan(ret))
+	plan, ok := planRead(fs, class, occs, groupSpan(ret))
 	if !ok {
 		return nil, false
 	}

@@ -280,17 +280,17 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	// after they were read, or the TTL stamp fell due), or Redis had lost the script. Nothing of
 	// them was written; apply.lua runs them on the state as it is now.
 	var obs []Observation
-	var at2 []int
+	var from []int // each of obs's index in e.obs
 	for _, k := range refused {
 		for _, i := range e.groups[k] {
-			obs, at2 = append(obs, e.obs[i]), append(at2, i)
+			obs, from = append(obs, e.obs[i]), append(from, i)
 		}
 	}
 	again, _, err := r.applyEncoded(ctx, r.Encode(obs), at, nil, false)
 	if err != nil {
 		return Applied{}, err
 	}
-	for j, i := range at2 {
+	for j, i := range from {
 		res.Outcomes[i] = again.Outcomes[j]
 	}
 	for k, t := range again.Tallies {

@@ -40,8 +40,8 @@ i = i + 2 * r
 local function hset(key, from, to)
   for c = from, to, CHUNK do call('HSET', key, unpack(ARGV, c, math.min(c + CHUNK - 1, to))) end
 end
-local pairs = tonumber(ARGV[i])
-if i + 1 + 2 * pairs <= #ARGV then hset(KEYS[2], i + 1 + 2 * pairs, #ARGV) end
-if pairs > 0 then hset(KEYS[1], i + 1, i + 2 * pairs) end
+local npairs = tonumber(ARGV[i])
+if i + 1 + 2 * npairs <= #ARGV then hset(KEYS[2], i + 1 + 2 * npairs, #ARGV) end
+if npairs > 0 then hset(KEYS[1], i + 1, i + 2 * npairs) end
 if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
 return 1
