@@ -224,16 +224,31 @@ func idsOnTopic(t *testing.T, brokers []string, topic string) map[string]bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}}
-	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
-		topic: {kafka.LastOffsetOf(0), kafka.LastOffsetOf(1), kafka.LastOffsetOf(2), kafka.LastOffsetOf(3)}}})
-	if err != nil {
-		t.Fatal(err)
+	// A broker just thawed may answer "not leader" for a partition until it has its leadership
+	// back: ask again until every partition answers, or the deadline.
+	var res *kafka.ListOffsetsResponse
+	for {
+		var err error
+		res, err = client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{
+			topic: {kafka.LastOffsetOf(0), kafka.LastOffsetOf(1), kafka.LastOffsetOf(2), kafka.LastOffsetOf(3)}}})
+		if err == nil {
+			for _, po := range res.Topics[topic] {
+				if po.Error != nil {
+					err = po.Error
+				}
+			}
+		}
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("list the offsets of %s: %v", topic, err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	out := map[string]bool{}
 	for _, po := range res.Topics[topic] {
-		if po.Error != nil {
-			t.Fatal(po.Error)
-		}
 		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: po.Partition, MaxBytes: 16 << 20})
 		for next := int64(0); next < po.LastOffset; {
 			m, err := r.FetchMessage(ctx)
