@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -191,6 +193,16 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	// the child take the cores for a second or so, which shows in that second's latency.
 	rewrites0 := aofRewrites(ctx, e.redisAOF)
 	began := time.Now()
+	rewrites := watchRewrites(ctx, e.redisAOF, began)
+	if dir := os.Getenv("BENCH_PPROF"); dir != "" { // a profile of the processor while sending
+		var prof sync.WaitGroup
+		prof.Add(1)
+		go func() {
+			defer prof.Done()
+			saveProfile(fmt.Sprintf("http://127.0.0.1:%d", port), filepath.Join(dir, name+".pprof"))
+		}()
+		defer prof.Wait() // before the processor is stopped
+	}
 	if err := produceAt(ctx, e.brokers, name+".in", rate, total, func(i int, now time.Time) kafka.Message {
 		a := i % aggs
 		line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
@@ -274,6 +286,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
 	}
 	logf("latency: %d events sent in %.1f s (%.0f events/s); Redis rewrote its AOF %d times meanwhile", total, sending, float64(total)/sending, aofRewrites(ctx, e.redisAOF)-rewrites0)
+	logf("latency: Redis's AOF while sending and publishing: %s", rewrites())
 	// The tail: the share of events over 250 ms, and the highest latency of each second of sending.
 	var over int
 	for _, l := range lat {
@@ -394,6 +407,17 @@ func (e *env) warmBroker(ctx context.Context, rate float64) error {
 	}
 	<-done
 	logf("broker warm-up: %v of the transport floor's traffic at %.0f events/s, unmeasured; broker cores %.2f in its first 10 s, %.2f in its last", d, rate, first, last)
+	// The harness's traffic leaves the processor's own requests cold: its consumer group's
+	// fetches and commits and its snapshot writes. Whichever build ran first met them: at
+	// 47 000/s the broker took 0.54-0.58 cores through the first round of latency runs and
+	// 0.30-0.34 through the second, and the first run's second 0 read p50 71-267 ms. One latency
+	// run of the current build, logged and not counted, warms them too.
+	logf("broker warm-up: one latency run of %s at %.0f events/s, not counted", e.bins[0].name, rate)
+	p50, p99, err := e.latency(ctx, e.bins[0], rate)
+	if err != nil {
+		return err
+	}
+	logf("broker warm-up: that run read p50 %.1f ms, p99 %.1f ms", p50, p99)
 	return nil
 }
 
@@ -515,4 +539,68 @@ func (e *env) redisBytes(ctx context.Context, layout aggregator.Layout, span tim
 		}
 	}
 	return (used() - before) / total, nil
+}
+
+// watchRewrites samples Redis at addr's persistence every 100 ms from began until the returned
+// function is called, which stops the sampler and describes what it saw: each AOF rewrite's span
+// in seconds from began with its fork's stall and the memory its child copied on write, and the
+// fsyncs Redis could not wait for (aof_delayed_fsync: a write that found the disk busy). It shows
+// which seconds of a latency run a rewrite overlapped and what it cost the server.
+func watchRewrites(ctx context.Context, addr string, began time.Time) func() string {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	field := func(info, name string) float64 {
+		for _, l := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(l, name+":"); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return math.NaN()
+	}
+	var spans []string
+	delayed0 := math.NaN()
+	var delayed float64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer rdb.Close()
+		var from float64
+		running := false
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			info, err := rdb.Info(ctx, "persistence", "stats").Result()
+			if err == nil {
+				at := time.Since(began).Seconds()
+				if math.IsNaN(delayed0) {
+					delayed0 = field(info, "aof_delayed_fsync")
+				}
+				delayed = field(info, "aof_delayed_fsync") - delayed0
+				switch now := field(info, "aof_rewrite_in_progress") == 1; {
+				case now && !running:
+					from, running = at, true
+				case !now && running:
+					running = false
+					spans = append(spans, fmt.Sprintf("rewrite %.1f–%.1f s (fork %.1f ms, %.0f MB copied on write)",
+						from, at, field(info, "latest_fork_usec")/1000, field(info, "aof_last_cow_size")/1e6))
+				}
+			}
+			select {
+			case <-tick.C:
+			case <-stop:
+				if running {
+					spans = append(spans, fmt.Sprintf("rewrite from %.1f s, still running", from))
+				}
+				return
+			}
+		}
+	}()
+	return func() string {
+		close(stop)
+		<-done
+		if len(spans) == 0 {
+			spans = append(spans, "no rewrite")
+		}
+		return fmt.Sprintf("%s; %.0f fsyncs not waited for", strings.Join(spans, "; "), delayed)
+	}
 }
