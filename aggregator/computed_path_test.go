@@ -408,6 +408,12 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 		if stored != want {
 			t.Fatalf("after batch %d: %d calls computed, want %d", i, stored, want)
 		}
+		// Every call is counted once: computed, off the path (batch 0, new aggregates) or unread.
+		offPath, unread := s.ComputedCallsLeft()
+		wantUnread := 4 * int64(min(i, skipAfterMiss))
+		if offPath != 4 || unread != wantUnread {
+			t.Fatalf("after batch %d: %d calls off the path and %d unread, want 4 and %d", i, offPath, unread, wantUnread)
+		}
 	}
 }
 

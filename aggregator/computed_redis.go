@@ -148,3 +148,11 @@ func presence(got []any) string {
 func (r *Redis) ComputedCalls() (stored, refused int64) {
 	return r.computedStored.Load(), r.computedRefused.Load()
 }
+
+// ComputedCallsLeft returns how many calls apply.lua ran with the computation on because the
+// processor did not compute them: calls off the path (planned or read, then found off it), and
+// calls of the batches left unread after one that computed fewer than half the calls it read.
+// With ComputedCalls it gives the share of calls computed.
+func (r *Redis) ComputedCallsLeft() (offPath, unread int64) {
+	return r.offPath.Load(), r.unread.Load()
+}

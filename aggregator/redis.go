@@ -136,6 +136,9 @@ type Redis struct {
 	// computedStored and computedRefused count the calls the processor computed that the store
 	// wrote, and those it refused (ComputedCalls).
 	computedStored, computedRefused atomic.Int64
+	// offPath and unread count the calls left to apply.lua with compute on: read or planned and
+	// off the path, and in batches left unread (ComputedCallsLeft).
+	offPath, unread atomic.Int64
 	// skipReads is how many batches from now on are left to apply.lua unread: the last batch read
 	// mostly calls the processor could not compute (readBatch). Guarded by sealMu.
 	skipReads int
@@ -326,12 +329,17 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	defer r.sealMu.Unlock()
 	markKey, mark := r.sealKey, r.sealSeq
 	var computed map[Key]*computedCall
-	if compute && m.fp == nil && !m.both && r.readNext() {
-		var read int
-		computed, read = r.computeCalls(ctx, e, at)
-		r.readBatch(read, len(computed))
-		if r.afterRead != nil {
-			r.afterRead()
+	if compute && m.fp == nil && !m.both {
+		if r.readNext() {
+			var read int
+			computed, read = r.computeCalls(ctx, e, at)
+			r.readBatch(read, len(computed))
+			r.offPath.Add(int64(len(e.keys) - len(computed)))
+			if r.afterRead != nil {
+				r.afterRead()
+			}
+		} else {
+			r.unread.Add(int64(len(e.keys)))
 		}
 	}
 	// run sends the batch's pipeline; terr is the pending token's own check (Pending.Append).

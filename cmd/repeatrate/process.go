@@ -189,6 +189,20 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 			return float64(r)
 		}))
 	}
+	for _, reason := range []string{"off_path", "unread"} {
+		offPath := reason == "off_path"
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "repeatrate_computed_calls_left_total",
+			Help:        "Apply calls apply.lua ran with redis.compute_calls on because the processor did not compute them, by reason: off_path (read, or planned, and found off the computed path: a new aggregate, a reassessment, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp), unread (in a batch left unread after one that computed fewer than half the calls it read).",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 {
+			o, u := st.rates.ComputedCallsLeft()
+			if offPath {
+				return float64(o)
+			}
+			return float64(u)
+		}))
+	}
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
 	defer func() {

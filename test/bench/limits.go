@@ -314,8 +314,8 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		logf("latency stages (mean ms per batch): input %.1f, queued_collect %.1f, collect %.1f, queued_prepare %.1f, prepare %.1f, queued_apply %.1f, apply %.1f (steps apply %.1f, seal %.1f), queued_publish %.1f, publish %.1f, commit %.1f; %.0f messages per batch; cores while sending: processor %.2f, Redis %.2f, Kafka %.2f, harness %.2f",
 			mean("input"), mean("queued_collect"), mean("collect"), mean("queued_prepare"), mean("prepare"), mean("queued_apply"), mean("apply"), step("apply"), step("seal"), mean("queued_publish"), mean("publish"), mean("commit"),
 			m["repeatrate_batch_messages_sum"]/m["repeatrate_batch_messages_count"], cpu, redisCores, kafkaCores, selfCores)
-		if stored, ok := m[`repeatrate_computed_calls_total{result="stored"}`]; ok && stored > 0 {
-			logf("calls the processor computed (redis.compute_calls): %.0f stored, %.0f refused", stored, m[`repeatrate_computed_calls_total{result="refused"}`])
+		if s := computedShare(m); s != "" {
+			logf("calls: %s", s)
 		}
 	}
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil

@@ -358,6 +358,9 @@ func (e *env) pipelineIn(ctx context.Context, bin binary, in *input, redisAddr, 
 	}
 	logf("steps %s %s: apply %.2f, suite_apply %.2f, seal %.2f; publish %.2f, suite_publish %.2f of the interval",
 		name, bin.name, step("apply"), step("suite_apply"), step("seal"), step("publish"), step("suite_publish"))
+	if s := computedShare(m); s != "" {
+		logf("calls %s %s: %s", name, bin.name, s)
+	}
 	if run, wait := sched1.sub(sched0, end.Sub(first)); !math.IsNaN(run) {
 		// What keeps the serial resource from being busy: no work sent (idle) or no core free (waiting).
 		logf("redis main thread %s %s: running %.2f, waiting for a core %.2f, idle %.2f of the interval", name, bin.name, run, wait, 1-run-wait)
@@ -665,4 +668,17 @@ func parseSchedstat(path string) threadTimes {
 		return threadTimes{math.NaN(), math.NaN()}
 	}
 	return threadTimes{run / 1e9, wait / 1e9}
+}
+
+// computedShare describes, from a processor's metrics m, the apply calls it computed itself
+// (redis.compute_calls) and those apply.lua ran, or "" when it computed none.
+func computedShare(m map[string]float64) string {
+	stored, refused := m[`repeatrate_computed_calls_total{result="stored"}`], m[`repeatrate_computed_calls_total{result="refused"}`]
+	offPath, unread := m[`repeatrate_computed_calls_left_total{reason="off_path"}`], m[`repeatrate_computed_calls_left_total{reason="unread"}`]
+	all := stored + refused + offPath + unread
+	if stored == 0 || all == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.0f %% computed (redis.compute_calls): %.0f stored, %.0f refused, %.0f off the path, %.0f in batches left unread",
+		100*stored/all, stored, refused, offPath, unread)
 }
