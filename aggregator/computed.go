@@ -6,9 +6,11 @@ import (
 )
 
 // The processor computes the commonest apply call itself: in layout 10, an aggregate that exists,
-// every record new or a byte-for-byte duplicate, each new one in an index group that lists ids
-// already, the window sums cached for the observation time, no hour expiring, no minutes to prune,
-// no garbage to collect, no index to compact and no TTL stamp to refresh. It reads what apply.lua
+// every record new, a duplicate, an older assessment that leaves the horizon as it is, or a newer
+// assessment of the same occurrence (its count moves between classes in place), each new one in an
+// index group that lists ids already, the window sums cached for the observation time, no hour
+// expiring, no minutes to prune, no garbage to collect, no index to compact and no TTL stamp to
+// refresh. It reads what apply.lua
 // would read, computes the fields apply.lua would write and its reply, and stores them through
 // store.lua, which refuses unless every field read still holds what was read; any other call, and a
 // refused one, runs apply.lua (docs/performance.md, "Storing state the processor computed"). The
@@ -210,6 +212,57 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 	mfloor := floorDiv(w, minuteUS) - minuteKeep
 	cut := cutH * hourUS
 	changed := false
+	// loadHour returns record i's hour field (hour h) as read, or false for one apply.lua would
+	// not have written.
+	loadHour := func(i int, h int64) (*computedHour, bool) {
+		hf := &fields[plan.hourAt[i]]
+		t := &hf.hour
+		if !hf.loaded {
+			hf.loaded = true
+			if v, ok := state[plan.hourAt[i]].(string); ok {
+				if len(v) != hourBytes || (v[0] != 1 && v[0] != 2) {
+					return nil, false
+				}
+				start := h * hourUS
+				t.c = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
+				t.a, t.b, t.bounded, t.loose = start+littleEndian(v[16:21]), start+littleEndian(v[21:26]), true, v[0] == 2
+			}
+		}
+		return t, true
+	}
+	// bump adds d to class j at occurred time occ of record i, in hour t, as apply.lua's bump: the
+	// counts, the hour, the minute when above the floor, and the window sums.
+	bump := func(i int, j int8, occ int64, t *computedHour, d int64) bool {
+		counts[j] += d
+		t.c[j] += d
+		if occ >= mfloor*minuteUS {
+			p := plan.minuteAt[i]
+			if p < 0 {
+				return false // not read: cannot happen, the plan reads every minute a call can bump
+			}
+			mf := &fields[p]
+			if !mf.loaded {
+				mf.loaded = true
+				if v, ok := state[p].(string); ok {
+					if len(v) != minuteBytes || v[0] != 0 {
+						return false
+					}
+					mf.minute = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
+				}
+			}
+			mf.minute[j] += d
+			if m := floorDiv(occ, minuteUS); m <= M && m >= M-59 {
+				hr[j] += d
+			}
+		}
+		if h := floorDiv(occ, hourUS); h <= H && h >= H-167 {
+			wk[j] += d
+			if h >= H-23 {
+				dy[j] += d
+			}
+		}
+		return true
+	}
 	for i := range recs {
 		j, occ := plan.class[i], plan.occ[i]
 		if occ > w {
@@ -222,17 +275,52 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		if occ < cut {
 			return nil, false // expired
 		}
+		h := floorDiv(occ, hourUS)
 		if old, ok := held[i].(string); ok {
-			if rec, _ := recs[i].(string); old != rec {
-				return nil, false // a reassessment, an older one, or garbage
+			rec, _ := recs[i].(string)
+			if old == rec {
+				out.outcomes[i] = Duplicate
+				continue
 			}
-			out.outcomes[i] = Duplicate
+			was, ok1 := parseRecord10(old)
+			now, ok2 := parseRecord10(rec)
+			if !ok1 || !ok2 || was.horizon < cut {
+				// Garbage (its index entries move). The checks below refuse it too, as its
+				// winner occurred before the cut and this record after it; this says why.
+				return nil, false
+			}
+			if now.assessed < was.assessed || (now.assessed == was.assessed && now.seq <= was.seq) {
+				if occ > was.horizon {
+					return nil, false // an older assessment that grows the horizon: listed anew
+				}
+				out.outcomes[i] = Stale
+				if now.assessed == was.assessed && now.seq == was.seq {
+					out.outcomes[i] = Duplicate
+				}
+				continue
+			}
+			if was.occurred != occ {
+				// The winner moves: its hour's bounds and the first and last may loosen, and
+				// its index entries may move.
+				return nil, false
+			}
+			// A newer assessment of the same occurrence: its count moves from the old class to
+			// the new one in the same hour and minute, and the record keeps its horizon.
+			t, ok := loadHour(i, h)
+			if !ok || !bump(i, was.class, occ, t, -1) || !bump(i, j, occ, t, 1) {
+				return nil, false
+			}
+			changed = true
+			out.outcomes[i] = Reassessed
+			if was.horizon > occ {
+				rec += ";" + strconv.FormatInt(was.horizon, 16)
+			}
+			out.records = append(out.records, plan.records[i], rec)
 			continue
 		}
 		changed = true
 		out.outcomes[i] = Counted
 		out.records = append(out.records, plan.records[i], recs[i])
-		h := floorDiv(occ, hourUS)
 		gf := &fields[plan.groupAt[i]]
 		if !gf.loaded {
 			v, ok := state[plan.groupAt[i]].(string)
@@ -248,18 +336,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		}
 		id, _ := plan.records[i].(string)
 		gf.group.add = append(gf.group.add, id)
-		hf := &fields[plan.hourAt[i]]
-		t := &hf.hour
-		if !hf.loaded {
-			hf.loaded = true
-			if v, ok := state[plan.hourAt[i]].(string); ok {
-				if len(v) != hourBytes || (v[0] != 1 && v[0] != 2) {
-					return nil, false
-				}
-				start := h * hourUS
-				t.c = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
-				t.a, t.b, t.bounded, t.loose = start+littleEndian(v[16:21]), start+littleEndian(v[21:26]), true, v[0] == 2
-			}
+		t, ok := loadHour(i, h)
+		if !ok {
+			return nil, false
 		}
 		if !t.bounded {
 			t.a, t.b, t.bounded = occ, occ, true
@@ -267,33 +346,8 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 			t.a, t.b = min(t.a, occ), max(t.b, occ)
 		}
 		f, l = min(f, occ), max(l, occ)
-		counts[j]++
-		t.c[j]++
-		if occ >= mfloor*minuteUS {
-			p := plan.minuteAt[i]
-			if p < 0 {
-				return nil, false // not read: cannot happen, the plan reads every minute a call can bump
-			}
-			mf := &fields[p]
-			if !mf.loaded {
-				mf.loaded = true
-				if v, ok := state[p].(string); ok {
-					if len(v) != minuteBytes || v[0] != 0 {
-						return nil, false
-					}
-					mf.minute = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
-				}
-			}
-			mf.minute[j]++
-			if m := floorDiv(occ, minuteUS); m <= M && m >= M-59 {
-				hr[j]++
-			}
-		}
-		if h <= H && h >= H-167 {
-			wk[j]++
-			if h >= H-23 {
-				dy[j]++
-			}
+		if !bump(i, j, occ, t, 1) {
+			return nil, false
 		}
 	}
 	set := func(f any, v string) { out.state = append(out.state, f, v) }
@@ -376,4 +430,63 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		Last:    l,
 	}
 	return out, true
+}
+
+// record10 is a layout-10 record as apply.lua's parse reads it: class (0 C, 1 P, 2 U), the
+// winner's occurred and assessed times and seq, and its horizon (its occurred time when the record
+// carries none).
+type record10 struct {
+	class                   int8
+	occurred, assessed, seq int64
+	horizon                 int64
+}
+
+// parseRecord10 parses a layout-10 record as recordFields writes it ("C<occurred>,<assessed>" in
+// lowercase hex, then ",<seq>" when not 0) and apply.lua adds to it (";<horizon>"), or reports
+// false for anything else: apply.lua's pattern reads more shapes, which the processor leaves to it.
+func parseRecord10(v string) (record10, bool) {
+	if v == "" {
+		return record10{}, false
+	}
+	r := record10{class: int8(strings.IndexByte("CPU", v[0]))}
+	body, horizon, hasHorizon := strings.Cut(v[1:], ";")
+	occurred, rest, ok1 := strings.Cut(body, ",")
+	assessed, seq, hasSeq := strings.Cut(rest, ",")
+	var ok bool
+	r.occurred, ok = hexNumber(occurred)
+	if r.class < 0 || !ok1 || !ok {
+		return record10{}, false
+	}
+	if r.assessed, ok = hexNumber(assessed); !ok {
+		return record10{}, false
+	}
+	if r.seq, ok = hexNumber(seq); hasSeq && !ok {
+		return record10{}, false
+	}
+	r.horizon = r.occurred
+	if hasHorizon {
+		if r.horizon, ok = hexNumber(horizon); !ok {
+			return record10{}, false
+		}
+	}
+	return r, true
+}
+
+// hexNumber reads s, 1 to 14 lowercase hex digits, or reports false (0 for "").
+func hexNumber(s string) (int64, bool) {
+	if s == "" || len(s) > 14 {
+		return 0, false
+	}
+	var x int64
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			x = x<<4 | int64(c-'0')
+		case c >= 'a' && c <= 'f':
+			x = x<<4 | int64(c-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return x, true
 }

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -258,6 +259,38 @@ func TestComputedCallsAtTheEdges(t *testing.T) {
 		}
 		if n := computed(x); n == 0 {
 			t.Fatal("no call took the computed path once the garbage was collected")
+		}
+	})
+
+	t.Run("reassessments", func(t *testing.T) {
+		x := newComputedSides(t, "reassessed", 24*time.Hour, 0)
+		occ := Micros(t0) + 30*minuteUS
+		at := time.UnixMicro(occ + 10e6)
+		as := func(id string, c Class, occ, assessed, seq int64) Observation {
+			return Observation{Key: k, OpportunityID: id, Class: c, Occurred: occ, Assessed: assessed, Seq: seq}
+		}
+		x.apply("the first assessments", []Observation{as("a", Confirmed, occ, occ+1e6, 0), as("b", Passed, occ-2e6, occ+1e6, 3),
+			as("c", Unscored, occ-3*minuteUS, occ, 0), as("h", Passed, occ-5e6, occ, 0)}, at)
+		x.apply("newer ones of the same occurrences, and older ones", []Observation{
+			as("a", Passed, occ, occ+2e6, 0),             // another class
+			as("b", Passed, occ-2e6, occ+1e6, 4),         // the same class, a later seq
+			as("c", Confirmed, occ-3*minuteUS, occ-1, 0), // older: stale
+			as("n", Confirmed, occ+1e6, occ+1e6, 0),      // new
+		}, at)
+		x.apply("an assessment equal to the held one in time and seq: a duplicate", []Observation{as("a", Unscored, occ, occ+2e6, 0)}, at)
+		// An earlier occurrence moves the winner and keeps its horizon (apply.lua); a newer
+		// assessment of that occurrence then carries the horizon on.
+		x.apply("a newer assessment that occurred earlier", []Observation{as("h", Confirmed, occ-9e6, occ+1e6, 0)}, at)
+		x.apply("a newer one of that occurrence", []Observation{as("h", Unscored, occ-9e6, occ+2e6, 0)}, at)
+		for i, rig := range x.rigs {
+			rec, err := rig.c.HGet(t.Context(), x.stores[i].keys(k)[0], "001h").Result()
+			if err != nil || !strings.HasSuffix(rec, ";"+strconv.FormatInt(occ-5e6, 16)) {
+				t.Fatalf("%s: h's record %q, %v: want its horizon %x kept", x.names[i], rec, err, occ-5e6)
+			}
+		}
+		x.apply("an older one that occurred later than the horizon", []Observation{as("h", Passed, occ+3e6, occ, 0)}, at)
+		if n := computed(x); n != 3 {
+			t.Fatalf("%d calls took the computed path, want 3 (same occurrences, the duplicate, the horizon carried on)", n)
 		}
 	})
 
