@@ -7,7 +7,8 @@ import (
 
 // The processor computes the commonest apply call itself: in layout 10, an aggregate that exists,
 // every record new, a duplicate, an older assessment that leaves the horizon as it is, or a newer
-// assessment of the same occurrence (its count moves between classes in place), each new one in an
+// assessment of the same occurrence (its count moves between classes in place), an opportunity met
+// more than once meeting its record as the call's earlier occurrences left it, each new one in an
 // index group that lists ids already, the window sums cached for the observation time, no hour
 // expiring, no minutes to prune, no garbage to collect, no index to compact and no TTL stamp to
 // refresh. It reads what apply.lua
@@ -74,6 +75,9 @@ type callRead struct {
 	// hourAt, groupAt and minuteAt are each record's fields' indexes in state; minuteAt is -1 for a
 	// minute below every floor the call can have.
 	hourAt, groupAt, minuteAt []int32
+	// repeats says that a record field occurs more than once in the call: each occurrence meets
+	// the record as the ones before it left it, as in apply.lua.
+	repeats bool
 }
 
 // maxComputedRecords is the most records a call the processor computes may hold: a larger call's
@@ -83,8 +87,7 @@ const maxComputedRecords = 1000
 
 // planRead returns what a call reads, for an aggregate whose index groups span span hours, given
 // the call's record fields (strings) and each record's class (0 C, 1 P, 2 U) and occurred time, or
-// false when the processor cannot compute the call: more than maxComputedRecords records, or a
-// record field that repeats.
+// false when the processor cannot compute the call: more than maxComputedRecords records.
 func planRead(fields []any, class []int8, occ []int64, span int64) (*callRead, bool) {
 	n := len(fields)
 	if n > maxComputedRecords {
@@ -114,7 +117,7 @@ func planRead(fields []any, class []int8, occ []int64, span int64) (*callRead, b
 	for i, f := range fields {
 		id, _ := f.(string)
 		if _, ok := ids[id]; ok {
-			return nil, false
+			plan.repeats = true
 		}
 		ids[id] = struct{}{}
 		top = max(top, occ[i])
@@ -212,6 +215,24 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 	mfloor := floorDiv(w, minuteUS) - minuteKeep
 	cut := cutH * hourUS
 	changed := false
+	// written holds, when ids repeat, where each record this call wrote has its value in
+	// out.records: a later occurrence meets that value, and the record is written once.
+	var written map[string]int
+	if plan.repeats {
+		written = make(map[string]int)
+	}
+	// put writes record field id's value v: in place when the call wrote it already.
+	put := func(id any, v any) {
+		if written != nil {
+			key, _ := id.(string)
+			if at, ok := written[key]; ok {
+				out.records[at] = v
+				return
+			}
+			written[key] = len(out.records) + 1
+		}
+		out.records = append(out.records, id, v)
+	}
 	// loadHour returns record i's hour field (hour h) as read, or false for one apply.lua would
 	// not have written.
 	loadHour := func(i int, h int64) (*computedHour, bool) {
@@ -276,7 +297,14 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 			return nil, false // expired
 		}
 		h := floorDiv(occ, hourUS)
-		if old, ok := held[i].(string); ok {
+		old, ok := held[i].(string)
+		if written != nil {
+			key, _ := plan.records[i].(string)
+			if at, seen := written[key]; seen {
+				old, ok = out.records[at].(string), true
+			}
+		}
+		if ok {
 			rec, _ := recs[i].(string)
 			if old == rec {
 				out.outcomes[i] = Duplicate
@@ -315,12 +343,12 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 			if was.horizon > occ {
 				rec += ";" + strconv.FormatInt(was.horizon, 16)
 			}
-			out.records = append(out.records, plan.records[i], rec)
+			put(plan.records[i], rec)
 			continue
 		}
 		changed = true
 		out.outcomes[i] = Counted
-		out.records = append(out.records, plan.records[i], recs[i])
+		put(plan.records[i], recs[i])
 		gf := &fields[plan.groupAt[i]]
 		if !gf.loaded {
 			v, ok := state[plan.groupAt[i]].(string)

@@ -289,8 +289,22 @@ func TestComputedCallsAtTheEdges(t *testing.T) {
 			}
 		}
 		x.apply("an older one that occurred later than the horizon", []Observation{as("h", Passed, occ+3e6, occ, 0)}, at)
-		if n := computed(x); n != 3 {
-			t.Fatalf("%d calls took the computed path, want 3 (same occurrences, the duplicate, the horizon carried on)", n)
+		// One call meeting the same opportunities again and again: each occurrence meets the
+		// record as the ones before it left it, and each record is written once.
+		x.apply("the same opportunities several times in one call", []Observation{
+			as("r", Passed, occ-7e6, occ, 0),        // new
+			as("r", Passed, occ-7e6, occ, 0),        // a duplicate of what this call wrote
+			as("r", Confirmed, occ-7e6, occ+1e6, 0), // newer
+			as("r", Unscored, occ-7e6, occ, 0),      // older than what this call wrote: stale
+			as("r", Unscored, occ-7e6, occ+1e6, 2),  // newer by its seq
+			as("h", Confirmed, occ-9e6, occ+5e6, 0), // newer, of the record with a horizon
+			as("h", Passed, occ-9e6, occ+6e6, 0),    // and again
+			as("h", Passed, occ-9e6, occ+6e6, 0),    // a duplicate of it
+			as("s", Confirmed, occ-8e6, occ, 0),     // new
+			as("r", Unscored, occ-7e6, occ+1e6, 2),  // a duplicate of r's last
+		}, at)
+		if n := computed(x); n != 4 {
+			t.Fatalf("%d calls took the computed path, want 4 (same occurrences, the duplicate, the horizon carried on, the repeats)", n)
 		}
 	})
 
@@ -409,8 +423,9 @@ func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
 }
 
 // TestBatchesMostlyOffThePathGoUnread: a batch whose calls the processor read but could mostly not
-// compute (here: new aggregates, which apply.lua creates) paid a read round trip for nothing, so the
-// next skipAfterMiss batches go to apply.lua unread, and the one after reads again.
+// compute (here: reassessments that move the winner) paid a read round trip for nothing, so the
+// next skipAfterMiss batches go to apply.lua unread, and the one after reads again. New aggregates
+// do not count: the batch after the one that created them is read.
 func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 	c := testenv.Redis(t)
 	prefix := testenv.Name(t, "unread")
@@ -424,28 +439,32 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 	batch := func(i int) []Observation {
 		var b []Observation
 		for a := range 4 {
-			b = append(b, Observation{Key: Key{Scope: collisionScopes[0], CorrectionID: fmt.Sprint("unread-", a), Source: Live},
-				OpportunityID: fmt.Sprint("o-", i), Class: Passed, Occurred: occ, Assessed: occ})
+			o := Observation{Key: Key{Scope: collisionScopes[0], CorrectionID: fmt.Sprint("unread-", a), Source: Live},
+				OpportunityID: fmt.Sprint("o-", i), Class: Passed, Occurred: occ, Assessed: occ}
+			if i == 1 { // o-0 again, newer, occurred a second earlier: the winner moves
+				o.OpportunityID, o.Occurred, o.Assessed = "o-0", occ-1e6, occ+1e6
+			}
+			b = append(b, o)
 		}
 		return b
 	}
-	for i := range skipAfterMiss + 2 {
+	last := skipAfterMiss + 2
+	for i := range last + 1 {
 		if _, err := s.Apply(t.Context(), batch(i), at); err != nil {
 			t.Fatal(err)
 		}
+		// Batch 0 creates the aggregates, batch 1 is read and off the path, the next
+		// skipAfterMiss go unread, and the last is read and computed. Every call is counted once:
+		// computed, off the path or unread.
 		stored, _ := s.ComputedCalls()
-		want := int64(0) // the first batch creates the aggregates; the next skipAfterMiss go unread
-		if i == skipAfterMiss+1 {
-			want = 4
-		}
-		if stored != want {
-			t.Fatalf("after batch %d: %d calls computed, want %d", i, stored, want)
-		}
-		// Every call is counted once: computed, off the path (batch 0, new aggregates) or unread.
 		offPath, unread := s.ComputedCallsLeft()
-		wantUnread := 4 * int64(min(i, skipAfterMiss))
-		if offPath != 4 || unread != wantUnread {
-			t.Fatalf("after batch %d: %d calls off the path and %d unread, want 4 and %d", i, offPath, unread, wantUnread)
+		want := [3]int64{0, 4 * int64(min(i+1, 2)), 4 * int64(min(max(i-1, 0), skipAfterMiss))}
+		if i == last {
+			want[0] = 4
+		}
+		if got := [3]int64{stored, offPath, unread}; got != want {
+			t.Fatalf("after batch %d: %d calls computed, %d off the path and %d unread; want %d, %d and %d",
+				i, got[0], got[1], got[2], want[0], want[1], want[2])
 		}
 	}
 }

@@ -14,9 +14,12 @@ import (
 const stampMargin = 5 // seconds
 
 // skipAfterMiss is how many batches go unread after a batch in which the processor computed fewer
-// than half the calls it read: a call it reads and cannot compute costs a read for nothing, and a
-// stream whose calls mostly leave the path (reassessments in most calls, the minute turning between
-// an aggregate's batches) would pay one per call. One batch in skipAfterMiss+1 still probes.
+// than half the calls it read of aggregates that exist: a call it reads and cannot compute costs a
+// read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
+// winner in most calls, the minute turning between an aggregate's batches) would pay one per call.
+// A new aggregate's call is not counted: its next one is on the path, and a stream's first batch
+// (or a deployment's new aggregates) left the next batches unread for nothing. One batch in
+// skipAfterMiss+1 still probes.
 const skipAfterMiss = 7
 
 // readNext reports whether the next batch's calls are read for the computation. The caller holds
@@ -29,7 +32,8 @@ func (r *Redis) readNext() bool {
 	return true
 }
 
-// readBatch records that a batch read read calls and computed computed of them.
+// readBatch records that a batch read read calls of aggregates that exist and computed computed
+// of them.
 func (r *Redis) readBatch(read, computed int) {
 	if 2*computed < read {
 		r.skipReads = skipAfterMiss
@@ -38,8 +42,8 @@ func (r *Redis) readBatch(read, computed int) {
 
 // computeCalls reads, in one pipelined round trip, what apply.lua would read for each call of e
 // that the processor may compute, and computes those it can (computed.go); it returns them and how
-// many calls it read. A call it does not compute, and every call when the read fails, is left to
-// apply.lua: it is absent from the map.
+// many calls it read of aggregates that exist (every call read when the read fails). A call it does
+// not compute, and every call when the read fails, is left to apply.lua: it is absent from the map.
 func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map[Key]*computedCall, int) {
 	ret, atUS := int64(r.cfg.Retention/time.Microsecond), Micros(at)
 	span, ttl := groupSpan(ret), r.cfg.IdleTTL.Milliseconds()
@@ -83,9 +87,14 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 	}
 	now := time.Now().Unix()
 	out := make(map[Key]*computedCall, len(reads))
+	existing := len(reads)
 	for _, rd := range reads {
 		state, err := rd.state.Slice()
 		if err != nil || len(state) != len(rd.plan.state) {
+			continue
+		}
+		if state[0] == nil {
+			existing-- // a new aggregate: apply.lua creates it
 			continue
 		}
 		held, err := rd.rec.Slice()
@@ -99,7 +108,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		cc.args = storeArgs(cc, rd.plan, state, held, ttl)
 		out[rd.k] = cc
 	}
-	return out, len(reads)
+	return out, existing
 }
 
 // absent is what store.lua is sent for a field read absent (with '0' in its presence string).
