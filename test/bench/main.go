@@ -45,6 +45,8 @@ type env struct {
 	kafkaPID  int
 	run       string // prefix of every topic, group and key prefix of this run
 	latencies int    // latency runs so far: each gets topics, a group and keys of its own
+	// brokerMicros is the broker's CPU per event sent in the last latency run (NaN when unknown).
+	brokerMicros float64
 }
 
 func main() {
