@@ -469,6 +469,48 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 	}
 }
 
+// TestBusyAggregatesKeepBatchesRead: the read gate weighs records, not calls. A batch whose few
+// calls of one record each are off the path while one busy aggregate's call of many records is on
+// it is worth its read, and the next batch is read too.
+func TestBusyAggregatesKeepBatchesRead(t *testing.T) {
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, "busy")
+	testenv.CleanPrefix(t, c, prefix)
+	s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	occ := Micros(t0) + 30*minuteUS
+	at := time.UnixMicro(occ + 5e6)
+	key := func(name string) Key { return Key{Scope: collisionScopes[0], CorrectionID: name, Source: Live} }
+	batch := func(i int) []Observation {
+		var b []Observation
+		for a := range 4 { // the tail: one record each, from batch 1 on a reassessment that moves the winner
+			o := Observation{Key: key(fmt.Sprint("tail-", a)), OpportunityID: "o", Class: Passed, Occurred: occ, Assessed: occ}
+			if i > 0 {
+				o.Occurred, o.Assessed = occ-int64(i)*1e6, occ+int64(i)*1e6
+			}
+			b = append(b, o)
+		}
+		for j := range 10 { // the busy aggregate: ten new opportunities a batch
+			b = append(b, Observation{Key: key("busy"), OpportunityID: fmt.Sprint("b-", i, "-", j), Class: Confirmed, Occurred: occ, Assessed: occ})
+		}
+		return b
+	}
+	for i := range 3 {
+		if _, err := s.Apply(t.Context(), batch(i), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored, _ := s.ComputedCalls()
+	offPath, unread := s.ComputedCallsLeft()
+	// Batch 0 creates the five aggregates; batches 1 and 2 compute the busy call and leave the
+	// four reassessments to apply.lua, and neither closes the gate.
+	if stored != 2 || offPath != 5+8 || unread != 0 {
+		t.Fatalf("%d calls computed, %d off the path, %d unread; want 2, 13 and 0", stored, offPath, unread)
+	}
+}
+
 // TestScriptsPartlyMissingApplyEachCallOnce: after Redis lost its scripts, another client loaded
 // apply.lua alone (a Tally, an older release), so in the next batch the apply calls run and the
 // computed ones meet no store.lua. The calls that ran stand, the others run through apply.lua

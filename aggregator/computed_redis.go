@@ -14,12 +14,14 @@ import (
 const stampMargin = 5 // seconds
 
 // skipAfterMiss is how many batches go unread after a batch in which the processor computed fewer
-// than half the calls it read of aggregates that exist: a call it reads and cannot compute costs a
+// than half the records it read of aggregates that exist: a call it reads and cannot compute costs a
 // read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
 // winner in most calls, the minute turning between an aggregate's batches) would pay one per call.
-// A new aggregate's call is not counted: its next one is on the path, and a stream's first batch
-// (or a deployment's new aggregates) left the next batches unread for nothing. One batch in
-// skipAfterMiss+1 still probes.
+// Records, not calls, are weighed: a long tail of aggregates with a record or two a minute, every
+// one off the path at its minute's turn, would otherwise keep the few busy aggregates that carry
+// most records off it too. A new aggregate's call is not counted: its next one is on the path, and
+// a stream's first batch (or a deployment's new aggregates) left the next batches unread for
+// nothing. One batch in skipAfterMiss+1 still probes.
 const skipAfterMiss = 7
 
 // readNext reports whether the next batch's calls are read for the computation. The caller holds
@@ -32,8 +34,8 @@ func (r *Redis) readNext() bool {
 	return true
 }
 
-// readBatch records that a batch read read calls of aggregates that exist and computed computed
-// of them.
+// readBatch records that a batch read read records of aggregates that exist, and computed the calls
+// of computed of them.
 func (r *Redis) readBatch(read, computed int) {
 	if 2*computed < read {
 		r.skipReads = skipAfterMiss
@@ -41,10 +43,11 @@ func (r *Redis) readBatch(read, computed int) {
 }
 
 // computeCalls reads, in one pipelined round trip, what apply.lua would read for each call of e
-// that the processor may compute, and computes those it can (computed.go); it returns them and how
-// many calls it read of aggregates that exist (every call read when the read fails). A call it does
-// not compute, and every call when the read fails, is left to apply.lua: it is absent from the map.
-func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map[Key]*computedCall, int) {
+// that the processor may compute, and computes those it can (computed.go); it returns them, how
+// many records it read of aggregates that exist (every record read when the read fails), and how
+// many of those the calls it computed hold. A call it does not compute, and every call when the
+// read fails, is left to apply.lua: it is absent from the map.
+func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map[Key]*computedCall, int, int) {
 	ret, atUS := int64(r.cfg.Retention/time.Microsecond), Micros(at)
 	span, ttl := groupSpan(ret), r.cfg.IdleTTL.Milliseconds()
 	type read struct {
@@ -72,29 +75,33 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		reads = append(reads, read{k: k, plan: plan, recs: args[n:], state: p.Do(ctx, state...), rec: p.Do(ctx, recs...)})
 	}
 	if len(reads) == 0 {
-		return nil, 0
+		return nil, 0, 0
+	}
+	all := 0
+	for _, rd := range reads {
+		all += len(rd.recs)
 	}
 	if !r.storeLoaded.Load() {
 		// Before the first store: a pipeline in which apply.lua runs and store.lua is missing
 		// could only fail (applyEncoded). On every primary of a cluster.
 		if err := storeScript.Load(ctx, r.client).Err(); err != nil {
-			return nil, len(reads) // the next batches go unread, not each held up by a load
+			return nil, all, 0 // the next batches go unread, not each held up by a load
 		}
 		r.storeLoaded.Store(true)
 	}
 	if _, err := p.Exec(ctx); err != nil {
-		return nil, len(reads)
+		return nil, all, 0
 	}
 	now := time.Now().Unix()
 	out := make(map[Key]*computedCall, len(reads))
-	existing := len(reads)
+	existing, hit := all, 0
 	for _, rd := range reads {
 		state, err := rd.state.Slice()
 		if err != nil || len(state) != len(rd.plan.state) {
 			continue
 		}
 		if state[0] == nil {
-			existing-- // a new aggregate: apply.lua creates it
+			existing -= len(rd.recs) // a new aggregate: apply.lua creates it
 			continue
 		}
 		held, err := rd.rec.Slice()
@@ -107,8 +114,9 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		}
 		cc.args = storeArgs(cc, rd.plan, state, held, ttl)
 		out[rd.k] = cc
+		hit += len(rd.recs)
 	}
-	return out, existing
+	return out, existing, hit
 }
 
 // absent is what store.lua is sent for a field read absent (with '0' in its presence string).

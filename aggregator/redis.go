@@ -140,7 +140,7 @@ type Redis struct {
 	// off the path, and in batches left unread (ComputedCallsLeft).
 	offPath, unread atomic.Int64
 	// skipReads is how many batches from now on are left to apply.lua unread: the last batch read
-	// mostly calls the processor could not compute (readBatch). Guarded by sealMu.
+	// mostly records of calls the processor could not compute (readBatch). Guarded by sealMu.
 	skipReads int
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
@@ -331,9 +331,9 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	var computed map[Key]*computedCall
 	if compute && m.fp == nil && !m.both {
 		if r.readNext() {
-			var read int
-			computed, read = r.computeCalls(ctx, e, at)
-			r.readBatch(read, len(computed))
+			var read, hit int
+			computed, read, hit = r.computeCalls(ctx, e, at)
+			r.readBatch(read, hit)
 			r.offPath.Add(int64(len(e.keys) - len(computed)))
 			if r.afterRead != nil {
 				r.afterRead()
