@@ -3,6 +3,8 @@ package aggregator
 import (
 	"strconv"
 	"strings"
+
+	"github.com/repeatrate/repeatrate/schemas"
 )
 
 // The processor computes the commonest apply call itself: in layout 10, an aggregate that exists,
@@ -493,14 +495,18 @@ func parseRecord10(v string) (record10, bool) {
 	}
 	r.horizon = r.occurred
 	if hasHorizon {
-		if r.horizon, ok = hexNumber(horizon); !ok {
+		// apply.lua writes a horizon only above the occurred time; one at or below it (a record
+		// written by hand) would make apply.lua leave an index group the processor keeps.
+		if r.horizon, ok = hexNumber(horizon); !ok || r.horizon <= r.occurred {
 			return record10{}, false
 		}
 	}
 	return r, true
 }
 
-// hexNumber reads s, 1 to 14 lowercase hex digits, or reports false (0 for "").
+// hexNumber reads s, 1 to 14 lowercase hex digits of a number Lua's doubles hold exactly (at most
+// schemas.MaxAssessmentSeq), or reports false (0 for ""): apply.lua rounds a larger one, which
+// the processor would not.
 func hexNumber(s string) (int64, bool) {
 	if s == "" || len(s) > 14 {
 		return 0, false
@@ -516,5 +522,5 @@ func hexNumber(s string) (int64, bool) {
 			return 0, false
 		}
 	}
-	return x, true
+	return x, x <= schemas.MaxAssessmentSeq
 }

@@ -424,8 +424,9 @@ func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
 
 // TestBatchesMostlyOffThePathGoUnread: a batch whose calls the processor read but could mostly not
 // compute (here: reassessments that move the winner) paid a read round trip for nothing, so the
-// next skipAfterMiss batches go to apply.lua unread, and the one after reads again. New aggregates
-// do not count: the batch after the one that created them is read.
+// next batches go to apply.lua unread: 1, 2, 4, then skipAfterMiss for misses in a row, and a
+// batch on the path starts over. New aggregates do not count: the batch after the one that created
+// them is read.
 func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 	c := testenv.Redis(t)
 	prefix := testenv.Name(t, "unread")
@@ -436,32 +437,38 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 	}
 	occ := Micros(t0) + 30*minuteUS
 	at := time.UnixMicro(occ + 5e6)
+	const onPath = 19 // the one batch of new opportunities after the first
 	batch := func(i int) []Observation {
 		var b []Observation
 		for a := range 4 {
 			o := Observation{Key: Key{Scope: collisionScopes[0], CorrectionID: fmt.Sprint("unread-", a), Source: Live},
 				OpportunityID: fmt.Sprint("o-", i), Class: Passed, Occurred: occ, Assessed: occ}
-			if i == 1 { // o-0 again, newer, occurred a second earlier: the winner moves
-				o.OpportunityID, o.Occurred, o.Assessed = "o-0", occ-1e6, occ+1e6
+			if i > 0 && i != onPath { // o-0 again, newer, occurred earlier each time: the winner moves
+				o.OpportunityID, o.Occurred, o.Assessed = "o-0", occ-int64(i)*1e6, occ+int64(i)*1e6
 			}
 			b = append(b, o)
 		}
 		return b
 	}
-	last := skipAfterMiss + 2
-	for i := range last + 1 {
+	// Which batches are read: 0 (new aggregates, not a miss), 1 (a miss: 1 unread), 3 (2 unread),
+	// 6 (4 unread), 11 (7 unread), 19 (on the path), 20 (a miss again: 1 unread), 22 (2 unread).
+	read := map[int]bool{0: true, 1: true, 3: true, 6: true, 11: true, onPath: true, 20: true, 22: true}
+	var want [3]int64 // computed, off the path, unread
+	for i := range 25 {
 		if _, err := s.Apply(t.Context(), batch(i), at); err != nil {
 			t.Fatal(err)
 		}
-		// Batch 0 creates the aggregates, batch 1 is read and off the path, the next
-		// skipAfterMiss go unread, and the last is read and computed. Every call is counted once:
-		// computed, off the path or unread.
+		switch {
+		case !read[i]:
+			want[2] += 4
+		case i == onPath:
+			want[0] += 4
+		default:
+			want[1] += 4
+		}
+		// Every call is counted once: computed, off the path or unread.
 		stored, _ := s.ComputedCalls()
 		offPath, unread := s.ComputedCallsLeft()
-		want := [3]int64{0, 4 * int64(min(i+1, 2)), 4 * int64(min(max(i-1, 0), skipAfterMiss))}
-		if i == last {
-			want[0] = 4
-		}
 		if got := [3]int64{stored, offPath, unread}; got != want {
 			t.Fatalf("after batch %d: %d calls computed, %d off the path and %d unread; want %d, %d and %d",
 				i, got[0], got[1], got[2], want[0], want[1], want[2])

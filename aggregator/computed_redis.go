@@ -13,15 +13,16 @@ import (
 // store.lua refuses calls for it.
 const stampMargin = 5 // seconds
 
-// skipAfterMiss is how many batches go unread after a batch in which the processor computed fewer
-// than half the records it read of aggregates that exist: a call it reads and cannot compute costs a
-// read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
-// winner in most calls, the minute turning between an aggregate's batches) would pay one per call.
-// Records, not calls, are weighed: a long tail of aggregates with a record or two a minute, every
-// one off the path at its minute's turn, would otherwise keep the few busy aggregates that carry
-// most records off it too. A new aggregate's call is not counted: its next one is on the path, and
-// a stream's first batch (or a deployment's new aggregates) left the next batches unread for
-// nothing. One batch in skipAfterMiss+1 still probes.
+// skipAfterMiss is the most batches left unread after a batch in which the processor computed fewer
+// than half the records it read of aggregates that exist: a call it reads and cannot compute costs
+// a read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
+// winner in most calls) would pay one per call. Misses in a row leave 1, 2, 4, then 7 batches
+// unread: most misses pass with their batch (the minute's turn; the first batch on a store whose
+// minutes are due for pruning), and a fixed 7 after each left 14 of a 21-batch run on a prefilled
+// store to apply.lua. Records, not calls, are weighed: a long tail of aggregates with a record or
+// two a minute, every one off the path at its minute's turn, would otherwise keep the few busy
+// aggregates that carry most records off it too. A new aggregate's call is not counted: its next
+// one is on the path. One batch in skipAfterMiss+1 still probes.
 const skipAfterMiss = 7
 
 // readNext reports whether the next batch's calls are read for the computation. The caller holds
@@ -35,11 +36,14 @@ func (r *Redis) readNext() bool {
 }
 
 // readBatch records that a batch read read records of aggregates that exist, and computed the calls
-// of computed of them.
+// of computed of them. The caller holds sealMu.
 func (r *Redis) readBatch(read, computed int) {
-	if 2*computed < read {
-		r.skipReads = skipAfterMiss
+	if 2*computed >= read {
+		r.misses = 0
+		return
 	}
+	r.misses++
+	r.skipReads = min(1<<min(r.misses-1, 3), skipAfterMiss)
 }
 
 // computeCalls reads, in one pipelined round trip, what apply.lua would read for each call of e

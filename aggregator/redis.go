@@ -142,6 +142,9 @@ type Redis struct {
 	// skipReads is how many batches from now on are left to apply.lua unread: the last batch read
 	// mostly records of calls the processor could not compute (readBatch). Guarded by sealMu.
 	skipReads int
+	// misses is how many batches read in a row computed fewer than half the records read
+	// (readBatch). Guarded by sealMu.
+	misses int
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
 	// afterRead, when set, runs between computeCalls's read and the store: a test's other writer.
