@@ -504,9 +504,9 @@ func parseRecord10(v string) (record10, bool) {
 	return r, true
 }
 
-// hexNumber reads s, 1 to 14 lowercase hex digits of a number Lua's doubles hold exactly (at most
-// schemas.MaxAssessmentSeq), or reports false (0 for ""): apply.lua rounds a larger one, which
-// the processor would not.
+// hexNumber reads s, 1 to 14 lowercase hex digits of a number at most schemas.MaxAssessmentSeq
+// (2⁵³−1, the schemas' bound), or reports false (0 for ""): Lua's doubles round numbers past 2⁵³,
+// which the processor would not.
 func hexNumber(s string) (int64, bool) {
 	if s == "" || len(s) > 14 {
 		return 0, false

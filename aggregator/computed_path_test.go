@@ -477,11 +477,57 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 }
 
 // TestBusyAggregatesKeepBatchesRead: the read gate weighs records, not calls. A batch whose few
-// calls of one record each are off the path while one busy aggregate's call of many records is on
-// it is worth its read, and the next batch is read too.
+// calls of one record each are off the path while one busy aggregate's call of as many records or
+// more is on it is worth its read, and the next batch is read too.
 func TestBusyAggregatesKeepBatchesRead(t *testing.T) {
+	for _, busy := range []int{10, 4} { // 4: exactly half the records read computed
+		t.Run(fmt.Sprint(busy, " records on the path"), func(t *testing.T) {
+			c := testenv.Redis(t)
+			prefix := testenv.Name(t, "busy")
+			testenv.CleanPrefix(t, c, prefix)
+			s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			occ := Micros(t0) + 30*minuteUS
+			at := time.UnixMicro(occ + 5e6)
+			key := func(name string) Key { return Key{Scope: collisionScopes[0], CorrectionID: name, Source: Live} }
+			batch := func(i int) []Observation {
+				var b []Observation
+				for a := range 4 { // the tail: one record each, from batch 1 on a reassessment that moves the winner
+					o := Observation{Key: key(fmt.Sprint("tail-", a)), OpportunityID: "o", Class: Passed, Occurred: occ, Assessed: occ}
+					if i > 0 {
+						o.Occurred, o.Assessed = occ-int64(i)*1e6, occ+int64(i)*1e6
+					}
+					b = append(b, o)
+				}
+				for j := range busy { // the busy aggregate's new opportunities
+					b = append(b, Observation{Key: key("busy"), OpportunityID: fmt.Sprint("b-", i, "-", j), Class: Confirmed, Occurred: occ, Assessed: occ})
+				}
+				return b
+			}
+			for i := range 3 {
+				if _, err := s.Apply(t.Context(), batch(i), at); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stored, _ := s.ComputedCalls()
+			offPath, unread := s.ComputedCallsLeft()
+			// Batch 0 creates the five aggregates; batches 1 and 2 compute the busy call and leave
+			// the four reassessments to apply.lua, and neither closes the gate.
+			if stored != 2 || offPath != 5+8 || unread != 0 {
+				t.Fatalf("%d calls computed, %d off the path, %d unread; want 2, 13 and 0", stored, offPath, unread)
+			}
+		})
+	}
+}
+
+// TestNewAggregatesLeaveTheReadGateAsItWas: a batch whose calls read are all of new aggregates says
+// nothing of the path, so misses on either side of it still add up: after it, the next miss leaves
+// 2 batches unread, not 1.
+func TestNewAggregatesLeaveTheReadGateAsItWas(t *testing.T) {
 	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "busy")
+	prefix := testenv.Name(t, "gate-new")
 	testenv.CleanPrefix(t, c, prefix)
 	s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
 	if err != nil {
@@ -489,32 +535,25 @@ func TestBusyAggregatesKeepBatchesRead(t *testing.T) {
 	}
 	occ := Micros(t0) + 30*minuteUS
 	at := time.UnixMicro(occ + 5e6)
-	key := func(name string) Key { return Key{Scope: collisionScopes[0], CorrectionID: name, Source: Live} }
-	batch := func(i int) []Observation {
-		var b []Observation
-		for a := range 4 { // the tail: one record each, from batch 1 on a reassessment that moves the winner
-			o := Observation{Key: key(fmt.Sprint("tail-", a)), OpportunityID: "o", Class: Passed, Occurred: occ, Assessed: occ}
-			if i > 0 {
-				o.Occurred, o.Assessed = occ-int64(i)*1e6, occ+int64(i)*1e6
-			}
-			b = append(b, o)
-		}
-		for j := range 10 { // the busy aggregate: ten new opportunities a batch
-			b = append(b, Observation{Key: key("busy"), OpportunityID: fmt.Sprint("b-", i, "-", j), Class: Confirmed, Occurred: occ, Assessed: occ})
-		}
-		return b
+	k := Key{Scope: collisionScopes[0], CorrectionID: "gate-old", Source: Live}
+	miss := func(i int) []Observation { // o again, newer, occurred earlier each time: the winner moves
+		return []Observation{{Key: k, OpportunityID: "o", Class: Passed, Occurred: occ - int64(i)*1e6, Assessed: occ + int64(i)*1e6}}
 	}
-	for i := range 3 {
-		if _, err := s.Apply(t.Context(), batch(i), at); err != nil {
+	fresh := func(i int) []Observation {
+		return []Observation{{Key: Key{Scope: collisionScopes[0], CorrectionID: fmt.Sprint("gate-new-", i), Source: Live},
+			OpportunityID: "o", Class: Passed, Occurred: occ, Assessed: occ}}
+	}
+	// 0 creates k; 1 misses (1 unread: 2); 3 holds only a new aggregate; 4 misses again (2 unread:
+	// 5 and 6); 7 is read.
+	batches := [][]Observation{miss(0), miss(1), miss(2), fresh(3), miss(4), miss(5), miss(6), miss(7)}
+	wantUnread := []int64{0, 0, 1, 1, 1, 2, 3, 3}
+	for i, b := range batches {
+		if _, err := s.Apply(t.Context(), b, at); err != nil {
 			t.Fatal(err)
 		}
-	}
-	stored, _ := s.ComputedCalls()
-	offPath, unread := s.ComputedCallsLeft()
-	// Batch 0 creates the five aggregates; batches 1 and 2 compute the busy call and leave the
-	// four reassessments to apply.lua, and neither closes the gate.
-	if stored != 2 || offPath != 5+8 || unread != 0 {
-		t.Fatalf("%d calls computed, %d off the path, %d unread; want 2, 13 and 0", stored, offPath, unread)
+		if _, unread := s.ComputedCallsLeft(); unread != wantUnread[i] {
+			t.Fatalf("after batch %d: %d calls unread, want %d", i, unread, wantUnread[i])
+		}
 	}
 }
 

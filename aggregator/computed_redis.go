@@ -38,6 +38,9 @@ func (r *Redis) readNext() bool {
 // readBatch records that a batch read read records of aggregates that exist, and computed the calls
 // of computed of them. The caller holds sealMu.
 func (r *Redis) readBatch(read, computed int) {
+	if read == 0 {
+		return // only new aggregates, or nothing read: no sign either way
+	}
 	if 2*computed >= read {
 		r.misses = 0
 		return

@@ -193,7 +193,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		offPath := reason == "off_path"
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "repeatrate_computed_calls_left_total",
-			Help:        "Apply calls apply.lua ran with redis.compute_calls on (layout 10) because the processor did not compute them, by reason: off_path (read and found off the computed path: a new aggregate, a reassessment that moves the winner or grows the horizon, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp, more than 1000 records), unread (in a batch left unread after one that computed fewer than half the records it read). Counted per attempt: a retried batch's calls count again.",
+			Help:        "Apply calls apply.lua ran with redis.compute_calls on (layout 10) because the processor did not compute them, by reason: off_path (more than 1000 records, or read and found off the computed path: a new aggregate, a reassessment that moves the winner or grows the horizon, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp), unread (in a batch left unread after one that computed fewer than half the records it read of aggregates that exist). Counted per attempt: a retried batch's calls count again.",
 			ConstLabels: prometheus.Labels{"reason": reason},
 		}, func() float64 {
 			o, u := st.rates.ComputedCallsLeft()
