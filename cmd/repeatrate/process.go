@@ -175,34 +175,10 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	}
 
 	metrics := consumer.NewMetrics(reg)
-	for _, result := range []string{"stored", "refused"} {
-		stored := result == "stored"
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "repeatrate_computed_calls_total",
-			Help:        "Apply calls the processor computed itself (redis.compute_calls), by result: stored, or refused because their aggregate changed after it was read, its TTL stamp fell due by Redis's clock, or Redis had lost store.lua (apply.lua ran them). Counted per attempt: a retried batch's calls count again.",
-			ConstLabels: prometheus.Labels{"result": result},
-		}, func() float64 {
-			s, r := st.rates.ComputedCalls()
-			if stored {
-				return float64(s)
-			}
-			return float64(r)
-		}))
-	}
-	for _, reason := range []string{"off_path", "unread"} {
-		offPath := reason == "off_path"
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "repeatrate_computed_calls_left_total",
-			Help:        "Apply calls apply.lua ran with redis.compute_calls on (layout 10) because the processor did not compute them, by reason: off_path (more than 1000 records, or read and found off the computed path: a new aggregate, a reassessment that moves the winner or grows the horizon, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp), unread (in a batch left unread after one that computed fewer than half the records it read of aggregates that exist). Counted per attempt: a retried batch's calls count again.",
-			ConstLabels: prometheus.Labels{"reason": reason},
-		}, func() float64 {
-			o, u := st.rates.ComputedCallsLeft()
-			if offPath {
-				return float64(o)
-			}
-			return float64(u)
-		}))
-	}
+	registerPair(reg, "repeatrate_computed_calls_total", "Apply calls the processor computed itself (redis.compute_calls), by result: stored, or refused because their aggregate changed after it was read, its TTL stamp fell due by Redis's clock, or Redis had lost store.lua (apply.lua ran them). Counted per attempt: a retried batch's calls count again.",
+		"result", [2]string{"stored", "refused"}, st.rates.ComputedCalls)
+	registerPair(reg, "repeatrate_computed_calls_left_total", "Apply calls apply.lua ran with redis.compute_calls on (layout 10) because the processor did not compute them, by reason: off_path (more than 1000 records, or read and found off the computed path: a new aggregate, a reassessment that moves the winner or grows the horizon, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp), unread (in a batch left unread after one that computed fewer than half the records it read of aggregates that exist). Counted per attempt: a retried batch's calls count again.",
+		"reason", [2]string{"off_path", "unread"}, st.rates.ComputedCallsLeft)
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
 	defer func() {
@@ -328,4 +304,17 @@ func (a alertsOfWorkspace) CurrentAlerts(ctx context.Context, ws string, limit i
 		out[i] = readside.CurrentAlert(c)
 	}
 	return out, err
+}
+
+// registerPair registers counter name, labelled label with each of values, read from get: the
+// first value's count is get's first result, the second's its second.
+func registerPair(reg prometheus.Registerer, name, help, label string, values [2]string, get func() (int64, int64)) {
+	for i, v := range values {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: name, Help: help, ConstLabels: prometheus.Labels{label: v},
+		}, func() float64 {
+			a, b := get()
+			return float64([2]int64{a, b}[i])
+		}))
+	}
 }
