@@ -227,8 +227,8 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 	put := func(id any, v any) {
 		if written != nil {
 			key, _ := id.(string)
-			if at, ok := written[key]; ok {
-				out.records[at] = v
+			if pos, ok := written[key]; ok {
+				out.records[pos] = v
 				return
 			}
 			written[key] = len(out.records) + 1
@@ -302,8 +302,8 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		old, ok := held[i].(string)
 		if written != nil {
 			key, _ := plan.records[i].(string)
-			if at, seen := written[key]; seen {
-				old, ok = out.records[at].(string), true
+			if pos, seen := written[key]; seen {
+				old, ok = out.records[pos].(string), true
 			}
 		}
 		if ok {
