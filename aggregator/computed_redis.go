@@ -18,8 +18,8 @@ const stampMargin = 5 // seconds
 // a read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
 // winner in most calls) would pay one per call. Misses in a row leave 1, 2, 4, then 7 batches
 // unread: most misses pass with their batch (the minute's turn; the first batch on a store whose
-// minutes are due for pruning), and a fixed 7 after each left 14 of a 21-batch run on a prefilled
-// store to apply.lua. Records, not calls, are weighed: a long tail of aggregates with a record or
+// minutes are due for pruning), and a fixed 7 after that first batch left 7 of a prefilled run's
+// 20 to apply.lua. Records, not calls, are weighed: a long tail of aggregates with a record or
 // two a minute, every one off the path at its minute's turn, would otherwise keep the few busy
 // aggregates that carry most records off it too. A new aggregate's call is not counted: its next
 // one is on the path. One batch in skipAfterMiss+1 still probes.
