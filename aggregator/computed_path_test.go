@@ -428,13 +428,7 @@ func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
 // batch on the path starts over. New aggregates do not count: the batch after the one that created
 // them is read.
 func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
-	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "unread")
-	testenv.CleanPrefix(t, c, prefix)
-	s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := computingStore(t, "unread")
 	occ := Micros(t0) + 30*minuteUS
 	at := time.UnixMicro(occ + 5e6)
 	const onPath = 19 // the one batch of new opportunities after the first
@@ -482,13 +476,7 @@ func TestBatchesMostlyOffThePathGoUnread(t *testing.T) {
 func TestBusyAggregatesKeepBatchesRead(t *testing.T) {
 	for _, busy := range []int{10, 4} { // 4: exactly half the records read computed
 		t.Run(fmt.Sprint(busy, " records on the path"), func(t *testing.T) {
-			c := testenv.Redis(t)
-			prefix := testenv.Name(t, "busy")
-			testenv.CleanPrefix(t, c, prefix)
-			s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := computingStore(t, "busy")
 			occ := Micros(t0) + 30*minuteUS
 			at := time.UnixMicro(occ + 5e6)
 			key := func(name string) Key { return Key{Scope: collisionScopes[0], CorrectionID: name, Source: Live} }
@@ -526,13 +514,7 @@ func TestBusyAggregatesKeepBatchesRead(t *testing.T) {
 // nothing of the path, so misses on either side of it still add up: after it, the next miss leaves
 // 2 batches unread, not 1.
 func TestNewAggregatesLeaveTheReadGateAsItWas(t *testing.T) {
-	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "gate-new")
-	testenv.CleanPrefix(t, c, prefix)
-	s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := computingStore(t, "gate-new")
 	occ := Micros(t0) + 30*minuteUS
 	at := time.UnixMicro(occ + 5e6)
 	k := Key{Scope: collisionScopes[0], CorrectionID: "gate-old", Source: Live}
@@ -631,4 +613,18 @@ func TestLargestComputedCallMatchesTheScript(t *testing.T) {
 			t.Errorf("%s: %d calls computed, want 1", x.names[i+1], stored)
 		}
 	}
+}
+
+// computingStore is a store on the test Redis, under a prefix of its own named what, with a day's
+// retention and the processor computing calls: the read gate's tests.
+func computingStore(t *testing.T, what string) *Redis {
+	t.Helper()
+	c := testenv.Redis(t)
+	prefix := testenv.Name(t, what)
+	testenv.CleanPrefix(t, c, prefix)
+	s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -35,13 +35,13 @@ func (r *Redis) readNext() bool {
 	return true
 }
 
-// readBatch records that a batch read read records of aggregates that exist, and computed the calls
-// of computed of them. The caller holds sealMu.
-func (r *Redis) readBatch(read, computed int) {
+// readBatch records that a batch read read records of aggregates that exist, of which the calls
+// it computed hold hit. The caller holds sealMu.
+func (r *Redis) readBatch(read, hit int) {
 	if read == 0 {
 		return // only new aggregates, or nothing read: no sign either way
 	}
-	if 2*computed >= read {
+	if 2*hit >= read {
 		r.misses = 0
 		return
 	}
@@ -175,7 +175,7 @@ func (r *Redis) ComputedCalls() (stored, refused int64) {
 
 // ComputedCallsLeft returns how many calls apply.lua ran with the computation on because the
 // processor did not compute them: calls off the path (planned or read, then found off it), and
-// calls of the batches left unread after one that computed fewer than half the calls it read.
+// calls of the batches the read gate left unread (readBatch).
 // With ComputedCalls it gives the share of calls computed.
 func (r *Redis) ComputedCallsLeft() (offPath, unread int64) {
 	return r.offPath.Load(), r.unread.Load()

@@ -558,15 +558,6 @@ func (e *env) redisBytes(ctx context.Context, layout aggregator.Layout, span tim
 // which seconds of a latency run a rewrite overlapped and what it cost the server.
 func watchRewrites(ctx context.Context, addr string, began time.Time) func() string {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	field := func(info, name string) float64 {
-		for _, l := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(l, name+":"); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return f
-			}
-		}
-		return math.NaN()
-	}
 	var spans []string
 	delayed0 := math.NaN()
 	var delayed float64
@@ -583,16 +574,16 @@ func watchRewrites(ctx context.Context, addr string, began time.Time) func() str
 			if err == nil {
 				at := time.Since(began).Seconds()
 				if math.IsNaN(delayed0) {
-					delayed0 = field(info, "aof_delayed_fsync")
+					delayed0 = infoValue(info, "aof_delayed_fsync")
 				}
-				delayed = field(info, "aof_delayed_fsync") - delayed0
-				switch now := field(info, "aof_rewrite_in_progress") == 1; {
+				delayed = infoValue(info, "aof_delayed_fsync") - delayed0
+				switch now := infoValue(info, "aof_rewrite_in_progress") == 1; {
 				case now && !running:
 					from, running = at, true
 				case !now && running:
 					running = false
 					spans = append(spans, fmt.Sprintf("rewrite %.1f–%.1f s (fork %.1f ms, %.0f MB copied on write)",
-						from, at, field(info, "latest_fork_usec")/1000, field(info, "aof_last_cow_size")/1e6))
+						from, at, infoValue(info, "latest_fork_usec")/1000, infoValue(info, "aof_last_cow_size")/1e6))
 				}
 			}
 			select {

@@ -520,13 +520,21 @@ func infoField(ctx context.Context, addr, section, field string) float64 {
 		// Unknown, not 0: a CPU reading of 0 at a run's start would count all of Redis's past CPU.
 		return math.NaN()
 	}
-	for _, l := range strings.Split(s, "\r\n") {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
+	if v := infoValue(s, field); !math.IsNaN(v) {
+		return v
+	}
+	return 0
+}
+
+// infoValue reads numeric field name from the text of an INFO reply (NaN when absent).
+func infoValue(info, name string) float64 {
+	for _, l := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(l, name+":"); ok {
 			f, _ := strconv.ParseFloat(v, 64)
 			return f
 		}
 	}
-	return 0
+	return math.NaN()
 }
 
 // redisCPU returns the CPU seconds the Redis server's main process has used (INFO cpu
