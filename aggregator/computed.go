@@ -89,8 +89,9 @@ const maxComputedRecords = 1000
 
 // planRead returns what a call reads, for an aggregate whose index groups span span hours, given
 // the call's record fields (strings) and each record's class (0 C, 1 P, 2 U) and occurred time, or
-// false when the processor cannot compute the call: more than maxComputedRecords records.
-func planRead(fields []any, class []int8, occ []int64, span int64) (*callRead, bool) {
+// false when the processor cannot compute the call: more than maxComputedRecords records. With
+// days (layout 11) a record's hour is read from its day's field.
+func planRead(fields []any, class []int8, occ []int64, span int64, days bool) (*callRead, bool) {
 	n := len(fields)
 	if n > maxComputedRecords {
 		return nil, false
@@ -100,9 +101,9 @@ func planRead(fields []any, class []int8, occ []int64, span int64) (*callRead, b
 	plan.groupAt, plan.minuteAt = plan.hourAt[n:2*n], plan.hourAt[2*n:]
 	plan.hourAt = plan.hourAt[:n]
 	var buf []byte
-	at := map[int64]int32{} // a field's index in state by its number and kind (0 h, 1 i, 2 m: the low 2 bits)
+	at := map[int64]int32{} // a field's index in state by its number and kind (0 h, 1 i, 2 m, 3 d: the low 2 bits)
 	field := func(kind byte, x int64) int32 {
-		key := x<<2 | int64(strings.IndexByte("him", kind))
+		key := x<<2 | int64(strings.IndexByte("himd", kind))
 		if i, ok := at[key]; ok {
 			return i
 		}
@@ -124,7 +125,12 @@ func planRead(fields []any, class []int8, occ []int64, span int64) (*callRead, b
 		ids[id] = struct{}{}
 		top = max(top, occ[i])
 		if h := floorDiv(occ[i], hourUS); h != lastH {
-			hi, gi, lastH = field('h', h), field('i', floorDiv(h, span)), h
+			if days {
+				hi = field('d', floorDiv(h, 24))
+			} else {
+				hi = field('h', h)
+			}
+			gi, lastH = field('i', floorDiv(h, span)), h
 		}
 		plan.hourAt[i], plan.groupAt[i], plan.minuteAt[i] = hi, gi, -1
 		if m := floorDiv(occ[i], minuteUS); m >= floorDiv(top, minuteUS)-minuteKeep {
@@ -161,16 +167,18 @@ type computedField struct {
 	hour   computedHour
 	minute [3]int64
 	group  *computedGroup
+	day    *[24]computedHour // layout 11: a day's hours
 }
 
 // computeCall computes a call as apply.lua would, from the fields plan read: state[i] is the value
 // of plan.state[i] and held[i] of plan.records[i] (nil when absent, a string otherwise), as HMGET
 // replies. recs are the call's records, ret the retention, at the observation time (µs), ttl the
-// idle TTL in ms. It returns false for any call off the path named at the top of this file;
-// apply.lua runs those.
-func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*computedCall, bool) {
+// idle TTL in ms. store is layout 11's packed record store as read (computed11.go), nil in layout
+// 10. It returns false for any call off the path named at the top of this file; apply.lua runs
+// those.
+func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, store *bucketStore) (*computedCall, bool) {
 	head, ok := state[0].(string)
-	if !ok || len(head) != headBytes || head[0] != 10 {
+	if !ok || (store == nil && (len(head) != headBytes || head[0] != 10)) || (store != nil && (len(head) != headBytes11 || head[0] != 11)) {
 		return nil, false
 	}
 	span := int64(head[1])
@@ -213,6 +221,13 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		return nil, false // hours expire, or garbage is collected
 	}
 	fields := make([]computedField, len(plan.state))
+	parse := parseRecord10
+	if store != nil {
+		parse = parseRecord11
+		if !loadFields11(plan, state, fields) {
+			return nil, false
+		}
+	}
 	out := &computedCall{outcomes: make([]Outcome, len(recs)), records: make([]any, 0, 2*len(recs)), stamp: x[6] - 1}
 	mfloor := floorDiv(w, minuteUS) - minuteKeep
 	cut := cutH * hourUS
@@ -239,6 +254,10 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 	// not have written.
 	loadHour := func(i int, h int64) (*computedHour, bool) {
 		hf := &fields[plan.hourAt[i]]
+		if hf.day != nil {
+			hf.loaded = true
+			return &hf.day[h-floorDiv(h, 24)*24], true
+		}
 		t := &hf.hour
 		if !hf.loaded {
 			hf.loaded = true
@@ -312,8 +331,8 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 				out.outcomes[i] = Duplicate
 				continue
 			}
-			was, ok1 := parseRecord10(old)
-			now, ok2 := parseRecord10(rec)
+			was, ok1 := parse(old)
+			now, ok2 := parse(rec)
 			if !ok1 || !ok2 || was.horizon < cut {
 				// Garbage (its index entries move). The checks below refuse it too, as its
 				// winner occurred before the cut and this record after it; this says why.
@@ -342,7 +361,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 			}
 			changed = true
 			out.outcomes[i] = Reassessed
-			if was.horizon > occ {
+			if was.horizon > occ && store != nil {
+				rec = withHorizon11(rec, was.horizon)
+			} else if was.horizon > occ {
 				rec += ";" + strconv.FormatInt(was.horizon, 16)
 			}
 			put(plan.records[i], rec)
@@ -365,6 +386,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 			}
 		}
 		id, _ := plan.records[i].(string)
+		if store != nil {
+			id = id[:4] // layout 11 lists a fingerprint's first 4 bytes
+		}
 		gf.group.add = append(gf.group.add, id)
 		t, ok := loadHour(i, h)
 		if !ok {
@@ -430,6 +454,11 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 			for _, n := range fd.minute {
 				buf = appendLittleEndian(buf, n, 5)
 			}
+		case 'd':
+			d, _ := strconv.ParseInt(name[1:], 10, 64)
+			if buf = appendDay(buf, d, fd.day); string(buf) == state[p] {
+				continue
+			}
 		}
 		set(plan.state[p], string(buf))
 	}
@@ -437,7 +466,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		v = max(v+1, at)
 		set("v", strconv.FormatInt(v, 10))
 	}
-	nh := append(make([]byte, 0, headBytes), 10, byte(span))
+	nh := append(make([]byte, 0, headBytes11), 10, byte(span))
 	for _, n := range []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, x[6], g + 1} {
 		nh = appendLittleEndian(nh, n, 7)
 	}
@@ -447,6 +476,24 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64) (*
 		}
 	}
 	nh = appendLittleEndian(nh, cutH+1, 7)
+	if store != nil {
+		// The records go into the packed store in the order the call first wrote them, as
+		// apply.lua puts them, and the head keeps the shape they leave.
+		for j := 0; j < len(out.records); j += 2 {
+			fp, _ := out.records[j].(string)
+			rec, _ := out.records[j+1].(string)
+			if !store.put(fp, rec) {
+				return nil, false
+			}
+		}
+		if out.records, ok = store.writes(); !ok {
+			return nil, false
+		}
+		nh[0] = 11
+		for _, n := range []int64{store.l, store.p, store.n} {
+			nh = appendLittleEndian(nh, n, 7)
+		}
+	}
 	if string(nh) != head {
 		set("H", string(nh))
 	}

@@ -129,87 +129,89 @@ func TestRecordsTheProcessorDidNotWriteGoToTheScript(t *testing.T) {
 // met again within a call, reassessments of the same occurrence, seq ties and equal assessments
 // give the model's replies and the same bytes on every side.
 func TestComputedCallsMeetingOpportunitiesAgainStoreWhatTheScriptStores(t *testing.T) {
-	for seed := uint64(1); seed <= 3; seed++ {
-		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
-			ret := 24 * time.Hour
-			if seed%2 == 0 {
-				ret = 3 * time.Hour
-			}
-			x := newComputedSides(t, "repeats", ret, time.Hour)
-			r := rand.New(rand.NewPCG(seed, 99))
-			keys := []Key{{Scope: collisionScopes[0], CorrectionID: "rep-a", Source: Live}, {Scope: collisionScopes[1], CorrectionID: "rep-b", Source: Live}}
-			type opp struct {
-				k   Key
-				id  string
-				occ int64
-				as  int64
-			}
-			var pool []opp
-			clock := Micros(t0)
-			for b := range 300 {
-				clock += int64(r.IntN(3)) * 1e6
-				if r.IntN(50) == 0 {
-					clock += int64(r.IntN(90)) * minuteUS
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		for seed := uint64(1); seed <= 3; seed++ {
+			t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+				ret := 24 * time.Hour
+				if seed%2 == 0 {
+					ret = 3 * time.Hour
 				}
-				var batch []Observation
-				n := 1 + r.IntN(25)
-				for len(batch) < n {
-					p := r.IntN(100)
-					switch {
-					case p < 35 || len(pool) == 0:
-						back := int64(r.ExpFloat64() * 120e6)
-						if r.IntN(10) == 0 {
-							back = int64(r.IntN(int(ret/time.Minute))) * minuteUS
+				x := newComputedSidesIn(t, "repeats", ret, time.Hour, fp)
+				r := rand.New(rand.NewPCG(seed, 99))
+				keys := []Key{{Scope: collisionScopes[0], CorrectionID: "rep-a", Source: Live}, {Scope: collisionScopes[1], CorrectionID: "rep-b", Source: Live}}
+				type opp struct {
+					k   Key
+					id  string
+					occ int64
+					as  int64
+				}
+				var pool []opp
+				clock := Micros(t0)
+				for b := range 300 {
+					clock += int64(r.IntN(3)) * 1e6
+					if r.IntN(50) == 0 {
+						clock += int64(r.IntN(90)) * minuteUS
+					}
+					var batch []Observation
+					n := 1 + r.IntN(25)
+					for len(batch) < n {
+						p := r.IntN(100)
+						switch {
+						case p < 35 || len(pool) == 0:
+							back := int64(r.ExpFloat64() * 120e6)
+							if r.IntN(10) == 0 {
+								back = int64(r.IntN(int(ret/time.Minute))) * minuteUS
+							}
+							o := opp{keys[r.IntN(2)], fmt.Sprint("o", len(pool)), clock - back, 0}
+							o.as = o.occ + int64(r.IntN(5))*1e6
+							pool = append(pool, o)
+							batch = append(batch, Observation{Key: o.k, OpportunityID: o.id, Class: Class(1 + r.IntN(3)), Occurred: o.occ, Assessed: o.as, Seq: int64(r.IntN(3))})
+						case p < 60 && len(batch) > 0:
+							o := batch[r.IntN(len(batch))]
+							o.Class = Class(1 + r.IntN(3))
+							switch r.IntN(6) {
+							case 0:
+								o.Assessed += 1e6
+							case 1:
+								o.Seq += 1
+							case 2:
+								o.Seq = max(o.Seq-1, 0)
+							case 3:
+								o.Assessed -= 1e6
+							case 4:
+								o.Occurred += int64(r.IntN(7)-3) * 1e6
+							}
+							batch = append(batch, o)
+						default:
+							o := pool[len(pool)-1-r.IntN(min(len(pool), 100))]
+							ob := Observation{Key: o.k, OpportunityID: o.id, Class: Class(1 + r.IntN(3)), Occurred: o.occ, Assessed: o.as + int64(r.IntN(5)-2)*1e6, Seq: int64(r.IntN(3))}
+							if r.IntN(8) == 0 {
+								ob.Occurred -= int64(r.IntN(120)) * minuteUS
+							}
+							batch = append(batch, ob)
 						}
-						o := opp{keys[r.IntN(2)], fmt.Sprint("o", len(pool)), clock - back, 0}
-						o.as = o.occ + int64(r.IntN(5))*1e6
-						pool = append(pool, o)
-						batch = append(batch, Observation{Key: o.k, OpportunityID: o.id, Class: Class(1 + r.IntN(3)), Occurred: o.occ, Assessed: o.as, Seq: int64(r.IntN(3))})
-					case p < 60 && len(batch) > 0:
-						o := batch[r.IntN(len(batch))]
-						o.Class = Class(1 + r.IntN(3))
-						switch r.IntN(6) {
-						case 0:
-							o.Assessed += 1e6
-						case 1:
-							o.Seq += 1
-						case 2:
-							o.Seq = max(o.Seq-1, 0)
-						case 3:
-							o.Assessed -= 1e6
-						case 4:
-							o.Occurred += int64(r.IntN(7)-3) * 1e6
-						}
-						batch = append(batch, o)
-					default:
-						o := pool[len(pool)-1-r.IntN(min(len(pool), 100))]
-						ob := Observation{Key: o.k, OpportunityID: o.id, Class: Class(1 + r.IntN(3)), Occurred: o.occ, Assessed: o.as + int64(r.IntN(5)-2)*1e6, Seq: int64(r.IntN(3))}
-						if r.IntN(8) == 0 {
-							ob.Occurred -= int64(r.IntN(120)) * minuteUS
-						}
-						batch = append(batch, ob)
+					}
+					var top int64
+					for _, o := range batch {
+						top = max(top, o.Occurred)
+					}
+					at := time.UnixMicro(max(clock, top))
+					x.apply(fmt.Sprint("batch ", b), batch, at)
+				}
+				for i, s := range x.stores[1:] {
+					st, rf := s.ComputedCalls()
+					op, un := s.ComputedCallsLeft()
+					t.Logf("%s: stored %d refused %d offpath %d unread %d", x.names[i+1], st, rf, op, un)
+					if st < 100 {
+						t.Errorf("%s: %d calls computed: the stream should keep most on the path", x.names[i+1], st)
 					}
 				}
-				var top int64
-				for _, o := range batch {
-					top = max(top, o.Occurred)
+				for o, n := range x.rigs[0].outs {
+					t.Logf("%v: %d", o, n)
 				}
-				at := time.UnixMicro(max(clock, top))
-				x.apply(fmt.Sprint("batch ", b), batch, at)
-			}
-			for i, s := range x.stores[1:] {
-				st, rf := s.ComputedCalls()
-				op, un := s.ComputedCallsLeft()
-				t.Logf("%s: stored %d refused %d offpath %d unread %d", x.names[i+1], st, rf, op, un)
-				if st < 100 {
-					t.Errorf("%s: %d calls computed: the stream should keep most on the path", x.names[i+1], st)
-				}
-			}
-			for o, n := range x.rigs[0].outs {
-				t.Logf("%v: %d", o, n)
-			}
-		})
-	}
+			})
+		}
+	})
 }
 
 // TestComputedCallsBesideAnotherWriterAnswerTruthfully: another processor (apply.lua) applies a
@@ -217,107 +219,109 @@ func TestComputedCallsMeetingOpportunitiesAgainStoreWhatTheScriptStores(t *testi
 // the model's with the other batch first, and every call is counted once: stored, refused, off
 // the path or unread.
 func TestComputedCallsBesideAnotherWriterAnswerTruthfully(t *testing.T) {
-	c := testenv.Redis(t)
-	for seed := uint64(1); seed <= 3; seed++ {
-		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
-			prefix := testenv.Name(t, "beside")
-			testenv.CleanPrefix(t, c, prefix)
-			open := func(compute bool) *Redis {
-				s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, IdleTTL: time.Hour, ComputeCalls: compute})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
-			}
-			mine, other := open(true), open(false)
-			m := NewModel(24 * time.Hour)
-			ctx := context.Background()
-			r := rand.New(rand.NewPCG(seed, 7))
-			keys := []Key{{Scope: collisionScopes[0], CorrectionID: "c-a", Source: Live}, {Scope: collisionScopes[1], CorrectionID: "c-b", Source: Live}}
-			clock := Micros(t0)
-			nid := 0
-			gen := func(n int) []Observation {
-				var b []Observation
-				for len(b) < n {
-					if nid == 0 || r.IntN(3) == 0 {
-						occ := clock - int64(r.IntN(100))*1e6
-						b = append(b, Observation{Key: keys[r.IntN(2)], OpportunityID: fmt.Sprint("o", nid), Class: Class(1 + r.IntN(3)), Occurred: occ, Assessed: occ})
-						nid++
-						continue
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		c := testenv.Redis(t)
+		for seed := uint64(1); seed <= 3; seed++ {
+			t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+				prefix := testenv.Name(t, "beside")
+				testenv.CleanPrefix(t, c, prefix)
+				open := func(compute bool) *Redis {
+					s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, IdleTTL: time.Hour, ComputeCalls: compute, Fingerprint: fp})
+					if err != nil {
+						t.Fatal(err)
 					}
-					id := r.IntN(nid)
-					occ := clock - int64(id%100)*1e6
-					b = append(b, Observation{Key: keys[id%2], OpportunityID: fmt.Sprint("o", id), Class: Class(1 + r.IntN(3)),
-						Occurred: occ, Assessed: occ + int64(r.IntN(4))*1e6, Seq: int64(r.IntN(3))})
+					return s
 				}
-				return b
-			}
-			calls := int64(0)
-			for b := range 200 {
-				clock += int64(r.IntN(2)) * 1e6
-				at := time.UnixMicro(clock + 200e6)
-				batch := gen(1 + r.IntN(12))
-				for i := range batch {
-					var id int
-					fmt.Sscanf(batch[i].OpportunityID, "o%d", &id)
-					batch[i].Key = keys[id%2]
-					batch[i].Occurred = Micros(t0) - int64(id%100)*1e6 + int64(id/100)*1e6
-					if batch[i].Assessed < batch[i].Occurred {
-						batch[i].Assessed = batch[i].Occurred
+				mine, other := open(true), open(false)
+				m := NewModel(24 * time.Hour)
+				ctx := context.Background()
+				r := rand.New(rand.NewPCG(seed, 7))
+				keys := []Key{{Scope: collisionScopes[0], CorrectionID: "c-a", Source: Live}, {Scope: collisionScopes[1], CorrectionID: "c-b", Source: Live}}
+				clock := Micros(t0)
+				nid := 0
+				gen := func(n int) []Observation {
+					var b []Observation
+					for len(b) < n {
+						if nid == 0 || r.IntN(3) == 0 {
+							occ := clock - int64(r.IntN(100))*1e6
+							b = append(b, Observation{Key: keys[r.IntN(2)], OpportunityID: fmt.Sprint("o", nid), Class: Class(1 + r.IntN(3)), Occurred: occ, Assessed: occ})
+							nid++
+							continue
+						}
+						id := r.IntN(nid)
+						occ := clock - int64(id%100)*1e6
+						b = append(b, Observation{Key: keys[id%2], OpportunityID: fmt.Sprint("o", id), Class: Class(1 + r.IntN(3)),
+							Occurred: occ, Assessed: occ + int64(r.IntN(4))*1e6, Seq: int64(r.IntN(3))})
 					}
+					return b
 				}
-				ks := map[Key]bool{}
-				for _, o := range batch {
-					ks[o.Key] = true
-				}
-				calls += int64(len(ks))
-				var between []Observation
-				if r.IntN(2) == 0 {
-					between = gen(1 + r.IntN(4))
-					for i := range between {
+				calls := int64(0)
+				for b := range 200 {
+					clock += int64(r.IntN(2)) * 1e6
+					at := time.UnixMicro(clock + 200e6)
+					batch := gen(1 + r.IntN(12))
+					for i := range batch {
 						var id int
-						fmt.Sscanf(between[i].OpportunityID, "o%d", &id)
-						between[i].Key = keys[id%2]
-						between[i].Occurred = Micros(t0) - int64(id%100)*1e6 + int64(id/100)*1e6
-						if between[i].Assessed < between[i].Occurred {
-							between[i].Assessed = between[i].Occurred
+						fmt.Sscanf(batch[i].OpportunityID, "o%d", &id)
+						batch[i].Key = keys[id%2]
+						batch[i].Occurred = Micros(t0) - int64(id%100)*1e6 + int64(id/100)*1e6
+						if batch[i].Assessed < batch[i].Occurred {
+							batch[i].Assessed = batch[i].Occurred
 						}
 					}
-					mine.afterRead = func() {
-						if _, err := other.Apply(ctx, between, at); err != nil {
-							t.Fatal(err)
+					ks := map[Key]bool{}
+					for _, o := range batch {
+						ks[o.Key] = true
+					}
+					calls += int64(len(ks))
+					var between []Observation
+					if r.IntN(2) == 0 {
+						between = gen(1 + r.IntN(4))
+						for i := range between {
+							var id int
+							fmt.Sscanf(between[i].OpportunityID, "o%d", &id)
+							between[i].Key = keys[id%2]
+							between[i].Occurred = Micros(t0) - int64(id%100)*1e6 + int64(id/100)*1e6
+							if between[i].Assessed < between[i].Occurred {
+								between[i].Assessed = between[i].Occurred
+							}
+						}
+						mine.afterRead = func() {
+							if _, err := other.Apply(ctx, between, at); err != nil {
+								t.Fatal(err)
+							}
+						}
+						m.Apply(ctx, between, at)
+					} else {
+						mine.afterRead = nil
+					}
+					mine.skipReads = 0
+					got, err := mine.Apply(ctx, batch, at)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want, _ := m.Apply(ctx, batch, at)
+					for j := range batch {
+						if got.Outcomes[j] != want.Outcomes[j] {
+							t.Fatalf("batch %d event %d %+v: redis %v model %v (between %v)", b, j, batch[j], got.Outcomes[j], want.Outcomes[j], between)
 						}
 					}
-					m.Apply(ctx, between, at)
-				} else {
-					mine.afterRead = nil
-				}
-				mine.skipReads = 0
-				got, err := mine.Apply(ctx, batch, at)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, _ := m.Apply(ctx, batch, at)
-				for j := range batch {
-					if got.Outcomes[j] != want.Outcomes[j] {
-						t.Fatalf("batch %d event %d %+v: redis %v model %v (between %v)", b, j, batch[j], got.Outcomes[j], want.Outcomes[j], between)
+					for _, k := range want.Keys {
+						if got.Tallies[k] != want.Tallies[k] {
+							t.Fatalf("batch %d %s: redis %+v model %+v", b, k, got.Tallies[k], want.Tallies[k])
+						}
 					}
 				}
-				for _, k := range want.Keys {
-					if got.Tallies[k] != want.Tallies[k] {
-						t.Fatalf("batch %d %s: redis %+v model %+v", b, k, got.Tallies[k], want.Tallies[k])
-					}
+				st, rf := mine.ComputedCalls()
+				op, un := mine.ComputedCallsLeft()
+				t.Logf("stored %d refused %d offpath %d unread %d; calls %d", st, rf, op, un, calls)
+				if st+rf+op+un != calls {
+					t.Errorf("counted %d calls, made %d", st+rf+op+un, calls)
 				}
-			}
-			st, rf := mine.ComputedCalls()
-			op, un := mine.ComputedCallsLeft()
-			t.Logf("stored %d refused %d offpath %d unread %d; calls %d", st, rf, op, un, calls)
-			if st+rf+op+un != calls {
-				t.Errorf("counted %d calls, made %d", st+rf+op+un, calls)
-			}
-			if st == 0 || rf == 0 {
-				t.Errorf("%d calls stored and %d refused: want both, or the other writer never came between", st, rf)
-			}
-		})
-	}
+				if st == 0 || rf == 0 {
+					t.Errorf("%d calls stored and %d refused: want both, or the other writer never came between", st, rf)
+				}
+			})
+		}
+	})
 }

@@ -23,15 +23,24 @@ type computedSides struct {
 	prefixes []string
 	rigs     []*retainedRig
 	stores   []*Redis
+	// layout11: the stores keep layout 11, whose state retainedRig.check does not read (the
+	// script side's state is held to the model by TestFingerprintedRecordsMatchModel).
+	layout11 bool
 }
 
 func newComputedSides(t *testing.T, what string, retention, idle time.Duration) *computedSides {
+	return newComputedSidesIn(t, what, retention, idle, nil)
+}
+
+// newComputedSidesIn is newComputedSides in layout 11 under fingerprinter fp, or in layout 10 when
+// fp is nil.
+func newComputedSidesIn(t *testing.T, what string, retention, idle time.Duration, fp *Fingerprinter) *computedSides {
 	m := miniredis.RunT(t)
-	x := &computedSides{t: t, names: []string{"script", "computed", "computed, embedded"}}
+	x := &computedSides{t: t, names: []string{"script", "computed", "computed, embedded"}, layout11: fp != nil}
 	for i, c := range []*redis.Client{testenv.Redis(t), testenv.Redis(t), redis.NewClient(&redis.Options{Addr: m.Addr()})} {
 		prefix := testenv.Name(t, what)
 		testenv.CleanPrefix(t, c, prefix)
-		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: retention, IdleTTL: idle, ComputeCalls: i > 0})
+		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: retention, IdleTTL: idle, ComputeCalls: i > 0, Fingerprint: fp})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +57,7 @@ func (x *computedSides) apply(what string, batch []Observation, at time.Time) {
 	x.t.Helper()
 	for i, rig := range x.rigs {
 		x.stores[i].skipReads = 0 // every batch read: the path taken as often as it can be
-		rig.apply(x.names[i]+": "+what, batch, at)
+		rig.applyChecked(x.names[i]+": "+what, batch, at, !x.layout11)
 	}
 	x.same(what)
 }
@@ -158,17 +167,25 @@ func TestComputedCallsStoreWhatTheScriptStores(t *testing.T) {
 		maxBatch  int
 		retention time.Duration
 		idle      time.Duration
+		layout11  bool
 	}{
-		{"a few aggregates", 1, 3, 400, 12, 24 * time.Hour, 0},
-		{"many aggregates, large batches", 2, 12, 200, 80, 3 * 24 * time.Hour, 0},
-		{"short retention, no idle TTL", 3, 4, 400, 10, 2 * time.Hour, -1},
+		{"a few aggregates", 1, 3, 400, 12, 24 * time.Hour, 0, false},
+		{"many aggregates, large batches", 2, 12, 200, 80, 3 * 24 * time.Hour, 0, false},
+		{"short retention, no idle TTL", 3, 4, 400, 10, 2 * time.Hour, -1, false},
+		{"layout 11, a few aggregates", 4, 3, 400, 12, 24 * time.Hour, 0, true},
+		{"layout 11, many aggregates, large batches", 5, 12, 200, 80, 3 * 24 * time.Hour, 0, true},
+		{"layout 11, short retention, no idle TTL", 6, 4, 400, 10, 2 * time.Hour, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			idle := tc.idle
 			if idle < 0 {
 				idle = 0
 			}
-			x := newComputedSides(t, "computed", tc.retention, idle)
+			var fp *Fingerprinter
+			if tc.layout11 {
+				fp = testFingerprinter(t)
+			}
+			x := newComputedSidesIn(t, "computed", tc.retention, idle, fp)
 			if tc.idle < 0 {
 				for _, s := range x.stores {
 					s.cfg.IdleTTL = 0
@@ -209,146 +226,151 @@ func TestComputedCallsStoreWhatTheScriptStores(t *testing.T) {
 // call; and a group whose index lists more entries left behind than it may (as an older release
 // could leave it), which apply.lua compacts.
 func TestComputedCallsAtTheEdges(t *testing.T) {
-	k := Key{Scope: collisionScopes[0], CorrectionID: "edges", Source: Live}
-	obs := func(id string, occ int64) Observation {
-		return Observation{Key: k, OpportunityID: id, Class: Class(1 + len(id)%3), Occurred: occ, Assessed: occ + 1e6}
-	}
-	computed := func(x *computedSides) int64 {
-		n, _ := x.stores[1].ComputedCalls()
-		return n
-	}
-
-	t.Run("window edges", func(t *testing.T) {
-		x := newComputedSides(t, "edges", 30*24*time.Hour, 0)
-		at := time.UnixMicro(Micros(t0) + 30*minuteUS + 7e6)
-		a := Micros(at)
-		H, M := a/hourUS, a/minuteUS
-		edges := []int64{(H-168)*hourUS + 5, (H-167)*hourUS + 5, (H-24)*hourUS + 5, (H-23)*hourUS + 5,
-			(M-61)*minuteUS + 5, (M-60)*minuteUS + 5, (M-59)*minuteUS + 5, M*minuteUS + 5, a + 60e6}
-		var first []Observation
-		for i, occ := range edges {
-			first = append(first, obs(fmt.Sprint("first-", i), occ))
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		k := Key{Scope: collisionScopes[0], CorrectionID: "edges", Source: Live}
+		obs := func(id string, occ int64) Observation {
+			return Observation{Key: k, OpportunityID: id, Class: Class(1 + len(id)%3), Occurred: occ, Assessed: occ + 1e6}
 		}
-		x.apply("the edges' hours and groups", first, at)
-		for round := range 3 {
-			var b []Observation
+		computed := func(x *computedSides) int64 {
+			n, _ := x.stores[1].ComputedCalls()
+			return n
+		}
+
+		t.Run("window edges", func(t *testing.T) {
+			x := newComputedSidesIn(t, "edges", 30*24*time.Hour, 0, fp)
+			at := time.UnixMicro(Micros(t0) + 30*minuteUS + 7e6)
+			a := Micros(at)
+			H, M := a/hourUS, a/minuteUS
+			edges := []int64{(H-168)*hourUS + 5, (H-167)*hourUS + 5, (H-24)*hourUS + 5, (H-23)*hourUS + 5,
+				(M-61)*minuteUS + 5, (M-60)*minuteUS + 5, (M-59)*minuteUS + 5, M*minuteUS + 5, a + 60e6}
+			var first []Observation
 			for i, occ := range edges {
-				b = append(b, obs(fmt.Sprint("new-", round, "-", i), occ+int64(round)))
+				first = append(first, obs(fmt.Sprint("first-", i), occ))
 			}
-			x.apply(fmt.Sprint("new records at the edges, round ", round), b, at)
-		}
-		if n := computed(x); n != 3 {
-			t.Fatalf("%d calls took the computed path, want 3", n)
-		}
-	})
-
-	t.Run("garbage still to collect", func(t *testing.T) {
-		x := newComputedSides(t, "garbage", 24*time.Hour, 0)
-		base := Micros(t0)
-		var old []Observation
-		for i := range 1500 {
-			old = append(old, obs(fmt.Sprint("old-", i), base-int64(i%20)*hourUS-int64(i)*1e6))
-		}
-		x.apply("old records over 20 hours", old, time.UnixMicro(base))
-		leap := base + 40*hourUS
-		at := time.UnixMicro(leap + 1e6)
-		x.apply("a leap that expires them", []Observation{obs("leap", leap)}, at)
-		for i := range 20 {
-			x.apply(fmt.Sprint("new records while collecting, call ", i),
-				[]Observation{obs(fmt.Sprint("late-", i), leap-int64(i)*1e6), obs(fmt.Sprint("late-b-", i), leap-int64(i)*1e6-5e5)}, at)
-		}
-		if n := computed(x); n == 0 {
-			t.Fatal("no call took the computed path once the garbage was collected")
-		}
-	})
-
-	t.Run("reassessments", func(t *testing.T) {
-		x := newComputedSides(t, "reassessed", 24*time.Hour, 0)
-		occ := Micros(t0) + 30*minuteUS
-		at := time.UnixMicro(occ + 10e6)
-		as := func(id string, c Class, occ, assessed, seq int64) Observation {
-			return Observation{Key: k, OpportunityID: id, Class: c, Occurred: occ, Assessed: assessed, Seq: seq}
-		}
-		x.apply("the first assessments", []Observation{as("a", Confirmed, occ, occ+1e6, 0), as("b", Passed, occ-2e6, occ+1e6, 3),
-			as("c", Unscored, occ-3*minuteUS, occ, 0), as("h", Passed, occ-5e6, occ, 0)}, at)
-		x.apply("newer ones of the same occurrences, and older ones", []Observation{
-			as("a", Passed, occ, occ+2e6, 0),             // another class
-			as("b", Passed, occ-2e6, occ+1e6, 4),         // the same class, a later seq
-			as("c", Confirmed, occ-3*minuteUS, occ-1, 0), // older: stale
-			as("n", Confirmed, occ+1e6, occ+1e6, 0),      // new
-		}, at)
-		x.apply("an assessment equal to the held one in time and seq: a duplicate", []Observation{as("a", Unscored, occ, occ+2e6, 0)}, at)
-		// An earlier occurrence moves the winner and keeps its horizon (apply.lua); a newer
-		// assessment of that occurrence then carries the horizon on.
-		x.apply("a newer assessment that occurred earlier", []Observation{as("h", Confirmed, occ-9e6, occ+1e6, 0)}, at)
-		x.apply("a newer one of that occurrence", []Observation{as("h", Unscored, occ-9e6, occ+2e6, 0)}, at)
-		for i, rig := range x.rigs {
-			rec, err := rig.c.HGet(t.Context(), x.stores[i].keys(k)[0], "001h").Result()
-			if err != nil || !strings.HasSuffix(rec, ";"+strconv.FormatInt(occ-5e6, 16)) {
-				t.Fatalf("%s: h's record %q, %v: want its horizon %x kept", x.names[i], rec, err, occ-5e6)
+			x.apply("the edges' hours and groups", first, at)
+			for round := range 3 {
+				var b []Observation
+				for i, occ := range edges {
+					b = append(b, obs(fmt.Sprint("new-", round, "-", i), occ+int64(round)))
+				}
+				x.apply(fmt.Sprint("new records at the edges, round ", round), b, at)
 			}
-		}
-		x.apply("an older one that occurred later than the horizon", []Observation{as("h", Passed, occ+3e6, occ, 0)}, at)
-		// One call meeting the same opportunities again and again: each occurrence meets the
-		// record as the ones before it left it, and each record is written once.
-		x.apply("the same opportunities several times in one call", []Observation{
-			as("r", Passed, occ-7e6, occ, 0),        // new
-			as("r", Passed, occ-7e6, occ, 0),        // a duplicate of what this call wrote
-			as("r", Confirmed, occ-7e6, occ+1e6, 0), // newer
-			as("r", Unscored, occ-7e6, occ, 0),      // older than what this call wrote: stale
-			as("r", Unscored, occ-7e6, occ+1e6, 2),  // newer by its seq
-			as("h", Confirmed, occ-9e6, occ+5e6, 0), // newer, of the record with a horizon
-			as("h", Passed, occ-9e6, occ+6e6, 0),    // and again
-			as("h", Passed, occ-9e6, occ+6e6, 0),    // a duplicate of it
-			as("s", Confirmed, occ-8e6, occ, 0),     // new
-			as("r", Unscored, occ-7e6, occ+1e6, 2),  // a duplicate of r's last
-		}, at)
-		if n := computed(x); n != 4 {
-			t.Fatalf("%d calls took the computed path, want 4 (same occurrences, the duplicate, the horizon carried on, the repeats)", n)
-		}
-	})
-
-	t.Run("minutes to prune", func(t *testing.T) {
-		x := newComputedSides(t, "prune", 24*time.Hour, 0)
-		start := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS // minute X
-		at := time.UnixMicro(start + 60*minuteUS + 30e6)
-		// Minute buckets pruned up to X-70; the newest event 59 minutes on: nothing to prune yet.
-		x.apply("minutes X and X+59", []Observation{obs("x", start), obs("x59", start+59*minuteUS)}, at)
-		// The newest event 60 minutes on: apply.lua prunes an hour of minute buckets.
-		x.apply("minute X+60", []Observation{obs("x60", start+60*minuteUS)}, at)
-		x.apply("minute X+60 again", []Observation{obs("x60b", start+60*minuteUS+1)}, at)
-		if n := computed(x); n != 1 {
-			t.Fatalf("%d calls took the computed path, want 1 (the last)", n)
-		}
-	})
-
-	t.Run("an index to compact", func(t *testing.T) {
-		x := newComputedSides(t, "compact", 24*time.Hour, 0)
-		mid := Micros(t0) + 30*minuteUS
-		at := time.UnixMicro(mid + 1e6)
-		var b []Observation
-		for i := range 100 {
-			b = append(b, obs(fmt.Sprint("listed-", i), mid-int64(i)*1e6))
-		}
-		x.apply("a hundred records in one group", b, at)
-		g := "i" + fmt.Sprint(floorDiv(floorDiv(mid, hourUS), groupSpan(int64(24*time.Hour/time.Microsecond))))
-		ctx := t.Context()
-		for i, rig := range x.rigs {
-			key := x.stores[i].keys(k)[1]
-			v, err := rig.c.HGet(ctx, key, g).Result()
-			if err != nil {
-				t.Fatal(err)
+			if n := computed(x); n != 3 {
+				t.Fatalf("%d calls took the computed path, want 3", n)
 			}
-			n := v[6:11] // every entry counted as left behind by a move
-			if err := rig.c.HSet(ctx, key, g, v[:11]+n+v[16:]).Err(); err != nil {
-				t.Fatal(err)
+		})
+
+		t.Run("garbage still to collect", func(t *testing.T) {
+			x := newComputedSidesIn(t, "garbage", 24*time.Hour, 0, fp)
+			base := Micros(t0)
+			var old []Observation
+			for i := range 1500 {
+				old = append(old, obs(fmt.Sprint("old-", i), base-int64(i%20)*hourUS-int64(i)*1e6))
 			}
-		}
-		x.apply("a new record in that group", []Observation{obs("new", mid-500e6)}, at)
-		x.apply("another", []Observation{obs("new-2", mid-501e6)}, at)
-		if n := computed(x); n != 1 {
-			t.Fatalf("%d calls took the computed path, want 1 (the second, after the compaction)", n)
-		}
+			x.apply("old records over 20 hours", old, time.UnixMicro(base))
+			leap := base + 40*hourUS
+			at := time.UnixMicro(leap + 1e6)
+			x.apply("a leap that expires them", []Observation{obs("leap", leap)}, at)
+			for i := range 20 {
+				x.apply(fmt.Sprint("new records while collecting, call ", i),
+					[]Observation{obs(fmt.Sprint("late-", i), leap-int64(i)*1e6), obs(fmt.Sprint("late-b-", i), leap-int64(i)*1e6-5e5)}, at)
+			}
+			if n := computed(x); n == 0 {
+				t.Fatal("no call took the computed path once the garbage was collected")
+			}
+		})
+
+		t.Run("reassessments", func(t *testing.T) {
+			x := newComputedSidesIn(t, "reassessed", 24*time.Hour, 0, fp)
+			occ := Micros(t0) + 30*minuteUS
+			at := time.UnixMicro(occ + 10e6)
+			as := func(id string, c Class, occ, assessed, seq int64) Observation {
+				return Observation{Key: k, OpportunityID: id, Class: c, Occurred: occ, Assessed: assessed, Seq: seq}
+			}
+			x.apply("the first assessments", []Observation{as("a", Confirmed, occ, occ+1e6, 0), as("b", Passed, occ-2e6, occ+1e6, 3),
+				as("c", Unscored, occ-3*minuteUS, occ, 0), as("h", Passed, occ-5e6, occ, 0)}, at)
+			x.apply("newer ones of the same occurrences, and older ones", []Observation{
+				as("a", Passed, occ, occ+2e6, 0),             // another class
+				as("b", Passed, occ-2e6, occ+1e6, 4),         // the same class, a later seq
+				as("c", Confirmed, occ-3*minuteUS, occ-1, 0), // older: stale
+				as("n", Confirmed, occ+1e6, occ+1e6, 0),      // new
+			}, at)
+			x.apply("an assessment equal to the held one in time and seq: a duplicate", []Observation{as("a", Unscored, occ, occ+2e6, 0)}, at)
+			// An earlier occurrence moves the winner and keeps its horizon (apply.lua); a newer
+			// assessment of that occurrence then carries the horizon on.
+			x.apply("a newer assessment that occurred earlier", []Observation{as("h", Confirmed, occ-9e6, occ+1e6, 0)}, at)
+			x.apply("a newer one of that occurrence", []Observation{as("h", Unscored, occ-9e6, occ+2e6, 0)}, at)
+			for i, rig := range x.rigs {
+				if fp != nil {
+					break // layout 11's records are bytes in buckets, compared byte for byte above
+				}
+				rec, err := rig.c.HGet(t.Context(), x.stores[i].keys(k)[0], "001h").Result()
+				if err != nil || !strings.HasSuffix(rec, ";"+strconv.FormatInt(occ-5e6, 16)) {
+					t.Fatalf("%s: h's record %q, %v: want its horizon %x kept", x.names[i], rec, err, occ-5e6)
+				}
+			}
+			x.apply("an older one that occurred later than the horizon", []Observation{as("h", Passed, occ+3e6, occ, 0)}, at)
+			// One call meeting the same opportunities again and again: each occurrence meets the
+			// record as the ones before it left it, and each record is written once.
+			x.apply("the same opportunities several times in one call", []Observation{
+				as("r", Passed, occ-7e6, occ, 0),        // new
+				as("r", Passed, occ-7e6, occ, 0),        // a duplicate of what this call wrote
+				as("r", Confirmed, occ-7e6, occ+1e6, 0), // newer
+				as("r", Unscored, occ-7e6, occ, 0),      // older than what this call wrote: stale
+				as("r", Unscored, occ-7e6, occ+1e6, 2),  // newer by its seq
+				as("h", Confirmed, occ-9e6, occ+5e6, 0), // newer, of the record with a horizon
+				as("h", Passed, occ-9e6, occ+6e6, 0),    // and again
+				as("h", Passed, occ-9e6, occ+6e6, 0),    // a duplicate of it
+				as("s", Confirmed, occ-8e6, occ, 0),     // new
+				as("r", Unscored, occ-7e6, occ+1e6, 2),  // a duplicate of r's last
+			}, at)
+			if n := computed(x); n != 4 {
+				t.Fatalf("%d calls took the computed path, want 4 (same occurrences, the duplicate, the horizon carried on, the repeats)", n)
+			}
+		})
+
+		t.Run("minutes to prune", func(t *testing.T) {
+			x := newComputedSidesIn(t, "prune", 24*time.Hour, 0, fp)
+			start := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS // minute X
+			at := time.UnixMicro(start + 60*minuteUS + 30e6)
+			// Minute buckets pruned up to X-70; the newest event 59 minutes on: nothing to prune yet.
+			x.apply("minutes X and X+59", []Observation{obs("x", start), obs("x59", start+59*minuteUS)}, at)
+			// The newest event 60 minutes on: apply.lua prunes an hour of minute buckets.
+			x.apply("minute X+60", []Observation{obs("x60", start+60*minuteUS)}, at)
+			x.apply("minute X+60 again", []Observation{obs("x60b", start+60*minuteUS+1)}, at)
+			if n := computed(x); n != 1 {
+				t.Fatalf("%d calls took the computed path, want 1 (the last)", n)
+			}
+		})
+
+		t.Run("an index to compact", func(t *testing.T) {
+			x := newComputedSidesIn(t, "compact", 24*time.Hour, 0, fp)
+			mid := Micros(t0) + 30*minuteUS
+			at := time.UnixMicro(mid + 1e6)
+			var b []Observation
+			for i := range 100 {
+				b = append(b, obs(fmt.Sprint("listed-", i), mid-int64(i)*1e6))
+			}
+			x.apply("a hundred records in one group", b, at)
+			g := "i" + fmt.Sprint(floorDiv(floorDiv(mid, hourUS), groupSpan(int64(24*time.Hour/time.Microsecond))))
+			ctx := t.Context()
+			for i, rig := range x.rigs {
+				key := x.stores[i].keys(k)[1]
+				v, err := rig.c.HGet(ctx, key, g).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := v[6:11] // every entry counted as left behind by a move
+				if err := rig.c.HSet(ctx, key, g, v[:11]+n+v[16:]).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			x.apply("a new record in that group", []Observation{obs("new", mid-500e6)}, at)
+			x.apply("another", []Observation{obs("new-2", mid-501e6)}, at)
+			if n := computed(x); n != 1 {
+				t.Fatalf("%d calls took the computed path, want 1 (the second, after the compaction)", n)
+			}
+		})
 	})
 }
 
@@ -357,69 +379,71 @@ func TestComputedCallsAtTheEdges(t *testing.T) {
 // writes nothing, and apply.lua applies it on the state as the other writer left it. Nothing is
 // counted twice, and the outcomes say what happened.
 func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
-	c := testenv.Redis(t)
-	prefix := testenv.Name(t, "refused")
-	testenv.CleanPrefix(t, c, prefix)
-	open := func(compute bool) *Redis {
-		s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: compute})
-		if err != nil {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		c := testenv.Redis(t)
+		prefix := testenv.Name(t, "refused")
+		testenv.CleanPrefix(t, c, prefix)
+		open := func(compute bool) *Redis {
+			s, err := NewRedis(c, RedisConfig{Prefix: prefix, Retention: 24 * time.Hour, ComputeCalls: compute, Fingerprint: fp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		mine, other := open(true), open(false)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "refused", Source: Live}
+		occ := Micros(t0) + 30*minuteUS
+		at := time.UnixMicro(occ + 5e6)
+		ob := func(id string, cls Class) Observation {
+			return Observation{Key: k, OpportunityID: id, Class: cls, Occurred: occ, Assessed: occ + 1e6}
+		}
+		ctx := t.Context()
+		if _, err := other.Apply(ctx, []Observation{ob("first", Passed)}, at); err != nil {
 			t.Fatal(err)
 		}
-		return s
-	}
-	mine, other := open(true), open(false)
-	k := Key{Scope: collisionScopes[0], CorrectionID: "refused", Source: Live}
-	occ := Micros(t0) + 30*minuteUS
-	at := time.UnixMicro(occ + 5e6)
-	ob := func(id string, cls Class) Observation {
-		return Observation{Key: k, OpportunityID: id, Class: cls, Occurred: occ, Assessed: occ + 1e6}
-	}
-	ctx := t.Context()
-	if _, err := other.Apply(ctx, []Observation{ob("first", Passed)}, at); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name    string
-		between []Observation // the other writer's batch
-		batch   []Observation
-		want    []Outcome
-		all     Counts // the aggregate's counts after both
-	}{
-		{"the same opportunity", []Observation{ob("a", Confirmed)}, []Observation{ob("a", Confirmed), ob("b", Passed)},
-			[]Outcome{Duplicate, Counted}, Counts{Confirmed: 1, Passed: 2}},
-		{"another opportunity", []Observation{ob("c", Unscored)}, []Observation{ob("d", Passed)},
-			[]Outcome{Counted}, Counts{Confirmed: 1, Passed: 3, Unscored: 1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			mine.afterRead = func() {
-				if _, err := other.Apply(ctx, tc.between, at); err != nil {
+		for _, tc := range []struct {
+			name    string
+			between []Observation // the other writer's batch
+			batch   []Observation
+			want    []Outcome
+			all     Counts // the aggregate's counts after both
+		}{
+			{"the same opportunity", []Observation{ob("a", Confirmed)}, []Observation{ob("a", Confirmed), ob("b", Passed)},
+				[]Outcome{Duplicate, Counted}, Counts{Confirmed: 1, Passed: 2}},
+			{"another opportunity", []Observation{ob("c", Unscored)}, []Observation{ob("d", Passed)},
+				[]Outcome{Counted}, Counts{Confirmed: 1, Passed: 3, Unscored: 1}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				mine.afterRead = func() {
+					if _, err := other.Apply(ctx, tc.between, at); err != nil {
+						t.Fatal(err)
+					}
+				}
+				_, refusedBefore := mine.ComputedCalls()
+				got, err := mine.Apply(ctx, tc.batch, at)
+				if err != nil {
 					t.Fatal(err)
 				}
-			}
-			_, refusedBefore := mine.ComputedCalls()
-			got, err := mine.Apply(ctx, tc.batch, at)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, refused := mine.ComputedCalls(); refused != refusedBefore+1 {
-				t.Fatalf("the store refused %d calls, want 1", refused-refusedBefore)
-			}
-			if fmt.Sprint(got.Outcomes) != fmt.Sprint(tc.want) {
-				t.Fatalf("outcomes %v, want %v", got.Outcomes, tc.want)
-			}
-			mine.afterRead = nil
-			tl, err := mine.Tally(ctx, k, at)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tl.All != tc.all || got.Tallies[k] != tl {
-				t.Fatalf("counts %+v, replied %+v, want %+v", tl, got.Tallies[k], tc.all)
-			}
-		})
-	}
-	if stored, _ := mine.ComputedCalls(); stored != 0 {
-		t.Fatalf("%d computed calls stored over another writer's", stored)
-	}
+				if _, refused := mine.ComputedCalls(); refused != refusedBefore+1 {
+					t.Fatalf("the store refused %d calls, want 1", refused-refusedBefore)
+				}
+				if fmt.Sprint(got.Outcomes) != fmt.Sprint(tc.want) {
+					t.Fatalf("outcomes %v, want %v", got.Outcomes, tc.want)
+				}
+				mine.afterRead = nil
+				tl, err := mine.Tally(ctx, k, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tl.All != tc.all || got.Tallies[k] != tl {
+					t.Fatalf("counts %+v, replied %+v, want %+v", tl, got.Tallies[k], tc.all)
+				}
+			})
+		}
+		if stored, _ := mine.ComputedCalls(); stored != 0 {
+			t.Fatalf("%d computed calls stored over another writer's", stored)
+		}
+	})
 }
 
 // TestBatchesMostlyOffThePathGoUnread: a batch whose calls the processor read but could mostly not
@@ -593,26 +617,35 @@ func TestScriptsPartlyMissingApplyEachCallOnce(t *testing.T) {
 // enough that each closes an index chunk (as many state fields as records) is computed and stored
 // as apply.lua stores it, on Redis and on the embedded server; one record more is left to apply.lua.
 func TestLargestComputedCallMatchesTheScript(t *testing.T) {
-	x := newComputedSides(t, "largest", 24*time.Hour, 0)
-	k := Key{Scope: collisionScopes[0], CorrectionID: "largest", Source: Live}
-	occ := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS
-	at := time.UnixMicro(occ + 60e6)
-	batch := func(from, n int) []Observation {
-		var b []Observation
-		for i := from; i < from+n; i++ {
-			b = append(b, Observation{Key: k, OpportunityID: fmt.Sprintf("%05d-", i) + strings.Repeat("L", 400),
-				Class: Class(1 + i%3), Occurred: occ + int64(i), Assessed: occ + int64(i)})
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		x := newComputedSidesIn(t, "largest", 24*time.Hour, 0, fp)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "largest", Source: Live}
+		occ := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS
+		at := time.UnixMicro(occ + 60e6)
+		batch := func(from, n int) []Observation {
+			var b []Observation
+			for i := from; i < from+n; i++ {
+				b = append(b, Observation{Key: k, OpportunityID: fmt.Sprintf("%05d-", i) + strings.Repeat("L", 400),
+					Class: Class(1 + i%3), Occurred: occ + int64(i), Assessed: occ + int64(i)})
+			}
+			return b
 		}
-		return b
-	}
-	x.apply("the aggregate", batch(0, 1), at)
-	x.apply("the largest computed call", batch(1, maxComputedRecords), at)
-	x.apply("one record more", batch(1+maxComputedRecords, maxComputedRecords+1), at)
-	for i, s := range x.stores[1:] {
-		if stored, _ := s.ComputedCalls(); stored != 1 {
-			t.Errorf("%s: %d calls computed, want 1", x.names[i+1], stored)
+		x.apply("the aggregate", batch(0, 1), at)
+		x.apply("the largest computed call", batch(1, maxComputedRecords), at)
+		x.apply("one record more", batch(1+maxComputedRecords, maxComputedRecords+1), at)
+		for i, s := range x.stores[1:] {
+			if stored, _ := s.ComputedCalls(); stored != 1 {
+				t.Errorf("%s: %d calls computed, want 1", x.names[i+1], stored)
+			}
 		}
-	}
+	})
+}
+
+// inBothLayouts runs f as a subtest in layout 10 (fp nil) and in layout 11 under a test
+// fingerprinter.
+func inBothLayouts(t *testing.T, f func(t *testing.T, fp *Fingerprinter)) {
+	t.Run("layout 10", func(t *testing.T) { f(t, nil) })
+	t.Run("layout 11", func(t *testing.T) { f(t, testFingerprinter(t)) })
 }
 
 // computingStore is a store on the test Redis, under a prefix of its own named what, with a day's

@@ -53,8 +53,9 @@ func (r *Redis) readBatch(read, hit int) {
 // that the processor may compute, and computes those it can (computed.go); it returns them, how
 // many records it read of aggregates that exist (every record read when the read fails), and how
 // many of those the calls it computed hold. A call it does not compute, and every call when the
-// read fails, is left to apply.lua: it is absent from the map.
-func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map[Key]*computedCall, int, int) {
+// read fails, is left to apply.lua: it is absent from the map. In layout 11 (packed) the buckets
+// a call reads depend on the store's shape in the head, so a second round trip reads them.
+func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, packed bool) (map[Key]*computedCall, int, int) {
 	ret, atUS := int64(r.cfg.Retention/time.Microsecond), Micros(at)
 	span, ttl := groupSpan(ret), r.cfg.IdleTTL.Milliseconds()
 	type read struct {
@@ -62,6 +63,8 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		plan       *callRead
 		recs       []any
 		state, rec *redis.Cmd
+		store      *bucketStore
+		names      []any // layout 11: the bucket fields read
 	}
 	var reads []read
 	p := r.client.Pipeline()
@@ -72,14 +75,17 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 		for j, i := range e.groups[k] {
 			class[j], occ[j] = classIndex(e.obs[i].Class), e.obs[i].Occurred
 		}
-		plan, ok := planRead(args[:n], class, occ, span)
+		plan, ok := planRead(args[:n], class, occ, span, packed)
 		if !ok {
 			continue
 		}
 		keys := e.redis[k]
 		state := append(append(make([]any, 0, 2+len(plan.state)), "hmget", keys[1]), plan.state...)
-		recs := append(append(make([]any, 0, 2+n), "hmget", keys[0]), plan.records...)
-		reads = append(reads, read{k: k, plan: plan, recs: args[n:], state: p.Do(ctx, state...), rec: p.Do(ctx, recs...)})
+		rd := read{k: k, plan: plan, recs: args[n:], state: p.Do(ctx, state...)}
+		if !packed {
+			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+n), "hmget", keys[0]), plan.records...)...)
+		}
+		reads = append(reads, rd)
 	}
 	if len(reads) == 0 {
 		return nil, 0, 0
@@ -99,6 +105,42 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 	if _, err := p.Exec(ctx); err != nil {
 		return nil, all, 0
 	}
+	if packed {
+		// The buckets of each call's fingerprints and those its new records could split, under
+		// the shape its head says.
+		p = r.client.Pipeline()
+		for i := range reads {
+			rd := &reads[i]
+			head, _ := rd.state.Val().([]any)
+			if len(head) == 0 {
+				continue
+			}
+			h, _ := head[0].(string)
+			l, sp, sn, ok := packedShape(h)
+			if !ok {
+				continue
+			}
+			bs := make([]int64, 0, len(rd.recs)+4)
+			for _, fp := range rd.plan.records {
+				s, _ := fp.(string)
+				bs = append(bs, packedAddr(s, l, sp))
+			}
+			bs = splittingBuckets(bs, l, sp, sn, int64(len(rd.recs)))
+			rd.store = &bucketStore{l: l, p: sp, n: sn, read: make(map[int64]string, len(bs)), now: make(map[int64]string)}
+			rd.names = make([]any, 0, len(bs))
+			seen := make(map[int64]bool, len(bs))
+			for _, b := range bs {
+				if !seen[b] {
+					seen[b] = true
+					rd.names = append(rd.names, packedName(b))
+				}
+			}
+			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+len(rd.names)), "hmget", e.redis[rd.k][2]), rd.names...)...)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return nil, all, 0
+		}
+	}
 	now := time.Now().Unix()
 	out := make(map[Key]*computedCall, len(reads))
 	existing, hit := all, 0
@@ -111,15 +153,31 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 			existing -= len(rd.recs) // a new aggregate: apply.lua creates it
 			continue
 		}
-		held, err := rd.rec.Slice()
-		if err != nil || len(held) != len(rd.plan.records) {
+		if rd.rec == nil {
+			continue // layout 11, a head no call of the path reads
+		}
+		got, err := rd.rec.Slice()
+		if err != nil {
 			continue
 		}
-		cc, ok := computeCall(rd.plan, state, held, rd.recs, ret, atUS, ttl)
+		// held is each record's value as the call meets it first; store.lua checks the record
+		// fields (layout 11: the bucket fields) read.
+		fields, held := rd.plan.records, got
+		if rd.store != nil {
+			var ok bool
+			if held, ok = packedHeld(rd.store, rd.names, got, rd.plan.records); !ok {
+				continue
+			}
+			fields = rd.names
+		}
+		if len(got) != len(fields) {
+			continue
+		}
+		cc, ok := computeCall(rd.plan, state, held, rd.recs, ret, atUS, ttl, rd.store)
 		if !ok || (ttl > 0 && float64(now-cc.stamp+stampMargin) >= float64(ttl)/2000) {
 			continue
 		}
-		cc.args = storeArgs(cc, rd.plan, state, held, ttl)
+		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		out[rd.k] = cc
 		hit += len(rd.recs)
 	}
@@ -129,20 +187,20 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time) (map
 // absent is what store.lua is sent for a field read absent (with '0' in its presence string).
 var absent any = ""
 
-// storeArgs returns store.lua's arguments for call cc, computed from plan's fields as read (HMGET
-// replies: nil for an absent field).
-func storeArgs(cc *computedCall, plan *callRead, state, held []any, ttl int64) []any {
+// storeArgs returns store.lua's arguments for call cc, computed from the state and record fields
+// it read (HMGET replies: nil for an absent field).
+func storeArgs(cc *computedCall, stateFields, state, recordFields, held []any, ttl int64) []any {
 	args := make([]any, 0, 7+2*len(state)+2*len(held)+len(cc.state)+len(cc.records))
 	args = append(args, strconv.FormatInt(ttl, 10), strconv.FormatInt(cc.stamp, 10),
 		strconv.Itoa(len(state)), strconv.Itoa(len(held)), presence(state), presence(held))
-	args = append(args, plan.state...)
+	args = append(args, stateFields...)
 	for _, v := range state {
 		if v == nil {
 			v = absent
 		}
 		args = append(args, v)
 	}
-	args = append(args, plan.records...)
+	args = append(args, recordFields...)
 	for _, v := range held {
 		if v == nil {
 			v = absent

@@ -614,7 +614,7 @@ func computeRecorded(state, held map[string]string, fields, recs []string, at, r
 		}
 		class[i], occs[i] = int8(strings.IndexByte("CPU", cls)), occ
 	}
-	plan, ok := planRead(fs, class, occs, groupSpan(ret))
+	plan, ok := planRead(fs, class, occs, groupSpan(ret), false)
 	if !ok {
 		return nil, false
 	}
@@ -630,7 +630,7 @@ func computeRecorded(state, held map[string]string, fields, recs []string, at, r
 			hd[i] = v
 		}
 	}
-	cc, ok := computeCall(plan, st, hd, rs, ret, at, ttl)
+	cc, ok := computeCall(plan, st, hd, rs, ret, at, ttl, nil)
 	if !ok {
 		return nil, false
 	}

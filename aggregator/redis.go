@@ -332,10 +332,10 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	defer r.sealMu.Unlock()
 	markKey, mark := r.sealKey, r.sealSeq
 	var computed map[Key]*computedCall
-	if compute && m.fp == nil && !m.both {
+	if compute && !m.both {
 		if r.readNext() {
 			var read, hit int
-			computed, read, hit = r.computeCalls(ctx, e, at)
+			computed, read, hit = r.computeCalls(ctx, e, at, m.fp != nil)
 			r.readBatch(read, hit)
 			r.offPath.Add(int64(len(e.keys) - len(computed)))
 			if r.afterRead != nil {
@@ -358,7 +358,11 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 			}
 			for _, k := range keys {
 				if cc := computed[k]; cc != nil {
-					storeScript.EvalSha(ctx, p, []string{e.redis[k][1], e.redis[k][0]}, cc.args...)
+					records := e.redis[k][0]
+					if m.fp != nil {
+						records = e.redis[k][2] // layout 11's packed store
+					}
+					storeScript.EvalSha(ctx, p, []string{e.redis[k][1], records}, cc.args...)
 				} else {
 					applyScript.EvalSha(ctx, p, e.redis[k], e.args[k]...)
 				}

@@ -1,0 +1,333 @@
+package aggregator
+
+import (
+	"encoding/binary"
+	"strconv"
+	"strings"
+)
+
+// Layout 11 on the computed path: the same calls as layout 10's (computed.go), with what layout 11
+// keeps differently computed as apply.lua and packed_records.lua compute it: the head's byte 11 and
+// the store's shape after the 21 numbers, a day's hours in one field, binary records in the packed
+// store's buckets, and index entries of 4-byte fingerprint prefixes. The processor reads the head
+// first (it names the buckets a call reads), then the buckets; store.lua checks both.
+
+const (
+	headBytes11 = 2 + 24*7 // the byte 11, the group span, 24 numbers of 7 bytes
+	packLoad    = 8        // packed_records.lua's PACK_LOAD: records per bucket at which one splits
+)
+
+// packedShape returns the store's shape (level, split pointer, records) a layout-11 head keeps, or
+// false for a shape packed_records.lua would refuse.
+func packedShape(head string) (l, p, n int64, ok bool) {
+	if len(head) != headBytes11 || head[0] != 11 {
+		return 0, 0, 0, false
+	}
+	l, p, n = littleEndian(head[2+21*7:9+21*7]), littleEndian(head[2+22*7:9+22*7]), littleEndian(head[2+23*7:])
+	size := int64(1) << min(l, 62)
+	if l > 31 || p >= size || n > packLoad*(size+p) || (size+p > 1 && 2*n < packLoad*(size+p-1)) {
+		return 0, 0, 0, false
+	}
+	return l, p, n, true
+}
+
+// packedAddr is a fingerprint's bucket under level l and split pointer p: its first 4 bytes as a
+// little-endian number x, x mod 2^l, or x mod 2^(l+1) when that is below p.
+func packedAddr(fp string, l, p int64) int64 {
+	x := int64(binary.LittleEndian.Uint32([]byte(fp[:4])))
+	b := x & (1<<l - 1)
+	if b < p {
+		b = x & (1<<(l+1) - 1)
+	}
+	return b
+}
+
+// packedName is bucket b's field: b's little-endian bytes, as few as it takes, at least one.
+func packedName(b int64) string {
+	var buf [4]byte
+	n := 1
+	for buf[0] = byte(b); b >= 256 && n < 4; n++ {
+		b >>= 8
+		buf[n] = byte(b)
+	}
+	return string(buf[:n])
+}
+
+// splittingBuckets appends to bs the buckets that would split if adds new records were put in a
+// store of shape l, p, n: packed_records.lua reads them with a call's lookups.
+func splittingBuckets(bs []int64, l, p, n, adds int64) []int64 {
+	q, size := p, int64(1)<<l
+	nb := size + p
+	for range min(nb, (n+adds)/packLoad-nb+1) {
+		bs = append(bs, q)
+		if q++; q == size {
+			q, size = 0, 2*size
+		}
+	}
+	return bs
+}
+
+// bucketStore is layout 11's record store as a call reads and changes it: the buckets read (by
+// number; "" for one absent) and those the call changed, under the shape as the call leaves it.
+type bucketStore struct {
+	l, p, n int64
+	read    map[int64]string
+	now     map[int64]string
+}
+
+// validBucket reports whether v splits into whole records of known tags, as a bucket the store
+// wrote does.
+func validBucket(v string) bool {
+	for at := 0; at < len(v); {
+		if at+17 > len(v) {
+			return false
+		}
+		size := recordLength(v[at+16])
+		if size == 0 || at+16+size > len(v) {
+			return false
+		}
+		at += 16 + size
+	}
+	return true
+}
+
+// locate returns where fp's record starts in bucket v and its end, or -1.
+func locate(v, fp string) (int, int) {
+	for at := 0; at < len(v); {
+		end := at + 16 + recordLength(v[at+16])
+		if v[at:at+16] == fp {
+			return at, end
+		}
+		at = end
+	}
+	return -1, -1
+}
+
+// bucket returns bucket b's records as the call has them, or false for one it did not read.
+func (s *bucketStore) bucket(b int64) (string, bool) {
+	if v, ok := s.now[b]; ok {
+		return v, true
+	}
+	v, ok := s.read[b]
+	return v, ok
+}
+
+// get returns fp's record, or "" and whether the bucket it lies in was read.
+func (s *bucketStore) get(fp string) (string, bool) {
+	v, ok := s.bucket(packedAddr(fp, s.l, s.p))
+	if !ok {
+		return "", false
+	}
+	if at, end := locate(v, fp); at >= 0 {
+		return v[at+16 : end], true
+	}
+	return "", true
+}
+
+// put stores rec as fp's record, in place of the one it has, splitting a bucket as
+// packed_records.lua's put does; false when it needs a bucket the call did not read.
+func (s *bucketStore) put(fp, rec string) bool {
+	b := packedAddr(fp, s.l, s.p)
+	v, ok := s.bucket(b)
+	if !ok {
+		return false
+	}
+	if at, end := locate(v, fp); at >= 0 {
+		s.now[b] = v[:at+16] + rec + v[end:]
+		return true
+	}
+	s.now[b] = v + fp + rec
+	s.n++
+	if size := int64(1) << s.l; s.n > packLoad*(size+s.p) {
+		return s.split()
+	}
+	return true
+}
+
+// split moves the records of bucket p whose address has bit l set to the new bucket p + 2^l, each
+// side keeping their order.
+func (s *bucketStore) split() bool {
+	v, ok := s.bucket(s.p)
+	if !ok || s.l == 31 && s.p == 1<<31-1 {
+		return false
+	}
+	var stay, move strings.Builder
+	for at := 0; at < len(v); {
+		end := at + 16 + recordLength(v[at+16])
+		if v[at+int(s.l/8)]>>(s.l%8)&1 == 1 {
+			move.WriteString(v[at:end])
+		} else {
+			stay.WriteString(v[at:end])
+		}
+		at = end
+	}
+	size := int64(1) << s.l
+	s.now[s.p], s.now[s.p+size] = stay.String(), move.String()
+	if _, ok := s.read[s.p+size]; !ok {
+		s.read[s.p+size] = "" // a bucket the split makes: the hash holds none (the head says so)
+	}
+	if s.p++; s.p == size {
+		s.l, s.p = s.l+1, 0
+	}
+	return true
+}
+
+// writes returns the bucket fields the call changed and their records, or false when one ends
+// empty (packed_records.lua deletes it, which store.lua does not).
+func (s *bucketStore) writes() ([]any, bool) {
+	out := make([]any, 0, 2*len(s.now))
+	for b, v := range s.now {
+		if v == s.read[b] {
+			continue
+		}
+		if v == "" {
+			return nil, false
+		}
+		out = append(out, packedName(b), v)
+	}
+	return out, true
+}
+
+// parseRecord11 reads a layout-11 record as apply.lua's parse does, for the records the
+// processor writes (parseRecord's checks), or reports false.
+func parseRecord11(v string) (record10, bool) {
+	r, err := parseRecord([]byte(v))
+	if err != nil {
+		return record10{}, false
+	}
+	return record10{class: int8(r.class) - 1, occurred: r.occurred, assessed: r.assessed, seq: r.seq, horizon: r.horizon}, true
+}
+
+// withHorizon11 is record rec (no horizon) with horizon z added, as apply.lua's withHorizon.
+func withHorizon11(rec string, z int64) string {
+	return string(rec[0]|recordTagHorizon) + rec[1:] + string(appendNumber(nil, z))
+}
+
+// dayWidths are a day entry's count widths by the code in its first byte's top two bits.
+var dayWidths = [4]int{1, 2, 3, 5}
+
+// parseDay reads layout 11's day field v of day d into hours (the hour of the day's entry), or
+// reports false for a field apply.lua could not have written: what its dayOf and parseHour refuse,
+// checked for every entry.
+func parseDay(v string, d int64, hours *[24]computedHour) bool {
+	if len(v) == 0 {
+		return false
+	}
+	last := -1
+	for at := 0; at < len(v); {
+		e := v[at]
+		hk, w := int(e&31), dayWidths[e>>6]
+		size := 1 + 3*w + 8
+		if hk >= 24 || hk <= last || at+size > len(v) {
+			return false
+		}
+		last = hk
+		t := &hours[hk]
+		for j := range t.c {
+			t.c[j] = littleEndian(v[at+1+j*w : at+1+(j+1)*w])
+		}
+		a, b := littleEndian(v[at+1+3*w:at+5+3*w]), littleEndian(v[at+5+3*w:at+size])
+		top := max(t.c[0], t.c[1], t.c[2])
+		if top == 0 || countCode(top) != e>>6 || a > b || b >= hourUS {
+			return false
+		}
+		start := (d*24 + int64(hk)) * hourUS
+		t.a, t.b, t.bounded, t.loose = start+a, start+b, true, e&32 != 0
+		at += size
+	}
+	return true
+}
+
+// countCode is the code of the fewest bytes that hold count top (1, 2, 3 or 5).
+func countCode(top int64) byte {
+	switch {
+	case top < 1<<8:
+		return 0
+	case top < 1<<16:
+		return 1
+	case top < 1<<24:
+		return 2
+	}
+	return 3
+}
+
+// appendDay appends day d's field as apply.lua writes it: an entry per hour that holds winners, in
+// hour order.
+func appendDay(buf []byte, d int64, hours *[24]computedHour) []byte {
+	for hk := range hours {
+		t := &hours[hk]
+		top := max(t.c[0], t.c[1], t.c[2])
+		if top == 0 {
+			continue
+		}
+		code := countCode(top)
+		e := byte(hk) | code<<6
+		if t.loose {
+			e |= 32
+		}
+		buf = append(buf, e)
+		for _, c := range t.c {
+			buf = appendLittleEndian(buf, c, dayWidths[code])
+		}
+		start := (d*24 + int64(hk)) * hourUS
+		buf = appendLittleEndian(buf, t.a-start, 4)
+		buf = appendLittleEndian(buf, t.b-start, 4)
+	}
+	return buf
+}
+
+// loadFields11 checks every state field a layout-11 call read as apply.lua checks those it reads
+// (a day, an index group, a minute it could have written) and parses the days into fields, or
+// reports false.
+func loadFields11(plan *callRead, state []any, fields []computedField) bool {
+	for p := 2; p < len(plan.state); p++ {
+		name, _ := plan.state[p].(string)
+		v, ok := state[p].(string)
+		switch name[0] {
+		case 'd':
+			d, err := strconv.ParseInt(name[1:], 10, 64)
+			fields[p].day = new([24]computedHour)
+			if err != nil || ok && !parseDay(v, d, fields[p].day) {
+				return false
+			}
+		case 'i':
+			if ok && (len(v) < groupHead || v[0] != 0) {
+				return false
+			}
+		case 'm':
+			if ok && (len(v) != minuteBytes || v[0] != 0) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// packedHeld takes the buckets a call read (names, as HMGET replied got) into store and returns
+// each fingerprint's record as the call meets it first (nil when absent), or false when a bucket
+// is none the store could have written or a fingerprint's bucket was not read.
+func packedHeld(store *bucketStore, names, got, fps []any) ([]any, bool) {
+	if len(got) != len(names) {
+		return nil, false
+	}
+	for i, name := range names {
+		v, _ := got[i].(string)
+		if got[i] != nil && (v == "" || !validBucket(v)) {
+			return nil, false
+		}
+		s, _ := name.(string)
+		store.read[littleEndian(s)] = v
+	}
+	held := make([]any, len(fps))
+	for i, fp := range fps {
+		s, _ := fp.(string)
+		rec, ok := store.get(s)
+		if !ok {
+			return nil, false
+		}
+		if rec != "" {
+			held[i] = rec
+		}
+	}
+	return held, true
+}
