@@ -19,18 +19,27 @@ import (
 // Batches of 2 000 new opportunities over 100 aggregates, applied by apply.lua alone and with the
 // processor computing the calls it can (RedisConfig.ComputeCalls), in one run.
 func BenchmarkApplyBatch(b *testing.B) {
-	for _, compute := range []bool{false, true} {
-		name := "script"
-		if compute {
-			name = "computed"
+	for _, layout11 := range []bool{false, true} {
+		for _, compute := range []bool{false, true} {
+			name := "script"
+			if compute {
+				name = "computed"
+			}
+			if layout11 {
+				name += ", layout 11"
+			}
+			b.Run(name, func(b *testing.B) { benchmarkApplyBatch(b, compute, layout11) })
 		}
-		b.Run(name, func(b *testing.B) { benchmarkApplyBatch(b, compute) })
 	}
 }
 
-func benchmarkApplyBatch(b *testing.B, compute bool) {
+func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 	ctx := context.Background()
-	store, _ := testStore(b, "bench", RedisConfig{Retention: 30 * 24 * time.Hour, ComputeCalls: compute})
+	cfg := RedisConfig{Retention: 30 * 24 * time.Hour, ComputeCalls: compute}
+	if layout11 {
+		cfg.Fingerprint = testFingerprinter(b)
+	}
+	store, _ := testStore(b, "bench", cfg)
 	const batch = 2000
 	r := rand.New(rand.NewPCG(1, 2))
 	var keys []Key

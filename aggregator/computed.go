@@ -159,6 +159,8 @@ type computedCall struct {
 	stamp int64
 	// args are store.lua's arguments (storeArgs).
 	args []any
+	// shape is, in layout 11, the packed store's shape the call leaves in the head.
+	shape *packedShapeOf
 }
 
 // computedField is a state field of a call as the computation loaded and changed it.

@@ -3,7 +3,6 @@ package aggregator
 import (
 	"encoding/binary"
 	"strconv"
-	"strings"
 )
 
 // Layout 11 on the computed path: the same calls as layout 10's (computed.go), with what layout 11
@@ -68,11 +67,12 @@ func splittingBuckets(bs []int64, l, p, n, adds int64) []int64 {
 }
 
 // bucketStore is layout 11's record store as a call reads and changes it: the buckets read (by
-// number; "" for one absent) and those the call changed, under the shape as the call leaves it.
+// number; "" for one absent) and, once the call changes one, its records as they stand (appended
+// to in place), under the shape as the call leaves it.
 type bucketStore struct {
 	l, p, n int64
 	read    map[int64]string
-	now     map[int64]string
+	now     map[int64][]byte
 }
 
 // validBucket reports whether v splits into whole records of known tags, as a bucket the store
@@ -92,10 +92,10 @@ func validBucket(v string) bool {
 }
 
 // locate returns where fp's record starts in bucket v and its end, or -1.
-func locate(v, fp string) (int, int) {
+func locate[B string | []byte](v B, fp string) (int, int) {
 	for at := 0; at < len(v); {
 		end := at + 16 + recordLength(v[at+16])
-		if v[at:at+16] == fp {
+		if string(v[at:at+16]) == fp {
 			return at, end
 		}
 		at = end
@@ -103,18 +103,10 @@ func locate(v, fp string) (int, int) {
 	return -1, -1
 }
 
-// bucket returns bucket b's records as the call has them, or false for one it did not read.
-func (s *bucketStore) bucket(b int64) (string, bool) {
-	if v, ok := s.now[b]; ok {
-		return v, true
-	}
-	v, ok := s.read[b]
-	return v, ok
-}
-
-// get returns fp's record, or "" and whether the bucket it lies in was read.
+// get returns fp's record, or "" and whether the bucket it lies in was read. It reads the buckets
+// as read, before any change.
 func (s *bucketStore) get(fp string) (string, bool) {
-	v, ok := s.bucket(packedAddr(fp, s.l, s.p))
+	v, ok := s.read[packedAddr(fp, s.l, s.p)]
 	if !ok {
 		return "", false
 	}
@@ -124,19 +116,37 @@ func (s *bucketStore) get(fp string) (string, bool) {
 	return "", true
 }
 
+// change returns bucket b's records for the call to change, or false for one it did not read.
+func (s *bucketStore) change(b int64) ([]byte, bool) {
+	if v, ok := s.now[b]; ok {
+		return v, true
+	}
+	v, ok := s.read[b]
+	if !ok {
+		return nil, false
+	}
+	c := append(make([]byte, 0, len(v)+16+recordLength(recordTagSeq|recordTagHorizon|1)), v...)
+	s.now[b] = c
+	return c, true
+}
+
 // put stores rec as fp's record, in place of the one it has, splitting a bucket as
 // packed_records.lua's put does; false when it needs a bucket the call did not read.
 func (s *bucketStore) put(fp, rec string) bool {
 	b := packedAddr(fp, s.l, s.p)
-	v, ok := s.bucket(b)
+	v, ok := s.change(b)
 	if !ok {
 		return false
 	}
 	if at, end := locate(v, fp); at >= 0 {
-		s.now[b] = v[:at+16] + rec + v[end:]
+		if end-at-16 == len(rec) {
+			copy(v[at+16:], rec)
+		} else {
+			s.now[b] = append(append(append(make([]byte, 0, len(v)-end+at+16+len(rec)), v[:at+16]...), rec...), v[end:]...)
+		}
 		return true
 	}
-	s.now[b] = v + fp + rec
+	s.now[b] = append(append(v, fp...), rec...)
 	s.n++
 	if size := int64(1) << s.l; s.n > packLoad*(size+s.p) {
 		return s.split()
@@ -147,22 +157,23 @@ func (s *bucketStore) put(fp, rec string) bool {
 // split moves the records of bucket p whose address has bit l set to the new bucket p + 2^l, each
 // side keeping their order.
 func (s *bucketStore) split() bool {
-	v, ok := s.bucket(s.p)
+	v, ok := s.change(s.p)
 	if !ok || s.l == 31 && s.p == 1<<31-1 {
 		return false
 	}
-	var stay, move strings.Builder
+	var move []byte
+	kept := 0
 	for at := 0; at < len(v); {
 		end := at + 16 + recordLength(v[at+16])
 		if v[at+int(s.l/8)]>>(s.l%8)&1 == 1 {
-			move.WriteString(v[at:end])
+			move = append(move, v[at:end]...)
 		} else {
-			stay.WriteString(v[at:end])
+			kept += copy(v[kept:], v[at:end])
 		}
 		at = end
 	}
 	size := int64(1) << s.l
-	s.now[s.p], s.now[s.p+size] = stay.String(), move.String()
+	s.now[s.p], s.now[s.p+size] = v[:kept], move
 	if _, ok := s.read[s.p+size]; !ok {
 		s.read[s.p+size] = "" // a bucket the split makes: the hash holds none (the head says so)
 	}
@@ -177,10 +188,10 @@ func (s *bucketStore) split() bool {
 func (s *bucketStore) writes() ([]any, bool) {
 	out := make([]any, 0, 2*len(s.now))
 	for b, v := range s.now {
-		if v == s.read[b] {
+		if string(v) == s.read[b] {
 			continue
 		}
-		if v == "" {
+		if len(v) == 0 {
 			return nil, false
 		}
 		out = append(out, packedName(b), v)
@@ -330,4 +341,64 @@ func packedHeld(store *bucketStore, names, got, fps []any) ([]any, bool) {
 		}
 	}
 	return held, true
+}
+
+// packedShapeOf is a packed store's shape: level, split pointer, records.
+type packedShapeOf [3]int64
+
+// maxShapes bounds shapeCache: past it the cache starts over (a batch's aggregates are read in
+// two round trips once, then in one again).
+const maxShapes = 1 << 16
+
+// shapeCache holds, per aggregate of layout 11, the shape of its packed store as this processor
+// expects the head to say: what its last computed call wrote, or what the head said when last
+// read grown by the records apply.lua counted since. With it a batch reads each call's buckets
+// with its state, in one round trip; a call whose head says otherwise (another processor wrote
+// it, or garbage collection merged buckets) reads them again in a second. Guarded by sealMu.
+type shapeCache map[Key]packedShapeOf
+
+// put records that aggregate k's head says shape.
+func (c *shapeCache) put(k Key, shape packedShapeOf) {
+	if *c == nil || len(*c) >= maxShapes {
+		*c = make(shapeCache)
+	}
+	(*c)[k] = shape
+}
+
+// grow records that apply.lua counted added new records in aggregate k, splitting buckets as
+// packed_records.lua does.
+func (c shapeCache) grow(k Key, added int64) {
+	s, ok := c[k]
+	if !ok || added == 0 {
+		return
+	}
+	l, p, n := s[0], s[1], s[2]+added
+	for size := int64(1) << l; n > packLoad*(size+p) && l < 31; {
+		if p++; p == size {
+			l, p, size = l+1, 0, 2*size
+		}
+	}
+	c[k] = packedShapeOf{l, p, n}
+}
+
+// bucketRead returns a store for a call of fingerprints fps under shape, and the bucket fields it
+// reads: those of fps and those adds new records could split.
+func bucketRead(fps []any, shape packedShapeOf, adds int64) (*bucketStore, []any) {
+	l, p, n := shape[0], shape[1], shape[2]
+	bs := make([]int64, 0, len(fps)+4)
+	for _, fp := range fps {
+		s, _ := fp.(string)
+		bs = append(bs, packedAddr(s, l, p))
+	}
+	bs = splittingBuckets(bs, l, p, n, adds)
+	store := &bucketStore{l: l, p: p, n: n, read: make(map[int64]string, len(bs)), now: make(map[int64][]byte)}
+	names := make([]any, 0, len(bs))
+	for _, b := range bs {
+		if _, seen := store.read[b]; !seen {
+			store.read[b] = ""
+			names = append(names, packedName(b))
+		}
+	}
+	clear(store.read)
+	return store, names
 }

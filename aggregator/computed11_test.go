@@ -1,9 +1,11 @@
 package aggregator
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestComputedPathReadsDaysAsWritten: every day field appendDay writes reads back as written,
@@ -112,5 +114,130 @@ func TestComputedPathReadsOnlyBucketsAndShapesTheStoreLeaves(t *testing.T) {
 	}
 	if _, _, _, ok := packedShape(head(0, 0, 0)[1:]); ok {
 		t.Error("a head cut short accepted")
+	}
+}
+
+// TestLayout11CallsReadTheirBucketsWithTheirState: once a processor has read or written an
+// aggregate, its next calls read their buckets in the round trip that reads their state, also
+// after apply.lua ran a call (the shape grown by the records it counted) and a call was left
+// unread; another processor's write makes the next call read them again, and that call is still
+// computed, as apply.lua would.
+func TestLayout11CallsReadTheirBucketsWithTheirState(t *testing.T) {
+	x := newComputedSidesIn(t, "one-trip", 24*time.Hour, 0, testFingerprinter(t))
+	s := x.stores[1]
+	k := Key{Scope: collisionScopes[0], CorrectionID: "one-trip", Source: Live}
+	base := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS
+	next := 0
+	batch := func(n int, occ int64) []Observation {
+		var b []Observation
+		for range n {
+			b = append(b, Observation{Key: k, OpportunityID: fmt.Sprint("o-", next), Class: Class(1 + next%3), Occurred: occ, Assessed: occ})
+			next++
+		}
+		return b
+	}
+	at := time.UnixMicro(base + 60e6)
+	x.apply("the aggregate", batch(30, base), at)
+	x.apply("its first computed call: no shape cached", batch(30, base), at)
+	second := s.secondReads.Load()
+	if second != 1 {
+		t.Fatalf("%d calls read their buckets in a second round trip, want 1", second)
+	}
+	stored, _ := s.ComputedCalls()
+	for i := range 5 {
+		x.apply(fmt.Sprint("computed call ", i), batch(40, base+int64(i)), at)
+	}
+	// A new index group 9 hours earlier: off the path, apply.lua counts its records.
+	x.apply("a call apply.lua runs", batch(25, base-9*hourUS), at)
+	x.apply("the call after it", batch(40, base), at)
+	// by hand: x.apply reads every batch
+	unread := batch(17, base)
+	for i, rig := range x.rigs {
+		x.stores[i].skipReads = 1
+		if _, err := x.stores[i].Apply(t.Context(), unread, at); err != nil {
+			t.Fatal(err)
+		}
+		rig.m.Apply(t.Context(), unread, at)
+	}
+	x.apply("after a call left unread", batch(40, base), at)
+	if got, _ := s.ComputedCalls(); got != stored+7 {
+		t.Fatalf("%d calls computed, want %d", got, stored+7)
+	}
+	if got := s.secondReads.Load(); got != second {
+		t.Fatalf("%d calls read their buckets in a second round trip since the first, want 0", got-second)
+	}
+	// Another processor writes the aggregate: the shape cached is none the head says.
+	other, err := NewRedis(x.rigs[1].c, RedisConfig{Prefix: x.prefixes[1], Retention: 24 * time.Hour, Fingerprint: testFingerprinter(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := batch(12, base)
+	if _, err := other.Apply(t.Context(), theirs, at); err != nil {
+		t.Fatal(err)
+	}
+	for i, rig := range x.rigs {
+		if i != 1 {
+			if _, err := x.stores[i].Apply(t.Context(), theirs, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rig.m.Apply(t.Context(), theirs, at)
+	}
+	x.apply("after another processor's write", batch(40, base), at)
+	if got := s.secondReads.Load(); got != second+1 {
+		t.Fatalf("%d calls read their buckets again after another processor's write, want 1", got-second)
+	}
+	if got, _ := s.ComputedCalls(); got != stored+8 {
+		t.Fatalf("%d calls computed, want %d", got, stored+8)
+	}
+}
+
+// TestShapeCacheStaysBounded: past maxShapes aggregates the cache starts over.
+func TestShapeCacheStaysBounded(t *testing.T) {
+	var c shapeCache
+	for i := range maxShapes + 10 {
+		c.put(Key{CorrectionID: fmt.Sprint(i)}, packedShapeOf{0, 0, 1})
+		if len(c) > maxShapes {
+			t.Fatalf("%d shapes cached, more than %d", len(c), maxShapes)
+		}
+	}
+	if len(c) != 10 {
+		t.Fatalf("%d shapes cached after starting over, want 10", len(c))
+	}
+}
+
+// TestShapeCacheGrowsAsTheStoreSplits: the shape grow predicts is the one a store's puts leave,
+// one split per put past the load.
+func TestShapeCacheGrowsAsTheStoreSplits(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	fp := func() string {
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(r.IntN(256))
+		}
+		return string(b[:])
+	}
+	rec := string(append([]byte{1}, make([]byte, 14)...))
+	s := &bucketStore{read: map[int64]string{0: ""}, now: map[int64][]byte{}}
+	c := shapeCache{}
+	k := Key{CorrectionID: "grow"}
+	c.put(k, packedShapeOf{})
+	for range 300 {
+		adds := int64(r.IntN(40))
+		for range adds {
+			// Every bucket read: a store of all its buckets.
+			for b := range int64(1)<<s.l + s.p + 1 {
+				if _, ok := s.read[b]; !ok {
+					s.read[b] = ""
+				}
+			}
+			if !s.put(fp(), rec) {
+				t.Fatal("put refused")
+			}
+		}
+		c.grow(k, adds)
+		if want := (packedShapeOf{s.l, s.p, s.n}); c[k] != want {
+			t.Fatalf("grew to %v, the store's puts left %v", c[k], want)
+		}
 	}
 }

@@ -64,7 +64,8 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		recs       []any
 		state, rec *redis.Cmd
 		store      *bucketStore
-		names      []any // layout 11: the bucket fields read
+		names      []any          // layout 11: the bucket fields read
+		guess      *packedShapeOf // layout 11: the shape the buckets were read under with the state
 	}
 	var reads []read
 	p := r.client.Pipeline()
@@ -84,6 +85,10 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		rd := read{k: k, plan: plan, recs: args[n:], state: p.Do(ctx, state...)}
 		if !packed {
 			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+n), "hmget", keys[0]), plan.records...)...)
+		} else if shape, ok := r.shapes[k]; ok {
+			rd.store, rd.names = bucketRead(plan.records, shape, int64(n))
+			rd.guess = &shape
+			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+len(rd.names)), "hmget", keys[2]), rd.names...)...)
 		}
 		reads = append(reads, rd)
 	}
@@ -107,38 +112,37 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 	}
 	if packed {
 		// The buckets of each call's fingerprints and those its new records could split, under
-		// the shape its head says.
-		p = r.client.Pipeline()
+		// the shape its head says: read with the state when the cache guessed that shape, and in
+		// a second round trip otherwise.
+		var again redis.Pipeliner
 		for i := range reads {
 			rd := &reads[i]
-			head, _ := rd.state.Val().([]any)
-			if len(head) == 0 {
-				continue
+			var h string
+			if head, _ := rd.state.Val().([]any); len(head) > 0 {
+				h, _ = head[0].(string)
 			}
-			h, _ := head[0].(string)
 			l, sp, sn, ok := packedShape(h)
 			if !ok {
+				rd.rec = nil
+				delete(r.shapes, rd.k)
 				continue
 			}
-			bs := make([]int64, 0, len(rd.recs)+4)
-			for _, fp := range rd.plan.records {
-				s, _ := fp.(string)
-				bs = append(bs, packedAddr(s, l, sp))
+			shape := packedShapeOf{l, sp, sn}
+			r.shapes.put(rd.k, shape)
+			if rd.guess != nil && *rd.guess == shape {
+				continue
 			}
-			bs = splittingBuckets(bs, l, sp, sn, int64(len(rd.recs)))
-			rd.store = &bucketStore{l: l, p: sp, n: sn, read: make(map[int64]string, len(bs)), now: make(map[int64]string)}
-			rd.names = make([]any, 0, len(bs))
-			seen := make(map[int64]bool, len(bs))
-			for _, b := range bs {
-				if !seen[b] {
-					seen[b] = true
-					rd.names = append(rd.names, packedName(b))
-				}
+			r.secondReads.Add(1)
+			if again == nil {
+				again = r.client.Pipeline()
 			}
-			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+len(rd.names)), "hmget", e.redis[rd.k][2]), rd.names...)...)
+			rd.store, rd.names = bucketRead(rd.plan.records, shape, int64(len(rd.recs)))
+			rd.rec = again.Do(ctx, append(append(make([]any, 0, 2+len(rd.names)), "hmget", e.redis[rd.k][2]), rd.names...)...)
 		}
-		if _, err := p.Exec(ctx); err != nil {
-			return nil, all, 0
+		if again != nil {
+			if _, err := again.Exec(ctx); err != nil {
+				return nil, all, 0
+			}
 		}
 	}
 	now := time.Now().Unix()
@@ -178,6 +182,9 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			continue
 		}
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
+		if rd.store != nil {
+			cc.shape = &packedShapeOf{rd.store.l, rd.store.p, rd.store.n}
+		}
 		out[rd.k] = cc
 		hit += len(rd.recs)
 	}

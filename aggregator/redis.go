@@ -79,10 +79,11 @@ type RedisConfig struct {
 	// (State.Layout). A call of one layout on an aggregate of the other is refused.
 	Fingerprint *Fingerprinter
 
-	// ComputeCalls makes the processor compute the commonest calls of layout 10 itself (new
-	// records and duplicates, computed.go) and store them through store.lua, which checks that
-	// nothing it read changed, instead of running apply.lua on Redis's one thread. It costs a
-	// second round trip per batch that has such calls.
+	// ComputeCalls makes the processor compute the commonest calls itself (new records,
+	// duplicates and reassessments in place, computed.go; layout 11's too, computed11.go) and
+	// store them through store.lua, which checks that nothing it read changed, instead of running
+	// apply.lua on Redis's one thread. It costs a second round trip per batch that has such calls
+	// (two in layout 11, whose buckets the head names).
 	ComputeCalls bool
 }
 
@@ -145,6 +146,12 @@ type Redis struct {
 	// misses is how many batches read in a row computed fewer than half the records read
 	// (readBatch). Guarded by sealMu.
 	misses int
+	// shapes is, per aggregate of layout 11, the packed store's shape as this processor expects
+	// to find it in the head (computed11.go, shapeCache). Guarded by sealMu.
+	shapes shapeCache
+	// secondReads counts layout-11 calls whose buckets took a second round trip: no shape was
+	// cached for the aggregate, or the head said another.
+	secondReads atomic.Int64
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
 	// afterRead, when set, runs between computeCalls's read and the store: a test's other writer.
@@ -494,6 +501,9 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 				continue
 			}
 			r.computedStored.Add(1)
+			if cc.shape != nil {
+				r.shapes.put(k, *cc.shape)
+			}
 			for j, i := range groups[k] {
 				res.Outcomes[i] = cc.outcomes[j]
 			}
@@ -512,8 +522,15 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		if len(outs) != len(idx) {
 			return Applied{}, nil, fmt.Errorf("apply %s: %d outcomes for %d observations", k, len(outs), len(idx))
 		}
+		counted := int64(0)
 		for j, i := range idx {
 			res.Outcomes[i] = outs[j]
+			if outs[j] == Counted {
+				counted++
+			}
+		}
+		if m.fp != nil && !m.both {
+			r.shapes.grow(k, counted)
 		}
 		res.Tallies[k] = t
 	}
