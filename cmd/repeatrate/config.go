@@ -95,8 +95,8 @@ type RedisConfig struct {
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 	// StateLayout is the layout a namespace is created in (a new installation, a rebuild): 10, or
-	// 11 for about a third of the memory per retained opportunity at 1.2 to 1.9 times the Redis
-	// CPU per event. A namespace keeps the layout it was created in.
+	// 11 for about a third of the memory per retained opportunity at 1.2 to 1.4 times the Redis
+	// and processor CPU per event. A namespace keeps the layout it was created in.
 	StateLayout int `yaml:"state_layout"`
 	// ComputeCalls (on by default) makes the processor compute the commonest calls (new records,
 	// duplicates, reassessments in place; both layouts) itself and store them through a script that checks nothing it read
