@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"encoding/binary"
 	"strconv"
 )
 
@@ -33,7 +32,7 @@ func packedShape(head string) (l, p, n int64, ok bool) {
 // packedAddr is a fingerprint's bucket under level l and split pointer p: its first 4 bytes as a
 // little-endian number x, x mod 2^l, or x mod 2^(l+1) when that is below p.
 func packedAddr(fp string, l, p int64) int64 {
-	x := int64(binary.LittleEndian.Uint32([]byte(fp[:4])))
+	x := int64(fp[0]) | int64(fp[1])<<8 | int64(fp[2])<<16 | int64(fp[3])<<24
 	b := x & (1<<l - 1)
 	if b < p {
 		b = x & (1<<(l+1) - 1)

@@ -43,7 +43,9 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			c, prefix, state, store := layout10Namespace(t, "migrate", RedisConfig{Retention: tc.mc.retention})
+			// Odd seeds compute calls in the processor (redis.compute_calls, on by default): in
+			// layout 10 before, and in layout 11 after the marker flips.
+			c, prefix, state, store := layout10Namespace(t, "migrate", RedisConfig{Retention: tc.mc.retention, ComputeCalls: tc.mc.seed%2 == 1})
 			r := rand.New(rand.NewPCG(tc.mc.seed, 11))
 			stream := randomStreamOver(r, tc.mc.events, tc.mc.span, tc.mc.jumpEvery)
 			model := NewModel(tc.mc.retention)
@@ -166,7 +168,9 @@ func TestOnlineMigrationMatchesModel(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("migration %+v; batches applied again: %d, in both layouts: %d; converted a step a batch: %d in %d steps", migrated, again, both, len(stepped), steps)
+			stored, refused := store.ComputedCalls()
+			t.Logf("migration %+v; batches applied again: %d, in both layouts: %d; converted a step a batch: %d in %d steps; calls computed %d, refused %d",
+				migrated, again, both, len(stepped), steps, stored, refused)
 			if tc.how == "interrupted" {
 				t.Logf("interrupted %d times, then finished: %v", interrupts, finished)
 				if interrupts < 3 {
