@@ -90,8 +90,10 @@ const maxComputedRecords = 1000
 // planRead returns what a call reads, for an aggregate whose index groups span span hours, given
 // the call's record fields (strings) and each record's class (0 C, 1 P, 2 U) and occurred time, or
 // false when the processor cannot compute the call: more than maxComputedRecords records. With
-// days (layout 11) a record's hour is read from its day's field.
-func planRead(fields []any, class []int8, occ []int64, span int64, days bool) (*callRead, bool) {
+// days (layout 11) a record's hour is read from its day's field. now is the observation time: the
+// minute of a record that occurred within 2 hours before it is read, as apply.lua reads (and
+// checks) it, even when the call cannot bump it.
+func planRead(fields []any, class []int8, occ []int64, span, now int64, days bool) (*callRead, bool) {
 	n := len(fields)
 	if n > maxComputedRecords {
 		return nil, false
@@ -133,7 +135,7 @@ func planRead(fields []any, class []int8, occ []int64, span int64, days bool) (*
 			gi, lastH = field('i', floorDiv(h, span)), h
 		}
 		plan.hourAt[i], plan.groupAt[i], plan.minuteAt[i] = hi, gi, -1
-		if m := floorDiv(occ[i], minuteUS); m >= floorDiv(top, minuteUS)-minuteKeep {
+		if m := floorDiv(occ[i], minuteUS); m >= floorDiv(top, minuteUS)-minuteKeep || occ[i] >= now-2*hourUS {
 			if m != lastM {
 				mi, lastM = field('m', m), m
 			}
@@ -189,7 +191,11 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 	}
 	var x [21]int64
 	for i := range x {
-		x[i] = littleEndian(head[2+7*i : 9+7*i])
+		// Lua's doubles round a number past 2⁵³, which the processor would not: a head that
+		// holds one (written by hand) is apply.lua's.
+		if x[i] = littleEndian(head[2+7*i : 9+7*i]); x[i] > schemas.MaxAssessmentSeq {
+			return nil, false
+		}
 	}
 	// w, pm, f, l, the cached minute and hour, the lowest listed group and the cut are stored plus
 	// one, 0 meaning absent: every one is present on this path.
@@ -210,7 +216,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 	v := int64(0)
 	if s, ok := state[1].(string); ok {
 		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
+		if err != nil || n > schemas.MaxAssessmentSeq {
 			return nil, false
 		}
 		v = n
@@ -226,9 +232,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 	parse := parseRecord10
 	if store != nil {
 		parse = parseRecord11
-		if !loadFields11(plan, state, fields) {
-			return nil, false
-		}
+	}
+	if !checkFields(plan, state, fields) {
+		return nil, false
 	}
 	out := &computedCall{outcomes: make([]Outcome, len(recs)), records: make([]any, 0, 2*len(recs)), stamp: x[6] - 1}
 	mfloor := floorDiv(w, minuteUS) - minuteKeep

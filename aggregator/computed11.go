@@ -286,10 +286,11 @@ func appendDay(buf []byte, d int64, hours *[24]computedHour) []byte {
 	return buf
 }
 
-// loadFields11 checks every state field a layout-11 call read as apply.lua checks those it reads
-// (a day, an index group, a minute it could have written) and parses the days into fields, or
-// reports false.
-func loadFields11(plan *callRead, state []any, fields []computedField) bool {
+// checkFields checks every state field a call read as apply.lua checks those it reads (an hour or
+// a day, an index group, a minute it could have written; apply.lua reads fewer of them for
+// duplicates, and refusing more only leaves a call to it) and parses layout 11's days into
+// fields, or reports false.
+func checkFields(plan *callRead, state []any, fields []computedField) bool {
 	for p := 2; p < len(plan.state); p++ {
 		name, _ := plan.state[p].(string)
 		v, ok := state[p].(string)
@@ -298,6 +299,10 @@ func loadFields11(plan *callRead, state []any, fields []computedField) bool {
 			d, err := strconv.ParseInt(name[1:], 10, 64)
 			fields[p].day = new([24]computedHour)
 			if err != nil || ok && !parseDay(v, d, fields[p].day) {
+				return false
+			}
+		case 'h':
+			if ok && (len(v) != hourBytes || (v[0] != 1 && v[0] != 2)) {
 				return false
 			}
 		case 'i':
@@ -345,8 +350,8 @@ func packedHeld(store *bucketStore, names, got, fps []any) ([]any, bool) {
 // packedShapeOf is a packed store's shape: level, split pointer, records.
 type packedShapeOf [3]int64
 
-// maxShapes bounds shapeCache: past it the cache starts over (a batch's aggregates are read in
-// two round trips once, then in one again).
+// maxShapes bounds shapeCache: past it an aggregate's shape takes an arbitrary other's place, so
+// that with more aggregates than that in rotation most calls still find theirs.
 const maxShapes = 1 << 16
 
 // shapeCache holds, per aggregate of layout 11, the shape of its packed store as this processor
@@ -358,8 +363,14 @@ type shapeCache map[Key]packedShapeOf
 
 // put records that aggregate k's head says shape.
 func (c *shapeCache) put(k Key, shape packedShapeOf) {
-	if *c == nil || len(*c) >= maxShapes {
+	if *c == nil {
 		*c = make(shapeCache)
+	}
+	if _, ok := (*c)[k]; !ok && len(*c) >= maxShapes {
+		for other := range *c { // a map's iteration starts at a random entry
+			delete(*c, other)
+			break
+		}
 	}
 	(*c)[k] = shape
 }

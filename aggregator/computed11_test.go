@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,17 +193,32 @@ func TestLayout11CallsReadTheirBucketsWithTheirState(t *testing.T) {
 	}
 }
 
-// TestShapeCacheStaysBounded: past maxShapes aggregates the cache starts over.
+// TestShapeCacheStaysBounded: past maxShapes aggregates a new shape takes another's place, and
+// the shapes cached stay those put (an update of a cached one evicts nothing).
 func TestShapeCacheStaysBounded(t *testing.T) {
 	var c shapeCache
-	for i := range maxShapes + 10 {
-		c.put(Key{CorrectionID: fmt.Sprint(i)}, packedShapeOf{0, 0, 1})
+	const n = maxShapes + 1000
+	for i := range n {
+		c.put(Key{CorrectionID: fmt.Sprint(i)}, packedShapeOf{0, 0, int64(i)})
 		if len(c) > maxShapes {
 			t.Fatalf("%d shapes cached, more than %d", len(c), maxShapes)
 		}
 	}
-	if len(c) != 10 {
-		t.Fatalf("%d shapes cached after starting over, want 10", len(c))
+	if len(c) != maxShapes {
+		t.Fatalf("%d shapes cached, want %d", len(c), maxShapes)
+	}
+	last := Key{CorrectionID: fmt.Sprint(n - 1)}
+	if c[last] != (packedShapeOf{0, 0, n - 1}) {
+		t.Fatalf("the last shape put is not cached: %v", c[last])
+	}
+	c.put(last, packedShapeOf{0, 0, 1})
+	for k, s := range c {
+		if i, _ := strconv.Atoi(k.CorrectionID); k != last && s != (packedShapeOf{0, 0, int64(i)}) {
+			t.Fatalf("%v holds %v", k, s)
+		}
+	}
+	if len(c) != maxShapes {
+		t.Fatalf("an update evicted a shape: %d cached", len(c))
 	}
 }
 

@@ -325,3 +325,83 @@ func TestComputedCallsBesideAnotherWriterAnswerTruthfully(t *testing.T) {
 		}
 	})
 }
+
+// rawApplyFailing applies batch on every side, each of which must fail as apply.lua does on a
+// state it refuses, with nothing written: every side holds what it held.
+func rawApplyFailing(x *computedSides, what string, batch []Observation, at time.Time) {
+	x.t.Helper()
+	before := make([]map[string]string, len(x.stores))
+	for i := range x.stores {
+		before[i] = x.dump(i)
+	}
+	for i, s := range x.stores {
+		s.skipReads = 0
+		if _, err := s.Apply(context.Background(), batch, at); err == nil {
+			x.t.Errorf("%s: %s applied a batch apply.lua refuses", what, x.names[i])
+		}
+		after := x.dump(i)
+		for k, v := range before[i] {
+			if after[k] != v {
+				x.t.Errorf("%s: %s changed key %s", what, x.names[i], k)
+			}
+		}
+	}
+}
+
+// TestStateTheScriptReadsOtherwiseGoesToTheScript: state written by hand that apply.lua reads
+// otherwise than the processor would (a head number or version past 2⁵³, which Lua's doubles
+// round), or refuses (a minute it reads for an event within 2 hours of the observation time that
+// no bump of the call reaches), is left to apply.lua in both layouts: the same replies and bytes,
+// or the same refusal with nothing written.
+func TestStateTheScriptReadsOtherwiseGoesToTheScript(t *testing.T) {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		k := Key{Scope: collisionScopes[0], CorrectionID: "by-hand", Source: Live}
+		as := func(id string, c Class, occ int64) Observation {
+			return Observation{Key: k, OpportunityID: id, Class: c, Occurred: occ, Assessed: occ}
+		}
+		computed := func(x *computedSides) int64 { n, _ := x.stores[1].ComputedCalls(); return n }
+		base := floorDiv(Micros(t0), 3*hourUS)*3*hourUS + 120*minuteUS
+		at := time.UnixMicro(base + 30e6)
+		setState := func(x *computedSides, field string, set func(v string) string) {
+			for i, rig := range x.rigs {
+				key := x.stores[i].keys(k)[1]
+				v, err := rig.c.HGet(t.Context(), key, field).Result()
+				if err != nil {
+					t.Fatalf("%s: %s: %v", x.names[i], field, err)
+				}
+				if err := rig.c.HSet(t.Context(), key, field, set(v)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, tc := range []struct {
+			name  string
+			field string
+			set   func(v string) string
+		}{
+			{"a window sum past 2^53", "H", func(v string) string {
+				return v[:2+7*12] + string(appendLittleEndian(nil, 1<<53+1, 7)) + v[2+7*13:]
+			}},
+			{"a version past 2^53", "v", func(string) string { return strconv.FormatInt(1<<53+1, 10) }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				x := newComputedSidesIn(t, "past-2p53", 24*time.Hour, 0, fp)
+				rawApply(x, "first", []Observation{as("x", Passed, base)}, at)
+				setState(x, tc.field, tc.set)
+				before := computed(x)
+				rawApply(x, "a new record", []Observation{as("y", Passed, base+1e6)}, at)
+				if n := computed(x) - before; n != 0 {
+					t.Errorf("%d calls computed: want the call left to apply.lua", n)
+				}
+			})
+		}
+		t.Run("a minute apply.lua reads and refuses", func(t *testing.T) {
+			x := newComputedSidesIn(t, "minute", 24*time.Hour, 0, fp)
+			rawApply(x, "first", []Observation{as("x", Confirmed, base-60*minuteUS), as("y", Confirmed, base-100*minuteUS)}, at)
+			setState(x, fmt.Sprint("m", floorDiv(base-100*minuteUS, minuteUS)), func(string) string { return "not a minute" })
+			// a first sets the call's floor 70 minutes below it; b, 100 minutes back, lies
+			// under it but within the 2 hours apply.lua reads minutes for.
+			rawApplyFailing(x, "a batch meeting that minute", []Observation{as("a", Confirmed, base-20e6), as("b", Confirmed, base-100*minuteUS+10e6)}, at)
+		})
+	})
+}

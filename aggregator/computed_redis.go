@@ -76,7 +76,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		for j, i := range e.groups[k] {
 			class[j], occ[j] = classIndex(e.obs[i].Class), e.obs[i].Occurred
 		}
-		plan, ok := planRead(args[:n], class, occ, span, packed)
+		plan, ok := planRead(args[:n], class, occ, span, atUS, packed)
 		if !ok {
 			continue
 		}
