@@ -7,17 +7,17 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// The processor computes the commonest apply call itself: in layout 10, an aggregate that exists,
-// every record new, a duplicate, an older assessment that leaves the horizon as it is, or a newer
-// assessment of the same occurrence (its count moves between classes in place), an opportunity met
-// more than once meeting its record as the call's earlier occurrences left it, each new one in an
-// index group that lists ids already, the window sums cached for the observation time, no hour
-// expiring, no minutes to prune, no garbage to collect, no index to compact and no TTL stamp to
-// refresh. It reads what apply.lua would read, computes the fields apply.lua would write and its
-// reply, and stores them through store.lua, which refuses unless every field read still holds what
-// was read; any other call, and a refused one, runs apply.lua (docs/performance.md, "Storing state
-// the processor computed"). The computation is apply.lua's on that path, held to it byte for byte
-// by computed_path_test.go.
+// The processor computes the commonest apply call itself (layout 10 here, layout 11's differences
+// in computed11.go): an aggregate that exists, every record new, a duplicate, an older assessment
+// that leaves the horizon as it is, or a newer assessment of the same occurrence (its count moves
+// between classes in place), an opportunity met more than once meeting its record as the call's
+// earlier occurrences left it, each new one in an index group that lists ids already, the window
+// sums cached for the observation time, no hour expiring, no minutes to prune, no garbage to
+// collect, no index to compact and no TTL stamp to refresh. It reads what apply.lua would read,
+// computes the fields apply.lua would write and its reply, and stores them through store.lua, which
+// refuses unless every field read still holds what was read; any other call, and a refused one,
+// runs apply.lua (docs/performance.md, "Storing state the processor computed"). The computation is
+// apply.lua's on that path, held to it byte for byte by computed_path_test.go.
 
 // Sizes of apply.lua's layout 10 fields (docs in apply.lua's header).
 const (

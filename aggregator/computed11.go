@@ -7,8 +7,10 @@ import (
 // Layout 11 on the computed path: the same calls as layout 10's (computed.go), with what layout 11
 // keeps differently computed as apply.lua and packed_records.lua compute it: the head's byte 11 and
 // the store's shape after the 21 numbers, a day's hours in one field, binary records in the packed
-// store's buckets, and index entries of 4-byte fingerprint prefixes. The processor reads the head
-// first (it names the buckets a call reads), then the buckets; store.lua checks both.
+// store's buckets, and index entries of 4-byte fingerprint prefixes. The head names the buckets a
+// call reads (its shape): the processor reads them with the state under the shape it expects
+// (shapeCache), and again in a second round trip when the head says another; store.lua checks
+// the state and the buckets read.
 
 const (
 	headBytes11 = 2 + 24*7 // the byte 11, the group span, 24 numbers of 7 bytes
@@ -403,12 +405,12 @@ func bucketRead(fps []any, shape packedShapeOf, adds int64) (*bucketStore, []any
 	bs = splittingBuckets(bs, l, p, n, adds)
 	store := &bucketStore{l: l, p: p, n: n, read: make(map[int64]string, len(bs)), now: make(map[int64][]byte)}
 	names := make([]any, 0, len(bs))
+	seen := make(map[int64]struct{}, len(bs))
 	for _, b := range bs {
-		if _, seen := store.read[b]; !seen {
-			store.read[b] = ""
+		if _, ok := seen[b]; !ok {
+			seen[b] = struct{}{}
 			names = append(names, packedName(b))
 		}
 	}
-	clear(store.read)
 	return store, names
 }

@@ -54,7 +54,8 @@ func (r *Redis) readBatch(read, hit int) {
 // many records it read of aggregates that exist (every record read when the read fails), and how
 // many of those the calls it computed hold. A call it does not compute, and every call when the
 // read fails, is left to apply.lua: it is absent from the map. In layout 11 (packed) the buckets
-// a call reads depend on the store's shape in the head, so a second round trip reads them.
+// a call reads depend on the store's shape in the head: they are read with the state under the
+// shape the cache expects, and in a second round trip for a call whose head says another.
 func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, packed bool) (map[Key]*computedCall, int, int) {
 	ret, atUS := int64(r.cfg.Retention/time.Microsecond), Micros(at)
 	span, ttl := groupSpan(ret), r.cfg.IdleTTL.Milliseconds()

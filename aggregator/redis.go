@@ -83,7 +83,7 @@ type RedisConfig struct {
 	// duplicates and reassessments in place, computed.go; layout 11's too, computed11.go) and
 	// store them through store.lua, which checks that nothing it read changed, instead of running
 	// apply.lua on Redis's one thread. It costs a second round trip per batch that has such calls
-	// (two in layout 11, whose buckets the head names).
+	// (in layout 11 a third for calls whose store's shape the processor did not expect).
 	ComputeCalls bool
 }
 
