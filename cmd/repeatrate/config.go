@@ -95,8 +95,8 @@ type RedisConfig struct {
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 	// StateLayout is the layout a namespace is created in (a new installation, a rebuild): 10, or
-	// 11 for about a third of the memory per retained opportunity at 1.2 to 1.4 times the Redis
-	// and processor CPU per event. A namespace keeps the layout it was created in.
+	// 11 for about a third of the memory per retained opportunity at 1.2 to 1.3 times the Redis
+	// and processor CPU per event (about 2 in aggregates that hold many records). A namespace keeps the layout it was created in.
 	StateLayout int `yaml:"state_layout"`
 	// ComputeCalls (on by default) makes the processor compute the commonest calls (new records,
 	// duplicates, reassessments in place; both layouts) itself and store them through a script that checks nothing it read
@@ -387,7 +387,7 @@ func (c *Config) settings() []setting {
 		num("redis-wait-replicas", "replicas of every primary a batch wrote that must acknowledge its writes (Redis WAIT) before its offsets are committed; 0 relies on the commit delay", &c.Redis.WaitReplicas),
 		dur("redis-wait-timeout", "how long to wait for those replicas per commit; fewer in time means no commit yet", &c.Redis.WaitTimeout),
 		num("redis-state-layout", "state layout of a namespace created from now on (a new installation, a rebuild): 10, or 11 for a third of the memory per opportunity at more Redis CPU; a namespace keeps its own", &c.Redis.StateLayout),
-		boolean("redis-compute-calls", "compute the commonest calls (new records, duplicates) in the processor and store them checked, instead of the apply script: less Redis CPU, one more round trip a batch", &c.Redis.ComputeCalls),
+		boolean("redis-compute-calls", "compute the commonest calls (new records, duplicates) in the processor and store them checked, instead of the apply script: less Redis CPU, one more round trip a batch (two in layout 11 when a store's shape is not the one expected)", &c.Redis.ComputeCalls),
 		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
 		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
 		str("redis-tls-cert-file", "PEM client certificate for Redis (tls-auth-clients)", &c.Redis.TLS.CertFile),
