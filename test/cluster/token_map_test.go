@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,43 +36,65 @@ func TestTokenShardsComeFromTheMapTheWritesUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An aggregate of this run only, so that its slot is (almost surely) ours to move.
-	k := aggregator.Key{Scope: schemas.Scope{Workspace: prefix, Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"},
-		CorrectionID: "fix", Source: aggregator.Live}
-	obs := func(b int) []aggregator.Observation {
-		at := aggregator.Micros(t0.Add(time.Duration(b) * time.Minute))
-		return []aggregator.Observation{{Key: k, OpportunityID: "o" + string(rune('a'+b)), Class: aggregator.Confirmed, Occurred: at, Assessed: at}}
-	}
-	if err := until(t, "first batch", func() error { _, err := store.Apply(ctx, obs(0), t0.Add(time.Hour)); return err }); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Seal(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	w := pend.Writer(c).(*redis.ClusterClient) // the very client the store's pipelines run on
+	// The window is forced only if the writer's map still names the slot's old owner when the
+	// batch is written; a reload that an earlier command's redirection started may land first
+	// (the batch then writes and tokens by the new map, rightly acknowledged). Such an attempt
+	// moves another aggregate's slot, up to five times.
+	var k aggregator.Key
+	var obs func(b int) []aggregator.Observation
+	var move *slotMove
+	var dst *redis.Client
+	var dataKey string
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatal("the writer's slot map had moved before the batch in five attempts: the window was never forced")
+		}
+		// An aggregate of this run only, so that its slot is (almost surely) ours to move.
+		k = aggregator.Key{Scope: schemas.Scope{Workspace: prefix, Model: "m", Run: "r", Checkpoint: "c", Artifact: "a"},
+			CorrectionID: "fix-" + strconv.Itoa(attempt), Source: aggregator.Live}
+		obs = func(b int) []aggregator.Observation {
+			at := aggregator.Micros(t0.Add(time.Duration(b) * time.Minute))
+			return []aggregator.Observation{{Key: k, OpportunityID: "o" + string(rune('a'+b)), Class: aggregator.Confirmed, Occurred: at, Assessed: at}}
+		}
+		if err := until(t, "first batch", func() error { _, err := store.Apply(ctx, obs(0), t0.Add(time.Hour)); return err }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Seal(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		w := pend.Writer(c).(*redis.ClusterClient) // the very client the store's pipelines run on
 
-	dataKey := prefix + ":{" + k.String() + "}:s"
-	move := startSlotMove(t, c, dataKey)
-	move.finish() // the slot is the target's now; the writer's map (and c's) still say the source
+		dataKey = prefix + ":{" + k.String() + "}:s"
+		move = startSlotMove(t, c, dataKey)
+		move.finish() // the slot is the target's now; the writer's map (and c's) still say the source
 
-	dst := redis.NewClient(&redis.Options{Addr: move.to.addr})
+		if dst != nil {
+			dst.Close()
+		}
+		dst = redis.NewClient(&redis.Options{Addr: move.to.addr})
+		before := dumpNode(t, dst, prefix)
+
+		if m, merr := w.MasterForKey(ctx, dataKey); merr == nil && m.Options().Addr == move.to.addr {
+			t.Logf("attempt %d: the writer's map showed the move before the batch; another slot", attempt+1)
+			continue
+		}
+		// A reload of the writer's slot map lands after Append picked the token shards and before
+		// the pipeline is mapped to nodes.
+		armed := true
+		w.AddHook(reloadBeforeExec{w: w, key: dataKey, want: move.to.addr, armed: &armed, t: t})
+		_, err = store.Apply(ctx, obs(1), t0.Add(time.Hour))
+		if err == nil {
+			// The target shard loses what it took of this batch (a failover to a replica one batch
+			// behind): its keys of the namespace go back to what they were before it.
+			restoreNode(t, dst, prefix, before)
+			_, err := store.Seal(ctx, nil)
+			toks, _ := dst.Keys(ctx, prefix+":{*}:pending:*").Result()
+			t.Fatalf("a batch whose slot map moved while it was written was acknowledged; its write on %s then lost, Seal found %v "+
+				"(tokens there: %q)", move.to.addr, err, toks)
+		}
+		break
+	}
 	defer dst.Close()
-	before := dumpNode(t, dst, prefix)
-
-	// A reload of the writer's slot map lands after Append picked the token shards and before
-	// the pipeline is mapped to nodes.
-	armed := true
-	w.AddHook(reloadBeforeExec{w: w, key: dataKey, want: move.to.addr, armed: &armed, t: t})
-	_, err = store.Apply(ctx, obs(1), t0.Add(time.Hour))
-	if err == nil {
-		// The target shard loses what it took of this batch (a failover to a replica one batch
-		// behind): its keys of the namespace go back to what they were before it.
-		restoreNode(t, dst, prefix, before)
-		_, err := store.Seal(ctx, nil)
-		toks, _ := dst.Keys(ctx, prefix+":{*}:pending:*").Result()
-		t.Fatalf("a batch whose slot map moved while it was written was acknowledged; its write on %s then lost, Seal found %v "+
-			"(tokens there: %q)", move.to.addr, err, toks)
-	}
 	if !strings.Contains(err.Error(), "slot map changed") {
 		t.Fatalf("the batch was refused for another reason: %v", err)
 	}
