@@ -17,7 +17,11 @@ cache="$root/.cache/redis-cluster"
 
 # healthy: every slot served, three primaries with slots and three replicas in sync with them.
 healthy() {
-  redis-cli -h 127.0.0.1 -p "$base" cluster info 2>/dev/null | grep -q 'cluster_state:ok' || return 1
+  # Every node, not only the first, must see every slot served: a node whose view still says
+  # otherwise (it has not heard of a failover yet) answers CLUSTERDOWN to whatever reaches it.
+  for p in $ports; do
+    redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null | grep -q 'cluster_state:ok' || return 1
+  done
   local nodes
   nodes=$(redis-cli -h 127.0.0.1 -p "$base" cluster nodes 2>/dev/null) || return 1
   [ "$(grep -v fail <<<"$nodes" | grep -c master)" -eq 3 ] && [ "$(grep -v fail <<<"$nodes" | grep -c slave)" -eq 3 ] || return 1
