@@ -258,27 +258,24 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		}
 		out.records = append(out.records, id, v)
 	}
-	// loadHour returns record i's hour field (hour h) as read, or false for one apply.lua would
-	// not have written.
-	loadHour := func(i int, h int64) (*computedHour, bool) {
+	// loadHour returns record i's hour (hour h) as read: its field, or in layout 11 its entry in
+	// its day (checkFields checked both).
+	loadHour := func(i int, h int64) *computedHour {
 		hf := &fields[plan.hourAt[i]]
 		if hf.day != nil {
 			hf.loaded = true
-			return &hf.day[h-floorDiv(h, 24)*24], true
+			return &hf.day[h-floorDiv(h, 24)*24]
 		}
 		t := &hf.hour
 		if !hf.loaded {
 			hf.loaded = true
-			if v, ok := state[plan.hourAt[i]].(string); ok {
-				if len(v) != hourBytes || (v[0] != 1 && v[0] != 2) {
-					return nil, false
-				}
+			if v, ok := state[plan.hourAt[i]].(string); ok { // checked by checkFields
 				start := h * hourUS
 				t.c = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
 				t.a, t.b, t.bounded, t.loose = start+littleEndian(v[16:21]), start+littleEndian(v[21:26]), true, v[0] == 2
 			}
 		}
-		return t, true
+		return t
 	}
 	// bump adds d to class j at occurred time occ of record i, in hour t, as apply.lua's bump: the
 	// counts, the hour, the minute when above the floor, and the window sums.
@@ -293,10 +290,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 			mf := &fields[p]
 			if !mf.loaded {
 				mf.loaded = true
-				if v, ok := state[p].(string); ok {
-					if len(v) != minuteBytes || v[0] != 0 {
-						return false
-					}
+				if v, ok := state[p].(string); ok { // checked by checkFields
 					mf.minute = [3]int64{littleEndian(v[1:6]), littleEndian(v[6:11]), littleEndian(v[11:16])}
 				}
 			}
@@ -363,8 +357,8 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 			}
 			// A newer assessment of the same occurrence: its count moves from the old class to
 			// the new one in the same hour and minute, and the record keeps its horizon.
-			t, ok := loadHour(i, h)
-			if !ok || !bump(i, was.class, occ, t, -1) || !bump(i, j, occ, t, 1) {
+			t := loadHour(i, h)
+			if !bump(i, was.class, occ, t, -1) || !bump(i, j, occ, t, 1) {
 				return nil, false
 			}
 			changed = true
@@ -383,7 +377,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		gf := &fields[plan.groupAt[i]]
 		if !gf.loaded {
 			v, ok := state[plan.groupAt[i]].(string)
-			if !ok || len(v) < groupHead || v[0] != 0 {
+			if !ok {
 				return nil, false // a new group: its sorted set and the TTL stamp change too
 			}
 			gf.loaded = true
@@ -398,10 +392,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 			id = id[:4] // layout 11 lists a fingerprint's first 4 bytes
 		}
 		gf.group.add = append(gf.group.add, id)
-		t, ok := loadHour(i, h)
-		if !ok {
-			return nil, false
-		}
+		t := loadHour(i, h)
 		if !t.bounded {
 			t.a, t.b, t.bounded = occ, occ, true
 		} else {
