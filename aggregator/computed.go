@@ -154,6 +154,7 @@ func classIndex(c Class) int8 { return int8(strings.IndexByte("CPU", classCode(c
 type computedCall struct {
 	state    []any // state field, value, ...: the fields apply.lua would set
 	records  []any // record field, value, ...: the new records
+	deletes  []any // layout 11: the bucket fields a split emptied
 	outcomes []Outcome
 	tally    Tally
 	// stamp is the head's server-clock stamp of the TTL refresh: the store refuses the call when
@@ -485,9 +486,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 				return nil, false
 			}
 		}
-		if out.records, ok = store.writes(); !ok {
-			return nil, false
-		}
+		out.records, out.deletes = store.writes()
 		nh[0] = 11
 		for _, n := range []int64{store.l, store.p, store.n} {
 			nh = appendLittleEndian(nh, n, 7)

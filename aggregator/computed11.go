@@ -184,20 +184,21 @@ func (s *bucketStore) split() bool {
 	return true
 }
 
-// writes returns the bucket fields the call changed and their records, or false when one ends
-// empty (packed_records.lua deletes it, which store.lua does not).
-func (s *bucketStore) writes() ([]any, bool) {
-	out := make([]any, 0, 2*len(s.now))
+// writes returns the bucket fields the call changed and their records, and the fields of the
+// buckets it emptied (a split that moves every record of its bucket), which packed_records.lua
+// deletes.
+func (s *bucketStore) writes() (sets, dels []any) {
+	sets = make([]any, 0, 2*len(s.now))
 	for b, v := range s.now {
-		if string(v) == s.read[b] {
-			continue
+		switch {
+		case string(v) == s.read[b]:
+		case len(v) == 0:
+			dels = append(dels, packedName(b))
+		default:
+			sets = append(sets, packedName(b), v)
 		}
-		if len(v) == 0 {
-			return nil, false
-		}
-		out = append(out, packedName(b), v)
 	}
-	return out, true
+	return sets, dels
 }
 
 // parseRecord11 reads a layout-11 record as apply.lua's parse does, for the records the

@@ -198,7 +198,7 @@ var absent any = ""
 // storeArgs returns store.lua's arguments for call cc, computed from the state and record fields
 // it read (HMGET replies: nil for an absent field).
 func storeArgs(cc *computedCall, stateFields, state, recordFields, held []any, ttl int64) []any {
-	args := make([]any, 0, 7+2*len(state)+2*len(held)+len(cc.state)+len(cc.records))
+	args := make([]any, 0, 8+2*len(state)+2*len(held)+len(cc.state)+len(cc.deletes)+len(cc.records))
 	args = append(args, strconv.FormatInt(ttl, 10), strconv.FormatInt(cc.stamp, 10),
 		strconv.Itoa(len(state)), strconv.Itoa(len(held)), presence(state), presence(held))
 	args = append(args, stateFields...)
@@ -217,6 +217,8 @@ func storeArgs(cc *computedCall, stateFields, state, recordFields, held []any, t
 	}
 	args = append(args, strconv.Itoa(len(cc.state)/2))
 	args = append(args, cc.state...)
+	args = append(args, strconv.Itoa(len(cc.deletes)))
+	args = append(args, cc.deletes...)
 	return append(args, cc.records...)
 }
 

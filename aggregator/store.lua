@@ -9,7 +9,8 @@
 -- number s of state fields read, ARGV[4] the number r of record fields read, ARGV[5] and ARGV[6]
 -- a byte per state and record field read ('1' present, '0' absent), then the s state fields, what
 -- they held (empty when absent), the r record fields, what they held, the number of state pairs
--- to set, those pairs, and last the record pairs to set.
+-- to set, those pairs, the number of record fields to delete (layout 11's buckets a split
+-- emptied), those fields, and last the record pairs to set.
 -- Returns 1 when stored, 0 when refused.
 local call, byte, unpack, tonumber = redis.call, string.byte, unpack, tonumber
 local ttl = tonumber(ARGV[1])
@@ -41,7 +42,10 @@ local function hset(key, from, to)
   for c = from, to, CHUNK do call('HSET', key, unpack(ARGV, c, math.min(c + CHUNK - 1, to))) end
 end
 local npairs = tonumber(ARGV[i])
-if i + 1 + 2 * npairs <= #ARGV then hset(KEYS[2], i + 1 + 2 * npairs, #ARGV) end
+local d = i + 1 + 2 * npairs -- ARGV[d]: the number of record fields to delete
+local ndels = tonumber(ARGV[d])
+for c = d + 1, d + ndels, CHUNK do call('HDEL', KEYS[2], unpack(ARGV, c, math.min(c + CHUNK - 1, d + ndels))) end
+if d + 1 + ndels <= #ARGV then hset(KEYS[2], d + 1 + ndels, #ARGV) end
 if npairs > 0 then hset(KEYS[1], i + 1, i + 2 * npairs) end
 if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
 return 1
