@@ -72,8 +72,61 @@ func splittingBuckets(bs []int64, l, p, n, adds int64) []int64 {
 // to in place), under the shape as the call leaves it.
 type bucketStore struct {
 	l, p, n int64
-	read    map[int64]string
-	now     map[int64][]byte
+	buckets []storeBucket
+	// index finds a bucket in buckets once there are more than linearBuckets: a call reads a
+	// bucket or a few per record, and most calls carry few records.
+	index map[int64]int
+}
+
+// storeBucket is one bucket of a bucketStore: as read ("" for one absent) and, once changed, as
+// the call leaves it.
+type storeBucket struct {
+	b       int64
+	read    string
+	now     []byte
+	changed bool
+}
+
+// linearBuckets is the most buckets a bucketStore finds by scanning them.
+const linearBuckets = 32
+
+// find returns bucket b's index in s.buckets, or -1 for one the call did not read.
+func (s *bucketStore) find(b int64) int {
+	if s.index != nil {
+		if i, ok := s.index[b]; ok {
+			return i
+		}
+		return -1
+	}
+	for i := range s.buckets {
+		if s.buckets[i].b == b {
+			return i
+		}
+	}
+	return -1
+}
+
+// add adds bucket b, read as read, unless the store has it.
+func (s *bucketStore) add(b int64, read string) {
+	if s.find(b) >= 0 {
+		return
+	}
+	s.buckets = append(s.buckets, storeBucket{b: b, read: read})
+	switch {
+	case s.index != nil:
+		s.index[b] = len(s.buckets) - 1
+	case len(s.buckets) > linearBuckets:
+		s.index = make(map[int64]int, 2*len(s.buckets))
+		for i, bk := range s.buckets {
+			s.index[bk.b] = i
+		}
+	}
+}
+
+// set makes v bucket b's records as the call leaves them; b is one the store has.
+func (s *bucketStore) set(b int64, v []byte) {
+	bk := &s.buckets[s.find(b)]
+	bk.now, bk.changed = v, true
 }
 
 // validBucket reports whether v splits into whole records of known tags, as a bucket the store
@@ -107,10 +160,11 @@ func locate[B string | []byte](v B, fp string) (int, int) {
 // get returns fp's record, or "" and whether the bucket it lies in was read. It reads the buckets
 // as read, before any change.
 func (s *bucketStore) get(fp string) (string, bool) {
-	v, ok := s.read[packedAddr(fp, s.l, s.p)]
-	if !ok {
+	i := s.find(packedAddr(fp, s.l, s.p))
+	if i < 0 {
 		return "", false
 	}
+	v := s.buckets[i].read
 	if at, end := locate(v, fp); at >= 0 {
 		return v[at+16 : end], true
 	}
@@ -119,16 +173,16 @@ func (s *bucketStore) get(fp string) (string, bool) {
 
 // change returns bucket b's records for the call to change, or false for one it did not read.
 func (s *bucketStore) change(b int64) ([]byte, bool) {
-	if v, ok := s.now[b]; ok {
-		return v, true
-	}
-	v, ok := s.read[b]
-	if !ok {
+	i := s.find(b)
+	if i < 0 {
 		return nil, false
 	}
-	c := append(make([]byte, 0, len(v)+16+recordLength(recordTagSeq|recordTagHorizon|1)), v...)
-	s.now[b] = c
-	return c, true
+	bk := &s.buckets[i]
+	if !bk.changed {
+		bk.now = append(make([]byte, 0, len(bk.read)+16+recordLength(recordTagSeq|recordTagHorizon|1)), bk.read...)
+		bk.changed = true
+	}
+	return bk.now, true
 }
 
 // put stores rec as fp's record, in place of the one it has, splitting a bucket as
@@ -143,11 +197,11 @@ func (s *bucketStore) put(fp, rec string) bool {
 		if end-at-16 == len(rec) {
 			copy(v[at+16:], rec)
 		} else {
-			s.now[b] = append(append(append(make([]byte, 0, len(v)-end+at+16+len(rec)), v[:at+16]...), rec...), v[end:]...)
+			s.set(b, append(append(append(make([]byte, 0, len(v)-end+at+16+len(rec)), v[:at+16]...), rec...), v[end:]...))
 		}
 		return true
 	}
-	s.now[b] = append(append(v, fp...), rec...)
+	s.set(b, append(append(v, fp...), rec...))
 	s.n++
 	if size := int64(1) << s.l; s.n > packLoad*(size+s.p) {
 		return s.split()
@@ -174,10 +228,9 @@ func (s *bucketStore) split() bool {
 		at = end
 	}
 	size := int64(1) << s.l
-	s.now[s.p], s.now[s.p+size] = v[:kept], move
-	if _, ok := s.read[s.p+size]; !ok {
-		s.read[s.p+size] = "" // a bucket the split makes: the hash holds none (the head says so)
-	}
+	s.set(s.p, v[:kept])
+	s.add(s.p+size, "") // a bucket the split makes: the hash holds none (the head says so)
+	s.set(s.p+size, move)
 	if s.p++; s.p == size {
 		s.l, s.p = s.l+1, 0
 	}
@@ -188,14 +241,14 @@ func (s *bucketStore) split() bool {
 // buckets it emptied (a split that moves every record of its bucket), which packed_records.lua
 // deletes.
 func (s *bucketStore) writes() (sets, dels []any) {
-	sets = make([]any, 0, 2*len(s.now))
-	for b, v := range s.now {
+	sets = make([]any, 0, 2*len(s.buckets))
+	for _, bk := range s.buckets {
 		switch {
-		case string(v) == s.read[b]:
-		case len(v) == 0:
-			dels = append(dels, packedName(b))
+		case !bk.changed || string(bk.now) == bk.read:
+		case len(bk.now) == 0:
+			dels = append(dels, packedName(bk.b))
 		default:
-			sets = append(sets, packedName(b), v)
+			sets = append(sets, packedName(bk.b), bk.now)
 		}
 	}
 	return sets, dels
@@ -334,7 +387,7 @@ func packedHeld(store *bucketStore, names, got, fps []any) ([]any, bool) {
 			return nil, false
 		}
 		s, _ := name.(string)
-		store.read[littleEndian(s)] = v
+		store.add(littleEndian(s), v)
 	}
 	held := make([]any, len(fps))
 	for i, fp := range fps {
@@ -404,7 +457,7 @@ func bucketRead(fps []any, shape packedShapeOf, adds int64) (*bucketStore, []any
 		bs = append(bs, packedAddr(s, l, p))
 	}
 	bs = splittingBuckets(bs, l, p, n, adds)
-	store := &bucketStore{l: l, p: p, n: n, read: make(map[int64]string, len(bs)), now: make(map[int64][]byte)}
+	store := &bucketStore{l: l, p: p, n: n, buckets: make([]storeBucket, 0, len(bs))}
 	names := make([]any, 0, len(bs))
 	seen := make(map[int64]struct{}, len(bs))
 	for _, b := range bs {

@@ -234,7 +234,7 @@ func TestShapeCacheGrowsAsTheStoreSplits(t *testing.T) {
 		return string(b[:])
 	}
 	rec := string(append([]byte{1}, make([]byte, 14)...))
-	s := &bucketStore{read: map[int64]string{0: ""}, now: map[int64][]byte{}}
+	s := &bucketStore{}
 	c := shapeCache{}
 	k := Key{CorrectionID: "grow"}
 	c.put(k, packedShapeOf{})
@@ -243,9 +243,7 @@ func TestShapeCacheGrowsAsTheStoreSplits(t *testing.T) {
 		for range adds {
 			// Every bucket read: a store of all its buckets.
 			for b := range int64(1)<<s.l + s.p + 1 {
-				if _, ok := s.read[b]; !ok {
-					s.read[b] = ""
-				}
+				s.add(b, "")
 			}
 			if !s.put(fp(), rec) {
 				t.Fatal("put refused")
