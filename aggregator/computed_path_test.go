@@ -44,6 +44,11 @@ func newComputedSidesIn(t *testing.T, what string, retention, idle time.Duration
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The computed sides store a batch in chunks of 2 and of 3 calls (at most maxChunks),
+		// each chunk computed while the one before is stored.
+		if i > 0 {
+			s.chunkCalls = i + 1
+		}
 		x.prefixes, x.stores = append(x.prefixes, prefix), append(x.stores, s)
 		x.rigs = append(x.rigs, &retainedRig{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond),
 			spanRet: int64(retention / time.Microsecond), outs: map[Outcome]int{}, seen: map[string]int{}})

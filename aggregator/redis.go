@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -154,7 +155,10 @@ type Redis struct {
 	secondReads atomic.Int64
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
-	// afterRead, when set, runs between computeCalls's read and the store: a test's other writer.
+	// chunkCalls, when set, is the fewest calls a chunk holds in place of minChunkCalls: a test's.
+	chunkCalls int
+	// afterRead, when set, runs between computeCalls's read of a chunk and its store: a test's
+	// other writer.
 	afterRead func()
 }
 
@@ -184,7 +188,7 @@ func aggregateKeys(base string) []string {
 	return []string{base + "o", base + "s", base + "e", base + "z"}
 }
 
-// Apply applies obs in order, one script call per aggregate, all in one pipelined round trip, and
+// Apply applies obs in order, one script call per aggregate, in pipelined round trips, and
 // returns outcomes and tallies as observed at time at. A call that fails may have been applied in
 // part or whole; calling it again with the same observations is always safe. It is Encode and
 // ApplyEncoded in a row.
@@ -269,8 +273,9 @@ func (r *Redis) ApplyEncoded(ctx context.Context, e *Encoded, at time.Time) (App
 }
 
 // Companion is another store's part of a batch, written in the same pipeline as the batch's
-// observations so that both reach Redis in one round trip instead of two (suite.Redis makes one
-// for graded runs). The companion shares this store's client, namespace and epoch.
+// observations (the last, when the batch is stored in chunks) so that both reach Redis in one round
+// trip instead of two (suite.Redis makes one for graded runs). The companion shares this store's
+// client, namespace and epoch.
 type Companion interface {
 	// Queue adds the companion's commands to p, after the observations' scripts and before the
 	// pending token, which then vouches for its writes too, and returns the keys they write.
@@ -312,9 +317,11 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 	return res, nil
 }
 
-// applyEncoded applies e in one pipeline, each call by apply.lua or, with compute, by store.lua
-// where the processor computed it (computeCalls). It returns the aggregates whose computed calls
-// the store refused, which it did not apply.
+// applyEncoded applies e, each call by apply.lua or, with compute, by store.lua where the processor
+// computed it (computeCalls): in one pipeline, or with the computation on in chunks of its
+// aggregates (Encoded.chunks), one pipeline each, the processor computing each chunk while Redis
+// stores the one before. It returns the aggregates whose computed calls the store refused, which
+// it did not apply.
 func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Companion, compute bool) (Applied, []Key, error) {
 	m := r.mode.Load()
 	if e.mode != m {
@@ -324,35 +331,117 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	if e.err != nil {
 		return Applied{}, nil, e.err
 	}
-	obs, groups, keys := e.obs, e.groups, e.keys
 	head := [headArgs]any{
 		strconv.FormatInt(int64(r.cfg.Retention/time.Microsecond), 10),
 		strconv.FormatInt(Micros(at), 10),
 		strconv.FormatInt(r.cfg.IdleTTL.Milliseconds(), 10),
 	}
-	for _, k := range keys {
+	for _, k := range e.keys {
 		copy(e.args[k], head[:])
 	}
-	// The batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent
-	// writes is found before any tally computed on the lost state is published.
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
-	markKey, mark := r.sealKey, r.sealSeq
-	var computed map[Key]*computedCall
-	if compute && !m.both {
-		if r.readNext() {
-			var read, hit int
-			computed, read, hit = r.computeCalls(ctx, e, at, m.fp != nil)
-			r.readBatch(read, hit)
-			r.offPath.Add(int64(len(e.keys) - len(computed)))
-			if r.afterRead != nil {
-				r.afterRead()
-			}
-		} else {
-			r.unread.Add(int64(len(e.keys)))
+	res := Applied{Outcomes: make([]Outcome, len(e.obs)), Keys: e.keys, Tallies: make(map[Key]Tally, len(e.keys))}
+	read := compute && !m.both
+	if read && !r.readNext() {
+		read = false
+		r.unread.Add(int64(len(e.keys)))
+	}
+	// The chunks are stored one after another, each in a pipeline of its own; while Redis runs
+	// one, the processor reads and computes the next (aggregates of different chunks are
+	// disjoint, so neither's reads see the other's writes).
+	chunks := []*Encoded{e}
+	if read {
+		chunks = e.chunks(cmp.Or(r.chunkCalls, minChunkCalls))
+	}
+	readAll, hitAll, prepared := 0, 0, 0
+	prepare := func(ch *Encoded) map[Key]*computedCall {
+		if !read {
+			return nil
+		}
+		cc, n, hit := r.computeCalls(ctx, ch, at, m.fp != nil)
+		r.offPath.Add(int64(len(ch.keys) - len(cc)))
+		if r.afterRead != nil {
+			r.afterRead()
+		}
+		readAll, hitAll, prepared = readAll+n, hitAll+hit, prepared+1
+		if prepared == len(chunks) {
+			r.readBatch(readAll, hitAll)
+		}
+		return cc
+	}
+	computed := prepare(chunks[0])
+	var refused []Key
+	for i, ch := range chunks {
+		cc := c
+		if i < len(chunks)-1 {
+			cc = nil // the companion's writes go with the last chunk
+		}
+		sent := make(chan storeSent, 1)
+		go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, compute) }()
+		var next map[Key]*computedCall
+		if i+1 < len(chunks) {
+			next = prepare(chunks[i+1])
+		}
+		s := <-sent // the goroutine has ended
+		ref, err := r.finishChunk(ctx, m, ch, computed, cc, s, &res)
+		if err != nil {
+			return Applied{}, nil, err
+		}
+		refused = append(refused, ref...)
+		computed = next
+	}
+	if c != nil {
+		if err := c.Finish(); err != nil {
+			return Applied{}, nil, err
 		}
 	}
-	// run sends the batch's pipeline; terr is the pending token's own check (Pending.Append).
+	return res, refused, nil
+}
+
+// minChunkCalls is the fewest calls a chunk of a batch holds (Encoded.chunks), and maxChunks the
+// most chunks: each costs a round trip and the pipeline's own reads and token, and a chunk's
+// computation overlaps only the store of the chunk before it.
+const (
+	minChunkCalls = 64
+	maxChunks     = 4
+)
+
+// chunks splits e's calls into up to maxChunks batches of consecutive aggregates, each of at
+// least minCalls calls, sharing e's observations.
+func (e *Encoded) chunks(minCalls int) []*Encoded {
+	n := min(maxChunks, max(1, len(e.keys)/minCalls))
+	if n == 1 {
+		return []*Encoded{e}
+	}
+	out := make([]*Encoded, n)
+	for i := range out {
+		ch := *e
+		ch.keys = e.keys[i*len(e.keys)/n : (i+1)*len(e.keys)/n]
+		out[i] = &ch
+	}
+	return out
+}
+
+// storeSent is what a chunk's store pipeline answered (sendChunk): the commands, the pipeline's
+// error and the pending token's own, the calls Redis refused for a missing script (they wrote
+// nothing), and an error that fails the batch before its answers are read.
+type storeSent struct {
+	cmds      []redis.Cmder
+	err, terr error
+	unrun     map[Key]bool
+	fatal     error
+	marked    bool // the pipeline read the batch mark
+}
+
+// sendChunk sends the pipeline that stores chunk e: each call by apply.lua or, where the
+// processor computed it, by store.lua, then the companion's writes and the pending token. The
+// batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent writes is
+// found before any tally computed on the lost state is published. It touches no state of r that
+// the next chunk's computation does. The caller holds sealMu.
+func (r *Redis) sendChunk(ctx context.Context, m *applyMode, e *Encoded, computed map[Key]*computedCall, c Companion, compute bool) storeSent {
+	keys, markKey, mark := e.keys, r.sealKey, r.sealSeq
+	// run sends the pipeline; terr is the pending token's own check (Pending.Append).
 	run := func() (cmds []redis.Cmder, err, terr error) {
 		token := func() error { return nil }
 		defer func() { terr = token() }()
@@ -387,7 +476,8 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		})
 		return cmds, err, nil
 	}
-	cmds, err, terr := run()
+	s := storeSent{marked: mark > 0}
+	s.cmds, s.err, s.terr = run()
 	from := 0 // the first script call's index in cmds
 	if m.epoch != "" {
 		from++
@@ -395,52 +485,66 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	if mark > 0 {
 		from++
 	}
-	var unrun map[Key]bool // calls Redis refused for a missing script: they wrote nothing
-	if err != nil && isNoScript(err) {
-		// A restarted or new Redis has no scripts loaded: load them, and run the batch again when
-		// none of its calls ran.
-		if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
-			return Applied{}, nil, fmt.Errorf("load apply script: %w", lerr)
+	if s.err == nil || !isNoScript(s.err) {
+		return s
+	}
+	// A restarted or new Redis has no scripts loaded: load them, and run the chunk again when none
+	// of its calls ran.
+	if lerr := applyScript.Load(ctx, r.client).Err(); lerr != nil {
+		s.fatal = fmt.Errorf("load apply script: %w", lerr)
+		return s
+	}
+	if compute {
+		if lerr := storeScript.Load(ctx, r.client).Err(); lerr != nil {
+			s.fatal = fmt.Errorf("load store script: %w", lerr)
+			return s
 		}
-		if compute {
-			if lerr := storeScript.Load(ctx, r.client).Err(); lerr != nil {
-				return Applied{}, nil, fmt.Errorf("load store script: %w", lerr)
-			}
-			r.storeLoaded.Store(true)
-		}
-		if c != nil {
-			if lerr := c.Load(ctx); lerr != nil {
-				return Applied{}, nil, lerr
-			}
-		}
-		switch {
-		case !ranAny(cmds, from, len(keys)):
-			cmds, err, terr = run()
-		case c == nil:
-			// Only some scripts were missing (another process loaded apply.lua alone after a
-			// restart): the calls that ran stand, and those Redis refused wrote nothing and run
-			// again through apply.lua (ApplyEncodedWith), as a refused store does.
-			unrun = make(map[Key]bool)
-			for n, k := range keys {
-				if isNoScript(cmds[from+n].Err()) {
-					unrun[k] = true
-				}
-			}
-			err = nil
-			for i, cmd := range cmds {
-				if cerr := cmd.Err(); cerr != nil && !errors.Is(cerr, redis.Nil) && !(i >= from && i < from+len(keys) && isNoScript(cerr)) {
-					err = cerr
-					break
-				}
-			}
-		default:
-			// A companion's commands cannot be told apart here: the batch fails as a call that
-			// may be applied in part does, and its retry finds every script loaded.
-			return Applied{}, nil, fmt.Errorf("apply batch: scripts were missing from Redis and are loaded now; apply the batch again: %w", err)
+		r.storeLoaded.Store(true)
+	}
+	if c != nil {
+		if lerr := c.Load(ctx); lerr != nil {
+			s.fatal = lerr
+			return s
 		}
 	}
+	switch {
+	case !ranAny(s.cmds, from, len(keys)):
+		s.cmds, s.err, s.terr = run()
+	case c == nil:
+		// Only some scripts were missing (another process loaded apply.lua alone after a
+		// restart): the calls that ran stand, and those Redis refused wrote nothing and run
+		// again through apply.lua (ApplyEncodedWith), as a refused store does.
+		s.unrun = make(map[Key]bool)
+		for n, k := range keys {
+			if isNoScript(s.cmds[from+n].Err()) {
+				s.unrun[k] = true
+			}
+		}
+		s.err = nil
+		for i, cmd := range s.cmds {
+			if cerr := cmd.Err(); cerr != nil && !errors.Is(cerr, redis.Nil) && !(i >= from && i < from+len(keys) && isNoScript(cerr)) {
+				s.err = cerr
+				break
+			}
+		}
+	default:
+		// A companion's commands cannot be told apart here: the batch fails as a call that
+		// may be applied in part does, and its retry finds every script loaded.
+		s.fatal = fmt.Errorf("apply batch: scripts were missing from Redis and are loaded now; apply the batch again: %w", s.err)
+	}
+	return s
+}
+
+// finishChunk reads what chunk e's store pipeline answered (sendChunk) into res: each call's
+// outcomes and tally. It returns the aggregates whose computed calls were not stored (store.lua
+// refused them, or Redis had lost the script), which wrote nothing. The caller holds sealMu.
+func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, computed map[Key]*computedCall, c Companion, s storeSent, res *Applied) ([]Key, error) {
+	if s.fatal != nil {
+		return nil, s.fatal
+	}
+	cmds, err, unrun := s.cmds, s.err, s.unrun
 	if err == nil {
-		err = terr
+		err = s.terr
 	}
 	if m.epoch != "" && len(cmds) > 0 {
 		// The marker first, even when a script failed: a namespace that is not this build's state
@@ -450,15 +554,15 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		got, gerr := cmds[0].(*redis.StringCmd).Result()
 		if (gerr == nil || errors.Is(gerr, redis.Nil)) && got != m.epoch {
 			if !EpochFollows(m.epoch, got) {
-				return Applied{}, nil, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
+				return nil, fmt.Errorf("%w: epoch marker of namespace %q is %q, want %q; run `repeatrate rebuild`",
 					ErrStateLost, r.cfg.Prefix, got, m.epoch)
 			}
 			if ferr := r.followEpoch(ctx, m, got); ferr != nil {
-				return Applied{}, nil, ferr
+				return nil, ferr
 			}
 			if err != nil {
 				// A call of the old mode on an aggregate converted since, refused, so unwritten.
-				return Applied{}, nil, fmt.Errorf("namespace %q moved on in its migration to layout 11 (epoch %q): apply the batch again: %w",
+				return nil, fmt.Errorf("namespace %q moved on in its migration to layout 11 (epoch %q): apply the batch again: %w",
 					r.cfg.Prefix, got, err)
 			}
 			// Every call was applied in the layout its aggregate's head says: the replies stand.
@@ -468,21 +572,20 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		if m.fp != nil && !m.both {
 			r.convertStragglers(ctx, m.fp, e, cmds)
 		}
-		return Applied{}, nil, fmt.Errorf("apply batch: %w", err)
+		return nil, fmt.Errorf("apply batch: %w", err)
 	}
 	if m.epoch != "" {
 		cmds = cmds[1:]
 	}
-	if mark > 0 {
+	if s.marked {
 		got, _ := cmds[0].(*redis.StringCmd).Result()
 		if err := r.checkMark(ctx, got); err != nil {
-			return Applied{}, nil, err
+			return nil, err
 		}
 		cmds = cmds[1:]
 	}
-	res := Applied{Outcomes: make([]Outcome, len(obs)), Keys: keys, Tallies: make(map[Key]Tally, len(keys))}
 	var refused []Key
-	for n, k := range keys {
+	for n, k := range e.keys {
 		if unrun[k] {
 			refused = append(refused, k)
 			if computed[k] != nil {
@@ -493,7 +596,7 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		if cc := computed[k]; cc != nil {
 			stored, err := cmds[n].(*redis.Cmd).Int()
 			if err != nil {
-				return Applied{}, nil, fmt.Errorf("store %s: %w", k, err)
+				return nil, fmt.Errorf("store %s: %w", k, err)
 			}
 			if stored != 1 {
 				refused = append(refused, k)
@@ -504,7 +607,7 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 			if cc.shape != nil {
 				r.shapes.put(k, *cc.shape)
 			}
-			for j, i := range groups[k] {
+			for j, i := range e.groups[k] {
 				res.Outcomes[i] = cc.outcomes[j]
 			}
 			res.Tallies[k] = cc.tally
@@ -512,15 +615,15 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		}
 		vals, err := cmds[n].(*redis.Cmd).Slice()
 		if err != nil {
-			return Applied{}, nil, fmt.Errorf("apply %s: %w", k, err)
+			return nil, fmt.Errorf("apply %s: %w", k, err)
 		}
 		t, outs, err := parseReply(vals)
 		if err != nil {
-			return Applied{}, nil, fmt.Errorf("apply %s: %w", k, err)
+			return nil, fmt.Errorf("apply %s: %w", k, err)
 		}
-		idx := groups[k]
+		idx := e.groups[k]
 		if len(outs) != len(idx) {
-			return Applied{}, nil, fmt.Errorf("apply %s: %d outcomes for %d observations", k, len(outs), len(idx))
+			return nil, fmt.Errorf("apply %s: %d outcomes for %d observations", k, len(outs), len(idx))
 		}
 		counted := int64(0)
 		for j, i := range idx {
@@ -534,12 +637,7 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		}
 		res.Tallies[k] = t
 	}
-	if c != nil {
-		if err := c.Finish(); err != nil {
-			return Applied{}, nil, err
-		}
-	}
-	return res, refused, nil
+	return refused, nil
 }
 
 // ranAny reports whether any of the n script calls from cmds[from] ran (was not refused as a script
