@@ -378,7 +378,7 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 			cc = nil // the companion's writes go with the last chunk
 		}
 		sent := make(chan storeSent, 1)
-		go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, compute) }()
+		go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, c, compute) }()
 		var next map[Key]*computedCall
 		if i+1 < len(chunks) {
 			next = prepare(chunks[i+1])
@@ -437,9 +437,10 @@ type storeSent struct {
 // sendChunk sends the pipeline that stores chunk e: each call by apply.lua or, where the
 // processor computed it, by store.lua, then the companion's writes and the pending token. The
 // batch mark is read ahead of the scripts in the same pipeline: a Redis that lost recent writes is
-// found before any tally computed on the lost state is published. It touches no state of r that
-// the next chunk's computation does. The caller holds sealMu.
-func (r *Redis) sendChunk(ctx context.Context, m *applyMode, e *Encoded, computed map[Key]*computedCall, c Companion, compute bool) storeSent {
+// found before any tally computed on the lost state is published. When Redis had lost the scripts
+// it loads them again, the batch's companion's (batch) too, whichever chunk carries its writes. It
+// touches no state of r that the next chunk's computation does. The caller holds sealMu.
+func (r *Redis) sendChunk(ctx context.Context, m *applyMode, e *Encoded, computed map[Key]*computedCall, c, batch Companion, compute bool) storeSent {
 	keys, markKey, mark := e.keys, r.sealKey, r.sealSeq
 	// run sends the pipeline; terr is the pending token's own check (Pending.Append).
 	run := func() (cmds []redis.Cmder, err, terr error) {
@@ -501,8 +502,8 @@ func (r *Redis) sendChunk(ctx context.Context, m *applyMode, e *Encoded, compute
 		}
 		r.storeLoaded.Store(true)
 	}
-	if c != nil {
-		if lerr := c.Load(ctx); lerr != nil {
+	if batch != nil {
+		if lerr := batch.Load(ctx); lerr != nil {
 			s.fatal = lerr
 			return s
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
@@ -156,5 +157,106 @@ func TestJointApplyIsTheSeparateApplyInOneRoundTrip(t *testing.T) {
 	if both < 10 || len(joint.pub.suites) == 0 || len(joint.pub.snaps) == 0 {
 		t.Fatalf("%d batches with observations and runs, %d suite outputs, %d snapshots: the stream does not test the join",
 			both, len(joint.pub.suites), len(joint.pub.snaps))
+	}
+}
+
+// TestJointChunkedBatchesAnswerAsSeparateStepsAfterScriptsAreLost: with the computation on, a
+// batch of hundreds of aggregates is stored in chunks, the suite's writes with the last; joined
+// or in separate steps, batches leave the same keys, publish the same and count the same outcomes,
+// also after Redis lost its scripts (SCRIPT FLUSH), which takes no retry of the batch either way.
+func TestJointChunkedBatchesAnswerAsSeparateStepsAfterScriptsAreLost(t *testing.T) {
+	ctx := context.Background()
+	addr := testenv.StartRedis(t).Addr // a server of its own: the test flushes its scripts
+	type side struct {
+		client  *redis.Client
+		prefix  string
+		pub     *recordingPublisher
+		proc    *Processor
+		metrics *Metrics
+		rates   *aggregator.Redis // its computed calls
+	}
+	mk := func(name string, joined bool) *side {
+		s := &side{client: redis.NewClient(&redis.Options{Addr: addr}), pub: &recordingPublisher{}}
+		t.Cleanup(func() { s.client.Close() })
+		s.prefix = testenv.Name(t, name)
+		testenv.CleanPrefix(t, s.client, s.prefix)
+		cfg := aggregator.RedisConfig{Prefix: s.prefix, Retention: 30 * 24 * time.Hour, ComputeCalls: true}
+		rates, err := aggregator.NewRedis(s.client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.rates = rates
+		suites, err := suite.NewRedis(s.client, cfg, suite.Config{MinHistory: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss SuiteStore = suites
+		if !joined {
+			ss = separateSuites{suites}
+		}
+		s.metrics = NewMetrics(prometheus.NewRegistry())
+		s.proc, err = NewProcessor(ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}, newTestDecoder(t), rates, ss,
+			s.pub, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), s.metrics)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	joint, separate := mk("joint", true), mk("separate", false)
+	gen := synth.New(synth.Config{Seed: 9, Workspaces: 40, Corrections: 12, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.01, EvalShare: 0.4})
+	var batches [][]kafka.Message
+	for b, off := 0, int64(0); b < 8; b++ {
+		var msgs []kafka.Message
+		for range 1500 {
+			line, _ := gen.Line(now)
+			msgs = append(msgs, kafka.Message{Topic: "in", Offset: off, Value: line})
+			off++
+		}
+		batches = append(batches, msgs)
+	}
+	batches = append(batches, batches[3])
+	ignore := func(name string) bool { return strings.Contains(name, ":pending:") || strings.Contains(name, "seal:") }
+	same := testenv.NormStateHead
+	for i, msgs := range batches {
+		if i == 0 || i == 5 {
+			if err := joint.client.ScriptFlush(ctx).Err(); err != nil { // server-wide: both sides
+				t.Fatal(err)
+			}
+		}
+		b, err := joint.proc.Prepare(msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		aggs := map[aggregator.Key]bool{}
+		for _, o := range b.obs {
+			aggs[o.Key] = true
+		}
+		if len(aggs) < 256 {
+			t.Fatalf("batch %d: %d aggregates, too few to be stored in chunks", i, len(aggs))
+		}
+		for _, s := range []*side{joint, separate} {
+			if err := s.proc.Handle(ctx, msgs); err != nil {
+				t.Fatalf("batch %d: %v", i, err)
+			}
+		}
+		testenv.SameDumps(t, fmt.Sprint("batch ", i), testenv.DumpKeys(t, joint.client, joint.prefix, ignore, same),
+			testenv.DumpKeys(t, separate.client, separate.prefix, ignore, same))
+		if !reflect.DeepEqual(joint.pub, separate.pub) {
+			t.Fatalf("batch %d: published differently", i)
+		}
+	}
+	for name, s := range map[string]*side{"joined": joint, "separate": separate} {
+		if n := testutil.ToFloat64(s.metrics.Retries.WithLabelValues("apply")); n != 0 {
+			t.Errorf("%s: apply retried %v times", name, n)
+		}
+	}
+	if stored, _ := joint.rates.ComputedCalls(); stored == 0 {
+		t.Error("joined: no call computed")
+	}
+	for _, o := range []string{"counted", "duplicate", "reassessed", "stale", "reapplied"} {
+		j, s := testutil.ToFloat64(joint.metrics.Outcomes.WithLabelValues(o)), testutil.ToFloat64(separate.metrics.Outcomes.WithLabelValues(o))
+		if j != s {
+			t.Errorf("outcome %s: joined %v, separate %v", o, j, s)
+		}
 	}
 }
