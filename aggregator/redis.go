@@ -377,13 +377,16 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		if i < len(chunks)-1 {
 			cc = nil // the companion's writes go with the last chunk
 		}
-		sent := make(chan storeSent, 1)
-		go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, c, compute) }()
+		var s storeSent
 		var next map[Key]*computedCall
 		if i+1 < len(chunks) {
+			sent := make(chan storeSent, 1)
+			go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, c, compute) }()
 			next = prepare(chunks[i+1])
+			s = <-sent // the goroutine has ended
+		} else {
+			s = r.sendChunk(ctx, m, ch, computed, cc, c, compute)
 		}
-		s := <-sent // the goroutine has ended
 		ref, err := r.finishChunk(ctx, m, ch, computed, cc, s, &res)
 		if err != nil {
 			return Applied{}, nil, err
