@@ -16,8 +16,10 @@ import (
 
 // go test -run '^$' -bench ApplyBatch -benchmem ./aggregator   (needs the test Redis)
 //
-// Batches of 2 000 new opportunities over 100 aggregates, applied by apply.lua alone and with the
-// processor computing the calls it can (RedisConfig.ComputeCalls), in one run.
+// Batches of 2 000 new opportunities over 100 aggregates (REPEATRATE_BENCH_AGGREGATES to change:
+// 400 gives the 5 records a call of make bench's half load, and batches stored in chunks), applied
+// by apply.lua alone and with the processor computing the calls it can (RedisConfig.ComputeCalls),
+// in one run.
 func BenchmarkApplyBatch(b *testing.B) {
 	for _, layout11 := range []bool{false, true} {
 		for _, compute := range []bool{false, true} {
@@ -43,7 +45,11 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 	const batch = 2000
 	r := rand.New(rand.NewPCG(1, 2))
 	var keys []Key
-	for i := 0; i < 100; i++ {
+	aggregates := 100
+	if v, err := strconv.Atoi(os.Getenv("REPEATRATE_BENCH_AGGREGATES")); err == nil && v > 0 {
+		aggregates = v
+	}
+	for i := 0; i < aggregates; i++ {
 		k := keyLive
 		k.CorrectionID = fmt.Sprint("fix-", i)
 		keys = append(keys, k)
