@@ -27,6 +27,67 @@ type separateSuites struct{ *suite.Redis }
 
 func (separateSuites) Companion() {}
 
+// jointSide is a processor on Redis at addr under a prefix of its own, its repeat-rate and suite
+// stores joined into one pipeline or not, with the calls computed in the processor or not.
+type jointSide struct {
+	client  *redis.Client
+	hook    *scriptPipelines
+	prefix  string
+	pub     *recordingPublisher
+	proc    *Processor
+	metrics *Metrics
+	rates   *aggregator.Redis
+}
+
+func newJointSide(t *testing.T, addr, name string, joined, compute bool) *jointSide {
+	t.Helper()
+	s := &jointSide{client: redis.NewClient(&redis.Options{Addr: addr}), hook: &scriptPipelines{}, pub: &recordingPublisher{}}
+	t.Cleanup(func() { s.client.Close() })
+	s.client.AddHook(s.hook)
+	s.prefix = testenv.Name(t, name)
+	testenv.CleanPrefix(t, s.client, s.prefix)
+	cfg := aggregator.RedisConfig{Prefix: s.prefix, Retention: 30 * 24 * time.Hour, ComputeCalls: compute}
+	var err error
+	if s.rates, err = aggregator.NewRedis(s.client, cfg); err != nil {
+		t.Fatal(err)
+	}
+	suites, err := suite.NewRedis(s.client, cfg, suite.Config{MinHistory: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ss SuiteStore = suites
+	if !joined {
+		ss = separateSuites{suites}
+	}
+	s.metrics = NewMetrics(prometheus.NewRegistry())
+	s.proc, err = NewProcessor(ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}, newTestDecoder(t), s.rates, ss,
+		s.pub, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), s.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if (s.proc.joint != nil) != joined {
+		t.Fatalf("%s: joined %v, want %v", name, s.proc.joint != nil, joined)
+	}
+	return s
+}
+
+// syntheticBatches returns n batches of size messages generated under cfg, then batch 3 again (a
+// redelivery).
+func syntheticBatches(cfg synth.Config, n, size int) [][]kafka.Message {
+	gen := synth.New(cfg)
+	var batches [][]kafka.Message
+	for b, off := 0, int64(0); b < n; b++ {
+		var msgs []kafka.Message
+		for range size {
+			line, _ := gen.Line(now)
+			msgs = append(msgs, kafka.Message{Topic: "in", Offset: off, Value: line})
+			off++
+		}
+		batches = append(batches, msgs)
+	}
+	return append(batches, batches[3])
+}
+
 // scriptPipelines records, per pipeline a client sends, how many script calls it holds. A
 // pipeline refused for a script the server had not loaded yet (NOSCRIPT: a fresh server, or one
 // whose script cache was flushed) is sent again with the scripts, and is not counted.
@@ -75,63 +136,15 @@ func (h *scriptPipelines) take() []int {
 func TestJointApplyIsTheSeparateApplyInOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	addr := testenv.RedisAddr(t)
-	type side struct {
-		client *redis.Client
-		hook   *scriptPipelines
-		prefix string
-		pub    *recordingPublisher
-		proc   *Processor
-	}
-	mk := func(name string, joined bool) *side {
-		s := &side{client: redis.NewClient(&redis.Options{Addr: addr}), hook: &scriptPipelines{}, pub: &recordingPublisher{}}
-		t.Cleanup(func() { s.client.Close() })
-		s.client.AddHook(s.hook)
-		s.prefix = testenv.Name(t, name)
-		testenv.CleanPrefix(t, s.client, s.prefix)
-		cfg := aggregator.RedisConfig{Prefix: s.prefix, Retention: 30 * 24 * time.Hour}
-		rates, err := aggregator.NewRedis(s.client, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		suites, err := suite.NewRedis(s.client, cfg, suite.Config{MinHistory: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ss SuiteStore = suites
-		if !joined {
-			ss = separateSuites{suites}
-		}
-		s.proc, err = NewProcessor(ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}, newTestDecoder(t), rates, ss,
-			s.pub, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), NewMetrics(prometheus.NewRegistry()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if (s.proc.joint != nil) != joined {
-			t.Fatalf("%s: joined %v, want %v", name, s.proc.joint != nil, joined)
-		}
-		return s
-	}
-	joint, separate := mk("joint", true), mk("separate", false)
-
-	gen := synth.New(synth.Config{Seed: 5, Workspaces: 2, Corrections: 3, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.02, EvalShare: 0.4})
-	var batches [][]kafka.Message
-	for b, off := 0, int64(0); b < 12; b++ {
-		var msgs []kafka.Message
-		for range 150 {
-			line, _ := gen.Line(now)
-			msgs = append(msgs, kafka.Message{Topic: "in", Offset: off, Value: line})
-			off++
-		}
-		batches = append(batches, msgs)
-	}
-	batches = append(batches, batches[3]) // a redelivery
+	joint, separate := newJointSide(t, addr, "joint", true, false), newJointSide(t, addr, "separate", false, false)
+	batches := syntheticBatches(synth.Config{Seed: 5, Workspaces: 2, Corrections: 3, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.02, EvalShare: 0.4}, 12, 150)
 
 	ignore := func(name string) bool { return strings.Contains(name, ":pending:") || strings.Contains(name, "seal:") }
 	// The two sides write a moment apart: the head's server-clock stamp may differ by a second.
 	same := testenv.NormStateHead
 	var both int
 	for i, msgs := range batches {
-		for _, s := range []*side{joint, separate} {
+		for _, s := range []*jointSide{joint, separate} {
 			if err := s.proc.Handle(ctx, msgs); err != nil {
 				t.Fatalf("batch %d: %v", i, err)
 			}
@@ -167,54 +180,8 @@ func TestJointApplyIsTheSeparateApplyInOneRoundTrip(t *testing.T) {
 func TestJointChunkedBatchesAnswerAsSeparateStepsAfterScriptsAreLost(t *testing.T) {
 	ctx := context.Background()
 	addr := testenv.StartRedis(t).Addr // a server of its own: the test flushes its scripts
-	type side struct {
-		client  *redis.Client
-		prefix  string
-		pub     *recordingPublisher
-		proc    *Processor
-		metrics *Metrics
-		rates   *aggregator.Redis // its computed calls
-	}
-	mk := func(name string, joined bool) *side {
-		s := &side{client: redis.NewClient(&redis.Options{Addr: addr}), pub: &recordingPublisher{}}
-		t.Cleanup(func() { s.client.Close() })
-		s.prefix = testenv.Name(t, name)
-		testenv.CleanPrefix(t, s.client, s.prefix)
-		cfg := aggregator.RedisConfig{Prefix: s.prefix, Retention: 30 * 24 * time.Hour, ComputeCalls: true}
-		rates, err := aggregator.NewRedis(s.client, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.rates = rates
-		suites, err := suite.NewRedis(s.client, cfg, suite.Config{MinHistory: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ss SuiteStore = suites
-		if !joined {
-			ss = separateSuites{suites}
-		}
-		s.metrics = NewMetrics(prometheus.NewRegistry())
-		s.proc, err = NewProcessor(ProcessorConfig{RetryMin: time.Millisecond, Suite: suite.Config{MinHistory: 1}}, newTestDecoder(t), rates, ss,
-			s.pub, &recordingDLQ{}, func() time.Time { return now }, zap.NewNop(), s.metrics)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	joint, separate := mk("joint", true), mk("separate", false)
-	gen := synth.New(synth.Config{Seed: 9, Workspaces: 40, Corrections: 12, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.01, EvalShare: 0.4})
-	var batches [][]kafka.Message
-	for b, off := 0, int64(0); b < 8; b++ {
-		var msgs []kafka.Message
-		for range 1500 {
-			line, _ := gen.Line(now)
-			msgs = append(msgs, kafka.Message{Topic: "in", Offset: off, Value: line})
-			off++
-		}
-		batches = append(batches, msgs)
-	}
-	batches = append(batches, batches[3])
+	joint, separate := newJointSide(t, addr, "joint", true, true), newJointSide(t, addr, "separate", false, true)
+	batches := syntheticBatches(synth.Config{Seed: 9, Workspaces: 40, Corrections: 12, Duplicates: 0.2, Reassessed: 0.1, Poison: 0.01, EvalShare: 0.4}, 8, 1500)
 	ignore := func(name string) bool { return strings.Contains(name, ":pending:") || strings.Contains(name, "seal:") }
 	same := testenv.NormStateHead
 	for i, msgs := range batches {
@@ -234,7 +201,7 @@ func TestJointChunkedBatchesAnswerAsSeparateStepsAfterScriptsAreLost(t *testing.
 		if len(aggs) < 256 {
 			t.Fatalf("batch %d: %d aggregates, too few to be stored in chunks", i, len(aggs))
 		}
-		for _, s := range []*side{joint, separate} {
+		for _, s := range []*jointSide{joint, separate} {
 			if err := s.proc.Handle(ctx, msgs); err != nil {
 				t.Fatalf("batch %d: %v", i, err)
 			}
@@ -245,7 +212,7 @@ func TestJointChunkedBatchesAnswerAsSeparateStepsAfterScriptsAreLost(t *testing.
 			t.Fatalf("batch %d: published differently", i)
 		}
 	}
-	for name, s := range map[string]*side{"joined": joint, "separate": separate} {
+	for name, s := range map[string]*jointSide{"joined": joint, "separate": separate} {
 		if n := testutil.ToFloat64(s.metrics.Retries.WithLabelValues("apply")); n != 0 {
 			t.Errorf("%s: apply retried %v times", name, n)
 		}
