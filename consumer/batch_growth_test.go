@@ -478,6 +478,55 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 	}
 }
 
+// A published batch's place comes back before the next apply begins: taken back after it, the
+// place was held through that whole apply, and the batch after next could not begin, so that
+// the fetchers waited. A steady stream (a message a millisecond) behind applies of 100 ms with
+// the default places in flight: after the first second, no message waits more than 2 ms to be
+// taken into a batch; everything is counted once.
+func TestPlacesComeBackBeforeTheNextApply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			linger = 10 * time.Millisecond
+			gap    = time.Millisecond
+			n      = 3000
+		)
+		r := growthNewRig(t, DefaultMaxInFlight, 1000, linger, nil)
+		r.store.delay = 100 * time.Millisecond
+		r.commit.want = map[int]int64{0: n}
+		f := newGrowthFeeder()
+		ctx, cancel := context.WithCancel(t.Context())
+		done := r.run(ctx, ctx, f.in)
+		defer func() { cancel(); <-done }()
+		start := time.Now()
+		go func() {
+			for i := range n {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * gap)))
+				if !f.send(growthMsg(0, int64(i), fmt.Sprint("o", i))) {
+					return
+				}
+			}
+		}()
+		if !within(r.commit.all, time.Minute) {
+			t.Fatalf("not all committed: %s (fatal %v)", r.tr, r.fatal)
+		}
+		cancel()
+		<-done
+		var worst time.Duration
+		worstAt := int64(0)
+		for i := int64(time.Second / gap); i < n; i++ {
+			if late := f.takenAt(i).Sub(start.Add(time.Duration(i) * gap)); late > worst {
+				worst, worstAt = late, i
+			}
+		}
+		if worst > 2*time.Millisecond {
+			t.Errorf("message %d waited %v to be taken into a batch, want at most 2ms: batches %v", worstAt, worst, len(r.h.snapshot()))
+		}
+		if got := r.passed(); got != n {
+			t.Errorf("model counted %d attempts, want %d", got, n)
+		}
+	})
+}
+
 // With MaxInFlight 2 the batch before is left waiting in the prepared queue only while the
 // applying goroutine commits (Verify, which may wait for replicas, then CommitOffsets): batch 1
 // waits there while batch 0's commit is held, so batch 2 grows past its linger, and closes

@@ -494,9 +494,42 @@ func (g *Group) batches(ctx, gctx context.Context, genID int32, gen committer, i
 		}
 	}
 	stopped := false // the pipeline stopped early: in flight is dropped, pending commits are made
+	// retired takes a published batch back: its place, if it still holds one, and its offsets
+	// for commit. False ends the loop.
+	retired := func(f *flight, ok bool) bool {
+		if !ok || ectx.Err() != nil {
+			// A stage failed meanwhile (or the pipeline stopped): nothing more is taken for
+			// commit, even a batch published before the failure (it is consumed again).
+			return false
+		}
+		if !f.full {
+			<-slots
+			g.metrics.InFlight.Dec()
+		}
+		if barrier == f {
+			barrier = nil
+		}
+		pending = append(pending, pendingCommit{offsets: f.offsets, mark: f.mark, ready: time.Now().Add(g.cfg.CommitDelay)})
+		if !g.commitPending(genID, commits, &pending, false) {
+			stopped = true
+			return false
+		}
+		return true
+	}
 	next := prepared
 loop:
 	for {
+		// Published batches first: Go's select chooses among ready cases at random, and a place
+		// not taken back before the next apply was held through it, keeping the batch after
+		// next from being collected for a whole apply (queued_collect).
+		select {
+		case f, ok := <-published:
+			if !retired(f, ok) {
+				break loop
+			}
+			continue
+		default:
+		}
 		var due <-chan time.Time
 		if len(pending) > 0 {
 			due = time.After(time.Until(pending[0].ready))
@@ -544,21 +577,7 @@ loop:
 			f.queued = time.Now()
 			applied <- f
 		case f, ok := <-published:
-			if !ok || ectx.Err() != nil {
-				// A stage failed meanwhile (or the pipeline stopped): nothing more is taken for
-				// commit, even a batch published before the failure (it is consumed again).
-				break loop
-			}
-			if !f.full {
-				<-slots
-				g.metrics.InFlight.Dec()
-			}
-			if barrier == f {
-				barrier = nil
-			}
-			pending = append(pending, pendingCommit{offsets: f.offsets, mark: f.mark, ready: time.Now().Add(g.cfg.CommitDelay)})
-			if !g.commitPending(genID, commits, &pending, false) {
-				stopped = true
+			if !retired(f, ok) {
 				break loop
 			}
 		case <-due:
