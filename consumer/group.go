@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -626,6 +627,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 	ahead *atomic.Int32, taken <-chan struct{}, spare <-chan []kafka.Message) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	last := 0 // the size of the batch before
 	for {
 		// The place first: with MaxInFlight 1 nothing of the next batch is taken before the
 		// previous one was published, as in a loop without overlap.
@@ -641,12 +643,17 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 		}
 		g.metrics.InFlight.Inc()
 		g.metrics.StageSeconds.WithLabelValues("queued_collect").Observe(time.Since(waited).Seconds())
-		// Grown as messages come: a light stream's batches stay small.
+		// Grown as messages come: a light stream's batches stay small. A slice smaller than the
+		// batch before is grown to it at once: grown by append a quarter at a time, a batch of
+		// 3 000 was copied over and over (a twentieth of the processor's CPU at half load).
 		var batch []kafka.Message
 		select {
 		case batch = <-spare:
 		default:
 			batch = make([]kafka.Message, 0, min(g.cfg.MaxBatch, 256))
+		}
+		if want := min(g.cfg.MaxBatch, last+last/4); cap(batch) < want {
+			batch = slices.Grow(batch, want)
 		}
 		size := 0
 		select {
@@ -697,6 +704,7 @@ func (g *Group) collect(ctx, gctx, ectx context.Context, in <-chan kafka.Message
 			// Against the producer's clock (CreateTime topics): a clock ahead reads as 0.
 			g.metrics.StageSeconds.WithLabelValues("input").Observe(max(0, start.Sub(t).Seconds()))
 		}
+		last = len(batch)
 		ahead.Add(1)
 		out <- &flight{msgs: batch, start: start, queued: now, full: len(batch) >= g.cfg.MaxBatch || size >= g.cfg.MaxBatchBytes}
 		if stopping {
