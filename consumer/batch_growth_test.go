@@ -315,6 +315,18 @@ func (f *growthFeeder) send(m kafka.Message) bool {
 	return true
 }
 
+// sendPaced sends messages 0..n-1 of partition 0 (opportunity "o<offset>"), message i at start +
+// i·gap or, when an earlier one was taken late, as soon as that one was taken; it stops at the
+// first one not taken.
+func (f *growthFeeder) sendPaced(start time.Time, gap time.Duration, n int) {
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * gap)))
+		if !f.send(growthMsg(0, int64(i), fmt.Sprint("o", i))) {
+			return
+		}
+	}
+}
+
 func (f *growthFeeder) takenAt(off int64) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -428,15 +440,7 @@ func TestLingerUnchangedWhenNothingWaits(t *testing.T) {
 				ctx, cancel := context.WithCancel(t.Context())
 				done := r.run(ctx, ctx, f.in)
 				defer func() { cancel(); <-done }() // nothing left running, even after a failure
-				go func() {
-					start := time.Now()
-					for i := range c.n {
-						time.Sleep(time.Until(start.Add(time.Duration(i) * c.gap)))
-						if !f.send(growthMsg(0, int64(i), fmt.Sprint("o", i))) {
-							return
-						}
-					}
-				}()
+				go f.sendPaced(time.Now(), c.gap, c.n)
 				if !within(r.commit.all, 10*time.Second) {
 					t.Fatalf("not all committed: %s (fatal %v)", r.tr, r.fatal)
 				}
@@ -498,14 +502,7 @@ func TestPlacesComeBackBeforeTheNextApply(t *testing.T) {
 		done := r.run(ctx, ctx, f.in)
 		defer func() { cancel(); <-done }()
 		start := time.Now()
-		go func() {
-			for i := range n {
-				time.Sleep(time.Until(start.Add(time.Duration(i) * gap)))
-				if !f.send(growthMsg(0, int64(i), fmt.Sprint("o", i))) {
-					return
-				}
-			}
-		}()
+		go f.sendPaced(start, gap, n)
 		if !within(r.commit.all, time.Minute) {
 			t.Fatalf("not all committed: %s (fatal %v)", r.tr, r.fatal)
 		}

@@ -74,7 +74,7 @@ func TestTokenShardsComeFromTheMapTheWritesUse(t *testing.T) {
 		dst = redis.NewClient(&redis.Options{Addr: move.to.addr})
 		before := dumpNode(t, dst, prefix)
 
-		if m, merr := w.MasterForKey(ctx, dataKey); merr == nil && m.Options().Addr == move.to.addr {
+		if names, _ := mapNames(ctx, w, dataKey, move.to.addr); names {
 			t.Logf("attempt %d: the writer's map showed the move before the batch; another slot", attempt+1)
 			continue
 		}
@@ -121,6 +121,12 @@ func TestTokenShardsComeFromTheMapTheWritesUse(t *testing.T) {
 	}
 }
 
+// mapNames says whether w's slot map names addr as the primary of key.
+func mapNames(ctx context.Context, w *redis.ClusterClient, key, addr string) (bool, error) {
+	m, err := w.MasterForKey(ctx, key)
+	return err == nil && m.Options().Addr == addr, err
+}
+
 // reloadBeforeExec reloads w's slot map before the first pipeline it runs once armed, until the
 // map names want as key's owner; movedFirst records that it already did before the reload.
 type reloadBeforeExec struct {
@@ -140,14 +146,12 @@ func (h reloadBeforeExec) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if *h.armed {
 			*h.armed = false
-			if m, err := h.w.MasterForKey(ctx, h.key); err == nil && m.Options().Addr == h.want {
-				*h.movedFirst = true
-			}
+			*h.movedFirst, _ = mapNames(ctx, h.w, h.key, h.want)
 			h.w.ReloadState(ctx)
 			deadline := time.Now().Add(10 * time.Second)
 			for {
-				m, err := h.w.MasterForKey(ctx, h.key)
-				if err == nil && m.Options().Addr == h.want {
+				names, err := mapNames(ctx, h.w, h.key, h.want)
+				if names {
 					break
 				}
 				if time.Now().After(deadline) {
