@@ -54,9 +54,11 @@
 --               [<horizon_us>]" (aggregator/record.go: the tag's low 4 bits the class, 1 C, 2 P,
 --               3 U; 0x10 a seq follows, 0x20 a horizon; every number 7 bytes little-endian), and
 --               KEYS[1] is neither read nor written, so that a migration can move its records into
---               KEYS[3] while both exist. Its head is the byte 11 and 24 numbers, the 21 above then
---               the store's shape (level, split pointer, records); its index entries are the first 4
---               bytes of fingerprints (a prefix names a bucket, and in it the records to check).
+--               KEYS[3] while both exist. Its head is the byte 11 and 25 numbers, the 21 above, the
+--               store's shape (level, split pointer, records), and the store's write count, raised
+--               by every call that changes a bucket as the version is (so that store.lua can check
+--               the head in place of the buckets a call read); its index entries are the first 4 bytes of
+--               fingerprints (a prefix names a bucket, and in it the records to check).
 -- KEYS[4] sorted set of the index groups that list ids, scored by group: garbage collection visits
 --               exactly those, however far apart (an event dated 1970 and one dated today make two
 --               entries, not half a million hours to walk), and only once the head's lowest one has
@@ -173,7 +175,8 @@ end
 -- older layout's text is refused (parseHour, parseGroup, parseMin, the head's check), not read as
 -- numbers, and so is layout 8's binary (its head starts with 8, its hours have other sizes).
 local HEADR, HEADW, HEADLEN = '<B' .. string.rep('I7', 21), '<BB' .. string.rep('I7', 21), 2 + 21 * 7
--- Layout 11: its head is the byte 11 and 24 numbers (HEADLEN11 bytes); RLEN is a record's length
+-- Layout 11: its head is the byte 11 and 25 numbers (HEADLEN11 + 7 bytes; a head written before
+-- the 25th, the store's write count, has 24 and is read as if it were 0); RLEN is a record's length
 -- (its tag included) by its tag (aggregator/record.go's recordLength); i7 reads the 7-byte number
 -- of s at pos. Made only for a call of layout 11: what a call makes, every call of layout 10 would
 -- pay for (Redis runs the script's body on every call).
@@ -469,6 +472,7 @@ if n > 0 then
 end
 local head, vgot
 local v, w, pm, f, l, hcm, hch, rt, g, kc
+local wc = 0 -- layout 11: the store's write count (a head of 24 numbers has none yet)
 local C, P, U = 0, 0, 0
 local hr, dy, wk = {0, 0, 0}, {0, 0, 0}, {0, 0, 0}
 local store -- layout 11's packed record store (KEYS[3])
@@ -484,9 +488,10 @@ do
     -- A head of 12 is layout 10 being converted: read, or written by a call that mirrors.
     if not L11 and #head == HEADLEN and (byte(head, 1) == 10 or byte(head, 1) == 12 and (mirror or n == 0)) then
       x = {sunpack(HEADR, head, 2)}
-    elseif L11 and #head == HEADLEN11 and byte(head, 1) == 11 then
-      x = {sunpack('<B' .. string.rep('I7', 24), head, 2)}
+    elseif L11 and (#head == HEADLEN11 or #head == HEADLEN11 + 7) and byte(head, 1) == 11 then
+      x = {sunpack('<B' .. string.rep('I7', (#head - 2) / 7), head, 2)}
       sL, sp, sn = x[23], x[24], x[25]
+      if #head > HEADLEN11 then wc = x[26] end
     else
       error('state field H is no head of this layout')
     end
@@ -1316,12 +1321,14 @@ if n > 0 then
   local function e(x) return x and x + 1 or 0 end
   local nh
   if L11 then
-    store.flush()
+    -- One more, or the observation time when greater (as the version): a count that Redis lost
+    -- with its recent writes is not named again for other buckets.
+    if store.flush() > 0 then wc = max(wc + 1, at) end
     local sL, sp, sn = store.shape()
-    nh = spack('<BB' .. string.rep('I7', 24), 11, G,
+    nh = spack('<BB' .. string.rep('I7', 25), 11, G,
       e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,
       hr[1], hr[2], hr[3], dy[1], dy[2], dy[3], wk[1], wk[2], wk[3],
-      cutH and cutH >= 0 and cutH + 1 or 0, sL, sp, sn)
+      cutH and cutH >= 0 and cutH + 1 or 0, sL, sp, sn, wc)
   else
     nh = spack(HEADW, mirror and 12 or 10, G,
       e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,

@@ -183,7 +183,7 @@ type computedField struct {
 // those.
 func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, store *bucketStore) (*computedCall, bool) {
 	head, ok := state[0].(string)
-	if !ok || (store == nil && (len(head) != headBytes || head[0] != 10)) || (store != nil && (len(head) != headBytes11 || head[0] != 11)) {
+	if !ok || (store == nil && (len(head) != headBytes || head[0] != 10)) || (store != nil && !isHead11(head)) {
 		return nil, false
 	}
 	span := int64(head[1])
@@ -466,7 +466,7 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		v = max(v+1, at)
 		set("v", strconv.FormatInt(v, 10))
 	}
-	nh := append(make([]byte, 0, headBytes11), 10, byte(span))
+	nh := append(make([]byte, 0, headBytesWC), 10, byte(span))
 	for _, n := range []int64{w + 1, pm + 1, f + 1, l + 1, hcm + 1, hch + 1, x[6], g + 1} {
 		nh = appendLittleEndian(nh, n, 7)
 	}
@@ -488,7 +488,18 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		}
 		out.records, out.deletes = store.writes()
 		nh[0] = 11
-		for _, n := range []int64{store.l, store.p, store.n} {
+		// The write count, raised as apply.lua raises it: one more, or the observation time
+		// when greater.
+		var wc int64
+		if len(head) == headBytesWC {
+			if wc = littleEndian(head[headBytes11:]); wc > schemas.MaxAssessmentSeq {
+				return nil, false // past Lua's exact integers, as the numbers above
+			}
+		}
+		if len(out.records)+len(out.deletes) > 0 {
+			wc = max(wc+1, at)
+		}
+		for _, n := range []int64{store.l, store.p, store.n, wc} {
 			nh = appendLittleEndian(nh, n, 7)
 		}
 	}

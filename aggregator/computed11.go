@@ -5,30 +5,43 @@ import (
 )
 
 // Layout 11 on the computed path: the same calls as layout 10's (computed.go), with what layout 11
-// keeps differently computed as apply.lua and packed_records.lua compute it: the head's byte 11 and
-// the store's shape after the 21 numbers, a day's hours in one field, binary records in the packed
-// store's buckets, and index entries of 4-byte fingerprint prefixes. The head names the buckets a
-// call reads (its shape): the processor reads them with the state under the shape it expects
-// (shapeCache), and again in a second round trip when the head says another; store.lua checks
-// the state and the buckets read.
+// keeps differently computed as apply.lua and packed_records.lua compute it: the head's byte 11,
+// the store's shape and its write count after the 21 numbers, a day's hours in one field, binary
+// records in the packed store's buckets, and index entries of 4-byte fingerprint prefixes. The
+// head names the buckets a call reads (its shape): the processor reads them with the state under
+// the shape it expects (shapeCache), and again in a second round trip when the head says another.
+// store.lua checks the state read; the buckets read only under a head without a write count,
+// since every writer of a bucket raises it (the head is read before the buckets, so a write
+// between them changes the head the store finds).
 
 const (
-	headBytes11 = 2 + 24*7 // the byte 11, the group span, 24 numbers of 7 bytes
-	packLoad    = 8        // packed_records.lua's PACK_LOAD: records per bucket at which one splits
+	// headBytes11 is a layout-11 head of 24 numbers, written before the store's write count:
+	// the byte 11, the group span, the 21 numbers of layout 10's head and the store's shape.
+	headBytes11 = 2 + 24*7
+	// headBytesWC is a layout-11 head that ends with the store's write count, which every writer
+	// of a bucket raises (apply.lua, store.lua through computeCall): a call that read it can be
+	// stored with the head checked in place of the buckets it read.
+	headBytesWC = headBytes11 + 7
+	packLoad    = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
 )
 
 // packedShape returns the store's shape (level, split pointer, records) a layout-11 head keeps, or
 // false for a shape packed_records.lua would refuse.
 func packedShape(head string) (l, p, n int64, ok bool) {
-	if len(head) != headBytes11 || head[0] != 11 {
+	if !isHead11(head) {
 		return 0, 0, 0, false
 	}
-	l, p, n = littleEndian(head[2+21*7:9+21*7]), littleEndian(head[2+22*7:9+22*7]), littleEndian(head[2+23*7:])
+	l, p, n = littleEndian(head[2+21*7:9+21*7]), littleEndian(head[2+22*7:9+22*7]), littleEndian(head[2+23*7:9+23*7])
 	size := int64(1) << min(l, 62)
 	if l > 31 || p >= size || n > packLoad*(size+p) || (size+p > 1 && 2*n < packLoad*(size+p-1)) {
 		return 0, 0, 0, false
 	}
 	return l, p, n, true
+}
+
+// isHead11 reports whether head is a layout-11 head, with or without the store's write count.
+func isHead11(head string) bool {
+	return (len(head) == headBytes11 || len(head) == headBytesWC) && head[0] == 11
 }
 
 // packedAddr is a fingerprint's bucket under level l and split pointer p: its first 4 bytes as a

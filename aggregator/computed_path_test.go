@@ -403,25 +403,41 @@ func TestComputedCallRefusedWhenAnotherWriterCameBetween(t *testing.T) {
 			return Observation{Key: k, OpportunityID: id, Class: cls, Occurred: occ, Assessed: occ + 1e6}
 		}
 		ctx := t.Context()
-		if _, err := other.Apply(ctx, []Observation{ob("first", Passed)}, at); err != nil {
+		// "first" occurred before the others, so that an older assessment of it can move its
+		// horizon and nothing else.
+		first := Observation{Key: k, OpportunityID: "first", Class: Passed, Occurred: occ - 2e6, Assessed: occ}
+		if _, err := other.Apply(ctx, []Observation{first}, at); err != nil {
 			t.Fatal(err)
 		}
+		older := first
+		older.Occurred, older.Assessed = occ-1e6, occ-5e5
+		head := func() string { return c.HGet(ctx, mine.keys(k)[1], "H").Val() }
 		for _, tc := range []struct {
 			name    string
 			between []Observation // the other writer's batch
 			batch   []Observation
 			want    []Outcome
 			all     Counts // the aggregate's counts after both
+			onlyWC  bool   // layout 11: the other writer changes the head's write count alone
 		}{
 			{"the same opportunity", []Observation{ob("a", Confirmed)}, []Observation{ob("a", Confirmed), ob("b", Passed)},
-				[]Outcome{Duplicate, Counted}, Counts{Confirmed: 1, Passed: 2}},
+				[]Outcome{Duplicate, Counted}, Counts{Confirmed: 1, Passed: 2}, false},
 			{"another opportunity", []Observation{ob("c", Unscored)}, []Observation{ob("d", Passed)},
-				[]Outcome{Counted}, Counts{Confirmed: 1, Passed: 3, Unscored: 1}},
+				[]Outcome{Counted}, Counts{Confirmed: 1, Passed: 3, Unscored: 1}, false},
+			// An older assessment that occurred later moves a record's horizon and no count,
+			// bound, version or shape: in layout 11 the head's write count is all that tells the
+			// store that the bucket it read changed. Stored, the call would drop the horizon.
+			{"a record alone", []Observation{older}, []Observation{first, ob("e", Passed)},
+				[]Outcome{Duplicate, Counted}, Counts{Confirmed: 1, Passed: 4, Unscored: 1}, true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				mine.afterRead = func() {
+					was := head()
 					if _, err := other.Apply(ctx, tc.between, at); err != nil {
 						t.Fatal(err)
+					}
+					if now := head(); tc.onlyWC && fp != nil && now[:headBytes11] != was[:headBytes11] {
+						t.Fatalf("the other writer's head changed otherwise than in its write count:\n%q\n%q", was, now)
 					}
 				}
 				_, refusedBefore := mine.ComputedCalls()

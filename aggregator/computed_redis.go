@@ -166,7 +166,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			continue
 		}
 		// held is each record's value as the call meets it first; store.lua checks the record
-		// fields (layout 11: the bucket fields) read.
+		// fields (layout 11: the bucket fields, under a head without a write count) read.
 		fields, held := rd.plan.records, got
 		if rd.store != nil {
 			var ok bool
@@ -181,6 +181,10 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		cc, ok := computeCall(rd.plan, state, held, rd.recs, ret, atUS, ttl, rd.store)
 		if !ok || (ttl > 0 && float64(now-cc.stamp+stampMargin) >= float64(ttl)/2000) {
 			continue
+		}
+		if h, _ := state[0].(string); rd.store != nil && len(h) == headBytesWC {
+			// The head's write count stands for the buckets: store.lua checks the head.
+			fields, got = nil, nil
 		}
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		if rd.store != nil {

@@ -137,7 +137,7 @@ for _, f in ipairs(oldIndex) do
 end
 
 -- The writes, after every read and check.
-sets[#sets + 1] = 'H'; sets[#sets + 1] = char(11) .. sub(head, 2) .. spack('<I7I7I7', sL, sp, sn)
+sets[#sets + 1] = 'H'; sets[#sets + 1] = char(11) .. sub(head, 2) .. spack('<I7I7I7I7', sL, sp, sn, 0)
 dels[#dels + 1] = 'M'
 for i = 1, #dels, CHUNK do call('HDEL', st, unpack(dels, i, min(i + CHUNK - 1, #dels))) end
 for i = 1, #sets, CHUNK do call('HSET', st, unpack(sets, i, min(i + CHUNK - 1, #sets))) end

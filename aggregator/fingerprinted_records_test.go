@@ -115,7 +115,7 @@ func fingerprintedRecords(t *testing.T, c *redis.Client, store *Redis, k Key) ma
 		}
 		return nil
 	}
-	if len(head) != 2+24*7 || head[0] != 11 {
+	if len(head) != headBytesWC || head[0] != 11 {
 		t.Fatalf("%s: head of %d bytes starting %d, want layout 11's", k, len(head), head[0])
 	}
 	num := func(i int) uint64 { // the head's i-th number

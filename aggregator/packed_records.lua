@@ -298,7 +298,7 @@ local function newPackedRecords(key, len, L, p, n)
   self.steps = function() return packedSteps end
 
   -- flush writes the buckets whose records differ from what the hash holds (a put of what was
-  -- there, or a record put and deleted again, writes nothing).
+  -- there, or a record put and deleted again, writes nothing) and returns how many it wrote.
   self.flush = function()
     local sets, dels = {}, {}
     for k, was in pairs(dirty) do
@@ -312,6 +312,7 @@ local function newPackedRecords(key, len, L, p, n)
     for i = 1, #dels, PACK_CHUNK do call('HDEL', key, unpack(dels, i, min(i + PACK_CHUNK - 1, #dels))) end
     for i = 1, #sets, PACK_CHUNK do call('HSET', key, unpack(sets, i, min(i + PACK_CHUNK - 1, #sets))) end
     dirty = {}
+    return #dels + #sets / 2
   end
 
   return self

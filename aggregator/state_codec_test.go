@@ -446,7 +446,7 @@ func codecDump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 			sort.Strings(fs)
 			for _, f := range fs {
 				v := h[f]
-				if f == "H" && strings.HasSuffix(k, "}:s") && (len(v) == codecHeadLen || len(v) == headBytes11) {
+				if f == "H" && strings.HasSuffix(k, "}:s") && (len(v) == codecHeadLen || len(v) == headBytes11 || len(v) == headBytesWC) {
 					v = v[:44] + "<rt...>" + v[51:]
 				}
 				fmt.Fprintf(&b, "\n  %q = %q", f, v)
