@@ -16,10 +16,11 @@ const stampMargin = 5 // seconds
 // skipAfterMiss is the most batches left unread after a batch in which the processor computed fewer
 // than half the records it read of aggregates that exist: a call it reads and cannot compute costs
 // a read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
-// winner in most calls) would pay one per call. Misses in a row leave 1, 2, 4, then 7 batches
+// winner in most calls) would pay one per call. Misses in a row leave 0, 1, 2, 4, then 7 batches
 // unread: most misses pass with their batch (the minute's turn; the first batch on a store whose
-// minutes are due for pruning), and a fixed 7 after that first batch left 7 of a prefilled run's
-// 20 to apply.lua. Records, not calls, are weighed: a long tail of aggregates with a record or
+// aggregates were idle or whose minutes are due for pruning), so one alone is no pattern. A fixed 7
+// after that first batch left 7 of a prefilled run's 20 to apply.lua, and 1 left it a twentieth of
+// its calls, which cost Redis a twentieth more an event. Records, not calls, are weighed: a long tail of aggregates with a record or
 // two a minute, every one off the path at its minute's turn, would otherwise keep the few busy
 // aggregates that carry most records off it too. A new aggregate's call is not counted: its next
 // one is on the path. One batch in skipAfterMiss+1 still probes.
@@ -46,7 +47,9 @@ func (r *Redis) readBatch(read, hit int) {
 		return
 	}
 	r.misses++
-	r.skipReads = min(1<<min(r.misses-1, 3), skipAfterMiss)
+	if r.misses > 1 {
+		r.skipReads = min(1<<min(r.misses-2, 3), skipAfterMiss)
+	}
 }
 
 // computeCalls reads, in one pipelined round trip, what apply.lua would read for each call of e

@@ -2,7 +2,9 @@
 -- writes only when every field the computation read still holds what was read (or is still
 -- absent), so a call computed from state that another writer changed since, a processor of an
 -- older release included, is refused and runs apply.lua instead. Every check comes before the
--- first write, so a refused call writes nothing.
+-- first write, so a refused call writes nothing. Under a layout-11 head that ends with the store's
+-- write count, which every writer of a bucket raises, the processor sends no bucket (r is 0): the
+-- head, read before the buckets and checked here, stands for them.
 --
 -- KEYS[1] the state hash, KEYS[2] layout 10's record hash (apply.lua's KEYS[2] and KEYS[1]).
 -- ARGV[1] the key TTL in ms (0: none), ARGV[2] the head's TTL stamp (server time, s), ARGV[3] the
