@@ -56,9 +56,11 @@
 --               KEYS[1] is neither read nor written, so that a migration can move its records into
 --               KEYS[3] while both exist. Its head is the byte 11 and 25 numbers, the 21 above, the
 --               store's shape (level, split pointer, records), and the store's write count, raised
---               by every call that changes a bucket as the version is (so that store.lua can check
---               the head in place of the buckets a call read); its index entries are the first 4 bytes of
---               fingerprints (a prefix names a bucket, and in it the records to check).
+--               by every call that changes a bucket as the version is; and KEYS[3]'s field
+--               'written' is the buckets' write stamp, which every such call makes new, so that
+--               store.lua can check it in place of the buckets a call read. Its index entries are
+--               the first 4 bytes of fingerprints (a prefix names a bucket, and in it the records
+--               to check).
 -- KEYS[4] sorted set of the index groups that list ids, scored by group: garbage collection visits
 --               exactly those, however far apart (an event dated 1970 and one dated today make two
 --               entries, not half a million hours to walk), and only once the head's lowest one has
@@ -1321,9 +1323,16 @@ if n > 0 then
   local function e(x) return x and x + 1 or 0 end
   local nh
   if L11 then
-    -- One more, or the observation time when greater (as the version): a count that Redis lost
-    -- with its recent writes is not named again for other buckets.
-    if store.flush() > 0 then wc = max(wc + 1, at) end
+    if store.flush() > 0 then
+      -- One more, or the observation time when greater (as the version).
+      wc = max(wc + 1, at)
+      -- The buckets' write stamp, read with them (store.lua checks it): one more, or Redis's
+      -- clock in µs when greater, so that no two writes leave the same stamp even where Redis
+      -- lost the one between and the count above repeats.
+      local t = call('TIME')
+      local was = tonumber(call('HGET', KEYS[3], 'written')) or 0
+      call('HSET', KEYS[3], 'written', fmt('%d', max(was + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))))
+    end
     local sL, sp, sn = store.shape()
     nh = spack('<BB' .. string.rep('I7', 25), 11, G,
       e(w), e(pm), e(f), e(l), e(hcm), e(hch), e(rt), e(g), C, P, U,

@@ -10,19 +10,23 @@ import (
 // records in the packed store's buckets, and index entries of 4-byte fingerprint prefixes. The
 // head names the buckets a call reads (its shape): the processor reads them with the state under
 // the shape it expects (shapeCache), and again in a second round trip when the head says another.
-// store.lua checks the state read; the buckets read only under a head without a write count,
-// since every writer of a bucket raises it (the head is read before the buckets, so a write
-// between them changes the head the store finds).
+// store.lua checks the state read, and the buckets read under a head without a write count; under
+// one with it, the buckets' write stamp (bucketsWritten), read with them, stands for them.
 
 const (
 	// headBytes11 is a layout-11 head of 24 numbers, written before the store's write count:
 	// the byte 11, the group span, the 21 numbers of layout 10's head and the store's shape.
 	headBytes11 = 2 + 24*7
 	// headBytesWC is a layout-11 head that ends with the store's write count, which every writer
-	// of a bucket raises (apply.lua, store.lua through computeCall): a call that read it can be
-	// stored with the head checked in place of the buckets it read.
+	// of a bucket raises (apply.lua, store.lua through computeCall). A build before it refuses
+	// such a head, so under it every bucket write also makes a new write stamp (bucketsWritten).
 	headBytesWC = headBytes11 + 7
-	packLoad    = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
+	// bucketsWritten is the packed store's field that holds the buckets' write stamp, which every
+	// script that writes a bucket under a head with a write count makes new (one more, or Redis's
+	// clock in µs when greater). Read in the same command as the buckets, it is what store.lua
+	// checks in their place. Bucket fields are 1 to 4 bytes: it is no bucket's name.
+	bucketsWritten = "written"
+	packLoad       = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
 )
 
 // packedShape returns the store's shape (level, split pointer, records) a layout-11 head keeps, or

@@ -92,7 +92,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		} else if shape, ok := r.shapes[k]; ok {
 			rd.store, rd.names = bucketRead(plan.records, shape, int64(n))
 			rd.guess = &shape
-			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+len(rd.names)), "hmget", keys[2]), rd.names...)...)
+			rd.rec = p.Do(ctx, bucketsRead(keys[2], rd.names)...)
 		}
 		reads = append(reads, rd)
 	}
@@ -141,7 +141,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 				again = r.client.Pipeline()
 			}
 			rd.store, rd.names = bucketRead(rd.plan.records, shape, int64(len(rd.recs)))
-			rd.rec = again.Do(ctx, append(append(make([]any, 0, 2+len(rd.names)), "hmget", e.redis[rd.k][2]), rd.names...)...)
+			rd.rec = again.Do(ctx, bucketsRead(e.redis[rd.k][2], rd.names)...)
 		}
 		if again != nil {
 			if _, err := again.Exec(ctx); err != nil {
@@ -169,9 +169,15 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			continue
 		}
 		// held is each record's value as the call meets it first; store.lua checks the record
-		// fields (layout 11: the bucket fields, under a head without a write count) read.
+		// fields read: in layout 11 the bucket fields, or under a head with a write count the
+		// buckets' write stamp, read with them, in their place.
 		fields, held := rd.plan.records, got
+		var written any
 		if rd.store != nil {
+			if len(got) == 0 {
+				continue
+			}
+			got, written = got[:len(got)-1], got[len(got)-1]
 			var ok bool
 			if held, ok = packedHeld(rd.store, rd.names, got, rd.plan.records); !ok {
 				continue
@@ -186,8 +192,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			continue
 		}
 		if h, _ := state[0].(string); rd.store != nil && len(h) == headBytesWC {
-			// The head's write count stands for the buckets: store.lua checks the head.
-			fields, got = nil, nil
+			fields, got = []any{bucketsWritten}, []any{written}
 		}
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		if rd.store != nil {
@@ -197,6 +202,13 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		hit += len(rd.recs)
 	}
 	return out, existing, hit
+}
+
+// bucketsRead is the command that reads a layout-11 call's buckets, names, from the packed store
+// key, and after them the buckets' write stamp: in one command, so that the stamp is the one the
+// buckets were read under.
+func bucketsRead(key string, names []any) []any {
+	return append(append(append(make([]any, 0, 3+len(names)), "hmget", key), names...), bucketsWritten)
 }
 
 // absent is what store.lua is sent for a field read absent (with '0' in its presence string).

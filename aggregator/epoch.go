@@ -43,8 +43,9 @@ type State struct {
 // hour, which never moves back); builds between (commits bcdf9ec and 18ba637) wrote heads and
 // hours of other sizes under the name layout 9, so their state is refused, not misread. Version 11
 // (Layout11): each opportunity kept by a fingerprint of its id in packed buckets, a day's hours in
-// one field; its heads end with the store's write count, and a head written before the count (24
-// numbers) is read as one without it and gains it on its next write (a build before the count
+// one field; its heads end with the store's write count and its packed stores keep a write stamp
+// (field written); a head written before the count (24 numbers) is read as one without it and
+// gains it on its next write (a build before the count
 // refuses the longer head, so it never writes a bucket without raising it). A namespace is made
 // in 10 or 11 (OpenStateIn) and keeps it.
 const stateLayout = "/layout10"

@@ -449,6 +449,9 @@ func codecDump(t *testing.T, c *redis.Client, prefix string) map[string]string {
 				if f == "H" && strings.HasSuffix(k, "}:s") && (len(v) == codecHeadLen || len(v) == headBytes11 || len(v) == headBytesWC) {
 					v = v[:44] + "<rt...>" + v[51:]
 				}
+				if f == bucketsWritten && strings.HasSuffix(k, "}:e") {
+					v = "<Redis's clock>" // the buckets' write stamp: present or absent, as written
+				}
 				fmt.Fprintf(&b, "\n  %q = %q", f, v)
 			}
 		case "zset":

@@ -3,8 +3,9 @@
 -- absent), so a call computed from state that another writer changed since, a processor of an
 -- older release included, is refused and runs apply.lua instead. Every check comes before the
 -- first write, so a refused call writes nothing. Under a layout-11 head that ends with the store's
--- write count, which every writer of a bucket raises, the processor sends no bucket (r is 0): the
--- head, read before the buckets and checked here, stands for them.
+-- write count the processor sends no bucket: the one record field read is 'written', the buckets'
+-- write stamp, read in the same command as the buckets, which every writer of a bucket makes new
+-- (apply.lua and this script: one more, or Redis's clock in µs when greater).
 --
 -- KEYS[1] the state hash, KEYS[2] layout 10's record hash (apply.lua's KEYS[2] and KEYS[1]).
 -- ARGV[1] the key TTL in ms (0: none), ARGV[2] the head's TTL stamp (server time, s), ARGV[3] the
@@ -37,6 +38,7 @@ local i = 7
 if not same(KEYS[1], ARGV[5], i, s) then return 0 end
 i = i + 2 * s
 if not same(KEYS[2], ARGV[6], i, r) then return 0 end
+local stamped = r == 1 and ARGV[i] == 'written' and (tonumber(ARGV[i + 1]) or 0)
 i = i + 2 * r
 -- CHUNK values (CHUNK / 2 pairs) a command: Redis's Lua refuses to unpack 8 000, and the embedded
 -- server's registry overflows near 5 100. A failing HSET would keep the records written before it.
@@ -48,6 +50,10 @@ local d = i + 1 + 2 * npairs -- ARGV[d]: the number of record fields to delete
 local ndels = tonumber(ARGV[d])
 for c = d + 1, d + ndels, CHUNK do call('HDEL', KEYS[2], unpack(ARGV, c, math.min(c + CHUNK - 1, d + ndels))) end
 if d + 1 + ndels <= #ARGV then hset(KEYS[2], d + 1 + ndels, #ARGV) end
+if stamped and (ndels > 0 or d + 1 + ndels <= #ARGV) then
+  local t = call('TIME')
+  call('HSET', KEYS[2], 'written', string.format('%d', math.max(stamped + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))))
+end
 if npairs > 0 then hset(KEYS[1], i + 1, i + 2 * npairs) end
 if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
 return 1
