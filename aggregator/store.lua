@@ -18,8 +18,13 @@
 local call, byte, unpack, tonumber = redis.call, string.byte, unpack, tonumber
 local ttl = tonumber(ARGV[1])
 local s, r = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Redis's clock, read once a call (every redis.call costs the script more than the command).
+local now
 -- apply.lua refreshes the stamp (and the index's TTL) every half TTL by the server's clock.
-if ttl > 0 and tonumber(call('TIME')[1]) - tonumber(ARGV[2]) >= ttl / 2000 then return 0 end
+if ttl > 0 then
+  now = call('TIME')
+  if tonumber(now[1]) - tonumber(ARGV[2]) >= ttl / 2000 then return 0 end
+end
 local CHUNK = 4000 -- most arguments per command (Lua's unpack limit is 8000)
 local function same(key, has, from, count)
   for c = 0, count - 1, CHUNK do
@@ -42,17 +47,32 @@ local stamped = r == 1 and ARGV[i] == 'written' and (tonumber(ARGV[i + 1]) or 0)
 i = i + 2 * r
 -- CHUNK values (CHUNK / 2 pairs) a command: Redis's Lua refuses to unpack 8 000, and the embedded
 -- server's registry overflows near 5 100. A failing HSET would keep the records written before it.
-local function hset(key, from, to)
-  for c = from, to, CHUNK do call('HSET', key, unpack(ARGV, c, math.min(c + CHUNK - 1, to))) end
+-- f, v: a pair set with the first command.
+local function hset(key, from, to, f, v)
+  for c = from, to, CHUNK do
+    if f then
+      call('HSET', key, f, v, unpack(ARGV, c, math.min(c + CHUNK - 1, to)))
+      f = nil
+    else
+      call('HSET', key, unpack(ARGV, c, math.min(c + CHUNK - 1, to)))
+    end
+  end
 end
 local npairs = tonumber(ARGV[i])
 local d = i + 1 + 2 * npairs -- ARGV[d]: the number of record fields to delete
 local ndels = tonumber(ARGV[d])
+local sets = d + 1 + ndels <= #ARGV
+-- The buckets' new write stamp, when the call writes a bucket under a head with the count.
+local written
+if stamped and (ndels > 0 or sets) then
+  now = now or call('TIME')
+  written = string.format('%d', math.max(stamped + 1, tonumber(now[1]) * 1000000 + tonumber(now[2])))
+end
 for c = d + 1, d + ndels, CHUNK do call('HDEL', KEYS[2], unpack(ARGV, c, math.min(c + CHUNK - 1, d + ndels))) end
-if d + 1 + ndels <= #ARGV then hset(KEYS[2], d + 1 + ndels, #ARGV) end
-if stamped and (ndels > 0 or d + 1 + ndels <= #ARGV) then
-  local t = call('TIME')
-  call('HSET', KEYS[2], 'written', string.format('%d', math.max(stamped + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))))
+if sets then
+  hset(KEYS[2], d + 1 + ndels, #ARGV, written and 'written', written)
+elseif written then
+  call('HSET', KEYS[2], 'written', written)
 end
 if npairs > 0 then hset(KEYS[1], i + 1, i + 2 * npairs) end
 if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
