@@ -45,9 +45,8 @@ type State struct {
 // (Layout11): each opportunity kept by a fingerprint of its id in packed buckets, a day's hours in
 // one field; its heads end with the store's write count and its packed stores keep a write stamp
 // (field written); a head written before the count (24 numbers) is read as one without it and
-// gains it on its next write (a build before the count
-// refuses the longer head, so it never writes a bucket without raising it). A namespace is made
-// in 10 or 11 (OpenStateIn) and keeps it.
+// gains it on its next write (a build before the count refuses the longer head, so it never
+// writes a bucket without raising it). A namespace is made in 10 or 11 (OpenStateIn) and keeps it.
 const stateLayout = "/layout10"
 
 // Layout is the state layout a namespace is kept in; its epoch marker ends with it, and it never
