@@ -19,12 +19,13 @@ const (
 	headBytes11 = 2 + 24*7
 	// headBytesWC is a layout-11 head that ends with the store's write count, which every writer
 	// of a bucket raises (apply.lua, store.lua through computeCall). A build before it refuses
-	// such a head, so under it every bucket write also makes a new write stamp (bucketsWritten).
+	// such a head, and every script of this one that writes a bucket makes a new write stamp
+	// (bucketsWritten), so under it the stamp stands for the buckets.
 	headBytesWC = headBytes11 + 7
 	// bucketsWritten is the packed store's field that holds the buckets' write stamp, which every
-	// script that writes a bucket under a head with a write count makes new (one more, or Redis's
-	// clock in µs when greater). Read in the same command as the buckets, it is what store.lua
-	// checks in their place. Bucket fields are 1 to 4 bytes: it is no bucket's name.
+	// script of this build that writes a bucket makes new (one more, or Redis's clock in µs when
+	// greater). Read in the same command as the buckets, it is what store.lua checks in their
+	// place under a head with the count. Bucket fields are 1 to 4 bytes: it is no bucket's name.
 	bucketsWritten = "written"
 	packLoad       = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
 )

@@ -88,7 +88,7 @@ func (x *computedSides) same(what string) {
 
 func (x *computedSides) dump(i int) map[string]string {
 	out := map[string]string{}
-	for k, v := range codecDump(x.t, x.rigs[i].c, x.prefixes[i]) {
+	for k, v := range codecDumpAcross(x.t, x.rigs[i].c, x.prefixes[i]) {
 		out[strings.TrimPrefix(k, x.prefixes[i])] = v
 	}
 	return out

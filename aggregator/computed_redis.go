@@ -169,8 +169,8 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			continue
 		}
 		// held is each record's value as the call meets it first; store.lua checks the record
-		// fields read: in layout 11 the bucket fields, or under a head with a write count the
-		// buckets' write stamp, read with them, in their place.
+		// fields read: in layout 11 the bucket fields and the buckets' write stamp, read with
+		// them, or under a head with a write count the stamp alone, in their place.
 		fields, held := rd.plan.records, got
 		var written any
 		if rd.store != nil {
@@ -191,8 +191,14 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		if !ok || (ttl > 0 && float64(now-cc.stamp+stampMargin) >= float64(ttl)/2000) {
 			continue
 		}
-		if h, _ := state[0].(string); rd.store != nil && len(h) == headBytesWC {
-			fields, got = []any{bucketsWritten}, []any{written}
+		if rd.store != nil {
+			// The stamp goes last, so that store.lua makes a new one whenever the call writes
+			// a bucket: also under a head without the count, which the call leaves with it.
+			if h, _ := state[0].(string); len(h) == headBytesWC {
+				fields, got = []any{bucketsWritten}, []any{written}
+			} else {
+				fields, got = append(fields[:len(fields):len(fields)], bucketsWritten), append(got, written)
+			}
 		}
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		if rd.store != nil {

@@ -28,9 +28,14 @@ func TestComputedCallRefusedAfterRedisLostWhatItRead(t *testing.T) {
 			lostAndWrittenAgain(t, withCount)
 		})
 		t.Run(name+", a computed write after the loss that leaves the head the call read", func(t *testing.T) {
-			lostAndComputedAgain(t, withCount)
+			lostAndComputedAgain(t, withCount, false)
 		})
 	}
+	// The build before left a head without the count and no stamp; this build's computed writes
+	// leave heads with the count, and so must make a stamp as they do.
+	t.Run("a head without the count, given one by a computed write that Redis lost and made again", func(t *testing.T) {
+		lostAndComputedAgain(t, true, true)
+	})
 }
 
 // lostWritesRig is three stores on one prefix in layout 11 (mine and computing compute their
@@ -195,10 +200,16 @@ func lostAndWrittenAgain(t *testing.T, withCount bool) {
 // (its own record occurred in another index group): only the buckets' write stamp, which store.lua
 // makes new, or the buckets tell the store that q is in them and p is not. Stored, the call would
 // put p's record in q's place: q counted with no record, counted again when it comes again.
-func lostAndComputedAgain(t *testing.T, withCount bool) {
+// fromOld starts from the head and store the build before the count left.
+func lostAndComputedAgain(t *testing.T, withCount, fromOld bool) {
 	x := newLostWritesRig(t, "lost-computed", withCount)
 	early := x.occ - 6*hourUS // another index group, within the retention
 	x.otherApplies(t, x.ob("r0", x.occ, x.occ), x.ob("r1", early, early))
+	if fromOld {
+		ctx, keys := context.Background(), x.mine.keys(x.k)
+		x.c.HSet(ctx, keys[1], "H", x.c.HGet(ctx, keys[1], "H").Val()[:headBytes11])
+		x.c.HDel(ctx, keys[2], bucketsWritten)
+	}
 	computes := func(o Observation) {
 		s0, _ := x.computing.ComputedCalls()
 		x.computing.skipReads = 0

@@ -2,10 +2,11 @@
 -- writes only when every field the computation read still holds what was read (or is still
 -- absent), so a call computed from state that another writer changed since, a processor of an
 -- older release included, is refused and runs apply.lua instead. Every check comes before the
--- first write, so a refused call writes nothing. Under a layout-11 head that ends with the store's
--- write count the processor sends no bucket: the one record field read is 'written', the buckets'
--- write stamp, read in the same command as the buckets, which every writer of a bucket makes new
--- (apply.lua and this script: one more, or Redis's clock in µs when greater).
+-- first write, so a refused call writes nothing. In layout 11 the last record field read is
+-- 'written', the buckets' write stamp, read in the same command as the buckets: under a head that
+-- ends with the store's write count it is the only one, standing for the buckets. Every script
+-- that writes a bucket makes the stamp new (apply.lua, and this one when that field was read: one
+-- more, or Redis's clock in µs when greater), so the head a call leaves always has one.
 --
 -- KEYS[1] the state hash, KEYS[2] layout 10's record hash (apply.lua's KEYS[2] and KEYS[1]).
 -- ARGV[1] the key TTL in ms (0: none), ARGV[2] the head's TTL stamp (server time, s), ARGV[3] the
@@ -43,7 +44,8 @@ local i = 7
 if not same(KEYS[1], ARGV[5], i, s) then return 0 end
 i = i + 2 * s
 if not same(KEYS[2], ARGV[6], i, r) then return 0 end
-local stamped = r == 1 and ARGV[i] == 'written' and (tonumber(ARGV[i + 1]) or 0)
+-- Layout 11: the stamp read (0 when absent); no layout-10 record field is named 'written'.
+local stamped = r > 0 and ARGV[i + r - 1] == 'written' and (tonumber(ARGV[i + 2 * r - 1]) or 0)
 i = i + 2 * r
 -- CHUNK values (CHUNK / 2 pairs) a command: Redis's Lua refuses to unpack 8 000, and the embedded
 -- server's registry overflows near 5 100. A failing HSET would keep the records written before it.
@@ -62,7 +64,7 @@ local npairs = tonumber(ARGV[i])
 local d = i + 1 + 2 * npairs -- ARGV[d]: the number of record fields to delete
 local ndels = tonumber(ARGV[d])
 local sets = d + 1 + ndels <= #ARGV
--- The buckets' new write stamp, when the call writes a bucket under a head with the count.
+-- The buckets' new write stamp, when the call writes a bucket.
 local written
 if stamped and (ndels > 0 or sets) then
   now = now or call('TIME')
