@@ -57,8 +57,9 @@ const (
 	// Layout10 keeps a record per opportunity id, about 138 bytes an opportunity in Redis.
 	Layout10 Layout = 10
 	// Layout11 keeps each opportunity by a keyed 128-bit fingerprint of its id in packed buckets
-	// (docs/performance.md), about 47 bytes an opportunity, at 1.2 to 1.3 times layout 10's Redis
-	// and processor CPU per event, about 2 in aggregates that hold many records (BENCHMARKS.md). A namespace in it needs its fingerprint secret.
+	// (docs/performance.md), about 47 bytes an opportunity, at about layout 10's Redis CPU per event
+	// and up to 1.5 times its processor's, with a higher latency at load (BENCHMARKS.md). A
+	// namespace in it needs its fingerprint secret.
 	Layout11 Layout = 11
 	// Layout10To11 is a namespace that an online migration (Migrate) is moving from layout 10 to
 	// 11: each aggregate is in one or the other, as its head says, and the processors' calls carry
