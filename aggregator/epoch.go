@@ -58,7 +58,8 @@ const (
 	Layout10 Layout = 10
 	// Layout11 keeps each opportunity by a keyed 128-bit fingerprint of its id in packed buckets
 	// (docs/performance.md), about 47 bytes an opportunity, at about layout 10's Redis CPU per event
-	// and up to 1.5 times its processor's, with a higher latency at load (BENCHMARKS.md). A
+	// and up to 1.5 times its processor's in the pipeline (up to 2 times the time a batch in
+	// aggregates that hold many records), with a higher latency at load (BENCHMARKS.md). A
 	// namespace in it needs its fingerprint secret.
 	Layout11 Layout = 11
 	// Layout10To11 is a namespace that an online migration (Migrate) is moving from layout 10 to
