@@ -388,7 +388,7 @@ func (c *Config) settings() []setting {
 		str("redis-key-prefix", "prefix of every Redis key", &c.Redis.KeyPrefix),
 		num("redis-wait-replicas", "replicas of every primary a batch wrote that must acknowledge its writes (Redis WAIT) before its offsets are committed; 0 relies on the commit delay", &c.Redis.WaitReplicas),
 		dur("redis-wait-timeout", "how long to wait for those replicas per commit; fewer in time means no commit yet", &c.Redis.WaitTimeout),
-		num("redis-state-layout", "state layout of a namespace created from now on (a new installation, a rebuild): 10, or 11 for a third of the memory per opportunity at more Redis CPU; a namespace keeps its own", &c.Redis.StateLayout),
+		num("redis-state-layout", "state layout of a namespace created from now on (a new installation, a rebuild): 10, or 11 for a third of the memory per opportunity at more processor CPU and a higher latency at load; a namespace keeps its own", &c.Redis.StateLayout),
 		boolean("redis-compute-calls", "compute the commonest calls (new records, duplicates) in the processor and store them checked, instead of the apply script: less Redis CPU, one more round trip a batch (two in layout 11 when a store's shape is not the one expected)", &c.Redis.ComputeCalls),
 		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
 		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
