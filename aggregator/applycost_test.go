@@ -45,12 +45,7 @@ type costShape struct {
 // that moves 80 ms per batch (25 000 events/s), with the observation time of each batch.
 // costBatch is the batch size of the cost streams: REPEATRATE_APPLY_COST_BATCH, 2000 by default
 // (the processor's batches under load are larger, up to 16 000).
-func costBatch() int {
-	if n, err := strconv.Atoi(os.Getenv("REPEATRATE_APPLY_COST_BATCH")); err == nil && n > 0 {
-		return n
-	}
-	return 2000
-}
+func costBatch() int { return positiveEnv("REPEATRATE_APPLY_COST_BATCH", 2000) }
 
 // costKey is the i-th aggregate of the cost measurements: correction fix-i of one live scope.
 func costKey(i int) Key {

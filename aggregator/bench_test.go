@@ -45,23 +45,16 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 		cfg.Fingerprint = testFingerprinter(b)
 	}
 	store, _ := testStore(b, "bench", cfg)
-	batch := 2000
-	if v, err := strconv.Atoi(os.Getenv("REPEATRATE_BENCH_BATCH")); err == nil && v > 0 {
-		batch = v
-	}
+	batch := positiveEnv("REPEATRATE_BENCH_BATCH", 2000)
 	r := rand.New(rand.NewPCG(1, 2))
 	var keys []Key
-	aggregates := 100
-	if v, err := strconv.Atoi(os.Getenv("REPEATRATE_BENCH_AGGREGATES")); err == nil && v > 0 {
-		aggregates = v
-	}
-	for i := 0; i < aggregates; i++ {
+	for i := range positiveEnv("REPEATRATE_BENCH_AGGREGATES", 100) {
 		k := keyLive
 		k.CorrectionID = fmt.Sprint("fix-", i)
 		keys = append(keys, k)
 	}
 	obs := make([]Observation, batch)
-	if n, err := strconv.Atoi(os.Getenv("REPEATRATE_BENCH_PREFILL")); err == nil && n > 0 {
+	if n := positiveEnv("REPEATRATE_BENCH_PREFILL", 0); n > 0 {
 		// n records an aggregate, occurred over the day before they are observed, from a source
 		// of their own, so that the timed batches are those of a run without them.
 		pr := rand.New(rand.NewPCG(3, 4))
@@ -78,8 +71,13 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 		}
 		runtime.GC() // the prefill's garbage, before the timer
 	}
-	stored0, refused0 := store.ComputedCalls()
-	offPath0, unread0 := store.ComputedCallsLeft()
+	// calls returns how many calls the processor computed and the store wrote, and how many in all.
+	calls := func() (stored, all int64) {
+		stored, refused := store.ComputedCalls()
+		offPath, unread := store.ComputedCallsLeft()
+		return stored, stored + refused + offPath + unread
+	}
+	stored0, all0 := calls()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -97,12 +95,17 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "events/s")
 	if compute {
 		// The share of the timed calls the processor computed and the store wrote.
-		stored, refused := store.ComputedCalls()
-		offPath, unread := store.ComputedCallsLeft()
-		stored -= stored0
-		all := stored + refused - refused0 + offPath - offPath0 + unread - unread0
-		b.ReportMetric(float64(stored)/float64(max(all, 1)), "computed/call")
+		stored, all := calls()
+		b.ReportMetric(float64(stored-stored0)/float64(max(all-all0, 1)), "computed/call")
 	}
+}
+
+// positiveEnv is the positive integer the environment variable name holds, or def.
+func positiveEnv(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
 
 func BenchmarkModelApplyBatch(b *testing.B) {

@@ -95,10 +95,8 @@ type RedisConfig struct {
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 	// StateLayout is the layout a namespace is created in (a new installation, a rebuild): 10, or
-	// 11 for about a third of the memory per retained opportunity, at about layout 10's Redis CPU
-	// per event, up to 1.5 times its processor's (up to 2 times the time a batch in aggregates that
-	// hold many records) and a higher latency at load (BENCHMARKS.md). A namespace keeps the layout
-	// it was created in.
+	// 11 for about a third of the memory per retained opportunity at more processor CPU and a
+	// higher latency at load (aggregator.Layout11). A namespace keeps the layout it was created in.
 	StateLayout int `yaml:"state_layout"`
 	// ComputeCalls (on by default) makes the processor compute the commonest calls (new records,
 	// duplicates, reassessments in place; both layouts) itself and store them through a script that checks nothing it read
