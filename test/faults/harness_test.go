@@ -193,10 +193,25 @@ func (s *scenario) liveAddrs() []string {
 	return out
 }
 
+// newScenario makes the scenario's topics and writes the shared input to its input topic.
 func newScenario(t *testing.T) *scenario {
 	t.Helper()
+	return startScenario(t, true)
+}
+
+// newEmptyScenario makes the scenario's topics and leaves its input topic empty: its processors
+// consume only what the test writes, and converge has nothing to compare.
+func newEmptyScenario(t *testing.T) *scenario {
+	t.Helper()
+	return startScenario(t, false)
+}
+
+func startScenario(t *testing.T, withInput bool) *scenario {
+	t.Helper()
 	s := &scenario{t: t, name: testenv.Name(t, "fault"), brokers: testenv.KafkaBrokers(t), redis: testenv.RedisAddr(t)}
-	s.in = sharedInput(t) // after the service checks: a skipped scenario generates nothing
+	if withInput {
+		s.in = sharedInput(t) // after the service checks: a skipped scenario generates nothing
+	}
 	ctx := context.Background()
 	// A transport of its own: a pooled connection may have died with a restarted broker.
 	client := &kafka.Client{Addr: kafka.TCP(s.brokers...), Timeout: 30 * time.Second, Transport: &kafka.Transport{}}
@@ -218,9 +233,11 @@ func newScenario(t *testing.T) *scenario {
 	if err != nil {
 		t.Fatal(err)
 	}
-	produce := exec.Command(bin, "produce", "--brokers", strings.Join(s.brokers, ","), "--topic", s.topic("in"), "--in", s.in.file)
-	if out, err := produce.CombinedOutput(); err != nil {
-		t.Fatalf("produce: %v: %s", err, out)
+	if s.in != nil {
+		produce := exec.Command(bin, "produce", "--brokers", strings.Join(s.brokers, ","), "--topic", s.topic("in"), "--in", s.in.file)
+		if out, err := produce.CombinedOutput(); err != nil {
+			t.Fatalf("produce: %v: %s", err, out)
+		}
 	}
 	s.seen = &latest{by: map[string]schemas.Snapshot{}}
 	tctx, cancel := context.WithCancel(ctx)
