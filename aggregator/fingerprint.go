@@ -31,7 +31,15 @@ func FingerprintKey(ns string) string { return ns + ":fingerprint" }
 // Fingerprinter computes opportunity fingerprints under one namespace's secret. It is safe for
 // concurrent use, and nothing it prints shows the secret.
 type Fingerprinter struct {
-	macs sync.Pool // hash.Hash: HMAC-SHA-256 under the secret, reset before each use
+	macs sync.Pool // *fingerprintMAC under the secret, reset before each use
+}
+
+// fingerprintMAC is an HMAC-SHA-256 with the buffers Append writes the id and reads the sum
+// through: pooled with it, so that a fingerprint allocates nothing.
+type fingerprintMAC struct {
+	h   hash.Hash
+	id  []byte
+	sum [sha256.Size]byte
 }
 
 func newFingerprinter(secret []byte) (*Fingerprinter, error) {
@@ -40,19 +48,22 @@ func newFingerprinter(secret []byte) (*Fingerprinter, error) {
 	}
 	key := append([]byte(nil), secret...)
 	f := &Fingerprinter{}
-	f.macs.New = func() any { return hmac.New(sha256.New, key) }
+	f.macs.New = func() any { return &fingerprintMAC{h: hmac.New(sha256.New, key)} }
 	return f, nil
 }
 
 // Append appends the fingerprint of opportunity id to dst.
 func (f *Fingerprinter) Append(dst []byte, id string) []byte {
-	m := f.macs.Get().(hash.Hash)
-	m.Reset()
-	m.Write([]byte(id))
-	var sum [sha256.Size]byte
-	out := m.Sum(sum[:0])
+	m := f.macs.Get().(*fingerprintMAC)
+	m.h.Reset()
+	m.id = append(m.id[:0], id...)
+	m.h.Write(m.id)
+	dst = append(dst, m.h.Sum(m.sum[:0])[:FingerprintBytes]...)
+	if cap(m.id) > 4<<10 {
+		m.id = nil // an id past the usual: not kept in the pool
+	}
 	f.macs.Put(m)
-	return append(dst, out[:FingerprintBytes]...)
+	return dst
 }
 
 // Format prints no secret, whatever the verb. (The zero Fingerprinter has no secret and must not

@@ -28,9 +28,10 @@ func TestFingerprintIsTruncatedHMACSHA256(t *testing.T) {
 	}
 	// python3 -c "import hmac,hashlib; print(hmac.new(bytes(range(32)), ID, hashlib.sha256).hexdigest()[:32])"
 	for id, want := range map[string]string{
-		"conv-0000123/turn-1": "c4134268fddaf869c295fb3584406cea",
-		"":                    "d38b42096d80f45f826b44a9d5607de7",
-		"é/日本\x00\xff":        "fd1a3c6aba0cb78811989dd0722dad76",
+		"conv-0000123/turn-1":     "c4134268fddaf869c295fb3584406cea",
+		"":                        "d38b42096d80f45f826b44a9d5607de7",
+		"é/日本\x00\xff":            "fd1a3c6aba0cb78811989dd0722dad76",
+		strings.Repeat("x", 5000): "a80540efa87ec65bec9c11f75e955418", // past what the pool keeps
 	} {
 		got := f.Append([]byte("kept"), id)
 		if string(got[:4]) != "kept" || hex.EncodeToString(got[4:]) != want {
@@ -41,6 +42,20 @@ func TestFingerprintIsTruncatedHMACSHA256(t *testing.T) {
 		if _, err := newFingerprinter(make([]byte, n)); err == nil {
 			t.Errorf("a secret of %d bytes was accepted", n)
 		}
+	}
+}
+
+// TestFingerprintAllocatesNothing: a fingerprint appended where there is room allocates nothing,
+// as it is made for every opportunity of every batch.
+func TestFingerprintAllocatesNothing(t *testing.T) {
+	f, err := newFingerprinter(bytes.Repeat([]byte{7}, fingerprintSecretBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 0, FingerprintBytes)
+	id := "conv-0000123/turn-1"
+	if n := testing.AllocsPerRun(1000, func() { dst = f.Append(dst[:0], id) }); n != 0 {
+		t.Errorf("a fingerprint allocated %v times", n)
 	}
 }
 

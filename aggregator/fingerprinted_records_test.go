@@ -69,7 +69,7 @@ func TestFingerprintedRecordsMatchModelWhenPrefixesCollide(t *testing.T) {
 // share their low `low` bits; the rest is SHA-256 of the id.
 func collidingFingerprinter(k uint32, low uint) *Fingerprinter {
 	f := &Fingerprinter{}
-	f.macs.New = func() any { return &collidingMAC{k: k, low: low} }
+	f.macs.New = func() any { return &fingerprintMAC{h: &collidingMAC{k: k, low: low}} }
 	return f
 }
 
