@@ -71,6 +71,23 @@ func packedName(b int64) string {
 	return string(buf[:n])
 }
 
+// bucketNames holds the fields of the first buckets, boxed as a command's arguments take them, so
+// that naming a bucket of a store of a few thousand records or fewer allocates nothing.
+var bucketNames = func() (names [1 << 12]any) {
+	for b := range names {
+		names[b] = packedName(int64(b))
+	}
+	return names
+}()
+
+// bucketName is bucket b's field (packedName) as a command's argument.
+func bucketName(b int64) any {
+	if b < int64(len(bucketNames)) {
+		return bucketNames[b]
+	}
+	return packedName(b)
+}
+
 // splittingBuckets appends to bs the buckets that would split if adds new records were put in a
 // store of shape l, p, n: packed_records.lua reads them with a call's lookups.
 func splittingBuckets(bs []int64, l, p, n, adds int64) []int64 {
@@ -124,12 +141,16 @@ func (s *bucketStore) find(b int64) int {
 	return -1
 }
 
-// add adds bucket b, read as read, unless the store has it.
-func (s *bucketStore) add(b int64, read string) {
-	if s.find(b) >= 0 {
-		return
+// add adds bucket b, read absent, unless the store has it.
+func (s *bucketStore) add(b int64) {
+	if s.find(b) < 0 {
+		s.insert(b)
 	}
-	s.buckets = append(s.buckets, storeBucket{b: b, read: read})
+}
+
+// insert adds bucket b, read absent, which the store does not have.
+func (s *bucketStore) insert(b int64) {
+	s.buckets = append(s.buckets, storeBucket{b: b})
 	switch {
 	case s.index != nil:
 		s.index[b] = len(s.buckets) - 1
@@ -247,7 +268,7 @@ func (s *bucketStore) split() bool {
 	}
 	size := int64(1) << s.l
 	s.set(s.p, v[:kept])
-	s.add(s.p+size, "") // a bucket the split makes: the hash holds none (the head says so)
+	s.add(s.p + size) // a bucket the split makes: the hash holds none (the head says so)
 	s.set(s.p+size, move)
 	if s.p++; s.p == size {
 		s.l, s.p = s.l+1, 0
@@ -261,12 +282,13 @@ func (s *bucketStore) split() bool {
 func (s *bucketStore) writes() (sets, dels []any) {
 	sets = make([]any, 0, 2*len(s.buckets))
 	for _, bk := range s.buckets {
-		switch {
-		case !bk.changed || string(bk.now) == bk.read:
-		case len(bk.now) == 0:
-			dels = append(dels, packedName(bk.b))
-		default:
-			sets = append(sets, packedName(bk.b), bk.now)
+		if !bk.changed || string(bk.now) == bk.read {
+			continue
+		}
+		if len(bk.now) == 0 {
+			dels = append(dels, bucketName(bk.b))
+		} else {
+			sets = append(sets, bucketName(bk.b), bk.now)
 		}
 	}
 	return sets, dels
@@ -392,20 +414,20 @@ func checkFields(plan *callRead, state []any, fields []computedField) bool {
 	return true
 }
 
-// packedHeld takes the buckets a call read (names, as HMGET replied got) into store and returns
-// each fingerprint's record as the call meets it first (nil when absent), or false when a bucket
-// is none the store could have written or a fingerprint's bucket was not read.
-func packedHeld(store *bucketStore, names, got, fps []any) ([]any, bool) {
-	if len(got) != len(names) {
+// packedHeld takes the buckets a call read (as HMGET replied got, in the order of the store's
+// buckets, which bucketRead named) into store and returns each fingerprint's record as the call
+// meets it first (nil when absent), or false when a bucket is none the store could have written
+// or a fingerprint's bucket was not read.
+func packedHeld(store *bucketStore, got, fps []any) ([]any, bool) {
+	if len(got) != len(store.buckets) {
 		return nil, false
 	}
-	for i, name := range names {
+	for i := range got {
 		v, _ := got[i].(string)
 		if got[i] != nil && (v == "" || !validBucket(v)) {
 			return nil, false
 		}
-		s, _ := name.(string)
-		store.add(littleEndian(s), v)
+		store.buckets[i].read = v
 	}
 	held := make([]any, len(fps))
 	for i, fp := range fps {
@@ -465,8 +487,9 @@ func (c shapeCache) grow(k Key, added int64) {
 	c[k] = packedShapeOf{l, p, n}
 }
 
-// bucketRead returns a store for a call of fingerprints fps under shape, and the bucket fields it
-// reads: those of fps and those adds new records could split.
+// bucketRead returns a store for a call of fingerprints fps under shape, its buckets those the
+// call reads (those of fps and those adds new records could split, each once), and their fields
+// in the store's order.
 func bucketRead(fps []any, shape packedShapeOf, adds int64) (*bucketStore, []any) {
 	l, p, n := shape[0], shape[1], shape[2]
 	bs := make([]int64, 0, len(fps)+4)
@@ -477,11 +500,10 @@ func bucketRead(fps []any, shape packedShapeOf, adds int64) (*bucketStore, []any
 	bs = splittingBuckets(bs, l, p, n, adds)
 	store := &bucketStore{l: l, p: p, n: n, buckets: make([]storeBucket, 0, len(bs))}
 	names := make([]any, 0, len(bs))
-	seen := make(map[int64]struct{}, len(bs))
 	for _, b := range bs {
-		if _, ok := seen[b]; !ok {
-			seen[b] = struct{}{}
-			names = append(names, packedName(b))
+		if store.find(b) < 0 {
+			store.insert(b)
+			names = append(names, bucketName(b))
 		}
 	}
 	return store, names

@@ -243,7 +243,7 @@ func TestShapeCacheGrowsAsTheStoreSplits(t *testing.T) {
 		for range adds {
 			// Every bucket read: a store of all its buckets.
 			for b := range int64(1)<<s.l + s.p + 1 {
-				s.add(b, "")
+				s.add(b)
 			}
 			if !s.put(fp(), rec) {
 				t.Fatal("put refused")
@@ -252,6 +252,21 @@ func TestShapeCacheGrowsAsTheStoreSplits(t *testing.T) {
 		c.grow(k, adds)
 		if want := (packedShapeOf{s.l, s.p, s.n}); c[k] != want {
 			t.Fatalf("grew to %v, the store's puts left %v", c[k], want)
+		}
+	}
+}
+
+// TestBucketNamesArePackedNames: the boxed field names a call reads and writes its buckets by are
+// packed_records.lua's, in the table and past it.
+func TestBucketNamesArePackedNames(t *testing.T) {
+	for _, b := range []int64{0, 1, 255, 256, 4095, 4096, 65535, 65536, 1<<24 - 1, 1 << 24, 1<<31 - 1} {
+		if got, want := bucketName(b), packedName(b); got != any(want) {
+			t.Errorf("bucket %d named %q, want %q", b, got, want)
+		}
+	}
+	for b := range int64(len(bucketNames)) {
+		if bucketNames[b] != any(packedName(b)) {
+			t.Fatalf("bucket %d named %q in the table, want %q", b, bucketNames[b], packedName(b))
 		}
 	}
 }

@@ -179,7 +179,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			}
 			got, written = got[:len(got)-1], got[len(got)-1]
 			var ok bool
-			if held, ok = packedHeld(rd.store, rd.names, got, rd.plan.records); !ok {
+			if held, ok = packedHeld(rd.store, got, rd.plan.records); !ok {
 				continue
 			}
 			fields = rd.names
