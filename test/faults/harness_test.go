@@ -200,7 +200,8 @@ func newScenario(t *testing.T) *scenario {
 }
 
 // newEmptyScenario makes the scenario's topics and leaves its input topic empty: its processors
-// consume only what the test writes, and converge has nothing to compare.
+// consume only what the test writes, and there is no replay for converge or checkDeadLetters to
+// compare with.
 func newEmptyScenario(t *testing.T) *scenario {
 	t.Helper()
 	return startScenario(t, false)
@@ -341,6 +342,7 @@ func (s *scenario) waitCommitted(within time.Duration) {
 // converge waits until the latest snapshot of every aggregate equals replay's.
 func (s *scenario) converge(within time.Duration) {
 	s.t.Helper()
+	s.needInput()
 	deadline := time.Now().Add(within)
 	for {
 		ok, why := s.seen.equal(s.in.expected)
@@ -359,9 +361,18 @@ func (s *scenario) converge(within time.Duration) {
 	}
 }
 
+// needInput fails a scenario made without input (newEmptyScenario): it has no replay to compare.
+func (s *scenario) needInput() {
+	s.t.Helper()
+	if s.in == nil {
+		s.t.Fatal("a scenario without input (newEmptyScenario) has no replay to compare with")
+	}
+}
+
 // checkDeadLetters requires the dead-letter topic to hold exactly the poison, each line once.
 func (s *scenario) checkDeadLetters() {
 	s.t.Helper()
+	s.needInput()
 	got := map[string]int{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
