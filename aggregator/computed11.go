@@ -141,15 +141,11 @@ func (s *bucketStore) find(b int64) int {
 	return -1
 }
 
-// add adds bucket b, read absent, unless the store has it.
-func (s *bucketStore) add(b int64) {
-	if s.find(b) < 0 {
-		s.insert(b)
+// add adds bucket b, read absent, unless the store has it, and reports whether it did.
+func (s *bucketStore) add(b int64) bool {
+	if s.find(b) >= 0 {
+		return false
 	}
-}
-
-// insert adds bucket b, read absent, which the store does not have.
-func (s *bucketStore) insert(b int64) {
 	s.buckets = append(s.buckets, storeBucket{b: b})
 	switch {
 	case s.index != nil:
@@ -160,6 +156,7 @@ func (s *bucketStore) insert(b int64) {
 			s.index[bk.b] = i
 		}
 	}
+	return true
 }
 
 // set makes v bucket b's records as the call leaves them; b is one the store has.
@@ -501,8 +498,7 @@ func bucketRead(fps []any, shape packedShapeOf, adds int64) (*bucketStore, []any
 	store := &bucketStore{l: l, p: p, n: n, buckets: make([]storeBucket, 0, len(bs))}
 	names := make([]any, 0, len(bs))
 	for _, b := range bs {
-		if store.find(b) < 0 {
-			store.insert(b)
+		if store.add(b) {
 			names = append(names, bucketName(b))
 		}
 	}
