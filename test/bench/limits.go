@@ -20,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/repeatrate/repeatrate/aggregator"
 	"github.com/repeatrate/repeatrate/schemas/cloudevent"
@@ -203,14 +204,24 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		}()
 		defer prof.Wait() // before the processor is stopped
 	}
-	if err := produceAt(ctx, e.brokers, name+".in", rate, total, func(i int, now time.Time) kafka.Message {
+	keys := aggregateKeys(aggs)
+	if err := produceAt(ctx, e.brokers, name+".in", rate, total, func(i int, now time.Time, stamp, v []byte) ([]byte, []byte) {
 		a := i % aggs
-		line := fmt.Sprintf(`{"specversion":"1.0","id":"l%d","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o%d","correction_id":"fix-%d","occurred_at":%q,"assessed_at":%q,"outcome":"passed"}}`,
-			i, i, a, now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+		v = append(v, `{"specversion":"1.0","id":"l`...)
+		v = strconv.AppendInt(v, int64(i), 10)
+		v = append(v, `","source":"bench","type":"repeatrate.live.attempt.v1","data":{"scope":{"workspace":"lat","model":"m","run":"r","checkpoint":"c","artifact":"a"},"opportunity_id":"o`...)
+		v = strconv.AppendInt(v, int64(i), 10)
+		v = append(v, `","correction_id":"fix-`...)
+		v = strconv.AppendInt(v, int64(a), 10)
+		v = append(v, `","occurred_at":"`...)
+		v = append(v, stamp...)
+		v = append(v, `","assessed_at":"`...)
+		v = append(v, stamp...)
+		v = append(v, `","outcome":"passed"}}`...)
 		mu.Lock()
 		sent[a] = append(sent[a], now)
 		mu.Unlock()
-		return kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", a)), Value: []byte(line), Time: now}
+		return keys[a], v
 	}); err != nil {
 		return 0, 0, err
 	}
@@ -322,28 +333,67 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
-// produceAt writes total messages to topic at rate per second, in ticks of 10 ms, each made by
-// msg(i, now) when it is due, with the latency runs' writer: asynchronous, batches of 1 000, 1 ms
-// linger, acknowledged by every replica. What is due is counted from the start, so a write slower
-// than a tick (dropped ticks) does not lower the rate.
-func produceAt(ctx context.Context, brokers []string, topic string, rate float64, total int, msg func(i int, now time.Time) kafka.Message) error {
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, Async: true}
-	defer w.Close()
+// produceAt writes total records to topic at rate per second, in ticks of 10 ms. Every record due
+// at a tick is made by msg(i, now, stamp, value), which appends the record's value to value and
+// returns its key and the longer value; now is the tick's time and stamp now in RFC 3339, formatted
+// once a tick. What is due is counted from the start, so a write slower than a tick (dropped ticks)
+// does not lower the rate.
+//
+// The producer is franz-go's, acknowledged by every replica with a 1 ms linger: on the two cores
+// the processor, Redis and the broker share, the load generator is the one process that is not
+// the system measured, and kafka-go's writer with a record formatted by fmt took 0.33–0.51 cores
+// at 75 000 records/s where this takes about half (docs/performance.md, "The harness's producer").
+func produceAt(ctx context.Context, brokers []string, topic string, rate float64, total int,
+	msg func(i int, now time.Time, stamp, value []byte) (key, longer []byte)) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.ProducerLinger(time.Millisecond),
+		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.RequiredAcks(kgo.AllISRAcks()))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var failed atomic.Pointer[error]
+	done := func(_ *kgo.Record, err error) {
+		if err != nil {
+			failed.CompareAndSwap(nil, &err)
+		}
+	}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	began := time.Now()
+	var stamp []byte
 	for i := 0; i < total; {
 		<-tick.C
-		var msgs []kafka.Message
-		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
-			msgs = append(msgs, msg(i, time.Now().UTC()))
+		if p := failed.Load(); p != nil {
+			return *p
 		}
-		if err := w.WriteMessages(ctx, msgs...); err != nil {
-			return err
+		now := time.Now().UTC()
+		stamp = now.AppendFormat(stamp[:0], time.RFC3339Nano)
+		// A tick's values share one buffer, never reused: the records are sent after this returns.
+		var buf []byte
+		for end := min(int(time.Since(began).Seconds()*rate)+1, total); i < end; i++ {
+			from := len(buf)
+			var key []byte
+			key, buf = msg(i, now, stamp, buf)
+			cl.Produce(ctx, &kgo.Record{Key: key, Value: buf[from:len(buf):len(buf)], Timestamp: now}, done)
 		}
 	}
+	if err := cl.Flush(ctx); err != nil {
+		return err
+	}
+	if p := failed.Load(); p != nil {
+		return *p
+	}
 	return nil
+}
+
+// aggregateKeys are the partition keys of the latency runs' aggregates, as the processor keys them.
+func aggregateKeys(n int) [][]byte {
+	keys := make([][]byte, n)
+	for a := range keys {
+		keys[a] = []byte("lat|m|r|c|a|fix-" + strconv.Itoa(a) + "|live")
+	}
+	return keys
 }
 
 // transportFloor sends live attempts at rate for 10 s the way latency does (same writer, same
@@ -472,8 +522,9 @@ func (e *env) paced(ctx context.Context, rate float64, d time.Duration, what str
 	}
 	time.Sleep(time.Second)    // the readers have their partitions
 	value := make([]byte, 420) // about a live attempt's size
-	if err := produceAt(ctx, e.brokers, name, rate, total, func(i int, now time.Time) kafka.Message {
-		return kafka.Message{Key: []byte(fmt.Sprintf("lat|m|r|c|a|fix-%d|live", i%200)), Value: value, Time: now}
+	keys := aggregateKeys(200)
+	if err := produceAt(ctx, e.brokers, name, rate, total, func(i int, _ time.Time, _, v []byte) ([]byte, []byte) {
+		return keys[i%200], append(v, value...)
 	}); err != nil {
 		return 0, 0, err
 	}
