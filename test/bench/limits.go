@@ -147,21 +147,23 @@ func freePort() (int, error) {
 // latency produces live attempts at rate per second for a few seconds, each to an aggregate of its
 // own, while the processor runs, and returns p50 and p99 of snapshot time − produce time (both
 // Kafka timestamps of the same broker clock) in milliseconds.
-func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, float64, error) {
+// latency runs bin at rate for 10 s of live attempts and returns every event's produce → snapshot
+// latency in milliseconds, sorted.
+func (e *env) latency(ctx context.Context, bin binary, rate float64) (latencies, error) {
 	e.latencies++
 	name := fmt.Sprintf("%s-latency-%s-%.0f-%d", e.run, bin.name, rate, e.latencies)
 	client := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: time.Minute}
 	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
 		{Topic: name + ".in", NumPartitions: 4, ReplicationFactor: 1},
 		{Topic: name + ".snapshots", NumPartitions: 4, ReplicationFactor: 1}}}); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	settle(ctx, e.redisAOF)
 	port, _ := freePort()
 	cmd := exec.Command(bin.path, "run", "--kafka-create-topics", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), e.processorEnv(name, name+".in", e.redisAOF)...)
 	if err := cmd.Start(); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer func() {
 		cmd.Process.Kill()
@@ -223,7 +225,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 		mu.Unlock()
 		return keys[a], v
 	}); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	sending := time.Since(began).Seconds()
 	cpu, redisCores := (cpuSeconds(cmd.Process.Pid)-cpu0)/sending, (redisCPU(ctx, e.redisAOF)-redis0)/sending
@@ -238,7 +240,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 			break
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("latency: the processor did not publish %d events within 2 minutes", total)
+			return nil, fmt.Errorf("latency: the processor did not publish %d events within 2 minutes", total)
 		}
 	}
 	var lat []float64
@@ -295,7 +297,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 	}
 	wg.Wait()
 	if len(lat) < total {
-		return 0, 0, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
+		return nil, fmt.Errorf("latency: %d of %d events seen in snapshots", len(lat), total)
 	}
 	logf("latency: %d events sent in %.1f s (%.0f events/s); Redis rewrote its AOF %d times meanwhile", total, sending, float64(total)/sending, aofRewrites(ctx, e.redisAOF)-rewrites0)
 	logf("latency: Redis's AOF while sending and publishing: %s", rewrites())
@@ -330,7 +332,7 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (float64, f
 			logf("calls: %s", s)
 		}
 	}
-	return lat[len(lat)/2], lat[len(lat)*99/100], nil
+	return lat, nil
 }
 
 // produceAt writes total records to topic at rate per second, in ticks of 10 ms. Every record due
@@ -385,6 +387,37 @@ func produceAt(ctx context.Context, brokers []string, topic string, rate float64
 		return *p
 	}
 	return nil
+}
+
+// latencies are produce → snapshot latencies in milliseconds, sorted.
+type latencies []float64
+
+// at is the q-quantile (0 ≤ q < 1): the latency of rank ⌊q·n⌋ from the lowest.
+func (l latencies) at(q float64) float64 {
+	if len(l) == 0 {
+		return math.NaN()
+	}
+	return l[int(q*float64(len(l)))]
+}
+
+// pooled sorts the latencies of several runs together: a quantile of them is one over all the runs'
+// events, so a slow run weighs as much as its events, neither more nor less.
+func pooled(runs []latencies) latencies {
+	var all latencies
+	for _, r := range runs {
+		all = append(all, r...)
+	}
+	slices.Sort(all)
+	return all
+}
+
+// spread is the lowest and highest of each run's q-quantile, as "a–b".
+func spread(runs []latencies, q float64) string {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range runs {
+		lo, hi = math.Min(lo, r.at(q)), math.Max(hi, r.at(q))
+	}
+	return fmt.Sprintf("%.1f–%.1f", lo, hi)
 }
 
 // aggregateKeys are the partition keys of the latency runs' aggregates, as the processor keys them.
@@ -467,12 +500,12 @@ func (e *env) warmBroker(ctx context.Context, rate float64) error {
 	// counted, go on until the broker's CPU per event falls by less than a tenth (at most 5).
 	prev := math.NaN()
 	for i := 1; i <= 5; i++ {
-		p50, p99, err := e.latency(ctx, e.bins[0], rate)
+		lat, err := e.latency(ctx, e.bins[0], rate)
 		if err != nil {
 			return err
 		}
 		logf("broker warm-up: latency run %d of %s at %.0f events/s, not counted: p50 %.1f ms, p99 %.1f ms, broker %.2f µs an event",
-			i, e.bins[0].name, rate, p50, p99, e.brokerMicros)
+			i, e.bins[0].name, rate, lat.at(0.5), lat.at(0.99), e.brokerMicros)
 		if math.IsNaN(e.brokerMicros) || e.brokerMicros > 0.9*prev {
 			break // settled, or not measured (the broker's pid unknown)
 		}

@@ -95,6 +95,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	latencyRuns, err := atLeast("BENCH_LATENCY_RUNS", "3", 1)
+	if err != nil {
+		return err
+	}
 	rounds, err := atLeast("BENCH_ROUNDS", "2", 1)
 	if err != nil {
 		return err
@@ -160,22 +164,8 @@ func run() error {
 			return err
 		}
 		logf("transport floor at %.0f events/s (the harness's producer to a reader, no processor): p50 %.1f ms, p99 %.1f ms", r, p50, p99)
-		// Round by round, the builds alternate (the second round in reverse order), as the
-		// pipeline runs do: this machine's speed moves within minutes.
-		for round := range rounds {
-			for i := range e.bins {
-				b := e.bins[i]
-				if round%2 == 1 {
-					b = e.bins[len(e.bins)-1-i]
-				}
-				p50, p99, err := e.latency(ctx, b, r)
-				if err != nil {
-					return err
-				}
-				logf("latency %s at %.0f events/s, round %d: p50 %.1f ms, p99 %.1f ms", b.name, r, round+1, p50, p99)
-			}
-		}
-		return nil
+		_, err = e.alternatedLatency(ctx, r, rounds)
+		return err
 	}
 	defer e.deleteTopics(ctx)
 	var from string
@@ -297,32 +287,36 @@ func run() error {
 	}
 	if c := byName["today dup20 aof"]; c != nil {
 		p0, pNone := byName["today dup0 aof"], byName["today dup20 no-aof"]
+		// Latency at half of the current build's speed, BENCH_LATENCY_RUNS runs of every build on a
+		// warm broker.
+		rate := c.best[0].eps / 2
+		if err := e.warmBroker(ctx, rate); err != nil {
+			return err
+		}
+		half, err := e.alternatedLatency(ctx, rate, latencyRuns)
+		if err != nil {
+			return err
+		}
 		m, err := perBin(func(b int) (map[string]any, error) {
 			p20 := c.best[b]
 			m := p20.figures(c.in, e.cores)
 			m["dup20_vs_dup0"] = num(p20.eps/p0.best[b].eps, 3)
 			m["aof_vs_noaof"] = num(p20.eps/pNone.best[b].eps, 3)
-			// Latency at half of the current build's speed for every binary, so they are
-			// compared under the same load, on a warm broker.
-			rate := c.best[0].eps / 2
-			if b == 0 {
-				if err := e.warmBroker(ctx, rate); err != nil {
-					return nil, err
-				}
+			all := pooled(half[b])
+			m["p50_ms"], m["p99_ms"] = num(all.at(0.5), 1), num(all.at(0.99), 1)
+			var p50s, p99s []any
+			for _, l := range half[b] {
+				p50s, p99s = append(p50s, num(l.at(0.5), 1)), append(p99s, num(l.at(0.99), 1))
 			}
-			p50, p99, err := e.latency(ctx, e.bins[b], rate)
+			m["p50_ms_runs"], m["p99_ms_runs"] = p50s, p99s
+			// And near the pipeline's rate: 0.9 of it, where batches queue behind one another.
+			rate := c.best[0].eps * 0.9
+			lat, err := e.latency(ctx, e.bins[b], rate)
 			if err != nil {
 				return nil, err
 			}
-			logf("latency %s at %.0f events/s: p50 %.1f ms, p99 %.1f ms", e.bins[b].name, rate, p50, p99)
-			m["p50_ms"], m["p99_ms"] = num(p50, 1), num(p99, 1)
-			// And near the pipeline's rate: 0.9 of it, where batches queue behind one another.
-			rate = c.best[0].eps * 0.9
-			if p50, p99, err = e.latency(ctx, e.bins[b], rate); err != nil {
-				return nil, err
-			}
-			logf("latency %s at %.0f events/s (0.9 of the pipeline's rate): p50 %.1f ms, p99 %.1f ms", e.bins[b].name, rate, p50, p99)
-			m["p50_ms_at_0.9"], m["p99_ms_at_0.9"] = num(p50, 1), num(p99, 1)
+			logf("latency %s at %.0f events/s (0.9 of the pipeline's rate): p50 %.1f ms, p99 %.1f ms", e.bins[b].name, rate, lat.at(0.5), lat.at(0.99))
+			m["p50_ms_at_0.9"], m["p99_ms_at_0.9"] = num(lat.at(0.5), 1), num(lat.at(0.99), 1)
 			return m, nil
 		})
 		if err != nil {
@@ -366,6 +360,35 @@ func run() error {
 	}
 	fmt.Println(string(b))
 	return nil
+}
+
+// alternatedLatency runs latency n times for every build at rate, the builds alternating run by
+// run (every other run in reverse order), as the pipeline runs do: this machine's speed moves
+// within minutes, and one build's runs a minute apart read p50 51–154 and p99 201–898 ms
+// (2026-12-06), so one run says little. It logs each run and, for each build, the quantiles over
+// all its runs' events with the spread of the runs' own; it returns each build's runs.
+func (e *env) alternatedLatency(ctx context.Context, rate float64, n int) ([][]latencies, error) {
+	runs := make([][]latencies, len(e.bins))
+	for run := range n {
+		for i := range e.bins {
+			b := i
+			if run%2 == 1 {
+				b = len(e.bins) - 1 - i
+			}
+			lat, err := e.latency(ctx, e.bins[b], rate)
+			if err != nil {
+				return nil, err
+			}
+			runs[b] = append(runs[b], lat)
+			logf("latency %s at %.0f events/s, run %d of %d: p50 %.1f ms, p99 %.1f ms", e.bins[b].name, rate, run+1, n, lat.at(0.5), lat.at(0.99))
+		}
+	}
+	for b, bin := range e.bins {
+		all := pooled(runs[b])
+		logf("latency %s at %.0f events/s over its %d runs' events: p50 %.1f ms, p99 %.1f ms; the runs' p50 %s, p99 %s",
+			bin.name, rate, n, all.at(0.5), all.at(0.99), spread(runs[b], 0.5), spread(runs[b], 0.99))
+	}
+	return runs, nil
 }
 
 // describe is a run's progress line.
