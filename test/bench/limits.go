@@ -144,11 +144,9 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// latency produces live attempts at rate per second for a few seconds, each to an aggregate of its
-// own, while the processor runs, and returns p50 and p99 of snapshot time − produce time (both
-// Kafka timestamps of the same broker clock) in milliseconds.
-// latency runs bin at rate for 10 s of live attempts and returns every event's produce → snapshot
-// latency in milliseconds, sorted.
+// latency runs bin while live attempts are produced at rate per second for 10 s, each a new
+// opportunity of one of 200 aggregates, and returns every event's snapshot time − produce time
+// (both Kafka timestamps of the same broker clock) in milliseconds, sorted.
 func (e *env) latency(ctx context.Context, bin binary, rate float64) (latencies, error) {
 	e.latencies++
 	name := fmt.Sprintf("%s-latency-%s-%.0f-%d", e.run, bin.name, rate, e.latencies)
@@ -343,13 +341,18 @@ func (e *env) latency(ctx context.Context, bin binary, rate float64) (latencies,
 //
 // The producer is franz-go's, acknowledged by every replica with a 1 ms linger: on the two cores
 // the processor, Redis and the broker share, the load generator is the one process that is not
-// the system measured, and kafka-go's writer with a record formatted by fmt took 0.33–0.51 cores
+// the system measured, and kafka-go's writer with a record formatted by fmt took 0.26–0.47 cores
 // at 75 000 records/s where this takes about half (docs/performance.md, "The harness's producer").
+// A broker that stops answering fails the call within two minutes of the sending's planned end
+// (franz-go retries a record without end by default), so the bench fails instead of hanging.
 func produceAt(ctx context.Context, brokers []string, topic string, rate float64, total int,
 	msg func(i int, now time.Time, stamp, value []byte) (key, longer []byte)) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(float64(total)/rate*float64(time.Second))+2*time.Minute)
+	defer cancel()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.ProducerLinger(time.Millisecond),
-		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.RequiredAcks(kgo.AllISRAcks()))
+		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(time.Minute))
 	if err != nil {
 		return err
 	}

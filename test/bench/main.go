@@ -364,8 +364,8 @@ func run() error {
 
 // alternatedLatency runs latency n times for every build at rate, the builds alternating run by
 // run (every other run in reverse order), as the pipeline runs do: this machine's speed moves
-// within minutes, and one build's runs a minute apart read p50 51–154 and p99 201–898 ms
-// (2026-12-06), so one run says little. It logs each run and, for each build, the quantiles over
+// within minutes, and one build's 13 runs within a few minutes read p50 51–154 and p99 201–898
+// ms (2026-12-06), so one run says little. It logs each run and, for each build, the quantiles over
 // all its runs' events with the spread of the runs' own; it returns each build's runs.
 func (e *env) alternatedLatency(ctx context.Context, rate float64, n int) ([][]latencies, error) {
 	runs := make([][]latencies, len(e.bins))
