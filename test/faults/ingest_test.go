@@ -45,28 +45,8 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 	base := "http://" + addr
 	waitReady(t, base, 2*time.Minute)
 
-	_, port, _ := net.SplitHostPort(s.brokers[0])
-	pidfile := filepath.Join(repoRoot, ".cache/kafka/node-"+port, "kafka.pid")
-	b, err := os.ReadFile(pidfile)
-	if err != nil {
-		t.Fatalf("the broker's pid: %v", err)
-	}
-	broker, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			syscall.Kill(broker, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume) // never leave the shared broker frozen
 	before := rss(t, p.Pid())
-	if err := syscall.Kill(broker, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	resume := freezeBroker(t, s)
 
 	var mu sync.Mutex
 	answered := map[string]string{} // event id → status
@@ -85,7 +65,7 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 				if tick++; tick%10 == 0 {
 					// A second apart: a write holds its bytes for seconds with the broker
 					// frozen, and each scrape is garbage the RSS above would count.
-					b = inFlightBytes(base)
+					b = metricSum(base, "repeatrate_ingest_inflight_bytes")
 				}
 				mu.Lock()
 				peak, peakInFlight = max(peak, r), max(peakInFlight, b)
@@ -175,9 +155,9 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 	t.Logf("after the broker resumed: %d of %d events answered unknown were written", unknownWritten, statuses[ingest.StatusUnknown])
 }
 
-// inFlightBytes is what base's /metrics says the ingest's Kafka writes hold (0 when it cannot be
-// read).
-func inFlightBytes(base string) float64 {
+// metricSum is the sum of every series of the metric name that base's /metrics serves (0 when it
+// cannot be read).
+func metricSum(base, name string) float64 {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		return 0
@@ -185,13 +165,40 @@ func inFlightBytes(base string) float64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
+	var sum float64
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "repeatrate_ingest_inflight_bytes "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
+		series, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(series, "#") {
+			continue
+		}
+		if n, _, _ := strings.Cut(series, "{"); n == name {
+			f, _ := strconv.ParseFloat(value, 64)
+			sum += f
 		}
 	}
-	return 0
+	return sum
+}
+
+// freezeBroker stops the scenario's broker (SIGSTOP: its connections stay open and every request
+// hangs) and returns what resumes it, which also runs when the test ends: the broker is shared.
+func freezeBroker(t *testing.T, s *scenario) (resume func()) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(s.brokers[0])
+	b, err := os.ReadFile(filepath.Join(repoRoot, ".cache/kafka/node-"+port, "kafka.pid"))
+	if err != nil {
+		t.Fatalf("the broker's pid: %v", err)
+	}
+	broker, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { syscall.Kill(broker, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	if err := syscall.Kill(broker, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	return resume
 }
 
 // freeAddr returns a loopback address no one listens on now.
