@@ -8,7 +8,7 @@ import (
 	"github.com/repeatrate/repeatrate/consumer"
 )
 
-// Scenario 9: the Kafka broker freezes (SIGSTOP: connections open, every fetch, publish and commit
+// Scenario 10: the Kafka broker freezes (SIGSTOP: connections open, every fetch, publish and commit
 // hanging) for 20 s under a processor in the middle of its input, its read side busy. The processor
 // stays up, never holds more than its places in flight (batch.max_in_flight, 4), and its memory
 // grows by no more than a bound while nothing can leave it; once the broker resumes, its snapshots

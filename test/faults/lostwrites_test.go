@@ -19,7 +19,7 @@ import (
 	"github.com/repeatrate/repeatrate/schemas"
 )
 
-// Scenario 8: Redis comes back with less than it acknowledged. Persistence is RDB only: a
+// Scenario 9: Redis comes back with less than it acknowledged. Persistence is RDB only: a
 // snapshot is taken after 50 events, 10 more are applied, Redis is SIGKILLed and restarts from the
 // older snapshot, nothing arrives for longer than the commit delay, then 5 more events do. The 10
 // must be applied again, or the processor must stop with the state-lost error; never may their
