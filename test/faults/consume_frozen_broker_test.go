@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -29,31 +28,9 @@ func TestConsumeThroughFrozenBroker(t *testing.T) {
 		t.Fatalf("the broker froze after %.0f of %d events: too late to freeze the middle of the input", decoded, s.in.lines)
 	}
 
-	// RSS every 100 ms; the processor's own gauge of batches in flight once a second (a scrape
-	// renders every metric, garbage the RSS would count).
-	var mu sync.Mutex
-	peak, peakInFlight := before, 0.0
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		for tick := 1; ; tick++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			r, f := rss(t, p.Pid()), 0.0
-			if tick%10 == 0 {
-				f = metricSum(base, "repeatrate_batches_in_flight")
-			}
-			mu.Lock()
-			peak, peakInFlight = max(peak, r), max(peakInFlight, f)
-			mu.Unlock()
-		}
-	})
+	peaks := watchPeaks(t, p.Pid(), base, "repeatrate_batches_in_flight", before)
 	time.Sleep(20 * time.Second) // the freeze itself is the fault: nothing to wait for
-	close(stop)
-	sampler.Wait()
+	peak, peakInFlight := peaks()
 	duringFreeze := metricSum(base, "repeatrate_events_total")
 	resume()
 	t.Logf("broker frozen 20 s after %.0f of %d events decoded (%.0f when it resumed): RSS %d MB before, %d MB at most; %.0f batches in flight at most",

@@ -48,31 +48,11 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 	before := rss(t, p.Pid())
 	resume := freezeBroker(t, s)
 
+	// The ingest's own count of the bytes its Kafka writes hold: a write holds its bytes for
+	// seconds with the broker frozen, so a sample a second finds it.
+	peaks := watchPeaks(t, p.Pid(), base, "repeatrate_ingest_inflight_bytes", before)
 	var mu sync.Mutex
 	answered := map[string]string{} // event id → status
-	peak := before
-	var peakInFlight float64 // the ingest's own count of the bytes its Kafka writes hold
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		tick := 0
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-				r, b := rss(t, p.Pid()), 0.0
-				if tick++; tick%10 == 0 {
-					// A second apart: a write holds its bytes for seconds with the broker
-					// frozen, and each scrape is garbage the RSS above would count.
-					b = metricSum(base, "repeatrate_ingest_inflight_bytes")
-				}
-				mu.Lock()
-				peak, peakInFlight = max(peak, r), max(peakInFlight, b)
-				mu.Unlock()
-			}
-		}
-	})
 	client := &http.Client{Timeout: time.Minute}
 	deadline := time.Now().Add(25 * time.Second)
 	var clients sync.WaitGroup
@@ -108,8 +88,7 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 		})
 	}
 	clients.Wait()
-	close(stop)
-	sampler.Wait()
+	peak, peakInFlight := peaks()
 	statuses := map[string]int{}
 	for _, st := range answered {
 		statuses[st]++
@@ -199,6 +178,37 @@ func freezeBroker(t *testing.T, s *scenario) (resume func()) {
 		t.Fatal(err)
 	}
 	return resume
+}
+
+// watchPeaks samples process pid's RSS every 100 ms, and the metric name from base's /metrics
+// once a second (a scrape renders every metric: garbage the RSS would count), until the returned
+// stop is called; stop returns the highest RSS, from at least, and the highest value of the metric.
+func watchPeaks(t *testing.T, pid int, base, name string, from int64) (stop func() (rss int64, metric float64)) {
+	var mu sync.Mutex
+	peak, peakMetric := from, 0.0
+	done := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for tick := 1; ; tick++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			r, m := rss(t, pid), 0.0
+			if tick%10 == 0 {
+				m = metricSum(base, name)
+			}
+			mu.Lock()
+			peak, peakMetric = max(peak, r), max(peakMetric, m)
+			mu.Unlock()
+		}
+	})
+	return func() (int64, float64) {
+		close(done)
+		sampler.Wait()
+		return peak, peakMetric
+	}
 }
 
 // freeAddr returns a loopback address no one listens on now.
