@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -154,11 +155,6 @@ type Redis struct {
 	secondReads atomic.Int64
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
-	// upcoming is the batches the processor announced, and ahead what was read of the next one
-	// while the one before was stored (readahead.go). ahead is guarded by sealMu.
-	upcoming             upcomingBatches
-	ahead                *readAhead
-	aheadMade, aheadUsed atomic.Int64
 	// chunkCalls, when set, is the fewest calls a chunk holds in place of minChunkCalls: a test's.
 	chunkCalls int
 	// afterRead, when set, runs between computeCalls's read of a chunk and its store: a test's
@@ -327,7 +323,7 @@ func (r *Redis) ApplyEncodedWith(ctx context.Context, e *Encoded, at time.Time, 
 // stores the one before. It returns the aggregates whose computed calls the store refused, which
 // it did not apply.
 func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Companion, compute bool) (Applied, []Key, error) {
-	m, announced := r.mode.Load(), e
+	m := r.mode.Load()
 	if e.mode != m {
 		// The namespace moved on in its migration since e was encoded.
 		e = r.encode(m, e.obs)
@@ -346,10 +342,6 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	r.sealMu.Lock()
 	defer r.sealMu.Unlock()
 	res := Applied{Outcomes: make([]Outcome, len(e.obs)), Keys: e.keys, Tallies: make(map[Key]Tally, len(e.keys))}
-	var ahead *readAhead
-	if compute {
-		ahead = r.takeAhead(announced, m, at)
-	}
 	read := compute && !m.both
 	if read && !r.readNext() {
 		read = false
@@ -357,20 +349,17 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 	}
 	// The chunks are stored one after another, each in a pipeline of its own; while Redis runs
 	// one, the processor reads and computes the next (aggregates of different chunks are
-	// disjoint, so neither's reads see the other's writes), and while it runs the last, the first
-	// of the next batch (readahead.go).
+	// disjoint, so neither's reads see the other's writes).
 	chunks := []*Encoded{e}
 	if read {
-		ordered := e
-		if ahead != nil {
-			o := *e
-			o.keys = ahead.keys // the order the first chunk was read ahead in; res.Keys keeps e's
-			ordered = &o
-		}
-		chunks = ordered.chunks(r.minChunk())
+		chunks = e.chunks(cmp.Or(r.chunkCalls, minChunkCalls))
 	}
 	readAll, hitAll, prepared := 0, 0, 0
-	prepared1 := func(ch *Encoded, cc map[Key]*computedCall, n, hit int) map[Key]*computedCall {
+	prepare := func(ch *Encoded) map[Key]*computedCall {
+		if !read {
+			return nil
+		}
+		cc, n, hit := r.computeCalls(ctx, ch, at, m.fp != nil)
 		r.offPath.Add(int64(len(ch.keys) - len(cc)))
 		if r.afterRead != nil {
 			r.afterRead()
@@ -381,19 +370,7 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		}
 		return cc
 	}
-	prepare := func(ch *Encoded) map[Key]*computedCall {
-		if !read {
-			return nil
-		}
-		cc, n, hit := r.computeCalls(ctx, ch, at, m.fp != nil)
-		return prepared1(ch, cc, n, hit)
-	}
-	var computed map[Key]*computedCall
-	if read && ahead != nil {
-		computed = prepared1(chunks[0], ahead.computed, ahead.read, ahead.hit)
-	} else {
-		computed = prepare(chunks[0])
-	}
+	computed := prepare(chunks[0])
 	var refused []Key
 	for i, ch := range chunks {
 		cc := c
@@ -402,18 +379,12 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		}
 		var s storeSent
 		var next map[Key]*computedCall
-		switch {
-		case i+1 < len(chunks):
+		if i+1 < len(chunks) {
 			sent := make(chan storeSent, 1)
 			go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, c, compute) }()
 			next = prepare(chunks[i+1])
 			s = <-sent // the goroutine has ended
-		case read:
-			sent := make(chan storeSent, 1)
-			go func() { sent <- r.sendChunk(ctx, m, ch, computed, cc, c, compute) }()
-			r.readNextAhead(ctx, announced, m, ch.keys)
-			s = <-sent
-		default:
+		} else {
 			s = r.sendChunk(ctx, m, ch, computed, cc, c, compute)
 		}
 		ref, err := r.finishChunk(ctx, m, ch, computed, cc, s, &res)

@@ -56,9 +56,6 @@ type retainedRig struct {
 	// spanRet is the retention the aggregates were created under, whose index group span their
 	// heads keep (ret, unless a test changes the retention later).
 	spanRet int64
-	// applyObs, when set, applies a batch in place of s.Apply: a test that encodes and announces
-	// batches itself.
-	applyObs func(ctx context.Context, obs []Observation, at time.Time) (Applied, error)
 	// seen counts what the stored state showed across checks, so a test can require that its
 	// sequence reached the cases it is about.
 	seen map[string]int
@@ -98,11 +95,7 @@ func (x *retainedRig) applyChecked(what string, batch []Observation, at time.Tim
 	x.t.Helper()
 	ctx := context.Background()
 	x.hist = append(x.hist, retainedBatch{batch, at})
-	apply := x.s.Apply
-	if x.applyObs != nil {
-		apply = x.applyObs
-	}
-	got, err := apply(ctx, batch, at)
+	got, err := x.s.Apply(ctx, batch, at)
 	if err != nil {
 		x.t.Fatalf("%s: %v", what, err)
 	}

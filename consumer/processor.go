@@ -42,14 +42,6 @@ type encoder interface {
 	ApplyEncoded(ctx context.Context, e *aggregator.Encoded, at time.Time) (aggregator.Applied, error)
 }
 
-// readerAhead is an encoder that can read and compute part of the next batch while it stores the
-// one before (aggregator.Redis; readahead.go there): Prepare announces each batch it encoded, and
-// Apply applies a batch at the time the store read it ahead at, so that what it read is used.
-type readerAhead interface {
-	Upcoming(e *aggregator.Encoded, now func() time.Time)
-	ReadAt(e *aggregator.Encoded) (time.Time, bool)
-}
-
 // suiteEncoder is a SuiteStore that applies graded runs Prepare encoded with suite.Encode;
 // suite.Redis is one.
 type suiteEncoder interface {
@@ -119,7 +111,6 @@ type Processor struct {
 	store   Store
 	suites  SuiteStore
 	enc     encoder        // store, when it is one
-	ahead   readerAhead    // store, when it is one
 	renc    suiteEncoder   // suites, when it is one
 	joint   jointEncoder   // store, when it is one and suites is a suiteCompanion
 	comp    suiteCompanion // suites, when joint is set
@@ -141,7 +132,6 @@ func NewProcessor(cfg ProcessorConfig, d *cloudevent.Decoder, s Store, suites Su
 	}
 	proc := &Processor{cfg: cfg, decoder: d, store: s, suites: suites, pub: p, dlq: dlq, now: now, log: log, metrics: m}
 	proc.enc, _ = s.(encoder)
-	proc.ahead, _ = s.(readerAhead)
 	proc.renc, _ = suites.(suiteEncoder)
 	if j, ok := s.(jointEncoder); ok {
 		if c, ok := suites.(suiteCompanion); ok {
@@ -241,9 +231,6 @@ func (p *Processor) Prepare(msgs []kafka.Message) (*Batch, error) {
 	}
 	if p.enc != nil && len(b.obs) > 0 {
 		b.enc = p.enc.Encode(b.obs)
-		if p.ahead != nil {
-			p.ahead.Upcoming(b.enc, p.now)
-		}
 	}
 	if p.renc != nil && len(b.runs) > 0 {
 		b.renc = suite.Encode(b.runs)
@@ -304,13 +291,6 @@ func (p *Processor) Apply(ctx context.Context, b *Batch) error {
 			return durability(p.store.Verify(ctx, 0, nil))
 		}
 		b.at = p.now()
-		if p.ahead != nil && b.enc != nil && b.applyTries == 1 {
-			// The time the store read this batch's first chunk at, while it stored the batch
-			// before: at most that batch's store earlier than now.
-			if at, ok := p.ahead.ReadAt(b.enc); ok {
-				b.at = at
-			}
-		}
 		var err error
 		switch {
 		case joined:

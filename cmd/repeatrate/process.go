@@ -179,8 +179,6 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		"result", [2]string{"stored", "refused"}, st.rates.ComputedCalls)
 	registerPair(reg, "repeatrate_computed_calls_left_total", "Apply calls apply.lua ran with redis.compute_calls on because the processor did not compute them, by reason: off_path (more than 1000 records, or read and found off the computed path: a new aggregate, a reassessment that moves the winner or grows the horizon, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp), unread (in a batch left unread after one that computed fewer than half the records it read of aggregates that exist). Counted per attempt: a retried batch's calls count again.",
 		"reason", [2]string{"off_path", "unread"}, st.rates.ComputedCallsLeft)
-	registerPair(reg, "repeatrate_batches_read_ahead_total", "Batches whose first chunk the processor read and computed while it stored the batch before (redis.compute_calls), by result: used, or unused (applied at another time, e.g. retried, or in another state layout mode, or never: the group generation ended).",
-		"result", [2]string{"used", "unused"}, st.rates.ReadsAhead)
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
 	defer func() {

@@ -687,7 +687,6 @@ func computedShare(m map[string]float64) string {
 	if stored == 0 || all == 0 {
 		return ""
 	}
-	used, unused := m[`repeatrate_batches_read_ahead_total{result="used"}`], m[`repeatrate_batches_read_ahead_total{result="unused"}`]
-	return fmt.Sprintf("%.0f %% computed (redis.compute_calls): %.0f stored, %.0f refused, %.0f off the path, %.0f in batches left unread; %.0f batches applied with their first chunk read ahead, %.0f read ahead and not",
-		100*stored/all, stored, refused, offPath, unread, used, unused)
+	return fmt.Sprintf("%.0f %% computed (redis.compute_calls): %.0f stored, %.0f refused, %.0f off the path, %.0f in batches left unread",
+		100*stored/all, stored, refused, offPath, unread)
 }
