@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -103,6 +104,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 		}
 		return infoValue(info, "used_memory")
 	}, ticks.C)
+	defer stopPeak() // on an early return too: the sampler's goroutine ends
 	filled, err := e.pipelineIn(ctx, bin, fill, e.redisNone, name, true)
 	if err != nil {
 		return err
@@ -132,8 +134,8 @@ func (e *env) prefillMode(ctx context.Context) error {
 	return nil
 }
 
-// samplePeak calls read at once and on every tick until the returned stop is called, which reads
-// once more and returns the largest reading. The prefill samples Redis's used_memory so: INFO's
+// samplePeak calls read at once and on every tick until the returned stop is first called, which
+// reads once more and returns the largest reading (and so does every later call). The prefill samples Redis's used_memory so: INFO's
 // used_memory_peak is the server's since it started, and CONFIG RESETSTAT leaves it (Redis 7.0),
 // so a larger store an earlier run left (the other layout's prefill) stood in for this one's.
 func samplePeak(read func() float64, tick <-chan time.Time) (stop func() float64) {
@@ -150,8 +152,8 @@ func samplePeak(read func() float64, tick <-chan time.Time) (stop func() float64
 			}
 		}
 	}()
-	return func() float64 {
+	return sync.OnceValue(func() float64 {
 		close(done)
 		return <-out
-	}
+	})
 }

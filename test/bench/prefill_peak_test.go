@@ -6,7 +6,8 @@ import (
 )
 
 // TestPrefillPeakIsTheLargestReading: the prefill's Redis peak is the largest of the readings taken
-// while it ran (one at the start, one a tick, one when it stops), and nothing read before it began.
+// while it ran (one at the start, one at each tick, one when it stops), and stopping again returns
+// it again.
 func TestPrefillPeakIsTheLargestReading(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -37,6 +38,9 @@ func TestPrefillPeakIsTheLargestReading(t *testing.T) {
 			go func() { <-taken }() // the reading stop takes
 			if got := stop(); got != tc.want {
 				t.Fatalf("peak %v, want %v", got, tc.want)
+			}
+			if got := stop(); got != tc.want {
+				t.Fatalf("stopped again: peak %v, want %v", got, tc.want)
 			}
 		})
 	}
