@@ -135,9 +135,10 @@ func (e *env) prefillMode(ctx context.Context) error {
 }
 
 // samplePeak calls read at once and on every tick until the returned stop is first called, which
-// reads once more and returns the largest reading (and so does every later call). The prefill samples Redis's used_memory so: INFO's
-// used_memory_peak is the server's since it started, and CONFIG RESETSTAT leaves it (Redis 7.0),
-// so a larger store an earlier run left (the other layout's prefill) stood in for this one's.
+// reads once more and returns the largest reading (and so does every later call). The prefill
+// samples Redis's used_memory so: INFO's used_memory_peak is the server's since it started, and
+// CONFIG RESETSTAT leaves it (Redis 7.0), so a larger store an earlier run left (the other
+// layout's prefill) stood in for this one's.
 func samplePeak(read func() float64, tick <-chan time.Time) (stop func() float64) {
 	done, out := make(chan struct{}), make(chan float64, 1)
 	go func() {

@@ -83,9 +83,9 @@ func TestTokenShardsComeFromTheMapTheWritesUse(t *testing.T) {
 		// the pipeline is mapped to nodes.
 		armed, movedFirst := true, false
 		w.AddHook(reloadBeforeExec{w: w, key: dataKey, want: move.to.addr, armed: &armed, movedFirst: &movedFirst, t: t})
-		tokensBefore := tokensOn(t, dst, prefix)
+		tokensBefore := dumpNode(t, dst, prefix+":{*}:pending:") // the node's tokens, by key
 		_, err = store.Apply(ctx, obs(1), t0.Add(time.Hour))
-		if err == nil && (movedFirst || !maps.Equal(tokensOn(t, dst, prefix), tokensBefore)) {
+		if err == nil && (movedFirst || !maps.Equal(dumpNode(t, dst, prefix+":{*}:pending:"), tokensBefore)) {
 			// The writer's map named the new owner when the token shards were picked: a reload
 			// landed after the check above (one an earlier redirection started, or one that asked
 			// a node the move had reached while an earlier one asked a node it had not, so that the
@@ -124,21 +124,6 @@ func TestTokenShardsComeFromTheMapTheWritesUse(t *testing.T) {
 	if toks, _ := dst.Keys(ctx, prefix+":{*}:pending:*").Result(); len(toks) == 0 {
 		t.Fatalf("no token of this process on %s, where the batch's write is", move.to.addr)
 	}
-}
-
-// tokensOn returns the pending tokens under prefix that node c holds, by key.
-func tokensOn(t *testing.T, c *redis.Client, prefix string) map[string]string {
-	t.Helper()
-	ctx := context.Background()
-	keys, err := c.Keys(ctx, prefix+":{*}:pending:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, k := range keys {
-		out[k] = c.Get(ctx, k).Val()
-	}
-	return out
 }
 
 // mapNames says whether w's slot map names addr as the primary of key.
