@@ -24,6 +24,9 @@ type Config struct {
 	// Spread is how far before now a new opportunity may have occurred, uniformly; zero keeps
 	// the original 30 s.
 	Spread time.Duration
+	// Skip is where the count that numbers ids starts: generators of one seed with counts that
+	// never meet name different opportunities and events.
+	Skip int
 }
 
 // Generator produces lines; it is not safe for concurrent use.
@@ -54,7 +57,7 @@ func New(cfg Config) *Generator {
 	if cfg.RepeatChance == 0 {
 		cfg.RepeatChance = 0.2
 	}
-	return &Generator{cfg: cfg, r: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
+	return &Generator{cfg: cfg, r: rand.New(rand.NewPCG(cfg.Seed, 0x5eed)), n: cfg.Skip}
 }
 
 // Line returns the next line, the time it says it occurred at, and whether it is poison.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -328,6 +329,69 @@ func committedAll(ctx context.Context, c *kafka.Client, group, topic string, end
 		}
 	}
 	return true
+}
+
+// commandStat is one command's line of INFO commandstats: the calls served and the µs spent in them.
+type commandStat struct{ calls, usec float64 }
+
+// commandTimes is INFO commandstats at a moment, by command (cmdstat_ dropped).
+type commandTimes map[string]commandStat
+
+// commandStats reads INFO commandstats from the Redis at addr (empty when it cannot).
+func commandStats(ctx context.Context, addr string) commandTimes {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s, _ := rdb.Info(ctx, "commandstats").Result()
+	t := commandTimes{}
+	// The bytes read from and written to clients, as two pseudo-commands counting bytes in calls.
+	for _, f := range []string{"total_net_input_bytes", "total_net_output_bytes"} {
+		t[f] = commandStat{calls: infoField(ctx, addr, "stats", f)}
+	}
+	for _, l := range strings.Split(s, "\r\n") {
+		name, stats, ok := strings.Cut(strings.TrimPrefix(l, "cmdstat_"), ":")
+		if !ok {
+			continue
+		}
+		var c commandStat
+		for _, f := range strings.Split(stats, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			x, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				c.calls = x
+			case "usec":
+				c.usec = x
+			}
+		}
+		t[name] = c
+	}
+	return t
+}
+
+// since describes what Redis did between t and later, per event of n: the bytes it read from and
+// wrote to clients, and each command's calls and µs, the largest first, for the commands that took
+// at least 0.01 µs an event. A script's time includes the commands it called, which count in their
+// own lines too; reading, parsing and replying, and the server's own cron, are in none.
+func (t commandTimes) since(later commandTimes, n int) string {
+	type row struct {
+		name        string
+		calls, usec float64
+	}
+	var rows []row
+	per := func(name string) float64 { return (later[name].calls - t[name].calls) / float64(n) }
+	for name, c := range later {
+		d := row{name, per(name), (c.usec - t[name].usec) / float64(n)}
+		if d.usec >= 0.01 {
+			rows = append(rows, d)
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.usec, a.usec) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "bytes/event in %.0f, out %.0f", per("total_net_input_bytes"), per("total_net_output_bytes"))
+	for _, r := range rows {
+		fmt.Fprintf(&b, "; %s %.3f calls %.2f µs", r.name, r.calls, r.usec)
+	}
+	return b.String()
 }
 
 // commandCalls returns the commands the Redis at addr has served since its statistics were

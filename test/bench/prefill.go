@@ -15,9 +15,11 @@ import (
 // Prefilled store (BENCH_PREFILL=<opportunities>): the today stream (BENCH_EVENTS events, 400
 // aggregates) on an empty store, then on one that already retains that many opportunities over
 // 10 000 live aggregates — among them the today stream's 200 live ones, each then holding
-// total/10 000, occurred over the last 24 hours — and on an empty store again. Cost per event must
-// not depend on history: events/s and Redis CPU per event, prefilled ÷ empty (the mean of the two
-// empty runs, which bracket it). Redis without AOF, so that no rewrite of the prefilled state
+// total/10 000, occurred over the last 24 hours — and on an empty store again, in
+// BENCH_PREFILL_ROUNDS rounds (3 by default) of a new today stream each, every prefilled run
+// between two empty ones. Cost per event must not depend on history: events/s and Redis CPU per
+// event, prefilled ÷ empty (the means over the rounds; one empty run's Redis CPU an event varies by
+// a tenth or more from the next). Redis without AOF, so that no rewrite of the prefilled state
 // lands in a measured run. The prefill is processed by the same binary, written aggregate by
 // aggregate so that it takes minutes, not hours: spread over 10 000 aggregates, a batch holds one
 // or two events of each, and each costs a script call of its own.
@@ -58,9 +60,17 @@ func (e *env) prefillMode(ctx context.Context) error {
 	e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
 	logf("machine: %s", machine())
 	logf("prefill: %d opportunities over %d aggregates, then %d events of the today shape", total, prefillAggregates, e.n)
-	measured, err := e.todayInput("dup20", 0.2)
+	rounds, err := atLeast("BENCH_PREFILL_ROUNDS", "3", 1)
 	if err != nil {
 		return err
+	}
+	// An input a round, each naming opportunities new to the store (the others' ids numbered
+	// apart), so that no round reads the one before it as duplicates.
+	measured := make([]*input, rounds)
+	for k := range measured {
+		if measured[k], err = e.todayInputFrom(fmt.Sprintf("dup20-%d", k+1), 0.2, k*1_000_000_000); err != nil {
+			return err
+		}
 	}
 	per := max(1, total/prefillAggregates)
 	total = per * prefillAggregates
@@ -80,6 +90,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 		return err
 	}
 	bin := e.bins[0]
+	name := e.run + "-prefilled"
 	rdb := redis.NewClient(&redis.Options{Addr: e.redisNone})
 	defer rdb.Close()
 	memory := func(field string) float64 {
@@ -87,12 +98,29 @@ func (e *env) prefillMode(ctx context.Context) error {
 		return infoField(ctx, e.redisNone, "memory", field)
 	}
 
-	empty1, err := e.pipeline(ctx, bin, measured, e.redisNone)
+	// run measures one input on a store, with what Redis did by command.
+	run := func(what string, in *input, prefilled bool) (pipelineResult, error) {
+		stats := commandStats(ctx, e.redisNone)
+		var r pipelineResult
+		var err error
+		if prefilled {
+			r, err = e.pipelineIn(ctx, bin, in, e.redisNone, name, true)
+		} else {
+			r, err = e.pipeline(ctx, bin, in, e.redisNone)
+		}
+		if err == nil {
+			logf("%s: %s", what, r.describe(e.cores))
+			logf("%s, Redis by command: %s", what, stats.since(commandStats(ctx, e.redisNone), e.n))
+		}
+		return r, err
+	}
+	empty := make([]pipelineResult, 0, len(measured)+1)
+	full := make([]pipelineResult, 0, len(measured))
+	first, err := run("empty store", measured[0], false)
 	if err != nil {
 		return err
 	}
-	logf("empty store: %s", empty1.describe(e.cores))
-	name := e.run + "-prefilled"
+	empty = append(empty, first)
 	defer cleanup(rdb, name)
 	before := memory("used_memory")
 	ticks := time.NewTicker(100 * time.Millisecond)
@@ -111,24 +139,31 @@ func (e *env) prefillMode(ctx context.Context) error {
 	}
 	held := memory("used_memory") - before
 	logf("prefill: %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity", filled.describe(e.cores), held/1e6, held/float64(total))
-	full, err := e.pipelineIn(ctx, bin, measured, e.redisNone, name, true)
-	if err != nil {
-		return err
+	// Round k: input k on the prefilled store, then on an empty one; every prefilled run lies
+	// between two empty runs.
+	rss := 0.0
+	for k, in := range measured {
+		r, err := run(fmt.Sprintf("prefilled store, round %d", k+1), in, true)
+		if err != nil {
+			return err
+		}
+		full, rss = append(full, r), max(rss, r.rssMB)
+		if r, err = run(fmt.Sprintf("empty store, round %d", k+1), in, false); err != nil {
+			return err
+		}
+		empty = append(empty, r)
+		logf("round %d: prefilled ÷ empty (the runs either side): events/s %.3f, Redis CPU µs/event %.3f", k+1,
+			full[k].eps/meanOf(empty[k:k+2], eventsPerSecond), full[k].redisMicros/meanOf(empty[k:k+2], redisPerEvent))
 	}
 	peak := stopPeak()
-	logf("prefilled store: %s", full.describe(e.cores))
-	empty2, err := e.pipeline(ctx, bin, measured, e.redisNone)
-	if err != nil {
-		return err
-	}
-	logf("empty store again: %s", empty2.describe(e.cores))
-	emptyEPS, emptyRedis := (empty1.eps+empty2.eps)/2, (empty1.redisMicros+empty2.redisMicros)/2
-	logf("prefilled ÷ empty: events/s %.3f (%.0f ÷ %.0f), Redis CPU µs/event %.3f (%.2f ÷ %.2f); Redis peak %.0f MB, processor peak RSS %.0f MB",
-		full.eps/emptyEPS, full.eps, emptyEPS, full.redisMicros/emptyRedis, full.redisMicros, emptyRedis, peak/1e6, full.rssMB)
+	emptyEPS, emptyRedis := meanOf(empty, eventsPerSecond), meanOf(empty, redisPerEvent)
+	fullEPS, fullRedis := meanOf(full, eventsPerSecond), meanOf(full, redisPerEvent)
+	logf("prefilled ÷ empty over %d rounds (means of %d prefilled and %d empty runs): events/s %.3f (%.0f ÷ %.0f), Redis CPU µs/event %.3f (%.2f ÷ %.2f); Redis peak %.0f MB, processor peak RSS %.0f MB",
+		len(full), len(full), len(empty), fullEPS/emptyEPS, fullEPS, emptyEPS, fullRedis/emptyRedis, fullRedis, emptyRedis, peak/1e6, rss)
 	b, _ := json.Marshal(map[string]any{"prefill": map[string]any{
-		"opportunities": total, "events": e.n, "eps_empty": num(emptyEPS, 0), "eps_prefilled": num(full.eps, 0),
-		"eps_ratio": num(full.eps/emptyEPS, 3), "redis_us_ratio": num(full.redisMicros/emptyRedis, 3),
-		"redis_bytes_per_opportunity": num(held/float64(total), 1), "redis_peak_mb": num(peak/1e6, 0), "processor_rss_mb": num(full.rssMB, 0),
+		"opportunities": total, "events": e.n, "rounds": len(full), "eps_empty": num(emptyEPS, 0), "eps_prefilled": num(fullEPS, 0),
+		"eps_ratio": num(fullEPS/emptyEPS, 3), "redis_us_ratio": num(fullRedis/emptyRedis, 3),
+		"redis_bytes_per_opportunity": num(held/float64(total), 1), "redis_peak_mb": num(peak/1e6, 0), "processor_rss_mb": num(rss, 0),
 	}})
 	fmt.Println(string(b))
 	return nil
@@ -158,3 +193,16 @@ func samplePeak(read func() float64, tick <-chan time.Time) (stop func() float64
 		return <-out
 	})
 }
+
+// meanOf is the mean of a figure over runs.
+func meanOf(runs []pipelineResult, figure func(pipelineResult) float64) float64 {
+	sum := 0.0
+	for _, r := range runs {
+		sum += figure(r)
+	}
+	return sum / float64(len(runs))
+}
+
+// eventsPerSecond and redisPerEvent are figures meanOf takes.
+func eventsPerSecond(r pipelineResult) float64 { return r.eps }
+func redisPerEvent(r pipelineResult) float64   { return r.redisMicros }

@@ -41,7 +41,13 @@ type input struct {
 // aggregates, 30 % eval results (one run each), 10 % re-assessments, dup of duplicates, new
 // opportunities occurred within 30 s of generation.
 func (e *env) todayInput(name string, dup float64) (*input, error) {
-	gen := synth.New(synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3})
+	return e.todayInputFrom(name, dup, 0)
+}
+
+// todayInputFrom is todayInput with its ids numbered from skip: inputs whose numbers never meet
+// name different opportunities, so each is new to a store that holds the others.
+func (e *env) todayInputFrom(name string, dup float64, skip int) (*input, error) {
+	gen := synth.New(synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3, Skip: skip})
 	now, i := time.Now(), 0
 	return e.input(shapeToday, name, func() ([]byte, bool) {
 		if i == e.n {
