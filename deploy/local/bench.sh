@@ -17,7 +17,8 @@
 #                     the abuses, of reads,streams,ingest; BENCH_ISOLATION_WORKSPACE_RATE sets the
 #                     per-workspace ingest quota)
 #   BENCH_PREFILL=N   instead: the today stream on an empty store and on one already retaining N
-#                     opportunities over 10 000 aggregates (docs/performance.md)
+#                     opportunities over 10 000 aggregates, in BENCH_PREFILL_ROUNDS rounds (3)
+#                     (docs/performance.md)
 #   BENCH_LATENCY_RATE=R  instead: produce → snapshot latency alone, at R events/s, with where a
 #                     batch's time goes (the processor's stage histograms)
 set -euo pipefail
