@@ -45,9 +45,13 @@ func newComputedSidesIn(t *testing.T, what string, retention, idle time.Duration
 			t.Fatal(err)
 		}
 		// The computed sides store a batch in chunks of 2 and of 3 calls (at most maxChunks),
-		// each chunk computed while the one before is stored.
+		// each chunk computed while the one before is stored; the first computes every chunk's
+		// calls side by side, the embedded one only those past minParallelRecords.
 		if i > 0 {
 			s.chunkCalls = i + 1
+		}
+		if i == 1 {
+			s.parallelFrom = 1
 		}
 		x.prefixes, x.stores = append(x.prefixes, prefix), append(x.stores, s)
 		x.rigs = append(x.rigs, &retainedRig{t: t, s: s, c: c, m: NewModel(retention), ret: int64(retention / time.Microsecond),

@@ -2,7 +2,10 @@ package aggregator
 
 import (
 	"context"
+	"runtime"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -150,23 +153,22 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		}
 	}
 	now := time.Now().Unix()
-	out := make(map[Key]*computedCall, len(reads))
-	existing, hit := all, 0
-	for _, rd := range reads {
+	// compute is one call's computation: pure (its read, its plan, its bucket store), so that calls
+	// are computed side by side. The new aggregate's records are not counted as existing.
+	compute := func(rd *read) (cc *computedCall, fresh bool) {
 		state, err := rd.state.Slice()
 		if err != nil || len(state) != len(rd.plan.state) {
-			continue
+			return nil, false
 		}
 		if state[0] == nil {
-			existing -= len(rd.recs) // a new aggregate: apply.lua creates it
-			continue
+			return nil, true // a new aggregate: apply.lua creates it
 		}
 		if rd.rec == nil {
-			continue // layout 11, a head no call of the path reads
+			return nil, false // layout 11, a head no call of the path reads
 		}
 		got, err := rd.rec.Slice()
 		if err != nil {
-			continue
+			return nil, false
 		}
 		// held is each record's value as the call meets it first; store.lua checks the record
 		// fields read: in layout 11 the bucket fields and the buckets' write stamp, read with
@@ -175,21 +177,21 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		var written any
 		if rd.store != nil {
 			if len(got) == 0 {
-				continue
+				return nil, false
 			}
 			got, written = got[:len(got)-1], got[len(got)-1]
 			var ok bool
 			if held, ok = packedHeld(rd.store, got, rd.plan.records); !ok {
-				continue
+				return nil, false
 			}
 			fields = rd.names
 		}
 		if len(got) != len(fields) {
-			continue
+			return nil, false
 		}
 		cc, ok := computeCall(rd.plan, state, held, rd.recs, ret, atUS, ttl, rd.store)
 		if !ok || (ttl > 0 && float64(now-cc.stamp+stampMargin) >= float64(ttl)/2000) {
-			continue
+			return nil, false
 		}
 		if rd.store != nil {
 			// The stamp goes last, so that store.lua makes a new one whenever the call writes
@@ -204,10 +206,61 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		if rd.store != nil {
 			cc.shape = &packedShapeOf{rd.store.l, rd.store.p, rd.store.n}
 		}
-		out[rd.k] = cc
-		hit += len(rd.recs)
+		return cc, false
+	}
+	type result struct {
+		cc    *computedCall
+		fresh bool
+	}
+	results := make([]result, len(reads))
+	from := minParallelRecords
+	if r.parallelFrom > 0 {
+		from = r.parallelFrom
+	}
+	inParallel(len(reads), all, from, func(i int) {
+		cc, fresh := compute(&reads[i])
+		results[i] = result{cc, fresh}
+	})
+	out := make(map[Key]*computedCall, len(reads))
+	existing, hit := all, 0
+	for i, rd := range reads {
+		switch res := results[i]; {
+		case res.fresh:
+			existing -= len(rd.recs)
+		case res.cc != nil:
+			out[rd.k] = res.cc
+			hit += len(rd.recs)
+		}
 	}
 	return out, existing, hit
+}
+
+// minParallelRecords is the fewest records a chunk's calls hold for computeCalls to compute them on
+// more than one goroutine: below it a goroutine's start costs more than the computation it takes
+// over.
+const minParallelRecords = 256
+
+// inParallel calls do(i) for each i in [0, n), on up to GOMAXPROCS goroutines when the calls hold
+// at least from records, and returns once every call has returned. The apply stage runs one batch
+// at a time and waits for these computations, so on a machine with a core to spare they shorten it.
+func inParallel(n, records, from int, do func(int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	if records < from || workers < 2 {
+		for i := range n {
+			do(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				do(i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // bucketsRead is the command that reads a layout-11 call's buckets, names, from the packed store

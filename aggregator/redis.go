@@ -157,6 +157,9 @@ type Redis struct {
 	storeLoaded atomic.Bool
 	// chunkCalls, when set, is the fewest calls a chunk holds in place of minChunkCalls: a test's.
 	chunkCalls int
+	// parallelFrom, when set, is the fewest records a chunk's calls hold to be computed side by
+	// side, in place of minParallelRecords: a test's.
+	parallelFrom int
 	// afterRead, when set, runs between computeCalls's read of a chunk and its store: a test's
 	// other writer.
 	afterRead func()
