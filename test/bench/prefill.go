@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -65,10 +66,11 @@ func (e *env) prefillMode(ctx context.Context) error {
 		return err
 	}
 	// An input a round, each naming opportunities new to the store (the others' ids numbered
-	// apart), so that no round reads the one before it as duplicates.
+	// apart, every round's of the same length), so that no round reads the one before it as
+	// duplicates and layout 10, which keeps the ids, stores as many bytes in each.
 	measured := make([]*input, rounds)
 	for k := range measured {
-		if measured[k], err = e.todayInputFrom(fmt.Sprintf("dup20-%d", k+1), 0.2, k*1_000_000_000); err != nil {
+		if measured[k], err = e.todayInputFrom(fmt.Sprintf("dup20-%d", k+1), 0.2, (k+1)*1_000_000_000); err != nil {
 			return err
 		}
 	}
@@ -226,18 +228,32 @@ func restoreAll(ctx context.Context, rdb *redis.Client, prefix string) (int, err
 		ttl   time.Duration
 	}
 	var all []dumped
+	seen := map[string]bool{} // SCAN may return a key twice
 	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	for iter.Next(ctx) {
 		k := iter.Val()
-		v, err := rdb.Dump(ctx, k).Result()
-		if err != nil {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		// Read together, so that a key that expires meanwhile is missing from both.
+		p := rdb.TxPipeline()
+		dump, pttl := p.Dump(ctx, k), p.PTTL(ctx, k)
+		if _, err := p.Exec(ctx); errors.Is(err, redis.Nil) {
+			continue // gone since the scan
+		} else if err != nil {
 			return 0, fmt.Errorf("dump %s: %w", k, err)
 		}
-		ttl, err := rdb.PTTL(ctx, k).Result()
-		if err != nil {
-			return 0, fmt.Errorf("pttl %s: %w", k, err)
+		ttl := pttl.Val()
+		switch {
+		case ttl == -2: // go-redis gives -2 and -1 as they come, not in milliseconds
+			continue // gone since the scan
+		case ttl < 0:
+			ttl = 0 // no expiry: RESTORE's 0
+		case ttl == 0:
+			continue // expiring now
 		}
-		all = append(all, dumped{k, v, max(ttl, 0)}) // negative: no expiry, RESTORE's 0
+		all = append(all, dumped{k, dump.Val(), ttl})
 	}
 	if err := iter.Err(); err != nil {
 		return 0, err
