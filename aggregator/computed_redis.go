@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"cmp"
 	"context"
 	"runtime"
 	"strconv"
@@ -213,11 +214,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		fresh bool
 	}
 	results := make([]result, len(reads))
-	from := minParallelRecords
-	if r.parallelFrom > 0 {
-		from = r.parallelFrom
-	}
-	inParallel(len(reads), all, from, func(i int) {
+	inParallel(len(reads), all, cmp.Or(r.parallelFrom, minParallelRecords), func(i int) {
 		cc, fresh := compute(&reads[i])
 		results[i] = result{cc, fresh}
 	})
