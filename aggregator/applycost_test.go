@@ -183,16 +183,18 @@ func previousScript(t *testing.T) *redis.Script {
 	return redis.NewScript(string(src))
 }
 
-// redisCost is what Redis reports having spent: CPU seconds and, per command, calls.
+// redisCost is what Redis reports having spent: CPU seconds, the bytes it read from clients and
+// wrote to them, and, per command, calls.
 type redisCost struct {
-	cpu   float64
-	sys   float64 // of cpu
-	calls map[string]int64
-	usec  map[string]int64
+	cpu     float64
+	sys     float64 // of cpu
+	in, out float64
+	calls   map[string]int64
+	usec    map[string]int64
 }
 
 func readCost(ctx context.Context, c *redis.Client) (redisCost, error) {
-	s, err := c.Info(ctx, "cpu", "commandstats").Result()
+	s, err := c.Info(ctx, "cpu", "commandstats", "stats").Result()
 	if err != nil {
 		return redisCost{}, err
 	}
@@ -205,6 +207,10 @@ func readCost(ctx context.Context, c *redis.Client) (redisCost, error) {
 		} else if v, ok := strings.CutPrefix(line, "used_cpu_user:"); ok {
 			f, _ := strconv.ParseFloat(v, 64)
 			out.cpu += f
+		} else if v, ok := strings.CutPrefix(line, "total_net_input_bytes:"); ok {
+			out.in, _ = strconv.ParseFloat(v, 64)
+		} else if v, ok := strings.CutPrefix(line, "total_net_output_bytes:"); ok {
+			out.out, _ = strconv.ParseFloat(v, 64)
 		} else if rest, ok := strings.CutPrefix(line, "cmdstat_"); ok {
 			name, stats, _ := strings.Cut(rest, ":calls=")
 			n, _ := strconv.ParseInt(stats[:strings.IndexByte(stats, ',')], 10, 64)

@@ -78,8 +78,7 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 		return stored, stored + refused + offPath + unread
 	}
 	stored0, all0 := calls()
-	in0, out0 := netBytes(ctx, client)
-	cpu0 := redisCPU(ctx, client)
+	cost0, _ := readCost(ctx, client)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -98,10 +97,10 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 	// What went over the wire, both ways: a call's bytes are Redis's cost that grows with them
 	// (its Lua hashes every string it makes). Server-wide, so the shared test Redis's other
 	// clients would count too.
-	in1, out1 := netBytes(ctx, client)
-	b.ReportMetric((redisCPU(ctx, client)-cpu0)*1e6/float64(b.N*batch), "redis-cpu-µs/event")
-	b.ReportMetric((in1-in0)/float64(b.N*batch), "redis-in-B/event")
-	b.ReportMetric((out1-out0)/float64(b.N*batch), "redis-out-B/event")
+	cost1, _ := readCost(ctx, client)
+	b.ReportMetric((cost1.cpu-cost0.cpu)*1e6/float64(b.N*batch), "redis-cpu-µs/event")
+	b.ReportMetric((cost1.in-cost0.in)/float64(b.N*batch), "redis-in-B/event")
+	b.ReportMetric((cost1.out-cost0.out)/float64(b.N*batch), "redis-out-B/event")
 	if compute {
 		// The share of the timed calls the processor computed and the store wrote.
 		stored, all := calls()
@@ -128,34 +127,6 @@ func BenchmarkModelApplyBatch(b *testing.B) {
 		}
 		m.ApplyBatch(obs)
 	}
-}
-
-// netBytes is what Redis has read from clients and written to them, in bytes (INFO stats).
-func netBytes(ctx context.Context, rdb *redis.Client) (in, out float64) {
-	s, _ := rdb.Info(ctx, "stats").Result()
-	for _, l := range strings.Split(s, "\r\n") {
-		if v, ok := strings.CutPrefix(l, "total_net_input_bytes:"); ok {
-			in, _ = strconv.ParseFloat(v, 64)
-		} else if v, ok := strings.CutPrefix(l, "total_net_output_bytes:"); ok {
-			out, _ = strconv.ParseFloat(v, 64)
-		}
-	}
-	return in, out
-}
-
-// redisCPU is the CPU seconds Redis's main process has used (INFO cpu: used_cpu_user + used_cpu_sys).
-func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
-	s, _ := rdb.Info(ctx, "cpu").Result()
-	total := 0.0
-	for _, l := range strings.Split(s, "\r\n") {
-		for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
-			if v, ok := strings.CutPrefix(l, f); ok {
-				x, _ := strconv.ParseFloat(v, 64)
-				total += x
-			}
-		}
-	}
-	return total
 }
 
 // usedMemory is Redis's used_memory after MEMORY PURGE (jemalloc's dirty pages returned).

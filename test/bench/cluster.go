@@ -334,24 +334,26 @@ func committedAll(ctx context.Context, c *kafka.Client, group, topic string, end
 // commandStat is one command's line of INFO commandstats: the calls served and the µs spent in them.
 type commandStat struct{ calls, usec float64 }
 
-// commandTimes is INFO commandstats at a moment, by command (cmdstat_ dropped).
-type commandTimes map[string]commandStat
+// redisActivity is what a Redis has done since it started (or its statistics were reset): the
+// bytes it read from clients and wrote to them, and its commands (INFO stats and commandstats).
+type redisActivity struct {
+	in, out  float64
+	commands map[string]commandStat // by command, cmdstat_ dropped
+}
 
-// commandStats reads INFO commandstats from the Redis at addr (empty when it cannot).
-func commandStats(ctx context.Context, addr string) commandTimes {
+// activity reads a redisActivity from the Redis at addr (zero when it cannot).
+func activity(ctx context.Context, addr string) redisActivity {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	s, _ := rdb.Info(ctx, "commandstats").Result()
-	t := commandTimes{}
-	// The bytes read from and written to clients, as two pseudo-commands counting bytes in calls.
-	for _, f := range []string{"total_net_input_bytes", "total_net_output_bytes"} {
-		t[f] = commandStat{calls: infoField(ctx, addr, "stats", f)}
-	}
+	s, _ := rdb.Info(ctx, "stats", "commandstats").Result()
+	a := redisActivity{in: infoValue(s, "total_net_input_bytes"), out: infoValue(s, "total_net_output_bytes"),
+		commands: map[string]commandStat{}}
 	for _, l := range strings.Split(s, "\r\n") {
-		name, stats, ok := strings.Cut(strings.TrimPrefix(l, "cmdstat_"), ":")
+		rest, ok := strings.CutPrefix(l, "cmdstat_")
 		if !ok {
 			continue
 		}
+		name, stats, _ := strings.Cut(rest, ":")
 		var c commandStat
 		for _, f := range strings.Split(stats, ",") {
 			k, v, _ := strings.Cut(f, "=")
@@ -363,31 +365,30 @@ func commandStats(ctx context.Context, addr string) commandTimes {
 				c.usec = x
 			}
 		}
-		t[name] = c
+		a.commands[name] = c
 	}
-	return t
+	return a
 }
 
-// since describes what Redis did between t and later, per event of n: the bytes it read from and
+// since describes what Redis did between a and later, per event of n: the bytes it read from and
 // wrote to clients, and each command's calls and µs, the largest first, for the commands that took
 // at least 0.01 µs an event. A script's time includes the commands it called, which count in their
 // own lines too; reading, parsing and replying, and the server's own cron, are in none.
-func (t commandTimes) since(later commandTimes, n int) string {
+func (a redisActivity) since(later redisActivity, n int) string {
 	type row struct {
 		name        string
 		calls, usec float64
 	}
 	var rows []row
-	per := func(name string) float64 { return (later[name].calls - t[name].calls) / float64(n) }
-	for name, c := range later {
-		d := row{name, per(name), (c.usec - t[name].usec) / float64(n)}
+	for name, c := range later.commands {
+		d := row{name, (c.calls - a.commands[name].calls) / float64(n), (c.usec - a.commands[name].usec) / float64(n)}
 		if d.usec >= 0.01 {
 			rows = append(rows, d)
 		}
 	}
-	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.usec, a.usec) })
+	slices.SortFunc(rows, func(x, y row) int { return cmp.Compare(y.usec, x.usec) })
 	var b strings.Builder
-	fmt.Fprintf(&b, "bytes/event in %.0f, out %.0f", per("total_net_input_bytes"), per("total_net_output_bytes"))
+	fmt.Fprintf(&b, "bytes/event in %.0f, out %.0f", (later.in-a.in)/float64(n), (later.out-a.out)/float64(n))
 	for _, r := range rows {
 		fmt.Fprintf(&b, "; %s %.3f calls %.2f µs", r.name, r.calls, r.usec)
 	}
@@ -397,18 +398,9 @@ func (t commandTimes) since(later commandTimes, n int) string {
 // commandCalls returns the commands the Redis at addr has served since its statistics were
 // reset: the sum of calls over INFO commandstats.
 func commandCalls(ctx context.Context, addr string) float64 {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	s, _ := rdb.Info(ctx, "commandstats").Result()
 	total := 0.0
-	for _, l := range strings.Split(s, "\r\n") {
-		_, stats, ok := strings.Cut(l, ":calls=")
-		if !ok {
-			continue
-		}
-		v, _, _ := strings.Cut(stats, ",")
-		f, _ := strconv.ParseFloat(v, 64)
-		total += f
+	for _, c := range activity(ctx, addr).commands {
+		total += c.calls
 	}
 	return total
 }

@@ -102,7 +102,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 
 	// run measures one input on a store, with what Redis did by command.
 	run := func(what string, in *input, prefilled bool) (pipelineResult, error) {
-		stats := commandStats(ctx, e.redisNone)
+		was := activity(ctx, e.redisNone)
 		var r pipelineResult
 		var err error
 		if prefilled {
@@ -112,7 +112,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 		}
 		if err == nil {
 			logf("%s: %s", what, r.describe(e.cores))
-			logf("%s, Redis by command: %s", what, stats.since(commandStats(ctx, e.redisNone), e.n))
+			logf("%s, Redis by command: %s", what, was.since(activity(ctx, e.redisNone), e.n))
 		}
 		return r, err
 	}
