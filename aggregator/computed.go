@@ -164,6 +164,10 @@ type computedCall struct {
 	args []any
 	// shape is, in layout 11, the packed store's shape the call leaves in the head.
 	shape *packedShapeOf
+	// buckets are, in layout 11, the packed store's buckets as the call read and left them, and
+	// readStamp their write stamp as read (bucketCache): nil when the store had no stamp.
+	buckets   *bucketStore
+	readStamp string
 }
 
 // computedField is a state field of a call as the computation loaded and changed it.

@@ -74,6 +74,11 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		store      *bucketStore
 		names      []any          // layout 11: the bucket fields read
 		guess      *packedShapeOf // layout 11: the shape the buckets were read under with the state
+		// cached, in layout 11, holds buckets of the call read from the bucket cache in place of
+		// Redis, valid while the stamp read with the others is theirs; got is then rec's reply
+		// with them in their places.
+		cached *cachedStore
+		got    []any
 	}
 	var reads []read
 	p := r.client.Pipeline()
@@ -96,7 +101,11 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		} else if shape, ok := r.shapes[k]; ok {
 			rd.store, rd.names = bucketRead(plan.records, shape, int64(n))
 			rd.guess = &shape
-			rd.rec = p.Do(ctx, bucketsRead(keys[2], rd.names)...)
+			names := rd.names
+			if cs := r.buckets.at(k); cs != nil {
+				rd.cached, names = cs, cs.uncached(rd.store)
+			}
+			rd.rec = p.Do(ctx, bucketsRead(keys[2], names)...)
 		}
 		reads = append(reads, rd)
 	}
@@ -123,6 +132,18 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		// the shape its head says: read with the state when the cache guessed that shape, and in
 		// a second round trip otherwise.
 		var again redis.Pipeliner
+		// readAgain reads every bucket of rd's call under shape in the second round trip.
+		readAgain := func(rd *read, shape packedShapeOf) {
+			r.buckets.drop(rd.k)
+			rd.cached = nil
+			r.secondReads.Add(1)
+			if again == nil {
+				again = r.client.Pipeline()
+			}
+			rd.store, rd.names = bucketRead(rd.plan.records, shape, int64(len(rd.recs)))
+			rd.rec = again.Do(ctx, bucketsRead(e.redis[rd.k][2], rd.names)...)
+			r.bucketsRead.Add(int64(len(rd.names)))
+		}
 		for i := range reads {
 			rd := &reads[i]
 			var h string
@@ -133,19 +154,33 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			if !ok {
 				rd.rec = nil
 				delete(r.shapes, rd.k)
+				r.buckets.drop(rd.k)
 				continue
 			}
 			shape := packedShapeOf{l, sp, sn}
 			r.shapes.put(rd.k, shape)
-			if rd.guess != nil && *rd.guess == shape {
+			if rd.guess == nil || *rd.guess != shape {
+				readAgain(rd, shape)
 				continue
 			}
-			r.secondReads.Add(1)
-			if again == nil {
-				again = r.client.Pipeline()
+			if rd.cached == nil {
+				r.bucketsRead.Add(int64(len(rd.names)))
+				continue
 			}
-			rd.store, rd.names = bucketRead(rd.plan.records, shape, int64(len(rd.recs)))
-			rd.rec = again.Do(ctx, bucketsRead(e.redis[rd.k][2], rd.names)...)
+			// The cached buckets stand when the stamp read with the others is theirs; otherwise
+			// every bucket is read again.
+			got, err := rd.rec.Slice()
+			if err != nil {
+				continue // the computation leaves the call to apply.lua
+			}
+			r.bucketsRead.Add(int64(max(len(got)-1, 0)))
+			if len(got) > 0 && got[len(got)-1] == any(rd.cached.stamp) {
+				if rd.got, ok = rd.cached.reply(rd.store, got); ok {
+					r.bucketsCached.Add(int64(len(rd.store.buckets) - len(got) + 1))
+					continue
+				}
+			}
+			readAgain(rd, shape)
 		}
 		if again != nil {
 			if _, err := again.Exec(ctx); err != nil {
@@ -167,9 +202,11 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		if rd.rec == nil {
 			return nil, false // layout 11, a head no call of the path reads
 		}
-		got, err := rd.rec.Slice()
-		if err != nil {
-			return nil, false
+		got, err := rd.got, error(nil)
+		if got == nil {
+			if got, err = rd.rec.Slice(); err != nil {
+				return nil, false
+			}
 		}
 		// held is each record's value as the call meets it first; store.lua checks the record
 		// fields read: in layout 11 the bucket fields and the buckets' write stamp, read with
@@ -206,6 +243,11 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		if rd.store != nil {
 			cc.shape = &packedShapeOf{rd.store.l, rd.store.p, rd.store.n}
+			// The buckets as the call leaves them are cached once it is stored, under the stamp
+			// it read: none when the store had none.
+			if stamp, ok := written.(string); ok {
+				cc.buckets, cc.readStamp = rd.store, stamp
+			}
 		}
 		return cc, false
 	}
@@ -230,6 +272,12 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		}
 	}
 	return out, existing, hit
+}
+
+// BucketReads returns how many buckets layout-11 calls read from Redis for the processor's
+// computation, and how many they took from the bucket cache in their place (bucketCache).
+func (r *Redis) BucketReads() (read, cached int64) {
+	return r.bucketsRead.Load(), r.bucketsCached.Load()
 }
 
 // minParallelRecords is the fewest records a chunk's calls hold for computeCalls to compute them on

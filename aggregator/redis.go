@@ -150,8 +150,15 @@ type Redis struct {
 	// shapes is, per aggregate of layout 11, the packed store's shape as this processor expects
 	// to find it in the head (computed11.go, shapeCache). Guarded by sealMu.
 	shapes shapeCache
+	// buckets holds, per aggregate of layout 11, the buckets of its packed store as this
+	// processor's last stored call left them (bucketCache). Guarded by sealMu.
+	buckets bucketCache
+	// bucketsRead and bucketsCached count the buckets layout-11 calls read from Redis for the
+	// computation and those they took from the bucket cache in their place (BucketReads).
+	bucketsRead, bucketsCached atomic.Int64
 	// secondReads counts layout-11 calls whose buckets took a second round trip: no shape was
-	// cached for the aggregate, or the head said another.
+	// cached for the aggregate, the head said another, or the cached buckets' stamp was not
+	// the one Redis held.
 	secondReads atomic.Int64
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
@@ -601,18 +608,22 @@ func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, compu
 			continue
 		}
 		if cc := computed[k]; cc != nil {
-			stored, err := cmds[n].(*redis.Cmd).Int()
+			stored, stamp, err := storeReply(cmds[n].(*redis.Cmd))
 			if err != nil {
 				return nil, fmt.Errorf("store %s: %w", k, err)
 			}
-			if stored != 1 {
+			if !stored {
 				refused = append(refused, k)
 				r.computedRefused.Add(1)
+				r.buckets.drop(k)
 				continue
 			}
 			r.computedStored.Add(1)
 			if cc.shape != nil {
 				r.shapes.put(k, *cc.shape)
+			}
+			if cc.buckets != nil {
+				r.buckets.keep(k, cc.readStamp, cmp.Or(stamp, cc.readStamp), cc.buckets.buckets)
 			}
 			for j, i := range e.groups[k] {
 				res.Outcomes[i] = cc.outcomes[j]
@@ -642,9 +653,30 @@ func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, compu
 		if m.fp != nil && !m.both {
 			r.shapes.grow(k, counted)
 		}
+		r.buckets.drop(k) // apply.lua made a new stamp if it wrote a bucket
 		res.Tallies[k] = t
 	}
 	return refused, nil
+}
+
+// storeReply reads store.lua's reply: whether it stored the call, and the buckets' new write stamp
+// when it made one.
+func storeReply(cmd *redis.Cmd) (stored bool, stamp string, err error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return false, "", err
+	}
+	switch v := v.(type) {
+	case int64:
+		if v == 0 || v == 1 {
+			return v == 1, "", nil
+		}
+	case string:
+		if v != "" {
+			return true, v, nil
+		}
+	}
+	return false, "", fmt.Errorf("store.lua replied %v", v)
 }
 
 // ranAny reports whether any of the n script calls from cmds[from] ran (was not refused as a script

@@ -15,7 +15,7 @@
 -- they held (empty when absent), the r record fields, what they held, the number of state pairs
 -- to set, those pairs, the number of record fields to delete (layout 11's buckets a split
 -- emptied), those fields, and last the record pairs to set.
--- Returns 1 when stored, 0 when refused.
+-- Returns 0 when refused; when stored, the buckets' new write stamp if it made one, 1 otherwise.
 local call, byte, unpack, tonumber = redis.call, string.byte, unpack, tonumber
 local ttl = tonumber(ARGV[1])
 local s, r = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -78,4 +78,4 @@ elseif written then
 end
 if npairs > 0 then hset(KEYS[1], i + 1, i + 2 * npairs) end
 if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
-return 1
+return written or 1

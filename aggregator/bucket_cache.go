@@ -1,0 +1,131 @@
+package aggregator
+
+// maxCachedBucketBytes bounds bucketCache: past it the buckets of arbitrary other aggregates are
+// forgotten, whole, until the cache fits again. 64 MiB holds about two million records' buckets.
+const maxCachedBucketBytes = 64 << 20
+
+// cachedBucketOverhead is what a cached bucket costs besides its records (its map entry, number
+// and string header), and cachedStoreOverhead what an aggregate's entry costs besides its
+// buckets, roughly.
+const (
+	cachedBucketOverhead = 48
+	cachedStoreOverhead  = 160
+)
+
+// bucketCache holds, per aggregate of layout 11, buckets of its packed store as they stood under
+// one write stamp (bucketsWritten): those the calls this processor stored last read or wrote.
+// Every script that writes a bucket makes a new stamp, so while Redis holds that stamp the
+// buckets are as cached, and a call reads the stamp alone in their place (computeCalls). A call
+// that finds another stamp (another writer, apply.lua, a write Redis lost) reads its buckets
+// again. Guarded by sealMu.
+type bucketCache struct {
+	stores map[Key]*cachedStore
+	bytes  int64 // what the stores hold (cachedStore.bytes)
+	max    int64 // maxCachedBucketBytes unless a test sets it
+}
+
+// cachedStore is one aggregate's cached buckets, by number ("" for a bucket absent), as they
+// stood under stamp.
+type cachedStore struct {
+	stamp   string
+	buckets map[int64]string
+	bytes   int64
+}
+
+// at returns aggregate k's cached buckets, or nil.
+func (c *bucketCache) at(k Key) *cachedStore {
+	return c.stores[k]
+}
+
+// drop forgets aggregate k's buckets.
+func (c *bucketCache) drop(k Key) {
+	if s, ok := c.stores[k]; ok {
+		c.bytes -= s.bytes
+		delete(c.stores, k)
+	}
+}
+
+// keep records that a call stored in aggregate k left buckets as they stand under stamp: the call
+// read them under read (the stamp store.lua checked) and left them as bs say (read, or changed).
+// The aggregate's other cached buckets, cached under read, stand under stamp too: store.lua wrote
+// nothing else in between. Cached under another stamp, they are forgotten.
+func (c *bucketCache) keep(k Key, read, stamp string, bs []storeBucket) {
+	s := c.stores[k]
+	if s == nil || s.stamp != read {
+		c.drop(k)
+		s = &cachedStore{buckets: make(map[int64]string, len(bs)), bytes: cachedStoreOverhead}
+		if c.stores == nil {
+			c.stores = make(map[Key]*cachedStore)
+		}
+		c.stores[k] = s
+		c.bytes += cachedStoreOverhead
+	}
+	s.stamp = stamp
+	for _, bk := range bs {
+		v := bk.read
+		if bk.changed {
+			v = string(bk.now)
+		}
+		old, had := s.buckets[bk.b]
+		if had {
+			s.bytes -= int64(len(old)) + cachedBucketOverhead
+			c.bytes -= int64(len(old)) + cachedBucketOverhead
+		}
+		s.buckets[bk.b] = v
+		s.bytes += int64(len(v)) + cachedBucketOverhead
+		c.bytes += int64(len(v)) + cachedBucketOverhead
+	}
+	limit := c.max
+	if limit == 0 {
+		limit = maxCachedBucketBytes
+	}
+	for other := range c.stores { // a map's iteration starts at a random entry
+		if c.bytes <= limit {
+			break
+		}
+		if other != k {
+			c.drop(other)
+		}
+	}
+	if c.bytes > limit {
+		c.drop(k) // one aggregate's buckets alone past the bound
+	}
+}
+
+// uncached returns the fields of the buckets of store that s does not hold, in the store's order.
+func (s *cachedStore) uncached(store *bucketStore) []any {
+	var names []any
+	for _, bk := range store.buckets {
+		if _, ok := s.buckets[bk.b]; !ok {
+			names = append(names, bucketName(bk.b))
+		}
+	}
+	return names
+}
+
+// reply returns what reading every bucket of store and then the stamp would have returned, from
+// got, the reply to reading the buckets s does not hold and then the stamp (uncached), or false
+// when got is not that reply's shape.
+func (s *cachedStore) reply(store *bucketStore, got []any) ([]any, bool) {
+	out := make([]any, 0, len(store.buckets)+1)
+	next := 0
+	for _, bk := range store.buckets {
+		if v, ok := s.buckets[bk.b]; ok {
+			if v == "" {
+				out = append(out, nil)
+			} else {
+				out = append(out, v)
+			}
+			continue
+		}
+		if next >= len(got)-1 {
+			return nil, false
+		}
+		out = append(out, got[next])
+		next++
+	}
+	if next != len(got)-1 {
+		return nil, false
+	}
+	return append(out, got[next]), true
+}

@@ -1,0 +1,185 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLayout11CallsTakeTheBucketsTheyLeftFromTheCache: once a processor has stored a call on an
+// aggregate, its next calls read the buckets' write stamp alone in place of the buckets that call
+// left, and store what apply.lua stores, byte for byte, on Redis and on the embedded server; the
+// buckets they had not met are read.
+func TestLayout11CallsTakeTheBucketsTheyLeftFromTheCache(t *testing.T) {
+	x := newComputedSidesIn(t, "bucket-cache", 24*time.Hour, 0, testFingerprinter(t))
+	k := Key{Scope: collisionScopes[0], CorrectionID: "bucket-cache", Source: Live}
+	base := floorDiv(Micros(t0), hourUS)*hourUS + 30*minuteUS
+	at := time.UnixMicro(base + 60e6)
+	var sent []Observation
+	batch := func(n int) []Observation {
+		var b []Observation
+		for range n {
+			b = append(b, Observation{Key: k, OpportunityID: fmt.Sprint("o-", len(sent)), Class: Class(1 + len(sent)%3), Occurred: base, Assessed: base})
+			sent = append(sent, b[len(b)-1])
+		}
+		return b
+	}
+	x.apply("the aggregate", batch(3), at)
+	x.apply("its first computed call", batch(3), at)
+	for _, s := range x.stores[1:] {
+		if read, cached := s.BucketReads(); read == 0 || cached != 0 {
+			t.Fatalf("before any call was stored: %d buckets read, %d cached; want some read, none cached", read, cached)
+		}
+	}
+	read0, _ := x.stores[1].BucketReads()
+	// A store of 6 records has one bucket: the call that stored it left it.
+	x.apply("a call on a bucket the last call left", batch(2), at)
+	for i, s := range x.stores[1:] {
+		if _, cached := s.BucketReads(); cached != 1 {
+			t.Fatalf("%s: %d buckets taken from the cache, want 1", x.names[i+1], cached)
+		}
+	}
+	if read, _ := x.stores[1].BucketReads(); read != read0 {
+		t.Fatalf("%d buckets read from Redis beside the cached one, want none", read-read0)
+	}
+	// Many records: the store splits, and the calls meet buckets they did not leave.
+	for i := range 30 {
+		// with two duplicates: records the calls find in their buckets
+		x.apply(fmt.Sprint("call ", i), append(batch(7), sent[3*i], sent[3*i+1]), at)
+	}
+	for i, s := range x.stores[1:] {
+		stored, refused := s.ComputedCalls()
+		read, cached := s.BucketReads()
+		t.Logf("%s: %d calls stored, %d refused; %d buckets read, %d cached", x.names[i+1], stored, refused, read, cached)
+		if cached < read || refused != 0 || stored < 30 {
+			t.Fatalf("%s: %d calls stored, %d refused, %d buckets read and %d cached: want most buckets cached, no call refused",
+				x.names[i+1], stored, refused, read, cached)
+		}
+	}
+}
+
+// TestCachedBucketsGiveWayToAnotherWritersStamp: another writer moves r1's horizon alone in an
+// aggregate whose buckets the processor holds from its last call, which leaves the store's shape
+// as it was. The processor's next call, a new record in r1's bucket, finds another stamp and reads
+// the bucket again. Taking the cached bucket, it would write r1's record back without its horizon,
+// and store.lua, which checks the stamp the call read, would not know.
+func TestCachedBucketsGiveWayToAnotherWritersStamp(t *testing.T) {
+	x := newLostWritesRig(t, "cache-other", true)
+	r1 := x.ob("r1", x.occ-2e6, x.occ)
+	x.otherApplies(t, x.ob("r0", x.occ, x.occ), r1) // r0 holds the watermark
+	x.mineStores(t, "a")
+	x.mineStores(t, "c")
+	_, cached := x.mine.BucketReads()
+	if cached == 0 {
+		t.Fatal("no bucket was taken from the cache: the test proves nothing")
+	}
+	r1.Occurred, r1.Assessed = x.occ-1e6, x.occ-5e5 // older, occurred later: r1's horizon alone
+	x.otherApplies(t, r1)
+	x.mineStores(t, "d") // a store of 5 records has one bucket: r1's
+	if _, now := x.mine.BucketReads(); now != cached {
+		t.Fatalf("%d buckets taken from the cache after another writer's stamp, want none", now-cached)
+	}
+	for _, r := range fingerprintedRecords(t, x.c, x.mine, x.k) {
+		if r.occurred == x.occ-2e6 && r.horizon != r1.Occurred {
+			t.Fatalf("r1's horizon is %d, want %d: the other writer's write was lost", r.horizon, r1.Occurred)
+		}
+	}
+}
+
+// TestCachedBucketsForgottenWhenRedisLosesTheWriteThatMadeThem: Redis loses the processor's last
+// stored call, which counted c (a failover to a replica behind), and another writer then counts e,
+// which leaves the store's shape the one the processor's call left. The processor's buckets hold
+// c and not e; Redis's hold e and not c. Sent again, c is counted, and e is a duplicate.
+func TestCachedBucketsForgottenWhenRedisLosesTheWriteThatMadeThem(t *testing.T) {
+	x := newLostWritesRig(t, "cache-lost", true)
+	x.otherApplies(t, x.ob("r0", x.occ, x.occ))
+	x.mineStores(t, "a")
+	saved := x.save(t)
+	x.mineStores(t, "c")
+	x.lose(t, saved)
+	x.otherApplies(t, x.ob("e", x.occ, x.occ))
+	_, cached := x.mine.BucketReads()
+	stored0, _ := x.mine.ComputedCalls()
+	got, err := x.mine.Apply(context.Background(), []Observation{x.ob("c", x.occ, x.occ)}, x.at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Outcomes[0] != Counted {
+		t.Fatalf("c sent again after Redis lost it: %v, want counted", got.Outcomes[0])
+	}
+	if stored, _ := x.mine.ComputedCalls(); stored != stored0+1 {
+		t.Fatal("the call after the loss was not computed: the test proves nothing")
+	}
+	if _, now := x.mine.BucketReads(); now != cached {
+		t.Fatalf("%d buckets taken from the cache after the loss, want none", now-cached)
+	}
+	if got := x.otherApplies(t, x.ob("e", x.occ, x.occ)); got.Outcomes[0] != Duplicate {
+		t.Fatalf("e sent again: %v, want duplicate", got.Outcomes[0])
+	}
+	if tl, err := x.other.Tally(context.Background(), x.k, x.at); err != nil || tl.All.Passed != 4 {
+		t.Fatalf("passed %d (%v), want 4: r0, a, c and e", tl.All.Passed, err)
+	}
+}
+
+// mineStores has mine compute and store a call counting id, or fails the test.
+func (x *lostWritesRig) mineStores(t *testing.T, id string) {
+	t.Helper()
+	if stored, refused := x.mineApplies(t, x.ob(id, x.occ, x.occ)); stored != 1 || refused != 0 {
+		t.Fatalf("%s: the store took %d calls and refused %d; want it stored", id, stored, refused)
+	}
+}
+
+// TestBucketCacheStaysBounded: past its bound the cache forgets other aggregates' buckets, whole,
+// and never holds more than the bound; an aggregate's buckets under a stamp other than the one its
+// call read are forgotten before the call's are kept.
+func TestBucketCacheStaysBounded(t *testing.T) {
+	c := bucketCache{max: 20_000}
+	bucket := func(b int64, n int) storeBucket { return storeBucket{b: b, read: strings.Repeat("r", n)} }
+	check := func(what string) {
+		t.Helper()
+		var sum int64
+		for _, s := range c.stores {
+			own := int64(cachedStoreOverhead)
+			for _, v := range s.buckets {
+				own += int64(len(v)) + cachedBucketOverhead
+			}
+			if own != s.bytes {
+				t.Fatalf("%s: a store counts %d bytes, holds %d", what, s.bytes, own)
+			}
+			sum += own
+		}
+		if sum != c.bytes || c.bytes > c.max {
+			t.Fatalf("%s: the cache counts %d bytes, holds %d, bound %d", what, c.bytes, sum, c.max)
+		}
+	}
+	for i := range 500 {
+		k := Key{CorrectionID: fmt.Sprint(i)}
+		c.keep(k, "1", "2", []storeBucket{bucket(0, 250), bucket(1, 200), {b: 2, read: "x", now: []byte("yy"), changed: true}})
+		check(fmt.Sprint("aggregate ", i))
+		if s := c.at(k); s == nil || s.stamp != "2" || s.buckets[2] != "yy" || len(s.buckets[0]) != 250 {
+			t.Fatalf("aggregate %d: the buckets just kept are not cached as the call left them", i)
+		}
+	}
+	if len(c.stores) > 40 || len(c.stores) < 20 {
+		t.Fatalf("%d aggregates cached under a bound of %d bytes", len(c.stores), c.max)
+	}
+	k := Key{CorrectionID: "499"}
+	c.keep(k, "2", "3", []storeBucket{bucket(5, 10)})
+	if s := c.at(k); len(s.buckets) != 4 || s.stamp != "3" {
+		t.Fatalf("a call under the cached stamp: %d buckets under %q, want the 3 cached and its own under 3", len(s.buckets), s.stamp)
+	}
+	c.keep(k, "7", "8", []storeBucket{bucket(6, 10)})
+	if s := c.at(k); len(s.buckets) != 1 || s.stamp != "8" {
+		t.Fatalf("a call under another stamp: %d buckets under %q, want its own alone under 8", len(s.buckets), s.stamp)
+	}
+	check("after another stamp")
+	c.keep(k, "8", "9", []storeBucket{bucket(7, 30_000)})
+	if c.at(k) != nil {
+		t.Fatal("one aggregate's buckets past the bound alone are cached")
+	}
+	check("after buckets past the bound")
+	c.drop(Key{CorrectionID: "no such aggregate"})
+	check("after dropping an aggregate not cached")
+}
