@@ -687,6 +687,11 @@ func computedShare(m map[string]float64) string {
 	if stored == 0 || all == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%.0f %% computed (redis.compute_calls): %.0f stored, %.0f refused, %.0f off the path, %.0f in batches left unread",
+	out := fmt.Sprintf("%.0f %% computed (redis.compute_calls): %.0f stored, %.0f refused, %.0f off the path, %.0f in batches left unread",
 		100*stored/all, stored, refused, offPath, unread)
+	fromRedis, cached := m[`repeatrate_computed_buckets_total{from="redis"}`], m[`repeatrate_computed_buckets_total{from="cache"}`]
+	if fromRedis+cached > 0 {
+		out += fmt.Sprintf("; buckets %.0f %% from the cache (%.0f read, %.0f cached)", 100*cached/(fromRedis+cached), fromRedis, cached)
+	}
+	return out
 }
