@@ -13,11 +13,12 @@ const (
 )
 
 // bucketCache holds, per aggregate of layout 11, buckets of its packed store as they stood under
-// one write stamp (bucketsWritten): those the calls this processor stored last read or wrote.
-// Every script that writes a bucket makes a new stamp, so while Redis holds that stamp the
-// buckets are as cached, and a call reads the stamp alone in their place (computeCalls). A call
-// that finds another stamp (another writer, apply.lua, a write Redis lost) reads its buckets
-// again. Guarded by sealMu.
+// one write stamp and token (bucketsWritten, bucketsToken): those the calls this processor stored
+// read or wrote since the aggregate last changed otherwise. Every script that writes a bucket
+// makes a new stamp, and a write Redis lost takes its token with it, so while Redis holds that
+// stamp and token the buckets are as cached, and a call reads them alone in their place
+// (computeCalls). A call that finds another (another writer, apply.lua, a write Redis lost) reads
+// its buckets again. Guarded by sealMu.
 type bucketCache struct {
 	stores map[Key]*cachedStore
 	bytes  int64 // what the stores hold (cachedStore.bytes)
@@ -25,9 +26,10 @@ type bucketCache struct {
 }
 
 // cachedStore is one aggregate's cached buckets, by number ("" for a bucket absent), as they
-// stood under stamp.
+// stood under stamp and token.
 type cachedStore struct {
 	stamp   string
+	token   string
 	buckets map[int64]string
 	bytes   int64
 }
@@ -45,13 +47,14 @@ func (c *bucketCache) drop(k Key) {
 	}
 }
 
-// keep records that a call stored in aggregate k left buckets as they stand under stamp: the call
-// read them under read (the stamp store.lua checked) and left them as bs say (read, or changed).
-// The aggregate's other cached buckets, cached under read, stand under stamp too: store.lua wrote
-// nothing else in between. Cached under another stamp, they are forgotten.
-func (c *bucketCache) keep(k Key, read, stamp string, bs []storeBucket) {
+// keep records that a call stored in aggregate k left buckets as they stand under stamp and
+// token: the call read them under readStamp and readToken (which store.lua checked) and left them
+// as bs say (read, or changed). The aggregate's other cached buckets, cached under what the call
+// read, stand under the new stamp and token too: store.lua wrote nothing else in between. Cached
+// under others, they are forgotten.
+func (c *bucketCache) keep(k Key, readStamp, readToken, stamp, token string, bs []storeBucket) {
 	s := c.stores[k]
-	if s == nil || s.stamp != read {
+	if s == nil || s.stamp != readStamp || s.token != readToken {
 		c.drop(k)
 		s = &cachedStore{buckets: make(map[int64]string, len(bs)), bytes: cachedStoreOverhead}
 		if c.stores == nil {
@@ -60,7 +63,7 @@ func (c *bucketCache) keep(k Key, read, stamp string, bs []storeBucket) {
 		c.stores[k] = s
 		c.bytes += cachedStoreOverhead
 	}
-	s.stamp = stamp
+	s.stamp, s.token = stamp, token
 	for _, bk := range bs {
 		v := bk.read
 		if bk.changed {
@@ -103,11 +106,15 @@ func (s *cachedStore) uncached(store *bucketStore) []any {
 	return names
 }
 
-// reply returns what reading every bucket of store and then the stamp would have returned, from
-// got, the reply to reading the buckets s does not hold and then the stamp (uncached), or false
-// when got is not that reply's shape.
+// reply returns what reading every bucket of store and then the token and stamp would have
+// returned (bucketsRead), from got, the reply to reading the buckets s does not hold and then the
+// token and stamp (uncached), or false when got is not that reply's shape.
 func (s *cachedStore) reply(store *bucketStore, got []any) ([]any, bool) {
-	out := make([]any, 0, len(store.buckets)+1)
+	if len(got) < 2 {
+		return nil, false
+	}
+	tail, got := got[len(got)-2:], got[:len(got)-2]
+	out := make([]any, 0, len(store.buckets)+2)
 	next := 0
 	for _, bk := range store.buckets {
 		if v, ok := s.buckets[bk.b]; ok {
@@ -118,14 +125,14 @@ func (s *cachedStore) reply(store *bucketStore, got []any) ([]any, bool) {
 			}
 			continue
 		}
-		if next >= len(got)-1 {
+		if next >= len(got) {
 			return nil, false
 		}
 		out = append(out, got[next])
 		next++
 	}
-	if next != len(got)-1 {
+	if next != len(got) {
 		return nil, false
 	}
-	return append(out, got[next]), true
+	return append(out, tail...), true
 }

@@ -164,10 +164,12 @@ type computedCall struct {
 	args []any
 	// shape is, in layout 11, the packed store's shape the call leaves in the head.
 	shape *packedShapeOf
-	// buckets are, in layout 11, the packed store's buckets as the call read and left them, and
-	// readStamp their write stamp as read (bucketCache): nil when the store had no stamp.
-	buckets   *bucketStore
-	readStamp string
+	// buckets are, in layout 11, the packed store's buckets as the call read and left them (nil
+	// when the store had no stamp), readStamp and readToken their write stamp and token as read,
+	// and token the one the call writes with them, or readToken when it writes none
+	// (bucketCache).
+	buckets                     *bucketStore
+	readStamp, readToken, token string
 }
 
 // computedField is a state field of a call as the computation loaded and changed it.

@@ -27,7 +27,15 @@ const (
 	// greater). Read in the same command as the buckets, it is what store.lua checks in their
 	// place under a head with the count. Bucket fields are 1 to 4 bytes: it is no bucket's name.
 	bucketsWritten = "written"
-	packLoad       = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
+	// bucketsToken is the packed store's field that holds the random token of the computed call
+	// that last wrote its buckets: store.lua writes it with them and checks it with the stamp; no
+	// other script reads or writes it. A write Redis lost takes its token with it and no later
+	// write makes that token again, so the stamp and the token read together stand for the
+	// buckets whatever Redis's clock says since (a clock behind the stamps makes them one more
+	// each, and after a loss another writer's stamp can be the lost one's). 6 bytes: no bucket's
+	// name.
+	bucketsToken = "wtoken"
+	packLoad     = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
 )
 
 // packedShape returns the store's shape (level, split pointer, records) a layout-11 head keeps, or

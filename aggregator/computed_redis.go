@@ -3,6 +3,8 @@ package aggregator
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
+	"math/rand/v2"
 	"runtime"
 	"strconv"
 	"sync"
@@ -62,7 +64,9 @@ func (r *Redis) readBatch(read, hit int) {
 // many of those the calls it computed hold. A call it does not compute, and every call when the
 // read fails, is left to apply.lua: it is absent from the map. In layout 11 (packed) the buckets
 // a call reads depend on the store's shape in the head: they are read with the state under the
-// shape the cache expects, and in a second round trip for a call whose head says another.
+// shape the cache expects, and in a second round trip for a call whose head says another; the
+// buckets the processor holds (bucketCache) are taken from there when the token and stamp read
+// with the others are theirs, and read again in the second round trip otherwise.
 func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, packed bool) (map[Key]*computedCall, int, int) {
 	ret, atUS := int64(r.cfg.Retention/time.Microsecond), Micros(at)
 	span, ttl := groupSpan(ret), r.cfg.IdleTTL.Milliseconds()
@@ -167,16 +171,16 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 				r.bucketsRead.Add(int64(len(rd.names)))
 				continue
 			}
-			// The cached buckets stand when the stamp read with the others is theirs; otherwise
-			// every bucket is read again.
+			// The cached buckets stand when the token and stamp read with the others are
+			// theirs; otherwise every bucket is read again.
 			got, err := rd.rec.Slice()
 			if err != nil {
 				continue // the computation leaves the call to apply.lua
 			}
-			r.bucketsRead.Add(int64(max(len(got)-1, 0)))
-			if len(got) > 0 && got[len(got)-1] == any(rd.cached.stamp) {
+			r.bucketsRead.Add(int64(max(len(got)-2, 0)))
+			if n := len(got); n >= 2 && got[n-2] == any(rd.cached.token) && got[n-1] == any(rd.cached.stamp) {
 				if rd.got, ok = rd.cached.reply(rd.store, got); ok {
-					r.bucketsCached.Add(int64(len(rd.store.buckets) - len(got) + 1))
+					r.bucketsCached.Add(int64(len(rd.store.buckets) - n + 2))
 					continue
 				}
 			}
@@ -209,15 +213,16 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			}
 		}
 		// held is each record's value as the call meets it first; store.lua checks the record
-		// fields read: in layout 11 the bucket fields and the buckets' write stamp, read with
-		// them, or under a head with a write count the stamp alone, in their place.
+		// fields read: in layout 11 the bucket fields and the buckets' token and write stamp,
+		// read with them, or under a head with a write count the token and stamp alone, in
+		// their place.
 		fields, held := rd.plan.records, got
-		var written any
+		var token, written any
 		if rd.store != nil {
-			if len(got) == 0 {
+			if len(got) < 2 {
 				return nil, false
 			}
-			got, written = got[:len(got)-1], got[len(got)-1]
+			got, token, written = got[:len(got)-2], got[len(got)-2], got[len(got)-1]
 			var ok bool
 			if held, ok = packedHeld(rd.store, got, rd.plan.records); !ok {
 				return nil, false
@@ -232,21 +237,28 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			return nil, false
 		}
 		if rd.store != nil {
-			// The stamp goes last, so that store.lua makes a new one whenever the call writes
-			// a bucket: also under a head without the count, which the call leaves with it.
+			// The token and the stamp are checked with the fields read, the stamp last, so that
+			// store.lua makes a new one whenever the call writes a bucket: also under a head
+			// without the count, which the call leaves with it. A call that writes a bucket
+			// writes a new token with it.
 			if h, _ := state[0].(string); len(h) == headBytesWC {
-				fields, got = []any{bucketsWritten}, []any{written}
+				fields, got = []any{bucketsToken, bucketsWritten}, []any{token, written}
 			} else {
-				fields, got = append(fields[:len(fields):len(fields)], bucketsWritten), append(got, written)
+				fields, got = append(fields[:len(fields):len(fields)], bucketsToken, bucketsWritten), append(got, token, written)
+			}
+			if len(cc.records) > 0 || len(cc.deletes) > 0 {
+				cc.token = r.tokens()
+				cc.records = append(cc.records, bucketsToken, cc.token)
 			}
 		}
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		if rd.store != nil {
 			cc.shape = &packedShapeOf{rd.store.l, rd.store.p, rd.store.n}
-			// The buckets as the call leaves them are cached once it is stored, under the stamp
-			// it read: none when the store had none.
-			if stamp, ok := written.(string); ok {
-				cc.buckets, cc.readStamp = rd.store, stamp
+			// The buckets as the call leaves them are cached once it is stored (bucketCache):
+			// not when the store is left without a stamp or a token.
+			cc.readToken, _ = token.(string)
+			if stamp, ok := written.(string); ok && cmp.Or(cc.token, cc.readToken) != "" {
+				cc.buckets, cc.readStamp, cc.token = rd.store, stamp, cmp.Or(cc.token, cc.readToken)
 			}
 		}
 		return cc, false
@@ -309,10 +321,17 @@ func inParallel(n, records, from int, do func(int)) {
 }
 
 // bucketsRead is the command that reads a layout-11 call's buckets, names, from the packed store
-// key, and after them the buckets' write stamp: in one command, so that the stamp is the one the
-// buckets were read under.
+// key, and after them the token of the computed call that last wrote them and their write stamp:
+// in one command, so that the token and stamp are those the buckets were read under.
 func bucketsRead(key string, names []any) []any {
-	return append(append(append(make([]any, 0, 3+len(names)), "hmget", key), names...), bucketsWritten)
+	return append(append(append(make([]any, 0, 4+len(names)), "hmget", key), names...), bucketsToken, bucketsWritten)
+}
+
+// newToken returns a computed call's token (bucketsToken): 8 random bytes.
+func newToken() string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	return string(b[:])
 }
 
 // absent is what store.lua is sent for a field read absent (with '0' in its presence string).

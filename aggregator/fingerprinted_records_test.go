@@ -126,7 +126,8 @@ func fingerprintedRecords(t *testing.T, c *redis.Client, store *Redis, k Key) ma
 	level, split, count := num(21), num(22), num(23)
 	size := uint64(1) << level
 	out := map[string]storedRecord{}
-	delete(buckets, bucketsWritten) // the buckets' write stamp, no bucket
+	delete(buckets, bucketsWritten) // the buckets' write stamp and token, no buckets
+	delete(buckets, bucketsToken)
 	for name, v := range buckets {
 		var b uint64
 		for i := len(name) - 1; i >= 0; i-- {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -31,6 +32,9 @@ func TestComputedCallRefusedAfterRedisLostWhatItRead(t *testing.T) {
 			lostAndComputedAgain(t, withCount, false)
 		})
 	}
+	t.Run("head with a write count, the stamp ahead of Redis's clock: a write after the loss that repeats the lost stamp", func(t *testing.T) {
+		lostAndStampedAgain(t)
+	})
 	// The build before left a head without the count and no stamp; this build's computed writes
 	// leave heads with the count, and so must make a stamp as they do.
 	t.Run("a head without the count, given one by a computed write that Redis lost and made again", func(t *testing.T) {
@@ -285,5 +289,39 @@ func (h *beforeBucketsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) 
 			f()
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// lostAndStampedAgain: the buckets' stamp runs ahead of Redis's clock, so every write makes it one
+// more. The processor's call reads the stamp and token its last call left (c), and Redis then
+// loses that last call; another writer counts e, whose stamp is the lost call's again, as is the
+// store's shape. Only the lost call's token, gone with it, tells the store that the buckets are not
+// those the call read: stored, the call would put c's record back uncounted and drop e's.
+func lostAndStampedAgain(t *testing.T) {
+	x := newLostWritesRig(t, "lost-stamped", true)
+	ctx := context.Background()
+	// d occurs in another index group than c and e, one the call reads without them.
+	early := x.occ - 6*hourUS
+	x.otherApplies(t, x.ob("r0", x.occ, x.occ), x.ob("r1", early, early))
+	x.c.HSet(ctx, x.mine.keys(x.k)[2], bucketsWritten, strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10))
+	x.mineStores(t, "a")
+	saved := x.save(t)
+	x.mineStores(t, "c")
+	lost := x.c.HGet(ctx, x.mine.keys(x.k)[2], bucketsWritten).Val()
+	x.mine.afterRead = func() {
+		x.lose(t, saved)
+		x.otherApplies(t, x.ob("e", x.occ, x.occ))
+		if again := x.c.HGet(ctx, x.mine.keys(x.k)[2], bucketsWritten).Val(); again != lost {
+			t.Fatalf("the stamp after e is %s, the lost call's %s: the test proves nothing", again, lost)
+		}
+	}
+	if stored, refused := x.mineApplies(t, x.ob("d", early, early)); stored != 0 || refused != 1 {
+		t.Fatalf("the store took %d calls and refused %d; want the call refused", stored, refused)
+	}
+	if got := x.otherApplies(t, x.ob("e", x.occ, x.occ)); got.Outcomes[0] != Duplicate {
+		t.Fatalf("e sent again: %v, want duplicate", got.Outcomes[0])
+	}
+	if tl, err := x.other.Tally(ctx, x.k, x.at); err != nil || tl.All.Passed != 5 {
+		t.Fatalf("passed %d (%v), want 5: r0, r1, a, e and d", tl.All.Passed, err)
 	}
 }

@@ -150,15 +150,18 @@ type Redis struct {
 	// shapes is, per aggregate of layout 11, the packed store's shape as this processor expects
 	// to find it in the head (computed11.go, shapeCache). Guarded by sealMu.
 	shapes shapeCache
-	// buckets holds, per aggregate of layout 11, the buckets of its packed store as this
-	// processor's last stored call left them (bucketCache). Guarded by sealMu.
+	// buckets holds, per aggregate of layout 11, buckets of its packed store as this processor's
+	// stored calls read and left them (bucketCache). Guarded by sealMu.
 	buckets bucketCache
+	// tokens makes the tokens of layout 11's computed calls (bucketsToken): newToken unless a
+	// test's.
+	tokens func() string
 	// bucketsRead and bucketsCached count the buckets layout-11 calls read from Redis for the
 	// computation and those they took from the bucket cache in their place (BucketReads).
 	bucketsRead, bucketsCached atomic.Int64
 	// secondReads counts layout-11 calls whose buckets took a second round trip: no shape was
-	// cached for the aggregate, the head said another, or the cached buckets' stamp was not
-	// the one Redis held.
+	// cached for the aggregate, the head said another, or the cached buckets' token and stamp
+	// were not those Redis held.
 	secondReads atomic.Int64
 	// storeLoaded says that store.lua was loaded once: Redis loses it only with apply.lua.
 	storeLoaded atomic.Bool
@@ -180,7 +183,7 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	if cfg.Pending == nil {
 		cfg.Pending = NewPending()
 	}
-	r := &Redis{client: client, cfg: cfg}
+	r := &Redis{client: client, cfg: cfg, tokens: newToken}
 	l, _ := layoutOf(cfg.Epoch)
 	r.mode.Store(&applyMode{epoch: cfg.Epoch, fp: cfg.Fingerprint, both: l == Layout10To11 && cfg.Fingerprint != nil})
 	return r, nil
@@ -623,7 +626,7 @@ func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, compu
 				r.shapes.put(k, *cc.shape)
 			}
 			if cc.buckets != nil {
-				r.buckets.keep(k, cc.readStamp, cmp.Or(stamp, cc.readStamp), cc.buckets.buckets)
+				r.buckets.keep(k, cc.readStamp, cc.readToken, cmp.Or(stamp, cc.readStamp), cc.token, cc.buckets.buckets)
 			}
 			for j, i := range e.groups[k] {
 				res.Outcomes[i] = cc.outcomes[j]

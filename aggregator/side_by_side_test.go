@@ -29,6 +29,8 @@ func TestCallsComputedSideBySideAreThoseComputedInTurn(t *testing.T) {
 		cfg := RedisConfig{Prefix: "sbs", Retention: 3 * 24 * time.Hour, ComputeCalls: true, Fingerprint: fp}
 		sideBySide, inTurn := mustStore(t, c, cfg), mustStore(t, c, cfg)
 		sideBySide.parallelFrom, inTurn.parallelFrom = 1, 1<<40
+		same := func() string { return "token" } // layout 11's random tokens, the same on both
+		sideBySide.tokens, inTurn.tokens = same, same
 		r := rand.New(rand.NewPCG(7, 11))
 		clock, compared := t0, 0
 		for i, b := range computedStream(r, 12, 120, 80, cfg.Retention) {
