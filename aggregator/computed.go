@@ -165,7 +165,8 @@ type computedCall struct {
 	// shape is, in layout 11, the packed store's shape the call leaves in the head.
 	shape *packedShapeOf
 	// buckets are, in layout 11, the packed store's buckets as the call read and left them (nil
-	// when the store had no stamp), readStamp and readToken their write stamp and token as read,
+	// when the call leaves the store without a stamp or a token), readStamp and readToken their
+	// write stamp and token as read,
 	// and token the one the call writes with them, or readToken when it writes none
 	// (bucketCache).
 	buckets                     *bucketStore

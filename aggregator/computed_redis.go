@@ -78,9 +78,9 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		store      *bucketStore
 		names      []any          // layout 11: the bucket fields read
 		guess      *packedShapeOf // layout 11: the shape the buckets were read under with the state
-		// cached, in layout 11, holds buckets of the call read from the bucket cache in place of
-		// Redis, valid while the stamp read with the others is theirs; got is then rec's reply
-		// with them in their places.
+		// cached, in layout 11, holds buckets of the call taken from the bucket cache in place
+		// of Redis, valid while the token and stamp read with the others are theirs; got is
+		// then rec's reply with them in their places.
 		cached *cachedStore
 		got    []any
 	}

@@ -2,11 +2,14 @@
 -- writes only when every field the computation read still holds what was read (or is still
 -- absent), so a call computed from state that another writer changed since, a processor of an
 -- older release included, is refused and runs apply.lua instead. Every check comes before the
--- first write, so a refused call writes nothing. In layout 11 the last record field read is
--- 'written', the buckets' write stamp, read in the same command as the buckets: under a head that
--- ends with the store's write count it is the only one, standing for the buckets. Every script
--- that writes a bucket makes the stamp new (apply.lua, and this one when that field was read: one
--- more, or Redis's clock in µs when greater), so the head a call leaves always has one.
+-- first write, so a refused call writes nothing. In layout 11 the last two record fields read are
+-- 'wtoken', the token of the computed call that last wrote the buckets, and 'written', the
+-- buckets' write stamp, read in the same command as the buckets: under a head that ends with the
+-- store's write count they are the only ones, standing for the buckets. Every script that writes a
+-- bucket makes the stamp new (apply.lua, and this one when that field was read: one more, or
+-- Redis's clock in µs when greater), so the head a call leaves always has one; a computed call
+-- that writes a bucket writes a new token among its record pairs, and a write Redis lost takes its
+-- token with it, which a stamp running ahead of Redis's clock could not tell.
 --
 -- KEYS[1] the state hash, KEYS[2] layout 10's record hash (apply.lua's KEYS[2] and KEYS[1]).
 -- ARGV[1] the key TTL in ms (0: none), ARGV[2] the head's TTL stamp (server time, s), ARGV[3] the
