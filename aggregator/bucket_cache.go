@@ -13,12 +13,12 @@ const (
 )
 
 // bucketCache holds, per aggregate of layout 11, buckets of its packed store as they stood under
-// one write stamp and token (bucketsWritten, bucketsToken): those the calls this processor stored
-// read or wrote since the aggregate last changed otherwise. Every script that writes a bucket
+// one token and write stamp (bucketsToken, bucketsWritten) that a computed call of this processor
+// wrote together: those its stored calls read or wrote since. Every script that writes a bucket
 // makes a new stamp, and a write Redis lost takes its token with it, so while Redis holds that
-// stamp and token the buckets are as cached, and a call reads them alone in their place
-// (computeCalls). A call that finds another (another writer, apply.lua, a write Redis lost) reads
-// its buckets again. Guarded by sealMu.
+// token and stamp the buckets are as that call and the calls after it left them, and a call reads
+// the two alone in their place (computeCalls). A call that finds others (another writer,
+// apply.lua, a write Redis lost) reads its buckets again. Guarded by sealMu.
 type bucketCache struct {
 	stores map[Key]*cachedStore
 	bytes  int64 // what the stores hold (cachedStore.bytes)

@@ -189,12 +189,17 @@ func TestBucketCacheStaysBounded(t *testing.T) {
 	if s := c.at(k); len(s.buckets) != 4 || s.stamp != "3" {
 		t.Fatalf("a call under the cached stamp: %d buckets under %q, want the 3 cached and its own under 3", len(s.buckets), s.stamp)
 	}
-	c.keep(k, "7", "t2", "8", "t8", []storeBucket{bucket(6, 10)})
+	c.keep(k, "7", "t3", "8", "t8", []storeBucket{bucket(6, 10)})
 	if s := c.at(k); len(s.buckets) != 1 || s.stamp != "8" {
 		t.Fatalf("a call under another stamp: %d buckets under %q, want its own alone under 8", len(s.buckets), s.stamp)
 	}
 	check("after another stamp")
-	c.keep(k, "8", "t8", "9", "t9", []storeBucket{bucket(7, 30_000)})
+	c.keep(k, "8", "t7", "9", "t9", []storeBucket{bucket(7, 10)})
+	if s := c.at(k); len(s.buckets) != 1 || s.token != "t9" {
+		t.Fatalf("a call under another token: %d buckets under %q, want its own alone under t9", len(s.buckets), s.token)
+	}
+	check("after another token")
+	c.keep(k, "9", "t9", "10", "t10", []storeBucket{bucket(8, 30_000)})
 	if c.at(k) != nil {
 		t.Fatal("one aggregate's buckets past the bound alone are cached")
 	}
@@ -237,5 +242,44 @@ func TestCachedBucketsForgottenWhenALostWriteIsStampedAgain(t *testing.T) {
 	}
 	if tl, err := x.other.Tally(ctx, x.k, x.at); err != nil || tl.All.Passed != 5 {
 		t.Fatalf("passed %d (%v), want 5: r0, a, c, e and f", tl.All.Passed, err)
+	}
+}
+
+// TestBucketsCachedOnlyUnderATokenAndStampOneCallWrote: a call that writes no bucket (a duplicate)
+// reads the token an earlier computed call left beside a stamp apply.lua made since, for another
+// writer's record b. Redis loses that write, and another writer's next write makes the same stamp
+// (the stamps run ahead of Redis's clock) and leaves the same token. Had the duplicate's call cached
+// its buckets under that pair, the processor would take b for a duplicate and, writing on, drop
+// the other writer's record.
+func TestBucketsCachedOnlyUnderATokenAndStampOneCallWrote(t *testing.T) {
+	x := newLostWritesRig(t, "cache-apply-lost", true)
+	ctx := context.Background()
+	packed := x.mine.keys(x.k)[2]
+	x.otherApplies(t, x.ob("r0", x.occ, x.occ))
+	x.c.HSet(ctx, packed, bucketsWritten, strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10))
+	x.mineStores(t, "a")
+	token := x.c.HGet(ctx, packed, bucketsToken).Val()
+	saved := x.save(t)
+	x.otherApplies(t, x.ob("b", x.occ, x.occ))
+	lost := x.c.HGet(ctx, packed, bucketsWritten).Val()
+	x.mineStores(t, "a") // a duplicate: stored, no bucket written
+	x.lose(t, saved)
+	x.otherApplies(t, x.ob("e", x.occ, x.occ))
+	if s, tk := x.c.HGet(ctx, packed, bucketsWritten).Val(), x.c.HGet(ctx, packed, bucketsToken).Val(); s != lost || tk != token {
+		t.Fatalf("after e: stamp %s, token %q; want the lost write's %s and %q: the test proves nothing", s, tk, lost, token)
+	}
+	got, err := x.mine.Apply(ctx, []Observation{x.ob("b", x.occ, x.occ)}, x.at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Outcomes[0] != Counted {
+		t.Fatalf("b sent again after Redis lost it: %v, want counted", got.Outcomes[0])
+	}
+	x.mineStores(t, "f")
+	if got := x.otherApplies(t, x.ob("e", x.occ, x.occ)); got.Outcomes[0] != Duplicate {
+		t.Fatalf("e sent again: %v, want duplicate (its record kept)", got.Outcomes[0])
+	}
+	if tl, err := x.other.Tally(ctx, x.k, x.at); err != nil || tl.All.Passed != 5 {
+		t.Fatalf("passed %d (%v), want 5: r0, a, b, e and f", tl.All.Passed, err)
 	}
 }

@@ -30,10 +30,10 @@ const (
 	// bucketsToken is the packed store's field that holds the random token of the computed call
 	// that last wrote its buckets: store.lua writes it with them and checks it with the stamp; no
 	// other script reads or writes it. A write Redis lost takes its token with it and no later
-	// write makes that token again, so the stamp and the token read together stand for the
-	// buckets whatever Redis's clock says since (a clock behind the stamps makes them one more
-	// each, and after a loss another writer's stamp can be the lost one's). 6 bytes: no bucket's
-	// name.
+	// write makes that token again, so a token and the stamp its call made stand for the buckets
+	// that call left whatever Redis's clock says since (a clock behind the stamps makes them one
+	// more each, and after a loss another writer's stamp can be the lost one's); a stamp
+	// apply.lua made beside an older call's token does not. 6 bytes: no bucket's name.
 	bucketsToken = "wtoken"
 	packLoad     = 8 // packed_records.lua's PACK_LOAD: records per bucket at which one splits
 )

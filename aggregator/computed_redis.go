@@ -254,10 +254,12 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		cc.args = storeArgs(cc, rd.plan.state, state, fields, got, ttl)
 		if rd.store != nil {
 			cc.shape = &packedShapeOf{rd.store.l, rd.store.p, rd.store.n}
-			// The buckets as the call leaves them are cached once it is stored (bucketCache):
-			// not when the store is left without a stamp or a token.
+			// The buckets as the call leaves them are cached once it is stored (bucketCache),
+			// under a token and stamp one computed call wrote together: this call's, or those
+			// of cached buckets it took. A call that writes no bucket may have read a stamp
+			// apply.lua made beside an older call's token, a pair a lost write can repeat.
 			cc.readToken, _ = token.(string)
-			if stamp, ok := written.(string); ok && cmp.Or(cc.token, cc.readToken) != "" {
+			if stamp, ok := written.(string); ok && (cc.token != "" || rd.got != nil && cc.readToken != "") {
 				cc.buckets, cc.readStamp, cc.token = rd.store, stamp, cmp.Or(cc.token, cc.readToken)
 			}
 		}

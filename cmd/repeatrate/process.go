@@ -179,7 +179,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		"result", [2]string{"stored", "refused"}, st.rates.ComputedCalls)
 	registerPair(reg, "repeatrate_computed_calls_left_total", "Apply calls apply.lua ran with redis.compute_calls on because the processor did not compute them, by reason: off_path (more than 1000 records, or read and found off the computed path: a new aggregate, a reassessment that moves the winner or grows the horizon, the window sums' minute or hour turning, expiry, pruning, compaction, a new index group, a due TTL stamp), unread (in a batch left unread after one that computed fewer than half the records it read of aggregates that exist). Counted per attempt: a retried batch's calls count again.",
 		"reason", [2]string{"off_path", "unread"}, st.rates.ComputedCallsLeft)
-	registerPair(reg, "repeatrate_computed_buckets_total", "Layout 11's packed-store buckets the processor's computed calls met, by where it took them from: redis (read with the call's state), or cache (as the processor's last stored call on the aggregate left them, under the write stamp Redis still holds). Counted per attempt.",
+	registerPair(reg, "repeatrate_computed_buckets_total", "Layout 11's packed-store buckets the processor's computed calls met, by where it took them from: redis (read with the call's state), or cache (as the processor's stored calls on the aggregate left them, under the token and write stamp Redis still holds). Counted per attempt.",
 		"from", [2]string{"redis", "cache"}, st.rates.BucketReads)
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
