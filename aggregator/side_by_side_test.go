@@ -47,7 +47,7 @@ func TestCallsComputedSideBySideAreThoseComputedInTurn(t *testing.T) {
 			if readA != readB || hitA != hitB {
 				t.Fatalf("batch %d: side by side read %d records and computed %d, in turn %d and %d", i, readA, hitA, readB, hitB)
 			}
-			if !reflect.DeepEqual(got, want) {
+			if !reflect.DeepEqual(withoutCacheState(got), withoutCacheState(want)) {
 				t.Fatalf("batch %d: side by side computed %s, in turn %s", i, callsOf(got), callsOf(want))
 			}
 			compared += len(got)
@@ -60,6 +60,22 @@ func TestCallsComputedSideBySideAreThoseComputedInTurn(t *testing.T) {
 		}
 		t.Logf("%d computed calls compared", compared)
 	})
+}
+
+// withoutCacheState returns calls without what the bucket cache would keep of them: the side by
+// side store stores its calls and caches their buckets, the in-turn one reads every bucket from
+// Redis, so a call that writes no bucket keeps its buckets on one side alone (bucketCache).
+func withoutCacheState(calls map[Key]*computedCall) map[Key]computedCall {
+	out := make(map[Key]computedCall, len(calls))
+	for k, cc := range calls {
+		c := *cc
+		c.buckets, c.readStamp, c.readToken = nil, "", ""
+		if len(c.records) == 0 && len(c.deletes) == 0 {
+			c.token = "" // the token read, kept only with the buckets
+		}
+		out[k] = c
+	}
+	return out
 }
 
 // mustStore is a store on c under cfg.
