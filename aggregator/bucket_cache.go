@@ -107,13 +107,9 @@ func (s *cachedStore) uncached(store *bucketStore) []any {
 }
 
 // reply returns what reading every bucket of store and then the token and stamp would have
-// returned (bucketsRead), from got, the reply to reading the buckets s does not hold and then the
-// token and stamp (uncached), or false when got is not that reply's shape.
-func (s *cachedStore) reply(store *bucketStore, got []any) ([]any, bool) {
-	if len(got) < 2 {
-		return nil, false
-	}
-	tail, got := got[len(got)-2:], got[:len(got)-2]
+// returned (bucketsRead), from read, the buckets s does not hold as read in the store's order
+// (uncached), and the token and stamp read after them, or false when read is not those buckets.
+func (s *cachedStore) reply(store *bucketStore, read []any, token, stamp any) ([]any, bool) {
 	out := make([]any, 0, len(store.buckets)+2)
 	next := 0
 	for _, bk := range store.buckets {
@@ -125,14 +121,14 @@ func (s *cachedStore) reply(store *bucketStore, got []any) ([]any, bool) {
 			}
 			continue
 		}
-		if next >= len(got) {
+		if next >= len(read) {
 			return nil, false
 		}
-		out = append(out, got[next])
+		out = append(out, read[next])
 		next++
 	}
-	if next != len(got) {
+	if next != len(read) {
 		return nil, false
 	}
-	return append(out, tail...), true
+	return append(out, token, stamp), true
 }

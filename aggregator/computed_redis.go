@@ -177,10 +177,11 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			if err != nil {
 				continue // the computation leaves the call to apply.lua
 			}
-			r.bucketsRead.Add(int64(max(len(got)-2, 0)))
-			if n := len(got); n >= 2 && got[n-2] == any(rd.cached.token) && got[n-1] == any(rd.cached.stamp) {
-				if rd.got, ok = rd.cached.reply(rd.store, got); ok {
-					r.bucketsCached.Add(int64(len(rd.store.buckets) - n + 2))
+			read, token, stamp, whole := bucketsReply(got)
+			r.bucketsRead.Add(int64(len(read)))
+			if whole && token == any(rd.cached.token) && stamp == any(rd.cached.stamp) {
+				if rd.got, whole = rd.cached.reply(rd.store, read, token, stamp); whole {
+					r.bucketsCached.Add(int64(len(rd.store.buckets) - len(read)))
 					continue
 				}
 			}
@@ -219,11 +220,10 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		fields, held := rd.plan.records, got
 		var token, written any
 		if rd.store != nil {
-			if len(got) < 2 {
+			var ok bool
+			if got, token, written, ok = bucketsReply(got); !ok {
 				return nil, false
 			}
-			got, token, written = got[:len(got)-2], got[len(got)-2], got[len(got)-1]
-			var ok bool
 			if held, ok = packedHeld(rd.store, got, rd.plan.records); !ok {
 				return nil, false
 			}
@@ -327,6 +327,16 @@ func inParallel(n, records, from int, do func(int)) {
 // in one command, so that the token and stamp are those the buckets were read under.
 func bucketsRead(key string, names []any) []any {
 	return append(append(append(make([]any, 0, 4+len(names)), "hmget", key), names...), bucketsToken, bucketsWritten)
+}
+
+// bucketsReply splits the reply to bucketsRead into the buckets read and the token and stamp read
+// after them, or reports false for a reply too short to hold the two.
+func bucketsReply(got []any) (buckets []any, token, stamp any, ok bool) {
+	n := len(got)
+	if n < 2 {
+		return nil, nil, nil, false
+	}
+	return got[:n-2], got[n-2], got[n-1], true
 }
 
 // newToken returns a computed call's token (bucketsToken): 8 random bytes.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -303,7 +302,7 @@ func lostAndStampedAgain(t *testing.T) {
 	// d occurs in another index group than c and e, one the call reads without them.
 	early := x.occ - 6*hourUS
 	x.otherApplies(t, x.ob("r0", x.occ, x.occ), x.ob("r1", early, early))
-	x.c.HSet(ctx, x.mine.keys(x.k)[2], bucketsWritten, strconv.FormatInt(time.Now().Add(time.Hour).UnixMicro(), 10))
+	x.stampAhead(t)
 	x.mineStores(t, "a")
 	saved := x.save(t)
 	x.mineStores(t, "c")
