@@ -18,7 +18,8 @@
 #                     per-workspace ingest quota)
 #   BENCH_PREFILL=N   instead: the today stream on an empty store and on one already retaining N
 #                     opportunities over 10 000 aggregates, in BENCH_PREFILL_ROUNDS rounds (3)
-#                     (docs/performance.md)
+#                     (docs/performance.md); BENCH_PREFILL_CONTROL=1 adds a store holding only
+#                     what the prefill put in the stream's own aggregates
 #   BENCH_LATENCY_RATE=R  instead: produce → snapshot latency alone, at R events/s, with where a
 #                     batch's time goes (the processor's stage histograms)
 set -euo pipefail

@@ -20,12 +20,16 @@ import (
 // BENCH_PREFILL_ROUNDS rounds (3 by default) of a new today stream each, every prefilled run
 // between two empty ones. Cost per event must not depend on history: events/s and Redis CPU per
 // event, prefilled ÷ empty (the means over the rounds; one empty run's Redis CPU an event varies by
-// a tenth or more from the next). Redis without AOF, so that no rewrite of the prefilled state
+// a tenth or more from the next). With BENCH_PREFILL_CONTROL set, a second store holds only what
+// the prefill put in the stream's 200 live aggregates, and each round also runs on it, before the
+// empty run and after or before the prefilled one, alternately: prefilled ÷ control is what the rest of the history costs,
+// the stream's aggregates alike in both; control ÷ empty what those aggregates' records cost. Redis without AOF, so that no rewrite of the prefilled state
 // lands in a measured run. The prefill is processed by the same binary, written aggregate by
 // aggregate so that it takes minutes, not hours: spread over 10 000 aggregates, a batch holds one
 // or two events of each, and each costs a script call of its own.
 const (
 	prefillAggregates  = 10_000 // 50 workspaces × 2 models × 100 corrections, live
+	prefillStream      = 200    // the first 200, workspace ws-0's: the today stream's live aggregates
 	prefillCorrections = 100
 	prefillSpread      = 24 * time.Hour
 )
@@ -76,23 +80,35 @@ func (e *env) prefillMode(ctx context.Context) error {
 	}
 	per := max(1, total/prefillAggregates)
 	total = per * prefillAggregates
-	r := rand.New(rand.NewPCG(41, 42))
-	now, a, j := time.Now(), 0, 0
-	fill, err := e.input(shapeToday, "prefill", func() ([]byte, bool) {
-		if a == prefillAggregates {
-			return nil, false
-		}
-		l := prefillLine(r, a, j, now)
-		if j++; j == per {
-			a, j = a+1, 0
-		}
-		return l, true
-	})
+	now := time.Now()
+	// prefillInput is the prefill of the first aggregates aggregates, the same lines in each
+	// input that holds them (one seed, in the same order).
+	prefillInput := func(name string, aggregates int) (*input, error) {
+		r := rand.New(rand.NewPCG(41, 42))
+		a, j := 0, 0
+		return e.input(shapeToday, name, func() ([]byte, bool) {
+			if a == aggregates {
+				return nil, false
+			}
+			l := prefillLine(r, a, j, now)
+			if j++; j == per {
+				a, j = a+1, 0
+			}
+			return l, true
+		})
+	}
+	fill, err := prefillInput("prefill", prefillAggregates)
 	if err != nil {
 		return err
 	}
+	var control *input // the stream's live aggregates' prefill alone (BENCH_PREFILL_CONTROL)
+	if getenv("BENCH_PREFILL_CONTROL", "") != "" {
+		if control, err = prefillInput("prefill-control", prefillStream); err != nil {
+			return err
+		}
+	}
 	bin := e.bins[0]
-	name := e.run + "-prefilled"
+	name, controlName := e.run+"-prefilled", e.run+"-control"
 	rdb := redis.NewClient(&redis.Options{Addr: e.redisNone})
 	defer rdb.Close()
 	memory := func(field string) float64 {
@@ -100,13 +116,14 @@ func (e *env) prefillMode(ctx context.Context) error {
 		return infoField(ctx, e.redisNone, "memory", field)
 	}
 
-	// run measures one input on a store, with what Redis did by command.
-	run := func(what string, in *input, prefilled bool) (pipelineResult, error) {
+	// run measures one input on a store (the prefilled namespace store, or an empty one), with
+	// what Redis did by command.
+	run := func(what string, in *input, store string) (pipelineResult, error) {
 		was := activity(ctx, e.redisNone)
 		var r pipelineResult
 		var err error
-		if prefilled {
-			r, err = e.pipelineIn(ctx, bin, in, e.redisNone, name, true)
+		if store != "" {
+			r, err = e.pipelineIn(ctx, bin, in, e.redisNone, store, true)
 		} else {
 			r, err = e.pipeline(ctx, bin, in, e.redisNone)
 		}
@@ -118,7 +135,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 	}
 	empty := make([]pipelineResult, 0, len(measured)+1)
 	full := make([]pipelineResult, 0, len(measured))
-	first, err := run("empty store", measured[0], false)
+	first, err := run("empty store", measured[0], "")
 	if err != nil {
 		return err
 	}
@@ -141,6 +158,17 @@ func (e *env) prefillMode(ctx context.Context) error {
 	}
 	held := memory("used_memory") - before
 	logf("prefill: %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity", filled.describe(e.cores), held/1e6, held/float64(total))
+	if control != nil {
+		defer cleanup(rdb, controlName)
+		before := memory("used_memory")
+		filled, err := e.pipelineIn(ctx, bin, control, e.redisNone, controlName, true)
+		if err != nil {
+			return err
+		}
+		held := memory("used_memory") - before
+		logf("control prefill (the stream's %d live aggregates alone): %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity",
+			prefillStream, filled.describe(e.cores), held/1e6, held/float64(per*prefillStream))
+	}
 	if getenv("BENCH_PREFILL_RESTORE", "") != "" {
 		n, err := restoreAll(ctx, rdb, name)
 		if err != nil {
@@ -148,27 +176,55 @@ func (e *env) prefillMode(ctx context.Context) error {
 		}
 		logf("prefill: %d keys dumped and restored, each now in memory allocated at once", n)
 	}
-	// Round k: input k on the prefilled store, then on an empty one; every prefilled run lies
-	// between two empty runs.
+	// Round k: input k on the prefilled store, then on the control store when there is one, then
+	// on an empty one; every prefilled run lies between two empty runs.
 	rss := 0.0
+	var controls []pipelineResult
 	for k, in := range measured {
-		r, err := run(fmt.Sprintf("prefilled store, round %d", k+1), in, true)
+		runControl := func() error {
+			r, err := run(fmt.Sprintf("control store, round %d", k+1), in, controlName)
+			controls = append(controls, r)
+			return err
+		}
+		if control != nil && k%2 == 1 { // the two stores' order alternates round by round
+			if err := runControl(); err != nil {
+				return err
+			}
+		}
+		r, err := run(fmt.Sprintf("prefilled store, round %d", k+1), in, name)
 		if err != nil {
 			return err
 		}
 		full, rss = append(full, r), max(rss, r.rssMB)
-		if r, err = run(fmt.Sprintf("empty store, round %d", k+1), in, false); err != nil {
+		if control != nil && k%2 == 0 {
+			if err := runControl(); err != nil {
+				return err
+			}
+		}
+		if r, err = run(fmt.Sprintf("empty store, round %d", k+1), in, ""); err != nil {
 			return err
 		}
 		empty = append(empty, r)
 		logf("round %d: prefilled ÷ empty (the runs either side): events/s %.3f, Redis CPU µs/event %.3f", k+1,
 			full[k].eps/meanOf(empty[k:k+2], eventsPerSecond), full[k].redisMicros/meanOf(empty[k:k+2], redisPerEvent))
+		if control != nil {
+			c := controls[k]
+			logf("round %d: prefilled ÷ control: events/s %.3f, Redis CPU µs/event %.3f; control ÷ empty (either side): events/s %.3f, Redis CPU µs/event %.3f", k+1,
+				full[k].eps/c.eps, full[k].redisMicros/c.redisMicros,
+				c.eps/meanOf(empty[k:k+2], eventsPerSecond), c.redisMicros/meanOf(empty[k:k+2], redisPerEvent))
+		}
 	}
 	peak := stopPeak()
 	emptyEPS, emptyRedis := meanOf(empty, eventsPerSecond), meanOf(empty, redisPerEvent)
 	fullEPS, fullRedis := meanOf(full, eventsPerSecond), meanOf(full, redisPerEvent)
 	logf("prefilled ÷ empty over %d rounds (means of %d prefilled and %d empty runs): events/s %.3f (%.0f ÷ %.0f), Redis CPU µs/event %.3f (%.2f ÷ %.2f); Redis peak %.0f MB, processor peak RSS %.0f MB",
 		len(full), len(full), len(empty), fullEPS/emptyEPS, fullEPS, emptyEPS, fullRedis/emptyRedis, fullRedis, emptyRedis, peak/1e6, rss)
+	if control != nil {
+		controlEPS, controlRedis := meanOf(controls, eventsPerSecond), meanOf(controls, redisPerEvent)
+		logf("over %d rounds: prefilled ÷ control (the history beyond the stream's aggregates) events/s %.3f, Redis CPU µs/event %.3f (%.2f ÷ %.2f); control ÷ empty events/s %.3f, Redis CPU µs/event %.3f (%.2f ÷ %.2f)",
+			len(full), fullEPS/controlEPS, fullRedis/controlRedis, fullRedis, controlRedis,
+			controlEPS/emptyEPS, controlRedis/emptyRedis, controlRedis, emptyRedis)
+	}
 	b, _ := json.Marshal(map[string]any{"prefill": map[string]any{
 		"opportunities": total, "events": e.n, "rounds": len(full), "eps_empty": num(emptyEPS, 0), "eps_prefilled": num(fullEPS, 0),
 		"eps_ratio": num(fullEPS/emptyEPS, 3), "redis_us_ratio": num(fullRedis/emptyRedis, 3),
