@@ -29,10 +29,13 @@ import (
 // or two events of each, and each costs a script call of its own.
 const (
 	prefillAggregates  = 10_000 // 50 workspaces × 2 models × 100 corrections, live
-	prefillStream      = 200    // the first 200, workspace ws-0's: the today stream's live aggregates
 	prefillCorrections = 100
 	prefillSpread      = 24 * time.Hour
 )
+
+// inTodayStream says whether prefilled aggregate a is one of the today stream's 200 live ones:
+// workspaces ws-0 to ws-9, corrections fix-0 to fix-9 (todayInput), both models.
+func inTodayStream(a int) bool { return a/(2*prefillCorrections) < 10 && a%prefillCorrections < 10 }
 
 // prefillLine is the j-th prefilled opportunity of aggregate a, named as the today shape's
 // generator names its scopes (internal/synth), occurred within prefillSpread before now.
@@ -81,29 +84,32 @@ func (e *env) prefillMode(ctx context.Context) error {
 	per := max(1, total/prefillAggregates)
 	total = per * prefillAggregates
 	now := time.Now()
-	// prefillInput is the prefill of the first aggregates aggregates, the same lines in each
-	// input that holds them (one seed, in the same order).
-	prefillInput := func(name string, aggregates int) (*input, error) {
+	// prefillInput is the prefill of the aggregates keep takes, the same lines in each input
+	// that holds them (one seed, every line drawn in the same order).
+	prefillInput := func(name string, keep func(a int) bool) (*input, error) {
 		r := rand.New(rand.NewPCG(41, 42))
 		a, j := 0, 0
 		return e.input(shapeToday, name, func() ([]byte, bool) {
-			if a == aggregates {
-				return nil, false
+			for a < prefillAggregates {
+				l := prefillLine(r, a, j, now)
+				at := a
+				if j++; j == per {
+					a, j = a+1, 0
+				}
+				if keep(at) {
+					return l, true
+				}
 			}
-			l := prefillLine(r, a, j, now)
-			if j++; j == per {
-				a, j = a+1, 0
-			}
-			return l, true
+			return nil, false
 		})
 	}
-	fill, err := prefillInput("prefill", prefillAggregates)
+	fill, err := prefillInput("prefill", func(int) bool { return true })
 	if err != nil {
 		return err
 	}
 	var control *input // the stream's live aggregates' prefill alone (BENCH_PREFILL_CONTROL)
 	if getenv("BENCH_PREFILL_CONTROL", "") != "" {
-		if control, err = prefillInput("prefill-control", prefillStream); err != nil {
+		if control, err = prefillInput("prefill-control", inTodayStream); err != nil {
 			return err
 		}
 	}
@@ -167,7 +173,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 		}
 		held := memory("used_memory") - before
 		logf("control prefill (the stream's %d live aggregates alone): %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity",
-			prefillStream, filled.describe(e.cores), held/1e6, held/float64(per*prefillStream))
+			control.n/per, filled.describe(e.cores), held/1e6, held/float64(control.n))
 	}
 	if getenv("BENCH_PREFILL_RESTORE", "") != "" {
 		n, err := restoreAll(ctx, rdb, name)
