@@ -47,7 +47,7 @@ func (e *env) todayInput(name string, dup float64) (*input, error) {
 // todayInputFrom is todayInput with its ids numbered from skip: inputs whose numbers never meet
 // name different opportunities, so each is new to a store that holds the others.
 func (e *env) todayInputFrom(name string, dup float64, skip int) (*input, error) {
-	gen := synth.New(synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3, Skip: skip})
+	gen := synth.New(todayConfig(dup, skip))
 	now, i := time.Now(), 0
 	return e.input(shapeToday, name, func() ([]byte, bool) {
 		if i == e.n {
@@ -57,6 +57,12 @@ func (e *env) todayInputFrom(name string, dup float64, skip int) (*input, error)
 		l, _ := gen.Line(now)
 		return l, true
 	})
+}
+
+// todayConfig is the today shape's generator, dup of its events duplicates, its ids numbered
+// from skip.
+func todayConfig(dup float64, skip int) synth.Config {
+	return synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3, Skip: skip}
 }
 
 // wideInput is the wide shape: live attempts only, 3 workspaces × 2 models × 10 corrections = 60

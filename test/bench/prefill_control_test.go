@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/json"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/repeatrate/repeatrate/internal/synth"
+)
+
+// liveAggregate names the aggregate a live attempt counts in: its source, scope and correction.
+func liveAggregate(t *testing.T, line []byte) (string, bool) {
+	t.Helper()
+	var ev struct {
+		Source string `json:"source"`
+		Type   string `json:"type"`
+		Data   struct {
+			Scope      map[string]string `json:"scope"`
+			Correction string            `json:"correction_id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(line, &ev); err != nil {
+		t.Fatalf("%v: %s", err, line)
+	}
+	if ev.Type != "repeatrate.live.attempt.v1" {
+		return "", false
+	}
+	s := ev.Data.Scope
+	return ev.Source + "|" + s["workspace"] + "|" + s["model"] + "|" + s["run"] + "|" + s["checkpoint"] + "|" +
+		s["artifact"] + "|" + ev.Data.Correction, true
+}
+
+// TestPrefillControlHoldsTheTodayStreamsLiveAggregates: the control store (BENCH_PREFILL_CONTROL)
+// is prefilled in exactly the aggregates the today stream's live attempts count in, so that the
+// prefilled store differs from it only by the history the stream never touches.
+func TestPrefillControlHoldsTheTodayStreamsLiveAggregates(t *testing.T) {
+	stream := map[string]bool{}
+	gen := synth.New(todayConfig(0.2, 1_000_000_000))
+	now := time.Now()
+	for range 50_000 {
+		l, _ := gen.Line(now)
+		if a, ok := liveAggregate(t, l); ok {
+			stream[a] = true
+		}
+	}
+	control := map[string]bool{}
+	r := rand.New(rand.NewPCG(1, 2))
+	for a := range prefillAggregates {
+		if inTodayStream(a) {
+			name, ok := liveAggregate(t, prefillLine(r, a, 0, now))
+			if !ok {
+				t.Fatalf("prefill line of aggregate %d is not a live attempt", a)
+			}
+			control[name] = true
+		}
+	}
+	if len(stream) != 200 {
+		t.Fatalf("the today stream's live attempts count in %d aggregates, want 200", len(stream))
+	}
+	if !maps.Equal(stream, control) {
+		var missing, extra []string
+		for a := range stream {
+			if !control[a] {
+				missing = append(missing, a)
+			}
+		}
+		for a := range control {
+			if !stream[a] {
+				extra = append(extra, a)
+			}
+		}
+		slices.Sort(missing)
+		slices.Sort(extra)
+		t.Fatalf("the control store holds %d aggregates; of the stream's, %d missing (%v); %d not the stream's (%v)",
+			len(control), len(missing), missing, len(extra), extra)
+	}
+}
