@@ -134,9 +134,9 @@ func TestIngestWhileBrokerFrozen(t *testing.T) {
 	t.Logf("after the broker resumed: %d of %d events answered unknown were written", unknownWritten, statuses[ingest.StatusUnknown])
 }
 
-// metricSum is the sum of every series of the metric name that base's /metrics serves (0 when it
-// cannot be read).
-func metricSum(base, name string) float64 {
+// metricSum is the sum of every series of the metric name that base's /metrics serves whose
+// labels hold every one of labels (each as `key="value"`); 0 when it cannot be read.
+func metricSum(base, name string, labels ...string) float64 {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		return 0
@@ -150,12 +150,24 @@ func metricSum(base, name string) float64 {
 		if !ok || strings.HasPrefix(series, "#") {
 			continue
 		}
-		if n, _, _ := strings.Cut(series, "{"); n == name {
-			f, _ := strconv.ParseFloat(value, 64)
-			sum += f
+		n, ls, _ := strings.Cut(series, "{")
+		if n != name || !holdsAll(ls, labels) {
+			continue
 		}
+		f, _ := strconv.ParseFloat(value, 64)
+		sum += f
 	}
 	return sum
+}
+
+// holdsAll says whether a series' labels (`a="x",b="y"}`) hold every one of want.
+func holdsAll(labels string, want []string) bool {
+	for _, w := range want {
+		if !strings.Contains(labels, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // freezeBroker stops the scenario's broker (SIGSTOP: its connections stay open and every request

@@ -33,22 +33,29 @@ func TestRedisLosesAcknowledgedWrites(t *testing.T) {
 		stops bool
 		// restart: the processor restarts with Redis (a node reboot), so its own marks are gone.
 		restart bool
+		// layout is the state layout of a new namespace (redis.state_layout).
+		layout int
 	}{
 		// Redis dies while the 10 events' offsets wait for the commit delay: the check before the
 		// commit finds the loss, and the batch is consumed and applied again.
-		{"before the commit", 8 * time.Second, 0, false, false},
+		{"before the commit", 8 * time.Second, 0, false, false, 10},
+		// The same in layout 11, whose processor keeps the buckets its calls wrote: those of the
+		// 10 events are gone from Redis but not from the processor, which must read them again,
+		// not count the 10 as duplicates. Two checks each catch it: the shape it expects (the
+		// head's count went back) and the token and stamp Redis holds (no longer its call's).
+		{"before the commit, layout 11's cached buckets", 8 * time.Second, 0, false, false, 11},
 		// Redis dies after the offsets were committed: the next batch finds the loss before it
 		// publishes anything, and the processor stops, pointing to rebuild.
-		{"after the commit", time.Second, 4 * time.Second, true, false},
+		{"after the commit", time.Second, 4 * time.Second, true, false, 10},
 		// The same, but the processor restarts with Redis: the offsets recorded beside the state
 		// tell the new process that the group committed past what Redis holds.
-		{"after the commit, processor restarted too", time.Second, 4 * time.Second, true, true},
+		{"after the commit, processor restarted too", time.Second, 4 * time.Second, true, true, 10},
 	} {
-		t.Run(tc.name, func(t *testing.T) { lostWrites(t, tc.delay, tc.killAfter, tc.stops, tc.restart) })
+		t.Run(tc.name, func(t *testing.T) { lostWrites(t, tc.delay, tc.killAfter, tc.stops, tc.restart, tc.layout) })
 	}
 }
 
-func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart bool) {
+func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart bool, layout int) {
 	brokers := testenv.KafkaBrokers(t)
 	rs := startRDBRedis(t)
 	s := &scenario{t: t, name: testenv.Name(t, "lostwrites"), brokers: brokers, redis: rs.addr}
@@ -84,7 +91,17 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart boo
 	snaps := &history{}
 	go snaps.follow(ctx, brokers, s.topic("snapshots"))
 
-	p := s.startArgs("run", "--http-addr=", fmt.Sprintf("--batch-commit-delay=%s", delay))
+	// run starts a processor in the layout, serving its metrics at base.
+	run := func() (p *proc, base string) {
+		t.Helper()
+		args, addr, err := testenv.ReadSideArgs([]string{s.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"run", fmt.Sprintf("--batch-commit-delay=%s", delay)}, args...)
+		return s.startEnv([]string{fmt.Sprintf("REPEATRATE_REDIS_STATE_LAYOUT=%d", layout)}, args...), "http://" + addr
+	}
+	p, base := run()
 	t.Cleanup(func() {
 		p.Kill()
 		if t.Failed() {
@@ -96,13 +113,23 @@ func lostWrites(t *testing.T, delay, killAfter time.Duration, stops, restart boo
 	rs.save(t)
 	send(10, "confirmed_repeat")
 	snaps.await(t, 50, 10)
+	if layout == 11 {
+		// The 10 were applied by a call the processor computed, whose buckets it keeps: the
+		// case the loss must not be read from.
+		stored := metricSum(base, "repeatrate_computed_calls_total", `result="stored"`)
+		buckets := metricSum(base, "repeatrate_computed_buckets_total")
+		if stored == 0 || buckets == 0 {
+			t.Fatalf("no call was computed and stored (%v), or none took buckets (%v): the cache is not in play", stored, buckets)
+		}
+		t.Logf("before the loss: %v calls computed and stored, %v buckets taken", stored, buckets)
+	}
 	time.Sleep(killAfter)
 	if restart {
 		p.Kill()
 	}
 	rs.crashAndRestart(t) // back to the 50
 	if restart {
-		p = s.startArgs("run", "--http-addr=", fmt.Sprintf("--batch-commit-delay=%s", delay))
+		p, _ = run()
 	}
 	time.Sleep(delay + 3*time.Second)
 	send(5, "passed")
