@@ -279,3 +279,159 @@ func TestRecordLayoutCandidates(t *testing.T) {
 		deleteUnder(ctx, rdb, prefix)
 	}
 }
+
+// TestRecordLayoutCostByAggregateSize measures, for the record layouts a state could take, what a
+// new record costs Redis in a young aggregate and in a grown one (docs/performance.md, "The
+// thirteenth slice"): the prefilled store's target compares a stream on grown aggregates with the
+// same stream on an empty store, whose aggregates are young. Each candidate fills 100 aggregates
+// with 200 records each (among 900 more of 200, so that Redis holds as many records in both
+// cases), then 100 with 2 000 (its buckets as many as hold them and the new records at about the
+// bucket's size), and inserts 200 new records into each of the 100 in calls of 25, as the bench's
+// calls do; it reports Redis's CPU (used_cpu) and bytes in a new record, and their ratios grown ÷
+// young, with the bytes per opportunity of the grown fill (records and index entries only).
+//
+//	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordLayoutCostByAggregateSize -v ./aggregator
+func TestRecordLayoutCostByAggregateSize(t *testing.T) {
+	rdb := redisOfItsOwn(t)
+	ctx := context.Background()
+	const aggregates, perCall, calls = 100, 25, 8
+	const youngSize, grownSize = 200, 2000 // records an aggregate holds before the calls
+	type candidate struct {
+		name    string
+		fp      bool // a 16-byte fingerprint as the field, a 15-byte binary value
+		bucket  int  // records per bucket (0: one hash per aggregate)
+		packed  bool // buckets are fields of one hash, their records concatenated
+		indexed int  // bytes of an index entry (0: the whole field)
+	}
+	cands := []candidate{
+		{"layout 10: id field, one hash", false, 0, false, 0},
+		{"packed buckets of ~8 in one hash, 4-byte index", true, 8, true, 4},
+		{"listpack buckets (keys) of ~32, 4-byte index", true, 32, false, 4},
+		{"listpack buckets (keys) of ~64, 4-byte index", true, 64, false, 4},
+		{"listpack buckets (keys) of ~100, 4-byte index", true, 100, false, 4},
+	}
+	only := os.Getenv("REPEATRATE_LAYOUT_CANDIDATES")
+	for _, c := range cands {
+		if !strings.Contains(c.name, only) {
+			continue
+		}
+		type figures struct{ cpu, in, bytes float64 }
+		measure := func(size int) figures {
+			prefix := fmt.Sprintf("layoutsize-%d", time.Now().UnixNano())
+			defer deleteUnder(ctx, rdb, prefix)
+			nb := (size + calls*perCall + c.bucket - 1) / max(c.bucket, 1)
+			tag := func(a int) string {
+				return fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}", prefix, a)
+			}
+			record := func(a, i int) (key, bucket, field, value string) {
+				id := fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3)
+				occ := int64(1_764_000_000_000_000) + int64(i)*1000
+				if !c.fp {
+					return tag(a) + ":o", "", fmt.Sprintf("%03x%s", len(id), id), fmt.Sprintf("c%x,%x", occ, occ+1e6)
+				}
+				sum := sha256.Sum256([]byte(fmt.Sprint(a, "/", id)))
+				v := make([]byte, 16)
+				v[0] = 'c'
+				binary.LittleEndian.PutUint64(v[1:], uint64(occ))
+				binary.LittleEndian.PutUint64(v[8:], uint64(occ+1e6)<<8)
+				b := fmt.Sprint(binary.LittleEndian.Uint32(sum[:4]) % uint32(nb))
+				if c.packed {
+					return tag(a) + ":o", b, string(sum[:16]), string(v[:15])
+				}
+				return tag(a) + ":b" + b, b, string(sum[:16]), string(v[:15])
+			}
+			// call runs one call of records from..to of aggregate a: through s, or, packed, the
+			// packed script (which finds each record's bucket and appends the absent ones) and,
+			// when index is set, the index entries after it.
+			call := func(s *redis.Script, a, from, to int, index bool) {
+				var keys []string
+				var args []any
+				if c.packed {
+					for i := from; i < to; i++ {
+						k, b, f, v := record(a, i)
+						keys = []string{k}
+						args = append(args, b, f, v)
+					}
+					if err := recordLayoutPacked.Run(ctx, rdb, keys, args...).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if index {
+						var entries []any
+						for i := from; i < to; i++ {
+							_, _, f, _ := record(a, i)
+							entries = append(entries, f[:c.indexed])
+						}
+						if err := recordLayoutIndex.Run(ctx, rdb, []string{tag(a) + ":s"}, entries...).Err(); err != nil {
+							t.Fatal(err)
+						}
+					}
+					return
+				}
+				if s == recordLayoutFill {
+					args = append(args, c.indexed)
+				}
+				for i := from; i < to; i++ {
+					k, _, f, v := record(a, i)
+					keys = append(keys, k)
+					args = append(args, f, v)
+				}
+				if s == recordLayoutFill {
+					keys = append(keys, tag(a)+":s")
+				}
+				if err := s.Run(ctx, rdb, keys, args...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := usedMemory(ctx, rdb)
+			// The young aggregates lie among others of their size, so that Redis holds as many
+			// records as in the grown case: the heap's size, which decides what stays in the
+			// CPU's caches, is the same in both.
+			filled := aggregates * grownSize / size
+			for a := range filled {
+				for i := 0; i < size; i += 500 {
+					call(recordLayoutFill, a, i, min(i+500, size), true)
+				}
+				if !c.fp {
+					// Layout 10 makes its record hash a hash table once it holds records (a
+					// listpack's lookups are scans): a field past any listpack's bound, set and
+					// deleted, converts it for good.
+					k := tag(a) + ":o"
+					if err := rdb.HSet(ctx, k, "convert", strings.Repeat("x", 1<<12)).Err(); err != nil {
+						t.Fatal(err)
+					}
+					rdb.HDel(ctx, k, "convert")
+				}
+			}
+			held := usedMemory(ctx, rdb) - before
+			heldPer := held / float64(filled*size)
+			c0, err := readCost(ctx, rdb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k := range calls {
+				for a := range aggregates {
+					from := size + k*perCall
+					call(recordLayoutHot, a, from, from+perCall, false)
+				}
+			}
+			c1, err := readCost(ctx, rdb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := float64(aggregates * calls * perCall)
+			return figures{(c1.cpu - c0.cpu) * 1e6 / n, (c1.in - c0.in) / n, heldPer}
+		}
+		var young, grown figures
+		for range 2 { // alternated, the lower of each kept
+			y, g := measure(youngSize), measure(grownSize)
+			if young.cpu == 0 || y.cpu < young.cpu {
+				young = y
+			}
+			if grown.cpu == 0 || g.cpu < grown.cpu {
+				grown = g
+			}
+		}
+		t.Logf("%-48s Redis CPU µs a new record young / grown %5.2f / %5.2f (%.2f), bytes in %4.0f / %4.0f (%.2f); grown fill %5.1f bytes an opportunity",
+			c.name, young.cpu, grown.cpu, grown.cpu/young.cpu, young.in, grown.in, grown.in/young.in, grown.bytes)
+	}
+}
