@@ -310,6 +310,9 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 		{"listpack buckets (keys) of ~64, 4-byte index", true, 64, false, 4},
 		{"listpack buckets (keys) of ~100, 4-byte index", true, 100, false, 4},
 	}
+	if v, err := rdb.ConfigGet(ctx, "hash-max-listpack-entries").Result(); err == nil {
+		t.Logf("Redis hash-max-listpack-entries %s (buckets past it are hash tables)", v["hash-max-listpack-entries"])
+	}
 	only := os.Getenv("REPEATRATE_LAYOUT_CANDIDATES")
 	for _, c := range cands {
 		if !strings.Contains(c.name, only) {
