@@ -33,6 +33,27 @@ const (
 	prefillSpread      = 24 * time.Hour
 )
 
+// prefillLines yields the prefill's lines of the aggregates keep takes, per lines each, occurred
+// before now: every input made by it holds the same lines of the aggregates it takes (one seed,
+// every line drawn in the same order, those of the aggregates not taken too).
+func prefillLines(per int, keep func(a int) bool, now time.Time) func() ([]byte, bool) {
+	r := rand.New(rand.NewPCG(41, 42))
+	a, j := 0, 0
+	return func() ([]byte, bool) {
+		for a < prefillAggregates {
+			l := prefillLine(r, a, j, now)
+			at := a
+			if j++; j == per {
+				a, j = a+1, 0
+			}
+			if keep(at) {
+				return l, true
+			}
+		}
+		return nil, false
+	}
+}
+
 // inTodayStream says whether prefilled aggregate a is one of the today stream's 200 live ones:
 // workspaces ws-0 to ws-9, corrections fix-0 to fix-9 (todayInput), both models.
 func inTodayStream(a int) bool { return a/(2*prefillCorrections) < 10 && a%prefillCorrections < 10 }
@@ -84,32 +105,13 @@ func (e *env) prefillMode(ctx context.Context) error {
 	per := max(1, total/prefillAggregates)
 	total = per * prefillAggregates
 	now := time.Now()
-	// prefillInput is the prefill of the aggregates keep takes, the same lines in each input
-	// that holds them (one seed, every line drawn in the same order).
-	prefillInput := func(name string, keep func(a int) bool) (*input, error) {
-		r := rand.New(rand.NewPCG(41, 42))
-		a, j := 0, 0
-		return e.input(shapeToday, name, func() ([]byte, bool) {
-			for a < prefillAggregates {
-				l := prefillLine(r, a, j, now)
-				at := a
-				if j++; j == per {
-					a, j = a+1, 0
-				}
-				if keep(at) {
-					return l, true
-				}
-			}
-			return nil, false
-		})
-	}
-	fill, err := prefillInput("prefill", func(int) bool { return true })
+	fill, err := e.input(shapeToday, "prefill", prefillLines(per, func(int) bool { return true }, now))
 	if err != nil {
 		return err
 	}
 	var control *input // the stream's live aggregates' prefill alone (BENCH_PREFILL_CONTROL)
 	if getenv("BENCH_PREFILL_CONTROL", "") != "" {
-		if control, err = prefillInput("prefill-control", inTodayStream); err != nil {
+		if control, err = e.input(shapeToday, "prefill-control", prefillLines(per, inTodayStream, now)); err != nil {
 			return err
 		}
 	}
@@ -175,15 +177,16 @@ func (e *env) prefillMode(ctx context.Context) error {
 		logf("control prefill (the stream's %d live aggregates alone): %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity",
 			control.n/per, filled.describe(e.cores), held/1e6, held/float64(control.n))
 	}
-	if getenv("BENCH_PREFILL_RESTORE", "") != "" {
+	if getenv("BENCH_PREFILL_RESTORE", "") != "" { // the prefilled store's keys, not the control's
 		n, err := restoreAll(ctx, rdb, name)
 		if err != nil {
 			return err
 		}
 		logf("prefill: %d keys dumped and restored, each now in memory allocated at once", n)
 	}
-	// Round k: input k on the prefilled store, then on the control store when there is one, then
-	// on an empty one; every prefilled run lies between two empty runs.
+	// Round k: input k on the prefilled store and on the control store when there is one (the
+	// control after the prefilled store in odd rounds, before it in even ones), then on an empty
+	// one; every prefilled run lies between two empty runs.
 	rss := 0.0
 	var controls []pipelineResult
 	for k, in := range measured {
@@ -225,17 +228,20 @@ func (e *env) prefillMode(ctx context.Context) error {
 	fullEPS, fullRedis := meanOf(full, eventsPerSecond), meanOf(full, redisPerEvent)
 	logf("prefilled ÷ empty over %d rounds (means of %d prefilled and %d empty runs): events/s %.3f (%.0f ÷ %.0f), Redis CPU µs/event %.3f (%.2f ÷ %.2f); Redis peak %.0f MB, processor peak RSS %.0f MB",
 		len(full), len(full), len(empty), fullEPS/emptyEPS, fullEPS, emptyEPS, fullRedis/emptyRedis, fullRedis, emptyRedis, peak/1e6, rss)
+	out := map[string]any{
+		"opportunities": total, "events": e.n, "rounds": len(full), "eps_empty": num(emptyEPS, 0), "eps_prefilled": num(fullEPS, 0),
+		"eps_ratio": num(fullEPS/emptyEPS, 3), "redis_us_ratio": num(fullRedis/emptyRedis, 3),
+		"redis_bytes_per_opportunity": num(held/float64(total), 1), "redis_peak_mb": num(peak/1e6, 0), "processor_rss_mb": num(rss, 0),
+	}
 	if control != nil {
 		controlEPS, controlRedis := meanOf(controls, eventsPerSecond), meanOf(controls, redisPerEvent)
+		out["eps_ratio_to_control"], out["redis_us_ratio_to_control"] = num(fullEPS/controlEPS, 3), num(fullRedis/controlRedis, 3)
+		out["control_eps_ratio"], out["control_redis_us_ratio"] = num(controlEPS/emptyEPS, 3), num(controlRedis/emptyRedis, 3)
 		logf("over %d rounds: prefilled ÷ control (the history beyond the stream's aggregates) events/s %.3f, Redis CPU µs/event %.3f (%.2f ÷ %.2f); control ÷ empty events/s %.3f, Redis CPU µs/event %.3f (%.2f ÷ %.2f)",
 			len(full), fullEPS/controlEPS, fullRedis/controlRedis, fullRedis, controlRedis,
 			controlEPS/emptyEPS, controlRedis/emptyRedis, controlRedis, emptyRedis)
 	}
-	b, _ := json.Marshal(map[string]any{"prefill": map[string]any{
-		"opportunities": total, "events": e.n, "rounds": len(full), "eps_empty": num(emptyEPS, 0), "eps_prefilled": num(fullEPS, 0),
-		"eps_ratio": num(fullEPS/emptyEPS, 3), "redis_us_ratio": num(fullRedis/emptyRedis, 3),
-		"redis_bytes_per_opportunity": num(held/float64(total), 1), "redis_peak_mb": num(peak/1e6, 0), "processor_rss_mb": num(rss, 0),
-	}})
+	b, _ := json.Marshal(map[string]any{"prefill": out})
 	fmt.Println(string(b))
 	return nil
 }

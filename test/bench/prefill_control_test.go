@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"maps"
 	"math/rand/v2"
@@ -76,5 +77,43 @@ func TestPrefillControlHoldsTheTodayStreamsLiveAggregates(t *testing.T) {
 		slices.Sort(extra)
 		t.Fatalf("the control store holds %d aggregates; of the stream's, %d missing (%v); %d not the stream's (%v)",
 			len(control), len(missing), missing, len(extra), extra)
+	}
+}
+
+// TestPrefillControlHoldsTheSameLinesAsThePrefill: the control store's input is the prefill's
+// lines of the stream's aggregates, byte for byte, in the same order, so that its aggregates hold
+// what the prefilled store's do.
+func TestPrefillControlHoldsTheSameLinesAsThePrefill(t *testing.T) {
+	const per = 3
+	now := time.Now()
+	all, control := prefillLines(per, func(int) bool { return true }, now), prefillLines(per, inTodayStream, now)
+	var want [][]byte
+	for a := 0; ; a++ {
+		l, ok := all()
+		if !ok {
+			if a != per*prefillAggregates {
+				t.Fatalf("the prefill has %d lines, want %d", a, per*prefillAggregates)
+			}
+			break
+		}
+		if inTodayStream(a / per) {
+			want = append(want, l)
+		}
+	}
+	var got [][]byte
+	for {
+		l, ok := control()
+		if !ok {
+			break
+		}
+		got = append(got, l)
+	}
+	if len(got) != len(want) || len(want) != 200*per {
+		t.Fatalf("the control has %d lines, the prefill %d of the stream's aggregates, want %d", len(got), len(want), 200*per)
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("line %d of the control differs from the prefill's:\n%s\n%s", i, got[i], want[i])
+		}
 	}
 }

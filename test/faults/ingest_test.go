@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -160,10 +161,12 @@ func metricSum(base, name string, labels ...string) float64 {
 	return sum
 }
 
-// holdsAll says whether a series' labels (`a="x",b="y"}`) hold every one of want.
+// holdsAll says whether a series' labels (`a="x",b="y"}`, none of whose values holds a comma)
+// hold every one of want, each a whole `key="value"` pair.
 func holdsAll(labels string, want []string) bool {
+	pairs := strings.Split(strings.TrimSuffix(labels, "}"), ",")
 	for _, w := range want {
-		if !strings.Contains(labels, w) {
+		if !slices.Contains(pairs, w) {
 			return false
 		}
 	}
