@@ -284,18 +284,19 @@ func TestRecordLayoutCandidates(t *testing.T) {
 // new record costs Redis in a young aggregate and in a grown one (docs/performance.md, "The
 // thirteenth slice"): the prefilled store's target compares a stream on grown aggregates with the
 // same stream on an empty store, whose aggregates are young. Each candidate fills 100 aggregates
-// with 200 records each (among 900 more of 200, so that Redis holds as many records in both
-// cases), then 100 with 2 000 (its buckets as many as hold them and the new records at about the
-// bucket's size), and inserts 200 new records into each of the 100 in calls of 25, as the bench's
-// calls do; it reports Redis's CPU (used_cpu) and bytes in a new record, and their ratios grown ÷
-// young, with the bytes per opportunity of the grown fill (records and index entries only).
+// with 200 to 400 records (among about 900 more of 300, so that Redis holds as many records in
+// both cases), then 100 with 2 000 to 4 000 (its buckets as many as hold them and the new records
+// at about the bucket's size), and inserts 200 new records into each of the 100 in calls of 25, as
+// the bench's calls do; it reports Redis's CPU (used_cpu) and bytes in a new record, and their
+// ratios grown ÷ young, with the bytes per opportunity of the grown fill (records and index
+// entries only).
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordLayoutCostByAggregateSize -v ./aggregator
 func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 	rdb := redisOfItsOwn(t)
 	ctx := context.Background()
 	const aggregates, perCall, calls = 100, 25, 8
-	const youngSize, grownSize = 200, 2000 // records an aggregate holds before the calls
+	const youngSize, grownSize = 200, 2000 // the least records an aggregate holds before the calls
 	type candidate struct {
 		name    string
 		fp      bool // a 16-byte fingerprint as the field, a 15-byte binary value
@@ -319,10 +320,25 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 			continue
 		}
 		type figures struct{ cpu, in, bytes float64 }
-		measure := func(size int) figures {
+		// measure fills aggregates of base to 2·base records (aggregate a of the first 100 holds
+		// base + a·base/100: a hash table doubles its buckets as it passes a power of two, step
+		// by step on the commands that follow, so sizes spread over a doubling charge its cost
+		// to every size alike), then times the calls on those.
+		measure := func(base int) figures {
 			prefix := fmt.Sprintf("layoutsize-%d", time.Now().UnixNano())
 			defer deleteUnder(ctx, rdb, prefix)
-			nb := (size + calls*perCall + c.bucket - 1) / max(c.bucket, 1)
+			var sizes []int
+			total := 0
+			for a := range aggregates {
+				sizes = append(sizes, base+a*base/aggregates)
+				total += sizes[a]
+			}
+			// The young aggregates lie among others, so that Redis holds as many records as
+			// in the grown case.
+			for want := aggregates * grownSize * 3 / 2; total+base*3/2 <= want; total += base * 3 / 2 {
+				sizes = append(sizes, base*3/2)
+			}
+			nb := func(a int) uint32 { return uint32((sizes[a] + calls*perCall + c.bucket - 1) / max(c.bucket, 1)) }
 			tag := func(a int) string {
 				return fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}", prefix, a)
 			}
@@ -337,7 +353,7 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 				v[0] = 'c'
 				binary.LittleEndian.PutUint64(v[1:], uint64(occ))
 				binary.LittleEndian.PutUint64(v[8:], uint64(occ+1e6)<<8)
-				b := fmt.Sprint(binary.LittleEndian.Uint32(sum[:4]) % uint32(nb))
+				b := fmt.Sprint(binary.LittleEndian.Uint32(sum[:4]) % nb(a))
 				if c.packed {
 					return tag(a) + ":o", b, string(sum[:16]), string(v[:15])
 				}
@@ -386,11 +402,7 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 				}
 			}
 			before := usedMemory(ctx, rdb)
-			// The young aggregates lie among others of their size, so that Redis holds as many
-			// records as in the grown case: the heap's size, which decides what stays in the
-			// CPU's caches, is the same in both.
-			filled := aggregates * grownSize / size
-			for a := range filled {
+			for a, size := range sizes {
 				for i := 0; i < size; i += 500 {
 					call(recordLayoutFill, a, i, min(i+500, size), true)
 				}
@@ -406,14 +418,14 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 				}
 			}
 			held := usedMemory(ctx, rdb) - before
-			heldPer := held / float64(filled*size)
+			heldPer := held / float64(total)
 			c0, err := readCost(ctx, rdb)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for k := range calls {
 				for a := range aggregates {
-					from := size + k*perCall
+					from := sizes[a] + k*perCall
 					call(recordLayoutHot, a, from, from+perCall, false)
 				}
 			}
