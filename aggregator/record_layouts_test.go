@@ -403,17 +403,20 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 			}
 			before := usedMemory(ctx, rdb)
 			for a, size := range sizes {
+				// Layout 10 makes its record hash a hash table (a listpack's lookups are scans):
+				// a field past any listpack's bound converts it for good. Set before the fill and
+				// deleted after it, so that every aggregate's table grows through its doublings
+				// as the fill goes, the young as the grown.
+				k := tag(a) + ":o"
+				if !c.fp {
+					if err := rdb.HSet(ctx, k, "convert", strings.Repeat("x", 1<<12)).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
 				for i := 0; i < size; i += 500 {
 					call(recordLayoutFill, a, i, min(i+500, size), true)
 				}
 				if !c.fp {
-					// Layout 10 makes its record hash a hash table once it holds records (a
-					// listpack's lookups are scans): a field past any listpack's bound, set and
-					// deleted, converts it for good.
-					k := tag(a) + ":o"
-					if err := rdb.HSet(ctx, k, "convert", strings.Repeat("x", 1<<12)).Err(); err != nil {
-						t.Fatal(err)
-					}
 					rdb.HDel(ctx, k, "convert")
 				}
 			}

@@ -184,9 +184,10 @@ func (e *env) prefillMode(ctx context.Context) error {
 		}
 		logf("prefill: %d keys dumped and restored, each now in memory allocated at once", n)
 	}
-	// Round k: input k on the prefilled store and on the control store when there is one (the
-	// control after the prefilled store in odd rounds, before it in even ones), then on an empty
-	// one; every prefilled run lies between two empty runs.
+	// Round k+1 (as the log counts them): input k on the prefilled store and on the control store
+	// when there is one (the control after the prefilled store in the log's odd rounds, k even,
+	// before it in the even ones), then on an empty one; every prefilled run lies between two
+	// empty runs.
 	rss := 0.0
 	var controls []pipelineResult
 	for k, in := range measured {
