@@ -22,9 +22,10 @@ import (
 // event, prefilled ÷ empty (the means over the rounds; one empty run's Redis CPU an event varies by
 // a tenth or more from the next). With BENCH_PREFILL_CONTROL set, a second store holds only what
 // the prefill put in the stream's 200 live aggregates, and each round also runs on it, before the
-// empty run and after or before the prefilled one, alternately: prefilled ÷ control is what the rest of the history costs,
-// the stream's aggregates alike in both; control ÷ empty what those aggregates' records cost. Redis without AOF, so that no rewrite of the prefilled state
-// lands in a measured run. The prefill is processed by the same binary, written aggregate by
+// empty run and after or before the prefilled one, alternately: prefilled ÷ control is what the
+// rest of the history costs, the stream's aggregates alike in both; control ÷ empty what those
+// aggregates' records cost. Redis without AOF, so that no rewrite of the prefilled state lands in
+// a measured run. The prefill is processed by the same binary, written aggregate by
 // aggregate so that it takes minutes, not hours: spread over 10 000 aggregates, a batch holds one
 // or two events of each, and each costs a script call of its own.
 const (
@@ -124,8 +125,8 @@ func (e *env) prefillMode(ctx context.Context) error {
 		return infoField(ctx, e.redisNone, "memory", field)
 	}
 
-	// run measures one input on a store (the prefilled namespace store, or an empty one), with
-	// what Redis did by command.
+	// run measures one input on the kept store of namespace store, or on a new empty one when
+	// store is "", with what Redis did by command.
 	run := func(what string, in *input, store string) (pipelineResult, error) {
 		was := activity(ctx, e.redisNone)
 		var r pipelineResult
