@@ -129,6 +129,12 @@ appendIndex(KEYS[1], ARGV)
 return #ARGV
 `)
 
+// layoutTag is the key of aggregate a under prefix, as the layout measurements name it (its hash
+// tag an aggregate's); each layout's keys add a suffix.
+func layoutTag(prefix string, a int) string {
+	return fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}", prefix, a)
+}
+
 // TestRecordLayoutCandidates measures what an opportunity's record and its index entry cost in
 // Redis in the layouts a smaller state could take (docs/performance.md, "Toward 48 bytes"): the
 // id as the field (layout 10), a 16-byte fingerprint as the field of one hash per aggregate, and
@@ -182,7 +188,7 @@ func TestRecordLayoutCandidates(t *testing.T) {
 		record := func(a, i int) (key, field, value string) {
 			id := fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3)
 			occ := int64(1_764_000_000_000_000) + int64(i)*1000
-			tag := fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}", prefix, a)
+			tag := layoutTag(prefix, a)
 			if !c.fp {
 				return tag + ":o", fmt.Sprintf("%03x%s", len(id), id), fmt.Sprintf("c%x,%x", occ, occ+1e6)
 			}
@@ -238,7 +244,7 @@ func TestRecordLayoutCandidates(t *testing.T) {
 					}
 				}
 				if s == recordLayoutFill && c.indexed > 0 {
-					st := fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}:s", prefix, a)
+					st := layoutTag(prefix, a) + ":s"
 					if err := recordLayoutIndex.Run(ctx, rdb, []string{st}, entries...).Err(); err != nil {
 						t.Fatal(err)
 					}
@@ -253,7 +259,7 @@ func TestRecordLayoutCandidates(t *testing.T) {
 				args = append(args, f, v)
 			}
 			if s == recordLayoutFill {
-				keys = append(keys, fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}:s", prefix, a))
+				keys = append(keys, layoutTag(prefix, a)+":s")
 			}
 			got, err := s.Run(ctx, rdb, keys, args...).Int64()
 			if err != nil {
@@ -339,9 +345,7 @@ func TestRecordLayoutCostByAggregateSize(t *testing.T) {
 				sizes = append(sizes, base*3/2)
 			}
 			nb := func(a int) uint32 { return uint32((sizes[a] + calls*perCall + c.bucket - 1) / max(c.bucket, 1)) }
-			tag := func(a int) string {
-				return fmt.Sprintf("%s:{live/acme/support-bot/2026-11/ckpt-42/prod/fix-%d}", prefix, a)
-			}
+			tag := func(a int) string { return layoutTag(prefix, a) }
 			record := func(a, i int) (key, bucket, field, value string) {
 				id := fmt.Sprintf("conv-%07d/turn-%d", i/3, i%3)
 				occ := int64(1_764_000_000_000_000) + int64(i)*1000

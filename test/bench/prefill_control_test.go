@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -48,15 +47,13 @@ func TestPrefillControlHoldsTheTodayStreamsLiveAggregates(t *testing.T) {
 		}
 	}
 	control := map[string]bool{}
-	r := rand.New(rand.NewPCG(1, 2))
-	for a := range prefillAggregates {
-		if inTodayStream(a) {
-			name, ok := liveAggregate(t, prefillLine(r, a, 0, now))
-			if !ok {
-				t.Fatalf("prefill line of aggregate %d is not a live attempt", a)
-			}
-			control[name] = true
+	lines := prefillLines(1, inTodayStream, now) // the control's input, a line an aggregate
+	for l, more := lines(); more; l, more = lines() {
+		name, ok := liveAggregate(t, l)
+		if !ok {
+			t.Fatalf("a prefill line is not a live attempt: %s", l)
 		}
+		control[name] = true
 	}
 	if len(stream) != 200 {
 		t.Fatalf("the today stream's live attempts count in %d aggregates, want 200", len(stream))
