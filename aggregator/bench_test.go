@@ -22,7 +22,9 @@ import (
 // bench's half load, and batches stored in chunks), applied
 // by apply.lua alone and with the processor computing the calls it can (RedisConfig.ComputeCalls),
 // in one run. REPEATRATE_BENCH_PREFILL=n first gives each aggregate n records, occurred over the
-// day before, untimed: what a call costs in aggregates with history.
+// day before, untimed: what a call costs in aggregates with history (docs/performance.md, "The
+// fourteenth slice", runs it over sizes). REPEATRATE_BENCH_NO_BUCKET_CACHE=1 has layout 11 read
+// every bucket a call needs, as a processor whose cache misses does.
 func BenchmarkApplyBatch(b *testing.B) {
 	for _, layout11 := range []bool{false, true} {
 		for _, compute := range []bool{false, true} {
@@ -45,6 +47,9 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 		cfg.Fingerprint = testFingerprinter(b)
 	}
 	store, client := testStore(b, "bench", cfg)
+	if os.Getenv("REPEATRATE_BENCH_NO_BUCKET_CACHE") != "" {
+		store.buckets.max = 1 // past it at once: every aggregate's buckets are forgotten when kept
+	}
 	batch := positiveEnv("REPEATRATE_BENCH_BATCH", 2000)
 	r := rand.New(rand.NewPCG(1, 2))
 	var keys []Key
@@ -101,6 +106,11 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 	b.ReportMetric((cost1.cpu-cost0.cpu)*1e6/float64(b.N*batch), "redis-cpu-µs/event")
 	b.ReportMetric((cost1.in-cost0.in)/float64(b.N*batch), "redis-in-B/event")
 	b.ReportMetric((cost1.out-cost0.out)/float64(b.N*batch), "redis-out-B/event")
+	// Where Redis's time went, by command (INFO commandstats; a script's time holds the commands
+	// it calls): records stored in larger aggregates can cost more a command, the same commands.
+	for _, c := range []string{"evalsha", "hset", "hmget"} {
+		b.ReportMetric(float64(cost1.usec[c]-cost0.usec[c])/float64(b.N*batch), "redis-"+c+"-µs/event")
+	}
 	if compute {
 		// The share of the timed calls the processor computed and the store wrote.
 		stored, all := calls()
