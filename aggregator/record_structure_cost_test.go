@@ -1,0 +1,245 @@
+package aggregator
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestRecordStructureCostByAggregateSize measures what Redis spends to look up and insert a new
+// record in an aggregate of 600 records and in one of 24 000, by how the aggregate holds its
+// records, with no script in between: the commands a processor that computes its calls would send
+// (docs/performance.md, "The fourteenth slice"). In layout 11 the same calls cost Redis about
+// twice as much in aggregates of 24 000 as in young ones while layout 10's barely move, and this
+// tells apart what a structure costs from what the scripts add:
+//
+//   - id fields: layout 10's, a 20-byte id as the field of one hash, its 28-byte record the value;
+//     a call reads its ids (HMGET) and writes its records (HSET).
+//   - packed buckets: layout 11's, 8 records of 31 bytes concatenated in a field of one hash; a
+//     call reads the buckets its records fall in (HMGET) and writes each back whole (HSET).
+//   - slots in pages: 256-byte pages of 8 slots of 32 bytes in one string made at its size (SET),
+//     6 slots of each page used; a record reads its page (GETRANGE) and writes its slot (SETRANGE),
+//     the string never growing. Not a layout: how the split and the expiry of records would go is
+//     not built, and a record that finds its page full overwrites a slot.
+//
+// 200 aggregates, 30 calls of 10 new records each, the calls' reads of every aggregate in one
+// pipeline and then their writes, as a processor's batch; the two sizes alternated twice and the
+// lower Redis CPU of each kept. It reports Redis's CPU (used_cpu) a new record, its commands a new
+// record, and the bytes a record of the grown store takes (records only: no index, head or hours).
+//
+//	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordStructureCostByAggregateSize -v -timeout 30m ./aggregator
+func TestRecordStructureCostByAggregateSize(t *testing.T) {
+	rdb := redisOfItsOwn(t)
+	ctx := context.Background()
+	const aggregates, perCall, calls = 200, 10, 30
+	const young, grown = 600, 24_000
+	const recordBytes, bucketRecords, pageSlots, pageUsed, slotBytes = 31, 8, 8, 6, 32
+	type structure struct {
+		name  string
+		fill  func(p redis.Pipeliner, key string, n int, r *rand.Rand)
+		reads func(p redis.Pipeliner, key string, n int, at []int)
+		write func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder)
+	}
+	randomBytes := func(r *rand.Rand, n int) string {
+		b := make([]byte, n)
+		for i := 0; i < n; i += 8 {
+			var w [8]byte
+			binary.LittleEndian.PutUint64(w[:], r.Uint64())
+			copy(b[i:], w[:])
+		}
+		return string(b)
+	}
+	id := func(a, i int) string { return fmt.Sprintf("conv-%06d/turn-%05d", a, i) } // 22 bytes
+	// place is where record i falls among n places (buckets, pages): a hash of its number.
+	place := func(i, n int) int { return int(uint64(i) * 0x9E3779B97F4A7C15 >> 32 % uint64(n)) }
+	// checkPages fails the test unless every page read is whole.
+	checkPages := func(key string, got []redis.Cmder) {
+		for _, c := range got {
+			if v := c.(*redis.StringCmd).Val(); len(v) != pageSlots*slotBytes {
+				t.Fatalf("%s: a page read %d bytes", key, len(v))
+			}
+		}
+	}
+	structures := []structure{
+		{
+			name: "id fields (layout 10)",
+			fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
+				for i := 0; i < n; i += 1000 {
+					var args []any
+					for j := i; j < min(i+1000, n); j++ {
+						args = append(args, id(0, j), randomBytes(r, 28))
+					}
+					p.HSet(ctx, key, args...)
+				}
+			},
+			reads: func(p redis.Pipeliner, key string, n int, at []int) {
+				var ids []string
+				for _, i := range at {
+					ids = append(ids, id(1, i))
+				}
+				p.HMGet(ctx, key, ids...)
+			},
+			write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+				if vals := got[0].(*redis.SliceCmd).Val(); len(vals) != len(at) || slices.ContainsFunc(vals, func(v any) bool { return v != nil }) {
+					t.Fatalf("%s: a new id read as present: %v", key, vals)
+				}
+				var args []any
+				for _, i := range at {
+					args = append(args, id(1, i), randomBytes(r, 28))
+				}
+				p.HSet(ctx, key, args...)
+			},
+		},
+		{
+			name: "packed buckets (layout 11)",
+			fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
+				nb := n / bucketRecords
+				for b := 0; b < nb; b += 500 {
+					var args []any
+					for j := b; j < min(b+500, nb); j++ {
+						args = append(args, packedName(int64(j)), randomBytes(r, bucketRecords*recordBytes))
+					}
+					p.HSet(ctx, key, args...)
+				}
+			},
+			reads: func(p redis.Pipeliner, key string, n int, at []int) {
+				var fields []string
+				for _, i := range at {
+					fields = append(fields, packedName(int64(place(i, n/bucketRecords))))
+				}
+				p.HMGet(ctx, key, fields...)
+			},
+			write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+				vals := got[0].(*redis.SliceCmd).Val()
+				var args []any
+				for k, i := range at {
+					old, _ := vals[k].(string)
+					if len(old) < bucketRecords*recordBytes {
+						t.Fatalf("%s: bucket %d read %d bytes", key, place(i, n/bucketRecords), len(old))
+					}
+					args = append(args, packedName(int64(place(i, n/bucketRecords))), old+randomBytes(r, recordBytes))
+				}
+				p.HSet(ctx, key, args...)
+			},
+		},
+		{
+			name: "slots in pages of a string",
+			fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
+				pages := n / pageUsed
+				var b strings.Builder
+				for range pages {
+					b.WriteString(randomBytes(r, pageUsed*slotBytes))
+					b.WriteString(strings.Repeat("\x00", (pageSlots-pageUsed)*slotBytes))
+				}
+				p.Set(ctx, key, b.String(), 0)
+			},
+			reads: func(p redis.Pipeliner, key string, n int, at []int) {
+				for _, i := range at {
+					off := int64(place(i, n/pageUsed)) * pageSlots * slotBytes
+					p.GetRange(ctx, key, off, off+pageSlots*slotBytes-1)
+				}
+			},
+			write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+				checkPages(key, got)
+				for k, i := range at {
+					off := int64(place(i, n/pageUsed))*pageSlots*slotBytes + int64(pageUsed+k%(pageSlots-pageUsed))*slotBytes
+					p.SetRange(ctx, key, off, randomBytes(r, slotBytes))
+				}
+			},
+		},
+	}
+	// The same pages, a call's slots written by one script (as store.lua would write them, with
+	// its checks): KEYS[1] the string, ARGV offset, slot pairs.
+	setSlots := redis.NewScript(`for i = 1, #ARGV, 2 do redis.call('SETRANGE', KEYS[1], ARGV[i], ARGV[i + 1]) end return 1`)
+	pages := structures[2]
+	pages.name = "slots in pages, script writes"
+	pages.write = func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+		checkPages(key, got)
+		var args []any
+		for k, i := range at {
+			off := int64(place(i, n/pageUsed))*pageSlots*slotBytes + int64(pageUsed+k%(pageSlots-pageUsed))*slotBytes
+			args = append(args, off, randomBytes(r, slotBytes))
+		}
+		setSlots.EvalSha(ctx, p, []string{key}, args...)
+	}
+	structures = append(structures, pages)
+	if err := setSlots.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	type figures struct{ cpu, commands, bytes float64 }
+	measure := func(s structure, size int) figures {
+		prefix := fmt.Sprintf("structure-%d", time.Now().UnixNano())
+		defer deleteUnder(ctx, rdb, prefix)
+		r := rand.New(rand.NewPCG(uint64(size), 7))
+		key := func(a int) string { return layoutTag(prefix, a) + ":r" }
+		before := usedMemory(ctx, rdb)
+		for a := range aggregates {
+			p := rdb.Pipeline()
+			s.fill(p, key(a), size, r)
+			if _, err := p.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		held := usedMemory(ctx, rdb) - before
+		c0, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := make([][]int, aggregates)
+		for c := range calls {
+			reads := rdb.Pipeline()
+			for a := range aggregates {
+				at[a] = at[a][:0]
+				for k := range perCall { // new records, numbered past the fill's
+					at[a] = append(at[a], size+c*perCall+k)
+				}
+				s.reads(reads, key(a), size, at[a])
+			}
+			cmds, err := reads.Exec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			per := len(cmds) / aggregates
+			writes := rdb.Pipeline()
+			for a := range aggregates {
+				s.write(writes, key(a), size, r, at[a], cmds[a*per:(a+1)*per])
+			}
+			if _, err := writes.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c1, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := float64(aggregates * calls * perCall)
+		commands := 0.0
+		for k, v := range c1.calls {
+			if k != "info" {
+				commands += float64(v - c0.calls[k])
+			}
+		}
+		return figures{(c1.cpu - c0.cpu) * 1e6 / n, commands / n, held / float64(aggregates*size)}
+	}
+	for _, s := range structures {
+		var y, g figures
+		for range 2 { // alternated, the lower of each kept
+			fy, fg := measure(s, young), measure(s, grown)
+			if y.cpu == 0 || fy.cpu < y.cpu {
+				y = fy
+			}
+			if g.cpu == 0 || fg.cpu < g.cpu {
+				g = fg
+			}
+		}
+		t.Logf("%-28s Redis CPU µs a new record in %d / %d records %5.2f / %5.2f (%.2f), %.1f commands a record; %5.1f bytes a record held",
+			s.name, young, grown, y.cpu, g.cpu, g.cpu/y.cpu, g.commands, g.bytes)
+	}
+}
