@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,8 +171,90 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 		setSlots.EvalSha(ctx, p, []string{key}, args...)
 	}
 	structures = append(structures, pages)
-	if err := setSlots.Load(ctx, rdb).Err(); err != nil {
-		t.Fatal(err)
+	// The same pages in keys of 63 pages each, made at their size (16 128 bytes, in jemalloc's
+	// 16 KiB class), so that a store grows a key at a time and never past a key's end; a call's
+	// pages read by one script and its slots written by another. KEYS a record's segment each;
+	// ARGV its page's offset (getPages), or its slot's offset and the slot (setSegmentSlots).
+	const segmentPages = 63
+	getPages := redis.NewScript(`local out = {}
+for i = 1, #KEYS do out[i] = redis.call('GETRANGE', KEYS[i], ARGV[i], ARGV[i] + 255) end
+return out`)
+	setSegmentSlots := redis.NewScript(`for i = 1, #KEYS do redis.call('SETRANGE', KEYS[i], ARGV[2 * i - 1], ARGV[2 * i]) end return 1`)
+	segment := func(key string, page int) (string, int64) {
+		return key + ":" + strconv.Itoa(page/segmentPages), int64(page%segmentPages) * pageSlots * slotBytes
+	}
+	structures = append(structures, structure{
+		name: "slots in pages in keys of 63 pages, scripts read and write",
+		fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
+			pages := n / pageUsed
+			for first := 0; first < pages; first += segmentPages {
+				var b strings.Builder
+				for page := first; page < first+segmentPages; page++ {
+					if page < pages {
+						b.WriteString(randomBytes(r, pageUsed*slotBytes))
+						b.WriteString(strings.Repeat("\x00", (pageSlots-pageUsed)*slotBytes))
+					} else {
+						b.WriteString(strings.Repeat("\x00", pageSlots*slotBytes))
+					}
+				}
+				k, _ := segment(key, first)
+				p.Set(ctx, k, b.String(), 0)
+			}
+		},
+		reads: func(p redis.Pipeliner, key string, n int, at []int) {
+			var keys []string
+			var args []any
+			for _, i := range at {
+				k, off := segment(key, place(i, n/pageUsed))
+				keys, args = append(keys, k), append(args, off)
+			}
+			getPages.EvalSha(ctx, p, keys, args...)
+		},
+		write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+			read, _ := got[0].(*redis.Cmd).Slice()
+			if len(read) != len(at) {
+				t.Fatalf("%s: %d pages read for %d records", key, len(read), len(at))
+			}
+			for _, v := range read {
+				if v, _ := v.(string); len(v) != pageSlots*slotBytes {
+					t.Fatalf("%s: a page read %d bytes", key, len(v))
+				}
+			}
+			var keys []string
+			var args []any
+			for k, i := range at {
+				sk, off := segment(key, place(i, n/pageUsed))
+				keys = append(keys, sk)
+				args = append(args, off+int64(pageUsed+k%(pageSlots-pageUsed))*slotBytes, randomBytes(r, slotBytes))
+			}
+			setSegmentSlots.EvalSha(ctx, p, keys, args...)
+		},
+	})
+	// The same, each page read by a command of its own (pipelined), not through a script.
+	segments := structures[len(structures)-1]
+	segments.name = "slots in pages in keys of 63 pages, reads apart, script writes"
+	segments.reads = func(p redis.Pipeliner, key string, n int, at []int) {
+		for _, i := range at {
+			k, off := segment(key, place(i, n/pageUsed))
+			p.GetRange(ctx, k, off, off+pageSlots*slotBytes-1)
+		}
+	}
+	scriptedReads := segments.write
+	segments.write = func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+		checkPages(key, got)
+		pages := make([]any, len(got))
+		for k, c := range got {
+			pages[k] = c.(*redis.StringCmd).Val()
+		}
+		cmd := redis.NewCmd(ctx)
+		cmd.SetVal(pages)
+		scriptedReads(p, key, n, r, at, []redis.Cmder{cmd})
+	}
+	structures = append(structures, segments)
+	for _, s := range []*redis.Script{setSlots, getPages, setSegmentSlots} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	type figures struct{ cpu, commands, bytes float64 }
 	measure := func(s structure, size int) figures {
@@ -239,7 +322,7 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 				g = fg
 			}
 		}
-		t.Logf("%-28s Redis CPU µs a new record in %d / %d records %5.2f / %5.2f (%.2f), %.1f commands a record; %5.1f bytes a record held",
+		t.Logf("%-60s Redis CPU µs a new record in %d / %d records %5.2f / %5.2f (%.2f), %.1f commands a record; %5.1f bytes a record held",
 			s.name, young, grown, y.cpu, g.cpu, g.cpu/y.cpu, g.commands, g.bytes)
 	}
 }
