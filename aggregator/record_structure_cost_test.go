@@ -28,7 +28,10 @@ import (
 //   - slots in pages: 256-byte pages of 8 slots of 32 bytes in one string made at its size (SET),
 //     6 slots of each page used; a record reads its page (GETRANGE) and writes its slot (SETRANGE),
 //     the string never growing. Not a layout: how the split and the expiry of records would go is
-//     not built, and a record that finds its page full overwrites a slot.
+//     not built, and a record that finds its page full overwrites a slot. Variants: a call's slots
+//     written by one script (as store.lua would, with its checks), and the pages kept in keys of
+//     63 pages made at their size (Redis grows a string written past its end greedily), read
+//     apart or by a script.
 //
 // 200 aggregates, 30 calls of 10 new records each, the calls' reads of every aggregate in one
 // pipeline and then their writes, as a processor's batch; the two sizes alternated twice and the
