@@ -23,8 +23,8 @@ import (
 // by apply.lua alone and with the processor computing the calls it can (RedisConfig.ComputeCalls),
 // in one run. REPEATRATE_BENCH_PREFILL=n first gives each aggregate n records, occurred over the
 // day before, untimed: what a call costs in aggregates with history (docs/performance.md, "The
-// fourteenth slice", runs it over sizes). REPEATRATE_BENCH_NO_BUCKET_CACHE=1 has layout 11 read
-// every bucket a call needs, as a processor whose cache misses does.
+// fourteenth slice", runs it over sizes). REPEATRATE_BENCH_NO_BUCKET_CACHE, set, has layout 11
+// read every bucket a call needs, as a processor whose cache misses does.
 func BenchmarkApplyBatch(b *testing.B) {
 	for _, layout11 := range []bool{false, true} {
 		for _, compute := range []bool{false, true} {
@@ -106,8 +106,9 @@ func benchmarkApplyBatch(b *testing.B, compute, layout11 bool) {
 	b.ReportMetric((cost1.cpu-cost0.cpu)*1e6/float64(b.N*batch), "redis-cpu-µs/event")
 	b.ReportMetric((cost1.in-cost0.in)/float64(b.N*batch), "redis-in-B/event")
 	b.ReportMetric((cost1.out-cost0.out)/float64(b.N*batch), "redis-out-B/event")
-	// Where Redis's time went, by command (INFO commandstats; a script's time holds the commands
-	// it calls): records stored in larger aggregates can cost more a command, the same commands.
+	// Where Redis's time went, by command (INFO commandstats: time inside the command, not CPU; a
+	// script's time holds the commands it calls, so the three are not to be summed): records
+	// stored in larger aggregates can cost more a command, the same commands.
 	for _, c := range []string{"evalsha", "hset", "hmget"} {
 		b.ReportMetric(float64(cost1.usec[c]-cost0.usec[c])/float64(b.N*batch), "redis-"+c+"-µs/event")
 	}

@@ -16,27 +16,31 @@ import (
 
 // TestRecordStructureCostByAggregateSize measures what Redis spends to look up and insert a new
 // record in an aggregate of 600 records and in one of 24 000, by how the aggregate holds its
-// records, with no script in between: the commands a processor that computes its calls would send
-// (docs/performance.md, "The fourteenth slice"). In layout 11 the same calls cost Redis about
+// records, with no script in between but in the variants that say so: the commands a processor
+// that computes its calls would send (docs/performance.md, "The fourteenth slice"). In layout 11 the same calls cost Redis about
 // twice as much in aggregates of 24 000 as in young ones while layout 10's barely move, and this
 // tells apart what a structure costs from what the scripts add:
 //
-//   - id fields: layout 10's, a 20-byte id as the field of one hash, its 28-byte record the value;
+//   - id fields: layout 10's, a 22-byte id as the field of one hash, its 28-byte record the value;
 //     a call reads its ids (HMGET) and writes its records (HSET).
 //   - packed buckets: layout 11's, 8 records of 31 bytes concatenated in a field of one hash; a
 //     call reads the buckets its records fall in (HMGET) and writes each back whole (HSET).
 //   - slots in pages: 256-byte pages of 8 slots of 32 bytes in one string made at its size (SET),
 //     6 slots of each page used; a record reads its page (GETRANGE) and writes its slot (SETRANGE),
 //     the string never growing. Not a layout: how the split and the expiry of records would go is
-//     not built, and a record that finds its page full overwrites a slot. Variants: a call's slots
-//     written by one script (as store.lua would, with its checks), and the pages kept in keys of
-//     63 pages made at their size (Redis grows a string written past its end greedily), read
-//     apart or by a script.
+//     not built, and a page never fills: a new record overwrites one of its two free slots.
+//     Variants: a call's slots written by one script (as store.lua would write them, without its
+//     checks), and the pages kept in keys of 63 pages made at their size (Redis grows a string
+//     written past its end greedily), read apart or by a script.
 //
 // 200 aggregates, 30 calls of 10 new records each, the calls' reads of every aggregate in one
 // pipeline and then their writes, as a processor's batch; the two sizes alternated twice and the
-// lower Redis CPU of each kept. It reports Redis's CPU (used_cpu) a new record, its commands a new
-// record, and the bytes a record of the grown store takes (records only: no index, head or hours).
+// lower Redis CPU of each kept. Buckets never split here, so a young aggregate's are read fuller
+// than a grown one's, and a young aggregate grows by half while timed. It reports Redis's CPU
+// (used_cpu) a new record, its commands a new record (those scripts call among them), and the
+// bytes a record of the grown store takes (records only: no index, head or hours). It fails if a
+// read does not find what the structure holds: a new id present, a bucket shorter than 8 records,
+// a page not whole, or a script reading other than a page a record.
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordStructureCostByAggregateSize -v -timeout 30m ./aggregator
 func TestRecordStructureCostByAggregateSize(t *testing.T) {
