@@ -1,0 +1,82 @@
+package aggregator
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestSlotPagesMemoryUnderLinearHashing computes, without Redis, what a record would take in a
+// layout that writes each record in place, in a slot of a page of fixed size (docs/performance.md,
+// "The fourteenth slice"): records of 32 bytes in pages of 8 or 16 slots, the pages addressed by
+// linear hashing as layout 11's buckets are (a fingerprint's first 32 bits; the page at the split
+// pointer splits once the records pass a load factor of the slots), a page's records past its
+// slots kept in overflow pages of the same size, and every page in keys of as many pages as fill
+// jemalloc's 16 KiB class, each key costing its keyspace entry, name and expiry besides (about 140
+// bytes). Linear hashing leaves the pages behind the split pointer about half as full as those
+// ahead, so fixed pages hold empty slots where layout 11's buckets, strings of any length, hold
+// none. It reports bytes a record (records only: no index entry, hours or head) and the share of
+// records in overflow pages, by load factor and aggregate size; it checks that every record lies
+// in the page its address names (packedAddr, layout 11's own). A fraction of a second.
+func TestSlotPagesMemoryUnderLinearHashing(t *testing.T) {
+	const slotBytes, keyOverhead, segmentClass = 32, 140, 16 << 10
+	sizes := []int{1_000, 10_000, 100_000, 300_000}
+	for _, slots := range []int{8, 16} {
+		pagesAKey := (segmentClass - 16) / (slots * slotBytes) // 63 or 31: the sds header fits too
+		keyBytes := float64(segmentClass + keyOverhead)
+		for _, load := range []float64{0.6, 0.7, 0.75, 0.8, 0.85} {
+			r := rand.New(rand.NewPCG(uint64(slots), uint64(load*100)))
+			pages := [][]uint32{nil}
+			level, split := int64(0), int64(0)
+			line := ""
+			for n, next := 0, 0; next < len(sizes); {
+				x := r.Uint32()
+				b := int64(x) & (1<<level - 1)
+				if b < split {
+					b = int64(x) & (1<<(level+1) - 1)
+				}
+				pages[b] = append(pages[b], x)
+				n++
+				for float64(n) > load*float64(slots*len(pages)) {
+					var stay, move []uint32
+					for _, y := range pages[split] {
+						if y>>level&1 == 1 {
+							move = append(move, y)
+						} else {
+							stay = append(stay, y)
+						}
+					}
+					pages[split] = stay
+					pages = append(pages, move)
+					if split++; split == 1<<level {
+						level, split = level+1, 0
+					}
+				}
+				if n != sizes[next] {
+					continue
+				}
+				overflowPages, overflowRecords := 0, 0
+				for p, recs := range pages {
+					for _, y := range recs {
+						if a := packedAddr(string([]byte{byte(y), byte(y >> 8), byte(y >> 16), byte(y >> 24)}), level, split); a != int64(p) {
+							t.Fatalf("a record at page %d addresses page %d (level %d, split %d)", p, a, level, split)
+						}
+					}
+					if over := len(recs) - slots; over > 0 {
+						overflowRecords += over
+						overflowPages += (over + slots - 1) / slots
+					}
+				}
+				keys := (len(pages)+pagesAKey-1)/pagesAKey + (overflowPages+pagesAKey-1)/pagesAKey
+				line += " " + formatSlotPages(n, float64(keys)*keyBytes/float64(n), float64(overflowRecords)/float64(n))
+				next++
+			}
+			t.Logf("%2d slots a page, load %.2f:%s", slots, load, line)
+		}
+	}
+}
+
+// formatSlotPages is one aggregate size's figures as TestSlotPagesMemoryUnderLinearHashing logs them.
+func formatSlotPages(n int, bytes, overflow float64) string {
+	return fmt.Sprintf("%dk %.1f B (%.1f %% overflow);", n/1000, bytes, 100*overflow)
+}
