@@ -17,9 +17,9 @@ import (
 // TestRecordStructureCostByAggregateSize measures what Redis spends to look up and insert a new
 // record in an aggregate of 600 records and in one of 24 000, by how the aggregate holds its
 // records, with no script in between but in the variants that say so: the commands a processor
-// that computes its calls would send (docs/performance.md, "The fourteenth slice"). In layout 11 the same calls cost Redis about
-// twice as much in aggregates of 24 000 as in young ones while layout 10's barely move, and this
-// tells apart what a structure costs from what the scripts add:
+// that computes its calls would send (docs/performance.md, "The fourteenth slice"). In layout 11
+// the same calls cost Redis about twice as much in aggregates of 24 000 as in young ones while
+// layout 10's barely move, and this tells apart what a structure costs from what the scripts add:
 //
 //   - id fields: layout 10's, a 22-byte id as the field of one hash, its 28-byte record the value;
 //     a call reads its ids (HMGET) and writes its records (HSET).
