@@ -13,11 +13,12 @@ import (
 // pointer splits once the records pass a load factor of the slots), every page in keys of as many
 // pages as fill jemalloc's 16 KiB class, each key costing its keyspace entry, name and expiry
 // besides (about 140 bytes), and a page's records past its slots kept either in overflow pages of
-// the same size or packed end to end in a field of their own (about 48 bytes besides). Linear hashing leaves the pages behind the split pointer about half as full as those
-// ahead, so fixed pages hold empty slots where layout 11's buckets, strings of any length, hold
-// none. It reports bytes a record (records only: no index entry, hours or head), both ways, and
-// the share of records past their page, by load factor and aggregate size; it checks that every record lies
-// in the page its address names (packedAddr, layout 11's own). A fraction of a second.
+// the same size or packed end to end in a field of their own (about 48 bytes besides). Linear
+// hashing leaves the pages behind the split pointer about half as full as those ahead, so fixed
+// pages hold empty slots where layout 11's buckets, strings of any length, hold none. It reports
+// bytes a record (records only: no index entry, hours or head), both ways, and the share of
+// records past their page, by load factor and aggregate size; it checks that every record lies in
+// the page its address names (packedAddr, layout 11's own). A fraction of a second.
 func TestSlotPagesMemoryUnderLinearHashing(t *testing.T) {
 	const slotBytes, keyOverhead, segmentClass = 32, 140, 16 << 10
 	sizes := []int{1_000, 10_000, 100_000, 300_000}
