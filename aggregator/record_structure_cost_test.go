@@ -18,8 +18,8 @@ import (
 // record in an aggregate of 600 records and in one of 24 000, by how the aggregate holds its
 // records, with no script in between but in the variants that say so: the commands a processor
 // that computes its calls would send (docs/performance.md, "The fourteenth slice"). In layout 11
-// the same calls cost Redis about twice as much in aggregates of 24 000 as in young ones while
-// layout 10's barely move, and this tells apart what a structure costs from what the scripts add:
+// the same calls cost Redis about twice as much in aggregates of 24 000 as in young ones, layout
+// 10's about 1.2 times, and this tells apart what a structure costs from what the scripts add:
 //
 //   - id fields: layout 10's, a 22-byte id as the field of one hash, its 28-byte record the value;
 //     a call reads its ids (HMGET) and writes its records (HSET).
@@ -163,8 +163,8 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 			},
 		},
 	}
-	// The same pages, a call's slots written by one script (as store.lua would write them, with
-	// its checks): KEYS[1] the string, ARGV offset, slot pairs.
+	// The same pages, a call's slots written by one script (as store.lua would write them, but
+	// without its checks): KEYS[1] the string, ARGV offset, slot pairs.
 	setSlots := redis.NewScript(`for i = 1, #ARGV, 2 do redis.call('SETRANGE', KEYS[1], ARGV[i], ARGV[i + 1]) end return 1`)
 	pages := structures[2]
 	pages.name = "slots in pages, script writes"
