@@ -232,8 +232,38 @@ type KafkaDeadLetterLog struct {
 // a read holds at most about max(fetchBytes, the topic's max.message.bytes).
 const fetchBytes = 1 << 20
 
-// Offsets implements DeadLetterLog.
+// leaderMoves and leaderWait bound how long a dead-letter read waits out a partition whose leader
+// is moving (a topic just made, a broker restarting), which Kafka answers with a temporary error
+// such as Not Leader For Partition: 20 tries 250 ms apart, about 5 s.
+const (
+	leaderMoves = 20
+	leaderWait  = 250 * time.Millisecond
+)
+
+// retryTemporary returns what do returns once it succeeds or fails with an error that is not a
+// temporary Kafka error, trying at most tries times, wait apart; ctx ends the waiting.
+func retryTemporary[T any](ctx context.Context, tries int, wait time.Duration, do func() (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		v, err := do()
+		var ke kafka.Error
+		if err == nil || try >= tries || !errors.As(err, &ke) || !ke.Temporary() {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Offsets implements DeadLetterLog. A partition whose leader is moving is asked again for a few
+// seconds (retryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
+	return retryTemporary(ctx, leaderMoves, leaderWait, func() (map[int]LogOffsets, error) { return l.offsets(ctx, since) })
+}
+
+func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
 	md, err := l.Client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{l.Topic}})
 	if err != nil {
 		return nil, err
@@ -273,14 +303,18 @@ func (l *KafkaDeadLetterLog) Offsets(ctx context.Context, since time.Time) (map[
 	return out, nil
 }
 
-// Read implements DeadLetterLog.
+// Read implements DeadLetterLog. A fetch from a partition whose leader is moving is asked again
+// for a few seconds (retryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Read(ctx context.Context, partition int, from, to int64, fn func(int64, []kafka.Header)) error {
 	for from < to {
-		res, err := l.Client.Fetch(ctx, &kafka.FetchRequest{Topic: l.Topic, Partition: partition, Offset: from,
-			MinBytes: 1, MaxBytes: fetchBytes, MaxWait: 500 * time.Millisecond})
-		if err == nil {
-			err = res.Error
-		}
+		res, err := retryTemporary(ctx, leaderMoves, leaderWait, func() (*kafka.FetchResponse, error) {
+			res, err := l.Client.Fetch(ctx, &kafka.FetchRequest{Topic: l.Topic, Partition: partition, Offset: from,
+				MinBytes: 1, MaxBytes: fetchBytes, MaxWait: 500 * time.Millisecond})
+			if err == nil && res.Error != nil {
+				err = res.Error
+			}
+			return res, err
+		})
 		if err != nil {
 			return err
 		}
