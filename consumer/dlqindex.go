@@ -234,9 +234,10 @@ const fetchBytes = 1 << 20
 
 // leaderMoves and leaderWait bound how long a dead-letter read waits out a partition whose leader
 // is moving (a topic just made, a broker restarting), which Kafka answers with a temporary error
-// such as Not Leader For Partition: 20 tries 250 ms apart, about 5 s.
+// such as Not Leader For Partition: 40 tries 250 ms apart, about 10 s, longer than the 6 s within
+// which kafka-go's client refreshes the cluster's layout it keeps.
 const (
-	leaderMoves = 20
+	leaderMoves = 40
 	leaderWait  = 250 * time.Millisecond
 )
 
@@ -257,8 +258,8 @@ func retryTemporary[T any](ctx context.Context, tries int, wait time.Duration, d
 	}
 }
 
-// Offsets implements DeadLetterLog. A partition whose leader is moving is asked again for a few
-// seconds (retryTemporary) before the error is returned.
+// Offsets implements DeadLetterLog. A partition whose leader is moving is asked again for about
+// 10 s (retryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
 	return retryTemporary(ctx, leaderMoves, leaderWait, func() (map[int]LogOffsets, error) { return l.offsets(ctx, since) })
 }
@@ -274,6 +275,9 @@ func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[
 			return nil, t.Error
 		}
 		for _, p := range t.Partitions {
+			if p.Error != nil { // Leader Not Available while one is elected
+				return nil, p.Error
+			}
 			req.Topics[l.Topic] = append(req.Topics[l.Topic], kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
 			if !since.IsZero() {
 				req.Topics[l.Topic] = append(req.Topics[l.Topic], kafka.TimeOffsetOf(p.ID, since))
@@ -304,7 +308,7 @@ func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[
 }
 
 // Read implements DeadLetterLog. A fetch from a partition whose leader is moving is asked again
-// for a few seconds (retryTemporary) before the error is returned.
+// for about 10 s (retryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Read(ctx context.Context, partition int, from, to int64, fn func(int64, []kafka.Header)) error {
 	for from < to {
 		res, err := retryTemporary(ctx, leaderMoves, leaderWait, func() (*kafka.FetchResponse, error) {
