@@ -241,9 +241,10 @@ const (
 	leaderWait  = 250 * time.Millisecond
 )
 
-// retryTemporary returns what do returns once it succeeds or fails with an error that is not a
-// temporary Kafka error, trying at most tries times, wait apart; ctx ends the waiting.
-func retryTemporary[T any](ctx context.Context, tries int, wait time.Duration, do func() (T, error)) (T, error) {
+// RetryTemporary returns what do returns once it succeeds or fails with an error that is not a
+// temporary Kafka error (kafka.Error's Temporary: a leader or a group coordinator moving or still
+// loading), trying at most tries times, wait apart; ctx ends the waiting.
+func RetryTemporary[T any](ctx context.Context, tries int, wait time.Duration, do func() (T, error)) (T, error) {
 	for try := 1; ; try++ {
 		v, err := do()
 		var ke kafka.Error
@@ -259,9 +260,9 @@ func retryTemporary[T any](ctx context.Context, tries int, wait time.Duration, d
 }
 
 // Offsets implements DeadLetterLog. A partition whose leader is moving is asked again for about
-// 10 s (retryTemporary) before the error is returned.
+// 10 s (RetryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
-	return retryTemporary(ctx, leaderMoves, leaderWait, func() (map[int]LogOffsets, error) { return l.offsets(ctx, since) })
+	return RetryTemporary(ctx, leaderMoves, leaderWait, func() (map[int]LogOffsets, error) { return l.offsets(ctx, since) })
 }
 
 func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
@@ -308,10 +309,10 @@ func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[
 }
 
 // Read implements DeadLetterLog. A fetch from a partition whose leader is moving is asked again
-// for about 10 s (retryTemporary) before the error is returned.
+// for about 10 s (RetryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Read(ctx context.Context, partition int, from, to int64, fn func(int64, []kafka.Header)) error {
 	for from < to {
-		res, err := retryTemporary(ctx, leaderMoves, leaderWait, func() (*kafka.FetchResponse, error) {
+		res, err := RetryTemporary(ctx, leaderMoves, leaderWait, func() (*kafka.FetchResponse, error) {
 			res, err := l.Client.Fetch(ctx, &kafka.FetchRequest{Topic: l.Topic, Partition: partition, Offset: from,
 				MinBytes: 1, MaxBytes: fetchBytes, MaxWait: 500 * time.Millisecond})
 			if err == nil && res.Error != nil {

@@ -17,7 +17,7 @@ import (
 )
 
 // A partition whose leader is moving (a dead-letter topic just made, a broker restarting) answers
-// with a temporary error for a moment: the dead-letter log asks again (retryTemporary) rather than
+// with a temporary error for a moment: the dead-letter log asks again (RetryTemporary) rather than
 // failing the batch or the rebuild that reads it, and gives up on anything else at once.
 func TestTemporaryKafkaErrorsAreAskedAgain(t *testing.T) {
 	ctx := context.Background()
@@ -35,7 +35,7 @@ func TestTemporaryKafkaErrorsAreAskedAgain(t *testing.T) {
 
 	t.Run("temporary errors, then an answer", func(t *testing.T) {
 		do, n := calls(kafka.NotLeaderForPartition, kafka.LeaderNotAvailable, kafka.NotLeaderForPartition)
-		v, err := retryTemporary(ctx, 20, time.Millisecond, do)
+		v, err := RetryTemporary(ctx, 20, time.Millisecond, do)
 		if err != nil || v != 42 || *n != 4 {
 			t.Fatalf("got %d, %v after %d calls; want 42 after 4", v, err, *n)
 		}
@@ -43,7 +43,7 @@ func TestTemporaryKafkaErrorsAreAskedAgain(t *testing.T) {
 	t.Run("an error that is not temporary, at once", func(t *testing.T) {
 		for _, e := range []error{kafka.TopicAuthorizationFailed, io.ErrUnexpectedEOF} {
 			do, n := calls(e, kafka.NotLeaderForPartition)
-			if _, err := retryTemporary(ctx, 20, time.Millisecond, do); !errors.Is(err, e) || *n != 1 {
+			if _, err := RetryTemporary(ctx, 20, time.Millisecond, do); !errors.Is(err, e) || *n != 1 {
 				t.Fatalf("%v: got %v after %d calls; want it after 1", e, err, *n)
 			}
 		}
@@ -54,7 +54,7 @@ func TestTemporaryKafkaErrorsAreAskedAgain(t *testing.T) {
 			errs[i] = kafka.NotLeaderForPartition
 		}
 		do, n := calls(errs...)
-		if _, err := retryTemporary(ctx, 20, time.Millisecond, do); !errors.Is(err, kafka.NotLeaderForPartition) || *n != 20 {
+		if _, err := RetryTemporary(ctx, 20, time.Millisecond, do); !errors.Is(err, kafka.NotLeaderForPartition) || *n != 20 {
 			t.Fatalf("got %v after %d calls; want Not Leader For Partition after 20", err, *n)
 		}
 	})
@@ -63,7 +63,7 @@ func TestTemporaryKafkaErrorsAreAskedAgain(t *testing.T) {
 		cancel()
 		do, n := calls(kafka.NotLeaderForPartition, kafka.NotLeaderForPartition)
 		start := time.Now()
-		_, err := retryTemporary(ctx, 20, 5*time.Second, do)
+		_, err := RetryTemporary(ctx, 20, 5*time.Second, do)
 		if !errors.Is(err, kafka.NotLeaderForPartition) || *n != 1 || time.Since(start) >= 5*time.Second {
 			t.Fatalf("got %v after %d calls in %v; want the error after 1, without waiting", err, *n, time.Since(start))
 		}

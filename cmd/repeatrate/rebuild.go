@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -90,15 +91,31 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 type rebuildKafka struct{ *kafkaClients }
 
 func (k rebuildKafka) Members(ctx context.Context, group string) (int, error) {
-	groups, err := k.client().DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, g := range groups.Groups {
-		n += len(g.Members)
-	}
-	return n, nil
+	return groupMembers(ctx, k.client(), group)
+}
+
+// groupMembers returns how many members group has. A coordinator that is moving or still loading
+// (a broker just started answers Not Coordinator For Group for a while) is asked again for about
+// 10 s, and a group Kafka does not know has none; any other error is returned, since a rebuild
+// must not take an error for an empty group.
+func groupMembers(ctx context.Context, c *kafka.Client, group string) (int, error) {
+	return consumer.RetryTemporary(ctx, 40, 250*time.Millisecond, func() (int, error) {
+		groups, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, g := range groups.Groups {
+			if errors.Is(g.Error, kafka.GroupIdNotFound) {
+				continue
+			}
+			if g.Error != nil {
+				return 0, fmt.Errorf("describe group %s: %w", group, g.Error)
+			}
+			n += len(g.Members)
+		}
+		return n, nil
+	})
 }
 
 func (k rebuildKafka) Committed(ctx context.Context, group string, topics []string) (map[string]map[int]int64, error) {
