@@ -25,15 +25,12 @@ func TestRebuildRefusesWhileTheGroupHasAMember(t *testing.T) {
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: f.cfg.Kafka.Brokers, GroupID: f.cfg.Kafka.GroupID,
 		Topic: f.cfg.Kafka.InputTopics[0], MaxWait: 100 * time.Millisecond})
 	defer r.Close()
-	go r.FetchMessage(ctx) // joins the group; the topic is empty, so it waits there
-	for n := 0; n == 0; {
-		var err error
-		if n, err = groupMembers(ctx, f.kc.client(), f.cfg.Kafka.GroupID); err != nil {
-			t.Fatal(err)
-		}
+	// A reader of a group joins it as it is made; an error while the coordinator settles is
+	// asked again until the test's time runs out.
+	for n, err := 0, error(nil); n == 0; n, err = groupMembers(ctx, f.kc.client(), f.cfg.Kafka.GroupID) {
 		select {
 		case <-ctx.Done():
-			t.Fatal("the reader never joined the group")
+			t.Fatalf("the reader never joined the group (last: %d members, %v)", n, err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -47,10 +44,13 @@ func TestRebuildRefusesWhileTheGroupHasAMember(t *testing.T) {
 }
 
 // describing answers DescribeGroups with errs in turn (one group, no members), then with the group
-// Stable and one member.
+// Stable and one member (whose subscription is metadata, when set), or with no group at all when
+// none is set.
 type describing struct {
-	errs  []kafka.Error
-	calls int
+	errs     []kafka.Error
+	metadata []byte
+	none     bool
+	calls    int
 }
 
 func (d *describing) RoundTrip(_ context.Context, _ net.Addr, req protocol.Message) (protocol.Message, error) {
@@ -59,7 +59,11 @@ func (d *describing) RoundTrip(_ context.Context, _ net.Addr, req protocol.Messa
 		return nil, fmt.Errorf("unexpected request %T", req)
 	}
 	d.calls++
-	g := describegroups.ResponseGroup{GroupID: r.Groups[0], GroupState: "Stable", Members: []describegroups.ResponseGroupMember{{MemberID: "m"}}}
+	if d.none {
+		return &describegroups.Response{}, nil
+	}
+	g := describegroups.ResponseGroup{GroupID: r.Groups[0], GroupState: "Stable",
+		Members: []describegroups.ResponseGroupMember{{MemberID: "m", MemberMetadata: d.metadata}}}
 	if d.calls <= len(d.errs) {
 		g = describegroups.ResponseGroup{GroupID: r.Groups[0], ErrorCode: int16(d.errs[d.calls-1])}
 	}
@@ -72,11 +76,11 @@ func (d *describing) RoundTrip(_ context.Context, _ net.Addr, req protocol.Messa
 func TestGroupMembersNeverTakesAnErrorForAnEmptyGroup(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	count := func(errs ...kafka.Error) (n, calls int, err error) {
-		d := &describing{errs: errs}
+	ask := func(d *describing) (n, calls int, err error) {
 		n, err = groupMembers(ctx, &kafka.Client{Addr: kafka.TCP("127.0.0.1:9"), Transport: d}, "g")
 		return n, d.calls, err
 	}
+	count := func(errs ...kafka.Error) (n, calls int, err error) { return ask(&describing{errs: errs}) }
 	if n, calls, err := count(kafka.NotCoordinatorForGroup, kafka.GroupCoordinatorNotAvailable); n != 1 || err != nil || calls != 3 {
 		t.Errorf("a coordinator moving, then the group: %d members, %v after %d calls; want 1 after 3", n, err, calls)
 	}
@@ -85,5 +89,12 @@ func TestGroupMembersNeverTakesAnErrorForAnEmptyGroup(t *testing.T) {
 	}
 	if _, calls, err := count(kafka.GroupAuthorizationFailed); !errors.Is(err, kafka.GroupAuthorizationFailed) || calls != 1 {
 		t.Errorf("refused: %v after %d calls; want Group Authorization Failed after 1", err, calls)
+	}
+	// A member whose subscription kafka-go cannot read (a newer client's) is still a member.
+	if n, calls, err := ask(&describing{metadata: []byte{0, 9}}); err == nil || calls != 1 {
+		t.Errorf("a member it cannot read: %d members, %v after %d calls; want an error after 1", n, err, calls)
+	}
+	if n, _, err := ask(&describing{none: true}); err == nil {
+		t.Errorf("an answer without the group: %d members, no error; want an error", n)
 	}
 }

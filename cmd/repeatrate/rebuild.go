@@ -94,27 +94,33 @@ func (k rebuildKafka) Members(ctx context.Context, group string) (int, error) {
 	return groupMembers(ctx, k.client(), group)
 }
 
-// groupMembers returns how many members group has. A coordinator that is moving or still loading
-// (a broker just started answers Not Coordinator For Group for a while) is asked again for about
-// 10 s, and a group Kafka does not know has none; any other error is returned, since a rebuild
-// must not take an error for an empty group.
+// groupMembers returns how many members group has (members of the classic protocol, which
+// kafka-go's consumers and Kafka's own classic consumers speak). A coordinator that is moving or
+// still loading (a broker just started answers Not Coordinator For Group for a while) is asked
+// again for about 10 s, and a group Kafka does not know has none; any other error, or an answer
+// without the group, is returned, since a rebuild must not take an error for an empty group.
 func groupMembers(ctx context.Context, c *kafka.Client, group string) (int, error) {
 	return consumer.RetryTemporary(ctx, 40, 250*time.Millisecond, func() (int, error) {
 		groups, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 		if err != nil {
 			return 0, err
 		}
-		n := 0
 		for _, g := range groups.Groups {
-			if errors.Is(g.Error, kafka.GroupIdNotFound) {
+			if g.GroupID != group {
 				continue
 			}
-			if g.Error != nil {
-				return 0, fmt.Errorf("describe group %s: %w", group, g.Error)
+			var ke kafka.Error
+			switch {
+			case errors.Is(g.Error, kafka.GroupIdNotFound):
+				return 0, nil
+			case errors.As(g.Error, &ke):
+				return 0, g.Error
+			case g.Error != nil: // kafka-go could not read a member's subscription: a member exists
+				return 0, fmt.Errorf("the group has members this client cannot read (%w): stop every consumer of the group", g.Error)
 			}
-			n += len(g.Members)
+			return len(g.Members), nil
 		}
-		return n, nil
+		return 0, fmt.Errorf("the answer names no group %s", group)
 	})
 }
 
