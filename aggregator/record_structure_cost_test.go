@@ -67,6 +67,10 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 	id := func(a, i int) string { return fmt.Sprintf("conv-%06d/turn-%05d", a, i) } // 22 bytes
 	// place is where record i falls among n places (buckets, pages): a hash of its number.
 	place := func(i, n int) int { return int(uint64(i) * 0x9E3779B97F4A7C15 >> 32 % uint64(n)) }
+	// page is the page record i falls in, in a store of n records; free is the offset in its page of
+	// the free slot the k-th record of a call writes (one of the two each page leaves free).
+	page := func(i, n int) int { return place(i, n/pageUsed) }
+	free := func(k int) int64 { return int64(pageUsed+k%(pageSlots-pageUsed)) * slotBytes }
 	// checkPages fails the test unless every page read is whole.
 	checkPages := func(key string, got []redis.Cmder) {
 		for _, c := range got {
@@ -150,14 +154,14 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 			},
 			reads: func(p redis.Pipeliner, key string, n int, at []int) {
 				for _, i := range at {
-					off := int64(place(i, n/pageUsed)) * pageSlots * slotBytes
+					off := int64(page(i, n)) * pageSlots * slotBytes
 					p.GetRange(ctx, key, off, off+pageSlots*slotBytes-1)
 				}
 			},
 			write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
 				checkPages(key, got)
 				for k, i := range at {
-					off := int64(place(i, n/pageUsed))*pageSlots*slotBytes + int64(pageUsed+k%(pageSlots-pageUsed))*slotBytes
+					off := int64(page(i, n))*pageSlots*slotBytes + free(k)
 					p.SetRange(ctx, key, off, randomBytes(r, slotBytes))
 				}
 			},
@@ -172,7 +176,7 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 		checkPages(key, got)
 		var args []any
 		for k, i := range at {
-			off := int64(place(i, n/pageUsed))*pageSlots*slotBytes + int64(pageUsed+k%(pageSlots-pageUsed))*slotBytes
+			off := int64(page(i, n))*pageSlots*slotBytes + free(k)
 			args = append(args, off, randomBytes(r, slotBytes))
 		}
 		setSlots.EvalSha(ctx, p, []string{key}, args...)
@@ -190,14 +194,25 @@ return out`)
 	segment := func(key string, page int) (string, int64) {
 		return key + ":" + strconv.Itoa(page/segmentPages), int64(page%segmentPages) * pageSlots * slotBytes
 	}
+	// writeSegmentSlots writes a call's new records, each in a free slot of its page, by one script.
+	writeSegmentSlots := func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int) {
+		var keys []string
+		var args []any
+		for k, i := range at {
+			sk, off := segment(key, page(i, n))
+			keys = append(keys, sk)
+			args = append(args, off+free(k), randomBytes(r, slotBytes))
+		}
+		setSegmentSlots.EvalSha(ctx, p, keys, args...)
+	}
 	structures = append(structures, structure{
 		name: "slots in pages in keys of 63 pages, scripts read and write",
 		fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
 			pages := n / pageUsed
 			for first := 0; first < pages; first += segmentPages {
 				var b strings.Builder
-				for page := first; page < first+segmentPages; page++ {
-					if page < pages {
+				for pg := first; pg < first+segmentPages; pg++ {
+					if pg < pages {
 						b.WriteString(randomBytes(r, pageUsed*slotBytes))
 						b.WriteString(strings.Repeat("\x00", (pageSlots-pageUsed)*slotBytes))
 					} else {
@@ -212,7 +227,7 @@ return out`)
 			var keys []string
 			var args []any
 			for _, i := range at {
-				k, off := segment(key, place(i, n/pageUsed))
+				k, off := segment(key, page(i, n))
 				keys, args = append(keys, k), append(args, off)
 			}
 			getPages.EvalSha(ctx, p, keys, args...)
@@ -227,14 +242,7 @@ return out`)
 					t.Fatalf("%s: a page read %d bytes", key, len(v))
 				}
 			}
-			var keys []string
-			var args []any
-			for k, i := range at {
-				sk, off := segment(key, place(i, n/pageUsed))
-				keys = append(keys, sk)
-				args = append(args, off+int64(pageUsed+k%(pageSlots-pageUsed))*slotBytes, randomBytes(r, slotBytes))
-			}
-			setSegmentSlots.EvalSha(ctx, p, keys, args...)
+			writeSegmentSlots(p, key, n, r, at)
 		},
 	})
 	// The same, each page read by a command of its own (pipelined), not through a script.
@@ -242,20 +250,13 @@ return out`)
 	segments.name = "slots in pages in keys of 63 pages, reads apart, script writes"
 	segments.reads = func(p redis.Pipeliner, key string, n int, at []int) {
 		for _, i := range at {
-			k, off := segment(key, place(i, n/pageUsed))
+			k, off := segment(key, page(i, n))
 			p.GetRange(ctx, k, off, off+pageSlots*slotBytes-1)
 		}
 	}
-	scriptedReads := segments.write
 	segments.write = func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
 		checkPages(key, got)
-		pages := make([]any, len(got))
-		for k, c := range got {
-			pages[k] = c.(*redis.StringCmd).Val()
-		}
-		cmd := redis.NewCmd(ctx)
-		cmd.SetVal(pages)
-		scriptedReads(p, key, n, r, at, []redis.Cmder{cmd})
+		writeSegmentSlots(p, key, n, r, at)
 	}
 	structures = append(structures, segments)
 	for _, s := range []*redis.Script{setSlots, getPages, setSegmentSlots} {

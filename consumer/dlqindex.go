@@ -232,37 +232,10 @@ type KafkaDeadLetterLog struct {
 // a read holds at most about max(fetchBytes, the topic's max.message.bytes).
 const fetchBytes = 1 << 20
 
-// leaderMoves and leaderWait bound how long a dead-letter read waits out a partition whose leader
-// is moving (a topic just made, a broker restarting), which Kafka answers with a temporary error
-// such as Not Leader For Partition: 40 tries 250 ms apart, about 10 s, longer than the 6 s within
-// which kafka-go's client refreshes the cluster's layout it keeps.
-const (
-	leaderMoves = 40
-	leaderWait  = 250 * time.Millisecond
-)
-
-// RetryTemporary returns what do returns once it succeeds or fails with an error that is not a
-// temporary Kafka error (kafka.Error's Temporary: a leader or a group coordinator moving or still
-// loading), trying at most tries times, wait apart; ctx ends the waiting.
-func RetryTemporary[T any](ctx context.Context, tries int, wait time.Duration, do func() (T, error)) (T, error) {
-	for try := 1; ; try++ {
-		v, err := do()
-		var ke kafka.Error
-		if err == nil || try >= tries || !errors.As(err, &ke) || !ke.Temporary() {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, err
-		case <-time.After(wait):
-		}
-	}
-}
-
 // Offsets implements DeadLetterLog. A partition whose leader is moving is asked again for about
 // 10 s (RetryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
-	return RetryTemporary(ctx, leaderMoves, leaderWait, func() (map[int]LogOffsets, error) { return l.offsets(ctx, since) })
+	return RetryTemporary(ctx, LeaderMoves, LeaderWait, func() (map[int]LogOffsets, error) { return l.offsets(ctx, since) })
 }
 
 func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[int]LogOffsets, error) {
@@ -312,7 +285,7 @@ func (l *KafkaDeadLetterLog) offsets(ctx context.Context, since time.Time) (map[
 // for about 10 s (RetryTemporary) before the error is returned.
 func (l *KafkaDeadLetterLog) Read(ctx context.Context, partition int, from, to int64, fn func(int64, []kafka.Header)) error {
 	for from < to {
-		res, err := RetryTemporary(ctx, leaderMoves, leaderWait, func() (*kafka.FetchResponse, error) {
+		res, err := RetryTemporary(ctx, LeaderMoves, LeaderWait, func() (*kafka.FetchResponse, error) {
 			res, err := l.Client.Fetch(ctx, &kafka.FetchRequest{Topic: l.Topic, Partition: partition, Offset: from,
 				MinBytes: 1, MaxBytes: fetchBytes, MaxWait: 500 * time.Millisecond})
 			if err == nil && res.Error != nil {

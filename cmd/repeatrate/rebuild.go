@@ -100,7 +100,7 @@ func (k rebuildKafka) Members(ctx context.Context, group string) (int, error) {
 // again for about 10 s, and a group Kafka does not know has none; any other error, or an answer
 // without the group, is returned, since a rebuild must not take an error for an empty group.
 func groupMembers(ctx context.Context, c *kafka.Client, group string) (int, error) {
-	return consumer.RetryTemporary(ctx, 40, 250*time.Millisecond, func() (int, error) {
+	return consumer.RetryTemporary(ctx, consumer.LeaderMoves, consumer.LeaderWait, func() (int, error) {
 		groups, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 		if err != nil {
 			return 0, err
