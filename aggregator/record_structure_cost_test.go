@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +32,10 @@ import (
 //     not built, and a page never fills: a new record overwrites one of its two free slots.
 //     Variants: a call's slots written by one script (as store.lua would write them, without its
 //     checks), and the pages kept in keys of 63 pages made at their size (Redis grows a string
-//     written past its end greedily), read apart or by a script.
+//     written past its end greedily), read apart or by a script; and those keys with overflows,
+//     as linear hashing leaves fixed pages: every other page's excess in a field of a hash of the
+//     aggregate's, read by one HMGET a call, and every fifth new record written there whole (the
+//     hash a listpack, as Redis keeps a small one, or a hash table).
 //
 // 200 aggregates, 30 calls of 10 new records each, the calls' reads of every aggregate in one
 // pipeline and then their writes, as a processor's batch; the two sizes alternated twice and the
@@ -40,14 +44,21 @@ import (
 // (used_cpu) a new record, its commands a new record (those scripts call among them), and the
 // bytes a record of the grown store takes (records only: no index, head or hours). It fails if a
 // read does not find what the structure holds: a new id present, a bucket shorter than 8 records,
-// a page not whole, or a script reading other than a page a record.
+// a page not whole, a script reading other than a page a record, or an overflow not found.
+// REPEATRATE_STRUCTURE_SIZES=young,grown sets the two sizes, REPEATRATE_STRUCTURES=a,b keeps the
+// structures whose names hold a or b.
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestRecordStructureCostByAggregateSize -v -timeout 30m ./aggregator
 func TestRecordStructureCostByAggregateSize(t *testing.T) {
 	rdb := redisOfItsOwn(t)
 	ctx := context.Background()
 	const aggregates, perCall, calls = 200, 10, 30
-	const young, grown = 600, 24_000
+	young, grown := 600, 24_000
+	if v := os.Getenv("REPEATRATE_STRUCTURE_SIZES"); v != "" { // young,grown
+		if _, err := fmt.Sscanf(v, "%d,%d", &young, &grown); err != nil || young < 60 || grown < 60 {
+			t.Fatalf("REPEATRATE_STRUCTURE_SIZES=%q: want two sizes of at least 60, young,grown", v)
+		}
+	}
 	const recordBytes, bucketRecords, pageSlots, pageUsed, slotBytes = 31, 8, 8, 6, 32
 	type structure struct {
 		name  string
@@ -259,6 +270,69 @@ return out`)
 		writeSegmentSlots(p, key, n, r, at)
 	}
 	structures = append(structures, segments)
+	// The same pages with overflows, as linear hashing leaves fixed pages (TestPagePlacementMemory:
+	// at a load of about 1, a fifth of the records lie in a field of their page's, and half the
+	// lookups of new records must read one): every other page's overflow holds a record in a field
+	// of the aggregate's overflow hash (KEY:o), a call reads its pages apart and their overflow
+	// fields by one HMGET, and every fifth new record goes to its page's overflow (an HSET of the
+	// field, read and written whole), the others to a free slot of their page by one script.
+	overflowField := func(pg int) string { return packedName(int64(pg)) }
+	withOverflows := func(name string, table bool) structure {
+		return structure{
+			name: name,
+			fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
+				segments.fill(p, key, n, r)
+				var args []any
+				if table { // a value past hash-max-listpack-value makes the hash a hash table
+					args = append(args, "table", strings.Repeat("x", 65))
+				}
+				for pg := 0; pg < n/pageUsed; pg += 2 {
+					if args = append(args, overflowField(pg), randomBytes(r, recordBytes)); len(args) == 1000 {
+						p.HSet(ctx, key+":o", args...)
+						args = args[:0]
+					}
+				}
+				if len(args) > 0 {
+					p.HSet(ctx, key+":o", args...)
+				}
+			},
+			reads: func(p redis.Pipeliner, key string, n int, at []int) {
+				segments.reads(p, key, n, at)
+				var fields []string
+				for _, i := range at {
+					fields = append(fields, overflowField(page(i, n)))
+				}
+				p.HMGet(ctx, key+":o", fields...)
+			},
+			write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+				checkPages(key, got[:len(at)])
+				over := got[len(at)].(*redis.SliceCmd).Val()
+				var inPages []int
+				var args []any
+				for k, i := range at {
+					if k%5 != 0 {
+						inPages = append(inPages, i)
+						continue
+					}
+					old, _ := over[k].(string)
+					if len(old)%recordBytes != 0 || page(i, n)%2 == 0 && len(old) == 0 {
+						t.Fatalf("%s: page %d's overflow read %d bytes", key, page(i, n), len(old))
+					}
+					args = append(args, overflowField(page(i, n)), old+randomBytes(r, recordBytes))
+				}
+				writeSegmentSlots(p, key, n, r, inPages)
+				p.HSet(ctx, key+":o", args...)
+			},
+		}
+	}
+	structures = append(structures,
+		withOverflows("slots in pages in keys of 63 pages, with overflows in a listpack", false),
+		withOverflows("slots in pages in keys of 63 pages, with overflows in a hash table", true))
+	if only := os.Getenv("REPEATRATE_STRUCTURES"); only != "" { // names containing any of these, comma-separated
+		structures = slices.DeleteFunc(structures, func(s structure) bool {
+			return !slices.ContainsFunc(strings.Split(only, ","), func(w string) bool { return strings.Contains(s.name, w) })
+		})
+	}
 	for _, s := range []*redis.Script{setSlots, getPages, setSegmentSlots} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			t.Fatal(err)
