@@ -56,6 +56,20 @@ type placementModel struct {
 	level, split      int64
 	pages             []modelPage
 	bytes             int
+	changes           *placementChanges // what the adds since it was set changed, when set
+}
+
+// placementChanges are the pages and overflows a run of adds changed, as a store would write them:
+// a page only appended to from the offset it held (in place), a page a split rewrote whole, and
+// the overflows to write or delete whole.
+type placementChanges struct {
+	appendedFrom map[int64]int
+	rewritten    map[int64]bool
+	overflows    map[int64]bool
+}
+
+func newPlacementChanges() *placementChanges {
+	return &placementChanges{map[int64]int{}, map[int64]bool{}, map[int64]bool{}}
 }
 
 type modelPage struct {
@@ -85,6 +99,10 @@ func (m *placementModel) add(rec modelRecord) {
 		moving := append(m.pages[p].recs, m.pages[p].over...)
 		m.pages[p] = modelPage{}
 		m.pages = append(m.pages, modelPage{})
+		if c := m.changes; c != nil {
+			q := int64(len(m.pages) - 1)
+			c.rewritten[p], c.rewritten[q], c.overflows[p], c.overflows[q] = true, true, true, true
+		}
 		if m.split++; m.split == 1<<m.level {
 			m.level, m.split = m.level+1, 0
 		}
@@ -104,12 +122,22 @@ func (m *placementModel) place(rec modelRecord) {
 	}
 	if fit >= 0 {
 		rec.by = fit
-		pg := &m.pages[m.addr(rec.h[fit])]
+		a := m.addr(rec.h[fit])
+		pg := &m.pages[a]
+		if c := m.changes; c != nil {
+			if _, ok := c.appendedFrom[a]; !ok {
+				c.appendedFrom[a] = pg.used
+			}
+		}
 		pg.recs, pg.used = append(pg.recs, rec), pg.used+rec.size
 		return
 	}
 	rec.by = 0
-	pg := &m.pages[m.addr(rec.h[0])]
+	a := m.addr(rec.h[0])
+	pg := &m.pages[a]
+	if m.changes != nil {
+		m.changes.overflows[a] = true
+	}
 	pg.over, pg.overBytes = append(pg.over, rec), pg.overBytes+rec.size
 }
 

@@ -1,0 +1,368 @@
+package aggregator
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// growingStore is one aggregate's records in Redis, kept by the commands a computing processor
+// would send, beside a model of what Redis should hold: reads queues a call's reads, check fails
+// the test unless they returned what the model holds, add puts the call's records in the model and
+// queues the writes that bring Redis to it.
+type growingStore interface {
+	reads(p redis.Pipeliner, recs []modelRecord)
+	check(t *testing.T, got []redis.Cmder, recs []modelRecord)
+	add(p redis.Pipeliner, recs []modelRecord)
+}
+
+// modelRecordBytes is a model record's bytes: its two hashes, then bytes that follow from them.
+func modelRecordBytes(rec modelRecord) []byte {
+	b := make([]byte, rec.size)
+	binary.LittleEndian.PutUint32(b, rec.h[0])
+	binary.LittleEndian.PutUint32(b[4:], rec.h[1])
+	for i := 8; i < len(b); i++ {
+		b[i] = byte(rec.h[0]>>(i%4*8)) + byte(i)
+	}
+	return b
+}
+
+// pageBytes is a model page's records end to end.
+func pageBytes(recs []modelRecord) []byte {
+	var b []byte
+	for _, r := range recs {
+		b = append(b, modelRecordBytes(r)...)
+	}
+	return b
+}
+
+// idFieldStore is layout 10's: an id (22 bytes) as the field of the aggregate's record hash, its
+// 28-byte record the value. A call reads its ids (HMGET) and writes its records (HSET).
+type idFieldStore struct{ key string }
+
+func idOf(rec modelRecord) string {
+	return fmt.Sprintf("conv-%010d/t-%05d", rec.h[0], rec.h[1]%100_000)
+}
+
+func (s *idFieldStore) reads(p redis.Pipeliner, recs []modelRecord) {
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = idOf(r)
+	}
+	p.HMGet(context.Background(), s.key, ids...)
+}
+
+func (s *idFieldStore) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
+	if vals := got[0].(*redis.SliceCmd).Val(); len(vals) != len(recs) || slices.ContainsFunc(vals, func(v any) bool { return v != nil }) {
+		t.Fatalf("%s: a new id read as present", s.key)
+	}
+}
+
+func (s *idFieldStore) add(p redis.Pipeliner, recs []modelRecord) {
+	args := make([]any, 0, 2*len(recs))
+	for _, r := range recs {
+		args = append(args, idOf(r), modelRecordBytes(modelRecord{h: r.h, size: 28}))
+	}
+	p.HSet(context.Background(), s.key, args...)
+}
+
+// bucketStore11 is layout 11's: records of 31 bytes end to end in buckets addressed by linear
+// hashing, split past packLoad records a bucket on average, each bucket a field of the aggregate's
+// hash. A call reads its records' buckets (HMGET) and writes every bucket it changed whole (HSET).
+type bucketStore11 struct {
+	key string
+	m   placementModel
+}
+
+func newBucketStore11(key string) *bucketStore11 {
+	return &bucketStore11{key, placementModel{capacity: math.MaxInt32, choices: 1, splitAt: packLoad * 31, pages: []modelPage{{}}}}
+}
+
+func (s *bucketStore11) buckets(recs []modelRecord) []int64 {
+	var bs []int64
+	for _, r := range recs {
+		if b := s.m.addr(r.h[0]); !slices.Contains(bs, b) {
+			bs = append(bs, b)
+		}
+	}
+	return bs
+}
+
+func (s *bucketStore11) reads(p redis.Pipeliner, recs []modelRecord) {
+	var fields []string
+	for _, b := range s.buckets(recs) {
+		fields = append(fields, packedName(b))
+	}
+	p.HMGet(context.Background(), s.key, fields...)
+}
+
+func (s *bucketStore11) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
+	vals := got[0].(*redis.SliceCmd).Val()
+	for i, b := range s.buckets(recs) {
+		v, _ := vals[i].(string)
+		if want := pageBytes(s.m.pages[b].recs); v != string(want) {
+			t.Fatalf("%s: bucket %d read %d bytes, holds %d", s.key, b, len(v), len(want))
+		}
+	}
+}
+
+func (s *bucketStore11) add(p redis.Pipeliner, recs []modelRecord) {
+	s.m.changes = newPlacementChanges()
+	for _, r := range recs {
+		s.m.add(r)
+	}
+	changed := s.m.changes.rewritten
+	for b := range s.m.changes.appendedFrom {
+		changed[b] = true
+	}
+	var args []any
+	for b := range changed {
+		args = append(args, packedName(b), pageBytes(s.m.pages[b].recs))
+	}
+	p.HSet(context.Background(), s.key, args...)
+	s.m.changes = nil
+}
+
+// pageStore12 is layout 11's buckets with their first whole records in place: pages of 248
+// bytes, 66 a key made at its size (16 368 bytes, in jemalloc's 16 KiB class), split at a load of
+// 1.0, a page's excess in its field of a hash table of the aggregate's. A call reads its records'
+// pages apart (GETRANGE) and their fields by one HMGET; it writes a page only appended to from
+// where it ended (SETRANGE), a page a split rewrote whole, and each changed field whole (HSET, or
+// HDEL once empty).
+type pageStore12 struct {
+	key      string
+	m        placementModel
+	segments int
+}
+
+const pageCapacity12, pagesAKey12 = 248, 66
+
+func newPageStore12(key string) *pageStore12 {
+	return &pageStore12{key: key, m: placementModel{capacity: pageCapacity12, choices: 1, splitAt: pageCapacity12, pages: []modelPage{{}}}}
+}
+
+func (s *pageStore12) where(page int64) (string, int64) {
+	return s.key + ":s" + strconv.FormatInt(page/pagesAKey12, 10), page % pagesAKey12 * pageCapacity12
+}
+
+func (s *pageStore12) pagesOf(recs []modelRecord) []int64 {
+	var ps []int64
+	for _, r := range recs {
+		if pg := s.m.addr(r.h[0]); !slices.Contains(ps, pg) {
+			ps = append(ps, pg)
+		}
+	}
+	return ps
+}
+
+func (s *pageStore12) reads(p redis.Pipeliner, recs []modelRecord) {
+	ctx := context.Background()
+	var fields []string
+	for _, pg := range s.pagesOf(recs) {
+		k, off := s.where(pg)
+		p.GetRange(ctx, k, off, off+pageCapacity12-1)
+		fields = append(fields, packedName(pg))
+	}
+	p.HMGet(ctx, s.key+":o", fields...)
+}
+
+func (s *pageStore12) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
+	pages := s.pagesOf(recs)
+	over := got[len(pages)].(*redis.SliceCmd).Val()
+	for i, pg := range pages {
+		want := pageBytes(s.m.pages[pg].recs)
+		if pg < int64(s.segments*pagesAKey12) { // a page of a key not yet made reads empty
+			want = append(want, make([]byte, pageCapacity12-len(want))...)
+		}
+		if v := got[i].(*redis.StringCmd).Val(); v != string(want) {
+			t.Fatalf("%s: page %d read %d bytes other than it holds", s.key, pg, len(v))
+		}
+		v, _ := over[i].(string)
+		if w := pageBytes(s.m.pages[pg].over); v != string(w) {
+			t.Fatalf("%s: page %d's overflow read %d bytes, holds %d", s.key, pg, len(v), len(w))
+		}
+	}
+}
+
+func (s *pageStore12) add(p redis.Pipeliner, recs []modelRecord) {
+	ctx := context.Background()
+	if s.segments == 0 { // a value past hash-max-listpack-value makes the overflow hash a table
+		p.HSet(ctx, s.key+":o", "table", strings.Repeat("x", 65))
+	}
+	c := newPlacementChanges()
+	s.m.changes = c
+	for _, r := range recs {
+		s.m.add(r)
+	}
+	s.m.changes = nil
+	for ; s.segments*pagesAKey12 < len(s.m.pages); s.segments++ {
+		k, _ := s.where(int64(s.segments * pagesAKey12))
+		p.Set(ctx, k, make([]byte, pagesAKey12*pageCapacity12), 0)
+	}
+	for pg := range c.rewritten {
+		b := pageBytes(s.m.pages[pg].recs)
+		k, off := s.where(pg)
+		p.SetRange(ctx, k, off, string(append(b, make([]byte, pageCapacity12-len(b))...)))
+	}
+	for pg, from := range c.appendedFrom {
+		if !c.rewritten[pg] {
+			k, off := s.where(pg)
+			p.SetRange(ctx, k, off+int64(from), string(pageBytes(s.m.pages[pg].recs)[from:]))
+		}
+	}
+	var set []any
+	var gone []string
+	for pg := range c.overflows {
+		if over := s.m.pages[pg].over; len(over) > 0 {
+			set = append(set, packedName(pg), pageBytes(over))
+		} else {
+			gone = append(gone, packedName(pg))
+		}
+	}
+	if len(set) > 0 {
+		p.HSet(ctx, s.key+":o", set...)
+	}
+	if len(gone) > 0 {
+		p.HDel(ctx, s.key+":o", gone...)
+	}
+}
+
+// TestGrowingStoreCostByHistory measures what Redis spends a new record in a store that starts
+// empty and in one whose aggregates already hold records, as the prefill target compares them
+// (docs/performance.md, "The fifteenth slice"), by how an aggregate keeps its records: layout 10's
+// id fields, layout 11's packed buckets, and layout 11's buckets with their first 248 bytes in
+// place in pages (pageStore12), each kept by the commands a computing processor would send,
+// splits and new keys included, beside a model that every read is checked against. 200
+// aggregates; each gains 1 500 records while timed, in calls of 10 new records, a call's reads of
+// every aggregate in one pipeline and then its writes; the empty store's aggregates start with
+// none, the grown store's with REPEATRATE_GROWING_PREFILL records each (1 000, as the prefill
+// target's), put by the same calls untimed. The two alternated twice, the lower Redis CPU of each
+// kept; Redis's CPU a new record, grown ÷ empty, the commands a new record and the time inside each
+// command reported. No script: what a layout's scripts add is not here. REPEATRATE_STRUCTURES=a,b
+// keeps the structures whose names hold a or b. It fails if a read finds other than the model
+// holds: a new id present, a bucket, page or overflow other than its records.
+//
+//	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestGrowingStoreCostByHistory -v -timeout 60m ./aggregator
+func TestGrowingStoreCostByHistory(t *testing.T) {
+	rdb := redisOfItsOwn(t)
+	ctx := context.Background()
+	const aggregates, perCall, timed = 200, 10, 1500
+	prefill := 1000
+	if v := os.Getenv("REPEATRATE_GROWING_PREFILL"); v != "" {
+		var err error
+		if prefill, err = strconv.Atoi(v); err != nil || prefill < perCall {
+			t.Fatalf("REPEATRATE_GROWING_PREFILL=%q: want a number of records of at least %d", v, perCall)
+		}
+	}
+	type kind struct {
+		name string
+		open func(key string) growingStore
+	}
+	kinds := []kind{
+		{"id fields (layout 10)", func(k string) growingStore { return &idFieldStore{k + ":r"} }},
+		{"packed buckets (layout 11)", func(k string) growingStore { return newBucketStore11(k + ":e") }},
+		{"pages in place, overflows in a hash table", func(k string) growingStore { return newPageStore12(k + ":p") }},
+	}
+	if only := os.Getenv("REPEATRATE_STRUCTURES"); only != "" { // names containing any of these, comma-separated
+		kinds = slices.DeleteFunc(kinds, func(k kind) bool {
+			return !slices.ContainsFunc(strings.Split(only, ","), func(w string) bool { return strings.Contains(k.name, w) })
+		})
+	}
+	type figures struct {
+		cpu, commands float64
+		usec          map[string]float64 // time inside each command a new record
+	}
+	measure := func(open func(string) growingStore, before int) figures {
+		prefix := fmt.Sprintf("growing-%d", time.Now().UnixNano())
+		defer deleteUnder(ctx, rdb, prefix)
+		r := rand.New(rand.NewPCG(uint64(before), 11))
+		stores := make([]growingStore, aggregates)
+		for a := range stores {
+			stores[a] = open(layoutTag(prefix, a))
+		}
+		recs := make([][]modelRecord, aggregates)
+		run := func(records int) {
+			for range records / perCall {
+				reads := rdb.Pipeline()
+				ends := make([]int, aggregates)
+				for a := range stores {
+					recs[a] = recs[a][:0]
+					for range perCall {
+						recs[a] = append(recs[a], modelRecord{h: [2]uint32{r.Uint32(), r.Uint32()}, size: 31})
+					}
+					stores[a].reads(reads, recs[a])
+					ends[a] = reads.Len()
+				}
+				cmds, err := reads.Exec(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := 0
+				for a := range stores {
+					stores[a].check(t, cmds[start:ends[a]], recs[a])
+					start = ends[a]
+				}
+				writes := rdb.Pipeline()
+				for a := range stores {
+					stores[a].add(writes, recs[a])
+				}
+				if _, err := writes.Exec(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		run(before)
+		c0, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(timed)
+		c1, err := readCost(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		commands := 0.0
+		for k, v := range c1.calls {
+			if k != "info" {
+				commands += float64(v - c0.calls[k])
+			}
+		}
+		n := float64(aggregates * timed)
+		usec := map[string]float64{}
+		for k, v := range c1.usec {
+			if k != "info" && v > c0.usec[k] {
+				usec[k] = float64(v-c0.usec[k]) / n
+			}
+		}
+		return figures{(c1.cpu - c0.cpu) * 1e6 / n, commands / n, usec}
+	}
+	for _, k := range kinds {
+		var empty, grown figures
+		for i := range 2 {
+			if e := measure(k.open, 0); i == 0 || e.cpu < empty.cpu {
+				empty = e
+			}
+			if g := measure(k.open, prefill); i == 0 || g.cpu < grown.cpu {
+				grown = g
+			}
+		}
+		t.Logf("%-45s Redis CPU µs a new record, empty / %d records an aggregate before: %5.2f / %5.2f (%.2f); commands a record %.2f / %.2f",
+			k.name, prefill, empty.cpu, grown.cpu, grown.cpu/empty.cpu, empty.commands, grown.commands)
+		var by []string
+		for c, g := range grown.usec {
+			by = append(by, fmt.Sprintf("%s %.2f / %.2f", c, empty.usec[c], g))
+		}
+		slices.Sort(by)
+		t.Logf("%-45s µs inside each command a new record, empty / grown: %s", "", strings.Join(by, ", "))
+	}
+}
