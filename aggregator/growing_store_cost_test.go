@@ -19,11 +19,45 @@ import (
 // growingStore is one aggregate's records in Redis, kept by the commands a computing processor
 // would send, beside a model of what Redis should hold: reads queues a call's reads, check fails
 // the test unless they returned what the model holds, add puts the call's records in the model and
-// queues the writes that bring Redis to it.
+// queues the writes that bring Redis to it, and finish fails the test unless Redis holds the
+// hashes the model says, as hash tables.
 type growingStore interface {
 	reads(p redis.Pipeliner, recs []modelRecord)
 	check(t *testing.T, got []redis.Cmder, recs []modelRecord)
 	add(p redis.Pipeliner, recs []modelRecord)
+	finish(t *testing.T, rdb *redis.Client)
+}
+
+// makeHashTable queues what makes the hash at key a hash table for good, as apply.lua makes a new
+// aggregate's record hash one: a field longer than hash-max-listpack-value, set and deleted. A
+// listpack, Redis's encoding of a small hash, is read whole by every command. Queued after the
+// hash's first fields: deleting a hash's last field deletes the hash.
+func makeHashTable(p redis.Pipeliner, key string) {
+	const long = "a field longer than hash-max-listpack-value makes this hash a hash table"
+	p.HSet(context.Background(), key, long, "")
+	p.HDel(context.Background(), key, long)
+}
+
+// checkHashTable fails the test unless the hash at key is a hash table of fields fields.
+func checkHashTable(t *testing.T, rdb *redis.Client, key string, fields int64) {
+	ctx := context.Background()
+	if enc := rdb.ObjectEncoding(ctx, key).Val(); enc != "hashtable" {
+		t.Fatalf("%s is a %q, not a hash table", key, enc)
+	}
+	if n := rdb.HLen(ctx, key).Val(); n != fields {
+		t.Fatalf("%s holds %d fields, its model %d", key, n, fields)
+	}
+}
+
+// addressesOf is the distinct pages (or buckets) of m that recs' first choices name, in order.
+func addressesOf(m *placementModel, recs []modelRecord) []int64 {
+	var as []int64
+	for _, r := range recs {
+		if a := m.addr(r.h[0]); !slices.Contains(as, a) {
+			as = append(as, a)
+		}
+	}
+	return as
 }
 
 // modelRecordBytes is a model record's bytes: its two hashes, then bytes that follow from them.
@@ -46,10 +80,15 @@ func pageBytes(recs []modelRecord) []byte {
 	return b
 }
 
-// idFieldStore is layout 10's: an id (22 bytes) as the field of the aggregate's record hash, its
-// 28-byte record the value. A call reads its ids (HMGET) and writes its records (HSET).
-type idFieldStore struct{ key string }
+// idFieldStore is layout 10's: an id (23 bytes) as the field of the aggregate's record hash, made
+// a hash table when the aggregate is (as apply.lua makes it), its 28-byte record the value. A call
+// reads its ids (HMGET) and writes its records (HSET).
+type idFieldStore struct {
+	key   string
+	added int64
+}
 
+// idOf is a record's id, as a layout-10 record hash's field.
 func idOf(rec modelRecord) string {
 	return fmt.Sprintf("conv-%010d/t-%05d", rec.h[0], rec.h[1]%100_000)
 }
@@ -74,6 +113,14 @@ func (s *idFieldStore) add(p redis.Pipeliner, recs []modelRecord) {
 		args = append(args, idOf(r), modelRecordBytes(modelRecord{h: r.h, size: 28}))
 	}
 	p.HSet(context.Background(), s.key, args...)
+	if s.added == 0 {
+		makeHashTable(p, s.key)
+	}
+	s.added += int64(len(recs))
+}
+
+func (s *idFieldStore) finish(t *testing.T, rdb *redis.Client) {
+	checkHashTable(t, rdb, s.key, s.added)
 }
 
 // bucketStore11 is layout 11's: records of 31 bytes end to end in buckets addressed by linear
@@ -88,19 +135,9 @@ func newBucketStore11(key string) *bucketStore11 {
 	return &bucketStore11{key, placementModel{capacity: math.MaxInt32, choices: 1, splitAt: packLoad * 31, pages: []modelPage{{}}}}
 }
 
-func (s *bucketStore11) buckets(recs []modelRecord) []int64 {
-	var bs []int64
-	for _, r := range recs {
-		if b := s.m.addr(r.h[0]); !slices.Contains(bs, b) {
-			bs = append(bs, b)
-		}
-	}
-	return bs
-}
-
 func (s *bucketStore11) reads(p redis.Pipeliner, recs []modelRecord) {
 	var fields []string
-	for _, b := range s.buckets(recs) {
+	for _, b := range addressesOf(&s.m, recs) {
 		fields = append(fields, packedName(b))
 	}
 	p.HMGet(context.Background(), s.key, fields...)
@@ -108,7 +145,7 @@ func (s *bucketStore11) reads(p redis.Pipeliner, recs []modelRecord) {
 
 func (s *bucketStore11) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
 	vals := got[0].(*redis.SliceCmd).Val()
-	for i, b := range s.buckets(recs) {
+	for i, b := range addressesOf(&s.m, recs) {
 		v, _ := vals[i].(string)
 		if want := pageBytes(s.m.pages[b].recs); v != string(want) {
 			t.Fatalf("%s: bucket %d read %d bytes, holds %d", s.key, b, len(v), len(want))
@@ -133,56 +170,57 @@ func (s *bucketStore11) add(p redis.Pipeliner, recs []modelRecord) {
 	s.m.changes = nil
 }
 
-// pageStore12 is layout 11's buckets with their first whole records in place: pages of 248
+func (s *bucketStore11) finish(t *testing.T, rdb *redis.Client) {
+	checkHashTable(t, rdb, s.key, int64(len(s.m.pages)))
+}
+
+// inPlacePageStore is layout 11's buckets with their first whole records in place: pages of 248
 // bytes, 66 a key made at its size (16 368 bytes, in jemalloc's 16 KiB class), split at a load of
-// 1.0, a page's excess in its field of a hash table of the aggregate's. A call reads its records'
-// pages apart (GETRANGE) and their fields by one HMGET; it writes a page only appended to from
-// where it ended (SETRANGE), a page a split rewrote whole, and each changed field whole (HSET, or
-// HDEL once empty).
-type pageStore12 struct {
+// 1.0, a page's excess in its field of a hash of the aggregate's made a hash table from the start.
+// The hash keeps a field of its own besides, so that it is never emptied (deleting a hash's last
+// field deletes the hash, and it would come back a listpack).
+// A call reads its records' pages apart (GETRANGE) and their fields by one HMGET; it writes a page
+// only appended to from where it ended (SETRANGE), a page a split rewrote whole, and each changed
+// field whole (HSET, or HDEL once empty).
+type inPlacePageStore struct {
 	key      string
 	m        placementModel
 	segments int
 }
 
-const pageCapacity12, pagesAKey12 = 248, 66
+const inPlacePageBytes, inPlacePagesAKey = 248, 66
 
-func newPageStore12(key string) *pageStore12 {
-	return &pageStore12{key: key, m: placementModel{capacity: pageCapacity12, choices: 1, splitAt: pageCapacity12, pages: []modelPage{{}}}}
+// inPlaceOverflowMark is the field longer than hash-max-listpack-value that keeps an in-place page
+// store's overflow hash a hash table.
+const inPlaceOverflowMark = "a field longer than hash-max-listpack-value keeps this hash a hash table"
+
+func newInPlacePageStore(key string) *inPlacePageStore {
+	return &inPlacePageStore{key: key, m: placementModel{capacity: inPlacePageBytes, choices: 1, splitAt: inPlacePageBytes, pages: []modelPage{{}}}}
 }
 
-func (s *pageStore12) where(page int64) (string, int64) {
-	return s.key + ":s" + strconv.FormatInt(page/pagesAKey12, 10), page % pagesAKey12 * pageCapacity12
+// where is the key and offset of page pg.
+func (s *inPlacePageStore) where(pg int64) (string, int64) {
+	return s.key + ":s" + strconv.FormatInt(pg/inPlacePagesAKey, 10), pg % inPlacePagesAKey * inPlacePageBytes
 }
 
-func (s *pageStore12) pagesOf(recs []modelRecord) []int64 {
-	var ps []int64
-	for _, r := range recs {
-		if pg := s.m.addr(r.h[0]); !slices.Contains(ps, pg) {
-			ps = append(ps, pg)
-		}
-	}
-	return ps
-}
-
-func (s *pageStore12) reads(p redis.Pipeliner, recs []modelRecord) {
+func (s *inPlacePageStore) reads(p redis.Pipeliner, recs []modelRecord) {
 	ctx := context.Background()
 	var fields []string
-	for _, pg := range s.pagesOf(recs) {
+	for _, pg := range addressesOf(&s.m, recs) {
 		k, off := s.where(pg)
-		p.GetRange(ctx, k, off, off+pageCapacity12-1)
+		p.GetRange(ctx, k, off, off+inPlacePageBytes-1)
 		fields = append(fields, packedName(pg))
 	}
 	p.HMGet(ctx, s.key+":o", fields...)
 }
 
-func (s *pageStore12) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
-	pages := s.pagesOf(recs)
+func (s *inPlacePageStore) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
+	pages := addressesOf(&s.m, recs)
 	over := got[len(pages)].(*redis.SliceCmd).Val()
 	for i, pg := range pages {
 		want := pageBytes(s.m.pages[pg].recs)
-		if pg < int64(s.segments*pagesAKey12) { // a page of a key not yet made reads empty
-			want = append(want, make([]byte, pageCapacity12-len(want))...)
+		if pg < int64(s.segments*inPlacePagesAKey) { // a page of a key not yet made reads empty
+			want = append(want, make([]byte, inPlacePageBytes-len(want))...)
 		}
 		if v := got[i].(*redis.StringCmd).Val(); v != string(want) {
 			t.Fatalf("%s: page %d read %d bytes other than it holds", s.key, pg, len(v))
@@ -194,10 +232,10 @@ func (s *pageStore12) check(t *testing.T, got []redis.Cmder, recs []modelRecord)
 	}
 }
 
-func (s *pageStore12) add(p redis.Pipeliner, recs []modelRecord) {
+func (s *inPlacePageStore) add(p redis.Pipeliner, recs []modelRecord) {
 	ctx := context.Background()
-	if s.segments == 0 { // a value past hash-max-listpack-value makes the overflow hash a table
-		p.HSet(ctx, s.key+":o", "table", strings.Repeat("x", 65))
+	if s.segments == 0 {
+		p.HSet(ctx, s.key+":o", inPlaceOverflowMark, "")
 	}
 	c := newPlacementChanges()
 	s.m.changes = c
@@ -205,14 +243,14 @@ func (s *pageStore12) add(p redis.Pipeliner, recs []modelRecord) {
 		s.m.add(r)
 	}
 	s.m.changes = nil
-	for ; s.segments*pagesAKey12 < len(s.m.pages); s.segments++ {
-		k, _ := s.where(int64(s.segments * pagesAKey12))
-		p.Set(ctx, k, make([]byte, pagesAKey12*pageCapacity12), 0)
+	for ; s.segments*inPlacePagesAKey < len(s.m.pages); s.segments++ {
+		k, _ := s.where(int64(s.segments * inPlacePagesAKey))
+		p.Set(ctx, k, make([]byte, inPlacePagesAKey*inPlacePageBytes), 0)
 	}
 	for pg := range c.rewritten {
 		b := pageBytes(s.m.pages[pg].recs)
 		k, off := s.where(pg)
-		p.SetRange(ctx, k, off, string(append(b, make([]byte, pageCapacity12-len(b))...)))
+		p.SetRange(ctx, k, off, string(append(b, make([]byte, inPlacePageBytes-len(b))...)))
 	}
 	for pg, from := range c.appendedFrom {
 		if !c.rewritten[pg] {
@@ -237,11 +275,24 @@ func (s *pageStore12) add(p redis.Pipeliner, recs []modelRecord) {
 	}
 }
 
+func (s *inPlacePageStore) finish(t *testing.T, rdb *redis.Client) {
+	fields := int64(1) // the mark
+	for _, pg := range s.m.pages {
+		if len(pg.over) > 0 {
+			fields++
+		}
+	}
+	checkHashTable(t, rdb, s.key+":o", fields)
+	if n := rdb.Exists(context.Background(), s.key+":s"+strconv.Itoa(s.segments-1)).Val(); n != 1 {
+		t.Fatalf("%s: its last page key is missing", s.key)
+	}
+}
+
 // TestGrowingStoreCostByHistory measures what Redis spends a new record in a store that starts
 // empty and in one whose aggregates already hold records, as the prefill target compares them
 // (docs/performance.md, "The fifteenth slice"), by how an aggregate keeps its records: layout 10's
 // id fields, layout 11's packed buckets, and layout 11's buckets with their first 248 bytes in
-// place in pages (pageStore12), each kept by the commands a computing processor would send,
+// place in pages (inPlacePageStore), each kept by the commands a computing processor would send,
 // splits and new keys included, beside a model that every read is checked against. 200
 // aggregates; each gains 1 500 records while timed, in calls of 10 new records, a call's reads of
 // every aggregate in one pipeline and then its writes; the empty store's aggregates start with
@@ -269,15 +320,11 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 		open func(key string) growingStore
 	}
 	kinds := []kind{
-		{"id fields (layout 10)", func(k string) growingStore { return &idFieldStore{k + ":r"} }},
+		{"id fields (layout 10)", func(k string) growingStore { return &idFieldStore{key: k + ":r"} }},
 		{"packed buckets (layout 11)", func(k string) growingStore { return newBucketStore11(k + ":e") }},
-		{"pages in place, overflows in a hash table", func(k string) growingStore { return newPageStore12(k + ":p") }},
+		{"pages in place, overflows in a hash table", func(k string) growingStore { return newInPlacePageStore(k + ":p") }},
 	}
-	if only := os.Getenv("REPEATRATE_STRUCTURES"); only != "" { // names containing any of these, comma-separated
-		kinds = slices.DeleteFunc(kinds, func(k kind) bool {
-			return !slices.ContainsFunc(strings.Split(only, ","), func(w string) bool { return strings.Contains(k.name, w) })
-		})
-	}
+	kinds = keepStructures(kinds, func(k kind) string { return k.name })
 	type figures struct {
 		cpu, commands float64
 		usec          map[string]float64 // time inside each command a new record
@@ -292,7 +339,7 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 		}
 		recs := make([][]modelRecord, aggregates)
 		run := func(records int) {
-			for range records / perCall {
+			for call := range records / perCall {
 				reads := rdb.Pipeline()
 				ends := make([]int, aggregates)
 				for a := range stores {
@@ -319,6 +366,9 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 				if _, err := writes.Exec(ctx); err != nil {
 					t.Fatal(err)
 				}
+				if call == 0 { // a young aggregate's hashes are hash tables already
+					stores[0].finish(t, rdb)
+				}
 			}
 		}
 		run(before)
@@ -330,6 +380,9 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 		c1, err := readCost(ctx, rdb)
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, s := range stores {
+			s.finish(t, rdb)
 		}
 		commands := 0.0
 		for k, v := range c1.calls {

@@ -34,8 +34,8 @@ import (
 //     checks), and the pages kept in keys of 63 pages made at their size (Redis grows a string
 //     written past its end greedily), read apart or by a script; and those keys with overflows,
 //     as linear hashing leaves fixed pages: every other page's excess in a field of a hash of the
-//     aggregate's, read by one HMGET a call, and every fifth new record written there whole (the
-//     hash a listpack, as Redis keeps a small one, or a hash table).
+//     aggregate's (a hash table), read by one HMGET a call, and every fifth new record written there
+//     whole.
 //
 // 200 aggregates, 30 calls of 10 new records each, the calls' reads of every aggregate in one
 // pipeline and then their writes, as a processor's batch; the two sizes alternated twice and the
@@ -55,8 +55,9 @@ func TestRecordStructureCostByAggregateSize(t *testing.T) {
 	const aggregates, perCall, calls = 200, 10, 30
 	young, grown := 600, 24_000
 	if v := os.Getenv("REPEATRATE_STRUCTURE_SIZES"); v != "" { // young,grown
-		if _, err := fmt.Sscanf(v, "%d,%d", &young, &grown); err != nil || young < 60 || grown < 60 {
-			t.Fatalf("REPEATRATE_STRUCTURE_SIZES=%q: want two sizes of at least 60, young,grown", v)
+		// At least 60 records, so that every structure has some buckets and pages (of 8 and 6).
+		if _, err := fmt.Sscanf(v, "%d,%d", &young, &grown); err != nil || young < 60 || grown <= young {
+			t.Fatalf("REPEATRATE_STRUCTURE_SIZES=%q: want young,grown, 60 <= young < grown", v)
 		}
 	}
 	const recordBytes, bucketRecords, pageSlots, pageUsed, slotBytes = 31, 8, 8, 6, 32
@@ -277,62 +278,51 @@ return out`)
 	// fields by one HMGET, and every fifth new record goes to its page's overflow (an HSET of the
 	// field, read and written whole), the others to a free slot of their page by one script.
 	overflowField := func(pg int) string { return packedName(int64(pg)) }
-	withOverflows := func(name string, table bool) structure {
-		return structure{
-			name: name,
-			fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
-				segments.fill(p, key, n, r)
-				var args []any
-				if table { // a value past hash-max-listpack-value makes the hash a hash table
-					args = append(args, "table", strings.Repeat("x", 65))
-				}
-				for pg := 0; pg < n/pageUsed; pg += 2 {
-					if args = append(args, overflowField(pg), randomBytes(r, recordBytes)); len(args) == 1000 {
-						p.HSet(ctx, key+":o", args...)
-						args = args[:0]
-					}
-				}
-				if len(args) > 0 {
+	structures = append(structures, structure{
+		name: "slots in pages in keys of 63 pages, with overflows",
+		fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
+			segments.fill(p, key, n, r)
+			var args []any
+			for pg := 0; pg < n/pageUsed; pg += 2 {
+				if args = append(args, overflowField(pg), randomBytes(r, recordBytes)); len(args) == 1000 {
 					p.HSet(ctx, key+":o", args...)
+					args = args[:0]
 				}
-			},
-			reads: func(p redis.Pipeliner, key string, n int, at []int) {
-				segments.reads(p, key, n, at)
-				var fields []string
-				for _, i := range at {
-					fields = append(fields, overflowField(page(i, n)))
-				}
-				p.HMGet(ctx, key+":o", fields...)
-			},
-			write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
-				checkPages(key, got[:len(at)])
-				over := got[len(at)].(*redis.SliceCmd).Val()
-				var inPages []int
-				var args []any
-				for k, i := range at {
-					if k%5 != 0 {
-						inPages = append(inPages, i)
-						continue
-					}
-					old, _ := over[k].(string)
-					if len(old)%recordBytes != 0 || page(i, n)%2 == 0 && len(old) == 0 {
-						t.Fatalf("%s: page %d's overflow read %d bytes", key, page(i, n), len(old))
-					}
-					args = append(args, overflowField(page(i, n)), old+randomBytes(r, recordBytes))
-				}
-				writeSegmentSlots(p, key, n, r, inPages)
+			}
+			if len(args) > 0 {
 				p.HSet(ctx, key+":o", args...)
-			},
-		}
-	}
-	structures = append(structures,
-		withOverflows("slots in pages in keys of 63 pages, with overflows in a listpack", false),
-		withOverflows("slots in pages in keys of 63 pages, with overflows in a hash table", true))
-	if only := os.Getenv("REPEATRATE_STRUCTURES"); only != "" { // names containing any of these, comma-separated
-		structures = slices.DeleteFunc(structures, func(s structure) bool {
-			return !slices.ContainsFunc(strings.Split(only, ","), func(w string) bool { return strings.Contains(s.name, w) })
-		})
-	}
+			}
+			makeHashTable(p, key+":o")
+		},
+		reads: func(p redis.Pipeliner, key string, n int, at []int) {
+			segments.reads(p, key, n, at)
+			var fields []string
+			for _, i := range at {
+				fields = append(fields, overflowField(page(i, n)))
+			}
+			p.HMGet(ctx, key+":o", fields...)
+		},
+		write: func(p redis.Pipeliner, key string, n int, r *rand.Rand, at []int, got []redis.Cmder) {
+			checkPages(key, got[:len(at)])
+			over := got[len(at)].(*redis.SliceCmd).Val()
+			var inPages []int
+			var args []any
+			for k, i := range at {
+				if k%5 != 0 {
+					inPages = append(inPages, i)
+					continue
+				}
+				old, _ := over[k].(string)
+				if len(old)%recordBytes != 0 || page(i, n)%2 == 0 && len(old) == 0 {
+					t.Fatalf("%s: page %d's overflow read %d bytes", key, page(i, n), len(old))
+				}
+				args = append(args, overflowField(page(i, n)), old+randomBytes(r, recordBytes))
+			}
+			writeSegmentSlots(p, key, n, r, inPages)
+			p.HSet(ctx, key+":o", args...)
+		},
+	})
+	structures = keepStructures(structures, func(s structure) string { return s.name })
 	for _, s := range []*redis.Script{setSlots, getPages, setSegmentSlots} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			t.Fatal(err)
@@ -407,4 +397,16 @@ return out`)
 		t.Logf("%-60s Redis CPU µs a new record in %d / %d records %5.2f / %5.2f (%.2f), %.1f commands a record; %5.1f bytes a record held",
 			s.name, young, grown, y.cpu, g.cpu, g.cpu/y.cpu, g.commands, g.bytes)
 	}
+}
+
+// keepStructures is those of all whose names hold any of REPEATRATE_STRUCTURES's comma-separated
+// words, or all when it is unset: the measurements that take minutes a structure run those asked.
+func keepStructures[T any](all []T, name func(T) string) []T {
+	only := os.Getenv("REPEATRATE_STRUCTURES")
+	if only == "" {
+		return all
+	}
+	return slices.DeleteFunc(all, func(x T) bool {
+		return !slices.ContainsFunc(strings.Split(only, ","), func(w string) bool { return strings.Contains(name(x), w) })
+	})
 }
