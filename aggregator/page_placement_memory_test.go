@@ -273,7 +273,7 @@ func (m *directoryModel) splitPage(p int32) {
 // computed by the same accounting beside them, must come out within a byte of what Redis was
 // measured to hold for them (39.7–39.8 bytes a record in packed buckets of about 8,
 // TestRecordLayoutCandidates); every record must lie, once, in the page (or the overflow) its
-// choice's address names, by layout 11's own packedAddr. Records of 31 bytes, as the bench's
+// choice's address names (a page's by layout 11's own packedAddr). Records of 31 bytes, as the bench's
 // bytes a retained opportunity store (no seq, no horizon), or a mix of 31, 38 and 45; no expiry:
 // records are only added.
 //
@@ -290,8 +290,14 @@ func TestPagePlacementMemory(t *testing.T) {
 		}
 	}
 	check := func(m *placementModel, n int) {
-		held := 0
+		held, seen := 0, map[[2]uint32]bool{}
 		for p, pg := range m.pages {
+			for _, rec := range append(pg.recs, pg.over...) {
+				if seen[rec.h] {
+					t.Fatalf("a record is held twice (page %d)", p)
+				}
+				seen[rec.h] = true
+			}
 			for _, rec := range pg.recs {
 				h := rec.h[rec.by]
 				if a := packedAddr(string([]byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24)}), m.level, m.split); a != int64(p) {
