@@ -301,7 +301,9 @@ func (s *inPlacePageStore) finish(t *testing.T, rdb *redis.Client) {
 // kept; Redis's CPU a new record, grown ÷ empty, the commands a new record and the time inside each
 // command reported. No script: what a layout's scripts add is not here. REPEATRATE_STRUCTURES=a,b
 // keeps the structures whose names hold a or b. It fails if a read finds other than the model
-// holds: a new id present, a bucket, page or overflow other than its records.
+// holds (a new id present, a bucket, page or overflow other than its records), or a hash is not a
+// hash table of the fields its model says (the first aggregate's after its first call, every
+// aggregate's after the last).
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestGrowingStoreCostByHistory -v -timeout 60m ./aggregator
 func TestGrowingStoreCostByHistory(t *testing.T) {
