@@ -93,12 +93,11 @@ type modelRecord struct {
 }
 
 // addr is the page a hash names: layout 11's packedAddr, on the hash's bytes.
-func (m *placementModel) addr(h uint32) int64 {
-	b := int64(h) & (1<<m.level - 1)
-	if b < m.split {
-		b = int64(h) & (1<<(m.level+1) - 1)
-	}
-	return b
+func (m *placementModel) addr(h uint32) int64 { return packedAddr(prefixOf(h), m.level, m.split) }
+
+// prefixOf is the fingerprint prefix whose first 32 bits, as packedAddr reads them, are h.
+func prefixOf(h uint32) string {
+	return string([]byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24)})
 }
 
 // add places rec and splits the page at the split pointer while the records' bytes pass splitAt a
@@ -273,7 +272,7 @@ func (m *directoryModel) splitPage(p int32) {
 // computed by the same accounting beside them, must come out within a byte of what Redis was
 // measured to hold for them (39.7–39.8 bytes a record in packed buckets of about 8,
 // TestRecordLayoutCandidates); every record must lie, once, in the page (or the overflow) its
-// choice's address names (a page's by layout 11's own packedAddr). Records of 31 bytes, as the bench's
+// choice's address names (layout 11's own packedAddr). Records of 31 bytes, as the bench's
 // bytes a retained opportunity store (no seq, no horizon), or a mix of 31, 38 and 45; no expiry:
 // records are only added.
 //
@@ -299,8 +298,7 @@ func TestPagePlacementMemory(t *testing.T) {
 				seen[rec.h] = true
 			}
 			for _, rec := range pg.recs {
-				h := rec.h[rec.by]
-				if a := packedAddr(string([]byte{byte(h), byte(h >> 8), byte(h >> 16), byte(h >> 24)}), m.level, m.split); a != int64(p) {
+				if a := m.addr(rec.h[rec.by]); a != int64(p) {
 					t.Fatalf("a record in page %d addresses page %d by its choice %d", p, a, rec.by)
 				}
 			}

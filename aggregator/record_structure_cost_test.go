@@ -278,14 +278,13 @@ return out`)
 	// of the aggregate's overflow hash (KEY:o), a call reads its pages apart and their overflow
 	// fields by one HMGET, and every fifth new record goes to its page's overflow (an HSET of the
 	// field, read and written whole), the others to a free slot of their page by one script.
-	overflowField := func(pg int) string { return packedName(int64(pg)) }
 	structures = append(structures, structure{
 		name: "slots in pages in keys of 63 pages, with overflows",
 		fill: func(p redis.Pipeliner, key string, n int, r *rand.Rand) {
 			segments.fill(p, key, n, r)
 			var args []any
 			for pg := 0; pg < n/pageUsed; pg += 2 {
-				if args = append(args, overflowField(pg), randomBytes(r, recordBytes)); len(args) == 1000 {
+				if args = append(args, packedName(int64(pg)), randomBytes(r, recordBytes)); len(args) == 1000 {
 					p.HSet(ctx, key+":o", args...)
 					args = args[:0]
 				}
@@ -299,7 +298,7 @@ return out`)
 			segments.reads(p, key, n, at)
 			var fields []string
 			for _, i := range at {
-				fields = append(fields, overflowField(page(i, n)))
+				fields = append(fields, packedName(int64(page(i, n))))
 			}
 			p.HMGet(ctx, key+":o", fields...)
 		},
@@ -313,7 +312,7 @@ return out`)
 					inPages = append(inPages, i)
 					continue
 				}
-				f := overflowField(page(i, n))
+				f := packedName(int64(page(i, n)))
 				old, ok := fields[f].(string)
 				if !ok {
 					old, _ = over[k].(string)

@@ -24,11 +24,9 @@ import (
 // added (no expiry, no merges), and the overflow fields' values and their hash are not rounded to
 // jemalloc's classes; only the last key, charged whole, counts against them.
 func TestSlotPagesMemoryUnderLinearHashing(t *testing.T) {
-	const slotBytes, keyOverhead, segmentClass = 32, 140, 16 << 10
+	const slotBytes = 32
 	sizes := []int{1_000, 10_000, 100_000, 300_000}
 	for _, slots := range []int{8, 16} {
-		pagesAKey := (segmentClass - 16) / (slots * slotBytes) // 63 or 31: the sds header fits too
-		keyBytes := float64(segmentClass + keyOverhead)
 		for _, load := range []float64{0.6, 0.75, 0.85, 0.9, 1, 1.2} {
 			r := rand.New(rand.NewPCG(uint64(slots), uint64(load*100)))
 			pages := [][]uint32{nil}
@@ -66,7 +64,7 @@ func TestSlotPagesMemoryUnderLinearHashing(t *testing.T) {
 				overflowPages, overflowRecords, overflowFields := 0, 0, 0
 				for p, recs := range pages {
 					for _, y := range recs {
-						if a := packedAddr(string([]byte{byte(y), byte(y >> 8), byte(y >> 16), byte(y >> 24)}), level, split); a != int64(p) {
+						if a := packedAddr(prefixOf(y), level, split); a != int64(p) {
 							t.Fatalf("a record at page %d addresses page %d (level %d, split %d)", p, a, level, split)
 						}
 					}
@@ -76,11 +74,11 @@ func TestSlotPagesMemoryUnderLinearHashing(t *testing.T) {
 						overflowFields++
 					}
 				}
-				mainKeys := (len(pages) + pagesAKey - 1) / pagesAKey
-				inPages := float64(mainKeys+(overflowPages+pagesAKey-1)/pagesAKey) * keyBytes
+				main := float64(segmentBytes(len(pages), slots*slotBytes))
+				inPages := main + float64(segmentBytes(overflowPages, slots*slotBytes))
 				// Or a page's excess packed end to end in a field of its own, as layout 11 keeps a
 				// bucket (a dict entry and an sds besides its bytes: about 48).
-				packed := float64(mainKeys)*keyBytes + float64(overflowFields*48+overflowRecords*slotBytes)
+				packed := main + float64(overflowFields*48+overflowRecords*slotBytes)
 				line += " " + formatSlotPages(n, inPages/float64(n), packed/float64(n), float64(overflowRecords)/float64(n))
 				next++
 			}
