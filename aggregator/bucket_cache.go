@@ -1,8 +1,12 @@
 package aggregator
 
-// maxCachedBucketBytes bounds bucketCache: past it the buckets of arbitrary other aggregates are
-// forgotten, whole, until the cache fits again. 64 MiB holds about two million records' buckets.
-const maxCachedBucketBytes = 64 << 20
+import "sync/atomic"
+
+// DefaultBucketCacheBytes bounds bucketCache unless RedisConfig.BucketCacheBytes says otherwise:
+// past it the buckets of arbitrary other aggregates are forgotten, whole, until the cache fits
+// again. 64 MiB holds about a million and a half records' buckets (31-byte records in buckets of
+// 11, each costing cachedBucketOverhead besides).
+const DefaultBucketCacheBytes = 64 << 20
 
 // cachedBucketOverhead is what a cached bucket costs besides its records (its map entry, number
 // and string header), and cachedStoreOverhead what an aggregate's entry costs besides its
@@ -22,7 +26,10 @@ const (
 type bucketCache struct {
 	stores map[Key]*cachedStore
 	bytes  int64 // what the stores hold (cachedStore.bytes)
-	max    int64 // maxCachedBucketBytes unless a test sets it
+	max    int64 // RedisConfig.BucketCacheBytes, or DefaultBucketCacheBytes when 0
+	// held mirrors bytes, and evicted counts the aggregates whose buckets were forgotten to make
+	// room, for reading without sealMu (Redis.BucketCache).
+	held, evicted atomic.Int64
 }
 
 // cachedStore is one aggregate's cached buckets, by number ("" for a bucket absent), as they
@@ -43,7 +50,16 @@ func (c *bucketCache) at(k Key) *cachedStore {
 func (c *bucketCache) drop(k Key) {
 	if s, ok := c.stores[k]; ok {
 		c.bytes -= s.bytes
+		c.held.Store(c.bytes)
 		delete(c.stores, k)
+	}
+}
+
+// evict forgets aggregate k's buckets to make room, and counts it.
+func (c *bucketCache) evict(k Key) {
+	if _, ok := c.stores[k]; ok {
+		c.drop(k)
+		c.evicted.Add(1)
 	}
 }
 
@@ -78,20 +94,21 @@ func (c *bucketCache) keep(k Key, readStamp, readToken, stamp, token string, bs 
 		s.bytes += int64(len(v)) + cachedBucketOverhead
 		c.bytes += int64(len(v)) + cachedBucketOverhead
 	}
+	c.held.Store(c.bytes)
 	limit := c.max
 	if limit == 0 {
-		limit = maxCachedBucketBytes
+		limit = DefaultBucketCacheBytes
+	}
+	if s.bytes > limit {
+		c.evict(k) // one aggregate's buckets alone past the bound: the others stay
 	}
 	for other := range c.stores { // a map's iteration starts at a random entry
 		if c.bytes <= limit {
 			break
 		}
 		if other != k {
-			c.drop(other)
+			c.evict(other)
 		}
-	}
-	if c.bytes > limit {
-		c.drop(k) // one aggregate's buckets alone past the bound
 	}
 }
 

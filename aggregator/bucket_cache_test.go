@@ -151,7 +151,7 @@ func (x *lostWritesRig) mineStores(t *testing.T, id string) {
 }
 
 // TestBucketCacheStaysBounded: past its bound the cache forgets other aggregates' buckets, whole,
-// and never holds more than the bound; an aggregate's buckets under a stamp other than the one its
+// counts each as evicted and never holds more than the bound; an aggregate's buckets under a stamp other than the one its
 // call read are forgotten before the call's are kept.
 func TestBucketCacheStaysBounded(t *testing.T) {
 	c := bucketCache{max: 20_000}
@@ -169,8 +169,8 @@ func TestBucketCacheStaysBounded(t *testing.T) {
 			}
 			sum += own
 		}
-		if sum != c.bytes || c.bytes > c.max {
-			t.Fatalf("%s: the cache counts %d bytes, holds %d, bound %d", what, c.bytes, sum, c.max)
+		if sum != c.bytes || c.bytes > c.max || c.held.Load() != c.bytes {
+			t.Fatalf("%s: the cache counts %d bytes, reports %d, holds %d, bound %d", what, c.bytes, c.held.Load(), sum, c.max)
 		}
 	}
 	for i := range 500 {
@@ -183,6 +183,10 @@ func TestBucketCacheStaysBounded(t *testing.T) {
 	}
 	if len(c.stores) > 40 || len(c.stores) < 20 {
 		t.Fatalf("%d aggregates cached under a bound of %d bytes", len(c.stores), c.max)
+	}
+	evicted := c.evicted.Load()
+	if evicted != int64(500-len(c.stores)) {
+		t.Fatalf("%d aggregates counted as evicted, %d forgotten for room", evicted, 500-len(c.stores))
 	}
 	k := Key{CorrectionID: "499"}
 	c.keep(k, "2", "t2", "3", "t3", []storeBucket{bucket(5, 10)})
@@ -199,9 +203,15 @@ func TestBucketCacheStaysBounded(t *testing.T) {
 		t.Fatalf("a call under another token: %d buckets under %q, want its own alone under t9", len(s.buckets), s.token)
 	}
 	check("after another token")
+	if c.evicted.Load() != evicted {
+		t.Fatalf("buckets forgotten for another stamp or token counted as evicted for room: %d, want %d", c.evicted.Load(), evicted)
+	}
 	c.keep(k, "9", "t9", "10", "t10", []storeBucket{bucket(8, 30_000)})
 	if c.at(k) != nil {
 		t.Fatal("one aggregate's buckets past the bound alone are cached")
+	}
+	if len(c.stores) == 0 || c.evicted.Load() != evicted+1 {
+		t.Fatalf("one aggregate's buckets past the bound alone: %d aggregates cached, %d counted as evicted, want the others kept and %d", len(c.stores), c.evicted.Load(), evicted+1)
 	}
 	check("after buckets past the bound")
 	c.drop(Key{CorrectionID: "no such aggregate"})

@@ -294,6 +294,13 @@ func (r *Redis) BucketReads() (read, cached int64) {
 	return r.bucketsRead.Load(), r.bucketsCached.Load()
 }
 
+// BucketCache returns the bytes the bucket cache holds (RedisConfig.BucketCacheBytes bounds them),
+// and how many aggregates' buckets it has forgotten to make room: a count that keeps rising says
+// the aggregates in use need more than the bound, and their calls read their buckets again.
+func (r *Redis) BucketCache() (held, evicted int64) {
+	return r.buckets.held.Load(), r.buckets.evicted.Load()
+}
+
 // minParallelRecords is the fewest records a chunk's calls hold for computeCalls to compute them on
 // more than one goroutine: below it a goroutine's start costs more than the computation it takes
 // over.

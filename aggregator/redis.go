@@ -86,6 +86,10 @@ type RedisConfig struct {
 	// apply.lua on Redis's one thread. It costs a second round trip per batch that has such calls
 	// (in layout 11 a third for calls whose store's shape the processor did not expect).
 	ComputeCalls bool
+	// BucketCacheBytes bounds what the processor holds of layout 11's buckets in place of reading
+	// them again (bucketCache): DefaultBucketCacheBytes when 0. Past it the buckets of other
+	// aggregates are forgotten whole, and a call on them reads them from Redis again.
+	BucketCacheBytes int64
 }
 
 // applyMode is how a store encodes its calls, by the epoch marker it last found: layout 10's
@@ -115,6 +119,12 @@ func (c *RedisConfig) Validate() error {
 	}
 	if c.WaitTimeout == 0 {
 		c.WaitTimeout = DefaultWaitTimeout
+	}
+	if c.BucketCacheBytes < 0 {
+		return errors.New("redis bucket_cache_bytes must not be negative")
+	}
+	if c.BucketCacheBytes == 0 {
+		c.BucketCacheBytes = DefaultBucketCacheBytes
 	}
 	return nil
 }
@@ -184,6 +194,7 @@ func NewRedis(client redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 		cfg.Pending = NewPending()
 	}
 	r := &Redis{client: client, cfg: cfg, tokens: newToken}
+	r.buckets.max = cfg.BucketCacheBytes
 	l, _ := layoutOf(cfg.Epoch)
 	r.mode.Store(&applyMode{epoch: cfg.Epoch, fp: cfg.Fingerprint, both: l == Layout10To11 && cfg.Fingerprint != nil})
 	return r, nil

@@ -102,6 +102,10 @@ type RedisConfig struct {
 	// duplicates, reassessments in place; both layouts) itself and store them through a script that checks nothing it read
 	// changed, instead of running the apply script on Redis's one thread (docs/performance.md).
 	ComputeCalls bool `yaml:"compute_calls"`
+	// BucketCacheBytes bounds the layout-11 buckets the processor holds in place of reading them
+	// again (aggregator.RedisConfig.BucketCacheBytes): enough for the buckets of the aggregates in
+	// use, or their calls read them from Redis every time (repeatrate_bucket_cache_evictions_total).
+	BucketCacheBytes int `yaml:"bucket_cache_bytes"`
 }
 
 // BatchConfig bounds a processing batch.
@@ -198,7 +202,7 @@ func defaultConfig() Config {
 		},
 		Suite: SuiteConfig{MinHistory: 5, PassAtK: []string{"1", "5", "10"}, ReplyMode: "default", Tokenizer: "whitespace", MissingAfter: time.Hour},
 		Redis: RedisConfig{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "rr", WaitTimeout: aggregator.DefaultWaitTimeout, StateLayout: int(aggregator.Layout10),
-			ComputeCalls: true},
+			ComputeCalls: true, BucketCacheBytes: aggregator.DefaultBucketCacheBytes},
 		Retention: 30 * 24 * time.Hour,
 		Batch:     BatchConfig{MaxMessages: consumer.DefaultMaxBatch, MaxBytes: consumer.DefaultMaxBatchBytes, Linger: 20 * time.Millisecond, CommitDelay: 2 * time.Second, MaxInFlight: consumer.DefaultMaxInFlight},
 		Limits:    LimitsConfig{MaxMessageBytes: 1 << 20, MaxPredictionBytes: 64 << 10, MaxFutureSkew: 5 * time.Minute},
@@ -255,6 +259,9 @@ func (c *Config) Validate() error {
 	}
 	if err := aggregator.Layout(c.Redis.StateLayout).Validate(); err != nil {
 		bad("redis.state_layout: %v", err)
+	}
+	if c.Redis.BucketCacheBytes < 1<<20 {
+		bad("redis.bucket_cache_bytes %d must be at least 1 MiB (%d)", c.Redis.BucketCacheBytes, 1<<20)
 	}
 	if c.Retention < time.Hour {
 		bad("retention %s is too short: it must exceed the input topics' retention", c.Retention)
@@ -388,6 +395,7 @@ func (c *Config) settings() []setting {
 		dur("redis-wait-timeout", "how long to wait for those replicas per commit; fewer in time means no commit yet", &c.Redis.WaitTimeout),
 		num("redis-state-layout", "state layout of a namespace created from now on (a new installation, a rebuild): 10, or 11 for a third of the memory per opportunity at more processor CPU and a higher latency at load; a namespace keeps its own", &c.Redis.StateLayout),
 		boolean("redis-compute-calls", "compute the commonest calls (new records, duplicates) in the processor and store them checked, instead of the apply script: less Redis CPU, one more round trip a batch (two in layout 11 when a store's shape is not the one expected)", &c.Redis.ComputeCalls),
+		num("redis-bucket-cache-bytes", "bytes of layout 11's buckets the processor holds in place of reading them again; past it calls read them from Redis (repeatrate_bucket_cache_evictions_total rises)", &c.Redis.BucketCacheBytes),
 		boolean("redis-tls", "use TLS to Redis", &c.Redis.TLS.Enabled),
 		str("redis-tls-ca-file", "PEM CA bundle for Redis", &c.Redis.TLS.CAFile),
 		str("redis-tls-cert-file", "PEM client certificate for Redis (tls-auth-clients)", &c.Redis.TLS.CertFile),

@@ -66,6 +66,7 @@ func TestConfigErrors(t *testing.T) {
 		// WAIT with a timeout of 0 ms blocks forever.
 		{"wait timeout below 1ms", []string{"--redis-wait-timeout", "500us"}, "redis.wait_timeout"},
 		{"state layout neither 10 nor 11", []string{"--redis-state-layout", "9"}, "redis.state_layout"},
+		{"bucket cache under 1 MiB", []string{"--redis-bucket-cache-bytes", "1048575"}, "redis.bucket_cache_bytes"},
 		// The profiler is never open to whoever reaches the port.
 		{"pprof without an admin token", []string{"--pprof"}, "pprof: /debug/pprof needs http.admin_token_sha256"},
 		// The ingest's in-flight budget holds at least two of its largest requests.

@@ -60,7 +60,7 @@ func openStores(ctx context.Context, rdb redis.UniversalClient, state aggregator
 	// One chain of pending tokens for both stores: Seal then vouches for the suite writes too.
 	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
 		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout,
-		ComputeCalls: cfg.Redis.ComputeCalls}
+		ComputeCalls: cfg.Redis.ComputeCalls, BucketCacheBytes: int64(cfg.Redis.BucketCacheBytes)}
 	var err error
 	if state.Layout != aggregator.Layout10 {
 		if rcfg.Fingerprint, err = aggregator.OpenFingerprint(ctx, rdb, state.Namespace); err != nil {
@@ -181,6 +181,12 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 		"reason", [2]string{"off_path", "unread"}, st.rates.ComputedCallsLeft)
 	registerPair(reg, "repeatrate_computed_buckets_total", "Layout 11's packed-store buckets the processor's computed calls met, by where it took them from: redis (read with the call's state), or cache (as the processor's stored calls on the aggregate left them, under the token and write stamp Redis still holds). Counted per attempt.",
 		"from", [2]string{"redis", "cache"}, st.rates.BucketReads)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "repeatrate_bucket_cache_bytes",
+		Help: "Bytes of layout 11's buckets the processor holds in place of reading them again (redis.bucket_cache_bytes bounds them)."},
+		func() float64 { held, _ := st.rates.BucketCache(); return float64(held) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "repeatrate_bucket_cache_evictions_total",
+		Help: "Aggregates whose cached buckets the processor forgot to stay within redis.bucket_cache_bytes: their next call reads them from Redis. Rising steadily, the aggregates in use need a larger bound."},
+		func() float64 { _, evicted := st.rates.BucketCache(); return float64(evicted) }))
 	snapWriter, suiteWriter := kc.writer(cfg.Kafka.SnapshotTopic), kc.writer(cfg.Kafka.SuiteTopic)
 	alertWriter, dlqWriter := kc.writer(cfg.Kafka.AlertsTopic), kc.writer(cfg.Kafka.DLQTopic)
 	defer func() {

@@ -691,7 +691,8 @@ func computedShare(m map[string]float64) string {
 		100*stored/all, stored, refused, offPath, unread)
 	fromRedis, cached := m[`repeatrate_computed_buckets_total{from="redis"}`], m[`repeatrate_computed_buckets_total{from="cache"}`]
 	if fromRedis+cached > 0 {
-		out += fmt.Sprintf("; buckets %.0f %% from the cache (%.0f read, %.0f cached)", 100*cached/(fromRedis+cached), fromRedis, cached)
+		out += fmt.Sprintf("; buckets %.0f %% from the cache (%.0f read, %.0f cached); cache %.1f MiB, %.0f aggregates evicted",
+			100*cached/(fromRedis+cached), fromRedis, cached, m["repeatrate_bucket_cache_bytes"]/(1<<20), m["repeatrate_bucket_cache_evictions_total"])
 	}
 	return out
 }
