@@ -27,6 +27,10 @@ type Config struct {
 	// Skip is where the count that numbers ids starts: generators of one seed with counts that
 	// never meet name different opportunities and events.
 	Skip int
+	// FirstWorkspace is the first workspace's number: the workspaces are ws-FirstWorkspace to
+	// ws-(FirstWorkspace+Workspaces-1), drawn as from 0, so that generators apart in it alone
+	// write the same stream to different aggregates.
+	FirstWorkspace int
 }
 
 // Generator produces lines; it is not safe for concurrent use.
@@ -96,7 +100,7 @@ func (g *Generator) Line(now time.Time) (line []byte, poison bool) {
 	}
 	a := attempt{
 		live:     g.r.Float64() >= g.cfg.EvalShare,
-		ws:       fmt.Sprintf("ws-%d", g.r.IntN(g.cfg.Workspaces)),
+		ws:       fmt.Sprintf("ws-%d", g.cfg.FirstWorkspace+g.r.IntN(g.cfg.Workspaces)),
 		model:    []string{"m:large", "m|small"}[g.r.IntN(2)],
 		corr:     fmt.Sprintf("fix-%d", g.r.IntN(g.cfg.Corrections)),
 		opp:      fmt.Sprintf("opp-%d", g.n),

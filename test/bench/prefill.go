@@ -17,17 +17,20 @@ import (
 // aggregates) on an empty store, then on one that already retains that many opportunities over
 // 10 000 live aggregates — among them the today stream's 200 live ones, each then holding
 // total/10 000, occurred over the last 24 hours — and on an empty store again, in
-// BENCH_PREFILL_ROUNDS rounds (3 by default) of a new today stream each, every prefilled run
-// between two empty ones. Cost per event must not depend on history: events/s and Redis CPU per
-// event, prefilled ÷ empty (the means over the rounds; one empty run's Redis CPU an event varies by
-// a tenth or more from the next). With BENCH_PREFILL_CONTROL set, a second store holds only what
-// the prefill put in the stream's 200 live aggregates, and each round also runs on it, before the
-// empty run and after or before the prefilled one, alternately: prefilled ÷ control is what the
-// rest of the history costs, the stream's aggregates alike in both; control ÷ empty what those
-// aggregates' records cost. Redis without AOF, so that no rewrite of the prefilled state lands in
-// a measured run. The prefill is processed by the same binary, written aggregate by
-// aggregate so that it takes minutes, not hours: spread over 10 000 aggregates, a batch holds one
-// or two events of each, and each costs a script call of its own.
+// BENCH_PREFILL_ROUNDS rounds (3 by default, at most 5) of a new today stream each, every
+// prefilled run between two empty ones. Each round's stream counts in workspaces of its own
+// (roundWorkspaces), so that its live aggregates are 200 that no round before it wrote: every
+// round meets them as the prefill left them, not grown by the rounds before. Cost per event must
+// not depend on history: events/s and Redis CPU per event, prefilled ÷ empty (the means over the
+// rounds; one empty run's Redis CPU an event varies by a tenth or more from the next). With
+// BENCH_PREFILL_CONTROL set, a second store holds only what the prefill put in the rounds'
+// streams' live aggregates (200 a round), and each round also runs on it, before the empty run
+// and after or before the prefilled one, alternately: prefilled ÷ control is what the rest of the
+// history costs, the stream's aggregates alike in both; control ÷ empty what those aggregates'
+// records cost. Redis without AOF, so that no rewrite of the prefilled state lands in a measured
+// run. The prefill is processed by the same binary, written aggregate by aggregate so that it
+// takes minutes, not hours: spread over 10 000 aggregates, a batch holds one or two events of
+// each, and each costs a script call of its own.
 const (
 	prefillAggregates  = 10_000 // 50 workspaces × 2 models × 100 corrections, live
 	prefillCorrections = 100
@@ -55,9 +58,18 @@ func prefillLines(per int, keep func(a int) bool, now time.Time) func() ([]byte,
 	}
 }
 
-// inTodayStream says whether prefilled aggregate a is one of the today stream's 200 live ones:
-// workspaces ws-0 to ws-9, corrections fix-0 to fix-9 (todayInput), both models.
-func inTodayStream(a int) bool { return a/(2*prefillCorrections) < 10 && a%prefillCorrections < 10 }
+// roundWorkspaces is how many workspaces a round's today stream counts in (todayConfig): round k
+// (from 0) takes ws-10k to ws-(10k+9), and 5 rounds take the prefill's 50.
+const roundWorkspaces = 10
+
+// inRoundStreams returns whether prefilled aggregate a is one of the 200 live ones of the today
+// stream of one of the first rounds rounds: workspaces ws-0 to ws-(10·rounds-1), corrections fix-0
+// to fix-9 (todayInput), both models.
+func inRoundStreams(rounds int) func(a int) bool {
+	return func(a int) bool {
+		return a/(2*prefillCorrections) < roundWorkspaces*rounds && a%prefillCorrections < 10
+	}
+}
 
 // prefillLine is the j-th prefilled opportunity of aggregate a, named as the today shape's
 // generator names its scopes (internal/synth), occurred within prefillSpread before now.
@@ -94,12 +106,16 @@ func (e *env) prefillMode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if most := prefillAggregates / (2 * prefillCorrections) / roundWorkspaces; rounds > most {
+		return fmt.Errorf("BENCH_PREFILL_ROUNDS=%d: at most %d rounds each meet live aggregates of their own", rounds, most)
+	}
 	// An input a round, each naming opportunities new to the store (the others' ids numbered
 	// apart, every round's of the same length), so that no round reads the one before it as
-	// duplicates and layout 10, which keeps the ids, stores as many bytes in each.
+	// duplicates and layout 10, which keeps the ids, stores as many bytes in each; and each in
+	// workspaces of its own, so that it meets its aggregates as the prefill left them.
 	measured := make([]*input, rounds)
 	for k := range measured {
-		if measured[k], err = e.todayInputFrom(fmt.Sprintf("dup20-%d", k+1), 0.2, (k+1)*1_000_000_000); err != nil {
+		if measured[k], err = e.todayInputFrom(fmt.Sprintf("dup20-%d", k+1), 0.2, (k+1)*1_000_000_000, k*roundWorkspaces); err != nil {
 			return err
 		}
 	}
@@ -112,7 +128,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 	}
 	var control *input // the stream's live aggregates' prefill alone (BENCH_PREFILL_CONTROL)
 	if getenv("BENCH_PREFILL_CONTROL", "") != "" {
-		if control, err = e.input(shapeToday, "prefill-control", prefillLines(per, inTodayStream, now)); err != nil {
+		if control, err = e.input(shapeToday, "prefill-control", prefillLines(per, inRoundStreams(rounds), now)); err != nil {
 			return err
 		}
 	}
@@ -175,7 +191,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 			return err
 		}
 		held := memory("used_memory") - before
-		logf("control prefill (the stream's %d live aggregates alone): %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity",
+		logf("control prefill (the rounds' streams' %d live aggregates alone): %s; Redis holds %.0f MB more, %.1f bytes per retained opportunity",
 			control.n/per, filled.describe(e.cores), held/1e6, held/float64(control.n))
 	}
 	if getenv("BENCH_PREFILL_RESTORE", "") != "" { // the prefilled store's keys, not the control's

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -33,47 +32,75 @@ func liveAggregate(t *testing.T, line []byte) (string, bool) {
 		s["artifact"] + "|" + ev.Data.Correction, true
 }
 
-// TestPrefillControlHoldsTheTodayStreamsLiveAggregates: the control store (BENCH_PREFILL_CONTROL)
-// is prefilled in exactly the aggregates the today stream's live attempts count in, so that the
-// prefilled store differs from it only by the history the stream never touches.
-func TestPrefillControlHoldsTheTodayStreamsLiveAggregates(t *testing.T) {
-	stream := map[string]bool{}
-	gen := synth.New(todayConfig(0.2, 1_000_000_000))
+// TestEachPrefillRoundMeetsLiveAggregatesOfItsOwn: each round's today stream counts its live
+// attempts in 200 prefilled aggregates that no other round's stream writes, so that every round
+// meets them as the prefill left them; and the control store (BENCH_PREFILL_CONTROL) is prefilled
+// in exactly the rounds' streams' aggregates, so that the prefilled store differs from it only by
+// the history the streams never touch.
+func TestEachPrefillRoundMeetsLiveAggregatesOfItsOwn(t *testing.T) {
+	const rounds = prefillAggregates / (2 * prefillCorrections) / roundWorkspaces
 	now := time.Now()
-	for range 50_000 {
-		l, _ := gen.Line(now)
-		if a, ok := liveAggregate(t, l); ok {
-			stream[a] = true
-		}
-	}
-	control := map[string]bool{}
-	lines := prefillLines(1, inTodayStream, now) // the control's input, a line an aggregate
+	prefilled := map[string]bool{}
+	lines := prefillLines(1, func(int) bool { return true }, now) // a line an aggregate
 	for l, more := lines(); more; l, more = lines() {
 		name, ok := liveAggregate(t, l)
 		if !ok {
 			t.Fatalf("a prefill line is not a live attempt: %s", l)
 		}
-		control[name] = true
+		prefilled[name] = true
 	}
-	if len(stream) != 200 {
-		t.Fatalf("the today stream's live attempts count in %d aggregates, want 200", len(stream))
+	if len(prefilled) != prefillAggregates {
+		t.Fatalf("the prefill writes %d aggregates, want %d", len(prefilled), prefillAggregates)
 	}
-	if !maps.Equal(stream, control) {
+	streams := map[string]int{} // aggregate → the round (from 1) whose stream counts in it
+	for k := range rounds {
+		gen := synth.New(todayConfig(0.2, (k+1)*1_000_000_000, k*roundWorkspaces))
+		own := 0
+		for range 50_000 {
+			l, _ := gen.Line(now)
+			a, ok := liveAggregate(t, l)
+			if !ok {
+				continue
+			}
+			switch r := streams[a]; {
+			case r == 0:
+				streams[a] = k + 1
+				own++
+			case r != k+1:
+				t.Fatalf("round %d's stream counts in %s, round %d's aggregate", k+1, a, r)
+			}
+			if !prefilled[a] {
+				t.Fatalf("round %d's stream counts in %s, which the prefill never wrote", k+1, a)
+			}
+		}
+		if own != 200 {
+			t.Fatalf("round %d's stream counts its live attempts in %d aggregates, want 200", k+1, own)
+		}
+	}
+	for n := 1; n <= rounds; n++ {
+		control := map[string]bool{}
+		lines := prefillLines(1, inRoundStreams(n), now)
+		for l, more := lines(); more; l, more = lines() {
+			name, _ := liveAggregate(t, l)
+			control[name] = true
+		}
 		var missing, extra []string
-		for a := range stream {
-			if !control[a] {
+		for a, r := range streams {
+			if r <= n && !control[a] {
 				missing = append(missing, a)
 			}
 		}
 		for a := range control {
-			if !stream[a] {
+			if r := streams[a]; r == 0 || r > n {
 				extra = append(extra, a)
 			}
 		}
-		slices.Sort(missing)
-		slices.Sort(extra)
-		t.Fatalf("the control store holds %d aggregates; of the stream's, %d missing (%v); %d not the stream's (%v)",
-			len(control), len(missing), missing, len(extra), extra)
+		if len(missing)+len(extra) > 0 || len(control) != 200*n {
+			slices.Sort(missing)
+			slices.Sort(extra)
+			t.Fatalf("%d rounds: the control store holds %d aggregates; of the streams', %d missing (first %v); %d not theirs (first %v)",
+				n, len(control), len(missing), missing[:min(3, len(missing))], len(extra), extra[:min(3, len(extra))])
+		}
 	}
 }
 
@@ -83,7 +110,7 @@ func TestPrefillControlHoldsTheTodayStreamsLiveAggregates(t *testing.T) {
 func TestPrefillControlHoldsTheSameLinesAsThePrefill(t *testing.T) {
 	const per = 3
 	now := time.Now()
-	all, control := prefillLines(per, func(int) bool { return true }, now), prefillLines(per, inTodayStream, now)
+	all, control := prefillLines(per, func(int) bool { return true }, now), prefillLines(per, inRoundStreams(1), now)
 	var want [][]byte
 	for a := 0; ; a++ {
 		l, ok := all()
@@ -93,7 +120,7 @@ func TestPrefillControlHoldsTheSameLinesAsThePrefill(t *testing.T) {
 			}
 			break
 		}
-		if inTodayStream(a / per) {
+		if inRoundStreams(1)(a / per) {
 			want = append(want, l)
 		}
 	}

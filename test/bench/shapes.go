@@ -41,13 +41,15 @@ type input struct {
 // aggregates, 30 % eval results (one run each), 10 % re-assessments, dup of duplicates, new
 // opportunities occurred within 30 s of generation.
 func (e *env) todayInput(name string, dup float64) (*input, error) {
-	return e.todayInputFrom(name, dup, 0)
+	return e.todayInputFrom(name, dup, 0, 0)
 }
 
-// todayInputFrom is todayInput with its ids numbered from skip: inputs whose numbers never meet
-// name different opportunities, so each is new to a store that holds the others.
-func (e *env) todayInputFrom(name string, dup float64, skip int) (*input, error) {
-	gen := synth.New(todayConfig(dup, skip))
+// todayInputFrom is todayInput with its ids numbered from skip (inputs whose numbers never meet
+// name different opportunities, so each is new to a store that holds the others) and its
+// workspaces numbered from firstWorkspace (inputs apart by 10 or more count in different
+// aggregates).
+func (e *env) todayInputFrom(name string, dup float64, skip, firstWorkspace int) (*input, error) {
+	gen := synth.New(todayConfig(dup, skip, firstWorkspace))
 	now, i := time.Now(), 0
 	return e.input(shapeToday, name, func() ([]byte, bool) {
 		if i == e.n {
@@ -60,9 +62,10 @@ func (e *env) todayInputFrom(name string, dup float64, skip int) (*input, error)
 }
 
 // todayConfig is the today shape's generator, dup of its events duplicates, its ids numbered
-// from skip.
-func todayConfig(dup float64, skip int) synth.Config {
-	return synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3, Skip: skip}
+// from skip, its workspaces from firstWorkspace.
+func todayConfig(dup float64, skip, firstWorkspace int) synth.Config {
+	return synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3, Skip: skip,
+		FirstWorkspace: firstWorkspace}
 }
 
 // wideInput is the wide shape: live attempts only, 3 workspaces × 2 models × 10 corrections = 60
