@@ -22,6 +22,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 	"go.uber.org/zap"
 
+	"github.com/repeatrate/repeatrate/consumer"
 	"github.com/repeatrate/repeatrate/sink"
 )
 
@@ -456,20 +457,12 @@ func (k *kafkaClients) committed(ctx context.Context, group string, topics []str
 
 // endOffsets returns the next offset to be written of every partition of topics. A partition
 // whose leader is moving (just created, or a broker restarting) answers with a temporary error
-// such as Not Leader For Partition: asked again for up to 5 s before giving up.
+// such as Not Leader For Partition: asked again for as long as the processor's reads wait out a
+// moving leader (consumer.LeaderMoves), longer than kafka-go takes to learn the new leader.
 func (k *kafkaClients) endOffsets(ctx context.Context, topics []string) (map[string]map[int]int64, error) {
-	for attempt := 1; ; attempt++ {
-		out, err := k.endOffsetsOnce(ctx, topics)
-		var ke kafka.Error
-		if err == nil || attempt == 20 || !errors.As(err, &ke) || !ke.Temporary() {
-			return out, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
+	return consumer.RetryTemporary(ctx, consumer.LeaderMoves, consumer.LeaderWait, func() (map[string]map[int]int64, error) {
+		return k.endOffsetsOnce(ctx, topics)
+	})
 }
 
 func (k *kafkaClients) endOffsetsOnce(ctx context.Context, topics []string) (map[string]map[int]int64, error) {
