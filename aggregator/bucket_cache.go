@@ -4,8 +4,8 @@ import "sync/atomic"
 
 // DefaultBucketCacheBytes bounds bucketCache unless RedisConfig.BucketCacheBytes says otherwise:
 // past it the buckets of arbitrary other aggregates are forgotten, whole, until the cache fits
-// again. 64 MiB holds about a million and a half records' buckets (31-byte records in buckets of
-// 11, each costing cachedBucketOverhead besides).
+// again. 64 MiB holds about 1.8 million records' buckets (31-byte records in buckets of about
+// packLoad, each costing cachedBucketOverhead besides: about 37 bytes a record).
 const DefaultBucketCacheBytes = 64 << 20
 
 // cachedBucketOverhead is what a cached bucket costs besides its records (its map entry, number
@@ -27,8 +27,8 @@ type bucketCache struct {
 	stores map[Key]*cachedStore
 	bytes  int64 // what the stores hold (cachedStore.bytes)
 	max    int64 // RedisConfig.BucketCacheBytes, or DefaultBucketCacheBytes when 0
-	// held mirrors bytes, and evicted counts the aggregates whose buckets were forgotten to make
-	// room, for reading without sealMu (Redis.BucketCache).
+	// held is bytes as each call left it (never past max), and evicted counts the aggregates
+	// whose buckets were forgotten to make room, for reading without sealMu (Redis.BucketCache).
 	held, evicted atomic.Int64
 }
 
@@ -48,9 +48,14 @@ func (c *bucketCache) at(k Key) *cachedStore {
 
 // drop forgets aggregate k's buckets.
 func (c *bucketCache) drop(k Key) {
+	c.forget(k)
+	c.held.Store(c.bytes)
+}
+
+// forget forgets aggregate k's buckets, leaving held as it was.
+func (c *bucketCache) forget(k Key) {
 	if s, ok := c.stores[k]; ok {
 		c.bytes -= s.bytes
-		c.held.Store(c.bytes)
 		delete(c.stores, k)
 	}
 }
@@ -58,7 +63,7 @@ func (c *bucketCache) drop(k Key) {
 // evict forgets aggregate k's buckets to make room, and counts it.
 func (c *bucketCache) evict(k Key) {
 	if _, ok := c.stores[k]; ok {
-		c.drop(k)
+		c.forget(k)
 		c.evicted.Add(1)
 	}
 }
@@ -71,7 +76,7 @@ func (c *bucketCache) evict(k Key) {
 func (c *bucketCache) keep(k Key, readStamp, readToken, stamp, token string, bs []storeBucket) {
 	s := c.stores[k]
 	if s == nil || s.stamp != readStamp || s.token != readToken {
-		c.drop(k)
+		c.forget(k)
 		s = &cachedStore{buckets: make(map[int64]string, len(bs)), bytes: cachedStoreOverhead}
 		if c.stores == nil {
 			c.stores = make(map[Key]*cachedStore)
@@ -94,7 +99,6 @@ func (c *bucketCache) keep(k Key, readStamp, readToken, stamp, token string, bs 
 		s.bytes += int64(len(v)) + cachedBucketOverhead
 		c.bytes += int64(len(v)) + cachedBucketOverhead
 	}
-	c.held.Store(c.bytes)
 	limit := c.max
 	if limit == 0 {
 		limit = DefaultBucketCacheBytes
@@ -110,6 +114,7 @@ func (c *bucketCache) keep(k Key, readStamp, readToken, stamp, token string, bs 
 			c.evict(other)
 		}
 	}
+	c.held.Store(c.bytes)
 }
 
 // uncached returns the fields of the buckets of store that s does not hold, in the store's order.

@@ -214,6 +214,11 @@ func TestBucketCacheStaysBounded(t *testing.T) {
 		t.Fatalf("one aggregate's buckets past the bound alone: %d aggregates cached, %d counted as evicted, want the others kept and %d", len(c.stores), c.evicted.Load(), evicted+1)
 	}
 	check("after buckets past the bound")
+	for other := range c.stores {
+		c.drop(other)
+		break
+	}
+	check("after dropping an aggregate")
 	c.drop(Key{CorrectionID: "no such aggregate"})
 	check("after dropping an aggregate not cached")
 }
@@ -299,5 +304,35 @@ func (x *lostWritesRig) lostCountedAndOthersKept(t *testing.T, lost string, got 
 	}
 	if tl, err := x.other.Tally(context.Background(), x.k, x.at); err != nil || tl.All.Passed != 5 {
 		t.Fatalf("passed %d (%v), want 5: %s", tl.All.Passed, err, want)
+	}
+}
+
+// TestBucketCacheBoundIsTheSetting: RedisConfig.BucketCacheBytes is the cache's bound (0 the
+// default, a negative one refused), and an aggregate's buckets exactly at the bound stay cached
+// where one byte more are forgotten.
+func TestBucketCacheBoundIsTheSetting(t *testing.T) {
+	for _, tc := range []struct {
+		set, want int64
+	}{{0, DefaultBucketCacheBytes}, {1 << 20, 1 << 20}, {5 << 30, 5 << 30}} {
+		s, err := NewRedis(nil, RedisConfig{Retention: time.Hour, BucketCacheBytes: tc.set})
+		if err != nil || s.buckets.max != tc.want {
+			t.Fatalf("BucketCacheBytes %d: bound %v, %v; want %d", tc.set, s.buckets.max, err, tc.want)
+		}
+	}
+	if _, err := NewRedis(nil, RedisConfig{Retention: time.Hour, BucketCacheBytes: -1}); err == nil {
+		t.Fatal("a negative BucketCacheBytes accepted")
+	}
+	const records = 1000
+	at := int64(cachedStoreOverhead + cachedBucketOverhead + records)
+	for _, tc := range []struct {
+		bound  int64
+		cached bool
+	}{{at, true}, {at - 1, false}} {
+		c := bucketCache{max: tc.bound}
+		k := Key{CorrectionID: "a"}
+		c.keep(k, "1", "t1", "2", "t2", []storeBucket{{b: 0, read: strings.Repeat("r", records)}})
+		if got := c.at(k) != nil; got != tc.cached || c.held.Load() > tc.bound {
+			t.Fatalf("buckets of %d bytes under a bound of %d: cached %v, holding %d", at, tc.bound, got, c.held.Load())
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/repeatrate/repeatrate/aggregator"
 )
 
 func TestConfigPrecedence(t *testing.T) {
@@ -88,5 +90,24 @@ func TestConfigErrors(t *testing.T) {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	if _, err := loadConfig(fs, []string{"--config", file}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "brokerz") {
 		t.Fatalf("err = %v, want unknown field brokerz", err)
+	}
+}
+
+// TestBucketCacheBoundReachesTheStore: redis.bucket_cache_bytes, at its least (1 MiB) or its
+// default, is the bound the rates store is opened with.
+func TestBucketCacheBoundReachesTheStore(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{{nil, aggregator.DefaultBucketCacheBytes}, {[]string{"--redis-bucket-cache-bytes", "1048576"}, 1 << 20}} {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg, err := loadConfig(fs, tc.args, func(string) string { return "" })
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if got := storeConfig(aggregator.State{Namespace: "rr"}, cfg).BucketCacheBytes; got != tc.want {
+			t.Fatalf("%v: the store's bound is %d, want %d", tc.args, got, tc.want)
+		}
 	}
 }

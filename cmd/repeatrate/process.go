@@ -55,12 +55,17 @@ type stores struct {
 	decoder  *cloudevent.Decoder
 }
 
-func openStores(ctx context.Context, rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
-	var s stores
+// storeConfig is what the rates and suite stores of namespace state are opened with, from cfg.
+func storeConfig(state aggregator.State, cfg Config) aggregator.RedisConfig {
 	// One chain of pending tokens for both stores: Seal then vouches for the suite writes too.
-	rcfg := aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
+	return aggregator.RedisConfig{Prefix: state.Namespace, Retention: cfg.Retention, Epoch: state.Epoch, Group: cfg.Kafka.GroupID,
 		Pending: aggregator.NewPending(), WaitReplicas: cfg.Redis.WaitReplicas, WaitTimeout: cfg.Redis.WaitTimeout,
 		ComputeCalls: cfg.Redis.ComputeCalls, BucketCacheBytes: int64(cfg.Redis.BucketCacheBytes)}
+}
+
+func openStores(ctx context.Context, rdb redis.UniversalClient, state aggregator.State, cfg Config) (stores, error) {
+	var s stores
+	rcfg := storeConfig(state, cfg)
 	var err error
 	if state.Layout != aggregator.Layout10 {
 		if rcfg.Fingerprint, err = aggregator.OpenFingerprint(ctx, rdb, state.Namespace); err != nil {
@@ -182,7 +187,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	registerPair(reg, "repeatrate_computed_buckets_total", "Layout 11's packed-store buckets the processor's computed calls met, by where it took them from: redis (read with the call's state), or cache (as the processor's stored calls on the aggregate left them, under the token and write stamp Redis still holds). Counted per attempt.",
 		"from", [2]string{"redis", "cache"}, st.rates.BucketReads)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "repeatrate_bucket_cache_bytes",
-		Help: "Bytes of layout 11's buckets the processor holds in place of reading them again (redis.bucket_cache_bytes bounds them)."},
+		Help: "Bytes of layout 11's buckets the processor holds in place of reading them again, as it counts them (their records, and 48 a bucket and 160 an aggregate besides); redis.bucket_cache_bytes bounds them."},
 		func() float64 { held, _ := st.rates.BucketCache(); return float64(held) }))
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "repeatrate_bucket_cache_evictions_total",
 		Help: "Aggregates whose cached buckets the processor forgot to stay within redis.bucket_cache_bytes: their next call reads them from Redis. Rising steadily, the aggregates in use need a larger bound."},

@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"math/rand/v2"
+	"github.com/repeatrate/repeatrate/internal/synth"
 )
 
 // Prefilled store (BENCH_PREFILL=<opportunities>): the today stream (BENCH_EVENTS events, 400
@@ -62,6 +63,33 @@ func prefillLines(per int, keep func(a int) bool, now time.Time) func() ([]byte,
 // (from 0) takes ws-10k to ws-(10k+9), and 5 rounds take the prefill's 50.
 const roundWorkspaces = 10
 
+// maxPrefillRounds is how many rounds meet live aggregates of their own: the prefill's
+// workspaces, roundWorkspaces a round.
+const maxPrefillRounds = prefillAggregates / (2 * prefillCorrections) / roundWorkspaces
+
+// prefillRounds is BENCH_PREFILL_ROUNDS, 3 by default, from 1 to maxPrefillRounds.
+func prefillRounds() (int, error) {
+	rounds, err := atLeast("BENCH_PREFILL_ROUNDS", "3", 1)
+	if err == nil && rounds > maxPrefillRounds {
+		err = fmt.Errorf("BENCH_PREFILL_ROUNDS=%d: at most %d rounds each meet live aggregates of their own", rounds, maxPrefillRounds)
+	}
+	return rounds, err
+}
+
+// roundConfig is round k's (from 0) today stream, 20 % duplicates: its ids numbered apart from
+// every other round's (each of the same length), so that no round reads another's as duplicates
+// and layout 10, which keeps the ids, stores as many bytes in each; its workspaces of its own,
+// so that it meets its aggregates as the prefill left them.
+func roundConfig(k int) synth.Config {
+	return todayConfig(0.2, (k+1)*1_000_000_000, k*roundWorkspaces)
+}
+
+// controlLines is the control store's prefill (BENCH_PREFILL_CONTROL) when the bench runs rounds
+// rounds: the prefill's lines, per an aggregate, of the rounds' streams' live aggregates alone.
+func controlLines(per, rounds int, now time.Time) func() ([]byte, bool) {
+	return prefillLines(per, inRoundStreams(rounds), now)
+}
+
 // inRoundStreams returns whether prefilled aggregate a is one of the 200 live ones of the today
 // stream of one of the first rounds rounds: workspaces ws-0 to ws-(10·rounds-1), corrections fix-0
 // to fix-9 (todayInput), both models.
@@ -102,20 +130,13 @@ func (e *env) prefillMode(ctx context.Context) error {
 	e.kafkaPID, _ = kafkaBrokerPID(e.brokers[0])
 	logf("machine: %s", machine())
 	logf("prefill: %d opportunities over %d aggregates, then %d events of the today shape", total, prefillAggregates, e.n)
-	rounds, err := atLeast("BENCH_PREFILL_ROUNDS", "3", 1)
+	rounds, err := prefillRounds()
 	if err != nil {
 		return err
 	}
-	if most := prefillAggregates / (2 * prefillCorrections) / roundWorkspaces; rounds > most {
-		return fmt.Errorf("BENCH_PREFILL_ROUNDS=%d: at most %d rounds each meet live aggregates of their own", rounds, most)
-	}
-	// An input a round, each naming opportunities new to the store (the others' ids numbered
-	// apart, every round's of the same length), so that no round reads the one before it as
-	// duplicates and layout 10, which keeps the ids, stores as many bytes in each; and each in
-	// workspaces of its own, so that it meets its aggregates as the prefill left them.
-	measured := make([]*input, rounds)
+	measured := make([]*input, rounds) // an input a round (roundConfig)
 	for k := range measured {
-		if measured[k], err = e.todayInputFrom(fmt.Sprintf("dup20-%d", k+1), 0.2, (k+1)*1_000_000_000, k*roundWorkspaces); err != nil {
+		if measured[k], err = e.todayInputOf(fmt.Sprintf("dup20-%d", k+1), roundConfig(k)); err != nil {
 			return err
 		}
 	}
@@ -128,7 +149,7 @@ func (e *env) prefillMode(ctx context.Context) error {
 	}
 	var control *input // the stream's live aggregates' prefill alone (BENCH_PREFILL_CONTROL)
 	if getenv("BENCH_PREFILL_CONTROL", "") != "" {
-		if control, err = e.input(shapeToday, "prefill-control", prefillLines(per, inRoundStreams(rounds), now)); err != nil {
+		if control, err = e.input(shapeToday, "prefill-control", controlLines(per, rounds, now)); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -38,7 +39,15 @@ func liveAggregate(t *testing.T, line []byte) (string, bool) {
 // in exactly the rounds' streams' aggregates, so that the prefilled store differs from it only by
 // the history the streams never touch.
 func TestEachPrefillRoundMeetsLiveAggregatesOfItsOwn(t *testing.T) {
-	const rounds = prefillAggregates / (2 * prefillCorrections) / roundWorkspaces
+	t.Setenv("BENCH_PREFILL_ROUNDS", fmt.Sprint(maxPrefillRounds+1))
+	if _, err := prefillRounds(); err == nil {
+		t.Fatalf("%d rounds accepted, where %d meet aggregates of their own", maxPrefillRounds+1, maxPrefillRounds)
+	}
+	t.Setenv("BENCH_PREFILL_ROUNDS", fmt.Sprint(maxPrefillRounds))
+	rounds, err := prefillRounds()
+	if err != nil || rounds != 5 {
+		t.Fatalf("BENCH_PREFILL_ROUNDS=%d: %d rounds, %v; want the prefill's 50 workspaces in 5", maxPrefillRounds, rounds, err)
+	}
 	now := time.Now()
 	prefilled := map[string]bool{}
 	lines := prefillLines(1, func(int) bool { return true }, now) // a line an aggregate
@@ -54,7 +63,7 @@ func TestEachPrefillRoundMeetsLiveAggregatesOfItsOwn(t *testing.T) {
 	}
 	streams := map[string]int{} // aggregate → the round (from 1) whose stream counts in it
 	for k := range rounds {
-		gen := synth.New(todayConfig(0.2, (k+1)*1_000_000_000, k*roundWorkspaces))
+		gen := synth.New(roundConfig(k))
 		own := 0
 		for range 50_000 {
 			l, _ := gen.Line(now)
@@ -79,7 +88,7 @@ func TestEachPrefillRoundMeetsLiveAggregatesOfItsOwn(t *testing.T) {
 	}
 	for n := 1; n <= rounds; n++ {
 		control := map[string]bool{}
-		lines := prefillLines(1, inRoundStreams(n), now)
+		lines := controlLines(1, n, now)
 		for l, more := lines(); more; l, more = lines() {
 			name, _ := liveAggregate(t, l)
 			control[name] = true
@@ -110,7 +119,7 @@ func TestEachPrefillRoundMeetsLiveAggregatesOfItsOwn(t *testing.T) {
 func TestPrefillControlHoldsTheSameLinesAsThePrefill(t *testing.T) {
 	const per = 3
 	now := time.Now()
-	all, control := prefillLines(per, func(int) bool { return true }, now), prefillLines(per, inRoundStreams(1), now)
+	all, control := prefillLines(per, func(int) bool { return true }, now), controlLines(per, 1, now)
 	var want [][]byte
 	for a := 0; ; a++ {
 		l, ok := all()

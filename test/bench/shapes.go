@@ -41,15 +41,13 @@ type input struct {
 // aggregates, 30 % eval results (one run each), 10 % re-assessments, dup of duplicates, new
 // opportunities occurred within 30 s of generation.
 func (e *env) todayInput(name string, dup float64) (*input, error) {
-	return e.todayInputFrom(name, dup, 0, 0)
+	return e.todayInputOf(name, todayConfig(dup, 0, 0))
 }
 
-// todayInputFrom is todayInput with its ids numbered from skip (inputs whose numbers never meet
-// name different opportunities, so each is new to a store that holds the others) and its
-// workspaces numbered from firstWorkspace (inputs apart by 10 or more count in different
-// aggregates).
-func (e *env) todayInputFrom(name string, dup float64, skip, firstWorkspace int) (*input, error) {
-	gen := synth.New(todayConfig(dup, skip, firstWorkspace))
+// todayInputOf is a today-shaped input of the generator cfg (todayConfig, or a prefill round's:
+// roundConfig).
+func (e *env) todayInputOf(name string, cfg synth.Config) (*input, error) {
+	gen := synth.New(cfg)
 	now, i := time.Now(), 0
 	return e.input(shapeToday, name, func() ([]byte, bool) {
 		if i == e.n {
@@ -62,7 +60,9 @@ func (e *env) todayInputFrom(name string, dup float64, skip, firstWorkspace int)
 }
 
 // todayConfig is the today shape's generator, dup of its events duplicates, its ids numbered
-// from skip, its workspaces from firstWorkspace.
+// from skip (inputs whose numbers never meet name different opportunities, so each is new to a
+// store that holds the others), its workspaces from firstWorkspace (inputs apart by 10 or more
+// count in different aggregates).
 func todayConfig(dup float64, skip, firstWorkspace int) synth.Config {
 	return synth.Config{Seed: 11, Workspaces: 10, Corrections: 10, Duplicates: dup, Reassessed: 0.1, EvalShare: 0.3, Skip: skip,
 		FirstWorkspace: firstWorkspace}
