@@ -151,8 +151,8 @@ func (x *lostWritesRig) mineStores(t *testing.T, id string) {
 }
 
 // TestBucketCacheStaysBounded: past its bound the cache forgets other aggregates' buckets, whole,
-// counts each as evicted and never holds more than the bound; an aggregate's buckets under a stamp other than the one its
-// call read are forgotten before the call's are kept.
+// counts each as evicted and never holds more than the bound; an aggregate's buckets under a stamp
+// other than the one its call read are forgotten before the call's are kept.
 func TestBucketCacheStaysBounded(t *testing.T) {
 	c := bucketCache{max: 20_000}
 	bucket := func(b int64, n int) storeBucket { return storeBucket{b: b, read: strings.Repeat("r", n)} }
