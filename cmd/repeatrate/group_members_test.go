@@ -17,7 +17,8 @@ import (
 )
 
 // A rebuild refuses to run while the processors' group has a member (integration, real Kafka):
-// a rebuild beside a running processor would count what it counts twice.
+// a rebuild beside a running processor would count what it counts twice. Its commit, asked again
+// on temporary errors, is refused at once then too.
 func TestRebuildRefusesWhileTheGroupHasAMember(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -37,6 +38,14 @@ func TestRebuildRefusesWhileTheGroupHasAMember(t *testing.T) {
 	err := runRebuild(ctx, f.cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err == nil || !strings.Contains(err.Error(), "active members") {
 		t.Fatalf("rebuild beside a member of the group: %v, want a refusal naming its active members", err)
+	}
+	// The rebuild's last step, its commit without a generation, is refused while a member holds
+	// the group, at once: the refusal is not a temporary error that Commit would wait out.
+	err = rebuildKafka{f.kc}.Commit(ctx, f.cfg.Kafka.GroupID, map[string]map[int]int64{f.cfg.Kafka.InputTopics[0]: {0: 0}})
+	var ke kafka.Error
+	t.Logf("commit beside a member: %v", err)
+	if !errors.As(err, &ke) || ke.Temporary() {
+		t.Fatalf("a commit without a generation beside a member of the group: %v, want a refusal that is not temporary", err)
 	}
 	if n, err := groupMembers(ctx, f.kc.client(), "never-"+f.cfg.Kafka.GroupID); n != 0 || err != nil {
 		t.Fatalf("a group that never existed: %d members, %v; want 0 and no error", n, err)

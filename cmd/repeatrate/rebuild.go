@@ -132,7 +132,19 @@ func (k rebuildKafka) EndOffsets(ctx context.Context, topics []string) (map[stri
 	return k.endOffsets(ctx, topics)
 }
 
+// Commit commits offsets for group, asking again while the group's coordinator moves or loads (a
+// temporary error, as consumer.RetryTemporary waits them out): committing the same offsets twice
+// is harmless, and a rebuild that has replayed everything should not fail on its last request. A
+// group that has a member refuses the commit with an error that is not temporary, at once, as
+// before.
 func (k rebuildKafka) Commit(ctx context.Context, group string, offsets map[string]map[int]int64) error {
+	_, err := consumer.RetryTemporary(ctx, consumer.LeaderMoves, consumer.LeaderWait, func() (struct{}, error) {
+		return struct{}{}, k.commitOnce(ctx, group, offsets)
+	})
+	return err
+}
+
+func (k rebuildKafka) commitOnce(ctx context.Context, group string, offsets map[string]map[int]int64) error {
 	commit := &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{}}
 	for topic, parts := range offsets {
 		for part, off := range parts {
