@@ -33,10 +33,13 @@ type growingStore interface {
 // listpack, Redis's encoding of a small hash, is read whole by every command. Queued after the
 // hash's first fields: deleting a hash's last field deletes the hash.
 func makeHashTable(p redis.Pipeliner, key string) {
-	const long = "a field longer than hash-max-listpack-value makes this hash a hash table"
-	p.HSet(context.Background(), key, long, "")
-	p.HDel(context.Background(), key, long)
+	p.HSet(context.Background(), key, hashTableField, "")
+	p.HDel(context.Background(), key, hashTableField)
 }
+
+// hashTableField is a field longer than hash-max-listpack-value (64 bytes by default): a hash
+// that holds it, or once held it, is a hash table.
+const hashTableField = "a field longer than hash-max-listpack-value makes this hash a hash table"
 
 // checkHashTable fails the test unless the hash at key is a hash table of fields fields.
 func checkHashTable(t *testing.T, rdb *redis.Client, key string, fields int64) {
@@ -190,10 +193,6 @@ type inPlacePageStore struct {
 
 const inPlacePageBytes, inPlacePagesAKey = 248, 66
 
-// inPlaceOverflowMark is the field longer than hash-max-listpack-value that keeps an in-place page
-// store's overflow hash a hash table.
-const inPlaceOverflowMark = "a field longer than hash-max-listpack-value keeps this hash a hash table"
-
 func newInPlacePageStore(key string) *inPlacePageStore {
 	return &inPlacePageStore{key: key, m: placementModel{capacity: inPlacePageBytes, choices: 1, splitAt: inPlacePageBytes, pages: []modelPage{{}}}}
 }
@@ -235,7 +234,7 @@ func (s *inPlacePageStore) check(t *testing.T, got []redis.Cmder, recs []modelRe
 func (s *inPlacePageStore) add(p redis.Pipeliner, recs []modelRecord) {
 	ctx := context.Background()
 	if s.segments == 0 {
-		p.HSet(ctx, s.key+":o", inPlaceOverflowMark, "")
+		p.HSet(ctx, s.key+":o", hashTableField, "") // kept: the hash is never emptied
 	}
 	c := newPlacementChanges()
 	s.m.changes = c
@@ -276,7 +275,7 @@ func (s *inPlacePageStore) add(p redis.Pipeliner, recs []modelRecord) {
 }
 
 func (s *inPlacePageStore) finish(t *testing.T, rdb *redis.Client) {
-	fields := int64(1) // the mark
+	fields := int64(1) // hashTableField
 	for _, pg := range s.m.pages {
 		if len(pg.over) > 0 {
 			fields++
