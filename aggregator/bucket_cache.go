@@ -26,7 +26,7 @@ const (
 type bucketCache struct {
 	stores map[Key]*cachedStore
 	bytes  int64 // what the stores hold (cachedStore.bytes)
-	max    int64 // RedisConfig.BucketCacheBytes, or DefaultBucketCacheBytes when 0
+	max    int64 // RedisConfig.BucketCacheBytes, as validated (NewRedis)
 	// held is bytes as each call left it (never past max), and evicted counts the aggregates
 	// whose buckets were forgotten to make room, for reading without sealMu (Redis.BucketCache).
 	held, evicted atomic.Int64
@@ -99,15 +99,11 @@ func (c *bucketCache) keep(k Key, readStamp, readToken, stamp, token string, bs 
 		s.bytes += int64(len(v)) + cachedBucketOverhead
 		c.bytes += int64(len(v)) + cachedBucketOverhead
 	}
-	limit := c.max
-	if limit == 0 {
-		limit = DefaultBucketCacheBytes
-	}
-	if s.bytes > limit {
+	if s.bytes > c.max {
 		c.evict(k) // one aggregate's buckets alone past the bound: the others stay
 	}
 	for other := range c.stores { // a map's iteration starts at a random entry
-		if c.bytes <= limit {
+		if c.bytes <= c.max {
 			break
 		}
 		if other != k {
