@@ -19,7 +19,8 @@
 #   BENCH_PREFILL=N   instead: the today stream on an empty store and on one already retaining N
 #                     opportunities over 10 000 aggregates, in BENCH_PREFILL_ROUNDS rounds (3)
 #                     (docs/performance.md); BENCH_PREFILL_CONTROL=1 adds a store holding only
-#                     what the prefill put in the stream's own aggregates
+#                     what the prefill put in the stream's own aggregates; BENCH_PREFILL_WARM=W
+#                     has every run's processor run W more events of its stream before measuring
 #   BENCH_LATENCY_RATE=R  instead: produce → snapshot latency alone, at R events/s, with where a
 #                     batch's time goes (the processor's stage histograms)
 set -euo pipefail

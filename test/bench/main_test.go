@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -244,5 +245,41 @@ func TestSchedstat(t *testing.T) {
 	// A Redis on another host: a pid from its INFO would name an unrelated local process.
 	if got := redisThread(context.Background(), "192.0.2.1:6379"); !math.IsNaN(got.run) {
 		t.Errorf("remote Redis read as %+v, want unknown", got)
+	}
+}
+
+// A warmed-up run's figures count from the scrape its measured interval began at: counters and
+// summaries lose what that scrape held, gauges are read as they stand at the end, and a run
+// without a warm-up keeps every figure whole.
+func TestMeasuredPartCountsFromTheWarmUpsEnd(t *testing.T) {
+	base := map[string]float64{
+		"repeatrate_batch_messages_sum":                               300,
+		"repeatrate_batch_messages_count":                             3,
+		`repeatrate_computed_buckets_total{from="redis"}`:             40,
+		`repeatrate_batch_stage_seconds_bucket{stage="apply",le="1"}`: 2,
+		"repeatrate_bucket_cache_bytes":                               1 << 20,
+	}
+	end := map[string]float64{
+		"repeatrate_batch_messages_sum":                               1000,
+		"repeatrate_batch_messages_count":                             10,
+		`repeatrate_computed_buckets_total{from="redis"}`:             45,
+		`repeatrate_batch_stage_seconds_bucket{stage="apply",le="1"}`: 9,
+		"repeatrate_bucket_cache_bytes":                               3 << 20,
+		"repeatrate_redis_roundtrips_total":                           7, // absent from base: all of it is the interval's
+	}
+	got := measuredPart(end, base)
+	want := map[string]float64{
+		"repeatrate_batch_messages_sum":                               700,
+		"repeatrate_batch_messages_count":                             7,
+		`repeatrate_computed_buckets_total{from="redis"}`:             5,
+		`repeatrate_batch_stage_seconds_bucket{stage="apply",le="1"}`: 7,
+		"repeatrate_bucket_cache_bytes":                               3 << 20,
+		"repeatrate_redis_roundtrips_total":                           7,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("measuredPart = %v, want %v", got, want)
+	}
+	if whole := measuredPart(end, map[string]float64{}); !maps.Equal(whole, end) {
+		t.Errorf("without a warm-up measuredPart = %v, want the scrape whole %v", whole, end)
 	}
 }

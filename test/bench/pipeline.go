@@ -40,6 +40,9 @@ type pipelineResult struct {
 	aofRewrites             int  // AOF rewrites Redis started during the run
 	processed               int  // messages processed: in.n unless timedOut
 	timedOut                bool // BENCH_TIMEOUT passed first; figures cover what was processed
+	// startActivity is what Redis had done when the measured interval began after the input's
+	// warm-up (nil without one: the caller reads it before the processor starts).
+	startActivity *redisActivity
 }
 
 // machineLimit is the events per second the machine's cores could carry at this run's CPU cost
@@ -255,6 +258,8 @@ func (e *env) pipelineIn(ctx context.Context, bin binary, in *input, redisAddr, 
 		wasRewriting         bool                   // … and was rewriting at the last poll
 		rewritesSeen         = math.NaN()           // INFO's aof_rewrites at the last poll
 		timedOut             bool
+		base                 = map[string]float64{} // the scrape the measured interval began at, after a warm-up
+		startActivity        *redisActivity
 	)
 	for {
 		select {
@@ -271,8 +276,13 @@ func (e *env) pipelineIn(ctx context.Context, bin binary, in *input, redisAddr, 
 		} else if s, err := scrape(url); err == nil {
 			m = s
 			done = m["repeatrate_batch_messages_sum"]
-			if done > 0 && first.IsZero() {
+			if done > float64(in.warm) && first.IsZero() {
 				first, cpu0, redis0, kafka0 = now, cpuSeconds(pid), redisCPU(ctx, redisAddr), cpuSeconds(e.kafkaPID)
+				if in.warm > 0 {
+					base = m
+					a := activity(ctx, redisAddr)
+					startActivity = &a
+				}
 				child0 = redisChildCPU(ctx, redisAddr)
 				sched0 = redisThread(ctx, redisAddr)
 				if dir := os.Getenv("BENCH_PPROF"); dir != "" {
@@ -298,13 +308,15 @@ func (e *env) pipelineIn(ctx context.Context, bin binary, in *input, redisAddr, 
 			sched1 = redisThread(ctx, redisAddr)
 			break
 		}
-		wait := pollInterval(first.IsZero(), done, float64(in.n))
+		// During a warm-up the scrapes wait as in the middle of a run until its end is near.
+		wait := pollInterval(first.IsZero() && done >= 0.95*float64(in.warm), done, float64(in.n))
 		if in.runs > suiteWindowRuns && !first.IsZero() && (len(evals) == 0 || evals[len(evals)-1].n < suiteWindowRuns) {
 			wait = min(wait, windowPoll)
 		}
 		time.Sleep(wait)
 	}
-	processed := done
+	m = measuredPart(m, base)
+	processed := m["repeatrate_batch_messages_sum"]
 	// A rewrite the run started is the run's work: its child's CPU counts once Redis has reaped
 	// it, so wait for one in progress (the processor is done; nothing else is measured now).
 	waitUntil(30*time.Second, func() bool { return infoField(ctx, redisAddr, "persistence", "aof_rewrite_in_progress") != 1 })
@@ -326,6 +338,7 @@ func (e *env) pipelineIn(ctx context.Context, bin binary, in *input, redisAddr, 
 		aofRewrites:   aofRewrites(ctx, redisAddr) - rewrites0,
 		processed:     int(processed),
 		timedOut:      timedOut,
+		startActivity: startActivity,
 	}
 	if e.kafkaPID > 0 {
 		r.kafkaMicros = (kafka1 - kafka0) / processed * 1e6
@@ -676,6 +689,23 @@ func parseSchedstat(path string) threadTimes {
 		return threadTimes{math.NaN(), math.NaN()}
 	}
 	return threadTimes{run / 1e9, wait / 1e9}
+}
+
+// measuredPart is scrape m less what the counters held in scrape base: the part of each
+// counter (and of each summary's sum and count) counted since base was scraped. Gauges are m's.
+func measuredPart(m, base map[string]float64) map[string]float64 {
+	if len(base) == 0 {
+		return m
+	}
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		name, _, _ := strings.Cut(k, "{")
+		if strings.HasSuffix(name, "_total") || strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_count") || strings.HasSuffix(name, "_bucket") {
+			v -= base[k]
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // computedShare describes, from a processor's metrics m, the apply calls it computed itself

@@ -35,22 +35,26 @@ type input struct {
 	topic string
 	n     int // messages
 	runs  int // graded runs among them (eval results)
+	// warm is how many of the messages the processor runs before the measured interval begins
+	// (0: it begins at the first processed batch), so that it measures a processor that has been
+	// running, not one that starts (BENCH_PREFILL_WARM).
+	warm int
 }
 
 // todayInput is today's shape: 10 workspaces × 2 models × 10 corrections × 2 sources = 400
 // aggregates, 30 % eval results (one run each), 10 % re-assessments, dup of duplicates, new
 // opportunities occurred within 30 s of generation.
 func (e *env) todayInput(name string, dup float64) (*input, error) {
-	return e.todayInputOf(name, todayConfig(dup, 0, 0))
+	return e.todayInputOf(name, todayConfig(dup, 0, 0), e.n)
 }
 
-// todayInputOf is a today-shaped input of the generator cfg (todayConfig, or a prefill round's:
-// roundConfig).
-func (e *env) todayInputOf(name string, cfg synth.Config) (*input, error) {
+// todayInputOf is a today-shaped input of n events of the generator cfg (todayConfig, or a
+// prefill round's: roundConfig).
+func (e *env) todayInputOf(name string, cfg synth.Config, n int) (*input, error) {
 	gen := synth.New(cfg)
 	now, i := time.Now(), 0
 	return e.input(shapeToday, name, func() ([]byte, bool) {
-		if i == e.n {
+		if i == n {
 			return nil, false
 		}
 		i++
