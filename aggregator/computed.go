@@ -12,12 +12,14 @@ import (
 // that leaves the horizon as it is, or a newer assessment of the same occurrence (its count moves
 // between classes in place), an opportunity met more than once meeting its record as the call's
 // earlier occurrences left it, each new one in an index group that lists ids already, the window
-// sums cached for the observation time, no hour expiring, no minutes to prune, no garbage to
-// collect, no index to compact and no TTL stamp to refresh. It reads what apply.lua would read,
-// computes the fields apply.lua would write and its reply, and stores them through store.lua, which
-// refuses unless every field read still holds what was read; any other call, and a refused one,
-// runs apply.lua (docs/performance.md, "Storing state the processor computed"). The computation is
-// apply.lua's on that path, held to it byte for byte by computed_path_test.go.
+// sums cached for the observation time or, for a later minute of the same hour, for the minute this
+// processor's last stored call on the aggregate left them (sumsMinutes: it moves them on as
+// apply.lua does), no hour expiring, no minutes to prune, no garbage to collect, no index to
+// compact and no TTL stamp to refresh. It reads what apply.lua would read, computes the fields
+// apply.lua would write and its reply, and stores them through store.lua, which refuses unless
+// every field read still holds what was read; any other call, and a refused one, runs apply.lua
+// (docs/performance.md, "Storing state the processor computed"). The computation is apply.lua's on
+// that path, held to it byte for byte by computed_path_test.go.
 
 // Sizes of apply.lua's layout 10 fields (docs in apply.lua's header).
 const (
@@ -80,7 +82,25 @@ type callRead struct {
 	// repeats says that a record field occurs more than once in the call: each occurrence meets
 	// the record as the ones before it left it, as in apply.lua.
 	repeats bool
+	// shiftFrom is the minute the call expects the head's window sums to be for when it read the
+	// minutes that move them on to its own (-1 when it read none); shiftOut and shiftIn are those
+	// that leave the hour's window and those that enter it, as indexes in state.
+	shiftFrom         int64
+	shiftOut, shiftIn []int32
 }
+
+// sumsMinutes is, per aggregate, the minute its head's window sums are for as this processor last
+// left them: every call it stores, computed or apply.lua's, leaves them for its observation
+// time's minute. A call in a later minute of the same hour then reads the minutes that leave and
+// enter the hour's window with its other fields (planRead), and the processor moves the sums on
+// as apply.lua would (computeCall), where otherwise apply.lua ran the call, and in layout 11 the
+// bucket cache forgot the aggregate: every busy aggregate's first call of each minute. A wrong
+// minute (another processor wrote the aggregate since) only leaves the call to apply.lua: the head
+// read says which minute its sums are for. Bounded as shapeCache. Guarded by sealMu.
+type sumsMinutes map[Key]int64
+
+// put records that aggregate k's window sums are for minute m.
+func (c *sumsMinutes) put(k Key, m int64) { boundedPut((*map[Key]int64)(c), k, m) }
 
 // maxComputedRecords is the most records a call the processor computes may hold: a larger call's
 // fixed cost in apply.lua is spread thin already, and store.lua's arguments stay far below what
@@ -92,8 +112,10 @@ const maxComputedRecords = 1000
 // false when the processor cannot compute the call: more than maxComputedRecords records. With
 // days (layout 11) a record's hour is read from its day's field. now is the observation time: the
 // minute of a record that occurred within 2 hours before it is read, as apply.lua reads (and
-// checks) it, even when the call cannot bump it.
-func planRead(fields []any, class []int8, occ []int64, span, now int64, days bool) (*callRead, bool) {
+// checks) it, even when the call cannot bump it. since is the minute the processor expects the
+// window sums to be for (sumsMinutes; -1 when it does not know): when it is an earlier minute of
+// now's hour, the minutes that move the sums on to now's are read too.
+func planRead(fields []any, class []int8, occ []int64, span, now int64, days bool, since int64) (*callRead, bool) {
 	n := len(fields)
 	if n > maxComputedRecords {
 		return nil, false
@@ -140,6 +162,18 @@ func planRead(fields []any, class []int8, occ []int64, span, now int64, days boo
 				mi, lastM = field('m', m), m
 			}
 			plan.minuteAt[i] = mi
+		}
+	}
+	plan.shiftFrom = -1
+	// As apply.lua moves the sums on (a minute turned, the hour did not): the minutes since-59 to
+	// M-60 leave the hour's window, since+1 to M enter it.
+	if M := floorDiv(now, minuteUS); since >= 0 && since < M && floorDiv(since, 60) == floorDiv(M, 60) {
+		plan.shiftFrom = since
+		for m := since - 59; m <= M-60; m++ {
+			plan.shiftOut = append(plan.shiftOut, field('m', m))
+		}
+		for m := since + 1; m <= M; m++ {
+			plan.shiftIn = append(plan.shiftIn, field('m', m))
 		}
 	}
 	return plan, true
@@ -230,8 +264,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		v = n
 	}
 	M, H := floorDiv(at, minuteUS), floorDiv(at, hourUS)
-	if hcm != M || hch != H {
-		return nil, false // the window sums are shifted or recomputed
+	shift := hcm != M
+	if hch != H || shift && plan.shiftFrom != hcm {
+		return nil, false // the window sums are recomputed, or moved on over minutes not read
 	}
 	if floorDiv(w-ret, hourUS) > cutH || g < floorDiv(cutH, span) {
 		return nil, false // hours expire, or garbage is collected
@@ -243,6 +278,26 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 	}
 	if !checkFields(plan, state, fields) {
 		return nil, false
+	}
+	if shift {
+		// apply.lua's shift, before any bump: the minutes that left the hour's window out and
+		// those that entered in, as they stand before the call. A sum that falls below 0 (a head
+		// written by hand) has apply.lua recompute them all.
+		for s, ps := range [2][]int32{plan.shiftOut, plan.shiftIn} {
+			for _, p := range ps {
+				if v, ok := state[p].(string); ok { // checked by checkFields
+					for j := range hr {
+						hr[j] += int64(2*s-1) * littleEndian(v[1+5*j:6+5*j])
+					}
+				}
+			}
+		}
+		for _, n := range [][3]int64{hr, dy, wk} {
+			if n[0] < 0 || n[1] < 0 || n[2] < 0 {
+				return nil, false
+			}
+		}
+		hcm = M
 	}
 	out := &computedCall{outcomes: make([]Outcome, len(recs)), records: make([]any, 0, 2*len(recs)), stamp: x[6] - 1}
 	mfloor := floorDiv(w, minuteUS) - minuteKeep

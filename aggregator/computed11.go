@@ -464,8 +464,14 @@ type shapeCache map[Key]packedShapeOf
 
 // put records that aggregate k's head says shape.
 func (c *shapeCache) put(k Key, shape packedShapeOf) {
+	boundedPut((*map[Key]packedShapeOf)(c), k, shape)
+}
+
+// boundedPut sets (*c)[k] to v, making the map when it is nil; past maxShapes aggregates, k takes
+// an arbitrary other's place.
+func boundedPut[V any](c *map[Key]V, k Key, v V) {
 	if *c == nil {
-		*c = make(shapeCache)
+		*c = make(map[Key]V)
 	}
 	if _, ok := (*c)[k]; !ok && len(*c) >= maxShapes {
 		for other := range *c { // a map's iteration starts at a random entry
@@ -473,7 +479,7 @@ func (c *shapeCache) put(k Key, shape packedShapeOf) {
 			break
 		}
 	}
-	(*c)[k] = shape
+	(*c)[k] = v
 }
 
 // grow records that apply.lua counted added new records in aggregate k, splitting buckets as

@@ -23,11 +23,12 @@ const stampMargin = 5 // seconds
 // than half the records it read of aggregates that exist: a call it reads and cannot compute costs
 // a read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
 // winner in most calls) would pay one per call. Misses in a row leave 0, 1, 2, 4, then 7 batches
-// unread: most misses pass with their batch (the minute's turn; the first batch on a store whose
-// aggregates were idle or whose minutes are due for pruning), so one alone is no pattern. A fixed 7
-// after that first batch left 7 of a prefilled run's 20 to apply.lua, and 1 a twentieth of its
-// calls. Records, not calls, are weighed: a long tail of aggregates with a record or two a minute,
-// every one off the path at its minute's turn, would otherwise keep the few busy aggregates that
+// unread: most misses pass with their batch (the hour's turn, or the minute's on aggregates another
+// processor wrote last; the first batch on a store whose aggregates were idle or whose minutes are
+// due for pruning), so one alone is no pattern. A fixed 7 after that first batch left 7 of a
+// prefilled run's 20 to apply.lua, and 1 a twentieth of its calls. Records, not calls, are weighed:
+// a long tail of aggregates with a record or two a minute, every one off the path at its minute's
+// turn before the processor kept their minutes, would otherwise keep the few busy aggregates that
 // carry most records off it too. A new aggregate's call is not counted: its next one is on the
 // path. One batch in skipAfterMiss+1 still probes.
 const skipAfterMiss = 7
@@ -93,7 +94,11 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		for j, i := range e.groups[k] {
 			class[j], occ[j] = classIndex(e.obs[i].Class), e.obs[i].Occurred
 		}
-		plan, ok := planRead(args[:n], class, occ, span, atUS, packed)
+		since, ok := r.sums[k]
+		if !ok {
+			since = -1
+		}
+		plan, ok := planRead(args[:n], class, occ, span, atUS, packed, since)
 		if !ok {
 			continue
 		}

@@ -614,7 +614,7 @@ func computeRecorded(state, held map[string]string, fields, recs []string, at, r
 		}
 		class[i], occs[i] = int8(strings.IndexByte("CPU", cls)), occ
 	}
-	plan, ok := planRead(fs, class, occs, groupSpan(ret), at, false)
+	plan, ok := planRead(fs, class, occs, groupSpan(ret), at, false, -1)
 	if !ok {
 		return nil, false
 	}

@@ -160,6 +160,9 @@ type Redis struct {
 	// shapes is, per aggregate of layout 11, the packed store's shape as this processor expects
 	// to find it in the head (computed11.go, shapeCache). Guarded by sealMu.
 	shapes shapeCache
+	// sums is, per aggregate, the minute its window sums are for as this processor's last stored
+	// call on it left them (sumsMinutes). Guarded by sealMu.
+	sums sumsMinutes
 	// buckets holds, per aggregate of layout 11, buckets of its packed store as this processor's
 	// stored calls read and left them (bucketCache). Guarded by sealMu.
 	buckets bucketCache
@@ -411,7 +414,7 @@ func (r *Redis) applyEncoded(ctx context.Context, e *Encoded, at time.Time, c Co
 		} else {
 			s = r.sendChunk(ctx, m, ch, computed, cc, c, compute)
 		}
-		ref, err := r.finishChunk(ctx, m, ch, computed, cc, s, &res)
+		ref, err := r.finishChunk(ctx, m, ch, computed, cc, s, &res, floorDiv(Micros(at), minuteUS))
 		if err != nil {
 			return Applied{}, nil, err
 		}
@@ -565,8 +568,10 @@ func (r *Redis) sendChunk(ctx context.Context, m *applyMode, e *Encoded, compute
 
 // finishChunk reads what chunk e's store pipeline answered (sendChunk) into res: each call's
 // outcomes and tally. It returns the aggregates whose computed calls were not stored (store.lua
-// refused them, or Redis had lost the script), which wrote nothing. The caller holds sealMu.
-func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, computed map[Key]*computedCall, c Companion, s storeSent, res *Applied) ([]Key, error) {
+// refused them, or Redis had lost the script), which wrote nothing. Every call stored leaves its
+// aggregate's window sums for minute, the observation time's (sumsMinutes). The caller holds
+// sealMu.
+func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, computed map[Key]*computedCall, c Companion, s storeSent, res *Applied, minute int64) ([]Key, error) {
 	if s.fatal != nil {
 		return nil, s.fatal
 	}
@@ -633,6 +638,7 @@ func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, compu
 				continue
 			}
 			r.computedStored.Add(1)
+			r.sums.put(k, minute)
 			if cc.shape != nil {
 				r.shapes.put(k, *cc.shape)
 			}
@@ -668,6 +674,7 @@ func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, compu
 			r.shapes.grow(k, counted)
 		}
 		r.buckets.drop(k) // apply.lua made a new stamp if it wrote a bucket
+		r.sums.put(k, minute)
 		res.Tallies[k] = t
 	}
 	return refused, nil

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"runtime"
@@ -42,6 +43,9 @@ func TestCallsComputedSideBySideAreThoseComputedInTurn(t *testing.T) {
 				clock = at
 			}
 			packed := fp != nil
+			// The in-turn store applies nothing: it expects the window sums where the other's
+			// stored calls left them (sumsMinutes), as it reads the state they left.
+			inTurn.sums = maps.Clone(sideBySide.sums)
 			got, readA, hitA := sideBySide.computeCalls(ctx, sideBySide.Encode(b), clock, packed)
 			want, readB, hitB := inTurn.computeCalls(ctx, inTurn.Encode(b), clock, packed)
 			if readA != readB || hitA != hitB {
