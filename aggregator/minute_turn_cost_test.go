@@ -13,6 +13,25 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
+// newEachAt returns a batch maker for keys: batchAt(at, per, spread) is per new opportunities of
+// every key, occurred within spread before at (by whole seconds), assessed a second after, ids
+// numbered on from the last batch's.
+func newEachAt(keys []Key) func(at time.Time, per int, spread time.Duration) []Observation {
+	id := 0
+	return func(at time.Time, per int, spread time.Duration) []Observation {
+		var obs []Observation
+		for _, k := range keys {
+			for range per {
+				id++
+				occ := Micros(at) - int64(id%int(spread/time.Second))*1e6
+				obs = append(obs, Observation{Key: k, OpportunityID: fmt.Sprintf("o-%d", id), Class: Class(1 + id%3),
+					Occurred: occ, Assessed: occ + 1e6})
+			}
+		}
+		return obs
+	}
+}
+
 // TestMinuteTurnCost measures what a script call costs when its observation time enters a new
 // minute, against one in the same minute: the window sums are then moved on (or, before they
 // were, recomputed from 60 minutes and 168 hours), and every aggregate of a batch does it at once,
@@ -48,19 +67,7 @@ func TestMinuteTurnCost(t *testing.T) {
 		keys[a].Scope.Workspace, keys[a].Scope.Model, keys[a].Scope.Run = "acme", "support-bot", "2026-11"
 		keys[a].Scope.Checkpoint, keys[a].Scope.Artifact = "ckpt-42", "prod"
 	}
-	id := 0
-	batchAt := func(at time.Time, per int, spread time.Duration) []Observation {
-		var obs []Observation
-		for _, k := range keys {
-			for range per {
-				id++
-				occ := Micros(at) - int64(id%int(spread/time.Second))*1e6
-				obs = append(obs, Observation{Key: k, OpportunityID: fmt.Sprintf("o-%d", id), Class: Class(1 + id%3),
-					Occurred: occ, Assessed: occ + 1e6})
-			}
-		}
-		return obs
-	}
+	batchAt := newEachAt(keys)
 	// apply runs the batch through every script, in an order that rotates, and returns the server
 	// µs each took; the tallies must agree.
 	rot := 0

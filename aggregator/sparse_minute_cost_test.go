@@ -45,19 +45,7 @@ func TestSparseAggregatesCostByMinute(t *testing.T) {
 		for a := range keys {
 			keys[a] = Key{Scope: collisionScopes[a%len(collisionScopes)], CorrectionID: fmt.Sprintf("fix-%d", a), Source: Live}
 		}
-		id := 0
-		batchAt := func(at time.Time, n int, spread time.Duration) []Observation {
-			var obs []Observation
-			for _, k := range keys {
-				for range n {
-					id++
-					occ := Micros(at) - int64(id%int(spread/time.Second))*1e6
-					obs = append(obs, Observation{Key: k, OpportunityID: fmt.Sprintf("o-%d", id), Class: Class(1 + id%3),
-						Occurred: occ, Assessed: occ + 1e6})
-				}
-			}
-			return obs
-		}
+		batchAt := newEachAt(keys)
 		now := time.Now().Truncate(time.Hour).Add(-3 * time.Hour)
 		for j := range per/100 + 1 { // each aggregate's records, over the day before, then a batch in now's hour
 			b, at := batchAt(now, 100, 24*time.Hour), now

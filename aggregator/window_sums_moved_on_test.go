@@ -27,7 +27,7 @@ func TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns(t *testing.T) {
 			}
 			return b
 		}
-		at := func(m int64) time.Time { return time.UnixMicro(hour + m*minuteUS + 30e6) }
+		_, at := inMinutes(k, hour)
 		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
 		for _, step := range []struct {
 			minute   int64 // of the hour
@@ -62,11 +62,7 @@ func TestSumsOfAnotherWritersMinuteGoToTheScript(t *testing.T) {
 		}
 		k := Key{Scope: collisionScopes[0], CorrectionID: "other-minute", Source: Live}
 		hour := Micros(t0) / hourUS * hourUS
-		ob := func(id string, m int64) Observation {
-			occ := hour + m*minuteUS + 5e6
-			return Observation{Key: k, OpportunityID: id, Class: Confirmed, Occurred: occ, Assessed: occ + 1e6}
-		}
-		at := func(m int64) time.Time { return time.UnixMicro(hour + m*minuteUS + 30e6) }
+		ob, at := inMinutes(k, hour)
 		x.apply("minute 10", []Observation{ob("a", 10), ob("b", 9)}, at(10))
 		x.apply("minute 11", []Observation{ob("c", 11)}, at(11))
 		stored, _ := x.stores[1].ComputedCalls()
@@ -102,11 +98,7 @@ func TestSumsThatWouldFallBelowZeroGoToTheScript(t *testing.T) {
 		x := newComputedSidesIn(t, "below-zero", 24*time.Hour, 0, fp)
 		k := Key{Scope: collisionScopes[0], CorrectionID: "below-zero", Source: Live}
 		hour := Micros(t0) / hourUS * hourUS
-		ob := func(id string, m int64) Observation {
-			occ := hour + m*minuteUS + 5e6
-			return Observation{Key: k, OpportunityID: id, Class: Confirmed, Occurred: occ, Assessed: occ + 1e6}
-		}
-		at := func(m int64) time.Time { return time.UnixMicro(hour + m*minuteUS + 30e6) }
+		ob, at := inMinutes(k, hour)
 		x.apply("minute 10", []Observation{ob("a", 10), ob("b", -49)}, at(10))
 		// Minute -49 leaves the hour's window when the minute turns: by hand, it holds 8 counts,
 		// more than the window's 2.
@@ -123,4 +115,15 @@ func TestSumsThatWouldFallBelowZeroGoToTheScript(t *testing.T) {
 			t.Fatalf("%d calls computed whose sums would fall below zero", now-stored)
 		}
 	})
+}
+
+// inMinutes returns, for aggregate k and the hour that begins at hour (µs), ob(id, m): a new
+// confirmed repeat occurred 5 s into minute m of the hour; and at(m): 30 s into minute m.
+func inMinutes(k Key, hour int64) (ob func(id string, m int64) Observation, at func(m int64) time.Time) {
+	ob = func(id string, m int64) Observation {
+		occ := hour + m*minuteUS + 5e6
+		return Observation{Key: k, OpportunityID: id, Class: Confirmed, Occurred: occ, Assessed: occ + 1e6}
+	}
+	at = func(m int64) time.Time { return time.UnixMicro(hour + m*minuteUS + 30e6) }
+	return ob, at
 }
