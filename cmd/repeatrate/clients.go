@@ -410,28 +410,20 @@ func (k *kafkaClients) topicPartitions(ctx context.Context, topics []string) (ma
 }
 
 // committed returns the group's committed offsets of topics; partitions without one are absent.
-func (k *kafkaClients) committed(ctx context.Context, group string, topics []string) (map[string]map[int]int64, error) {
+// A group coordinator that is not there yet is waited for (awaitCoordinator), with a warning on
+// log every coordinatorWarnEvery.
+func (k *kafkaClients) committed(ctx context.Context, group string, topics []string, log *zap.Logger) (map[string]map[int]int64, error) {
 	parts, err := k.topicPartitions(ctx, topics)
 	if err != nil {
 		return nil, err
 	}
-	var resp *kafka.OffsetFetchResponse
-	// A new broker answers "coordinator not available" until its offsets topic exists.
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		resp, err = k.client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: parts})
+	resp, err := awaitCoordinator(ctx, log, group, coordinatorWarnEvery, func() (*kafka.OffsetFetchResponse, error) {
+		resp, err := k.client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: parts})
 		if err == nil && resp.Error != nil {
 			err = resp.Error
 		}
-		var kerr kafka.Error
-		if err == nil || errors.Is(err, kafka.GroupIdNotFound) || !errors.As(err, &kerr) || !kerr.Temporary() {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
-		}
-	}
+		return resp, err
+	})
 	if err != nil && !errors.Is(err, kafka.GroupIdNotFound) {
 		return nil, fmt.Errorf("fetch offsets of group %s: %w", group, err)
 	}
@@ -453,6 +445,39 @@ func (k *kafkaClients) committed(ctx context.Context, group string, topics []str
 		}
 	}
 	return out, nil
+}
+
+// coordinatorWarnEvery is how often awaitCoordinator warns while it waits.
+const coordinatorWarnEvery = 10 * time.Second
+
+// awaitCoordinator calls fetch until it answers, or fails otherwise than with a temporary Kafka
+// error (a group coordinator moving, loading or not there yet: a new cluster makes its offsets
+// topic first), backing off from 100 ms to 2 s. A cluster that cannot make its offsets topic
+// (offsets.topic.replication.factor above its brokers) answers "coordinator not available" for
+// ever, so while it waits it warns every warnEvery with the group, the time waited and the last
+// error: a start held up there says why. ctx ends the wait with its error.
+func awaitCoordinator(ctx context.Context, log *zap.Logger, group string, warnEvery time.Duration, fetch func() (*kafka.OffsetFetchResponse, error)) (*kafka.OffsetFetchResponse, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	start, warned := time.Now(), time.Duration(0)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		resp, err := fetch()
+		var kerr kafka.Error
+		if err == nil || errors.Is(err, kafka.GroupIdNotFound) || !errors.As(err, &kerr) || !kerr.Temporary() {
+			return resp, err
+		}
+		if waited := time.Since(start); waited-warned >= warnEvery {
+			warned = waited
+			log.Warn("kafka: the consumer group's coordinator does not answer yet; waiting (a cluster whose offsets topic cannot be made, with offsets.topic.replication.factor above its brokers, never answers)",
+				zap.String("group", group), zap.Duration("waited", waited.Round(time.Millisecond)), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // endOffsets returns the next offset to be written of every partition of topics. A partition

@@ -100,7 +100,7 @@ func TestCompressingProcessorPassesAnIncompressibleDeadLetter(t *testing.T) {
 	go func() { done <- runProcessor(pctx, cfg, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))) }()
 	defer func() { stop(); <-done }()
 	for {
-		committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+		committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

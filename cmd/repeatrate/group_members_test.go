@@ -41,7 +41,7 @@ func TestRebuildRefusesWhileTheGroupHasAMember(t *testing.T) {
 	}
 	// The rebuild's last step, its commit without a generation, is refused while a member holds
 	// the group, at once: the refusal is not a temporary error that Commit would wait out.
-	err = rebuildKafka{f.kc}.Commit(ctx, f.cfg.Kafka.GroupID, map[string]map[int]int64{f.cfg.Kafka.InputTopics[0]: {0: 0}})
+	err = rebuildKafka{kafkaClients: f.kc}.Commit(ctx, f.cfg.Kafka.GroupID, map[string]map[int]int64{f.cfg.Kafka.InputTopics[0]: {0: 0}})
 	var ke kafka.Error
 	t.Logf("commit beside a member: %v", err)
 	if !errors.As(err, &ke) || ke.Temporary() {

@@ -159,7 +159,7 @@ func runProcessorWith(ctx context.Context, cfg Config, log *zap.Logger, reg *pro
 	if err := kc.checkOutputLimits(ctx, []string{cfg.Kafka.SnapshotTopic, cfg.Kafka.SuiteTopic, cfg.Kafka.AlertsTopic, cfg.Kafka.DLQTopic}, log); err != nil {
 		return err
 	}
-	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics, log)
 	if err != nil {
 		return err
 	}

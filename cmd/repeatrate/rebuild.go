@@ -57,7 +57,7 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 	r := &rebuild.Rebuild{
 		Group: cfg.Kafka.GroupID, Inputs: cfg.Kafka.InputTopics, SnapshotTopic: cfg.Kafka.SnapshotTopic,
 		Prefix: cfg.Redis.KeyPrefix, Layout: aggregator.Layout(cfg.Redis.StateLayout), CommitDelay: cfg.Batch.CommitDelay, ReplicaWait: rebuildReplicaWait,
-		Redis: rdb, Kafka: rebuildKafka{kc},
+		Redis: rdb, Kafka: rebuildKafka{kc, log},
 		Open: func(state aggregator.State) (rebuild.Stores, error) {
 			st, err := openStores(ctx, rdb, state, cfg)
 			return rebuild.Stores{Rates: st.rates, Suites: st.suites, SuiteConfig: st.suiteCfg, Decoder: st.decoder}, err
@@ -88,7 +88,12 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 }
 
 // rebuildKafka is the cluster as a rebuild asks of it (rebuild.Kafka).
-type rebuildKafka struct{ *kafkaClients }
+// rebuildKafka is the rebuild's Kafka: its clients, and the log a wait for the group's
+// coordinator warns on (nil: none).
+type rebuildKafka struct {
+	*kafkaClients
+	log *zap.Logger
+}
 
 func (k rebuildKafka) Members(ctx context.Context, group string) (int, error) {
 	return groupMembers(ctx, k.client(), group)
@@ -125,7 +130,7 @@ func groupMembers(ctx context.Context, c *kafka.Client, group string) (int, erro
 }
 
 func (k rebuildKafka) Committed(ctx context.Context, group string, topics []string) (map[string]map[int]int64, error) {
-	return k.committed(ctx, group, topics)
+	return k.committed(ctx, group, topics, k.log)
 }
 
 func (k rebuildKafka) EndOffsets(ctx context.Context, topics []string) (map[string]map[int]int64, error) {

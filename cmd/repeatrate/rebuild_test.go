@@ -117,7 +117,7 @@ func TestRebuildReadsPublishedVersionsThroughAStall(t *testing.T) {
 		msgs = msgs[n:]
 	}
 
-	got, err := rebuild.PublishedVersions(ctx, rebuildKafka{kc}, topic)
+	got, err := rebuild.PublishedVersions(ctx, rebuildKafka{kafkaClients: kc}, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestRebuildReadsPublishedVersionsThroughAStall(t *testing.T) {
 	}
 
 	// A topic that does not exist has published nothing.
-	none, err := rebuild.PublishedVersions(ctx, rebuildKafka{kc}, topic+"-missing")
+	none, err := rebuild.PublishedVersions(ctx, rebuildKafka{kafkaClients: kc}, topic+"-missing")
 	if err != nil || len(none) != 0 {
 		t.Fatalf("missing topic: %v %v, want no versions", none, err)
 	}
@@ -356,7 +356,7 @@ func TestRebuildPublishesRevivedCasesAndRetiresTheOldNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestRebuildWaitsForAReplicaThatLags(t *testing.T) {
 	if n := logs.FilterMessageSnippet("not yet on enough replicas").Len(); n == 0 {
 		t.Fatal("no wait for the replica was logged")
 	}
-	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics)
+	committed, err := kc.committed(ctx, cfg.Kafka.GroupID, cfg.Kafka.InputTopics, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
