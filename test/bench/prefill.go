@@ -87,6 +87,21 @@ func roundConfig(k int) synth.Config {
 	return todayConfig(0.2, (k+1)*1_000_000_000, k*roundWorkspaces)
 }
 
+// roundInputs makes each round's input (roundConfig) with newInput: warm events of its stream, which
+// the processor runs first, then the n measured.
+func roundInputs(rounds, n, warm int, newInput func(name string, cfg synth.Config, n int) (*input, error)) ([]*input, error) {
+	out := []*input{}
+	for k := range rounds {
+		in, err := newInput(fmt.Sprintf("dup20-%d", k+1), roundConfig(k), warm+n)
+		if err != nil {
+			return nil, err
+		}
+		in.warm = warm
+		out = append(out, in)
+	}
+	return out, nil
+}
+
 // controlLines is the control store's prefill (BENCH_PREFILL_CONTROL) when the bench runs rounds
 // rounds: the prefill's lines, per an aggregate, of the rounds' streams' live aggregates alone.
 func controlLines(per, rounds int, now time.Time) func() ([]byte, bool) {
@@ -144,12 +159,9 @@ func (e *env) prefillMode(ctx context.Context) error {
 	if warm > 0 {
 		logf("prefill: each run measures %d events after a warm-up of %d of the same stream in the same process", e.n, warm)
 	}
-	measured := make([]*input, rounds) // an input a round (roundConfig)
-	for k := range measured {
-		if measured[k], err = e.todayInputOf(fmt.Sprintf("dup20-%d", k+1), roundConfig(k), warm+e.n); err != nil {
-			return err
-		}
-		measured[k].warm = warm
+	measured, err := roundInputs(rounds, e.n, warm, e.todayInputOf)
+	if err != nil {
+		return err
 	}
 	per := max(1, total/prefillAggregates)
 	total = per * prefillAggregates

@@ -150,3 +150,21 @@ func TestPrefillControlHoldsTheSameLinesAsThePrefill(t *testing.T) {
 		}
 	}
 }
+
+// The bench's rounds run the inputs roundInputs makes: round k's own stream (roundConfig(k)),
+// warm + n events of it, the first warm run before the measured interval begins.
+func TestPrefillRoundsRunTheirOwnStreamsAfterTheirWarmUp(t *testing.T) {
+	var cfgs []synth.Config
+	ins, err := roundInputs(3, 300, 100, func(name string, cfg synth.Config, n int) (*input, error) {
+		cfgs = append(cfgs, cfg)
+		return &input{file: name, n: n}, nil
+	})
+	if err != nil || len(ins) != 3 {
+		t.Fatalf("%d inputs, %v; want 3", len(ins), err)
+	}
+	for k, in := range ins {
+		if cfgs[k] != roundConfig(k) || in.n != 400 || in.warm != 100 || in.file != fmt.Sprintf("dup20-%d", k+1) {
+			t.Errorf("round %d: %+v of %+v; want dup20-%d, 400 events, 100 of them warm-up, of %+v", k, *in, cfgs[k], k+1, roundConfig(k))
+		}
+	}
+}
