@@ -87,8 +87,8 @@ func roundConfig(k int) synth.Config {
 	return todayConfig(0.2, (k+1)*1_000_000_000, k*roundWorkspaces)
 }
 
-// roundInputs makes each round's input (roundConfig) with newInput: warm events of its stream, which
-// the processor runs first, then the n measured.
+// roundInputs makes each round's input (roundConfig) with newInput: warm events of its stream,
+// which the processor runs first, then the n measured.
 func roundInputs(rounds, n, warm int, newInput func(name string, cfg synth.Config, n int) (*input, error)) ([]*input, error) {
 	out := []*input{}
 	for k := range rounds {
