@@ -201,7 +201,9 @@ func (e *env) prefillMode(ctx context.Context) error {
 		}
 		if err == nil {
 			logf("%s: %s", what, r.describe(e.cores))
-			logf("%s, Redis by command: %s", what, was.since(activity(ctx, e.redisNone), e.n))
+			// Per event of the measured interval: after a warm-up it begins at the first scrape
+			// past it, so it holds fewer than e.n events by up to the batches of a poll.
+			logf("%s, Redis by command: %s", what, was.since(activity(ctx, e.redisNone), r.processed))
 		}
 		return r, err
 	}
