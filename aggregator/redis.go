@@ -674,7 +674,9 @@ func (r *Redis) finishChunk(ctx context.Context, m *applyMode, e *Encoded, compu
 			r.shapes.grow(k, counted)
 		}
 		r.buckets.drop(k) // apply.lua made a new stamp if it wrote a bucket
-		r.sums.put(k, minute)
+		if r.cfg.ComputeCalls {
+			r.sums.put(k, minute) // for the computation only
+		}
 		res.Tallies[k] = t
 	}
 	return refused, nil
