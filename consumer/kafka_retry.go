@@ -17,14 +17,20 @@ const (
 	LeaderWait  = 250 * time.Millisecond
 )
 
+// Temporary reports whether err is a temporary Kafka error (kafka.Error's Temporary: a leader or
+// a group coordinator moving, still loading or not there yet), one worth asking again.
+func Temporary(err error) bool {
+	var ke kafka.Error
+	return errors.As(err, &ke) && ke.Temporary()
+}
+
 // RetryTemporary returns what do returns once it succeeds or fails with an error that is not a
 // temporary Kafka error (kafka.Error's Temporary: a leader or a group coordinator moving or still
 // loading), trying at most tries times, wait apart; ctx ends the waiting.
 func RetryTemporary[T any](ctx context.Context, tries int, wait time.Duration, do func() (T, error)) (T, error) {
 	for try := 1; ; try++ {
 		v, err := do()
-		var ke kafka.Error
-		if err == nil || try >= tries || !errors.As(err, &ke) || !ke.Temporary() {
+		if err == nil || try >= tries || !Temporary(err) {
 			return v, err
 		}
 		select {

@@ -463,8 +463,7 @@ func awaitCoordinator(ctx context.Context, log *zap.Logger, group string, warnEv
 	start, warned := time.Now(), time.Duration(0)
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
 		resp, err := fetch()
-		var kerr kafka.Error
-		if err == nil || errors.Is(err, kafka.GroupIdNotFound) || !errors.As(err, &kerr) || !kerr.Temporary() {
+		if err == nil || errors.Is(err, kafka.GroupIdNotFound) || !consumer.Temporary(err) {
 			return resp, err
 		}
 		if waited := time.Since(start); waited-warned >= warnEvery {

@@ -87,9 +87,8 @@ func rebuildShowing(ctx context.Context, cfg Config, log *zap.Logger, stderr io.
 	return err
 }
 
-// rebuildKafka is the cluster as a rebuild asks of it (rebuild.Kafka).
-// rebuildKafka is the rebuild's Kafka: its clients, and the log a wait for the group's
-// coordinator warns on (nil: none).
+// rebuildKafka is the cluster as a rebuild asks of it (rebuild.Kafka): its clients, and the log a
+// wait for the group's coordinator warns on (nil: none).
 type rebuildKafka struct {
 	*kafkaClients
 	log *zap.Logger
