@@ -12,10 +12,11 @@ import (
 // that leaves the horizon as it is, or a newer assessment of the same occurrence (its count moves
 // between classes in place), an opportunity met more than once meeting its record as the call's
 // earlier occurrences left it, each new one in an index group that lists ids already, the window
-// sums cached for the observation time or, for a later minute of the same hour, for the minute this
-// processor's last stored call on the aggregate left them (sumsMinutes: it moves them on as
-// apply.lua does), no hour expiring, no minutes to prune, no garbage to collect, no index to
-// compact and no TTL stamp to refresh. It reads what apply.lua would read, computes the fields
+// sums cached for the observation time or, for one of the 59 minutes before it, for the minute
+// this processor's last stored call on the aggregate left them (sumsMinutes: it moves them on over
+// the minutes, and over the hour when one turned, as apply.lua does), no hour that holds a winner
+// expiring (the cut moves past empty ones), no minutes to prune, no garbage to collect, no index
+// to compact and no TTL stamp to refresh. It reads what apply.lua would read, computes the fields
 // apply.lua would write and its reply, and stores them through store.lua, which refuses unless
 // every field read still holds what was read; any other call, and a refused one, runs apply.lua
 // (docs/performance.md, "Storing state the processor computed"). The computation is apply.lua's on
@@ -87,14 +88,25 @@ type callRead struct {
 	// that leave the hour's window and those that enter it, as indexes in state.
 	shiftFrom         int64
 	shiftOut, shiftIn []int32
+	// turn is, when shiftFrom lies in the hour before the call's, the hours that move the day's
+	// and the week's sums on: the one that leaves the week's window, the one that leaves the
+	// day's, and the call's own, which enters both.
+	turn []hourAt
+}
+
+// hourAt is an hour a call reads, and its field's index in state (in layout 11, its day's).
+type hourAt struct {
+	h  int64
+	at int32
 }
 
 // sumsMinutes is, per aggregate, the minute its head's window sums are for as this processor last
 // left them: every call it stores, computed or apply.lua's, leaves them for its observation
-// time's minute. A call in a later minute of the same hour then reads the minutes that leave and
-// enter the hour's window with its other fields (planRead), and the processor moves the sums on
-// as apply.lua would (computeCall), where otherwise apply.lua ran the call, and in layout 11 the
-// bucket cache forgot the aggregate: every busy aggregate's first call of each minute. A wrong
+// time's minute. A call less than an hour of minutes later then reads the minutes that leave and
+// enter the hour's window with its other fields (planRead), and the hours that leave and enter the
+// day's and the week's when the hour turned, and the processor moves the sums on as apply.lua
+// would (computeCall), where otherwise apply.lua ran the call, and in layout 11 the bucket cache
+// forgot the aggregate: every busy aggregate's first call of each minute. A wrong
 // minute (another processor wrote the aggregate since) only leaves the call to apply.lua: the head
 // read says which minute its sums are for. Bounded as shapeCache. Guarded by sealMu.
 type sumsMinutes map[Key]int64
@@ -113,8 +125,9 @@ const maxComputedRecords = 1000
 // days (layout 11) a record's hour is read from its day's field. now is the observation time: the
 // minute of a record that occurred within 2 hours before it is read, as apply.lua reads (and
 // checks) it, even when the call cannot bump it. since is the minute the processor expects the
-// window sums to be for (sumsMinutes; -1 when it does not know): when it is an earlier minute of
-// now's hour, the minutes that move the sums on to now's are read too.
+// window sums to be for (sumsMinutes; -1 when it does not know): when it is one of the 59 minutes
+// before now's, the minutes that move the sums on to now's are read too, and when it lies in the
+// hour before, the hours that move the day's and the week's sums on.
 func planRead(fields []any, class []int8, occ []int64, span, now int64, days bool, since int64) (*callRead, bool) {
 	n := len(fields)
 	if n > maxComputedRecords {
@@ -165,15 +178,25 @@ func planRead(fields []any, class []int8, occ []int64, span, now int64, days boo
 		}
 	}
 	plan.shiftFrom = -1
-	// As apply.lua moves the sums on (a minute turned, the hour did not): the minutes since-59 to
-	// M-60 leave the hour's window, since+1 to M enter it.
-	if M := floorDiv(now, minuteUS); since >= 0 && since < M && floorDiv(since, 60) == floorDiv(M, 60) {
+	// As apply.lua moves the sums on (less than an hour of minutes turned): the minutes since-59
+	// to M-60 leave the hour's window, since+1 to M enter it; when the hour turned too (by one:
+	// fewer than 60 minutes did), hour H-168 leaves the week's, H-24 the day's, and H enters both.
+	if M := floorDiv(now, minuteUS); since >= 0 && since < M && M-since < 60 {
 		plan.shiftFrom = since
 		for m := since - 59; m <= M-60; m++ {
 			plan.shiftOut = append(plan.shiftOut, field('m', m))
 		}
 		for m := since + 1; m <= M; m++ {
 			plan.shiftIn = append(plan.shiftIn, field('m', m))
+		}
+		if H := floorDiv(M, 60); floorDiv(since, 60) != H {
+			for _, h := range []int64{H - 168, H - 24, H} {
+				at := field('h', h)
+				if days {
+					at = field('d', floorDiv(h, 24))
+				}
+				plan.turn = append(plan.turn, hourAt{h, at})
+			}
 		}
 	}
 	return plan, true
@@ -187,6 +210,7 @@ func classIndex(c Class) int8 { return int8(strings.IndexByte("CPU", classCode(c
 // replied.
 type computedCall struct {
 	state    []any // state field, value, ...: the fields apply.lua would set
+	unset    []any // the state fields apply.lua would delete: the minutes a prune passed
 	records  []any // record field, value, ...: the new records
 	deletes  []any // layout 11: the bucket fields a split emptied
 	outcomes []Outcome
@@ -264,9 +288,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		v = n
 	}
 	M, H := floorDiv(at, minuteUS), floorDiv(at, hourUS)
-	shift := hcm != M
-	if hch != H || shift && plan.shiftFrom != hcm {
-		return nil, false // the window sums are recomputed, or moved on over minutes not read
+	shift, turn := hcm != M, hch != H
+	if shift && plan.shiftFrom != hcm || turn && (!shift || len(plan.turn) == 0 || hch != floorDiv(hcm, 60) || H != hch+1) {
+		return nil, false // the window sums are recomputed, or moved on over minutes or hours not read
 	}
 	if floorDiv(w-ret, hourUS) > cutH || g < floorDiv(cutH, span) {
 		return nil, false // hours expire, or garbage is collected
@@ -292,16 +316,30 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 				}
 			}
 		}
+		if turn {
+			// The hours, as apply.lua moves the day's and the week's sums on: H-168 leaves the
+			// week, H-24 the day, H enters both.
+			var c [3][3]int64
+			for k, ta := range plan.turn {
+				c[k] = hourCounts(state[ta.at], fields[ta.at].day, ta.h)
+			}
+			for j := range wk {
+				wk[j] += c[2][j] - c[0][j]
+				dy[j] += c[2][j] - c[1][j]
+			}
+		}
 		for _, n := range [][3]int64{hr, dy, wk} {
 			if n[0] < 0 || n[1] < 0 || n[2] < 0 {
 				return nil, false
 			}
 		}
-		hcm = M
+		hcm, hch = M, H
 	}
 	out := &computedCall{outcomes: make([]Outcome, len(recs)), records: make([]any, 0, 2*len(recs)), stamp: x[6] - 1}
 	mfloor := floorDiv(w, minuteUS) - minuteKeep
 	cut := cutH * hourUS
+	// The minutes pruned by the call, [pruneFrom, pruneTo), when pruneTo >= 0.
+	pruneFrom, pruneTo := int64(-1), int64(-1)
 	changed := false
 	// written holds, when ids repeat, where each record this call wrote has its value in
 	// out.records: a later occurrence meets that value, and the record is written once.
@@ -374,8 +412,26 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		j, occ := plan.class[i], plan.occ[i]
 		if occ > w {
 			w = occ
-			if floorDiv(w-ret, hourUS) > cutH || max(floorDiv(w, minuteUS)-minuteKeep, 0)-pm >= 60 {
-				return nil, false
+			if nc := floorDiv(w-ret, hourUS); nc > cutH {
+				// The cut moves up with the watermark, as apply.lua's raiseCut moves it: on this
+				// path only past hours that hold no winner (the least retained one lies at or
+				// above the new cut) and no index group it leaves wholly expired.
+				if f < nc*hourUS || g < floorDiv(nc, span) {
+					return nil, false
+				}
+				cutH, cut = nc, nc*hourUS
+			}
+			if nm := max(floorDiv(w, minuteUS)-minuteKeep, 0); nm-pm >= 60 {
+				// apply.lua prunes the minutes below nm (pruneMinutes): on this path only a
+				// range it names minute by minute, none of them in the hour's window (which
+				// would have it recompute the sums).
+				if nm-pm > 300 || nm > M-59 {
+					return nil, false
+				}
+				if pruneTo < 0 {
+					pruneFrom = pm
+				}
+				pruneTo, pm = nm, nm
 			}
 			mfloor = floorDiv(w, minuteUS) - minuteKeep
 		}
@@ -512,6 +568,11 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 			buf = appendLittleEndian(buf, t.a-start, 5)
 			buf = appendLittleEndian(buf, t.b-start, 5)
 		case 'm':
+			if pruneTo >= 0 {
+				if m, _ := strconv.ParseInt(name[1:], 10, 64); m < pruneTo {
+					continue // pruned after the call bumped it: deleted, as apply.lua leaves it
+				}
+			}
 			buf = append(buf, 0)
 			for _, n := range fd.minute {
 				buf = appendLittleEndian(buf, n, 5)
@@ -523,6 +584,9 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 			}
 		}
 		set(plan.state[p], string(buf))
+	}
+	for m := pruneFrom; m < pruneTo; m++ {
+		out.unset = append(out.unset, "m"+strconv.FormatInt(m, 10))
 	}
 	if changed {
 		v = max(v+1, at)
@@ -578,6 +642,19 @@ func computeCall(plan *callRead, state, held, recs []any, ret, at, ttl int64, st
 		Last:    l,
 	}
 	return out, true
+}
+
+// hourCounts returns hour h's counts as a call read them (checkFields checked the field): from v,
+// its layout-10 field, or in layout 11 from day, its day's hours as parsed; 0 when absent.
+func hourCounts(v any, day *[24]computedHour, h int64) [3]int64 {
+	if day != nil {
+		return day[h-floorDiv(h, 24)*24].c
+	}
+	s, ok := v.(string)
+	if !ok {
+		return [3]int64{}
+	}
+	return [3]int64{littleEndian(s[1:6]), littleEndian(s[6:11]), littleEndian(s[11:16])}
 }
 
 // record10 is a layout-10 record as apply.lua's parse reads it: class (0 C, 1 P, 2 U), the

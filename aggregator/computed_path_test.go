@@ -350,9 +350,39 @@ func TestComputedCallsAtTheEdges(t *testing.T) {
 			at := time.UnixMicro(start + 60*minuteUS + 30e6)
 			// Minute buckets pruned up to X-70; the newest event 59 minutes on: nothing to prune yet.
 			x.apply("minutes X and X+59", []Observation{obs("x", start), obs("x59", start+59*minuteUS)}, at)
-			// The newest event 60 minutes on: apply.lua prunes an hour of minute buckets.
+			// The newest event 60 minutes on: an hour of minute buckets pruned, computed as
+			// apply.lua prunes them.
 			x.apply("minute X+60", []Observation{obs("x60", start+60*minuteUS)}, at)
 			x.apply("minute X+60 again", []Observation{obs("x60b", start+60*minuteUS+1)}, at)
+			if n := computed(x); n != 2 {
+				t.Fatalf("%d calls took the computed path, want 2 (the prune, and the last)", n)
+			}
+		})
+
+		t.Run("more than 300 minutes to prune", func(t *testing.T) {
+			// 30 days: index groups of 90 hours; minute X in the middle of one, so that every
+			// event below lies in the group the first call lists in.
+			x := newComputedSidesIn(t, "prune-300", 30*24*time.Hour, 0, fp)
+			start := (floorDiv(Micros(t0), 90*hourUS)*90 + 45) * hourUS // minute X
+			// An event 301 minutes old, then one of now, a minute later: apply.lua finds the minute
+			// buckets to prune among the hash's fields rather than name 301 (300 it names).
+			x.apply("minute X-301", []Observation{obs("old", start-301*minuteUS)}, time.UnixMicro(start+30e6))
+			x.apply("minute X", []Observation{obs("now", start)}, time.UnixMicro(start+minuteUS+30e6))
+			x.apply("minute X again", []Observation{obs("now-b", start+1)}, time.UnixMicro(start+minuteUS+31e6))
+			if n := computed(x); n != 1 {
+				t.Fatalf("%d calls took the computed path, want 1 (the last)", n)
+			}
+		})
+
+		t.Run("minutes to prune in the hour's window", func(t *testing.T) {
+			x := newComputedSidesIn(t, "prune-window", 30*24*time.Hour, 0, fp) // as above
+			start := (floorDiv(Micros(t0), 90*hourUS)*90 + 45) * hourUS
+			// An event 12 minutes ahead of the observation time (past the future skew the
+			// consumer allows) moves the floor into the hour's window: apply.lua recomputes the
+			// window sums without the pruned minute.
+			x.apply("minute X-50", []Observation{obs("a", start-50*minuteUS), obs("b", start-59*minuteUS)}, time.UnixMicro(start+30e6))
+			x.apply("minute X+13", []Observation{obs("ahead", start+13*minuteUS)}, time.UnixMicro(start+minuteUS+30e6))
+			x.apply("minute X+13 again", []Observation{obs("ahead-b", start+13*minuteUS+1)}, time.UnixMicro(start+minuteUS+31e6))
 			if n := computed(x); n != 1 {
 				t.Fatalf("%d calls took the computed path, want 1 (the last)", n)
 			}

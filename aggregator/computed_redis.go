@@ -23,7 +23,7 @@ const stampMargin = 5 // seconds
 // than half the records it read of aggregates that exist: a call it reads and cannot compute costs
 // a read for nothing, and a stream whose calls mostly leave the path (reassessments that move the
 // winner in most calls) would pay one per call. Misses in a row leave 0, 1, 2, 4, then 7 batches
-// unread: most misses pass with their batch (the hour's turn, or the minute's on aggregates another
+// unread: most misses pass with their batch (the minute's or hour's turn on aggregates another
 // processor wrote last; the first batch on a store whose aggregates were idle or whose minutes are
 // due for pruning), so one alone is no pattern. A fixed 7 after that first batch left 7 of a
 // prefilled run's 20 to apply.lua, and 1 a twentieth of its calls. Records, not calls, are weighed:
@@ -364,7 +364,7 @@ var absent any = ""
 // storeArgs returns store.lua's arguments for call cc, computed from the state and record fields
 // it read (HMGET replies: nil for an absent field).
 func storeArgs(cc *computedCall, stateFields, state, recordFields, held []any, ttl int64) []any {
-	args := make([]any, 0, 8+2*len(state)+2*len(held)+len(cc.state)+len(cc.deletes)+len(cc.records))
+	args := make([]any, 0, 9+2*len(state)+2*len(held)+len(cc.state)+len(cc.unset)+len(cc.deletes)+len(cc.records))
 	args = append(args, strconv.FormatInt(ttl, 10), strconv.FormatInt(cc.stamp, 10),
 		strconv.Itoa(len(state)), strconv.Itoa(len(held)), presence(state), presence(held))
 	args = append(args, stateFields...)
@@ -383,6 +383,8 @@ func storeArgs(cc *computedCall, stateFields, state, recordFields, held []any, t
 	}
 	args = append(args, strconv.Itoa(len(cc.state)/2))
 	args = append(args, cc.state...)
+	args = append(args, strconv.Itoa(len(cc.unset)))
+	args = append(args, cc.unset...)
 	args = append(args, strconv.Itoa(len(cc.deletes)))
 	args = append(args, cc.deletes...)
 	return append(args, cc.records...)

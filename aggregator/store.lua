@@ -16,8 +16,9 @@
 -- number s of state fields read, ARGV[4] the number r of record fields read, ARGV[5] and ARGV[6]
 -- a byte per state and record field read ('1' present, '0' absent), then the s state fields, what
 -- they held (empty when absent), the r record fields, what they held, the number of state pairs
--- to set, those pairs, the number of record fields to delete (layout 11's buckets a split
--- emptied), those fields, and last the record pairs to set.
+-- to set, those pairs, the number of state fields to delete (the minutes a prune passed), those
+-- fields, the number of record fields to delete (layout 11's buckets a split emptied), those
+-- fields, and last the record pairs to set.
 -- Returns 0 when refused; when stored, the buckets' new write stamp if it made one, 1 otherwise.
 local call, byte, unpack, tonumber = redis.call, string.byte, unpack, tonumber
 local ttl = tonumber(ARGV[1])
@@ -64,7 +65,9 @@ local function hset(key, from, to, f, v)
   end
 end
 local npairs = tonumber(ARGV[i])
-local d = i + 1 + 2 * npairs -- ARGV[d]: the number of record fields to delete
+local sd = i + 1 + 2 * npairs -- ARGV[sd]: the number of state fields to delete
+local nsdels = tonumber(ARGV[sd])
+local d = sd + 1 + nsdels -- ARGV[d]: the number of record fields to delete
 local ndels = tonumber(ARGV[d])
 local sets = d + 1 + ndels <= #ARGV
 -- The buckets' new write stamp, when the call writes a bucket.
@@ -79,6 +82,8 @@ if sets then
 elseif written then
   call('HSET', KEYS[2], 'written', written)
 end
+-- As apply.lua writes the state hash: its deletes, then its sets.
+for c = sd + 1, sd + nsdels, CHUNK do call('HDEL', KEYS[1], unpack(ARGV, c, math.min(c + CHUNK - 1, sd + nsdels))) end
 if npairs > 0 then hset(KEYS[1], i + 1, i + 2 * npairs) end
 if ttl > 0 then call('PEXPIRE', KEYS[2], ARGV[1]); call('PEXPIRE', KEYS[1], ARGV[1]) end
 return written or 1

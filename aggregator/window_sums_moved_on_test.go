@@ -7,9 +7,10 @@ import (
 )
 
 // TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns: an aggregate's first call in a later
-// minute of the same hour is computed, its hour's sums moved on over the minutes that left the
-// window and those that entered it as apply.lua moves them, byte for byte, with the model's
-// counts; a call in a new hour is apply.lua's, and the next one is computed again.
+// minute, less than an hour of minutes after its last, is computed, its hour's sums moved on over
+// the minutes that left the window and those that entered it as apply.lua moves them, byte for
+// byte, with the model's counts, in the same hour or the next; a call an hour of minutes or more
+// later is apply.lua's, and the next one is computed again.
 func TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns(t *testing.T) {
 	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
 		x := newComputedSidesIn(t, "turn", 24*time.Hour, 0, fp)
@@ -37,9 +38,11 @@ func TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns(t *testing.T) {
 			{11, true},   // a minute on
 			{15, true},   // four
 			{59, true},   // forty-four, the hour's last
-			{60, false},  // the next hour: apply.lua recomputes the day's and week's sums
+			{60, true},   // the next hour: the day's and week's sums move on too
 			{61, true},   // a minute into it
-			{120, false}, // an hour on: apply.lua
+			{120, true},  // 59 minutes on, into the hour after
+			{180, false}, // an hour of minutes on: apply.lua recomputes the sums
+			{181, true},
 		} {
 			was := computed()
 			x.apply(fmt.Sprint("minute ", step.minute), batch(step.minute), at(step.minute))
@@ -47,6 +50,170 @@ func TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns(t *testing.T) {
 				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
 			}
 		}
+	})
+}
+
+// TestComputedCallsMoveTheDayAndWeekSumsOnWhenTheHourTurns: an aggregate that holds winners in
+// every hour of its week, its calls' first in a new hour is computed, the day's and the week's sums
+// moved on over the hours that left them and the one that entered, byte for byte against
+// apply.lua (in layout 11 the hours are read from their days' fields) and with the model's counts.
+func TestComputedCallsMoveTheDayAndWeekSumsOnWhenTheHourTurns(t *testing.T) {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		x := newComputedSidesIn(t, "hour-turn", 30*24*time.Hour, 0, fp)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "hour-turn", Source: Live}
+		hour := Micros(t0) / hourUS * hourUS
+		ob, at := inMinutes(k, hour)
+		n := 0
+		next := func(m int64) Observation {
+			n++
+			o := ob(fmt.Sprint("op-", n), m)
+			o.Class = Class(1 + n%3)
+			return o
+		}
+		// The first call, apply.lua's, puts a winner in every hour of the week before and in
+		// every minute of the hour before, so that every hour and minute that leaves a window
+		// holds counts, and every index group the later calls list in exists.
+		var first []Observation
+		for m := int64(-168 * 60); m <= 10; m += 60 {
+			first = append(first, next(m))
+		}
+		for m := int64(-60); m <= 10; m++ {
+			first = append(first, next(m))
+		}
+		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
+		x.apply("minute 10", first, at(10))
+		for _, step := range []struct {
+			minute   int64 // of the hour
+			computed bool
+		}{
+			{59, true},
+			{60, true},   // the hour turns a minute on
+			{119, true},  // the minute turns within the hour
+			{125, true},  // the hour turns six minutes on
+			{184, true},  // and 59 minutes on
+			{250, false}, // 66 minutes on: apply.lua recomputes the sums
+			{251, true},
+		} {
+			// New winners in the call's minute, its hour 23 and 167 hours back (they leave the
+			// day's and the week's windows as the next hour turns) and 5 minutes ahead (in the
+			// next hour when the call is in its hour's last 5 minutes: it enters the windows then).
+			var b []Observation
+			for _, back := range []int64{0, 23 * 60, 167 * 60, -5} {
+				b = append(b, next(step.minute-back))
+			}
+			was := computed()
+			x.apply(fmt.Sprint("minute ", step.minute), b, at(step.minute))
+			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
+				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
+			}
+		}
+	})
+}
+
+// TestHoursThatExpireWithWinnersGoToTheScript: the cut moves past an hour that holds a winner, whose
+// counts leave every sum and whose fields go: apply.lua's, with the model's counts; the cut moving
+// past empty hours is computed, and so is the call after apply.lua's.
+func TestHoursThatExpireWithWinnersGoToTheScript(t *testing.T) {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		// 16 hours: index groups of 2 hours, so the cut passes hour -16 without leaving its group
+		// (-16 and -15) wholly expired.
+		x := newComputedSidesIn(t, "expiring-winners", 16*time.Hour, 0, fp)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "expiring-winners", Source: Live}
+		hour := Micros(t0) / hourUS * hourUS
+		ob, at := inMinutes(k, hour)
+		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
+		// Hour -16, the first retained once the watermark is at minute 5.
+		x.apply("minute 10", []Observation{ob("a", -955), ob("b", 5)}, at(10))
+		for _, step := range []struct {
+			minute   int64 // the call's, its record's 5 minutes before
+			computed bool
+		}{
+			{60, true},   // the watermark at minute 55: the cut stays at hour -16
+			{100, false}, // at minute 95 the cut passes hour -16, which holds a
+			{101, true},
+		} {
+			was := computed()
+			x.apply(fmt.Sprint("minute ", step.minute), []Observation{ob(fmt.Sprint("at-", step.minute), step.minute-5)}, at(step.minute))
+			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
+				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
+			}
+		}
+	})
+}
+
+// TestCutThatLeavesAListedGroupExpiredGoesToTheScript: the cut moves past empty hours only, but
+// leaves wholly expired an index group that still lists an id (its winner moved out of it), whose
+// garbage apply.lua collects: the call is apply.lua's, with the model's counts, and the next one
+// is computed.
+func TestCutThatLeavesAListedGroupExpiredGoesToTheScript(t *testing.T) {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		// 17 hours: index groups of 2 hours, and the cut leaves one wholly expired as the
+		// watermark enters an odd hour, the second of its own group (a new group's first call is
+		// apply.lua's whatever the cut does).
+		x := newComputedSidesIn(t, "expired-group", 17*time.Hour, 0, fp)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "expired-group", Source: Live}
+		hour := Micros(t0) / (2 * hourUS) * (2 * hourUS) // the first hour of a group
+		ob, at := inMinutes(k, hour)
+		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
+		// a occurred in hour -17 (group -9), then a later assessment moves it to minute 8: group
+		// -9 still lists it, and no winner is left below hour 0.
+		x.apply("minute 10", []Observation{ob("a", -990), ob("b", 5)}, at(10))
+		moved := ob("a", 8)
+		moved.Assessed = hour + 11*minuteUS
+		x.apply("minute 11", []Observation{moved}, at(11))
+		for _, step := range []struct {
+			minute   int64 // the call's, its record's 5 minutes before
+			computed bool
+		}{
+			{60, true},   // the watermark at minute 55: the cut stays at hour -17
+			{100, false}, // at 95 it moves to hour -16: group -9 is wholly expired
+			{101, true},
+		} {
+			was := computed()
+			x.apply(fmt.Sprint("minute ", step.minute), []Observation{ob(fmt.Sprint("at-", step.minute), step.minute-5)}, at(step.minute))
+			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
+				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
+			}
+		}
+	})
+}
+
+// TestMinutesPrunedByAComputedCallAreDeleted: a computed call whose watermark moves an hour of
+// minutes past the last prune deletes the minutes below the new floor as apply.lua does, byte for
+// byte: a minute the call bumped before its watermark passed it too, and both ranges of a call
+// that prunes twice.
+func TestMinutesPrunedByAComputedCallAreDeleted(t *testing.T) {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		x := newComputedSidesIn(t, "pruned", 30*24*time.Hour, 0, fp)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "pruned", Source: Live}
+		hour := Micros(t0) / hourUS * hourUS
+		ob, at := inMinutes(k, hour)
+		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
+		step := func(what string, b []Observation, m int64) {
+			t.Helper()
+			was := computed()
+			x.apply(what, b, at(m))
+			if got := computed() - was; got != 1 {
+				t.Fatalf("%s: %d calls computed, want 1", what, got)
+			}
+		}
+		// The first call's watermark sets the floor at -60 (b first: a prune starts from the
+		// floor the aggregate's first watermark set); at 40, it is at -30.
+		x.apply("minute 10", []Observation{ob("b", 10), ob("a", -25)}, at(10))
+		step("minute 40", []Observation{ob("c", 40)}, 40)
+		// d bumps minute -20 (above the floor), then e moves the floor to 0: minutes -60 to -1
+		// are pruned, -20 among them.
+		step("minute 70", []Observation{ob("d", -20), ob("e", 70)}, 70)
+		if n := x.rigs[1].c.HExists(t.Context(), x.stores[1].keys(k)[1], "m"+fmt.Sprint(hour/minuteUS-20)).Val(); n {
+			t.Fatal("minute -20 kept after the prune passed it")
+		}
+
+		// Another aggregate whose events occurred hours before the observation time: one call
+		// moves its floor twice, from -270 to -200 and on to -130.
+		k2 := Key{Scope: collisionScopes[0], CorrectionID: "pruned-twice", Source: Live}
+		ob2, _ := inMinutes(k2, hour)
+		x.apply("minute 10, old events", []Observation{ob2("f", -210), ob2("g", -200)}, at(10))
+		step("minute 20, older events", []Observation{ob2("h", -130), ob2("i", -60)}, 20)
 	})
 }
 
