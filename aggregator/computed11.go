@@ -52,6 +52,15 @@ func packedShape(head string) (l, p, n int64, ok bool) {
 	return l, p, n, true
 }
 
+// cachedMinute is the minute a layout-11 head's window sums are for, or -1 when head is none or
+// holds no such minute.
+func cachedMinute(head string) int64 {
+	if !isHead11(head) {
+		return -1
+	}
+	return littleEndian(head[2+4*7:9+4*7]) - 1
+}
+
 // isHead11 reports whether head is a layout-11 head, with or without the store's write count.
 func isHead11(head string) bool {
 	return (len(head) == headBytes11 || len(head) == headBytesWC) && head[0] == 11

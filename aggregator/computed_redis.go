@@ -74,6 +74,9 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 	type read struct {
 		k          Key
 		plan       *callRead
+		fields     []any // the call's record fields, class and occurred times: planRead's
+		class      []int8
+		occ        []int64
 		recs       []any
 		state, rec *redis.Cmd
 		store      *bucketStore
@@ -104,7 +107,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		}
 		keys := e.redis[k]
 		state := append(append(make([]any, 0, 2+len(plan.state)), "hmget", keys[1]), plan.state...)
-		rd := read{k: k, plan: plan, recs: args[n:], state: p.Do(ctx, state...)}
+		rd := read{k: k, plan: plan, fields: args[:n], class: class, occ: occ, recs: args[n:], state: p.Do(ctx, state...)}
 		if !packed {
 			rd.rec = p.Do(ctx, append(append(make([]any, 0, 2+n), "hmget", keys[0]), plan.records...)...)
 		} else if shape, ok := r.shapes[k]; ok {
@@ -141,13 +144,23 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		// the shape its head says: read with the state when the cache guessed that shape, and in
 		// a second round trip otherwise.
 		var again redis.Pipeliner
-		// readAgain reads every bucket of rd's call under shape in the second round trip.
-		readAgain := func(rd *read, shape packedShapeOf) {
+		// readAgain reads every bucket of rd's call under shape in the second round trip. When
+		// head, as read, has the window sums for one of the 59 minutes before the call's other
+		// than the one the call planned for (this processor has not met the aggregate since it
+		// started, or another wrote it last), the call plans its read from that minute and
+		// reads its state again too, which store.lua checks as any other.
+		readAgain := func(rd *read, shape packedShapeOf, head string) {
 			r.buckets.drop(rd.k)
 			rd.cached = nil
 			r.secondReads.Add(1)
 			if again == nil {
 				again = r.client.Pipeline()
+			}
+			if since, M := cachedMinute(head), floorDiv(atUS, minuteUS); since >= 0 && since != rd.plan.shiftFrom && since < M && M-since < 60 {
+				if plan, ok := planRead(rd.fields, rd.class, rd.occ, span, atUS, true, since); ok {
+					rd.plan = plan
+					rd.state = again.Do(ctx, append(append(make([]any, 0, 2+len(plan.state)), "hmget", e.redis[rd.k][1]), plan.state...)...)
+				}
 			}
 			rd.store, rd.names = bucketRead(rd.plan.records, shape, int64(len(rd.recs)))
 			rd.rec = again.Do(ctx, bucketsRead(e.redis[rd.k][2], rd.names)...)
@@ -169,7 +182,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 			shape := packedShapeOf{l, sp, sn}
 			r.shapes.put(rd.k, shape)
 			if rd.guess == nil || *rd.guess != shape {
-				readAgain(rd, shape)
+				readAgain(rd, shape, h)
 				continue
 			}
 			if rd.cached == nil {
@@ -190,7 +203,7 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 					continue
 				}
 			}
-			readAgain(rd, shape)
+			readAgain(rd, shape, h)
 		}
 		if again != nil {
 			if _, err := again.Exec(ctx); err != nil {

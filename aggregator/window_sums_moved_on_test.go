@@ -217,10 +217,12 @@ func TestMinutesPrunedByAComputedCallAreDeleted(t *testing.T) {
 	})
 }
 
-// TestSumsOfAnotherWritersMinuteGoToTheScript: when another processor wrote the aggregate in a
-// minute between, the minutes this one read to move the sums on are not the ones that do: the call
-// is apply.lua's, with the model's counts, and the processor's next call is computed again.
-func TestSumsOfAnotherWritersMinuteGoToTheScript(t *testing.T) {
+// TestSumsOfAnotherWritersMinuteAreMovedOnFromIt: when another processor wrote the aggregate in a
+// minute between, the minutes this one read to move the sums on are not the ones that do. In layout
+// 10 the call is apply.lua's; in layout 11, whose buckets the other writer changed, the call reads
+// them again and, with them, its state as planned from the minute the head it read says: it is
+// computed. Either way with the model's counts, and the processor's next call is computed.
+func TestSumsOfAnotherWritersMinuteAreMovedOnFromIt(t *testing.T) {
 	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
 		x := newComputedSidesIn(t, "other-minute", 24*time.Hour, 0, fp)
 		other, err := NewRedis(x.rigs[1].c, RedisConfig{Prefix: x.prefixes[1], Retention: 24 * time.Hour, Fingerprint: fp})
@@ -247,12 +249,45 @@ func TestSumsOfAnotherWritersMinuteGoToTheScript(t *testing.T) {
 		}
 		x.same("the other writer's event")
 		x.apply("minute 13", []Observation{ob("e", 13)}, at(13))
-		if now, _ := x.stores[1].ComputedCalls(); now != stored {
-			t.Fatalf("%d calls computed over sums another writer moved on", now-stored)
+		want := map[bool]int64{false: 0, true: 1}[fp != nil]
+		if now, _ := x.stores[1].ComputedCalls(); now != stored+want {
+			t.Fatalf("%d calls computed over sums another writer moved on, want %d", now-stored, want)
 		}
 		x.apply("minute 14", []Observation{ob("f", 14)}, at(14))
-		if now, _ := x.stores[1].ComputedCalls(); now != stored+1 {
-			t.Fatalf("%d calls computed after apply.lua's, want 1", now-stored)
+		if now, _ := x.stores[1].ComputedCalls(); now != stored+want+1 {
+			t.Fatalf("%d calls computed after it, want 1", now-stored-want)
+		}
+	})
+}
+
+// TestANewProcessorMovesOnTheSumsItFindsInLayout11: a processor that has not met an aggregate
+// does not know the minute its sums are for. In layout 11 it reads the aggregate's buckets after
+// its head (it does not know their shape either), and with them its state as planned from the
+// head's minute: its first call in a later minute, or hour, is computed, byte for byte with
+// apply.lua's and with the model's counts. In layout 10, which reads no head first, it is
+// apply.lua's, and the next is computed.
+func TestANewProcessorMovesOnTheSumsItFindsInLayout11(t *testing.T) {
+	inBothLayouts(t, func(t *testing.T, fp *Fingerprinter) {
+		x := newComputedSidesIn(t, "new-processor", 24*time.Hour, 0, fp)
+		k := Key{Scope: collisionScopes[0], CorrectionID: "new-processor", Source: Live}
+		hour := Micros(t0) / hourUS * hourUS
+		ob, at := inMinutes(k, hour)
+		x.apply("minute 50", []Observation{ob("a", 50), ob("b", 49)}, at(50))
+		for _, m := range []int64{55, 65} { // a later minute; the next hour
+			// Restarted: the computing sides forget what they knew of the aggregate.
+			for i := 1; i < len(x.stores); i++ {
+				s := x.stores[i]
+				s.sealMu.Lock()
+				s.sums, s.shapes = nil, nil
+				s.buckets.drop(k)
+				s.sealMu.Unlock()
+			}
+			was, _ := x.stores[1].ComputedCalls()
+			x.apply(fmt.Sprint("minute ", m, ", restarted"), []Observation{ob(fmt.Sprint("at-", m), m)}, at(m))
+			want := map[bool]int64{false: 0, true: 1}[fp != nil]
+			if now, _ := x.stores[1].ComputedCalls(); now-was != want {
+				t.Fatalf("minute %d: %d calls computed after a restart, want %d", m, now-was, want)
+			}
 		}
 	})
 }
