@@ -15,8 +15,8 @@ import (
 // sums cached for the observation time or, for one of the 59 minutes before it, for the minute
 // this processor's last stored call on the aggregate left them (sumsMinutes: it moves them on over
 // the minutes, and over the hour when one turned, as apply.lua does), no hour that holds a winner
-// expiring (the cut moves past empty ones), no minutes to prune, no garbage to collect, no index
-// to compact and no TTL stamp to refresh. It reads what apply.lua would read, computes the fields
+// expiring (the cut moves past empty ones), no prune of more than 300 minutes or into the hour's
+// window, no garbage to collect, no index to compact and no TTL stamp to refresh. It reads what apply.lua would read, computes the fields
 // apply.lua would write and its reply, and stores them through store.lua, which refuses unless
 // every field read still holds what was read; any other call, and a refused one, runs apply.lua
 // (docs/performance.md, "Storing state the processor computed"). The computation is apply.lua's on
@@ -191,9 +191,11 @@ func planRead(fields []any, class []int8, occ []int64, span, now int64, days boo
 		}
 		if H := floorDiv(M, 60); floorDiv(since, 60) != H {
 			for _, h := range []int64{H - 168, H - 24, H} {
-				at := field('h', h)
+				var at int32
 				if days {
 					at = field('d', floorDiv(h, 24))
+				} else {
+					at = field('h', h)
 				}
 				plan.turn = append(plan.turn, hourAt{h, at})
 			}
