@@ -52,6 +52,31 @@ func TestWaitingForTheGroupCoordinatorIsLogged(t *testing.T) {
 			t.Fatalf("%d warnings within the first hour of waiting", logs.Len())
 		}
 	})
+	t.Run("warnings spaced once the backoff is at its cap", func(t *testing.T) {
+		// Past 2 s the backoff asks every 2 s; a spacing of 2.5 s then skips every other ask,
+		// which only the warning's own clock does (the first warning comes at about 3.1 s, the
+		// second at about 7.1).
+		core, logs := observer.New(zapcore.WarnLevel)
+		const every = 2500 * time.Millisecond
+		calls := 0
+		awaitCoordinator(t.Context(), zap.New(core), "g5", every, func() (*kafka.OffsetFetchResponse, error) {
+			if calls++; logs.Len() < 2 && calls < 20 {
+				return nil, kafka.GroupCoordinatorNotAvailable
+			}
+			return &kafka.OffsetFetchResponse{}, nil
+		})
+		if logs.Len() != 2 {
+			t.Fatalf("%d warnings in %d asks, want 2", logs.Len(), calls)
+		}
+		var last time.Duration
+		for i, e := range logs.All() {
+			waited, _ := e.ContextMap()["waited"].(time.Duration)
+			if i > 0 && waited-last < every {
+				t.Fatalf("warnings at %v and %v waited: less than %v apart", last, waited, every)
+			}
+			last = waited
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		err  error
