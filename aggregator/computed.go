@@ -16,10 +16,11 @@ import (
 // this processor's last stored call on the aggregate left them (sumsMinutes: it moves them on over
 // the minutes, and over the hour when one turned, as apply.lua does), no hour that holds a winner
 // expiring (the cut moves past empty ones), no prune of more than 300 minutes or into the hour's
-// window, no garbage to collect, no index to compact and no TTL stamp to refresh. It reads what apply.lua would read, computes the fields
-// apply.lua would write and its reply, and stores them through store.lua, which refuses unless
-// every field read still holds what was read; any other call, and a refused one, runs apply.lua
-// (docs/performance.md, "Storing state the processor computed"). The computation is apply.lua's on
+// window, no garbage to collect, no index to compact and no TTL stamp to refresh. It reads what
+// apply.lua would read, computes the fields apply.lua would write and its reply, and stores them
+// through store.lua, which refuses unless every field read still holds what was read; any other
+// call, and a refused one, runs apply.lua (docs/performance.md, "Storing state the processor
+// computed"). The computation is apply.lua's on
 // that path, held to it byte for byte by computed_path_test.go.
 
 // Sizes of apply.lua's layout 10 fields (docs in apply.lua's header).
@@ -106,9 +107,10 @@ type hourAt struct {
 // enter the hour's window with its other fields (planRead), and the hours that leave and enter the
 // day's and the week's when the hour turned, and the processor moves the sums on as apply.lua
 // would (computeCall), where otherwise apply.lua ran the call, and in layout 11 the bucket cache
-// forgot the aggregate: every busy aggregate's first call of each minute. A wrong
-// minute (another processor wrote the aggregate since) only leaves the call to apply.lua: the head
-// read says which minute its sums are for. Bounded as shapeCache. Guarded by sealMu.
+// forgot the aggregate: every busy aggregate's first call of each minute. A wrong minute (another
+// processor wrote the aggregate since) only leaves the call to apply.lua, as the head read says
+// which minute its sums are for; in layout 11 the call reads again from that minute when its
+// buckets take a second round trip (computeCalls). Bounded as shapeCache. Guarded by sealMu.
 type sumsMinutes map[Key]int64
 
 // put records that aggregate k's window sums are for minute m.

@@ -25,11 +25,11 @@ const stampMargin = 5 // seconds
 // winner in most calls) would pay one per call. Misses in a row leave 0, 1, 2, 4, then 7 batches
 // unread: most misses pass with their batch (the minute's or hour's turn on aggregates another
 // processor wrote last, in layout 10; the first batch on a store whose aggregates were idle for
-// an hour of minutes or more), so one alone is no pattern. A fixed 7 after that first batch left 7 of a
-// prefilled run's 20 to apply.lua, and 1 a twentieth of its calls. Records, not calls, are weighed:
-// a long tail of aggregates with a record or two a minute, every one off the path at its minute's
-// turn before the processor kept their minutes, would otherwise keep the few busy aggregates that
-// carry most records off it too. A new aggregate's call is not counted: its next one is on the
+// an hour of minutes or more), so one alone is no pattern. A fixed 7 after that first batch left
+// 7 of a prefilled run's 20 to apply.lua, and 1 a twentieth of its calls. Records, not calls,
+// are weighed: a long tail of aggregates with a record or two a minute, every one off the path at
+// its minute's turn before the processor kept their minutes, would otherwise keep the few busy
+// aggregates that carry most records off it too. A new aggregate's call is not counted: its next one is on the
 // path. One batch in skipAfterMiss+1 still probes.
 const skipAfterMiss = 7
 
