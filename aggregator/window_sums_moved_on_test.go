@@ -29,11 +29,7 @@ func TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns(t *testing.T) {
 			return b
 		}
 		_, at := inMinutes(k, hour)
-		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
-		for _, step := range []struct {
-			minute   int64 // of the hour
-			computed bool
-		}{
+		x.applyEachMinute(at, batch, []minuteStep{
 			{10, false},  // a new aggregate: apply.lua makes it
 			{11, true},   // a minute on
 			{15, true},   // four
@@ -43,13 +39,7 @@ func TestComputedCallsMoveTheWindowSumsOnWhenTheMinuteTurns(t *testing.T) {
 			{120, true},  // 59 minutes on, into the hour after
 			{180, false}, // an hour of minutes on: apply.lua recomputes the sums
 			{181, true},
-		} {
-			was := computed()
-			x.apply(fmt.Sprint("minute ", step.minute), batch(step.minute), at(step.minute))
-			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
-				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
-			}
-		}
+		})
 	})
 }
 
@@ -80,12 +70,18 @@ func TestComputedCallsMoveTheDayAndWeekSumsOnWhenTheHourTurns(t *testing.T) {
 		for m := int64(-60); m <= 10; m++ {
 			first = append(first, next(m))
 		}
-		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
 		x.apply("minute 10", first, at(10))
-		for _, step := range []struct {
-			minute   int64 // of the hour
-			computed bool
-		}{
+		// New winners in the call's minute, its hour 23 and 167 hours back (they leave the day's
+		// and the week's windows as the next hour turns) and 5 minutes ahead (in the next hour
+		// when the call is in its hour's last 5 minutes: it enters the windows then).
+		batch := func(m int64) []Observation {
+			var b []Observation
+			for _, back := range []int64{0, 23 * 60, 167 * 60, -5} {
+				b = append(b, next(m-back))
+			}
+			return b
+		}
+		x.applyEachMinute(at, batch, []minuteStep{
 			{59, true},
 			{60, true},   // the hour turns a minute on
 			{119, true},  // the minute turns within the hour
@@ -93,20 +89,7 @@ func TestComputedCallsMoveTheDayAndWeekSumsOnWhenTheHourTurns(t *testing.T) {
 			{184, true},  // and 59 minutes on
 			{250, false}, // 66 minutes on: apply.lua recomputes the sums
 			{251, true},
-		} {
-			// New winners in the call's minute, its hour 23 and 167 hours back (they leave the
-			// day's and the week's windows as the next hour turns) and 5 minutes ahead (in the
-			// next hour when the call is in its hour's last 5 minutes: it enters the windows then).
-			var b []Observation
-			for _, back := range []int64{0, 23 * 60, 167 * 60, -5} {
-				b = append(b, next(step.minute-back))
-			}
-			was := computed()
-			x.apply(fmt.Sprint("minute ", step.minute), b, at(step.minute))
-			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
-				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
-			}
-		}
+		})
 	})
 }
 
@@ -121,23 +104,14 @@ func TestHoursThatExpireWithWinnersGoToTheScript(t *testing.T) {
 		k := Key{Scope: collisionScopes[0], CorrectionID: "expiring-winners", Source: Live}
 		hour := Micros(t0) / hourUS * hourUS
 		ob, at := inMinutes(k, hour)
-		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
 		// Hour -16, the first retained once the watermark is at minute 5.
 		x.apply("minute 10", []Observation{ob("a", -955), ob("b", 5)}, at(10))
-		for _, step := range []struct {
-			minute   int64 // the call's, its record's 5 minutes before
-			computed bool
-		}{
+		// Each call a new record 5 minutes before its minute.
+		x.applyEachMinute(at, fiveMinutesBefore(ob), []minuteStep{
 			{60, true},   // the watermark at minute 55: the cut stays at hour -16
-			{100, false}, // at minute 95 the cut passes hour -16, which holds a
+			{100, false}, // at minute 95 the cut passes hour -16, which holds record a
 			{101, true},
-		} {
-			was := computed()
-			x.apply(fmt.Sprint("minute ", step.minute), []Observation{ob(fmt.Sprint("at-", step.minute), step.minute-5)}, at(step.minute))
-			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
-				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
-			}
-		}
+		})
 	})
 }
 
@@ -154,27 +128,18 @@ func TestCutThatLeavesAListedGroupExpiredGoesToTheScript(t *testing.T) {
 		k := Key{Scope: collisionScopes[0], CorrectionID: "expired-group", Source: Live}
 		hour := Micros(t0) / (2 * hourUS) * (2 * hourUS) // the first hour of a group
 		ob, at := inMinutes(k, hour)
-		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
 		// a occurred in hour -17 (group -9), then a later assessment moves it to minute 8: group
 		// -9 still lists it, and no winner is left below hour 0.
 		x.apply("minute 10", []Observation{ob("a", -990), ob("b", 5)}, at(10))
 		moved := ob("a", 8)
 		moved.Assessed = hour + 11*minuteUS
 		x.apply("minute 11", []Observation{moved}, at(11))
-		for _, step := range []struct {
-			minute   int64 // the call's, its record's 5 minutes before
-			computed bool
-		}{
+		// Each call a new record 5 minutes before its minute.
+		x.applyEachMinute(at, fiveMinutesBefore(ob), []minuteStep{
 			{60, true},   // the watermark at minute 55: the cut stays at hour -17
 			{100, false}, // at 95 it moves to hour -16: group -9 is wholly expired
 			{101, true},
-		} {
-			was := computed()
-			x.apply(fmt.Sprint("minute ", step.minute), []Observation{ob(fmt.Sprint("at-", step.minute), step.minute-5)}, at(step.minute))
-			if got := computed() - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
-				t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
-			}
-		}
+		})
 	})
 }
 
@@ -317,6 +282,33 @@ func TestSumsThatWouldFallBelowZeroGoToTheScript(t *testing.T) {
 			t.Fatalf("%d calls computed whose sums would fall below zero", now-stored)
 		}
 	})
+}
+
+// minuteStep is a call in a minute of the hour, and whether the computing side computes it.
+type minuteStep struct {
+	minute   int64
+	computed bool
+}
+
+// applyEachMinute applies batch(m) at at(m) for each step's minute m, every side byte for byte with
+// the others and with the model, and requires the computing side to have computed the call or
+// left it to apply.lua as the step says.
+func (x *computedSides) applyEachMinute(at func(m int64) time.Time, batch func(m int64) []Observation, steps []minuteStep) {
+	x.t.Helper()
+	for _, step := range steps {
+		was, _ := x.stores[1].ComputedCalls()
+		x.apply(fmt.Sprint("minute ", step.minute), batch(step.minute), at(step.minute))
+		now, _ := x.stores[1].ComputedCalls()
+		if got := now - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
+			x.t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
+		}
+	}
+}
+
+// fiveMinutesBefore is a batch for applyEachMinute: a new record, occurred 5 minutes before the call's
+// minute.
+func fiveMinutesBefore(ob func(id string, m int64) Observation) func(m int64) []Observation {
+	return func(m int64) []Observation { return []Observation{ob(fmt.Sprint("at-", m), m-5)} }
 }
 
 // inMinutes returns, for aggregate k and the hour that begins at hour (µs), ob(id, m): a new
