@@ -238,6 +238,13 @@ func (r *Redis) computeCalls(ctx context.Context, e *Encoded, at time.Time, pack
 		fields, held := rd.plan.records, got
 		var token, written any
 		if rd.store != nil {
+			// The buckets were named under the shape of the head read first; a call that read
+			// its state again (readAgain) may have met another writer's head in between, whose
+			// records the buckets read may not hold: apply.lua runs it.
+			h, _ := state[0].(string)
+			if l, p, n, ok := packedShape(h); !ok || (packedShapeOf{l, p, n}) != (packedShapeOf{rd.store.l, rd.store.p, rd.store.n}) {
+				return nil, false
+			}
 			var ok bool
 			if got, token, written, ok = bucketsReply(got); !ok {
 				return nil, false
