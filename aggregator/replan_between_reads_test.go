@@ -13,29 +13,6 @@ import (
 	"github.com/repeatrate/repeatrate/internal/testenv"
 )
 
-// betweenReads is a client hook that runs do once, right after the first pipeline that reads
-// state key state (computeCalls's first round trip) and before the processor goes on.
-type betweenReads struct {
-	state string
-	do    func()
-}
-
-func (h *betweenReads) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *betweenReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *betweenReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		if h.do != nil && len(cmds) > 0 {
-			if a := cmds[0].Args(); len(a) > 1 && a[0] == "hmget" && a[1] == h.state {
-				do := h.do
-				h.do = nil
-				do()
-			}
-		}
-		return err
-	}
-}
-
 // TestReplannedCallReadsItsBucketsUnderTheShapeItsStateSays: layout 11, a processor's first call on
 // an aggregate (a restart, or another processor wrote last) reads its buckets in a second round
 // trip and, planned from the head's minute, its state there again. Another processor adds a record
@@ -50,7 +27,7 @@ func TestReplannedCallReadsItsBucketsUnderTheShapeItsStateSays(t *testing.T) {
 			prefix, ref := testenv.Name(t, "replan"), testenv.Name(t, "replan-script")
 			testenv.CleanPrefix(t, c, prefix)
 			testenv.CleanPrefix(t, c, ref)
-			hook := &betweenReads{}
+			hook := &beforeBucketsHook{}
 			hooked := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 			t.Cleanup(func() { hooked.Close() })
 			hooked.AddHook(hook)
@@ -78,14 +55,16 @@ func TestReplannedCallReadsItsBucketsUnderTheShapeItsStateSays(t *testing.T) {
 			}
 			apply(other, first, 50)
 			apply(script, first, 50)
-			hook.state = mine.keys(k)[1]
-			hook.do = func() {
+			// Before the second round trip, the first pipeline that reads the buckets (the
+			// computing processor does not know their shape yet, so the first reads none).
+			hook.key = mine.keys(k)[2]
+			hook.before = func() {
 				apply(other, []Observation{ob("b", 50)}, 50)
 				apply(script, []Observation{ob("b", 50)}, 50)
 			}
 			got := apply(mine, []Observation{ob("c", 52)}, 52)
 			want := apply(script, []Observation{ob("c", 52)}, 52)
-			if hook.do != nil {
+			if hook.before != nil {
 				t.Fatal("the other writer did not come between the reads")
 			}
 			stored, refused := mine.ComputedCalls()

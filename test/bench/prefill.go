@@ -31,8 +31,8 @@ import (
 // records cost. With BENCH_PREFILL_WARM=<events>, every run's input is that many more events of
 // its round's stream, which the processor runs first, unmeasured: the runs then measure a
 // processor that has been running (its bucket cache filled, its aggregates met) on each store,
-// not one that starts. Redis without AOF, so that no rewrite of the prefilled state lands in a measured
-// run. The prefill is processed by the same binary, written aggregate by aggregate so that it
+// not one that starts. Redis without AOF, so that no rewrite of the prefilled state lands in a
+// measured run. The prefill is processed by the same binary, written aggregate by aggregate so that it
 // takes minutes, not hours: spread over 10 000 aggregates, a batch holds one or two events of
 // each, and each costs a script call of its own.
 const (
