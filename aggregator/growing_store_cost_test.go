@@ -177,6 +177,123 @@ func (s *bucketStore11) finish(t *testing.T, rdb *redis.Client) {
 	checkHashTable(t, rdb, s.key, int64(len(s.m.pages)))
 }
 
+// bucketKeyStore keeps an aggregate's records in buckets addressed by linear hashing as layout
+// 11's are, split past bucketKeyLoad records a bucket on average, each bucket a key of its own: a
+// small hash (a listpack) whose fields are the records' 16-byte fingerprints and whose values their
+// other 15 bytes. A call reads its records' fields of each of their buckets (HMGET a bucket), and
+// writes only the fields that changed: a new record's (HSET), and those a split moved (HDEL from
+// the bucket split, HSET in the new one).
+type bucketKeyStore struct {
+	key    string
+	m      placementModel
+	stored map[int64]map[string]bool // the fields each bucket key holds, as written
+}
+
+const bucketKeyLoad = 32
+
+func newBucketKeyStore(key string) *bucketKeyStore {
+	return &bucketKeyStore{key: key, stored: map[int64]map[string]bool{},
+		m: placementModel{capacity: math.MaxInt32, choices: 1, splitAt: bucketKeyLoad * 31, pages: []modelPage{{}}}}
+}
+
+func (s *bucketKeyStore) bucketKey(b int64) string { return s.key + ":" + strconv.FormatInt(b, 10) }
+
+// fieldOf and valueOf split a model record of 31 bytes into its fingerprint and the rest.
+func fieldOf(rec modelRecord) string { return string(modelRecordBytes(rec)[:16]) }
+func valueOf(rec modelRecord) string { return string(modelRecordBytes(rec)[16:]) }
+
+// byBucket groups recs by the bucket their first choice names, buckets in order of first use.
+func (s *bucketKeyStore) byBucket(recs []modelRecord) ([]int64, map[int64][]string) {
+	fields := map[int64][]string{}
+	var order []int64
+	for _, r := range recs {
+		b := s.m.addr(r.h[0])
+		if _, ok := fields[b]; !ok {
+			order = append(order, b)
+		}
+		fields[b] = append(fields[b], fieldOf(r))
+	}
+	return order, fields
+}
+
+func (s *bucketKeyStore) reads(p redis.Pipeliner, recs []modelRecord) {
+	order, fields := s.byBucket(recs)
+	for _, b := range order {
+		p.HMGet(context.Background(), s.bucketKey(b), fields[b]...)
+	}
+}
+
+func (s *bucketKeyStore) check(t *testing.T, got []redis.Cmder, recs []modelRecord) {
+	order, fields := s.byBucket(recs)
+	if len(got) != len(order) {
+		t.Fatalf("%s: %d reads for %d buckets", s.key, len(got), len(order))
+	}
+	for i, b := range order {
+		if vals := got[i].(*redis.SliceCmd).Val(); len(vals) != len(fields[b]) || slices.ContainsFunc(vals, func(v any) bool { return v != nil }) {
+			t.Fatalf("%s: a new record read as present in bucket %d", s.key, b)
+		}
+	}
+}
+
+func (s *bucketKeyStore) add(p redis.Pipeliner, recs []modelRecord) {
+	ctx := context.Background()
+	c := newPlacementChanges()
+	s.m.changes = c
+	for _, r := range recs {
+		s.m.add(r)
+	}
+	s.m.changes = nil
+	changed := c.rewritten
+	for b := range c.appendedFrom {
+		changed[b] = true
+	}
+	for b := range changed {
+		held := s.stored[b]
+		if held == nil {
+			held = map[string]bool{}
+			s.stored[b] = held
+		}
+		want := map[string]bool{}
+		var set []any
+		for _, r := range s.m.pages[b].recs {
+			f := fieldOf(r)
+			if want[f] = true; !held[f] {
+				set = append(set, f, valueOf(r))
+				held[f] = true
+			}
+		}
+		var gone []string
+		for f := range held {
+			if !want[f] {
+				gone = append(gone, f)
+				delete(held, f)
+			}
+		}
+		if len(gone) > 0 {
+			p.HDel(ctx, s.bucketKey(b), gone...)
+		}
+		if len(set) > 0 {
+			p.HSet(ctx, s.bucketKey(b), set...)
+		}
+	}
+}
+
+func (s *bucketKeyStore) finish(t *testing.T, rdb *redis.Client) {
+	ctx := context.Background()
+	p := rdb.Pipeline()
+	for b := range s.m.pages {
+		p.ObjectEncoding(ctx, s.bucketKey(int64(b)))
+		p.HLen(ctx, s.bucketKey(int64(b)))
+	}
+	cmds, _ := p.Exec(ctx)
+	for b, pg := range s.m.pages {
+		enc, n := cmds[2*b].(*redis.StringCmd).Val(), cmds[2*b+1].(*redis.IntCmd).Val()
+		if n != int64(len(pg.recs)) || (n > 0 && enc != "listpack") {
+			t.Fatalf("%s: bucket %d is a %q of %d fields, its model %d", s.key, b, enc, n, len(pg.recs))
+		}
+	}
+}
+
 // inPlacePageStore is layout 11's buckets with their first whole records in place: pages of 248
 // bytes, 66 a key made at its size (16 368 bytes, in jemalloc's 16 KiB class), split at a load of
 // 1.0, a page's excess in its field of a hash of the aggregate's made a hash table from the start.
@@ -324,6 +441,7 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 		{"id fields (layout 10)", func(k string) growingStore { return &idFieldStore{key: k + ":r"} }},
 		{"packed buckets (layout 11)", func(k string) growingStore { return newBucketStore11(k + ":e") }},
 		{"pages in place, overflows in a hash table", func(k string) growingStore { return newInPlacePageStore(k + ":p") }},
+		{"buckets as keys of their own (listpacks of ~32)", func(k string) growingStore { return newBucketKeyStore(k + ":b") }},
 	}
 	kinds = keepStructures(kinds, func(k kind) string { return k.name })
 	type figures struct {
