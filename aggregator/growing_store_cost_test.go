@@ -407,8 +407,9 @@ func (s *inPlacePageStore) finish(t *testing.T, rdb *redis.Client) {
 // TestGrowingStoreCostByHistory measures what Redis spends a new record in a store that starts
 // empty and in one whose aggregates already hold records, as the prefill target compares them
 // (docs/performance.md, "The fifteenth slice"), by how an aggregate keeps its records: layout 10's
-// id fields, layout 11's packed buckets, and layout 11's buckets with their first 248 bytes in
-// place in pages (inPlacePageStore), each kept by the commands a computing processor would send,
+// id fields, layout 11's packed buckets, layout 11's buckets with their first 248 bytes in place
+// in pages (inPlacePageStore), and buckets as keys of their own (bucketKeyStore; "The nineteenth
+// slice"), each kept by the commands a computing processor would send,
 // splits and new keys included, beside a model that every read is checked against. 200
 // aggregates; each gains 1 500 records while timed, in calls of 10 new records, a call's reads of
 // every aggregate in one pipeline and then its writes; the empty store's aggregates start with
@@ -416,10 +417,11 @@ func (s *inPlacePageStore) finish(t *testing.T, rdb *redis.Client) {
 // target's), put by the same calls untimed. The two alternated twice, the lower Redis CPU of each
 // kept; Redis's CPU a new record, grown ÷ empty, the commands a new record and the time inside each
 // command reported. No script: what a layout's scripts add is not here. REPEATRATE_STRUCTURES=a,b
-// keeps the structures whose names hold a or b. It fails if a read finds other than the model
+// keeps the structures whose names hold a or b; REPEATRATE_GROWING_WRITES_ONLY=1 leaves out the
+// reads, as a processor that holds its aggregates' records sends none. It fails if a read finds other than the model
 // holds (a new id present, a bucket, page or overflow other than its records), or a hash is not a
-// hash table of the fields its model says (the first aggregate's after its first call, every
-// aggregate's after the last).
+// hash table of the fields its model says, or a bucket key not a listpack of its records (the
+// first aggregate's after its first call, every aggregate's after the last).
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestGrowingStoreCostByHistory -v -timeout 60m ./aggregator
 func TestGrowingStoreCostByHistory(t *testing.T) {
@@ -433,6 +435,10 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 			t.Fatalf("REPEATRATE_GROWING_PREFILL=%q: want a number of records of at least %d", v, perCall)
 		}
 	}
+	// A processor that holds what its calls wrote (layout 11's bucket cache) reads nothing before
+	// a call's writes: REPEATRATE_GROWING_WRITES_ONLY set sends only the writes (and checks only
+	// what finish checks).
+	writesOnly := os.Getenv("REPEATRATE_GROWING_WRITES_ONLY") != ""
 	type kind struct {
 		name string
 		open func(key string) growingStore
@@ -466,17 +472,21 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 					for range perCall {
 						recs[a] = append(recs[a], modelRecord{h: [2]uint32{r.Uint32(), r.Uint32()}, size: 31})
 					}
-					stores[a].reads(reads, recs[a])
+					if !writesOnly {
+						stores[a].reads(reads, recs[a])
+					}
 					ends[a] = reads.Len()
 				}
-				cmds, err := reads.Exec(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				start := 0
-				for a := range stores {
-					stores[a].check(t, cmds[start:ends[a]], recs[a])
-					start = ends[a]
+				if !writesOnly {
+					cmds, err := reads.Exec(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					start := 0
+					for a := range stores {
+						stores[a].check(t, cmds[start:ends[a]], recs[a])
+						start = ends[a]
+					}
 				}
 				writes := rdb.Pipeline()
 				for a := range stores {
@@ -528,8 +538,8 @@ func TestGrowingStoreCostByHistory(t *testing.T) {
 				grown = g
 			}
 		}
-		t.Logf("%-45s Redis CPU µs a new record, empty / %d records an aggregate before: %5.2f / %5.2f (%.2f); commands a record %.2f / %.2f",
-			k.name, prefill, empty.cpu, grown.cpu, grown.cpu/empty.cpu, empty.commands, grown.commands)
+		t.Logf("%-45s Redis CPU µs a new record%s, empty / %d records an aggregate before: %5.2f / %5.2f (%.2f); commands a record %.2f / %.2f",
+			k.name, map[bool]string{true: " (writes only)"}[writesOnly], prefill, empty.cpu, grown.cpu, grown.cpu/empty.cpu, empty.commands, grown.commands)
 		var by []string
 		for c, g := range grown.usec {
 			by = append(by, fmt.Sprintf("%s %.2f / %.2f", c, empty.usec[c], g))
