@@ -283,13 +283,18 @@ func (s *bucketKeyStore) finish(t *testing.T, rdb *redis.Client) {
 	p := rdb.Pipeline()
 	for b := range s.m.pages {
 		p.ObjectEncoding(ctx, s.bucketKey(int64(b)))
-		p.HLen(ctx, s.bucketKey(int64(b)))
+		p.HGetAll(ctx, s.bucketKey(int64(b)))
 	}
 	cmds, _ := p.Exec(ctx)
 	for b, pg := range s.m.pages {
-		enc, n := cmds[2*b].(*redis.StringCmd).Val(), cmds[2*b+1].(*redis.IntCmd).Val()
-		if n != int64(len(pg.recs)) || (n > 0 && enc != "listpack") {
-			t.Fatalf("%s: bucket %d is a %q of %d fields, its model %d", s.key, b, enc, n, len(pg.recs))
+		enc, got := cmds[2*b].(*redis.StringCmd).Val(), cmds[2*b+1].(*redis.MapStringStringCmd).Val()
+		if len(got) != len(pg.recs) || (len(got) > 0 && enc != "listpack") {
+			t.Fatalf("%s: bucket %d is a %q of %d fields, its model %d", s.key, b, enc, len(got), len(pg.recs))
+		}
+		for _, r := range pg.recs {
+			if v, ok := got[fieldOf(r)]; !ok || v != valueOf(r) {
+				t.Fatalf("%s: bucket %d holds other than its model's record for a fingerprint", s.key, b)
+			}
 		}
 	}
 }
@@ -420,8 +425,8 @@ func (s *inPlacePageStore) finish(t *testing.T, rdb *redis.Client) {
 // keeps the structures whose names hold a or b; REPEATRATE_GROWING_WRITES_ONLY=1 leaves out the
 // reads, as a processor that holds its aggregates' records sends none. It fails if a read finds other than the model
 // holds (a new id present, a bucket, page or overflow other than its records), or a hash is not a
-// hash table of the fields its model says, or a bucket key not a listpack of its records (the
-// first aggregate's after its first call, every aggregate's after the last).
+// hash table of the fields its model says, or a bucket key not a listpack of exactly its model's
+// records (the first aggregate's after its first call, every aggregate's after the last).
 //
 //	REPEATRATE_APPLY_MEMORY_REDIS=127.0.0.1:16479 go test -count=1 -run TestGrowingStoreCostByHistory -v -timeout 60m ./aggregator
 func TestGrowingStoreCostByHistory(t *testing.T) {
