@@ -29,8 +29,8 @@ const stampMargin = 5 // seconds
 // 7 of a prefilled run's 20 to apply.lua, and 1 a twentieth of its calls. Records, not calls,
 // are weighed: a long tail of aggregates with a record or two a minute, every one off the path at
 // its minute's turn before the processor kept their minutes, would otherwise keep the few busy
-// aggregates that carry most records off it too. A new aggregate's call is not counted: its next one is on the
-// path. One batch in skipAfterMiss+1 still probes.
+// aggregates that carry most records off it too. A new aggregate's call is not counted: its next
+// one is on the path. One batch in skipAfterMiss+1 still probes.
 const skipAfterMiss = 7
 
 // readNext reports whether the next batch's calls are read for the computation. The caller holds

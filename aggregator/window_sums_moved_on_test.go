@@ -153,22 +153,13 @@ func TestMinutesPrunedByAComputedCallAreDeleted(t *testing.T) {
 		k := Key{Scope: collisionScopes[0], CorrectionID: "pruned", Source: Live}
 		hour := Micros(t0) / hourUS * hourUS
 		ob, at := inMinutes(k, hour)
-		computed := func() int64 { c, _ := x.stores[1].ComputedCalls(); return c }
-		step := func(what string, b []Observation, m int64) {
-			t.Helper()
-			was := computed()
-			x.apply(what, b, at(m))
-			if got := computed() - was; got != 1 {
-				t.Fatalf("%s: %d calls computed, want 1", what, got)
-			}
-		}
 		// The first call's watermark sets the floor at -60 (b first: a prune starts from the
 		// floor the aggregate's first watermark set); at 40, it is at -30.
 		x.apply("minute 10", []Observation{ob("b", 10), ob("a", -25)}, at(10))
-		step("minute 40", []Observation{ob("c", 40)}, 40)
+		x.applyComputing("minute 40", []Observation{ob("c", 40)}, at(40), 1)
 		// d bumps minute -20 (above the floor), then e moves the floor to 0: minutes -60 to -1
 		// are pruned, -20 among them.
-		step("minute 70", []Observation{ob("d", -20), ob("e", 70)}, 70)
+		x.applyComputing("minute 70", []Observation{ob("d", -20), ob("e", 70)}, at(70), 1)
 		if n := x.rigs[1].c.HExists(t.Context(), x.stores[1].keys(k)[1], "m"+fmt.Sprint(hour/minuteUS-20)).Val(); n {
 			t.Fatal("minute -20 kept after the prune passed it")
 		}
@@ -178,7 +169,7 @@ func TestMinutesPrunedByAComputedCallAreDeleted(t *testing.T) {
 		k2 := Key{Scope: collisionScopes[0], CorrectionID: "pruned-twice", Source: Live}
 		ob2, _ := inMinutes(k2, hour)
 		x.apply("minute 10, old events", []Observation{ob2("f", -210), ob2("g", -200)}, at(10))
-		step("minute 20, older events", []Observation{ob2("h", -130), ob2("i", -60)}, 20)
+		x.applyComputing("minute 20, older events", []Observation{ob2("h", -130), ob2("i", -60)}, at(20), 1)
 	})
 }
 
@@ -199,7 +190,6 @@ func TestSumsOfAnotherWritersMinuteAreMovedOnFromIt(t *testing.T) {
 		ob, at := inMinutes(k, hour)
 		x.apply("minute 10", []Observation{ob("a", 10), ob("b", 9)}, at(10))
 		x.apply("minute 11", []Observation{ob("c", 11)}, at(11))
-		stored, _ := x.stores[1].ComputedCalls()
 		// The other writer, on the computed side's store, in minute 12; its model and the other
 		// sides see its event too.
 		between := []Observation{ob("d", 12)}
@@ -213,15 +203,9 @@ func TestSumsOfAnotherWritersMinuteAreMovedOnFromIt(t *testing.T) {
 			}
 		}
 		x.same("the other writer's event")
-		x.apply("minute 13", []Observation{ob("e", 13)}, at(13))
-		want := map[bool]int64{false: 0, true: 1}[fp != nil]
-		if now, _ := x.stores[1].ComputedCalls(); now != stored+want {
-			t.Fatalf("%d calls computed over sums another writer moved on, want %d", now-stored, want)
-		}
-		x.apply("minute 14", []Observation{ob("f", 14)}, at(14))
-		if now, _ := x.stores[1].ComputedCalls(); now != stored+want+1 {
-			t.Fatalf("%d calls computed after it, want 1", now-stored-want)
-		}
+		// Over sums another writer moved on: computed in layout 11 only.
+		x.applyComputing("minute 13", []Observation{ob("e", 13)}, at(13), map[bool]int64{false: 0, true: 1}[fp != nil])
+		x.applyComputing("minute 14", []Observation{ob("f", 14)}, at(14), 1)
 	})
 }
 
@@ -247,12 +231,8 @@ func TestANewProcessorMovesOnTheSumsItFindsInLayout11(t *testing.T) {
 				s.buckets.drop(k)
 				s.sealMu.Unlock()
 			}
-			was, _ := x.stores[1].ComputedCalls()
-			x.apply(fmt.Sprint("minute ", m, ", restarted"), []Observation{ob(fmt.Sprint("at-", m), m)}, at(m))
-			want := map[bool]int64{false: 0, true: 1}[fp != nil]
-			if now, _ := x.stores[1].ComputedCalls(); now-was != want {
-				t.Fatalf("minute %d: %d calls computed after a restart, want %d", m, now-was, want)
-			}
+			x.applyComputing(fmt.Sprint("minute ", m, ", restarted"), []Observation{ob(fmt.Sprint("at-", m), m)}, at(m),
+				map[bool]int64{false: 0, true: 1}[fp != nil])
 		}
 	})
 }
@@ -276,11 +256,7 @@ func TestSumsThatWouldFallBelowZeroGoToTheScript(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		stored, _ := x.stores[1].ComputedCalls()
-		x.apply("minute 11", []Observation{ob("c", 11)}, at(11))
-		if now, _ := x.stores[1].ComputedCalls(); now != stored {
-			t.Fatalf("%d calls computed whose sums would fall below zero", now-stored)
-		}
+		x.applyComputing("minute 11, sums that would fall below zero", []Observation{ob("c", 11)}, at(11), 0)
 	})
 }
 
@@ -296,12 +272,18 @@ type minuteStep struct {
 func (x *computedSides) applyEachMinute(at func(m int64) time.Time, batch func(m int64) []Observation, steps []minuteStep) {
 	x.t.Helper()
 	for _, step := range steps {
-		was, _ := x.stores[1].ComputedCalls()
-		x.apply(fmt.Sprint("minute ", step.minute), batch(step.minute), at(step.minute))
-		now, _ := x.stores[1].ComputedCalls()
-		if got := now - was; got != map[bool]int64{false: 0, true: 1}[step.computed] {
-			x.t.Fatalf("minute %d: %d calls computed, want computed %v", step.minute, got, step.computed)
-		}
+		x.applyComputing(fmt.Sprint("minute ", step.minute), batch(step.minute), at(step.minute), map[bool]int64{false: 0, true: 1}[step.computed])
+	}
+}
+
+// applyComputing applies b at at on every side, as apply does, and fails unless the computing side
+// computed want of its calls (the others ran apply.lua).
+func (x *computedSides) applyComputing(what string, b []Observation, at time.Time, want int64) {
+	x.t.Helper()
+	was, _ := x.stores[1].ComputedCalls()
+	x.apply(what, b, at)
+	if now, _ := x.stores[1].ComputedCalls(); now-was != want {
+		x.t.Fatalf("%s: %d calls computed, want %d", what, now-was, want)
 	}
 }
 
